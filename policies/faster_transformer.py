@@ -1,0 +1,51 @@
+"""FasterTransformer: request-level batching (Sarathi-Serve, Algorithm 1).
+
+When no batch is running, admit requests in arrival order while a slot and its KV reservation are free;
+prefill them as one padded B x L batch; then decode the whole batch until its longest request finishes.
+Finished requests keep their row (computed like live ones) and their KV until the batch ends, and nothing is
+admitted meanwhile. Tokens still stream to the user as they are sampled.
+"""
+
+from __future__ import annotations
+
+from policies.base import Policy
+from policies.kv import ReservedKV
+from policies.plan import BatchPlan, padded_decode, padded_prefill
+from policies.seq import Phase, Seq
+
+
+class FasterTransformer(Policy):
+    name = "faster-transformer"
+    summary = "request-level batching: padded B x L prefill, decode until the whole batch finishes"
+
+    def __init__(self, kv: ReservedKV, max_batch_size: int = 16) -> None:
+        super().__init__(kv, max_batch_size)
+        self.batch: list[Seq] = []  # rows of the running batch, finished ones included
+        self.kv_len = 0  # KV columns every row holds (padded to the longest prompt)
+
+    def schedule(self) -> BatchPlan | None:
+        if not self.batch:  # line 3: admit only when no batch runs
+            while (self.waiting and len(self.running) < self.max_batch_size
+                   and self.kv.can_admit(self.waiting[0])):
+                self._admit(self.waiting[0])
+            if not self.running:
+                return None
+            self.batch = list(self.running)
+            plan = padded_prefill(self.batch)
+            self.kv_len = plan.prefill_q[0]
+            return plan
+        self.kv_len += 1
+        return padded_decode(self.running, rows=len(self.batch), kv_len=self.kv_len)
+
+    def extend(self, plan: BatchPlan, limit: int) -> int:
+        extra = super().extend(plan, limit)
+        self.kv_len += extra
+        return extra
+
+    def finish(self, seq: Seq) -> None:
+        seq.phase = Phase.FINISHED
+        self.running.remove(seq)  # its row and KV stay until the batch ends
+        if not self.running:
+            for s in self.batch:
+                self.kv.free(s)
+            self.batch = []

@@ -1,0 +1,146 @@
+"""KV-cache managers. All capacities and uses are in token slots.
+
+- `PagedKV`: vLLM's PagedAttention block manager: blocks of `block_size` slots allocated as a sequence grows,
+  a watermark of free blocks kept back at admission so running sequences can grow.
+- `ReservedKV`: contiguous reservation of the maximum sequence length at admission (Orca, FasterTransformer).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from policies.seq import Seq
+
+
+class KVManager(ABC):
+    capacity: int  # token slots
+
+    @property
+    @abstractmethod
+    def used(self) -> int:
+        """Token slots held (allocated or reserved) right now."""
+
+    @abstractmethod
+    def can_admit(self, seq: Seq) -> bool:
+        """Whether the sequence's pending prefill can be given KV now."""
+
+    @abstractmethod
+    def admit(self, seq: Seq) -> None:
+        """Give the sequence KV for its whole pending prefill."""
+
+    @abstractmethod
+    def can_grow(self, seq: Seq, steps: int = 1) -> bool:
+        """Whether a decoding sequence can cache `steps` more tokens."""
+
+    @abstractmethod
+    def grow(self, seq: Seq, steps: int = 1) -> None:
+        """Make room for `steps` more cached tokens of a decoding sequence."""
+
+    @abstractmethod
+    def max_common_growth(self, seqs: list[Seq], limit: int) -> int:
+        """Largest k <= limit such that every sequence can cache k more tokens at once."""
+
+    @abstractmethod
+    def free(self, seq: Seq) -> None:
+        """Release everything the sequence holds."""
+
+
+class PagedKV(KVManager):
+    def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.01) -> None:
+        self.block_size = block_size
+        self.num_blocks = capacity_tokens // block_size
+        self.capacity = self.num_blocks * block_size
+        self.watermark_blocks = int(watermark * self.num_blocks)
+        self.free_blocks = self.num_blocks
+        self.blocks: dict[int, int] = {}  # seq id -> blocks held
+
+    @property
+    def used(self) -> int:
+        return (self.num_blocks - self.free_blocks) * self.block_size
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def fits_alone(self, tokens: int) -> bool:
+        return self._blocks_for(tokens) <= self.num_blocks - self.watermark_blocks
+
+    def can_admit(self, seq: Seq) -> bool:
+        return self.free_blocks - self._blocks_for(seq.prefill_end) >= self.watermark_blocks
+
+    def admit(self, seq: Seq) -> None:
+        need = self._blocks_for(seq.prefill_end)
+        assert need <= self.free_blocks, "admit() without can_admit()"
+        self.free_blocks -= need
+        self.blocks[seq.id] = need
+
+    def _extra_blocks(self, seq: Seq, steps: int) -> int:
+        return max(0, self._blocks_for(seq.computed + steps) - self.blocks[seq.id])
+
+    def can_grow(self, seq: Seq, steps: int = 1) -> bool:
+        return self._extra_blocks(seq, steps) <= self.free_blocks
+
+    def grow(self, seq: Seq, steps: int = 1) -> None:
+        extra = self._extra_blocks(seq, steps)
+        assert extra <= self.free_blocks, "grow() without can_grow()"
+        self.free_blocks -= extra
+        self.blocks[seq.id] += extra
+
+    def max_common_growth(self, seqs: list[Seq], limit: int) -> int:
+        # slack = free slots already held by each sequence; k steps need ceil((k - slack)/bs) new blocks each.
+        slack = np.array([self.blocks[s.id] * self.block_size - s.computed for s in seqs], dtype=np.int64)
+
+        def need(k: int) -> int:
+            return int((-(-np.maximum(k - slack, 0) // self.block_size)).sum())
+
+        if need(limit) <= self.free_blocks:
+            return limit
+        lo, hi = 0, limit  # need(lo) fits, need(hi) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if need(mid) <= self.free_blocks:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def free(self, seq: Seq) -> None:
+        self.free_blocks += self.blocks.pop(seq.id)
+
+
+class ReservedKV(KVManager):
+    """Each admitted sequence reserves `reserve_tokens` slots up front; growth never needs more."""
+
+    def __init__(self, capacity_tokens: int, reserve_tokens: int) -> None:
+        self.capacity = capacity_tokens
+        self.reserve_tokens = reserve_tokens
+        self.holders: set[int] = set()
+
+    @property
+    def used(self) -> int:
+        return len(self.holders) * self.reserve_tokens
+
+    @property
+    def slots(self) -> int:
+        """How many sequences fit at once."""
+        return self.capacity // self.reserve_tokens
+
+    def can_admit(self, seq: Seq) -> bool:
+        return seq.id in self.holders or self.used + self.reserve_tokens <= self.capacity
+
+    def admit(self, seq: Seq) -> None:
+        assert self.can_admit(seq)
+        self.holders.add(seq.id)
+
+    def can_grow(self, seq: Seq, steps: int = 1) -> bool:
+        return seq.computed + steps <= self.reserve_tokens
+
+    def grow(self, seq: Seq, steps: int = 1) -> None:
+        assert self.can_grow(seq, steps), "sequence outgrew its reservation"
+
+    def max_common_growth(self, seqs: list[Seq], limit: int) -> int:
+        return min([limit] + [self.reserve_tokens - s.computed for s in seqs])
+
+    def free(self, seq: Seq) -> None:
+        self.holders.discard(seq.id)

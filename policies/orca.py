@@ -1,0 +1,33 @@
+"""Orca: iteration-level batching with hybrid batches (Sarathi-Serve, Algorithm 2 with hybrid batches).
+
+Every iteration, admit waiting requests in arrival order while the batch has room and KV for the maximum
+sequence length can be reserved, and run their whole prefills together with one decode token of every running
+request. Prefills are never chunked, so a long prompt stalls the decodes sharing its iteration.
+"""
+
+from __future__ import annotations
+
+from policies.base import Policy
+from policies.kv import ReservedKV
+from policies.plan import BatchPlan, packed
+
+
+class Orca(Policy):
+    name = "orca"
+    summary = "iteration-level, hybrid batches of whole prefills and decodes, KV reserved for max length"
+
+    def __init__(self, kv: ReservedKV, max_batch_size: int = 16) -> None:
+        super().__init__(kv, max_batch_size)
+
+    def schedule(self) -> BatchPlan | None:
+        decodes = list(self.running)
+        for s in decodes:
+            self.kv.grow(s)  # within its reservation: never fails
+        new = []
+        while (self.waiting and len(self.running) < self.max_batch_size
+               and self.kv.can_admit(self.waiting[0])):
+            new.append(self.waiting[0])
+            self._admit(self.waiting[0])
+        if not decodes and not new:
+            return None
+        return packed(decodes + new, [1] * len(decodes) + [s.prefill_remaining for s in new])

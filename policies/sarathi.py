@@ -1,0 +1,87 @@
+"""Sarathi-Serve: stall-free batching with chunked prefills (Sarathi-Serve, Algorithm 3).
+
+Each iteration has a token budget tau. First every running decode joins the batch (lines 6-8), then the
+ongoing partial prefills take chunks of what budget is left (lines 9-12), and only then are new requests
+admitted, each with the largest chunk that still fits (lines 13-20). Decodes are never stalled by a prefill,
+and an iteration never processes more than tau tokens (unless its decodes alone exceed it).
+
+The two ablations of the paper's Table 4:
+- hybrid-batching-only: decodes and prefills share iterations, but prefills are not chunked;
+- chunked-prefills-only: prefills are chunked to the budget, but run in iterations of their own, first.
+"""
+
+from __future__ import annotations
+
+from policies.base import Policy
+from policies.kv import PagedKV
+from policies.plan import BatchPlan, packed
+from policies.seq import Seq
+
+
+class SarathiServe(Policy):
+    name = "sarathi"
+    summary = "stall-free batching: decodes first, then prefill chunks within a token budget"
+    chunked = True  # split prefills to the leftover budget
+    hybrid = True  # coalesce prefill chunks with the running decodes
+
+    def __init__(self, kv: PagedKV, max_batch_size: int = 128, token_budget: int = 512) -> None:
+        super().__init__(kv, max_batch_size)
+        if token_budget < 1:
+            raise ValueError("token budget must be at least 1")
+        self.token_budget = token_budget
+
+    def _chunk(self, s: Seq, used: int, first: bool) -> int:
+        """get_next_chunk_size: the largest piece of the pending prefill that fits the leftover budget.
+
+        Unchunked (the hybrid-only ablation), a prompt goes whole: the first prefill of an iteration always,
+        later ones only if they fit the budget.
+        """
+        if not self.chunked:
+            return s.prefill_remaining if first or used + s.prefill_remaining <= self.token_budget else 0
+        return min(s.prefill_remaining, self.token_budget - used)
+
+    def _prefill_chunks(self, used: int) -> tuple[list[Seq], list[int]]:
+        seqs: list[Seq] = []
+        chunks: list[int] = []
+        for s in self.running:  # lines 9-12: ongoing prefills
+            if s.in_prefill:
+                c = self._chunk(s, used, not seqs)
+                if c > 0:
+                    seqs.append(s)
+                    chunks.append(c)
+                    used += c
+        while (self.waiting and (used < self.token_budget or not seqs and not self.chunked)  # lines 13-20
+               and len(self.running) < self.max_batch_size and self.kv.can_admit(self.waiting[0])):
+            c = self._chunk(self.waiting[0], used, not seqs)
+            if c == 0:
+                break
+            seqs.append(self.waiting[0])
+            chunks.append(c)
+            used += c
+            self._admit(self.waiting[0])
+        return seqs, chunks
+
+    def schedule(self) -> BatchPlan | None:
+        if not self.hybrid:
+            seqs, chunks = self._prefill_chunks(0)
+            if seqs:
+                return packed(seqs, chunks)
+            decodes = self._grow_decodes()
+            return packed(decodes, [1] * len(decodes)) if decodes else None
+        decodes = self._grow_decodes()  # lines 6-8
+        seqs, chunks = self._prefill_chunks(len(decodes))
+        if not decodes and not seqs:
+            return None
+        return packed(decodes + seqs, [1] * len(decodes) + chunks)
+
+
+class HybridBatchingOnly(SarathiServe):
+    name = "sarathi-hybrid-only"
+    summary = "Sarathi-Serve ablation: hybrid batches of decodes and whole (unchunked) prefills"
+    chunked = False
+
+
+class ChunkedPrefillsOnly(SarathiServe):
+    name = "sarathi-chunked-only"
+    summary = "Sarathi-Serve ablation: chunked prefills in iterations of their own, no decode coalescing"
+    hybrid = False

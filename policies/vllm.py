@@ -1,0 +1,42 @@
+"""vLLM (v0 default scheduler): iteration-level, prefill-prioritizing, paged KV (Sarathi-Serve, Algorithm 2).
+
+An iteration is all-prefill or all-decode. First admit waiting requests in arrival order while their whole
+prompt's blocks fit above the watermark, the batch has room and the prompts fit the token limit; if any were
+admitted, run their prefills alone (the running decodes stall: a generation stall). Otherwise run one decode
+token of every running request, preempting the newest one by recompute whenever a block is missing.
+"""
+
+from __future__ import annotations
+
+from policies.base import Policy
+from policies.kv import PagedKV
+from policies.plan import BatchPlan, packed
+
+
+class VLLM(Policy):
+    name = "vllm"
+    summary = "iteration-level, prefill-first, all-prefill or all-decode iterations, paged KV, preemption"
+
+    def __init__(self, kv: PagedKV, max_batch_size: int = 128, max_tokens: int = 8192) -> None:
+        super().__init__(kv, max_batch_size)
+        self.max_tokens = max_tokens  # max_num_batched_tokens
+
+    def schedule(self) -> BatchPlan | None:
+        prefills: list = []
+        tokens = 0
+        while self.waiting and len(self.running) < self.max_batch_size:
+            s = self.waiting[0]
+            # a prompt over the limit still runs alone, or a recomputed request could never come back
+            if prefills and tokens + s.prefill_remaining > self.max_tokens:
+                break
+            if not self.kv.can_admit(s):
+                break
+            tokens += s.prefill_remaining
+            prefills.append(s)
+            self._admit(s)
+        if prefills:
+            return packed(prefills, [s.prefill_remaining for s in prefills])
+        decodes = self._grow_decodes()
+        if not decodes:
+            return None
+        return packed(decodes, [1] * len(decodes))

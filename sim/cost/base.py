@@ -1,0 +1,27 @@
+"""The cost-model interface: how long the hardware takes to execute one iteration's `BatchPlan`."""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from policies.plan import BatchPlan
+
+
+class CostModel(ABC):
+    @abstractmethod
+    def iteration_time(self, plan: BatchPlan) -> float:
+        """Seconds to execute the plan."""
+
+    def decode_stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
+        """Durations of `k` back-to-back repeats of a decode-only plan.
+
+        Repeat j (from 0) is the same batch with every decode row holding j more KV tokens. Implementations
+        with a closed form override this; the generic one prices each repeat.
+        """
+        return np.array([
+            self.iteration_time(dataclasses.replace(plan, decode_kv=plan.decode_kv + j * plan.decode_rows))
+            for j in range(k)
+        ])

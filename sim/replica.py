@@ -1,0 +1,124 @@
+"""One serving replica as a SimPy process: schedule, price, wait, apply, record.
+
+The fast path: a decode-only plan that the policy would repeat unchanged (nothing arrives, nothing finishes,
+KV suffices) is executed as one stretch of k iterations whose durations come from the cost model in closed
+form. Per-token outcomes are identical to stepping one iteration at a time; only the bookkeeping is batched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from policies.base import Policy
+from policies.plan import BatchPlan
+from policies.seq import Seq
+from sim.cost.base import CostModel
+from sim.records import GapSample, IterationLog
+
+MAX_STRETCH = 4096  # longest decode stretch priced at once; bounds the arrays, not the results
+
+
+@dataclass
+class ArrivalQueue:
+    """Requests in arrival order, handed to the replica as simulated time reaches them."""
+
+    seqs: list[Seq]
+    next: int = 0
+
+    @property
+    def next_time(self) -> float:
+        return self.seqs[self.next].arrival_s if self.next < len(self.seqs) else float("inf")
+
+    def pop_due(self, now: float) -> list[Seq]:
+        start = self.next
+        while self.next < len(self.seqs) and self.seqs[self.next].arrival_s <= now:
+            self.next += 1
+        return self.seqs[start:self.next]
+
+
+@dataclass
+class Replica:
+    env: simpy.Environment
+    policy: Policy
+    cost: CostModel
+    arrivals: ArrivalQueue
+    fast: bool = True
+    max_waiting: int | None = None  # give up (overload) once this many requests wait
+    iterations: IterationLog = field(default_factory=IterationLog)
+    gaps: GapSample = field(default_factory=GapSample)
+    queue_at_arrival: list[int] = field(default_factory=list)
+    aborted: bool = False
+
+    def run(self) -> Generator[simpy.Event, None, None]:
+        env, policy = self.env, self.policy
+        while True:
+            for seq in self.arrivals.pop_due(env.now):
+                policy.add(seq)
+                self.queue_at_arrival.append(len(policy.waiting))
+            if self.max_waiting is not None and len(policy.waiting) > self.max_waiting:
+                self.aborted = True
+                return
+            plan = policy.schedule()
+            if plan is None:
+                if self.arrivals.next_time == float("inf"):
+                    return
+                yield env.timeout(self.arrivals.next_time - env.now)
+                continue
+            durations = self._price(plan)
+            yield env.timeout(float(durations.sum()))
+            self._apply(plan, env.now - float(durations.sum()), durations)
+
+    def _price(self, plan: BatchPlan) -> np.ndarray:
+        """Durations of the iterations this plan runs for: one, or a stretch of identical decodes."""
+        if not (self.fast and plan.decode_only and plan.seqs):
+            return np.array([self.cost.iteration_time(plan)])
+        extra = min(min(s.remaining_outputs for s in plan.seqs) - 1, MAX_STRETCH - 1)
+        if extra <= 0:
+            return np.array([self.cost.iteration_time(plan)])
+        durations = self.cost.decode_stretch_times(plan, extra + 1)
+        # stop at the iteration during which the next request arrives: the policy decides again after it
+        until_arrival = self.arrivals.next_time - self.env.now
+        if until_arrival < float("inf"):
+            cut = int(np.searchsorted(np.cumsum(durations), until_arrival))
+            extra = min(extra, cut)
+        extra = self.policy.extend(plan, extra) if extra > 0 else 0
+        return durations[:extra + 1]
+
+    def _apply(self, plan: BatchPlan, start: float, durations: np.ndarray) -> None:
+        k = len(durations)
+        ends = start + np.cumsum(durations)
+        first_end, last_end = float(ends[0]), float(ends[-1])
+        decode_tokens = plan.num_decode_tokens if k == 1 else len(plan.seqs)  # per iteration of the row
+        prefill_tokens = plan.num_prefill_tokens if k == 1 else 0
+        prev_token: dict[float, int] = {}  # previous token time -> sequences sampling now, for TBT
+        finished: list[Seq] = []
+        for s, q in zip(plan.seqs, plan.num_new):
+            if s.first_scheduled_s < 0:
+                s.first_scheduled_s = start
+            if k == 1:
+                if not s.advance(q):
+                    continue
+            else:  # k decode steps, each samples a token
+                s.computed += k
+                s.generated += k
+            if s.first_token_s < 0:
+                s.first_token_s = first_end
+            else:
+                prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
+            s.last_token_s = last_end
+            if s.generated == s.output_tokens:
+                s.completion_s = last_end
+                finished.append(s)
+        for t, n in prev_token.items():
+            self.gaps.add(first_end - t, n)
+        if k > 1:
+            self.gaps.extend(durations[1:], len(plan.seqs))
+        kv_used = self.policy.kv.used
+        for s in finished:
+            self.policy.finish(s)
+        self.iterations.add(start, last_end - start, k, prefill_tokens, decode_tokens, len(plan.seqs),
+                            plan.linear_tokens, kv_used)

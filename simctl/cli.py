@@ -1,0 +1,125 @@
+"""The `simctl` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from simctl.errors import InputError
+
+app = typer.Typer(
+    help="Simulate LLM inference serving: pick a scheduler, trace, model and GPU; get TTFT, TBT, E2E, "
+         "throughput and capacity before spending GPU hours.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+
+
+@app.command()
+def run(
+    policy: Annotated[str, typer.Option(help="Scheduler: faster-transformer, orca, vllm, sarathi, "
+                                        "sarathi-hybrid-only, sarathi-chunked-only (see `simctl list`).")
+                      ] = "sarathi",
+    trace: Annotated[str, typer.Option(help="Length profile (sharegpt, arxiv) or a trace file: CSV with "
+                                       "num_prefill_tokens,num_decode_tokens[,arrived_at] or JSONL.")
+                     ] = "arxiv",
+    model: Annotated[str, typer.Option(help="Model shape from the catalogue.")] = "mistral-7b",
+    gpu: Annotated[str, typer.Option(help="GPU from the catalogue.")] = "a100-80gb",
+    tp: Annotated[int, typer.Option(help="Tensor-parallel degree (GPUs per replica).")] = 1,
+    qps: Annotated[float, typer.Option(help="Mean arrival rate, requests per second.")] = 0.5,
+    num_requests: Annotated[int, typer.Option(help="Requests to simulate.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Seed for lengths and arrivals: same seed, same results.")] = 0,
+    token_budget: Annotated[Optional[int], typer.Option(help="Sarathi-Serve tokens per iteration "
+                                                        "[default: 512, the paper's strict setting].")] = None,
+    max_batch_size: Annotated[Optional[int], typer.Option(help="Cap on requests per batch [default: the "
+                                                          "policy's: 16 FT/Orca, 128 vLLM/Sarathi].")] = None,
+    arrival: Annotated[str, typer.Option(help="Arrival process: poisson, or gamma (bursty, see --cv).")
+                       ] = "poisson",
+    cv: Annotated[float, typer.Option(help="Coefficient of variation of gamma inter-arrivals.")] = 1.0,
+    out: Annotated[Optional[Path], typer.Option(help="Folder for summary.json, requests.parquet and "
+                                                "iterations.parquet.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
+) -> None:
+    """Simulate one serving replica and print its latency and throughput summary.
+
+    Example: simctl run --policy vllm --trace sharegpt --qps 2 --out out/vllm
+    """
+    from sim.output import json_text, prepare_out_dir, write_run
+    from sim.run import RunConfig, run as run_sim
+
+    config = RunConfig(policy=policy, trace=trace, model=model, gpu=gpu, tp=tp, qps=qps,
+                       num_requests=num_requests, seed=seed, token_budget=token_budget,
+                       max_batch_size=max_batch_size, arrival=arrival, cv=cv)
+    config.validate()
+    if out is not None:
+        prepare_out_dir(out)
+    result = run_sim(config)
+    if out is not None:
+        write_run(out, result.summary, result.result.requests, result.result.iterations.frame())
+    if as_json:
+        sys.stdout.write(json_text(result.summary))
+    else:
+        _print_summary(result.summary)
+
+
+def _print_summary(s: dict) -> None:
+    console = Console()
+    head = (f"{s['policy']} on {s['trace']}: {s['model']} / {s['gpu']} x{s['tp']}, "
+            f"{s['qps']} QPS, {s['completed']}/{s['num_requests']} requests")
+    table = Table(title=head, show_header=True)
+    table.add_column("metric")
+    for p in ("p50", "p90", "p99"):
+        table.add_column(p, justify="right")
+    for name in ("ttft", "tbt", "e2e", "sched_delay"):
+        table.add_row(f"{name} (s)", *(_fmt(s.get(f"{name}_{p}")) for p in ("p50", "p90", "p99")))
+    console.print(table)
+    console.print(
+        f"throughput {s['throughput_rps']:.3f} req/s, {s['throughput_tokens_per_s']:.0f} output tok/s; "
+        f"TPOT p50 {_fmt(s['tpot_p50'])} s; makespan {s['makespan_s']:.1f} s; preemptions "
+        f"{s['preemptions']}; {'sustainable' if s['sustainable'] else 'UNSUSTAINABLE: the queue keeps growing'}"
+        f"; simulated in {s['sim_wall_s']:.2f} s")
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+@app.command("list")
+def list_catalogue() -> None:
+    """Show the policies, traces, models and GPUs simctl knows."""
+    from policies.registry import POLICIES
+    from sim.gpus import GPUS
+    from sim.models import MODELS
+    from traces import PROFILES
+
+    console = Console()
+    for title, rows in (
+        ("policies", [(n, c.summary) for n, c in POLICIES.items()]),
+        ("traces", [(n, p.description) for n, p in PROFILES.items()]
+         + [("PATH", "a CSV (num_prefill_tokens,num_decode_tokens[,arrived_at]) or JSONL trace file")]),
+        ("models", [(n, m.description) for n, m in MODELS.items()]),
+        ("gpus", [(n, g.description) for n, g in GPUS.items()]),
+    ):
+        table = Table(title=title, show_header=False, title_justify="left")
+        table.add_column(style="bold")
+        table.add_column()
+        for name, text in rows:
+            table.add_row(name, text)
+        console.print(table)
+
+
+def main() -> None:
+    try:
+        app()
+    except InputError as e:
+        print(f"simctl: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

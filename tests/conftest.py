@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policies.plan import BatchPlan
+from sim.cost.base import CostModel
+from traces.request import Request
+
+
+class AffineCost(CostModel):
+    """A small hand-checkable cost model: fixed overhead + per linear token + per attention unit + per KV read."""
+
+    def __init__(self, overhead: float = 0.005, per_token: float = 1e-4, per_attn: float = 1e-8,
+                 per_kv: float = 1e-6) -> None:
+        self.overhead, self.per_token, self.per_attn, self.per_kv = overhead, per_token, per_attn, per_kv
+
+    def iteration_time(self, plan: BatchPlan) -> float:
+        attn = sum(q * (c + q / 2) for q, c in zip(plan.prefill_q, plan.prefill_c))
+        return (self.overhead + self.per_token * plan.linear_tokens + self.per_attn * attn
+                + self.per_kv * plan.decode_kv)
+
+
+def random_requests(n: int, qps: float, seed: int, max_prompt: int = 2000, max_output: int = 300
+                    ) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / qps, n))
+    prompts = rng.integers(1, max_prompt + 1, n)
+    outputs = rng.integers(1, max_output + 1, n)
+    return [Request(i, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs))]
+
+
+@pytest.fixture
+def affine_cost() -> AffineCost:
+    return AffineCost()

@@ -1,0 +1,3 @@
+from traces.request import Request
+
+__all__ = ["Request"]

@@ -1,0 +1,13 @@
+"""The request record every trace produces and every layer consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
