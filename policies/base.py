@@ -82,7 +82,10 @@ class Policy(ABC):
     def _grow_decodes(self) -> list[Seq]:
         """Reserve one more KV slot for every running decode, oldest first; when memory runs out, preempt the
         newest running request (possibly the one asking) until the slot fits. Returns the decodes to run."""
-        decodes: list[Seq] = []
+        decodes = [s for s in self.running if s.computed >= s.prefill_end]
+        if self.kv.grow_each(decodes):  # the common case: memory suffices, nobody is preempted
+            return decodes
+        decodes = []
         queue = list(self.running)
         i = 0
         while i < len(queue):

@@ -35,7 +35,8 @@ class FasterTransformer(Policy):
             self.kv_len = plan.prefill_q[0]
             return plan
         self.kv_len += 1
-        return padded_decode(self.running, rows=len(self.batch), kv_len=self.kv_len)
+        # a copy: finish() removes from self.running, and the plan must keep the rows it ran
+        return padded_decode(list(self.running), rows=len(self.batch), kv_len=self.kv_len)
 
     def extend(self, plan: BatchPlan, limit: int) -> int:
         extra = super().extend(plan, limit)

@@ -38,6 +38,14 @@ class KVManager(ABC):
     def grow(self, seq: Seq, steps: int = 1) -> None:
         """Make room for `steps` more cached tokens of a decoding sequence."""
 
+    def grow_each(self, seqs: list[Seq]) -> bool:
+        """Grow every sequence by one token if all of them fit; otherwise change nothing and say so."""
+        if not all(self.can_grow(s) for s in seqs):
+            return False
+        for s in seqs:
+            self.grow(s)
+        return True
+
     @abstractmethod
     def max_common_growth(self, seqs: list[Seq], limit: int) -> int:
         """Largest k <= limit such that every sequence can cache k more tokens at once."""
@@ -86,6 +94,16 @@ class PagedKV(KVManager):
         assert extra <= self.free_blocks, "grow() without can_grow()"
         self.free_blocks -= extra
         self.blocks[seq.id] += extra
+
+    def grow_each(self, seqs: list[Seq]) -> bool:
+        blocks, bs = self.blocks, self.block_size
+        short = [s.id for s in seqs if s.computed + 1 > blocks[s.id] * bs]  # their last block is full
+        if len(short) > self.free_blocks:
+            return False
+        for i in short:
+            blocks[i] += 1
+        self.free_blocks -= len(short)
+        return True
 
     def max_common_growth(self, seqs: list[Seq], limit: int) -> int:
         # slack = free slots already held by each sequence; k steps need ceil((k - slack)/bs) new blocks each.

@@ -32,34 +32,31 @@ class BatchPlan:
     prefill_c: list[int] = field(default_factory=list)  # ...and the cached context each one attends to
     decode_rows: int = 0  # single-token rows, padding rows included
     decode_kv: int = 0  # KV tokens read by the decode rows, padded KV included
+    prefill_tokens: int = 0  # real (unpadded) prompt tokens processed
+    decode_tokens: int = 0  # real decode tokens processed
 
     @property
     def decode_only(self) -> bool:
         return not self.prefill_q
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(q for s, q in zip(self.seqs, self.num_new) if s.in_prefill)
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return sum(1 for s in self.seqs if not s.in_prefill)
 
 
 def packed(seqs: list[Seq], num_new: list[int]) -> BatchPlan:
     """A ragged batch: linear layers see exactly the new tokens; each segment attends to its own cache."""
     pq: list[int] = []
     pc: list[int] = []
-    rows = kv = 0
+    rows = kv = sampled = 0
     for s, q in zip(seqs, num_new):
-        if s.in_prefill:
+        if s.computed < s.prefill_end:
             pq.append(q)
             pc.append(s.computed)
+            if s.computed + q == s.prompt_tokens + s.generated:
+                sampled += 1
         else:
             rows += 1
             kv += s.computed + 1
-    sampled = rows + sum(1 for s, q in zip(seqs, num_new) if s.in_prefill and s.computed + q == s.known_tokens)
-    return BatchPlan(seqs, num_new, Layout.PACKED, sum(num_new), sampled, pq, pc, rows, kv)
+    prefill = sum(pq)
+    return BatchPlan(seqs, num_new, Layout.PACKED, prefill + rows, sampled + rows, pq, pc, rows, kv,
+                     prefill, rows)
 
 
 def padded_prefill(seqs: list[Seq], rows: int | None = None) -> BatchPlan:
@@ -67,7 +64,8 @@ def padded_prefill(seqs: list[Seq], rows: int | None = None) -> BatchPlan:
     rows = len(seqs) if rows is None else rows
     length = max(s.prefill_remaining for s in seqs)
     num_new = [s.prefill_remaining for s in seqs]
-    return BatchPlan(seqs, num_new, Layout.PADDED, rows * length, rows, [length] * rows, [0] * rows)
+    return BatchPlan(seqs, num_new, Layout.PADDED, rows * length, rows, [length] * rows, [0] * rows,
+                     prefill_tokens=sum(num_new))
 
 
 def padded_decode(seqs: list[Seq], rows: int, kv_len: int) -> BatchPlan:
@@ -75,4 +73,5 @@ def padded_decode(seqs: list[Seq], rows: int, kv_len: int) -> BatchPlan:
 
     Rows of finished requests stay in the batch and are computed like live ones.
     """
-    return BatchPlan(seqs, [1] * len(seqs), Layout.PADDED, rows, rows, decode_rows=rows, decode_kv=rows * kv_len)
+    return BatchPlan(seqs, [1] * len(seqs), Layout.PADDED, rows, rows, decode_rows=rows, decode_kv=rows * kv_len,
+                     decode_tokens=len(seqs))

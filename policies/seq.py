@@ -20,9 +20,8 @@ class Phase(Enum):
 
 class Seq:
     __slots__ = (
-        "id", "arrival_s", "prompt_tokens", "output_tokens",
-        "computed", "generated", "prefill_end", "phase",
-        "first_scheduled_s", "first_token_s", "last_token_s", "completion_s", "preemptions",
+        "arrival_s", "completion_s", "computed", "first_scheduled_s", "first_token_s", "generated", "id",
+        "last_token_s", "output_tokens", "phase", "preemptions", "prefill_end", "prompt_tokens",
     )
 
     def __init__(self, id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> None:

@@ -60,8 +60,8 @@ def summarize(result: SimResult) -> dict[str, float | int | bool | None]:
     makespan = float(end.max() - req["arrival_s"].min()) if len(done) else 0.0
     its = result.iterations
     return {
-        "num_requests": int(len(req)),
-        "completed": int(len(done)),
+        "num_requests": len(req),
+        "completed": len(done),
         **_pcts("ttft", ttft),
         **tbt,
         "tpot_p50": float(np.median(tpot)) if len(tpot) else None,

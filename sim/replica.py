@@ -56,69 +56,89 @@ class Replica:
     def run(self) -> Generator[simpy.Event, None, None]:
         env, policy = self.env, self.policy
         while True:
-            for seq in self.arrivals.pop_due(env.now):
-                policy.add(seq)
-                self.queue_at_arrival.append(len(policy.waiting))
-            if self.max_waiting is not None and len(policy.waiting) > self.max_waiting:
-                self.aborted = True
-                return
+            if self.arrivals.next_time <= env.now:
+                for seq in self.arrivals.pop_due(env.now):
+                    policy.add(seq)
+                    self.queue_at_arrival.append(len(policy.waiting))
+                if self.max_waiting is not None and len(policy.waiting) > self.max_waiting:
+                    self.aborted = True
+                    return
             plan = policy.schedule()
             if plan is None:
                 if self.arrivals.next_time == float("inf"):
                     return
                 yield env.timeout(self.arrivals.next_time - env.now)
                 continue
-            durations = self._price(plan)
-            yield env.timeout(float(durations.sum()))
-            self._apply(plan, env.now - float(durations.sum()), durations)
+            start = env.now
+            stretch = self._stretch(plan) if self.fast and plan.decode_only else None
+            if stretch is None:
+                duration = self.cost.iteration_time(plan)
+                yield env.timeout(duration)
+                self._apply_one(plan, start, start + duration)
+            else:
+                yield env.timeout(float(stretch.sum()))
+                self._apply_stretch(plan, start, stretch)
 
-    def _price(self, plan: BatchPlan) -> np.ndarray:
-        """Durations of the iterations this plan runs for: one, or a stretch of identical decodes."""
-        if not (self.fast and plan.decode_only and plan.seqs):
-            return np.array([self.cost.iteration_time(plan)])
-        extra = min(min(s.remaining_outputs for s in plan.seqs) - 1, MAX_STRETCH - 1)
+    def _stretch(self, plan: BatchPlan) -> np.ndarray | None:
+        """Durations of the identical decode iterations this plan can run back to back (None: just one)."""
+        extra = min(min(s.output_tokens - s.generated for s in plan.seqs) - 1, MAX_STRETCH - 1)
         if extra <= 0:
-            return np.array([self.cost.iteration_time(plan)])
+            return None
         durations = self.cost.decode_stretch_times(plan, extra + 1)
         # stop at the iteration during which the next request arrives: the policy decides again after it
         until_arrival = self.arrivals.next_time - self.env.now
         if until_arrival < float("inf"):
-            cut = int(np.searchsorted(np.cumsum(durations), until_arrival))
-            extra = min(extra, cut)
+            extra = min(extra, int(np.searchsorted(np.cumsum(durations), until_arrival)))
         extra = self.policy.extend(plan, extra) if extra > 0 else 0
-        return durations[:extra + 1]
+        return durations[:extra + 1] if extra > 0 else None
 
-    def _apply(self, plan: BatchPlan, start: float, durations: np.ndarray) -> None:
-        k = len(durations)
-        ends = start + np.cumsum(durations)
-        first_end, last_end = float(ends[0]), float(ends[-1])
-        decode_tokens = plan.num_decode_tokens if k == 1 else len(plan.seqs)  # per iteration of the row
-        prefill_tokens = plan.num_prefill_tokens if k == 1 else 0
+    def _apply_one(self, plan: BatchPlan, start: float, end: float) -> None:
         prev_token: dict[float, int] = {}  # previous token time -> sequences sampling now, for TBT
         finished: list[Seq] = []
         for s, q in zip(plan.seqs, plan.num_new):
             if s.first_scheduled_s < 0:
                 s.first_scheduled_s = start
-            if k == 1:
-                if not s.advance(q):
-                    continue
-            else:  # k decode steps, each samples a token
-                s.computed += k
-                s.generated += k
-            if s.first_token_s < 0:
-                s.first_token_s = first_end
-            else:
-                prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
+            s.computed += q
+            if s.computed != s.prompt_tokens + s.generated:
+                continue  # a prefill chunk that does not reach the last known token samples nothing
+            s.generated += 1
+            self._sampled(s, end, prev_token, finished)
+        self._close(plan, start, end, 1, prev_token, finished)
+
+    def _apply_stretch(self, plan: BatchPlan, start: float, durations: np.ndarray) -> None:
+        k = len(durations)
+        ends = start + np.cumsum(durations)
+        first_end, last_end = float(ends[0]), float(ends[-1])
+        prev_token: dict[float, int] = {}
+        finished: list[Seq] = []
+        for s in plan.seqs:  # k decode steps, each samples a token
+            s.computed += k
+            s.generated += k
+            prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
             s.last_token_s = last_end
             if s.generated == s.output_tokens:
                 s.completion_s = last_end
                 finished.append(s)
+        self.gaps.extend(durations[1:], len(plan.seqs))  # later steps: every row waited one iteration
+        self._close(plan, start, last_end, k, prev_token, finished, first_end)
+
+    def _sampled(self, s: Seq, end: float, prev_token: dict[float, int], finished: list[Seq]) -> None:
+        if s.first_token_s < 0:
+            s.first_token_s = end
+        else:
+            prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
+        s.last_token_s = end
+        if s.generated == s.output_tokens:
+            s.completion_s = end
+            finished.append(s)
+
+    def _close(self, plan: BatchPlan, start: float, end: float, k: int, prev_token: dict[float, int],
+               finished: list[Seq], first_end: float | None = None) -> None:
+        first_end = end if first_end is None else first_end
         for t, n in prev_token.items():
             self.gaps.add(first_end - t, n)
-        if k > 1:
-            self.gaps.extend(durations[1:], len(plan.seqs))
         kv_used = self.policy.kv.used
         for s in finished:
             self.policy.finish(s)
-        self.iterations.add(start, last_end - start, k, prefill_tokens, decode_tokens, len(plan.seqs),
+        self.iterations.add(start, end - start, k, plan.prefill_tokens, plan.decode_tokens, len(plan.seqs),
                             plan.linear_tokens, kv_used)

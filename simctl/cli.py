@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -34,14 +33,14 @@ def run(
     qps: Annotated[float, typer.Option(help="Mean arrival rate, requests per second.")] = 0.5,
     num_requests: Annotated[int, typer.Option(help="Requests to simulate.")] = 1000,
     seed: Annotated[int, typer.Option(help="Seed for lengths and arrivals: same seed, same results.")] = 0,
-    token_budget: Annotated[Optional[int], typer.Option(help="Sarathi-Serve tokens per iteration "
+    token_budget: Annotated[int | None, typer.Option(help="Sarathi-Serve tokens per iteration "
                                                         "[default: 512, the paper's strict setting].")] = None,
-    max_batch_size: Annotated[Optional[int], typer.Option(help="Cap on requests per batch [default: the "
+    max_batch_size: Annotated[int | None, typer.Option(help="Cap on requests per batch [default: the "
                                                           "policy's: 16 FT/Orca, 128 vLLM/Sarathi].")] = None,
     arrival: Annotated[str, typer.Option(help="Arrival process: poisson, or gamma (bursty, see --cv).")
                        ] = "poisson",
     cv: Annotated[float, typer.Option(help="Coefficient of variation of gamma inter-arrivals.")] = 1.0,
-    out: Annotated[Optional[Path], typer.Option(help="Folder for summary.json, requests.parquet and "
+    out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet and "
                                                 "iterations.parquet.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
 ) -> None:
@@ -50,7 +49,8 @@ def run(
     Example: simctl run --policy vllm --trace sharegpt --qps 2 --out out/vllm
     """
     from sim.output import json_text, prepare_out_dir, write_run
-    from sim.run import RunConfig, run as run_sim
+    from sim.run import RunConfig
+    from sim.run import run as run_sim
 
     config = RunConfig(policy=policy, trace=trace, model=model, gpu=gpu, tp=tp, qps=qps,
                        num_requests=num_requests, seed=seed, token_budget=token_budget,

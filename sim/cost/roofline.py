@@ -1,0 +1,228 @@
+"""A roofline cost model from published specs: what one iteration's `BatchPlan` costs on a GPU.
+
+Per iteration (per GPU of a tensor-parallel group; all GPUs of the group run in lock step):
+
+- Linear layers (QKV, O, MLP): FLOPs = 2 x params/tp x T_eff, weights/tp read once.
+  t = sqrt(t_compute^2 + t_memory^2), t_compute = FLOPs / (peak x mfu), t_memory = bytes / (bw x mbu).
+  The sqrt blend is the soft knee real GEMMs show: design.md reads off a published per-operator profile of
+  Llama-2-7B's linears on an A100 that max(t_c, t_m) is up to ~25% low near T = 128 while the sqrt blend with
+  mfu 0.70 / mbu 0.75 stays within ~5% from T = 1 to 4096.
+- Tile quantization: a GEMM over T rows runs ceil(T / tile) row tiles, so above one tile T is rounded up to a
+  multiple of the tile (Sarathi-Serve measured chunk 257 up to 32% slower than 256). At T <= tile the kernels
+  pick smaller row tiles (or GEMV) and the layer is weight-streaming bound, so T is used as is: rounding
+  T = 1 up to 128 would add a compute term as large as the weight-read term (the A100 ridge point for these
+  efficiencies is ~140 rows) and price a batch-1 decode ~35% too slow. Above one tile the rounding only
+  shows where compute matters, because the sqrt blend weighs it by the compute share.
+- LM head: only on the `sampled_tokens` rows (2 x vocab x hidden FLOPs per row, vocab-parallel over tp),
+  its weights read once; same blend and tiling. No rows sampled (a mid-prompt chunk only): no LM head.
+- Prefill / chunk attention, per segment of q new tokens on c cached ones: FLOPs = 4 x layers x heads/tp x
+  head_dim x q x (c + q/2) at `attn_mfu`, reading (c + q) tokens of KV (this GPU's share), blended per
+  segment like the linears. Padded rows come as segments of the padded length, so pads are paid.
+- Decode attention: memory-bound: decode_kv x KV bytes per token (this GPU's share) / (bw x attn_mbu).
+- A fixed per-iteration overhead (launches, scheduling, sampling).
+- TP > 1: two all-reduces per layer of T x hidden x dtype bytes, ring algorithm:
+  2 (tp-1)/tp x bytes / link bandwidth, plus a fixed latency per all-reduce.
+
+Terms are added (no overlap between them is assumed). Defaults and where they come from:
+- mfu = 0.70, mbu = 0.75: the published Llama-2-7B/A100 per-operator profile summarised in design.md.
+- attn_mfu = 0.50: FlashAttention-2 (Dao, 2023) reports its forward pass at 50-73% of A100 peak; serving
+  chunks are short and causal, so the low end is taken.
+- attn_mbu = mbu: decode attention streams KV like the linears stream weights (an assumption).
+- overhead_s = 2 ms: an ASSUMPTION (CPU-side scheduling, input preparation, sampling and launches of a Python
+  serving engine); the profiler's fitted intercept should replace it.
+- allreduce_latency_s = 10 us: an ASSUMPTION, the order of a small-message NCCL all-reduce within a node.
+- gpu_memory_utilization = 0.9: vLLM's default share of GPU memory it manages.
+- activation_reserve_bytes = 2 GiB per GPU: an ASSUMPTION covering the CUDA context, NCCL buffers and the peak
+  activations of a few-thousand-token batch of a 7-70B model, which serving engines subtract before sizing
+  the KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from policies.plan import BatchPlan
+from sim.cost.base import CostModel
+from sim.gpus import GiB, GPUSpec, get_gpu
+from sim.models import ModelSpec, get_model
+from simctl.errors import InputError
+
+DEFAULT_MFU = 0.70
+DEFAULT_MBU = 0.75
+DEFAULT_ATTN_MFU = 0.50
+DEFAULT_OVERHEAD_S = 2e-3
+DEFAULT_ALLREDUCE_LATENCY_S = 10e-6
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GiB
+
+
+def _fraction(name: str, v: float) -> float:
+    if not (isinstance(v, (int, float)) and 0.0 < v <= 1.0):
+        raise InputError(f"{name} must be in (0, 1], got {v!r}")
+    return float(v)
+
+
+class Roofline(CostModel):
+    def __init__(
+        self,
+        model: ModelSpec | str,
+        gpu: GPUSpec | str,
+        tp: int = 1,
+        dtype_bytes: int = 2,
+        mfu: float = DEFAULT_MFU,
+        mbu: float = DEFAULT_MBU,
+        overhead_s: float = DEFAULT_OVERHEAD_S,
+        attn_mfu: float = DEFAULT_ATTN_MFU,
+        attn_mbu: float | None = None,
+        tile: int | None = None,
+        gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+        activation_reserve_bytes: float = DEFAULT_ACTIVATION_RESERVE_BYTES,
+        allreduce_latency_s: float = DEFAULT_ALLREDUCE_LATENCY_S,
+    ) -> None:
+        m = get_model(model) if isinstance(model, str) else model
+        g = get_gpu(gpu) if isinstance(gpu, str) else gpu
+        if not isinstance(tp, int) or tp < 1:
+            raise InputError(f"tp must be a positive integer, got {tp!r}")
+        if m.num_heads % tp:
+            raise InputError(f"tp={tp} must divide {m.name}'s {m.num_heads} attention heads")
+        if m.num_kv_heads % tp and tp % m.num_kv_heads:
+            raise InputError(f"tp={tp} and {m.name}'s {m.num_kv_heads} KV heads: one must divide the other")
+        if not isinstance(dtype_bytes, int) or dtype_bytes < 1:
+            raise InputError(f"dtype_bytes must be a positive integer, got {dtype_bytes!r}")
+        tile = g.tile if tile is None else tile
+        if not isinstance(tile, int) or tile < 1:
+            raise InputError(f"tile must be a positive integer, got {tile!r}")
+        if not overhead_s >= 0 or not allreduce_latency_s >= 0 or not activation_reserve_bytes >= 0:
+            raise InputError("overhead_s, allreduce_latency_s and activation_reserve_bytes must be >= 0")
+        self.model = m
+        self.gpu = g
+        self.tp = tp
+        self.dtype_bytes = dtype_bytes
+        self.mfu = _fraction("mfu", mfu)
+        self.mbu = _fraction("mbu", mbu)
+        self.attn_mfu = _fraction("attn_mfu", attn_mfu)
+        self.attn_mbu = self.mbu if attn_mbu is None else _fraction("attn_mbu", attn_mbu)
+        self.overhead_s = float(overhead_s)
+        self.tile = tile
+        self.gpu_memory_utilization = _fraction("gpu_memory_utilization", gpu_memory_utilization)
+        self.activation_reserve_bytes = float(activation_reserve_bytes)
+        self.allreduce_latency_s = float(allreduce_latency_s)
+
+        # ---- per-GPU shapes (Megatron-style TP: heads, MLP columns and vocabulary split over tp; KV heads
+        # split when tp divides them, else each GPU holds one KV head, replicated) ----
+        L, h, d = m.num_layers, m.hidden_size, m.head_dim
+        heads_gpu = m.num_heads // tp
+        self.kv_heads_per_gpu = max(1, m.num_kv_heads // tp)
+        lin_per_layer_gpu = (h * d * (heads_gpu + 2 * self.kv_heads_per_gpu)  # QKV
+                             + heads_gpu * d * h  # O
+                             + m.mlp_params_per_layer / tp)  # MLP
+        self.linear_params_per_gpu = L * lin_per_layer_gpu
+        self.lm_head_params_per_gpu = m.lm_head_params / tp
+        self.kv_bytes_per_token_per_gpu = 2 * L * self.kv_heads_per_gpu * d * dtype_bytes
+        emb_gpu = m.embedding_lm_head_params / tp
+        self.weight_bytes_per_gpu = (self.linear_params_per_gpu + emb_gpu) * dtype_bytes
+
+        flops = g.peak_flops * self.mfu
+        bw = g.mem_bandwidth * self.mbu
+        # linears: t_c = _lin_c x T_eff, t_m = _lin_m
+        self._lin_c = 2.0 * self.linear_params_per_gpu / flops
+        self._lin_m = self.linear_params_per_gpu * dtype_bytes / bw
+        # LM head: t_c = _lm_c x rows_eff, t_m = _lm_m
+        self._lm_c = 2.0 * self.lm_head_params_per_gpu / flops
+        self._lm_m = self.lm_head_params_per_gpu * dtype_bytes / bw
+        # prefill attention per segment: t_c = _pa_c x q (c + q/2), t_m = _pa_m x (c + q)
+        self._pa_c = 4.0 * L * heads_gpu * d / (g.peak_flops * self.attn_mfu)
+        self._pa_m = self.kv_bytes_per_token_per_gpu / (g.mem_bandwidth * self.attn_mbu)
+        # decode attention: t = _dkv x decode_kv
+        self._dkv = self.kv_bytes_per_token_per_gpu / (g.mem_bandwidth * self.attn_mbu)
+        # all-reduce: t = _ar_tok x T + _ar_fixed (tp > 1 only)
+        if tp > 1:
+            n_ar = 2 * L
+            self._ar_tok = n_ar * 2.0 * (tp - 1) / tp * h * dtype_bytes / g.interconnect_bandwidth
+            self._ar_fixed = n_ar * self.allreduce_latency_s
+        else:
+            self._ar_tok = 0.0
+            self._ar_fixed = 0.0
+
+    def __repr__(self) -> str:
+        return (f"Roofline({self.model.name}, {self.gpu.name}, tp={self.tp}, mfu={self.mfu}, mbu={self.mbu}, "
+                f"attn_mfu={self.attn_mfu}, overhead_s={self.overhead_s}, tile={self.tile})")
+
+    # ---- pricing ---------------------------------------------------------------------------------------
+    def tiled(self, n: int) -> int:
+        """Rows a GEMM over `n` rows pays for: n up to one tile, else n rounded up to the tile."""
+        tile = self.tile
+        return n if n <= tile else -(-n // tile) * tile
+
+    def _fixed(self, plan: BatchPlan) -> float:
+        """Everything but decode attention (which is the only term that changes over a decode stretch)."""
+        t = self.overhead_s
+        T = plan.linear_tokens
+        tile = self.tile
+        if T > 0:
+            te = T if T <= tile else -(-T // tile) * tile
+            c = self._lin_c * te
+            t += math.sqrt(c * c + self._lin_m * self._lin_m)
+            if self._ar_tok:
+                t += self._ar_tok * T + self._ar_fixed
+        r = plan.sampled_tokens
+        if r > 0:
+            re = r if r <= tile else -(-r // tile) * tile
+            c = self._lm_c * re
+            t += math.sqrt(c * c + self._lm_m * self._lm_m)
+        if plan.prefill_q:
+            pc, pm = self._pa_c, self._pa_m
+            for q, ctx in zip(plan.prefill_q, plan.prefill_c):
+                c = pc * q * (ctx + 0.5 * q)
+                m = pm * (ctx + q)
+                t += math.sqrt(c * c + m * m)
+        return t
+
+    def iteration_time(self, plan: BatchPlan) -> float:
+        return self._fixed(plan) + plan.decode_kv * self._dkv
+
+    def decode_stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
+        if k <= 0:
+            return np.empty(0)
+        kv = plan.decode_kv + np.arange(k, dtype=np.int64) * plan.decode_rows
+        return self._fixed(plan) + kv * self._dkv
+
+    def breakdown(self, plan: BatchPlan) -> dict[str, float]:
+        """The terms of `iteration_time(plan)` in seconds (for reports and tests; not on the hot path)."""
+
+        def blend(c: float, m: float) -> float:
+            return math.sqrt(c * c + m * m)
+
+        T, r = plan.linear_tokens, plan.sampled_tokens
+        return {
+            "overhead": self.overhead_s,
+            "linear": blend(self._lin_c * self.tiled(T), self._lin_m) if T > 0 else 0.0,
+            "allreduce": self._ar_tok * T + self._ar_fixed if T > 0 and self.tp > 1 else 0.0,
+            "lm_head": blend(self._lm_c * self.tiled(r), self._lm_m) if r > 0 else 0.0,
+            "prefill_attention": sum((blend(self._pa_c * q * (c + 0.5 * q), self._pa_m * (c + q))
+                                      for q, c in zip(plan.prefill_q, plan.prefill_c)), 0.0),
+            "decode_attention": plan.decode_kv * self._dkv,
+        }
+
+    # ---- memory --------------------------------------------------------------------------------------
+    def kv_capacity_tokens(self) -> int:
+        """KV tokens one replica (a TP group) can cache.
+
+        Per GPU: memory x utilization - weights/tp - activation reserve, divided by that GPU's share of a
+        token's KV (KV heads sharded over tp). Equals (memory x util x tp - weights - reserve x tp) / KV bytes
+        per token when tp divides the KV heads.
+        """
+        free = (self.gpu.memory_bytes * self.gpu_memory_utilization - self.weight_bytes_per_gpu
+                - self.activation_reserve_bytes)
+        tokens = int(free // self.kv_bytes_per_token_per_gpu) if free > 0 else 0
+        if tokens <= 0:
+            need = (self.weight_bytes_per_gpu + self.activation_reserve_bytes) / GiB
+            have = self.gpu.memory_bytes * self.gpu_memory_utilization / GiB
+            raise InputError(
+                f"{self.model.name} does not fit on {self.gpu.name} with tp={self.tp}: each GPU needs "
+                f"{need:.1f} GiB for weights and activations but has {have:.1f} GiB "
+                f"({self.gpu_memory_utilization:.0%} of {self.gpu.memory_bytes / GiB:.0f} GiB); "
+                f"raise tp or use a larger GPU")
+        return tokens

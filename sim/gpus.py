@@ -1,0 +1,84 @@
+"""Accelerator specs the roofline cost model prices against: a catalogue of published datasheet numbers.
+
+Conventions:
+- `peak_flops`: dense (no 2:4 sparsity) BF16/FP16 tensor-core FLOP/s with FP32 accumulation. Datasheets often
+  print the sparse figure; it is halved here.
+- `mem_bandwidth`: peak DRAM (HBM/GDDR) bandwidth in bytes/s (decimal GB, as datasheets mean it).
+- `memory_bytes`: DRAM capacity. Datasheet "80 GB" is binary (80 GiB: the driver reports 81920 MiB on an
+  A100-80GB), so capacities are stored as GiB x 2**30.
+- `interconnect_bandwidth`: per-GPU, per-direction bandwidth of the link a tensor-parallel all-reduce runs
+  over: NVLink where the part has it, else PCIe Gen4 x16 (64 GB/s bidirectional = 32 GB/s each way). Peak
+  link numbers; NCCL achieves less.
+- `tile`: the M-tile (token rows) of the linear-layer GEMM kernels; 128 on these GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simctl.errors import InputError
+
+GiB = 2**30
+PCIE4_X16_PER_DIRECTION = 32e9  # source: PCI-SIG PCIe 4.0 spec, 16 GT/s x 16 lanes ~ 32 GB/s each way
+
+
+@dataclass(frozen=True, slots=True)
+class GPUSpec:
+    name: str
+    peak_flops: float  # dense bf16/fp16 FLOP/s
+    mem_bandwidth: float  # bytes/s
+    memory_bytes: int
+    interconnect_bandwidth: float  # bytes/s per GPU per direction, for all-reduce
+    tile: int = 128
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("peak_flops", "mem_bandwidth", "memory_bytes", "interconnect_bandwidth", "tile"):
+            v = getattr(self, f)
+            if not v > 0:
+                raise InputError(f"GPU {self.name!r}: {f} must be positive, got {v!r}")
+
+
+GPUS: dict[str, GPUSpec] = {g.name: g for g in [
+    # source: NVIDIA A100 Tensor Core GPU datasheet: BF16 tensor 312 TFLOPS dense (624 sparse); A100 80GB SXM
+    # 2,039 GB/s HBM2e, 80 GB; NVLink 600 GB/s (bidirectional, 300 GB/s each way)
+    GPUSpec("a100-80gb", 312e12, 2039e9, 80 * GiB, 300e9,
+            description="NVIDIA A100 80GB SXM: 312 TFLOP/s bf16, 2039 GB/s HBM2e, NVLink 600 GB/s"),
+    # source: NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 1,979 TFLOPS with sparsity (989 dense);
+    # 3.35 TB/s HBM3, 80 GB; NVLink 900 GB/s (bidirectional)
+    GPUSpec("h100", 989e12, 3350e9, 80 * GiB, 450e9,
+            description="NVIDIA H100 SXM 80GB: 989 TFLOP/s bf16, 3350 GB/s HBM3, NVLink 900 GB/s"),
+    # source: NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: BF16 1,979 TFLOPS with sparsity (989 dense);
+    # 4.8 TB/s HBM3e, 141 GB; NVLink 900 GB/s (bidirectional)
+    GPUSpec("h200", 989e12, 4800e9, 141 * GiB, 450e9,
+            description="NVIDIA H200 SXM 141GB: 989 TFLOP/s bf16, 4800 GB/s HBM3e, NVLink 900 GB/s"),
+    # source: NVIDIA RTX A6000 datasheet: tensor performance 309.7 TFLOPS with sparsity (154.8 dense);
+    # 768 GB/s GDDR6, 48 GB; PCIe Gen 4 x16 (a 2-GPU NVLink bridge is optional; not assumed)
+    GPUSpec("a6000", 154.8e12, 768e9, 48 * GiB, PCIE4_X16_PER_DIRECTION,
+            description="NVIDIA RTX A6000: 155 TFLOP/s bf16, 768 GB/s GDDR6, 48 GB, PCIe Gen4"),
+    # source: NVIDIA A40 datasheet: BF16 tensor 149.7 TFLOPS dense (299.4 sparse); 696 GB/s GDDR6, 48 GB;
+    # PCIe Gen4 x16 (NVLink bridge optional; not assumed)
+    GPUSpec("a40", 149.7e12, 696e9, 48 * GiB, PCIE4_X16_PER_DIRECTION,
+            description="NVIDIA A40: 150 TFLOP/s bf16, 696 GB/s GDDR6, 48 GB, PCIe Gen4"),
+    # source: NVIDIA L4 Tensor Core GPU datasheet: BF16 tensor 242 TFLOPS with sparsity (121 dense);
+    # 300 GB/s GDDR6, 24 GB; PCIe Gen4 x16
+    GPUSpec("l4", 121e12, 300e9, 24 * GiB, PCIE4_X16_PER_DIRECTION,
+            description="NVIDIA L4: 121 TFLOP/s bf16, 300 GB/s GDDR6, 24 GB, PCIe Gen4"),
+    # source: NVIDIA Ada Lovelace GPU architecture whitepaper, GeForce RTX 4090: peak FP16/BF16 tensor with
+    # FP32 accumulate 165.2 TFLOPS dense; 1,008 GB/s GDDR6X, 24 GB; PCIe Gen4 x16, no NVLink
+    GPUSpec("rtx-4090", 165.2e12, 1008e9, 24 * GiB, PCIE4_X16_PER_DIRECTION,
+            description="NVIDIA GeForce RTX 4090: 165 TFLOP/s bf16 (fp32 acc.), 1008 GB/s GDDR6X, 24 GB"),
+    # PLACEHOLDER, NOT MEASURED AND NOT FROM A DATASHEET: round made-up numbers for a typical 2-core x86 cloud
+    # host (AVX2 FMA at ~2.5 GHz: 2 cores x 32 fp32 FLOP/cycle ~ 160 GFLOP/s peak, ~20 GB/s DRAM, 16 GiB).
+    # Only there so CPU runs have something to price with; to be replaced by the profiler's fitted model.
+    # tile=1: no tile quantization is assumed on CPU.
+    GPUSpec("cpu", 160e9, 20e9, 16 * GiB, 10e9, tile=1,
+            description="PLACEHOLDER 2-core CPU host (made-up round numbers; use a profiled/fitted model)"),
+]}
+
+
+def get_gpu(name: str) -> GPUSpec:
+    try:
+        return GPUS[str(name).lower()]
+    except KeyError:
+        raise InputError(f"unknown GPU {name!r}; known GPUs: {', '.join(GPUS)}") from None

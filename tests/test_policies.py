@@ -1,0 +1,708 @@
+"""Scheduling policies, driven by a tiny loop that follows the contract in `policies/base.py`.
+
+Each policy is checked for its defining behaviour on hand-computed cases, and all of them for the invariants
+every run must keep (every request finishes exactly once with exactly its output tokens, KV within capacity
+and back to zero, per-policy batch limits) over random small workloads, with and without `extend()`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.base import Policy
+from policies.faster_transformer import FasterTransformer
+from policies.kv import PagedKV, ReservedKV
+from policies.orca import Orca
+from policies.plan import BatchPlan, Layout
+from policies.sarathi import ChunkedPrefillsOnly, HybridBatchingOnly, SarathiServe
+from policies.seq import Phase, Seq
+from policies.vllm import VLLM
+
+# ----------------------------------------------------------------------------------------------------------
+# the driver
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    seq: Seq
+    q: int
+    prefill: bool  # in prefill when scheduled
+    computed: int  # cached tokens when scheduled
+    remaining: int  # prefill tokens pending when scheduled (0 for a decode)
+
+
+@dataclass
+class Step:
+    plan: BatchPlan
+    rows: list[Row]
+    extra: int  # extra repeats granted by extend()
+    running_before: list[Seq]
+    waiting_before: list[Seq]
+    head_admittable: bool  # the head of the queue fit (batch room and KV) right before schedule()
+    decoding_before: list[Seq]  # running and past their prefill, right before schedule()
+    prefilling_before: list[Seq]  # running with a partial prefill, right before schedule()
+    running_after: list[Seq]
+    waiting_after: list[Seq]
+    admittable_after: bool  # the head of the queue would still fit right after schedule()
+    head_after_remaining: int  # prefill tokens the head of the queue needs, right after schedule()
+    kv_used: int  # after schedule() and extend()
+    kv_used_end: int = 0  # after the finishes of this step
+    finished: list[Seq] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[int]:
+        return [r.seq.id for r in self.rows]
+
+    @property
+    def has_prefill(self) -> bool:
+        return any(r.prefill for r in self.rows)
+
+    @property
+    def has_decode(self) -> bool:
+        return any(not r.prefill for r in self.rows)
+
+
+def head_admittable(policy: Policy) -> bool:
+    return (bool(policy.waiting) and len(policy.running) < policy.max_batch_size
+            and policy.kv.can_admit(policy.waiting[0]))
+
+
+def kv_covers(kv: object, s: Seq, tokens: int) -> bool:
+    """Whether the KV manager holds room for `tokens` cached tokens of `s`."""
+    if isinstance(kv, PagedKV):
+        return s.id in kv.blocks and kv.blocks[s.id] * kv.block_size >= tokens
+    assert isinstance(kv, ReservedKV)
+    return s.id in kv.holders and tokens <= kv.reserve_tokens
+
+
+def drive(policy: Policy, seqs: list[Seq], gaps: list[int] | None = None, extend_cap: int = 0,
+          max_steps: int = 100_000) -> list[Step]:
+    """Run `seqs` to completion. Request i arrives `gaps[i]` iterations after request i-1 (or at once when the
+    policy has nothing to run). With `extend_cap`, every decode-only plan is offered up to that many repeats,
+    never past the first finish nor past the next arrival (an extended plan's repeats count as iterations).
+    Checks every plan as it is made and, at the end, that each request finished once with all its tokens."""
+    gaps = gaps if gaps is not None else [0] * len(seqs)
+    steps: list[Step] = []
+    finishes: Counter[int] = Counter()
+    nxt, countdown = 0, 0
+    while True:
+        while nxt < len(seqs) and countdown <= 0:
+            policy.add(seqs[nxt])
+            nxt += 1
+            countdown = gaps[nxt] if nxt < len(seqs) else 0
+        running_before, waiting_before = list(policy.running), list(policy.waiting)
+        decoding = [s for s in running_before if not s.in_prefill]
+        prefilling = [s for s in running_before if s.in_prefill]
+        admittable = head_admittable(policy)
+        plan = policy.schedule()
+        if plan is None:
+            # the KV always fits the largest request alone, so nothing runnable means nothing at all
+            assert policy.idle, "schedule() returned None with work pending"
+            if nxt == len(seqs):
+                break
+            countdown = 0
+            continue
+        assert len(steps) < max_steps, "no progress"
+        running_after, waiting_after, admittable_after = list(policy.running), list(policy.waiting), \
+            head_admittable(policy)
+        for v in running_before:  # left the running set without finishing: preempted by recompute
+            if v not in running_after:
+                assert v.phase is Phase.WAITING and v.computed == 0 and v.prefill_end == v.known_tokens
+                assert v.preemptions >= 1 and v in waiting_after
+        extra = 0
+        if extend_cap and plan.decode_only and plan.seqs:
+            limit = min(extend_cap, min(s.remaining_outputs for s in plan.seqs) - 1)
+            if nxt < len(seqs):
+                limit = min(limit, countdown - 1)
+            if limit > 0:
+                extra = policy.extend(plan, limit)
+                assert 0 <= extra <= limit
+        rows = [Row(s, q, s.in_prefill, s.computed, s.prefill_remaining)
+                for s, q in zip(plan.seqs, plan.num_new)]
+        step = Step(plan, rows, extra, running_before, waiting_before, admittable, decoding, prefilling,
+                    running_after, waiting_after, admittable_after,
+                    waiting_after[0].prefill_remaining if waiting_after else 0, policy.kv.used)
+        check_plan(policy, step)
+        steps.append(step)
+        sampled = 0
+        for s, q in zip(plan.seqs, plan.num_new):
+            sampled += s.advance(q)
+            for _ in range(extra):
+                assert s.advance(1)
+            assert s.generated <= s.output_tokens
+        if plan.layout is Layout.PACKED:
+            assert sampled == plan.sampled_tokens
+        step.finished = [s for s in plan.seqs if s.generated == s.output_tokens]
+        for s in step.finished:
+            policy.finish(s)
+            finishes[s.id] += 1
+            assert s.phase is Phase.FINISHED
+        step.kv_used_end = policy.kv.used
+        countdown -= 1 + extra
+    assert nxt == len(seqs)
+    assert all(finishes[s.id] == 1 for s in seqs) and sum(finishes.values()) == len(seqs)
+    assert all(s.generated == s.output_tokens for s in seqs)
+    assert policy.idle and policy.kv.used == 0
+    return steps
+
+
+def check_plan(policy: Policy, step: Step) -> None:
+    """What every plan of every policy must satisfy, checked before the plan is executed."""
+    plan, kv = step.plan, policy.kv
+    assert plan.seqs and len(plan.seqs) == len(plan.num_new) == len({s.id for s in plan.seqs})
+    assert len(policy.running) <= policy.max_batch_size
+    assert 0 <= kv.used <= kv.capacity
+    for r in step.rows:
+        s = r.seq
+        assert s.phase is Phase.RUNNING and s in policy.running
+        assert r.q >= 1
+        if r.prefill:
+            assert r.q <= r.remaining
+        else:
+            assert r.q == 1
+        # the KV for everything this plan (and its repeats) caches is already held
+        assert kv_covers(kv, s, s.computed + r.q + step.extra)
+    if plan.layout is Layout.PACKED:
+        assert plan.linear_tokens == sum(plan.num_new)
+        assert plan.decode_rows == sum(1 for r in step.rows if not r.prefill)
+        assert plan.prefill_q == [r.q for r in step.rows if r.prefill]
+        assert plan.prefill_c == [r.computed for r in step.rows if r.prefill]
+        assert plan.decode_kv == sum(r.computed + 1 for r in step.rows if not r.prefill)
+
+
+def make_seqs(spec: list[tuple[int, int]]) -> list[Seq]:
+    return [Seq(i, float(i), p, o) for i, (p, o) in enumerate(spec)]
+
+
+def add(policy: Policy, *seqs: Seq) -> None:
+    for s in seqs:
+        policy.add(s)
+
+
+def run_plan(policy: Policy, plan: BatchPlan) -> None:
+    """Execute one plan by hand: advance and finish."""
+    for s, q in zip(plan.seqs, plan.num_new):
+        s.advance(q)
+    for s in plan.seqs:
+        if s.generated == s.output_tokens:
+            policy.finish(s)
+
+
+def shape(plan: BatchPlan) -> list[tuple[int, int]]:
+    return [(s.id, q) for s, q in zip(plan.seqs, plan.num_new)]
+
+
+def big_paged(tokens: int = 1 << 16) -> PagedKV:
+    return PagedKV(tokens, watermark=0.0)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# FasterTransformer
+# ----------------------------------------------------------------------------------------------------------
+
+
+def check_faster_transformer(policy: FasterTransformer, steps: list[Step]) -> None:
+    kv = policy.kv
+    assert isinstance(kv, ReservedKV)
+    batch: list[Seq] = []
+    lmax = decodes = 0
+    for st_ in steps:
+        plan = st_.plan
+        assert plan.layout is Layout.PADDED
+        if plan.prefill_q:  # a new batch: only when the previous one fully finished
+            assert not st_.running_before
+            batch = list(plan.seqs)
+            assert 1 <= len(batch) <= policy.max_batch_size
+            # admission in arrival order, as many as the slots and the batch size allow
+            assert batch == st_.waiting_before[:len(batch)]
+            assert len(batch) == min(len(st_.waiting_before), policy.max_batch_size, kv.slots)
+            assert all(r.prefill and r.computed == 0 and r.q == r.seq.prompt_tokens for r in st_.rows)
+            lmax = max(s.prompt_tokens for s in batch)
+            assert plan.linear_tokens == len(batch) * lmax  # padded B x L_max
+            assert plan.prefill_q == [lmax] * len(batch) and plan.sampled_tokens == len(batch)
+            decodes = 0
+        else:  # a decode of the running batch: no newcomer, finished rows keep their slot
+            assert all(not r.prefill for r in st_.rows)
+            assert plan.seqs == st_.running_before == st_.running_after
+            assert set(plan.seqs) <= set(batch)
+            assert st_.waiting_after == st_.waiting_before
+            assert plan.decode_rows == plan.linear_tokens == plan.sampled_tokens == len(batch)
+            decodes += 1
+            assert plan.decode_kv == len(batch) * (lmax + decodes)
+            decodes += st_.extra
+        # KV: every row holds its reservation until the whole batch is done
+        assert st_.kv_used == len(batch) * kv.reserve_tokens
+        live = len(st_.running_after) > len(st_.finished)
+        assert st_.kv_used_end == (len(batch) * kv.reserve_tokens if live else 0)
+
+
+def test_faster_transformer_hand_case() -> None:
+    kv = ReservedKV(1000, 100)
+    policy = FasterTransformer(kv, max_batch_size=3)
+    a, b, c, d = make_seqs([(5, 3), (10, 6), (2, 1), (4, 2)])
+    steps = drive(policy, [a, b, c, d])
+    check_faster_transformer(policy, steps)
+    assert [st_.ids for st_ in steps] == [[0, 1, 2], [0, 1], [0, 1], [1], [1], [1], [3], [3]]
+    first = steps[0].plan
+    assert first.linear_tokens == 30 and first.num_new == [5, 10, 2]
+    # c finished at the prefill, a after two decodes: still three rows until b is done
+    assert [st_.plan.decode_rows for st_ in steps[1:6]] == [3] * 5
+    assert [st_.plan.decode_kv for st_ in steps[1:6]] == [3 * (10 + j) for j in range(1, 6)]
+    assert [st_.kv_used_end for st_ in steps] == [300] * 5 + [0, 100, 0]
+    # d arrived with the others but waited for the whole batch
+    assert all(3 not in st_.ids for st_ in steps[:6])
+
+
+def test_faster_transformer_admits_nothing_while_a_batch_runs() -> None:
+    policy = FasterTransformer(ReservedKV(10_000, 100), max_batch_size=8)
+    a = Seq(0, 0.0, 4, 5)
+    policy.add(a)
+    run_plan(policy, policy.schedule())
+    b = Seq(1, 0.0, 3, 2)
+    policy.add(b)
+    for _ in range(4):
+        plan = policy.schedule()
+        assert shape(plan) == [(0, 1)]
+        run_plan(policy, plan)
+    assert policy.kv.used == 0 and list(policy.waiting) == [b]
+    assert shape(policy.schedule()) == [(1, 3)]
+
+
+def test_faster_transformer_extend_keeps_padded_kv_length() -> None:
+    policy = FasterTransformer(ReservedKV(1000, 100), max_batch_size=4)
+    a, b = make_seqs([(6, 10), (2, 4)])
+    add(policy, a, b)
+    run_plan(policy, policy.schedule())  # padded prefill to 6
+    plan = policy.schedule()
+    assert plan.decode_kv == 2 * 7
+    extra = policy.extend(plan, 2)
+    assert extra == 2
+    for _ in range(1 + extra):
+        run_plan(policy, plan)
+    assert b.phase is Phase.FINISHED
+    plan = policy.schedule()
+    assert plan.decode_rows == 2 and plan.decode_kv == 2 * (7 + 3) and shape(plan) == [(0, 1)]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Orca
+# ----------------------------------------------------------------------------------------------------------
+
+
+def check_orca(policy: Orca, steps: list[Step]) -> None:
+    kv = policy.kv
+    assert isinstance(kv, ReservedKV)
+    for st_ in steps:
+        assert len(st_.rows) <= policy.max_batch_size
+        n_old = len(st_.running_before)
+        # every running request decodes in every iteration (Orca never preempts), then the newcomers
+        assert st_.plan.seqs[:n_old] == st_.running_before
+        assert all(not r.prefill and r.q == 1 for r in st_.rows[:n_old])
+        new = st_.rows[n_old:]
+        assert [r.seq for r in new] == st_.waiting_before[:len(new)]
+        assert all(r.prefill and r.computed == 0 and r.q == r.seq.prompt_tokens for r in new)  # never chunked
+        assert st_.running_after == st_.plan.seqs
+        # greedy: admission stopped only for lack of a waiting request, batch room or a KV reservation
+        assert not st_.admittable_after
+        assert st_.kv_used == kv.reserve_tokens * len(st_.running_after)  # a reservation per admitted seq
+        assert st_.kv_used_end == kv.reserve_tokens * (len(st_.running_after) - len(st_.finished))
+
+
+def test_orca_hybrid_batches_of_whole_prefills_and_decodes() -> None:
+    kv = ReservedKV(300, 100)  # three reservations
+    policy = Orca(kv, max_batch_size=16)
+    a, b, c, d, e = make_seqs([(5, 4), (7, 3), (9, 2), (3, 2), (2, 1)])
+    policy.add(a)
+    plan = policy.schedule()
+    assert shape(plan) == [(0, 5)] and kv.used == 100
+    run_plan(policy, plan)
+    policy.add(b)
+    plan = policy.schedule()
+    assert shape(plan) == [(0, 1), (1, 7)]  # a decode and a whole prefill in one iteration
+    assert plan.prefill_q == [7] and plan.decode_rows == 1 and plan.linear_tokens == 8
+    run_plan(policy, plan)
+    add(policy, c, d, e)
+    plan = policy.schedule()
+    assert shape(plan) == [(0, 1), (1, 1), (2, 9)]  # d waits: no reservation left
+    assert kv.used == 300 and list(policy.waiting) == [d, e]
+    run_plan(policy, plan)  # c samples its 1st token
+    plan = policy.schedule()
+    assert shape(plan) == [(0, 1), (1, 1), (2, 1)]
+    run_plan(policy, plan)  # a samples its 4th token and b its 3rd, c its 2nd: all done
+    assert kv.used == 0
+    plan = policy.schedule()
+    assert shape(plan) == [(3, 3), (4, 2)]
+
+
+def test_orca_max_batch_size() -> None:
+    policy = Orca(ReservedKV(100_000, 100), max_batch_size=2)
+    seqs = make_seqs([(3, 5), (4, 5), (5, 5), (6, 5)])
+    steps = drive(policy, seqs)
+    check_orca(policy, steps)
+    assert steps[0].ids == [0, 1]
+    assert max(len(st_.rows) for st_ in steps) == 2
+
+
+# ----------------------------------------------------------------------------------------------------------
+# vLLM
+# ----------------------------------------------------------------------------------------------------------
+
+
+def check_vllm(policy: VLLM, steps: list[Step]) -> None:
+    kv = policy.kv
+    assert isinstance(kv, PagedKV)
+    for st_ in steps:
+        assert len(st_.rows) <= policy.max_batch_size
+        # never mixed: all whole prefills or all decodes
+        assert not (st_.has_prefill and st_.has_decode)
+        if st_.head_admittable:  # prefill-first
+            assert st_.has_prefill and st_.plan.seqs[0] is st_.waiting_before[0]
+        if st_.has_prefill:
+            assert all(r.q == r.remaining for r in st_.rows)  # never chunked
+            assert st_.plan.seqs == st_.waiting_before[:len(st_.rows)]
+            tokens = sum(r.q for r in st_.rows)
+            assert len(st_.rows) == 1 or tokens <= policy.max_tokens
+            assert st_.running_after == st_.running_before + st_.plan.seqs
+            # the watermark holds right after admission
+            assert kv.num_blocks - st_.kv_used // kv.block_size >= kv.watermark_blocks
+            # greedy: stopped for an empty queue, batch size, KV, or the token limit
+            if st_.admittable_after:
+                assert tokens + st_.head_after_remaining > policy.max_tokens
+        else:
+            assert not st_.head_admittable
+            # every running request decodes, except the newest ones preempted, which go back first in line
+            n = len(st_.running_after)
+            assert st_.running_after == st_.running_before[:n] == st_.plan.seqs
+            victims = st_.running_before[n:]
+            assert st_.waiting_after == victims + st_.waiting_before
+
+
+def test_vllm_never_mixes_and_prefills_first() -> None:
+    policy = VLLM(big_paged())
+    a, b, c = make_seqs([(20, 5), (30, 5), (10, 5)])
+    policy.add(a)
+    run_plan(policy, policy.schedule())
+    plan = policy.schedule()
+    assert shape(plan) == [(0, 1)]
+    run_plan(policy, plan)
+    add(policy, b, c)
+    plan = policy.schedule()  # a stalls: a generation stall
+    assert shape(plan) == [(1, 30), (2, 10)] and plan.decode_rows == 0
+    run_plan(policy, plan)
+    plan = policy.schedule()
+    assert shape(plan) == [(0, 1), (1, 1), (2, 1)]
+
+
+def test_vllm_token_limit() -> None:
+    policy = VLLM(big_paged(), max_tokens=32)
+    seqs = make_seqs([(20, 2), (12, 2), (1, 2), (40, 2)])
+    add(policy, *seqs)
+    assert shape(policy.schedule()) == [(0, 20), (1, 12)]  # 32 tokens; the next would exceed
+    policy2 = VLLM(big_paged(), max_tokens=32)
+    s = Seq(0, 0.0, 40, 2)
+    policy2.add(s)
+    assert shape(policy2.schedule()) == [(0, 40)]  # an over-long prompt still runs, alone
+
+
+def test_vllm_preempts_newest_by_recompute() -> None:
+    kv = PagedKV(64, watermark=0.0)  # 4 blocks of 16
+    policy = VLLM(kv)
+    a, b, c = make_seqs([(16, 40), (16, 40), (40, 3)])
+    gaps = [0, 0, 1]  # c arrives after the first iteration, when it no longer fits
+    steps = drive(policy, [a, b, c], gaps)
+    check_vllm(policy, steps)
+    assert steps[0].ids == [0, 1]
+    pre = [i for i, st_ in enumerate(steps) if len(st_.running_after) < len(st_.running_before)
+           and not st_.has_prefill]
+    assert pre, "no preemption happened"
+    first = steps[pre[0]]
+    # a and b both reach 32 cached tokens at the 17th decode; a takes b's blocks
+    assert pre[0] == 17 and first.ids == [0]
+    assert first.waiting_after == [b, c]  # the victim is back at the head of the queue
+    assert b.preemptions == 1 and a.preemptions == 0
+    # b re-prefills its prompt and the 17 tokens it had generated, once a has finished
+    redo = next(st_ for st_ in steps if 1 in st_.ids and st_.has_prefill and st_ is not steps[0])
+    assert redo.rows[0].q == 16 + 17 and redo.ids == [1]
+    assert steps.index(redo) > max(i for i, st_ in enumerate(steps) if 0 in st_.ids)
+    assert a.generated == 40 and b.generated == 40 and c.generated == 3
+
+
+def test_vllm_preemption_victim_can_be_the_asking_request() -> None:
+    kv = PagedKV(48, watermark=0.0)  # 3 blocks
+    policy = VLLM(kv)
+    a, b = make_seqs([(16, 20), (15, 20)])
+    add(policy, a, b)
+    run_plan(policy, policy.schedule())  # a: 1 block, b: 1 block
+    plan = policy.schedule()  # a needs a 2nd block at 17 tokens; b still fits in its first
+    assert shape(plan) == [(0, 1), (1, 1)] and kv.free_blocks == 0
+    run_plan(policy, plan)
+    plan = policy.schedule()  # a fits; b (16 -> 17 tokens) needs a block: b itself is the newest
+    assert shape(plan) == [(0, 1)] and list(policy.waiting) == [b] and b.prefill_end == 15 + 2
+
+
+def test_vllm_default_max_batch_and_watermark() -> None:
+    policy = VLLM(big_paged(1 << 20))
+    assert policy.max_batch_size == 128
+    seqs = make_seqs([(1, 2)] * 130)
+    add(policy, *seqs)
+    plan = policy.schedule()
+    assert len(plan.seqs) == 128 and len(policy.waiting) == 2
+    # watermark: 10 blocks, 2 kept back
+    kv = PagedKV(160, watermark=0.2)
+    policy = VLLM(kv)
+    a, b, c = make_seqs([(64, 3), (64, 3), (16, 3)])
+    add(policy, a, b, c)
+    plan = policy.schedule()
+    assert shape(plan) == [(0, 64), (1, 64)] and kv.free_blocks == 2 == kv.watermark_blocks
+    assert list(policy.waiting) == [c]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sarathi-Serve and its ablations
+# ----------------------------------------------------------------------------------------------------------
+
+
+def split_rows(st_: Step) -> tuple[list[Row], list[Row], list[Row]]:
+    """Decodes, ongoing prefill chunks (of requests already running), new admissions, in plan order."""
+    before = {s.id for s in st_.running_before}
+    decodes = [r for r in st_.rows if not r.prefill]
+    ongoing = [r for r in st_.rows if r.prefill and r.seq.id in before]
+    new = [r for r in st_.rows if r.prefill and r.seq.id not in before]
+    return decodes, ongoing, new
+
+
+def check_preempted(st_: Step) -> list[Seq]:
+    """Requests preempted by this schedule(): the newest running ones, back first in the queue."""
+    kept = [s for s in st_.running_before if s in st_.running_after]
+    victims = [s for s in st_.running_before if s not in st_.running_after]
+    assert st_.running_before[:len(kept)] == kept
+    assert st_.waiting_after[:len(victims)] == victims
+    return victims
+
+
+def check_sarathi(policy: SarathiServe, steps: list[Step]) -> None:
+    budget = policy.token_budget
+    for st_ in steps:
+        assert len(st_.running_after) <= policy.max_batch_size
+        decodes, ongoing, new = split_rows(st_)
+        assert st_.rows == decodes + ongoing + new  # decodes, then ongoing chunks, then admissions
+        victims = check_preempted(st_)
+        # stall-free: every running decode (unless preempted for KV) is in every iteration
+        assert [r.seq for r in decodes] == [s for s in st_.decoding_before if s not in victims]
+        assert [r.seq for r in new] == st_.waiting_before[:len(new)]
+        assert not (victims and new)
+        total = sum(r.q for r in st_.rows)
+        if len(decodes) <= budget:
+            assert total <= budget
+        else:
+            assert not ongoing and not new
+        # chunk sizes: the largest piece that fits the leftover budget (Algorithm 3, get_next_chunk_size)
+        used = len(decodes)
+        for r in ongoing + new:
+            assert r.q == min(r.remaining, budget - used)
+            used += r.q
+        if new:  # ongoing chunks go first: a newcomer only gets the budget they leave
+            assert all(r.q == r.remaining for r in ongoing)
+        # every partial prefill still running was offered the budget before any newcomer
+        for s in st_.prefilling_before:
+            if s not in victims and s not in [r.seq for r in ongoing]:
+                assert used >= budget
+        # greedy admission: stopped for an empty queue, the budget, batch size or KV
+        assert not (used < budget and st_.admittable_after)
+        # at most one partially prefilled request at a time
+        assert len(st_.prefilling_before) <= 1
+
+
+def test_sarathi_hand_computed_chunks() -> None:
+    policy = SarathiServe(big_paged(), token_budget=8)
+    a, b, c = make_seqs([(4, 10), (20, 10), (5, 10)])
+    policy.add(a)
+    plan = policy.schedule()
+    assert shape(plan) == [(0, 4)]
+    run_plan(policy, plan)
+    add(policy, b, c)
+    expected = [
+        [(0, 1), (1, 7)],  # a's decode, then b takes the 7 tokens left
+        [(0, 1), (1, 7)],  # b's ongoing chunk: 7 of its 13 left; c is not admitted
+        [(0, 1), (1, 6), (2, 1)],  # b's last 6, then c gets the one token left
+        [(0, 1), (1, 1), (2, 4)],  # b now decodes; c's ongoing chunk: its remaining 4
+        [(0, 1), (1, 1), (2, 1)],
+    ]
+    for want in expected:
+        plan = policy.schedule()
+        assert shape(plan) == want
+        assert sum(plan.num_new) <= 8
+        run_plan(policy, plan)
+    assert (a.generated, b.generated, c.generated) == (6, 3, 2)
+
+
+def test_sarathi_full_budget_of_decodes_admits_nothing() -> None:
+    policy = SarathiServe(big_paged(), token_budget=2)
+    a, b, c = make_seqs([(1, 3), (1, 5), (3, 5)])
+    add(policy, a, b)
+    plan = policy.schedule()
+    assert shape(plan) == [(0, 1), (1, 1)]
+    run_plan(policy, plan)
+    policy.add(c)
+    for _ in range(2):  # two decodes fill the budget: c waits, the decodes never do
+        plan = policy.schedule()
+        assert shape(plan) == [(0, 1), (1, 1)]
+        run_plan(policy, plan)
+    assert a.phase is Phase.FINISHED
+    assert shape(policy.schedule()) == [(1, 1), (2, 1)]
+
+
+def test_hybrid_only_never_chunks() -> None:
+    policy = HybridBatchingOnly(big_paged(), token_budget=8)
+    a, b, c = make_seqs([(4, 10), (20, 10), (5, 10)])
+    policy.add(a)
+    run_plan(policy, policy.schedule())
+    add(policy, b, c)
+    plan = policy.schedule()
+    assert shape(plan) == [(0, 1), (1, 20)]  # the whole prompt with the decode; c does not fit after it
+    run_plan(policy, plan)
+    plan = policy.schedule()
+    assert shape(plan) == [(0, 1), (1, 1), (2, 5)]  # 2 decodes + 5 fit in 8
+
+
+def test_chunked_only_never_mixes() -> None:
+    policy = ChunkedPrefillsOnly(big_paged(), token_budget=8)
+    a, b, c = make_seqs([(4, 10), (20, 10), (5, 10)])
+    policy.add(a)
+    run_plan(policy, policy.schedule())
+    add(policy, b, c)
+    expected = [[(1, 8)], [(1, 8)], [(1, 4), (2, 4)], [(2, 1)], [(0, 1), (1, 1), (2, 1)]]
+    for want in expected:
+        plan = policy.schedule()
+        assert shape(plan) == want
+        run_plan(policy, plan)
+
+
+def check_hybrid_only(policy: HybridBatchingOnly, steps: list[Step]) -> None:
+    budget = policy.token_budget
+    for st_ in steps:
+        assert len(st_.running_after) <= policy.max_batch_size
+        decodes, ongoing, new = split_rows(st_)
+        assert not ongoing and st_.rows == decodes + new
+        victims = check_preempted(st_)
+        assert [r.seq for r in decodes] == [s for s in st_.running_before if s not in victims]
+        assert all(r.computed == 0 and r.q == r.remaining for r in new)  # never chunked
+        # the first prompt goes whole; later ones only within the budget
+        assert len(new) <= 1 or sum(r.q for r in st_.rows) <= budget
+
+
+def check_chunked_only(policy: ChunkedPrefillsOnly, steps: list[Step]) -> None:
+    budget = policy.token_budget
+    for st_ in steps:
+        assert len(st_.running_after) <= policy.max_batch_size
+        assert not (st_.has_prefill and st_.has_decode)
+        victims = check_preempted(st_)
+        if st_.has_prefill:
+            assert not victims
+            used = 0
+            for r in st_.rows:  # chunked to the budget
+                assert r.q == min(r.remaining, budget - used)
+                used += r.q
+            assert used <= budget
+        else:
+            # decodes only when no prefill could run: no partial prefill, the queue blocked
+            assert not st_.prefilling_before
+            assert not st_.head_admittable
+            assert [r.seq for r in st_.rows] == [s for s in st_.running_before if s not in victims]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# random workloads, all policies
+# ----------------------------------------------------------------------------------------------------------
+
+SARATHI: dict[str, tuple[type[SarathiServe], Callable]] = {
+    "sarathi": (SarathiServe, check_sarathi),
+    "sarathi-hybrid-only": (HybridBatchingOnly, check_hybrid_only),
+    "sarathi-chunked-only": (ChunkedPrefillsOnly, check_chunked_only),
+}
+POLICY_NAMES = ["faster-transformer", "orca", "vllm", *SARATHI]
+
+
+@dataclass
+class Case:
+    policy: Policy
+    seqs: list[Seq]
+    gaps: list[int]
+    extend_cap: int
+    check: Callable[[Policy, list[Step]], None]
+
+
+@st.composite
+def cases(draw: st.DrawFn, name: str, extend: bool) -> Case:
+    n = draw(st.integers(1, 10))
+    spec = [(draw(st.integers(1, 64)), draw(st.integers(1, 64))) for _ in range(n)]
+    seqs = make_seqs(spec)
+    gaps = [draw(st.sampled_from([0, 0, 0, 1, 2, 3, 8])) for _ in range(n)]
+    longest = max(s.max_len for s in seqs)
+    batch = draw(st.one_of(st.integers(1, 8), st.just(128)))
+    extend_cap = draw(st.integers(1, 40)) if extend else 0
+    if name in ("faster-transformer", "orca"):
+        reserve = longest + draw(st.integers(0, 16))
+        kv = ReservedKV(reserve * draw(st.integers(1, 5)) + draw(st.integers(0, reserve - 1)), reserve)
+        cls = FasterTransformer if name == "faster-transformer" else Orca
+        check = check_faster_transformer if name == "faster-transformer" else check_orca
+        return Case(cls(kv, max_batch_size=batch), seqs, gaps, extend_cap, check)
+    blocks = -(-longest // 16)
+    watermark = draw(st.sampled_from([0.0, 0.01, 0.1, 0.2]))
+    nblocks = draw(st.integers(blocks, 3 * blocks + 2))
+    while not PagedKV(16 * nblocks, watermark=watermark).fits_alone(longest):
+        nblocks += 1  # the largest request must fit alone, above the watermark
+    pkv = PagedKV(16 * nblocks, watermark=watermark)
+    if name == "vllm":
+        policy: Policy = VLLM(pkv, max_batch_size=batch, max_tokens=draw(st.integers(1, 200)))
+        return Case(policy, seqs, gaps, extend_cap, check_vllm)
+    cls, check = SARATHI[name]
+    policy = cls(pkv, max_batch_size=batch, token_budget=draw(st.integers(1, 48)))
+    return Case(policy, seqs, gaps, extend_cap, check)
+
+
+def run_case(case: Case) -> list[Step]:
+    steps = drive(case.policy, case.seqs, case.gaps, case.extend_cap)
+    case.check(case.policy, steps)
+    return steps
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_random_workloads(name: str, data: st.DataObject) -> None:
+    run_case(data.draw(cases(name, extend=False)))
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_random_workloads_with_extend(name: str, data: st.DataObject) -> None:
+    run_case(data.draw(cases(name, extend=True)))
+
+
+def iterations(steps: list[Step]) -> list[list[tuple[int, int]]]:
+    """The per-iteration schedule, an extended plan unrolled into its repeats."""
+    return [[(r.seq.id, r.q) for r in st_.rows] for st_ in steps for _ in range(1 + st_.extra)]
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_extend_matches_stepping(name: str, data: st.DataObject) -> None:
+    """extend() only batches bookkeeping: unrolled, its schedule is that of stepping one at a time."""
+    case = data.draw(cases(name, extend=True))
+    plain = copy.deepcopy(case)
+    plain.extend_cap = 0
+    extended = run_case(case)
+    stepped = run_case(plain)
+    assert iterations(extended) == iterations(stepped)
+    assert [s.preemptions for s in case.seqs] == [s.preemptions for s in plain.seqs]

@@ -1,0 +1,249 @@
+"""The roofline cost model: every term against a hand calculation from the spec numbers, and its shape."""
+
+import dataclasses
+import math
+from itertools import pairwise
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.plan import BatchPlan, Layout, packed, padded_decode, padded_prefill
+from policies.seq import Seq
+from sim.cost import CostModel, Roofline
+from simctl.errors import InputError
+
+# Spec numbers written out by hand (A100-80GB SXM datasheet; Mistral-7B-v0.1 config.json) and the defaults.
+PEAK, BW, MEM = 312e12, 2039e9, 80 * 2**30
+MFU, MBU, ATTN_MFU, OVERHEAD = 0.70, 0.75, 0.50, 2e-3
+L, H, HEADS, KV_HEADS, D, FF, V = 32, 4096, 32, 8, 128, 14336, 32000
+P_LIN = L * (H * (HEADS + 2 * KV_HEADS) * D + HEADS * D * H + 3 * H * FF)  # 6,979,321,856
+KV_TOK = 2 * L * KV_HEADS * D * 2  # 131,072 bytes
+
+
+def blend(c, m):
+    return math.sqrt(c * c + m * m)
+
+
+def hand_linear(t_eff):
+    return blend(2 * P_LIN * t_eff / (PEAK * MFU), 2 * P_LIN / (BW * MBU))
+
+
+def hand_lm_head(rows):
+    return blend(2 * V * H * rows / (PEAK * MFU), 2 * V * H / (BW * MBU))
+
+
+def hand_prefill_attn(q, c):
+    return blend(4 * L * HEADS * D * q * (c + q / 2) / (PEAK * ATTN_MFU), (c + q) * KV_TOK / (BW * MBU))
+
+
+def hand_decode_attn(kv):
+    return kv * KV_TOK / (BW * MBU)
+
+
+@pytest.fixture(scope="module")
+def rf():
+    return Roofline("mistral-7b", "a100-80gb")
+
+
+def decode_plan(rows, ctx):
+    return BatchPlan([], [1] * rows, Layout.PACKED, rows, rows, decode_rows=rows, decode_kv=rows * ctx)
+
+
+def prefill_plan(qs, cs, sampled=None):
+    sampled = len(qs) if sampled is None else sampled
+    return BatchPlan([], list(qs), Layout.PACKED, sum(qs), sampled, list(qs), list(cs))
+
+
+def fresh(prompt, pid=0):
+    return Seq(pid, 0.0, prompt, 16)
+
+
+def test_decode_batch1_every_term(rf):
+    plan = decode_plan(1, 1024)
+    b = rf.breakdown(plan)
+    assert b["overhead"] == OVERHEAD
+    assert b["linear"] == pytest.approx(hand_linear(1), rel=1e-9)
+    assert b["lm_head"] == pytest.approx(hand_lm_head(1), rel=1e-9)
+    assert b["decode_attention"] == pytest.approx(hand_decode_attn(1024), rel=1e-9)
+    assert b["prefill_attention"] == 0.0 and b["allreduce"] == 0.0
+    expected = OVERHEAD + hand_linear(1) + hand_lm_head(1) + hand_decode_attn(1024)
+    assert rf.iteration_time(plan) == pytest.approx(expected, rel=1e-9)
+    assert rf.iteration_time(plan) == pytest.approx(sum(b.values()), rel=1e-12)
+
+
+def test_decode_batch32(rf):
+    plan = decode_plan(32, 1024)
+    expected = OVERHEAD + hand_linear(32) + hand_lm_head(32) + hand_decode_attn(32 * 1024)
+    assert rf.iteration_time(plan) == pytest.approx(expected, rel=1e-9)
+
+
+def test_prefill_chunk_on_cache_every_term(rf):
+    # one chunk of 300 new tokens on 700 cached (mid-prompt: nothing sampled), plus 5 decodes at 2000 ctx
+    plan = BatchPlan([], [300] + [1] * 5, Layout.PACKED, 305, 5, [300], [700], decode_rows=5, decode_kv=10000)
+    b = rf.breakdown(plan)
+    assert b["linear"] == pytest.approx(hand_linear(384), rel=1e-9)  # 305 rows -> 3 tiles of 128
+    assert b["lm_head"] == pytest.approx(hand_lm_head(5), rel=1e-9)
+    assert b["prefill_attention"] == pytest.approx(hand_prefill_attn(300, 700), rel=1e-9)
+    assert b["decode_attention"] == pytest.approx(hand_decode_attn(10000), rel=1e-9)
+    expected = (OVERHEAD + hand_linear(384) + hand_lm_head(5) + hand_prefill_attn(300, 700)
+                + hand_decode_attn(10000))
+    assert rf.iteration_time(plan) == pytest.approx(expected, rel=1e-9)
+
+
+def test_several_segments_are_summed(rf):
+    plan = prefill_plan([100, 200], [0, 50])
+    expected = (OVERHEAD + hand_linear(300 + 84) + hand_lm_head(2) + hand_prefill_attn(100, 0)
+                + hand_prefill_attn(200, 50))
+    assert rf.iteration_time(plan) == pytest.approx(expected, rel=1e-9)
+
+
+def test_tile_rule(rf):
+    assert [rf.tiled(n) for n in (1, 100, 128, 129, 256, 257, 2048)] == [1, 100, 128, 256, 256, 384, 2048]
+    assert rf.breakdown(prefill_plan([129], [0]))["linear"] == pytest.approx(hand_linear(256), rel=1e-9)
+    assert Roofline("mistral-7b", "a100-80gb", tile=64).tiled(65) == 128
+
+
+def test_tile_plus_one_costs_visibly_more(rf):
+    for tile in (128, 256):
+        s = fresh(4000)
+        t_tile = rf.iteration_time(packed([s], [tile]))
+        t_more = rf.iteration_time(packed([s], [tile + 1]))
+        assert t_more > 1.10 * t_tile, (tile, t_tile, t_more)
+    # Sarathi-Serve reports chunk 257 up to 32% slower than 256; the roofline gives the same order
+    s = fresh(4000)
+    ratio = rf.iteration_time(packed([s], [257])) / rf.iteration_time(packed([s], [256]))
+    assert 1.2 < ratio < 1.5
+
+
+def test_monotone_in_tokens_and_context(rf):
+    times = [rf.iteration_time(prefill_plan([q], [0])) for q in range(1, 4097, 7)]
+    assert all(b >= a for a, b in pairwise(times))
+    times = [rf.iteration_time(prefill_plan([256], [c])) for c in range(0, 16384, 512)]
+    assert all(b > a for a, b in pairwise(times))
+    times = [rf.iteration_time(decode_plan(16, c)) for c in range(1, 8192, 100)]
+    assert all(b > a for a, b in pairwise(times))
+    times = [rf.iteration_time(decode_plan(b, 1024)) for b in range(1, 256)]
+    assert all(b > a for a, b in pairwise(times))
+
+
+def test_padded_costs_more_than_packed(rf):
+    prompts = [100, 500, 1000]
+    seqs = [fresh(p, i) for i, p in enumerate(prompts)]
+    t_packed = rf.iteration_time(packed(seqs, prompts))
+    t_padded = rf.iteration_time(padded_prefill(seqs))
+    assert t_padded > t_packed
+    # padded decode: finished rows and placeholder KV are paid
+    live = seqs[:2]
+    assert rf.iteration_time(padded_decode(live, 3, 1200)) > rf.iteration_time(padded_decode(live, 2, 1200))
+    assert rf.iteration_time(padded_decode(live, 2, 1500)) > rf.iteration_time(padded_decode(live, 2, 1200))
+
+
+def test_lm_head_only_on_sampled_rows(rf):
+    s = fresh(1000)
+    mid = packed([s], [512])  # first chunk of a 1000-token prompt: nothing sampled
+    last = packed([s], [1000])
+    assert mid.sampled_tokens == 0 and last.sampled_tokens == 1
+    assert rf.breakdown(mid)["lm_head"] == 0.0
+    a = prefill_plan([512], [0], sampled=0)
+    b = prefill_plan([512], [0], sampled=1)
+    assert rf.iteration_time(b) - rf.iteration_time(a) == pytest.approx(hand_lm_head(1), rel=1e-9)
+    # a 2048-token prefill samples 1 row, not 2048: the LM head term stays at the weight-read time
+    assert rf.breakdown(prefill_plan([2048], [0]))["lm_head"] == pytest.approx(hand_lm_head(1), rel=1e-9)
+
+
+def test_allreduce_only_for_tp_above_one():
+    plan = prefill_plan([1000], [0])
+    one = Roofline("llama-2-70b", "a100-80gb", tp=1)
+    two = Roofline("llama-2-70b", "a100-80gb", tp=2)
+    four = Roofline("llama-2-70b", "a100-80gb", tp=4)
+    assert one.breakdown(plan)["allreduce"] == 0.0
+    # two all-reduces per layer of T x hidden x 2 bytes, ring: 2 (tp-1)/tp x bytes / 300 GB/s + 10 us
+    for rf, tp in ((two, 2), (four, 4)):
+        hand = 2 * 80 * (2 * (tp - 1) / tp * 1000 * 8192 * 2 / 300e9 + 10e-6)
+        assert rf.breakdown(plan)["allreduce"] == pytest.approx(hand, rel=1e-9)
+    # the linear layers split over tp (70B: 8 KV heads, so tp=2 and 4 shard them exactly)
+    p70 = 80 * (8192 * (64 + 16) * 128 + 64 * 128 * 8192 + 3 * 8192 * 28672)
+    lin2 = blend(2 * p70 / 2 * 1024 / (PEAK * MFU), 2 * p70 / 2 / (BW * MBU))
+    assert two.breakdown(plan)["linear"] == pytest.approx(lin2, rel=1e-9)
+    assert two.iteration_time(plan) < one.iteration_time(plan)
+
+
+def test_kv_heads_replicate_when_tp_exceeds_them():
+    rf = Roofline("llama-2-70b", "h100", tp=16)
+    assert rf.kv_heads_per_gpu == 1
+    assert rf.kv_bytes_per_token_per_gpu == 2 * 80 * 1 * 128 * 2
+
+
+def test_decode_stretch_matches_stepping(rf):
+    for rows, ctx, k in ((1, 1, 1), (32, 1024, 500), (200, 3000, 37)):
+        plan = decode_plan(rows, ctx)
+        fast = rf.decode_stretch_times(plan, k)
+        slow = np.array([rf.iteration_time(dataclasses.replace(plan, decode_kv=plan.decode_kv + j * rows))
+                         for j in range(k)])
+        generic = CostModel.decode_stretch_times(rf, plan, k)
+        assert fast.shape == (k,)
+        np.testing.assert_allclose(fast, slow, rtol=1e-12)
+        np.testing.assert_allclose(fast, generic, rtol=1e-12)
+    assert rf.decode_stretch_times(decode_plan(4, 10), 0).shape == (0,)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 512), ctx=st.integers(1, 32768), k=st.integers(1, 64), tp=st.sampled_from([1, 2, 4]))
+def test_decode_stretch_property(rows, ctx, k, tp):
+    rf = Roofline("llama-2-13b", "h100", tp=tp)
+    plan = padded_decode([], rows, ctx)
+    fast = rf.decode_stretch_times(plan, k)
+    slow = [rf.iteration_time(dataclasses.replace(plan, decode_kv=plan.decode_kv + j * rows)) for j in range(k)]
+    np.testing.assert_allclose(fast, slow, rtol=1e-12)
+
+
+def test_kv_capacity_mistral_a100(rf):
+    # weights: (6,979,321,856 linear + 2 x 32000 x 4096 embedding/LM head) x 2 B = 14,482,931,712 B
+    # free = 80 GiB x 0.9 - weights - 2 GiB reserve = 60,678,995,968 B; / 131,072 B per token = 462,944 tokens
+    weights = (P_LIN + 2 * V * H) * 2
+    hand = int((MEM * 0.9 - weights - 2 * 2**30) // KV_TOK)
+    assert hand == 462944
+    assert rf.kv_capacity_tokens() == hand
+    assert 350_000 < rf.kv_capacity_tokens() < 550_000
+
+
+def test_kv_capacity_tp_shards_kv():
+    one = Roofline("llama-2-13b", "a100-80gb").kv_capacity_tokens()
+    two = Roofline("llama-2-13b", "a100-80gb", tp=2).kv_capacity_tokens()
+    assert two > 2 * one  # twice the memory, and the weights are paid once per replica
+
+
+def test_model_too_big_raises():
+    with pytest.raises(InputError, match="does not fit"):
+        Roofline("llama-2-70b", "a100-80gb").kv_capacity_tokens()
+    with pytest.raises(InputError, match="does not fit"):
+        Roofline("falcon-180b", "l4", tp=8).kv_capacity_tokens()
+    assert Roofline("llama-2-70b", "a100-80gb", tp=2).kv_capacity_tokens() > 0
+
+
+def test_bad_configs_raise():
+    with pytest.raises(InputError):
+        Roofline("mistral-7b", "a100-80gb", tp=3)  # 32 heads
+    with pytest.raises(InputError):
+        Roofline("mistral-7b", "a100-80gb", mfu=1.5)
+    with pytest.raises(InputError):
+        Roofline("mistral-7b", "tpu")
+    with pytest.raises(InputError):
+        Roofline("no-such-model", "a100-80gb")
+    with pytest.raises(InputError):
+        Roofline("mistral-7b", "a100-80gb", tile=0)
+
+
+def test_empty_plan_is_overhead(rf):
+    assert rf.iteration_time(BatchPlan([], [], Layout.PACKED, 0, 0)) == OVERHEAD
+
+
+def test_predicted_times_are_plausible(rf):
+    # Mistral-7B on an A100: a batch-1 decode streams ~14.5 GB of weights (~7 ms at full HBM bandwidth)
+    t1 = rf.iteration_time(decode_plan(1, 1024))
+    assert 0.008 < t1 < 0.015
+    t2048 = rf.iteration_time(prefill_plan([2048], [0]))
+    assert 0.10 < t2048 < 0.20  # ~2 x 7.2e9 x 2048 FLOPs = 29.6 TFLOP at 218 TFLOP/s = 136 ms + attention
+    assert isinstance(t1, float)

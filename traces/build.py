@@ -1,0 +1,126 @@
+"""Turn a trace spec (a length-profile name or a trace file path) into a list of ``Request``s.
+
+- Profile (``sharegpt``, ``arxiv``): lengths from the profile, then arrivals from the chosen generator, both
+  from ONE ``np.random.default_rng(seed)`` in that order, so a (spec, n, qps, seed, arrival, cv) tuple
+  always yields the same trace.
+- File WITH arrival times: the first ``num_requests`` rows are replayed exactly as given (lengths and
+  arrivals); ``qps``, ``arrival`` and ``cv`` are ignored, since the file already fixes the load.
+- File WITHOUT arrival times: the first ``num_requests`` rows' lengths, in file order, with arrivals
+  generated as for a profile.
+- For a file, ``num_requests=None`` means every row; asking for more rows than the file has is an error
+  (we neither cycle through the file nor silently return fewer requests than asked for).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from simctl.errors import InputError
+from traces.arrivals import gamma_arrivals, poisson_arrivals
+from traces.lengths import PROFILES, get_profile, sample_lengths
+from traces.loaders import SUPPORTED_EXTENSIONS, LoadedTrace, load_trace_file
+from traces.request import Request
+
+ARRIVAL_PROCESSES = ("poisson", "gamma")
+# File traces report their max sequence length rounded up to this, a KV block / tile friendly multiple.
+SEQ_LEN_ALIGN = 16
+
+
+def is_profile(trace: str | os.PathLike[str]) -> bool:
+    return isinstance(trace, str) and trace in PROFILES
+
+
+def _looks_like_path(trace: str | os.PathLike[str]) -> bool:
+    text = os.fspath(trace)
+    return (
+        not isinstance(trace, str)
+        or os.sep in text
+        or "/" in text
+        or Path(text).suffix.lower() in SUPPORTED_EXTENSIONS
+        or Path(text).exists()
+    )
+
+
+def _resolve(trace: str | os.PathLike[str]) -> str | LoadedTrace:
+    """The profile name, or the loaded file; an InputError for anything else."""
+    if is_profile(trace):
+        return str(trace)
+    if _looks_like_path(trace):
+        return load_trace_file(trace)
+    raise InputError(
+        f"unknown trace {str(trace)!r}: not a length profile (known: {', '.join(sorted(PROFILES))}) "
+        f"nor a {' / '.join(SUPPORTED_EXTENSIONS)} file"
+    )
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _arrivals(n: int, qps: float, arrival: str, cv: float, rng: np.random.Generator) -> np.ndarray:
+    if arrival == "poisson":
+        return poisson_arrivals(n, qps, rng)
+    return gamma_arrivals(n, qps, cv, rng)
+
+
+def build_trace(
+    trace: str | os.PathLike[str],
+    num_requests: int | None,
+    qps: float,
+    seed: int,
+    arrival: str = "poisson",
+    cv: float = 1.0,
+) -> list[Request]:
+    """Requests with ids 0..n-1 in arrival order (see the module docstring for the rules)."""
+    if arrival not in ARRIVAL_PROCESSES:
+        raise InputError(f"unknown arrival process {arrival!r} (known: {', '.join(ARRIVAL_PROCESSES)})")
+    if arrival == "poisson" and cv != 1.0:
+        raise InputError(f"cv={cv!r} given with poisson arrivals (Poisson has cv 1); use arrival='gamma'")
+    seed = _check_int("seed", seed, 0)
+    if num_requests is not None:
+        num_requests = _check_int("num_requests", num_requests, 1)
+    source = _resolve(trace)
+    rng = np.random.default_rng(seed)
+
+    if isinstance(source, str):
+        if num_requests is None:
+            raise InputError(f"the number of requests is required for length profile {source!r}")
+        prompts, outputs = sample_lengths(source, num_requests, rng)
+        arrivals = _arrivals(num_requests, qps, arrival, cv, rng)
+    else:
+        n = len(source) if num_requests is None else num_requests
+        if n > len(source):
+            raise InputError(
+                f"trace file {source.path}: {n} requests asked for but it has only {len(source)}"
+            )
+        prompts, outputs = source.prompt_tokens[:n], source.output_tokens[:n]
+        if source.arrival_s is not None:
+            arrivals = source.arrival_s[:n]
+        else:
+            arrivals = _arrivals(n, qps, arrival, cv, rng)
+
+    return [
+        Request(id=i, arrival_s=float(a), prompt_tokens=int(p), output_tokens=int(o))
+        for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs, strict=True))
+    ]
+
+
+def trace_max_total_tokens(trace: str | os.PathLike[str], requests: Sequence[Request]) -> int:
+    """Max sequence length (prompt + output) a run of this trace needs.
+
+    A profile's cap (every generated request fits, and it matches what the paper configured); for a file,
+    the longest request rounded up to a multiple of ``SEQ_LEN_ALIGN``.
+    """
+    if is_profile(trace):
+        return get_profile(str(trace)).max_total_tokens
+    if not requests:
+        raise InputError("cannot size the max sequence length of an empty trace")
+    longest = max(r.prompt_tokens + r.output_tokens for r in requests)
+    return math.ceil(longest / SEQ_LEN_ALIGN) * SEQ_LEN_ALIGN

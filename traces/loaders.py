@@ -1,0 +1,225 @@
+"""Load request traces from files, validating every row.
+
+Formats (chosen by extension, case-insensitive):
+
+- ``.csv``: Vidur's column names. Required ``num_prefill_tokens`` (prompt length) and ``num_decode_tokens``
+  (output length); optional ``arrived_at`` (seconds from the start of the trace). Other columns are
+  ignored, so Vidur's and Splitwise's files load unchanged. Blank lines are skipped.
+- ``.jsonl``: one JSON object per line, e.g.
+  ``{"prompt_tokens": 812, "output_tokens": 93, "arrival_s": 0.25}``; ``arrival_s`` is optional but
+  must then be on every line or on none. Other keys are ignored; blank lines are skipped.
+
+Lengths must be integers >= 1 (an integral float such as ``12.0`` is accepted, since pandas and many
+exporters write those); arrival times must be finite, >= 0 and non-decreasing. Any violation raises
+``InputError`` naming the file and the 1-based line of the first bad row (the CSV header is line 1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simctl.errors import InputError
+
+CSV_PROMPT, CSV_OUTPUT, CSV_ARRIVAL = "num_prefill_tokens", "num_decode_tokens", "arrived_at"
+JSON_PROMPT, JSON_OUTPUT, JSON_ARRIVAL = "prompt_tokens", "output_tokens", "arrival_s"
+SUPPORTED_EXTENSIONS = (".csv", ".jsonl")
+# Guards the int64 conversion; no real request is anywhere near 2^31 tokens.
+MAX_TOKENS = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedTrace:
+    path: Path
+    prompt_tokens: np.ndarray  # int64, >= 1
+    output_tokens: np.ndarray  # int64, >= 1
+    arrival_s: np.ndarray | None  # float64, non-decreasing, >= 0; None when the file has no arrivals
+
+    def __len__(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def has_arrivals(self) -> bool:
+        return self.arrival_s is not None
+
+
+def load_trace_file(path: str | os.PathLike[str]) -> LoadedTrace:
+    p = Path(path)
+    ext = p.suffix.lower()
+    if ext not in SUPPORTED_EXTENSIONS:
+        raise InputError(
+            f"trace file {p}: unsupported extension {repr(ext) if ext else '(none)'} "
+            f"(expected {' or '.join(SUPPORTED_EXTENSIONS)})"
+        )
+    if not p.exists():
+        raise InputError(f"trace file {p}: not found")
+    if not p.is_file():
+        raise InputError(f"trace file {p}: not a regular file")
+    trace = _load_csv(p) if ext == ".csv" else _load_jsonl(p)
+    if len(trace) == 0:
+        raise InputError(f"trace file {p}: contains no requests")
+    return trace
+
+
+def _fail(path: Path, line: int, msg: str) -> InputError:
+    return InputError(f"trace file {path}, line {line}: {msg}")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_length(path: Path, line: int, name: str, value: float) -> int:
+    """Validate one already-numeric length; returns it as int."""
+    if not math.isfinite(value):
+        raise _fail(path, line, f"{name} is {value}, expected an integer >= 1")
+    if value != math.floor(value):
+        raise _fail(path, line, f"{name} is {value}, expected an integer number of tokens")
+    if value < 1:
+        raise _fail(path, line, f"{name} is {int(value)}, expected >= 1")
+    if value > MAX_TOKENS:
+        raise _fail(path, line, f"{name} is {value:.6g}, larger than {MAX_TOKENS}")
+    return int(value)
+
+
+def _check_arrivals(path: Path, lines: np.ndarray, name: str, arrivals: np.ndarray) -> None:
+    bad = ~np.isfinite(arrivals) | (arrivals < 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise _fail(path, int(lines[i]), f"{name} is {arrivals[i]}, expected a finite time >= 0 (seconds)")
+    back = np.diff(arrivals) < 0
+    if back.any():
+        i = int(np.argmax(back)) + 1
+        raise _fail(
+            path,
+            int(lines[i]),
+            f"{name} {arrivals[i]} is earlier than {arrivals[i - 1]} on line {lines[i - 1]}; "
+            "arrivals must be sorted (non-decreasing)",
+        )
+
+
+# ---------------------------------------------------------------- CSV
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        # Everything as text so that we, not pandas, decide what a bad cell is and which line it is on;
+        # blank lines are kept (then dropped below) so that index + 2 is the line number.
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False)
+    except pd.errors.EmptyDataError:
+        raise InputError(f"trace file {path}: empty file (expected a CSV header and rows)") from None
+    except pd.errors.ParserError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "malformed CSV"
+        raise InputError(f"trace file {path}: malformed CSV: {first}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"trace file {path}: not UTF-8 text") from None
+    except OSError as e:
+        raise InputError(f"trace file {path}: cannot read ({e.strerror or e})") from None
+    df.columns = [str(c).strip() for c in df.columns]
+    blank = (df.apply(lambda col: col.str.strip()) == "").all(axis=1)
+    return df[~blank]
+
+
+def _numeric_column(path: Path, df: pd.DataFrame, name: str) -> np.ndarray:
+    raw = df[name].str.strip()
+    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
+    # to_numeric maps both junk and literal 'nan' to NaN: either way the cell is not a usable number.
+    bad = np.isnan(values)
+    if bad.any():
+        i = int(np.argmax(bad))
+        cell = raw.iloc[i]
+        what = "is empty" if cell == "" else f"is {_short(cell)}, not a number"
+        raise _fail(path, int(df.index[i]) + 2, f"{name} {what}")
+    return values
+
+
+def _load_csv(path: Path) -> LoadedTrace:
+    df = _read_csv(path)
+    missing = [c for c in (CSV_PROMPT, CSV_OUTPUT) if c not in df.columns]
+    if missing:
+        raise InputError(
+            f"trace file {path}: missing column(s) {', '.join(missing)} "
+            f"(found: {', '.join(df.columns) or 'none'})"
+        )
+    lines = df.index.to_numpy() + 2
+    columns = {}
+    for name in (CSV_PROMPT, CSV_OUTPUT):
+        values = _numeric_column(path, df, name)
+        ok = np.isfinite(values) & (values == np.floor(values)) & (values >= 1) & (values <= MAX_TOKENS)
+        if not ok.all():
+            i = int(np.argmax(~ok))
+            _check_length(path, int(lines[i]), name, float(values[i]))  # raises with the precise reason
+        columns[name] = values.astype(np.int64)
+    arrivals = None
+    if CSV_ARRIVAL in df.columns:
+        arrivals = _numeric_column(path, df, CSV_ARRIVAL)
+        _check_arrivals(path, lines, CSV_ARRIVAL, arrivals)
+    return LoadedTrace(path, columns[CSV_PROMPT], columns[CSV_OUTPUT], arrivals)
+
+
+# ---------------------------------------------------------------- JSONL
+
+
+def _json_number(path: Path, line: int, obj: dict, key: str) -> float:
+    if key not in obj:
+        raise _fail(path, line, f"missing key {key!r}")
+    value = obj[key]
+    # bool is an int subclass in Python; true/false are not lengths.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _fail(path, line, f"{key} is {_short(value)}, not a number")
+    try:
+        return float(value)
+    except OverflowError:  # a JSON integer beyond float range
+        raise _fail(path, line, f"{key} is out of range") from None
+
+
+def _load_jsonl(path: Path) -> LoadedTrace:
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # -sig: tolerate a BOM some editors write
+    except UnicodeDecodeError:
+        raise InputError(f"trace file {path}: not UTF-8 text") from None
+    except OSError as e:
+        raise InputError(f"trace file {path}: cannot read ({e.strerror or e})") from None
+    prompts: list[int] = []
+    outputs: list[int] = []
+    arrivals: list[float] = []
+    lines: list[int] = []
+    with_arrivals: bool | None = None  # decided by the first record
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise _fail(path, lineno, f"invalid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise _fail(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
+        prompts.append(_check_length(path, lineno, JSON_PROMPT, _json_number(path, lineno, obj, JSON_PROMPT)))
+        outputs.append(_check_length(path, lineno, JSON_OUTPUT, _json_number(path, lineno, obj, JSON_OUTPUT)))
+        has = JSON_ARRIVAL in obj
+        if with_arrivals is None:
+            with_arrivals = has
+        elif has != with_arrivals:
+            state = "has" if has else "lacks"
+            raise _fail(
+                path,
+                lineno,
+                f"{state} {JSON_ARRIVAL!r} unlike line {lines[0]}: give it on every line or none",
+            )
+        if has:
+            arrivals.append(_json_number(path, lineno, obj, JSON_ARRIVAL))
+        lines.append(lineno)
+    if not lines:
+        raise InputError(f"trace file {path}: empty file (expected one JSON object per line)")
+    arr = None
+    if with_arrivals:
+        arr = np.asarray(arrivals, dtype=np.float64)
+        _check_arrivals(path, np.asarray(lines), JSON_ARRIVAL, arr)
+    return LoadedTrace(path, np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64), arr)
