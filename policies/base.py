@@ -54,8 +54,7 @@ class Policy(ABC):
         """
         extra = self.kv.max_common_growth(plan.seqs, limit + 1) - 1
         if extra > 0:
-            for s in plan.seqs:
-                self.kv.grow(s, extra + 1)
+            self.kv.grow_all(plan.seqs, extra + 1)
         return max(extra, 0)
 
     def finish(self, seq: Seq) -> None:

@@ -46,6 +46,11 @@ class KVManager(ABC):
             self.grow(s)
         return True
 
+    def grow_all(self, seqs: list[Seq], steps: int) -> None:
+        """Make room for `steps` more cached tokens of every sequence (the caller checked it fits)."""
+        for s in seqs:
+            self.grow(s, steps)
+
     @abstractmethod
     def max_common_growth(self, seqs: list[Seq], limit: int) -> int:
         """Largest k <= limit such that every sequence can cache k more tokens at once."""
@@ -105,12 +110,25 @@ class PagedKV(KVManager):
         self.free_blocks -= len(short)
         return True
 
+    def _new_blocks(self, seqs: list[Seq]):
+        """A function of k: the blocks each sequence lacks to cache k more tokens (from the free slots it
+        already holds in its last block)."""
+        blocks, bs = self.blocks, self.block_size
+        slack = np.fromiter((blocks[s.id] * bs - s.computed for s in seqs), np.int64, len(seqs))
+        return lambda k: -(-np.maximum(k - slack, 0) // bs)
+
+    def grow_all(self, seqs: list[Seq], steps: int) -> None:
+        new = self._new_blocks(seqs)(steps)
+        assert new.sum() <= self.free_blocks, "grow_all() beyond the free blocks"
+        for i in np.flatnonzero(new).tolist():
+            self.blocks[seqs[i].id] += int(new[i])
+        self.free_blocks -= int(new.sum())
+
     def max_common_growth(self, seqs: list[Seq], limit: int) -> int:
-        # slack = free slots already held by each sequence; k steps need ceil((k - slack)/bs) new blocks each.
-        slack = np.array([self.blocks[s.id] * self.block_size - s.computed for s in seqs], dtype=np.int64)
+        new_blocks = self._new_blocks(seqs)
 
         def need(k: int) -> int:
-            return int((-(-np.maximum(k - slack, 0) // self.block_size)).sum())
+            return int(new_blocks(k).sum())
 
         if need(limit) <= self.free_blocks:
             return limit

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from policies.base import Policy
 from policies.kv import ReservedKV
-from policies.plan import BatchPlan, packed
+from policies.plan import BatchPlan, hybrid
 
 
 class Orca(Policy):
@@ -30,4 +30,4 @@ class Orca(Policy):
             self._admit(self.waiting[0])
         if not decodes and not new:
             return None
-        return packed(decodes + new, [1] * len(decodes) + [s.prefill_remaining for s in new])
+        return hybrid(decodes, new, [s.prefill_remaining for s in new])

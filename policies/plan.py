@@ -23,7 +23,7 @@ class Layout(Enum):
 
 @dataclass(slots=True)
 class BatchPlan:
-    seqs: list[Seq]
+    seqs: list[Seq]  # the `decode_tokens` decodes come first
     num_new: list[int]  # new tokens per scheduled sequence this iteration
     layout: Layout
     linear_tokens: int  # T: rows through the linear layers, padding included
@@ -40,23 +40,22 @@ class BatchPlan:
         return not self.prefill_q
 
 
+def hybrid(decodes: list[Seq], prefills: list[Seq], chunks: list[int]) -> BatchPlan:
+    """A ragged batch of single-token decodes and prefill segments (whole prompts or chunks): the linear
+    layers see exactly the new tokens and each segment attends only to its own cache."""
+    rows = len(decodes)
+    contexts = [s.computed for s in prefills]
+    sampled = sum(1 for s, c, q in zip(prefills, contexts, chunks) if c + q == s.prompt_tokens + s.generated)
+    prefill = sum(chunks)
+    return BatchPlan(decodes + prefills, [1] * rows + chunks, Layout.PACKED, prefill + rows, sampled + rows,
+                     chunks, contexts, rows, sum(s.computed for s in decodes) + rows, prefill, rows)
+
+
 def packed(seqs: list[Seq], num_new: list[int]) -> BatchPlan:
-    """A ragged batch: linear layers see exactly the new tokens; each segment attends to its own cache."""
-    pq: list[int] = []
-    pc: list[int] = []
-    rows = kv = sampled = 0
-    for s, q in zip(seqs, num_new):
-        if s.computed < s.prefill_end:
-            pq.append(q)
-            pc.append(s.computed)
-            if s.computed + q == s.prompt_tokens + s.generated:
-                sampled += 1
-        else:
-            rows += 1
-            kv += s.computed + 1
-    prefill = sum(pq)
-    return BatchPlan(seqs, num_new, Layout.PACKED, prefill + rows, sampled + rows, pq, pc, rows, kv,
-                     prefill, rows)
+    """`hybrid` for sequences in any order: decodes are put first, as every plan lists them."""
+    decodes = [s for s in seqs if not s.in_prefill]
+    prefills = [(s, q) for s, q in zip(seqs, num_new) if s.in_prefill]
+    return hybrid(decodes, [s for s, _ in prefills], [q for _, q in prefills])
 
 
 def padded_prefill(seqs: list[Seq], rows: int | None = None) -> BatchPlan:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from policies.base import Policy
 from policies.kv import PagedKV
-from policies.plan import BatchPlan, packed
+from policies.plan import BatchPlan, hybrid
 from policies.seq import Seq
 
 
@@ -22,7 +22,7 @@ class SarathiServe(Policy):
     name = "sarathi"
     summary = "stall-free batching: decodes first, then prefill chunks within a token budget"
     chunked = True  # split prefills to the leftover budget
-    hybrid = True  # coalesce prefill chunks with the running decodes
+    coalesce = True  # run prefill chunks in the same iterations as the running decodes
 
     def __init__(self, kv: PagedKV, max_batch_size: int = 128, token_budget: int = 512) -> None:
         super().__init__(kv, max_batch_size)
@@ -44,7 +44,7 @@ class SarathiServe(Policy):
         seqs: list[Seq] = []
         chunks: list[int] = []
         for s in self.running:  # lines 9-12: ongoing prefills
-            if s.in_prefill:
+            if s.computed < s.prefill_end:
                 c = self._chunk(s, used, not seqs)
                 if c > 0:
                     seqs.append(s)
@@ -62,17 +62,17 @@ class SarathiServe(Policy):
         return seqs, chunks
 
     def schedule(self) -> BatchPlan | None:
-        if not self.hybrid:
+        if not self.coalesce:
             seqs, chunks = self._prefill_chunks(0)
             if seqs:
-                return packed(seqs, chunks)
+                return hybrid([], seqs, chunks)
             decodes = self._grow_decodes()
-            return packed(decodes, [1] * len(decodes)) if decodes else None
+            return hybrid(decodes, [], []) if decodes else None
         decodes = self._grow_decodes()  # lines 6-8
         seqs, chunks = self._prefill_chunks(len(decodes))
         if not decodes and not seqs:
             return None
-        return packed(decodes + seqs, [1] * len(decodes) + chunks)
+        return hybrid(decodes, seqs, chunks)
 
 
 class HybridBatchingOnly(SarathiServe):
@@ -84,4 +84,4 @@ class HybridBatchingOnly(SarathiServe):
 class ChunkedPrefillsOnly(SarathiServe):
     name = "sarathi-chunked-only"
     summary = "Sarathi-Serve ablation: chunked prefills in iterations of their own, no decode coalescing"
-    hybrid = False
+    coalesce = False

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from policies.base import Policy
 from policies.kv import PagedKV
-from policies.plan import BatchPlan, packed
+from policies.plan import BatchPlan, hybrid
 
 
 class VLLM(Policy):
@@ -35,8 +35,8 @@ class VLLM(Policy):
             prefills.append(s)
             self._admit(s)
         if prefills:
-            return packed(prefills, [s.prefill_remaining for s in prefills])
+            return hybrid([], prefills, [s.prefill_remaining for s in prefills])
         decodes = self._grow_decodes()
         if not decodes:
             return None
-        return packed(decodes, [1] * len(decodes))
+        return hybrid(decodes, [], [])

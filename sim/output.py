@@ -1,5 +1,10 @@
 """Write a run's outputs so that nothing is ever half-written: each file goes to a temporary name in the
-target folder and is renamed into place only once complete."""
+target folder and is renamed into place only once complete.
+
+`write_run` writes all three files to temporary names first and renames them only when every one of them is
+complete (summary.json last, so its presence marks a finished run): a run that fails, or is interrupted,
+leaves the folder as it was, including any files of an earlier run.
+"""
 
 from __future__ import annotations
 
@@ -14,15 +19,22 @@ import pandas as pd
 
 from simctl.errors import InputError
 
+RUN_FILES = ("requests.parquet", "iterations.parquet", "summary.json")
+
+
+def _temp_in(folder: Path, name: str) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    os.close(fd)
+    return Path(tmp)
+
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = _temp_in(path.parent, path.name)
     try:
-        write(Path(tmp))
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -30,18 +42,62 @@ def json_text(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=2, allow_nan=False) + "\n"
 
 
+def _oserror_text(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
+def check_out_dir(out: Path) -> Path:
+    """Check, without creating anything, that `out` is (or can be made) a writable folder; raise InputError
+    if not. Called before the run so that a bad path fails fast and a failed run leaves no trace."""
+    out = Path(out)
+    if out.exists():
+        if not out.is_dir():
+            raise InputError(f"--out {out}: exists and is not a directory")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise InputError(f"--out {out}: directory is not writable")
+        return out
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise InputError(f"--out {out}: cannot create directory ({parent} is not a directory)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"--out {out}: cannot create directory ({parent} is not writable)")
+    return out
+
+
 def prepare_out_dir(out: Path) -> Path:
-    """Create the output folder (before any work, so a bad path fails fast)."""
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out}: exists and is not a directory")
+    """Create the output folder (InputError if it cannot be)."""
+    check_out_dir(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise InputError(f"--out {out}: cannot create directory ({e.strerror})") from None
+        raise InputError(f"--out {out}: cannot create directory ({_oserror_text(e)})") from None
     return out
 
 
 def write_run(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterations: pd.DataFrame) -> None:
-    atomic_write(out / "requests.parquet", lambda p: requests.to_parquet(p, index=False))
-    atomic_write(out / "iterations.parquet", lambda p: iterations.to_parquet(p, index=False))
-    atomic_write(out / "summary.json", lambda p: p.write_text(json_text(summary)))
+    """Write summary.json, requests.parquet and iterations.parquet into `out` (created if needed), all or
+    none: every file is complete under a temporary name before the first rename."""
+    out = Path(out)
+    summary_text = json_text(summary)  # serialise first: a failure here must not touch the folder
+    writers: dict[str, Callable[[Path], None]] = {
+        "requests.parquet": lambda p: requests.to_parquet(p, index=False),
+        "iterations.parquet": lambda p: iterations.to_parquet(p, index=False),
+        "summary.json": lambda p: p.write_text(summary_text, encoding="utf-8"),
+    }
+    prepare_out_dir(out)
+    done: list[tuple[Path, Path]] = []
+    try:
+        try:
+            for name in RUN_FILES:
+                tmp = _temp_in(out, name)
+                done.append((tmp, out / name))
+                writers[name](tmp)
+            for tmp, path in done:
+                os.replace(tmp, path)
+        except OSError as e:
+            raise InputError(f"--out {out}: cannot write the run's files ({_oserror_text(e)})") from None
+    finally:
+        for tmp, _ in done:
+            tmp.unlink(missing_ok=True)

@@ -1,12 +1,13 @@
 """Per-iteration and per-request records, kept compact: never one entry per token.
 
-A stretch of identical decode iterations is one iteration row with a repeat count. Time-between-tokens is
-kept as a weighted sample of gaps: all sequences whose previous token came at the same moment share one gap
-value in an iteration, so a decode iteration of any batch size adds one or a few (gap, weight) pairs.
+A stretch of identical decode iterations is one iteration row with a repeat count. Time-between-tokens goes
+into a fixed log-spaced histogram (relative resolution 1e-4): a run's memory does not grow with its tokens or
+its iterations (FasterTransformer runs tens of millions of them at 100k requests).
 """
 
 from __future__ import annotations
 
+import math
 from array import array
 
 import numpy as np
@@ -54,23 +55,40 @@ class IterationLog:
         })
 
 
-class GapSample:
-    """Weighted sample of gaps between consecutive tokens of the same request."""
+class GapHistogram:
+    """Counts of gaps between consecutive tokens of the same request, in log-spaced bins.
+
+    20,000 bins per decade from 1e-7 s to 1e5 s (240,000 counters): a percentile read off it is the bin's
+    geometric centre, within 0.006% of the exact value.
+    """
+
+    PER_DECADE = 20_000
+    LOW_EXP, HIGH_EXP = -7, 5
 
     def __init__(self) -> None:
-        self.gap = array("d")
-        self.weight = array("q")
+        self.counts = np.zeros((self.HIGH_EXP - self.LOW_EXP) * self.PER_DECADE, dtype=np.int64)
+        self.total = 0
+
+    def _bin(self, gaps: np.ndarray) -> np.ndarray:
+        idx = np.floor((np.log10(np.maximum(gaps, 1e-300)) - self.LOW_EXP) * self.PER_DECADE).astype(np.int64)
+        return np.clip(idx, 0, len(self.counts) - 1)
 
     def add(self, gap: float, weight: int) -> None:
-        self.gap.append(gap)
-        self.weight.append(weight)
+        i = int((math.log10(max(gap, 1e-300)) - self.LOW_EXP) * self.PER_DECADE // 1)
+        self.counts[min(max(i, 0), len(self.counts) - 1)] += weight
+        self.total += weight
 
     def extend(self, gaps: np.ndarray, weight: int) -> None:
-        self.gap.extend(gaps.tolist())
-        self.weight.extend([weight] * len(gaps))
+        np.add.at(self.counts, self._bin(gaps), weight)
+        self.total += weight * len(gaps)
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.frombuffer(self.gap, dtype=np.float64), np.frombuffer(self.weight, dtype=np.int64)
+    def percentiles(self, pcts: tuple[int, ...]) -> list[float | None]:
+        """Inverted-CDF percentiles (a value some gap really took, to the bin's resolution)."""
+        if self.total == 0:
+            return [None] * len(pcts)
+        cum = np.cumsum(self.counts)
+        idx = np.searchsorted(cum, np.asarray(pcts) / 100.0 * self.total, side="left")
+        return [float(10 ** (self.LOW_EXP + (i + 0.5) / self.PER_DECADE)) for i in idx]
 
 
 def request_frame(seqs: list[Seq]) -> pd.DataFrame:

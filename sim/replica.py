@@ -17,7 +17,7 @@ from policies.base import Policy
 from policies.plan import BatchPlan
 from policies.seq import Seq
 from sim.cost.base import CostModel
-from sim.records import GapSample, IterationLog
+from sim.records import GapHistogram, IterationLog
 
 MAX_STRETCH = 4096  # longest decode stretch priced at once; bounds the arrays, not the results
 
@@ -49,7 +49,7 @@ class Replica:
     fast: bool = True
     max_waiting: int | None = None  # give up (overload) once this many requests wait
     iterations: IterationLog = field(default_factory=IterationLog)
-    gaps: GapSample = field(default_factory=GapSample)
+    gaps: GapHistogram = field(default_factory=GapHistogram)
     queue_at_arrival: list[int] = field(default_factory=list)
     aborted: bool = False
 
@@ -95,14 +95,32 @@ class Replica:
     def _apply_one(self, plan: BatchPlan, start: float, end: float) -> None:
         prev_token: dict[float, int] = {}  # previous token time -> sequences sampling now, for TBT
         finished: list[Seq] = []
-        for s, q in zip(plan.seqs, plan.num_new):
+        nd = plan.decode_tokens
+        seqs = plan.seqs
+        for i in range(nd):  # decodes: each samples a token
+            s = seqs[i]
+            s.computed += 1
+            s.generated += 1
+            prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
+            s.last_token_s = end
+            if s.generated == s.output_tokens:
+                s.completion_s = end
+                finished.append(s)
+        for s, q in zip(seqs[nd:], plan.num_new[nd:]):  # prefill segments
             if s.first_scheduled_s < 0:
                 s.first_scheduled_s = start
             s.computed += q
             if s.computed != s.prompt_tokens + s.generated:
-                continue  # a prefill chunk that does not reach the last known token samples nothing
+                continue  # a chunk short of the last known token samples nothing
             s.generated += 1
-            self._sampled(s, end, prev_token, finished)
+            if s.first_token_s < 0:
+                s.first_token_s = end
+            else:  # re-prefilled after a preemption: the user saw a long gap
+                prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
+            s.last_token_s = end
+            if s.generated == s.output_tokens:
+                s.completion_s = end
+                finished.append(s)
         self._close(plan, start, end, 1, prev_token, finished)
 
     def _apply_stretch(self, plan: BatchPlan, start: float, durations: np.ndarray) -> None:
@@ -121,16 +139,6 @@ class Replica:
                 finished.append(s)
         self.gaps.extend(durations[1:], len(plan.seqs))  # later steps: every row waited one iteration
         self._close(plan, start, last_end, k, prev_token, finished, first_end)
-
-    def _sampled(self, s: Seq, end: float, prev_token: dict[float, int], finished: list[Seq]) -> None:
-        if s.first_token_s < 0:
-            s.first_token_s = end
-        else:
-            prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
-        s.last_token_s = end
-        if s.generated == s.output_tokens:
-            s.completion_s = end
-            finished.append(s)
 
     def _close(self, plan: BatchPlan, start: float, end: float, k: int, prev_token: dict[float, int],
                finished: list[Seq], first_end: float | None = None) -> None:

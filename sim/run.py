@@ -6,14 +6,22 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from policies.registry import POLICIES, make_policy, max_admissible_tokens
+from policies.sarathi import SarathiServe
 from sim.cost.roofline import Roofline
 from sim.gpus import get_gpu
 from sim.metrics import summarize
 from sim.models import get_model
 from sim.simulate import SimResult, simulate
 from simctl.errors import InputError
-from traces import build_trace, trace_max_total_tokens
+from traces import ARRIVAL_PROCESSES, PROFILES, build_trace, trace_max_total_tokens
+
+# Upper bounds that keep a run from exhausting memory or the float clock's resolution: at 1e9 s
+# (~32 years) a float64 time still resolves 0.2 us, far below any iteration's duration.
+MAX_REQUESTS = 10_000_000
+MAX_CLOCK_S = 1e9
 
 
 @dataclass(frozen=True)
@@ -33,21 +41,49 @@ class RunConfig:
     fast: bool = True  # advance decode-only stretches in one step (identical results)
 
     def validate(self) -> None:
+        """Check the options that need no catalogue look-up or trace file; raise InputError naming the bad
+        value and what is allowed (as the CLI spells the option)."""
         if self.policy not in POLICIES:
-            raise InputError(f"unknown policy {self.policy!r}; known: {', '.join(POLICIES)}")
-        if self.tp < 1:
-            raise InputError(f"--tp must be >= 1, got {self.tp}")
-        if not (self.qps > 0 and math.isfinite(self.qps)):
-            raise InputError(f"--qps must be a positive number, got {self.qps}")
-        if self.num_requests < 1:
-            raise InputError(f"--num-requests must be >= 1, got {self.num_requests}")
-        if self.max_batch_size is not None and self.max_batch_size < 1:
-            raise InputError(f"--max-batch-size must be >= 1, got {self.max_batch_size}")
+            raise InputError(f"unknown policy {self.policy!r}; known policies: {', '.join(POLICIES)}")
+        if not str(self.trace).strip():
+            raise InputError(f"--trace is empty; give a length profile ({', '.join(PROFILES)}) "
+                             "or a .csv / .jsonl trace file")
+        if not _is_int(self.tp) or self.tp < 1:
+            raise InputError(f"--tp must be an integer >= 1, got {self.tp!r}")
+        if not _is_number(self.qps) or not (self.qps > 0 and math.isfinite(self.qps)):
+            raise InputError(f"--qps must be a finite number > 0 (requests per second), got {self.qps!r}")
+        if not _is_int(self.num_requests) or not 1 <= self.num_requests <= MAX_REQUESTS:
+            raise InputError(f"--num-requests must be an integer from 1 to {MAX_REQUESTS}, "
+                             f"got {self.num_requests!r}")
+        if self.num_requests / self.qps > MAX_CLOCK_S:
+            raise InputError(f"--qps {self.qps!r} is too low: {self.num_requests} requests would take about "
+                             f"{self.num_requests / self.qps:.3g} s to arrive, beyond the simulated clock's "
+                             f"{MAX_CLOCK_S:.0e} s; raise --qps")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise InputError(f"--seed must be an integer >= 0, got {self.seed!r}")
+        if self.max_batch_size is not None and (not _is_int(self.max_batch_size) or self.max_batch_size < 1):
+            raise InputError(f"--max-batch-size must be an integer >= 1, got {self.max_batch_size!r}")
         if self.token_budget is not None:
-            if not self.policy.startswith("sarathi"):
-                raise InputError(f"--token-budget applies to the sarathi policies, not {self.policy!r}")
-            if self.token_budget < 1:
-                raise InputError(f"--token-budget must be >= 1, got {self.token_budget}")
+            budgeted = [n for n, cls in POLICIES.items() if issubclass(cls, SarathiServe)]
+            if self.policy not in budgeted:
+                raise InputError(f"--token-budget applies only to the policies {', '.join(budgeted)}; "
+                                 f"not to {self.policy!r}")
+            if not _is_int(self.token_budget) or self.token_budget < 1:
+                raise InputError(f"--token-budget must be an integer >= 1, got {self.token_budget!r}")
+        if self.arrival not in ARRIVAL_PROCESSES:
+            raise InputError(f"unknown --arrival {self.arrival!r}; known: {', '.join(ARRIVAL_PROCESSES)}")
+        if not _is_number(self.cv) or not (self.cv > 0 and math.isfinite(self.cv)):
+            raise InputError(f"--cv must be a finite number > 0, got {self.cv!r}")
+        if self.arrival == "poisson" and self.cv != 1.0:
+            raise InputError(f"--cv {self.cv!r} needs --arrival gamma (Poisson arrivals always have cv 1)")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
 
 @dataclass
@@ -66,11 +102,24 @@ def run(config: RunConfig) -> Run:
                            arrival=config.arrival, cv=config.cv)
     max_seq_len = trace_max_total_tokens(config.trace, requests)
     fits = max_admissible_tokens(config.policy, kv_capacity, max_seq_len)
+    last = requests[-1].arrival_s
+    if last > MAX_CLOCK_S:
+        raise InputError(f"request {requests[-1].id} arrives at {last:.6g} s, beyond the simulated clock's "
+                         f"{MAX_CLOCK_S:.0e} s (raise --qps, or check that the trace file's arrival times "
+                         "are in seconds)")
     big = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
-    if big.prompt_tokens + big.output_tokens > fits:
+    need = big.prompt_tokens + big.output_tokens
+    if need > fits:
+        where = f"{model.name} on {gpu.name} x{config.tp}"
+        if fits == 0:  # a reserving policy: the per-request reservation itself exceeds the cache
+            raise InputError(
+                f"request {big.id} does not fit: {config.policy} reserves the max sequence length "
+                f"({max_seq_len} tokens) of KV cache for every request, but {where} has only {kv_capacity} KV "
+                "slots; use a paged policy (vllm, sarathi), a larger GPU, a higher --tp or shorter requests")
         raise InputError(
-            f"request {big.id} needs {big.prompt_tokens + big.output_tokens} tokens of KV but {config.policy} "
-            f"can give one request at most {fits} on {gpu.name} x{config.tp} ({kv_capacity} slots in all)")
+            f"request {big.id} does not fit: it needs {need} tokens of KV cache ({big.prompt_tokens} prompt + "
+            f"{big.output_tokens} output) but {config.policy} can hold at most {fits} for one request on "
+            f"{where} ({kv_capacity} KV slots); use a larger GPU, a higher --tp or shorter requests")
     policy = make_policy(config.policy, kv_capacity, max_seq_len, config.max_batch_size, config.token_budget)
     result = simulate(requests, policy, cost, fast=config.fast, max_waiting=max(1000, config.num_requests // 2))
     summary = {**{k: v for k, v in asdict(config).items() if k != "fast"}, **summarize(result)}

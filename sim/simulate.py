@@ -12,7 +12,7 @@ import simpy
 from policies.base import Policy
 from policies.seq import Seq
 from sim.cost.base import CostModel
-from sim.records import GapSample, IterationLog, request_frame
+from sim.records import GapHistogram, IterationLog, request_frame
 from sim.replica import ArrivalQueue, Replica
 from traces.request import Request
 
@@ -21,7 +21,7 @@ from traces.request import Request
 class SimResult:
     requests: pd.DataFrame  # one row per request (records.request_frame)
     iterations: IterationLog
-    gaps: GapSample  # time between consecutive tokens, weighted
+    gaps: GapHistogram  # time between consecutive tokens, weighted
     queue_at_arrival: np.ndarray  # waiting-queue length seen at each arrival
     aborted: bool  # stopped early: the waiting queue passed its limit
     kv_capacity: int
