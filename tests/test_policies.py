@@ -596,7 +596,10 @@ def check_hybrid_only(policy: HybridBatchingOnly, steps: list[Step]) -> None:
         assert [r.seq for r in decodes] == [s for s in st_.running_before if s not in victims]
         assert all(r.computed == 0 and r.q == r.remaining for r in new)  # never chunked
         # the first prompt goes whole; later ones only within the budget
-        assert len(new) <= 1 or sum(r.q for r in st_.rows) <= budget
+        total = sum(r.q for r in st_.rows)
+        assert len(new) <= 1 or total <= budget
+        if st_.admittable_after:  # greedy: admission stopped only because the next prompt did not fit
+            assert new and total + st_.head_after_remaining > budget
 
 
 def check_chunked_only(policy: ChunkedPrefillsOnly, steps: list[Step]) -> None:
@@ -607,11 +610,14 @@ def check_chunked_only(policy: ChunkedPrefillsOnly, steps: list[Step]) -> None:
         victims = check_preempted(st_)
         if st_.has_prefill:
             assert not victims
+            _, ongoing, new = split_rows(st_)
+            assert st_.rows == ongoing + new and [r.seq for r in new] == st_.waiting_before[:len(new)]
             used = 0
-            for r in st_.rows:  # chunked to the budget
+            for r in st_.rows:  # chunked to the budget, ongoing prefills first
                 assert r.q == min(r.remaining, budget - used)
                 used += r.q
             assert used <= budget
+            assert not (used < budget and st_.admittable_after)
         else:
             # decodes only when no prefill could run: no partial prefill, the queue blocked
             assert not st_.prefilling_before
