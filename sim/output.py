@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,9 +23,15 @@ RUN_FILES = ("requests.parquet", "iterations.parquet", "summary.json")
 
 
 def _temp_in(folder: Path, name: str) -> Path:
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-    os.close(fd)
-    return Path(tmp)
+    """A new, empty, uniquely named file next to `name`. Created with mode 0o666 less the umask (not
+    mkstemp's 0o600), so the renamed file gets the permissions a plain write would have given it."""
+    while True:
+        tmp = folder / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:

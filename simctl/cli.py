@@ -4,13 +4,33 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from simctl.errors import InputError
+
+DEFAULT_NUM_REQUESTS = 1000
+COMMANDS = ("run", "list")
+
+
+def _error_types() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """Usage-error and abort exception types: typer's (it vendors click) and click's, if click is there."""
+    usage: list[type[BaseException]] = [typer.TyperException] if hasattr(typer, "TyperException") else []
+    aborts: list[type[BaseException]] = [typer.Abort]
+    try:
+        import click
+    except ImportError:
+        pass
+    else:
+        usage.append(click.ClickException)
+        aborts.append(click.exceptions.Abort)
+    return tuple(usage), tuple(aborts)
+
+
+_USAGE_ERRORS, _ABORTS = _error_types()
 
 app = typer.Typer(
     help="Simulate LLM inference serving: pick a scheduler, trace, model and GPU; get TTFT, TBT, E2E, "
@@ -31,7 +51,8 @@ def run(
     gpu: Annotated[str, typer.Option(help="GPU from the catalogue.")] = "a100-80gb",
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree (GPUs per replica).")] = 1,
     qps: Annotated[float, typer.Option(help="Mean arrival rate, requests per second.")] = 0.5,
-    num_requests: Annotated[int, typer.Option(help="Requests to simulate.")] = 1000,
+    num_requests: Annotated[int | None, typer.Option(help="Requests to simulate [default: 1000 for a length "
+                                                      "profile, every row of a trace file].")] = None,
     seed: Annotated[int, typer.Option(help="Seed for lengths and arrivals: same seed, same results.")] = 0,
     token_budget: Annotated[int | None, typer.Option(help="Sarathi-Serve tokens per iteration "
                                                         "[default: 512, the paper's strict setting].")] = None,
@@ -48,16 +69,23 @@ def run(
 
     Example: simctl run --policy vllm --trace sharegpt --qps 2 --out out/vllm
     """
-    from sim.output import json_text, prepare_out_dir, write_run
+    from dataclasses import replace
+
+    from sim.output import check_out_dir, json_text, write_run
     from sim.run import RunConfig
     from sim.run import run as run_sim
+    from traces import build_trace, is_profile
 
     config = RunConfig(policy=policy, trace=trace, model=model, gpu=gpu, tp=tp, qps=qps,
-                       num_requests=num_requests, seed=seed, token_budget=token_budget,
-                       max_batch_size=max_batch_size, arrival=arrival, cv=cv)
+                       num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests, seed=seed,
+                       token_budget=token_budget, max_batch_size=max_batch_size, arrival=arrival, cv=cv)
     config.validate()
+    if num_requests is None and not is_profile(trace):  # a trace file: every row
+        rows = len(build_trace(trace, None, qps, seed, arrival=arrival, cv=cv))
+        config = replace(config, num_requests=rows)
+        config.validate()
     if out is not None:
-        prepare_out_dir(out)
+        check_out_dir(out)  # fail before the run, and create nothing until it has succeeded
     result = run_sim(config)
     if out is not None:
         write_run(out, result.summary, result.result.requests, result.result.iterations.frame())
@@ -113,12 +141,58 @@ def list_catalogue() -> None:
         console.print(table)
 
 
-def main() -> None:
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"simctl: error: {_one_line(message)}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _given_value(args: list[str], opts: list[str]) -> str | None:
+    """The value the command line gave an option (the last one, as click takes), if it can be found."""
+    value = None
+    for i, a in enumerate(args):
+        for o in opts:
+            if a == o and i + 1 < len(args):
+                value = args[i + 1]
+            elif a.startswith(o + "="):
+                value = a[len(o) + 1:]
+    return value
+
+
+def _usage_message(e: Exception, args: list[str]) -> str:
+    """A click/typer usage error as one line: the bad value when known, the reason, where to get help."""
+    param = getattr(e, "param", None)
+    opts = list(getattr(param, "opts", None) or [])
+    value = _given_value(args, opts) if opts else None
+    if value is not None and hasattr(e, "message"):
+        text = f"invalid value {value!r} for {'/'.join(opts)}: {e.message}"
+    else:
+        text = e.format_message() if hasattr(e, "format_message") else str(e)
+    ctx = getattr(e, "ctx", None)
+    command = ctx.command_path if ctx is not None else "simctl"
+    if command == "simctl" and args and args[0] in COMMANDS:  # an option error is raised in the group's ctx
+        command = f"simctl {args[0]}"
+    return f"{_one_line(text).rstrip('.')}; see '{command} --help'"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app non-standalone so that every error becomes one line on stderr, exit 2."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args:
+        args = ["--help"]
     try:
-        app()
+        rv = app(args=args, prog_name="simctl", standalone_mode=False)
     except InputError as e:
-        print(f"simctl: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _fail(str(e))
+    except _USAGE_ERRORS as e:
+        _fail(_usage_message(e, args))
+    except _ABORTS:
+        print("simctl: aborted", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":
