@@ -3,10 +3,14 @@ found by bisection over QPS."""
 
 from __future__ import annotations
 
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Any
 
 from sim.run import RunConfig, run
+from simctl.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -22,11 +26,27 @@ class SLO:
                   (self.ttft_p50_s, s["ttft_p50"]))
         return all(limit is None or (value is not None and value <= limit) for limit, value in checks)
 
+    def describe(self) -> str:
+        parts = [f"P99 TBT <= {self.tbt_p99_s} s" if self.tbt_p99_s is not None else "",
+                 f"P50 TTFT <= {self.ttft_p50_s} s" if self.ttft_p50_s is not None else "",
+                 f"P50 scheduling delay <= {self.sched_delay_p50_s} s", "sustainable"]
+        return ", ".join(p for p in parts if p)
+
+    def validate(self) -> None:
+        for name, v in (("--slo-tbt-p99", self.tbt_p99_s), ("--slo-ttft-p50", self.ttft_p50_s),
+                        ("--slo-sched-p50", self.sched_delay_p50_s)):
+            if v is not None and not (v > 0 and math.isfinite(v)):
+                raise InputError(f"{name} must be a positive number of seconds, got {v}")
+
 
 @dataclass
 class CapacityResult:
     qps: float  # highest probed rate that met the SLO (0 if none did)
     probes: list[dict[str, Any]]  # every run's summary, in probe order
+
+    @property
+    def at_capacity(self) -> dict[str, Any] | None:
+        return next((p for p in self.probes if p["qps"] == self.qps and p["slo_met"]), None)
 
 
 def find_capacity(config: RunConfig, slo: SLO, start_qps: float = 1.0, rel_tol: float = 0.02,
@@ -61,3 +81,48 @@ def find_capacity(config: RunConfig, slo: SLO, start_qps: float = 1.0, rel_tol: 
         else:
             hi = mid
     return CapacityResult(lo, probes)
+
+
+@dataclass(frozen=True)
+class CapacityConfig:
+    """Capacity searches to run side by side: one per configuration (typically one per policy)."""
+
+    configs: list[RunConfig]
+    slo: SLO
+    start_qps: float = 1.0
+    workers: int | None = None  # processes; None: one per core
+
+    def validate(self) -> None:
+        if not self.configs:
+            raise InputError("no policy given")
+        names = [c.policy for c in self.configs]
+        if len(set(names)) != len(names):
+            raise InputError(f"a policy is listed twice: {', '.join(names)}")
+        for c in self.configs:
+            c.validate()
+        self.slo.validate()
+        if not (self.start_qps > 0 and math.isfinite(self.start_qps)):
+            raise InputError(f"--start-qps must be a positive number, got {self.start_qps}")
+        if self.workers is not None and self.workers < 1:
+            raise InputError(f"--workers must be >= 1, got {self.workers}")
+
+
+def _search(config: RunConfig, slo: SLO, start_qps: float) -> CapacityResult:
+    return find_capacity(config, slo, start_qps)
+
+
+def search_capacities(spec: CapacityConfig, progress: bool = False) -> dict[str, CapacityResult]:
+    """Run each configuration's search in a local process pool (searches are independent and CPU-bound)."""
+    workers = min(spec.workers or os.cpu_count() or 1, len(spec.configs))
+    if workers == 1:
+        return {c.policy: _search(c, spec.slo, spec.start_qps) for c in spec.configs}
+    from rich.progress import Progress
+
+    results: dict[str, CapacityResult] = {}
+    with ProcessPoolExecutor(workers) as pool, Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("capacity searches", total=len(spec.configs))
+        futures = {pool.submit(_search, c, spec.slo, spec.start_qps): c.policy for c in spec.configs}
+        for f in as_completed(futures):
+            results[futures[f]] = f.result()
+            bar.advance(task)
+    return {c.policy: results[c.policy] for c in spec.configs}

@@ -107,3 +107,19 @@ def write_run(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterat
     finally:
         for tmp, _ in done:
             tmp.unlink(missing_ok=True)
+
+
+def write_capacity(out: Path, spec: Any, results: dict[str, Any]) -> None:
+    """capacity.json (the SLO and each policy's capacity), probes.csv (every probed run) and capacity.png."""
+    from dataclasses import asdict
+
+    from sim.plots import capacity_figure
+
+    out.mkdir(parents=True, exist_ok=True)
+    probes = pd.DataFrame([p for r in results.values() for p in r.probes])
+    capacities = {name: r.qps for name, r in results.items()}
+    atomic_write(out / "probes.csv", lambda p: probes.to_csv(p, index=False))
+    capacity_figure(probes, capacities, spec.slo, out / "capacity.png")
+    atomic_write(out / "capacity.json", lambda p: p.write_text(json_text(
+        {"slo": asdict(spec.slo), "capacity_qps": capacities,
+         "config": {k: v for k, v in asdict(spec.configs[0]).items() if k not in ("policy", "qps", "fast")}})))

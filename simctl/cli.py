@@ -13,7 +13,7 @@ from rich.table import Table
 from simctl.errors import InputError
 
 DEFAULT_NUM_REQUESTS = 1000
-COMMANDS = ("run", "list")
+COMMANDS = ("run", "capacity", "list")
 
 
 def _error_types() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
@@ -39,28 +39,38 @@ app = typer.Typer(
 )
 
 
+# Options shared by the commands that simulate.
+Policy = Annotated[str, typer.Option(help="Scheduler: faster-transformer, orca, vllm, sarathi, "
+                                     "sarathi-hybrid-only, sarathi-chunked-only (see `simctl list`).")]
+Trace = Annotated[str, typer.Option(help="Length profile (sharegpt, arxiv) or a trace file: CSV with "
+                                    "num_prefill_tokens,num_decode_tokens[,arrived_at] or JSONL.")]
+Model = Annotated[str, typer.Option(help="Model shape from the catalogue.")]
+Gpu = Annotated[str, typer.Option(help="GPU from the catalogue.")]
+Tp = Annotated[int, typer.Option(help="Tensor-parallel degree (GPUs per replica).")]
+Seed = Annotated[int, typer.Option(help="Seed for lengths and arrivals: same seed, same results.")]
+TokenBudget = Annotated[int | None, typer.Option(help="Sarathi-Serve tokens per iteration "
+                                                 "[default: 512, the paper's strict setting].")]
+MaxBatch = Annotated[int | None, typer.Option(help="Cap on requests per batch [default: the policy's: "
+                                              "16 FT/Orca, 128 vLLM/Sarathi].")]
+Arrival = Annotated[str, typer.Option(help="Arrival process: poisson, or gamma (bursty, see --cv).")]
+Cv = Annotated[float, typer.Option(help="Coefficient of variation of gamma inter-arrivals.")]
+
+
 @app.command()
 def run(
-    policy: Annotated[str, typer.Option(help="Scheduler: faster-transformer, orca, vllm, sarathi, "
-                                        "sarathi-hybrid-only, sarathi-chunked-only (see `simctl list`).")
-                      ] = "sarathi",
-    trace: Annotated[str, typer.Option(help="Length profile (sharegpt, arxiv) or a trace file: CSV with "
-                                       "num_prefill_tokens,num_decode_tokens[,arrived_at] or JSONL.")
-                     ] = "arxiv",
-    model: Annotated[str, typer.Option(help="Model shape from the catalogue.")] = "mistral-7b",
-    gpu: Annotated[str, typer.Option(help="GPU from the catalogue.")] = "a100-80gb",
-    tp: Annotated[int, typer.Option(help="Tensor-parallel degree (GPUs per replica).")] = 1,
+    policy: Policy = "sarathi",
+    trace: Trace = "arxiv",
+    model: Model = "mistral-7b",
+    gpu: Gpu = "a100-80gb",
+    tp: Tp = 1,
     qps: Annotated[float, typer.Option(help="Mean arrival rate, requests per second.")] = 0.5,
     num_requests: Annotated[int | None, typer.Option(help="Requests to simulate [default: 1000 for a length "
                                                       "profile, every row of a trace file].")] = None,
-    seed: Annotated[int, typer.Option(help="Seed for lengths and arrivals: same seed, same results.")] = 0,
-    token_budget: Annotated[int | None, typer.Option(help="Sarathi-Serve tokens per iteration "
-                                                        "[default: 512, the paper's strict setting].")] = None,
-    max_batch_size: Annotated[int | None, typer.Option(help="Cap on requests per batch [default: the "
-                                                          "policy's: 16 FT/Orca, 128 vLLM/Sarathi].")] = None,
-    arrival: Annotated[str, typer.Option(help="Arrival process: poisson, or gamma (bursty, see --cv).")
-                       ] = "poisson",
-    cv: Annotated[float, typer.Option(help="Coefficient of variation of gamma inter-arrivals.")] = 1.0,
+    seed: Seed = 0,
+    token_budget: TokenBudget = None,
+    max_batch_size: MaxBatch = None,
+    arrival: Arrival = "poisson",
+    cv: Cv = 1.0,
     out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet and "
                                                 "iterations.parquet.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
@@ -115,6 +125,60 @@ def _print_summary(s: dict) -> None:
 
 def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.4f}"
+
+
+@app.command()
+def capacity(
+    policy: Annotated[str, typer.Option(help="One policy or a comma-separated list to compare.")] = "vllm,sarathi",
+    trace: Trace = "sharegpt",
+    model: Model = "mistral-7b",
+    gpu: Gpu = "a100-80gb",
+    tp: Tp = 1,
+    num_requests: Annotated[int, typer.Option(help="Requests per probed run.")] = 1000,
+    seed: Seed = 0,
+    token_budget: TokenBudget = None,
+    max_batch_size: MaxBatch = None,
+    arrival: Arrival = "poisson",
+    cv: Cv = 1.0,
+    slo_tbt_p99: Annotated[float | None, typer.Option(help="P99 TBT limit, s (Sarathi-Serve, Mistral-7B: "
+                                                      "0.1 strict, 0.5 relaxed).")] = None,
+    slo_ttft_p50: Annotated[float | None, typer.Option(help="Median TTFT limit, s.")] = None,
+    slo_sched_p50: Annotated[float, typer.Option(help="Median scheduling-delay limit, s.")] = 2.0,
+    start_qps: Annotated[float, typer.Option(help="First rate probed; doubled or halved to bracket.")] = 1.0,
+    workers: Annotated[int | None, typer.Option(help="Processes searching in parallel, one policy each "
+                                                "[default: one per core].")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for capacity.json, probes.csv and capacity.png.")
+                   ] = None,
+) -> None:
+    """Find the highest request rate each policy sustains within the SLOs (bisection over QPS).
+
+    Example: simctl capacity --policy orca,vllm,sarathi --trace arxiv --slo-tbt-p99 0.5 --out out/cap
+    """
+    from sim.capacity import SLO, CapacityConfig, search_capacities
+    from sim.output import check_out_dir, write_capacity
+    from sim.run import RunConfig
+
+    policies = [p.strip() for p in policy.split(",") if p.strip()]
+    configs = [RunConfig(policy=p, trace=trace, model=model, gpu=gpu, tp=tp, qps=start_qps,
+                         num_requests=num_requests, seed=seed, token_budget=token_budget,
+                         max_batch_size=max_batch_size, arrival=arrival, cv=cv) for p in policies]
+    slo = SLO(tbt_p99_s=slo_tbt_p99, sched_delay_p50_s=slo_sched_p50, ttft_p50_s=slo_ttft_p50)
+    spec = CapacityConfig(configs, slo, start_qps, workers)
+    spec.validate()
+    if out is not None:
+        check_out_dir(out)
+    results = search_capacities(spec, progress=True)
+    table = Table(title=f"capacity on {trace}: {model} / {gpu} x{tp}; SLO: {slo.describe()}")
+    for col in ("policy", "capacity QPS", "P99 TBT at capacity", "P50 TTFT at capacity", "runs"):
+        table.add_column(col, justify="right")
+    for p, r in results.items():
+        at = r.at_capacity
+        table.add_row(p, f"{r.qps:.3f}", _fmt(at.get("tbt_p99") if at else None),
+                      _fmt(at.get("ttft_p50") if at else None), str(len(r.probes)))
+    Console().print(table)
+    if out is not None:
+        write_capacity(out, spec, results)
+        Console().print(f"wrote {out}/capacity.json, probes.csv, capacity.png")
 
 
 @app.command("list")
