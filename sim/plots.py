@@ -7,11 +7,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from sim.capacity import SLO  # noqa: E402
-from sim.output import atomic_write  # noqa: E402
+from sim.capacity import SLO
+from sim.output import atomic_write
 
 
 def capacity_figure(probes: pd.DataFrame, capacities: dict[str, float], slo: SLO, path: Path) -> None:
