@@ -54,10 +54,14 @@ class Replica:
     aborted: bool = False
 
     def run(self) -> Generator[simpy.Event, None, None]:
+        """The replica keeps its own exact clock, `now`: every time is a running sum of iteration durations
+        added one at a time, in both paths, so a stretch ends exactly where stepping would have (SimPy's
+        clock, advanced by the stretch's total, can differ from it in the last bit)."""
         env, policy = self.env, self.policy
+        now = env.now
         while True:
-            if self.arrivals.next_time <= env.now:
-                for seq in self.arrivals.pop_due(env.now):
+            if self.arrivals.next_time <= now:
+                for seq in self.arrivals.pop_due(now):
                     policy.add(seq)
                     self.queue_at_arrival.append(len(policy.waiting))
                 if self.max_waiting is not None and len(policy.waiting) > self.max_waiting:
@@ -67,30 +71,31 @@ class Replica:
             if plan is None:
                 if self.arrivals.next_time == float("inf"):
                     return
-                yield env.timeout(self.arrivals.next_time - env.now)
+                yield env.timeout(max(self.arrivals.next_time - env.now, 0.0))
+                now = self.arrivals.next_time
                 continue
-            start = env.now
-            stretch = self._stretch(plan) if self.fast and plan.decode_only else None
-            if stretch is None:
-                duration = self.cost.iteration_time(plan)
-                yield env.timeout(duration)
-                self._apply_one(plan, start, start + duration)
+            ends = self._stretch(plan, now) if self.fast and plan.decode_only else None
+            if ends is None:
+                end = now + self.cost.iteration_time(plan)
+                yield env.timeout(max(end - env.now, 0.0))
+                self._apply_one(plan, now, end)
             else:
-                yield env.timeout(float(stretch.sum()))
-                self._apply_stretch(plan, start, stretch)
+                end = float(ends[-1])
+                yield env.timeout(max(end - env.now, 0.0))
+                self._apply_stretch(plan, now, ends)
+            now = end
 
-    def _stretch(self, plan: BatchPlan) -> np.ndarray | None:
-        """Durations of the identical decode iterations this plan can run back to back (None: just one)."""
+    def _stretch(self, plan: BatchPlan, now: float) -> np.ndarray | None:
+        """End times of the identical decode iterations this plan can run back to back (None: just one)."""
         extra = min(min(s.output_tokens - s.generated for s in plan.seqs) - 1, MAX_STRETCH - 1)
         if extra <= 0:
             return None
         durations = self.cost.decode_stretch_times(plan, extra + 1)
-        # stop at the iteration during which the next request arrives: the policy decides again after it
-        until_arrival = self.arrivals.next_time - self.env.now
-        if until_arrival < float("inf"):
-            extra = min(extra, int(np.searchsorted(np.cumsum(durations), until_arrival)))
+        ends = np.cumsum(np.concatenate(([now], durations)))[1:]  # sequential adds, as stepping does
+        # stop at the iteration that ends at or after the next arrival: the policy decides again after it
+        extra = min(extra, int(np.searchsorted(ends, self.arrivals.next_time, side="left")))
         extra = self.policy.extend(plan, extra) if extra > 0 else 0
-        return durations[:extra + 1] if extra > 0 else None
+        return ends[:extra + 1] if extra > 0 else None
 
     def _apply_one(self, plan: BatchPlan, start: float, end: float) -> None:
         prev_token: dict[float, int] = {}  # previous token time -> sequences sampling now, for TBT
@@ -123,9 +128,8 @@ class Replica:
                 finished.append(s)
         self._close(plan, start, end, 1, prev_token, finished)
 
-    def _apply_stretch(self, plan: BatchPlan, start: float, durations: np.ndarray) -> None:
-        k = len(durations)
-        ends = start + np.cumsum(durations)
+    def _apply_stretch(self, plan: BatchPlan, start: float, ends: np.ndarray) -> None:
+        k = len(ends)
         first_end, last_end = float(ends[0]), float(ends[-1])
         prev_token: dict[float, int] = {}
         finished: list[Seq] = []
@@ -137,7 +141,7 @@ class Replica:
             if s.generated == s.output_tokens:
                 s.completion_s = last_end
                 finished.append(s)
-        self.gaps.extend(durations[1:], len(plan.seqs))  # later steps: every row waited one iteration
+        self.gaps.extend(np.diff(ends), len(plan.seqs))  # later steps: every row waited one iteration
         self._close(plan, start, last_end, k, prev_token, finished, first_end)
 
     def _close(self, plan: BatchPlan, start: float, end: float, k: int, prev_token: dict[float, int],
