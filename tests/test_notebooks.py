@@ -1,0 +1,24 @@
+"""The notebooks run top to bottom (their code cells, in order, in one namespace)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs(path: Path) -> None:
+    matplotlib.use("Agg")
+    cells = json.loads(path.read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    assert code
+    namespace: dict = {}
+    for src in code:
+        exec(compile(src, str(path), "exec"), namespace)  # noqa: S102 - the project's own notebook
+    if "caps" in namespace:  # compare_schedulers: every policy sustains some load
+        assert all(v > 0 for v in namespace["caps"].values())
