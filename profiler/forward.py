@@ -1,0 +1,326 @@
+"""A ragged executor: runs one serving iteration (any mix of prefills, chunks on cached context and decodes)
+as ONE forward pass of a transformers Llama model over a preallocated KV slab.
+
+KV slab: `kv[layer, 0 or 1, slot, kv_head, position, head_dim]` (0 = K, 1 = V; a slot is one request's
+row, positions 0..max_len-1). It is allocated once; requests never move.
+
+Ragged mode (`run`): each `Segment(slot, tokens, cached)` brings q new tokens of a request whose first
+c = `cached` tokens are already in its slot. All tokens of the iteration are flattened into a single
+`[1, T]` forward with position ids c..c+q-1 per segment, so the linear layers see exactly T = sum(q) rows.
+The attention function registered below (`ragged_attention`) then, per layer:
+
+1. writes each segment's new K/V into its slot at positions c..c+q-1 (one index_put for all tokens);
+2. decode rows (q = 1) are batched: queries `[n, H, 1, D]` against their slots' KV `[n, KVH, K, D]`, with an
+   additive float mask hiding columns beyond each row's own context when contexts differ. Rows are grouped
+   by similar context length (a row joins a group if its KV is at least half the group's longest, or within
+   64 tokens of it) so the padding read stays bounded; a group whose slots are consecutive reads its KV as a
+   view of the slab (no copy), and a group of equal contexts needs no mask;
+3. each prefill segment (q > 1) attends to keys 0..c+q-1 of its own slot, causal within the new tokens:
+   `is_causal` when c = 0, else an additive float mask aligned bottom-right (query i sees keys <= c + i).
+   Attention FLOPs are therefore sum q*(c + q/2) (per segment), not (sum q)^2 as a block-diagonal mask over
+   the packed row would cost.
+
+No segment ever sees another's tokens, so a packed iteration gives each request exactly the logits it would
+get alone (tests/test_profiler.py checks this against transformers' own SDPA model to 1e-5 in fp32).
+
+Padded mode (`run_padded`): the same segments laid out as a real `[B, L]` batch, L = the longest q (or a
+given length), pads on the right and computed like real tokens (their K/V are written past the row's
+length, where no later iteration looks). Attention runs over `[B, KVH, K, D]` with K = max(c) + L (or a given
+`kv_len`, e.g. a FasterTransformer batch keeping finished rows' KV): the padded KV is read too. Real
+positions get the same logits as unpadded runs.
+
+Only the last token of each segment with `sample=True` reaches the LM head: the final hidden states are
+gathered at those rows before `lm_head`.
+
+Everything is device-agnostic (index tensors are built on the model's device); CPU fallback is never
+silent. The KV of a decode group whose slots are not consecutive is gathered (a copy): a real engine
+should keep running requests in consecutive slots (or use a paged kernel) where that copy matters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ATTN_IMPLEMENTATION = "simctl_ragged"
+BATCH_KWARG = "simctl_batch"  # the model-forward keyword that carries the layout to the attention function
+GROUP_MIN_SHARE = 0.5  # a decode row joins a group if its KV length is >= this share of the group's longest
+GROUP_SLACK_TOKENS = 64  # ... or within this many tokens of it
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """q new tokens of the request in `slot`, whose first `cached` tokens are already in the slab."""
+
+    slot: int
+    tokens: Sequence[int] | torch.Tensor
+    cached: int = 0
+    sample: bool = True  # the last token's logits are wanted (the end of a prompt, or a decode)
+
+    @property
+    def q(self) -> int:
+        return len(self.tokens)
+
+
+# ---- layout handed to the attention function --------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _DecodeGroup:
+    tokens: slice | torch.Tensor  # positions of its rows in the flattened [T] tokens
+    slots: slice | torch.Tensor
+    kmax: int
+    mask: torch.Tensor | None  # [n, 1, 1, kmax] additive, or None when every row sees all kmax columns
+
+
+@dataclass(slots=True)
+class _Prefill:
+    start: int
+    q: int
+    slot: int
+    cached: int
+    mask: torch.Tensor | None  # [1, 1, q, c + q] additive; None: c == 0, plain causal
+
+
+@dataclass(slots=True)
+class _Batch:
+    kv: torch.Tensor
+    padded: bool
+    write_slot: torch.Tensor  # ragged: [T]; padded: [B, 1]
+    write_pos: torch.Tensor  # ragged: [T]; padded: [B, L]
+    decodes: list[_DecodeGroup] = field(default_factory=list)
+    prefills: list[_Prefill] = field(default_factory=list)
+    # padded mode
+    slots: slice | torch.Tensor | None = None
+    kmax: int = 0
+    mask: torch.Tensor | None = None
+    is_causal: bool = False
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
+          scale: float) -> torch.Tensor:
+    """SDPA with grouped-query heads: K/V heads are shared by num_heads / num_kv_heads query heads."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                          enable_gqa=q.shape[-3] != k.shape[-3])
+
+
+def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: Any, scaling: float | None = None, dropout: float = 0.0,
+                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """The attention function registered as ATTN_IMPLEMENTATION. query `[B, H, T, D]`, key/value
+    `[B, KVH, T, D]` (rotary applied); returns `[B, T, H, D]`."""
+    batch: _Batch | None = kwargs.get(BATCH_KWARG)
+    if batch is None:
+        raise RuntimeError(f"attention {ATTN_IMPLEMENTATION!r} runs only inside RaggedExecutor (no "
+                           f"{BATCH_KWARG!r} given)")
+    scale = module.scaling if scaling is None else scaling
+    kc = batch.kv[module.layer_idx, 0]  # [S, KVH, M, D]
+    vc = batch.kv[module.layer_idx, 1]
+    if batch.padded:
+        kc[batch.write_slot, :, batch.write_pos] = key.transpose(1, 2)  # [B, L, KVH, D]
+        vc[batch.write_slot, :, batch.write_pos] = value.transpose(1, 2)
+        k = kc[batch.slots, :, :batch.kmax]
+        v = vc[batch.slots, :, :batch.kmax]
+        return _sdpa(query, k, v, batch.mask, batch.is_causal, scale).transpose(1, 2), None
+
+    q0 = query[0]  # [H, T, D]
+    kc[batch.write_slot, :, batch.write_pos] = key[0].transpose(0, 1)  # [T, KVH, D]
+    vc[batch.write_slot, :, batch.write_pos] = value[0].transpose(0, 1)
+    out = query.new_empty(q0.shape[1], q0.shape[0], q0.shape[2])  # [T, H, D]
+    for g in batch.decodes:
+        qd = q0[:, g.tokens].transpose(0, 1).unsqueeze(2)  # [n, H, 1, D]
+        k = kc[g.slots, :, :g.kmax]  # [n, KVH, kmax, D]
+        v = vc[g.slots, :, :g.kmax]
+        out[g.tokens] = _sdpa(qd, k, v, g.mask, False, scale)[:, :, 0]
+    for p in batch.prefills:
+        qp = q0[:, p.start:p.start + p.q].unsqueeze(0)  # [1, H, q, D]
+        k = kc[p.slot:p.slot + 1, :, :p.cached + p.q]
+        v = vc[p.slot:p.slot + 1, :, :p.cached + p.q]
+        out[p.start:p.start + p.q] = _sdpa(qp, k, v, p.mask, p.mask is None, scale)[0].transpose(0, 1)
+    return out.unsqueeze(0), None
+
+
+def register_attention() -> None:
+    """Register `ragged_attention` with transformers (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, ragged_attention)
+
+
+register_attention()
+
+
+# ---- the executor -------------------------------------------------------------------------------------------
+
+
+def _as_index(values: list[int], device: torch.device) -> slice | torch.Tensor:
+    """A slice when `values` are consecutive ascending (indexing then gives a view), else a long tensor."""
+    if values and values == list(range(values[0], values[0] + len(values))):
+        return slice(values[0], values[0] + len(values))
+    return torch.tensor(values, dtype=torch.long, device=device)
+
+
+def _additive(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool `blocked` -> additive float mask (0 where attended, -inf where blocked)."""
+    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, float("-inf"))
+
+
+class RaggedExecutor:
+    """Executes iterations of `model` (built by `profiler.model.build_model`) over a KV slab of `slots`
+    request rows of `max_len` positions each."""
+
+    def __init__(self, model: Any, slots: int, max_len: int) -> None:
+        cfg = model.config
+        if cfg._attn_implementation != ATTN_IMPLEMENTATION:
+            raise ValueError(f"model must use attn_implementation={ATTN_IMPLEMENTATION!r} "
+                             f"(got {cfg._attn_implementation!r}); build it with profiler.model.build_model")
+        if slots < 1 or max_len < 1:
+            raise ValueError(f"slots and max_len must be >= 1, got {slots}, {max_len}")
+        self.model = model
+        self.device = model.device
+        self.dtype = model.dtype
+        self.slots = int(slots)
+        self.max_len = int(max_len)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        with torch.inference_mode():
+            self.kv = torch.zeros(cfg.num_hidden_layers, 2, self.slots, cfg.num_key_value_heads, self.max_len,
+                                  head_dim, dtype=self.dtype, device=self.device)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V one token takes over all layers (measured from the allocated slab)."""
+        return self.kv.element_size() * self.kv.numel() // (self.slots * self.max_len)
+
+    # ---- input preparation ----------------------------------------------------------------------------
+    def _check(self, segments: Sequence[Segment], length: int | None = None) -> None:
+        if not segments:
+            raise ValueError("an iteration needs at least one segment")
+        seen: set[int] = set()
+        for s in segments:
+            if not 0 <= s.slot < self.slots:
+                raise ValueError(f"slot {s.slot} outside 0..{self.slots - 1}")
+            if s.slot in seen:
+                raise ValueError(f"slot {s.slot} appears twice in one iteration")
+            seen.add(s.slot)
+            if s.q < 1 or s.cached < 0:
+                raise ValueError(f"segment of slot {s.slot}: need q >= 1 and cached >= 0, got {s.q}, {s.cached}")
+            end = s.cached + (s.q if length is None else length)
+            if end > self.max_len:
+                raise ValueError(f"segment of slot {s.slot} reaches position {end} > max_len {self.max_len}")
+
+    def _token_tensor(self, segments: Sequence[Segment]) -> torch.Tensor:
+        parts = [torch.as_tensor(s.tokens, dtype=torch.long).reshape(-1) for s in segments]
+        return torch.cat(parts).to(self.device, non_blocking=True)
+
+    def prepare(self, segments: Sequence[Segment]) -> tuple[dict[str, Any], torch.Tensor]:
+        """Model-forward kwargs for a ragged iteration, and the flattened rows whose logits are sampled."""
+        self._check(segments)
+        dev = self.device
+        starts, positions, write_slot, sampled = [], [], [], []
+        t = 0
+        for s in segments:
+            starts.append(t)
+            positions.extend(range(s.cached, s.cached + s.q))
+            write_slot.extend([s.slot] * s.q)
+            t += s.q
+            if s.sample:
+                sampled.append(t - 1)
+        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        batch = _Batch(self.kv, False, torch.tensor(write_slot, dtype=torch.long, device=dev), pos)
+
+        rows = sorted((i for i, s in enumerate(segments) if s.q == 1), key=lambda i: -segments[i].cached)
+        g0 = 0
+        while g0 < len(rows):
+            kmax = segments[rows[g0]].cached + 1
+            g1 = g0 + 1
+            while g1 < len(rows):
+                k = segments[rows[g1]].cached + 1
+                if k < GROUP_MIN_SHARE * kmax and kmax - k > GROUP_SLACK_TOKENS:
+                    break
+                g1 += 1
+            group = sorted(rows[g0:g1])  # segment order: consecutive slots and tokens index as views
+            lens = [segments[i].cached + 1 for i in group]
+            mask = None
+            if min(lens) < kmax:
+                blocked = (torch.arange(kmax, device=dev)[None, :]
+                           >= torch.tensor(lens, dtype=torch.long, device=dev)[:, None])
+                mask = _additive(blocked, self.dtype)[:, None, None, :]
+            batch.decodes.append(_DecodeGroup(_as_index([starts[i] for i in group], dev),
+                                              _as_index([segments[i].slot for i in group], dev), kmax, mask))
+            g0 = g1
+        for i, s in enumerate(segments):
+            if s.q > 1:
+                mask = None
+                if s.cached:
+                    blocked = torch.ones(s.q, s.cached + s.q, dtype=torch.bool, device=dev).triu_(s.cached + 1)
+                    mask = _additive(blocked, self.dtype)[None, None]
+                batch.prefills.append(_Prefill(starts[i], s.q, s.slot, s.cached, mask))
+        kwargs = {"input_ids": self._token_tensor(segments)[None], "position_ids": pos[None],
+                  BATCH_KWARG: batch}
+        return kwargs, torch.tensor(sampled, dtype=torch.long, device=dev)
+
+    def prepare_padded(self, segments: Sequence[Segment], length: int | None = None,
+                       kv_len: int | None = None) -> tuple[dict[str, Any], torch.Tensor]:
+        """Model-forward kwargs for a padded `[B, L]` iteration (row i = segments[i], right-padded to L),
+        and the (row, column) indices of the sampled tokens."""
+        L = max(s.q for s in segments) if length is None else int(length)
+        if any(s.q > L for s in segments):
+            raise ValueError(f"length {L} is shorter than a segment")
+        self._check(segments, L)
+        dev = self.device
+        B = len(segments)
+        cached = torch.tensor([s.cached for s in segments], dtype=torch.long, device=dev)
+        cols = torch.arange(L, device=dev)
+        pos = cached[:, None] + cols[None, :]  # [B, L]
+        kmax = max(s.cached for s in segments) + L
+        if kv_len is not None:
+            if kv_len < kmax or kv_len > self.max_len:
+                raise ValueError(f"kv_len {kv_len} outside {kmax}..{self.max_len}")
+            kmax = int(kv_len)
+        slots = [s.slot for s in segments]
+        batch = _Batch(self.kv, True, torch.tensor(slots, dtype=torch.long, device=dev)[:, None], pos,
+                       slots=_as_index(slots, dev), kmax=kmax)
+        if all(s.cached == 0 for s in segments) and kmax == L:
+            batch.is_causal = True  # right padding: real queries only ever see real keys
+        elif L == 1 and all(s.cached + 1 == kmax for s in segments):
+            pass  # one new token per row, every row sees all kmax columns
+        else:
+            blocked = torch.arange(kmax, device=dev)[None, None, :] > pos[:, :, None]  # [B, L, kmax]
+            batch.mask = _additive(blocked, self.dtype)[:, None]
+        ids = torch.zeros(B, L, dtype=torch.long)
+        for i, s in enumerate(segments):
+            ids[i, :s.q] = torch.as_tensor(s.tokens, dtype=torch.long).reshape(-1)
+        kwargs = {"input_ids": ids.to(dev, non_blocking=True), "position_ids": pos, BATCH_KWARG: batch}
+        sampled = [(i, s.q - 1) for i, s in enumerate(segments) if s.sample]
+        return kwargs, torch.tensor(sampled, dtype=torch.long, device=dev).reshape(-1, 2)
+
+    # ---- execution ----------------------------------------------------------------------------------
+    def _forward(self, kwargs: dict[str, Any]) -> torch.Tensor:
+        return self.model.model(use_cache=False, **kwargs).last_hidden_state
+
+    def run(self, segments: Sequence[Segment]) -> torch.Tensor:
+        """One ragged iteration; returns the logits `[n_sampled, vocab]` of the last token of each sampled
+        segment, in segment order."""
+        with torch.inference_mode():
+            kwargs, rows = self.prepare(segments)
+            hidden = self._forward(kwargs)[0]  # [T, hidden]
+            return self.model.lm_head(hidden.index_select(0, rows))
+
+    def run_padded(self, segments: Sequence[Segment], length: int | None = None,
+                   kv_len: int | None = None) -> torch.Tensor:
+        """One padded iteration: B = len(segments) rows x L columns (pads computed), attention over
+        `kv_len` KV columns per row (default: the longest row's). Returns the logits of the last real token
+        of each sampled segment, in segment order."""
+        with torch.inference_mode():
+            kwargs, rc = self.prepare_padded(segments, length, kv_len)
+            hidden = self._forward(kwargs)  # [B, L, hidden]
+            return self.model.lm_head(hidden[rc[:, 0], rc[:, 1]])
+
+    def clear(self) -> None:
+        """Zero the slab (not needed for correctness: a segment only reads positions below c + q)."""
+        with torch.inference_mode():
+            self.kv.zero_()

@@ -1,0 +1,106 @@
+"""Build a Llama-style model from a catalogue shape, with random weights, for timing and real execution.
+
+Nothing is downloaded: the model is a `transformers` `LlamaForCausalLM` built from a `LlamaConfig` filled in
+from a `sim.models.ModelSpec`, initialised from a seed. Its attention layers call `ragged_attention`
+(`profiler/forward.py`), registered with transformers' `AttentionInterface` under `ATTN_IMPLEMENTATION`; the
+executor there hands each forward its KV slab and segment layout through a model-forward keyword argument,
+which transformers passes through every layer to the attention function.
+
+`reference_model` is the same weights with transformers' own SDPA attention: the tests check the executor
+against it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from sim.models import ModelSpec
+from simctl.errors import InputError
+
+DTYPES = ("float32", "float16", "bfloat16")
+DEVICES = ("cpu", "cuda")
+
+
+def torch_dtype(name: str) -> Any:
+    """`"float32"` -> `torch.float32`; InputError for anything else than DTYPES."""
+    import torch
+
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise InputError(f"dtype {name!r} not supported; choose one of {', '.join(DTYPES)}")
+    return getattr(torch, name)
+
+
+def resolve_device(device: str) -> Any:
+    """`cpu`, or `cuda` when it is available (InputError otherwise: no silent fallback to the CPU)."""
+    import torch
+
+    name = str(device).lower()
+    if name not in DEVICES and not name.startswith("cuda:"):
+        raise InputError(f"device {device!r} not supported; choose cpu or cuda")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError("cuda requested but not available")
+    return torch.device(name)
+
+
+def llama_config(spec: ModelSpec, attn_implementation: str | None = None) -> Any:
+    """A `LlamaConfig` with the shape of `spec` (only SwiGLU Llama-style shapes can be built)."""
+    from transformers import LlamaConfig
+
+    from profiler.forward import ATTN_IMPLEMENTATION, register_attention
+
+    if spec.mlp != "gated":
+        raise InputError(f"model {spec.name!r}: only gated (SwiGLU, Llama-style) MLPs can be built "
+                         f"for profiling, not {spec.mlp!r}")
+    if attn_implementation is None:
+        register_attention()
+        attn_implementation = ATTN_IMPLEMENTATION
+    return LlamaConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        hidden_act="silu",
+        use_cache=False,  # the executor keeps its own KV slab: never let transformers build a DynamicCache
+        attn_implementation=attn_implementation,
+    )
+
+
+def build_model(spec: ModelSpec, device: Any = "cpu", dtype: Any = "float32", seed: int = 0, *,
+                attn_implementation: str | None = None) -> Any:
+    """`LlamaForCausalLM` of shape `spec` with random weights drawn from `seed`, on `device` in `dtype`, in eval
+    mode with gradients off. Attention is the ragged executor's (`profiler.forward`) unless
+    `attn_implementation` names another (e.g. "sdpa" for a reference model)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    dev = resolve_device(device) if not isinstance(device, torch.device) else device
+    dt = torch_dtype(dtype)
+    config = llama_config(spec, attn_implementation)
+    # Built directly on the device in the target dtype (a 7B model never goes through host memory in fp32).
+    # Same seed, device and dtype: same weights.
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), torch.device(dev):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM._from_config(config, dtype=dt)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def reference_model(model: Any, attn_implementation: str = "sdpa") -> Any:
+    """A copy of `model` (same weights) running transformers' own attention implementation."""
+    from transformers import LlamaForCausalLM
+
+    config = copy.deepcopy(model.config)
+    config._attn_implementation = attn_implementation
+    ref = LlamaForCausalLM(config).to(device=model.device, dtype=model.dtype).eval()
+    ref.load_state_dict(model.state_dict())
+    ref.requires_grad_(False)
+    return ref

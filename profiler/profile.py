@@ -1,0 +1,196 @@
+"""`profile()`: time a model's iterations on a device and write `profile.csv` + `meta.json`.
+
+The timing runs in a child process (`python -m profiler.worker`) started with OMP_WAIT_POLICY=PASSIVE and
+OMP_NUM_THREADS / MKL_NUM_THREADS = threads: OpenMP reads these once at start-up, and without the passive
+policy idle OpenMP threads spin and, on a shared machine, timings fall apart (reported 20x slower under
+contention). The child streams one JSON line per shape; this process shows a rich progress bar and writes
+both files only at the end, each to a temporary name in the output folder first, then renamed (profile.csv,
+then meta.json): a failed or interrupted profile leaves the folder as it was.
+
+profile.csv: one row per shape, the columns of `profiler.workloads.COLUMNS` (see that module's table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from profiler.model import DTYPES
+from profiler.workloads import COLUMNS, GRID_NAMES
+from simctl.errors import InputError
+
+PROFILE_FILES = ("profile.csv", "meta.json")
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _check_inputs(model_name: str, device: str, dtype: str, threads: int | None, grid: str) -> tuple[Any, str, int]:
+    from sim.models import get_model
+
+    spec = get_model(model_name)  # InputError for an unknown model
+    if spec.mlp != "gated":
+        raise InputError(f"model {spec.name!r}: only gated (SwiGLU, Llama-style) shapes can be built for "
+                         f"profiling")
+    if dtype not in DTYPES:
+        raise InputError(f"dtype {dtype!r} not supported; choose one of {', '.join(DTYPES)}")
+    dev = str(device).lower()
+    if dev not in ("cpu", "cuda") and not dev.startswith("cuda:"):
+        raise InputError(f"device {device!r} not supported; choose cpu or cuda")
+    if dev.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("cuda requested but not available")
+    if threads is None:
+        threads = _default_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise InputError(f"threads must be a positive integer, got {threads!r}")
+    if grid not in GRID_NAMES:
+        raise InputError(f"grid {grid!r} unknown; choose one of {', '.join(GRID_NAMES)}")
+    if dev == "cpu":
+        dtype_bytes = 4 if dtype == "float32" else 2
+        try:
+            mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            mem = None
+        if mem and spec.weight_bytes(dtype_bytes) > mem // 2:
+            raise InputError(f"model {spec.name!r} needs {spec.weight_bytes(dtype_bytes) / 2**30:.1f} GiB of "
+                             f"weights in {dtype}: too large for this machine's {mem / 2**30:.0f} GiB on the "
+                             f"cpu (use a tiny shape, or --device cuda)")
+    return spec, dev, threads
+
+
+def _write_files(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    """profile.csv then meta.json, all or none: both complete under temporary names before the first rename."""
+    import pandas as pd
+
+    from sim.output import _temp_in, json_text, prepare_out_dir
+
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    meta_text = json_text(meta)
+    prepare_out_dir(out)
+    done: list[tuple[Path, Path]] = []
+    try:
+        try:
+            tmp = _temp_in(out, "profile.csv")
+            done.append((tmp, out / "profile.csv"))
+            frame.to_csv(tmp, index=False)
+            tmp = _temp_in(out, "meta.json")
+            done.append((tmp, out / "meta.json"))
+            tmp.write_text(meta_text, encoding="utf-8")
+            for tmp, path in done:
+                os.replace(tmp, path)
+        except OSError as e:
+            raise InputError(f"--out {out}: cannot write the profile ({e.strerror or e})") from None
+    finally:
+        for tmp, _ in done:
+            tmp.unlink(missing_ok=True)
+
+
+def worker_command(model_name: str, device: str, dtype: str, threads: int, grid: str, seed: int) -> list[str]:
+    return [sys.executable, "-m", "profiler.worker", "--model", model_name, "--device", device, "--dtype", dtype,
+            "--threads", str(threads), "--grid", grid, "--seed", str(seed)]
+
+
+def worker_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               TOKENIZERS_PARALLELISM="false", TRANSFORMERS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(_ROOT) + (os.pathsep + path if path else "")
+    return env
+
+
+def run_worker(model_name: str, device: str, dtype: str, threads: int, grid: str, seed: int,
+               on_event: Callable[[dict[str, Any]], None]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run the worker to completion; returns (rows, meta). `on_event` sees every protocol message."""
+    rows: list[dict[str, Any]] = []
+    meta: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
+        proc = subprocess.Popen(worker_command(model_name, device, dtype, threads, grid, seed),
+                                env=worker_env(threads), cwd=str(_ROOT), stdout=subprocess.PIPE, stderr=err,
+                                stdin=subprocess.DEVNULL, text=True, encoding="utf-8")
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                try:
+                    msg = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if not isinstance(msg, dict):
+                    continue
+                event = msg.get("event")
+                if event == "row":
+                    rows.append(msg["row"])
+                elif event == "done":
+                    meta = msg["meta"]
+                elif event == "error":
+                    error = msg
+                on_event(msg)
+            rc = proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        if error is not None and error.get("input"):
+            raise InputError(error["message"])
+        if rc != 0 or meta is None:
+            err.seek(0)
+            tail = err.read()[-4000:]
+            what = error["message"] if error else f"exit code {rc}"
+            raise RuntimeError(f"profiler worker failed ({what}); its stderr ends with:\n{tail}")
+    return rows, meta
+
+
+def profile(model_name: str, device: str, dtype: str, threads: int | None, quick: bool, out_dir: str | Path,
+            progress: bool = True, *, grid: str | None = None, seed: int = 0) -> Path:
+    """Profile `model_name` (a catalogue shape built with random weights) on `device` and write
+    `out_dir/profile.csv` and `out_dir/meta.json`; returns `out_dir`.
+
+    threads: CPU threads of the timing process (default: the cores this process may use).
+    quick: the `quick` grid (under a minute for `tiny` on a CPU) instead of `full`.
+    grid: overrides `quick`: "full", "quick" or "test" (a few shapes, for tests).
+    Raises InputError for an unknown model, dtype or device, cuda requested but missing, or a bad out_dir.
+    """
+    from sim.output import check_out_dir
+
+    grid = grid if grid is not None else ("quick" if quick else "full")
+    spec, dev, threads = _check_inputs(model_name, device, dtype, threads, grid)
+    out = check_out_dir(Path(out_dir))
+
+    if progress:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("[bold]profile[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+        task = bar.add_task(f"{spec.name} on {dev}: starting", total=None)
+
+        def on_event(msg: dict[str, Any]) -> None:
+            if msg.get("event") == "start":
+                bar.update(task, total=msg["total"], description=f"{spec.name} on {dev}")
+            elif msg.get("event") == "progress":
+                bar.update(task, completed=msg["done"],
+                           description=f"{msg['label']}: {msg['time_s'] * 1e3:.2f} ms")
+            elif msg.get("event") == "done":
+                bar.update(task, description=f"{spec.name} on {dev}: done in {msg['meta']['wall_s']:.0f} s")
+
+        with bar:
+            rows, meta = run_worker(spec.name, dev, dtype, threads, grid, seed, on_event)
+    else:
+        rows, meta = run_worker(spec.name, dev, dtype, threads, grid, seed, lambda msg: None)
+    _write_files(out, rows, meta)
+    return out

@@ -1,0 +1,238 @@
+"""The shapes a profile times, and the plan features each one is described by in profile.csv.
+
+A shape is one iteration: a list of segments (q new tokens on c cached ones, for a prefill/chunk or a decode
+row) run either ragged (`[1, T]`, every token real) or padded (`[B, L]`, pads computed). Its features are the
+`policies.plan.BatchPlan` fields a cost model prices, computed here exactly as the plan builders compute
+them, so a model fitted on profile.csv can price any plan:
+
+| column | meaning (BatchPlan field) |
+|---|---|
+| kind | prefill, decode, hybrid, padded_prefill, padded_decode |
+| batch_size | sequences in the iteration (len(plan.seqs); padded: rows) |
+| linear_tokens | T, rows through the linear layers, padding included (plan.linear_tokens) |
+| sampled_tokens | rows reaching the LM head (plan.sampled_tokens) |
+| num_segments | prefill segments (len(plan.prefill_q)); padded prefill: one per row |
+| attn_units | sum over prefill segments of q * (c + q/2); padded rows count as segments of the padded length |
+| attn_kv_tokens | sum over prefill segments of c + q |
+| decode_rows | single-token rows, padding rows included (plan.decode_rows) |
+| decode_kv | KV tokens read by decode rows incl. the new one: sum (context + 1); padded: rows x kv_len |
+| q, c | a representative chunk and context, for plots (prefill: longest q and its c; decode: 1 and the longest context) |
+| reps, time_s, time_p10_s, time_p90_s | repetitions timed, median and 10th/90th percentile seconds |
+
+Grids (`GRIDS`): `full` (a CPU profile of `tiny` in a few minutes), `quick` (under a minute) and `test`
+(seconds, for the test suite). All cap token positions at the model's `max_position` and skip shapes whose KV
+slab would exceed the memory budget the caller gives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+Kind = Literal["prefill", "decode", "hybrid", "padded_prefill", "padded_decode"]
+KINDS: tuple[str, ...] = ("prefill", "decode", "hybrid", "padded_prefill", "padded_decode")
+FEATURES = ("kind", "batch_size", "linear_tokens", "sampled_tokens", "num_segments", "attn_units",
+            "attn_kv_tokens", "decode_rows", "decode_kv", "q", "c")
+TIMINGS = ("reps", "time_s", "time_p10_s", "time_p90_s")
+COLUMNS = FEATURES + TIMINGS
+GRID_NAMES = ("full", "quick", "test")
+
+
+@dataclass(frozen=True, slots=True)
+class Seg:
+    """One segment of a shape: q new tokens on c cached ones; `decode` rows are single-token generation steps
+    (priced by decode_kv), every other segment is a prefill or chunk (priced by attention units)."""
+
+    q: int
+    c: int = 0
+    decode: bool = False
+    sample: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    kind: Kind
+    segs: tuple[Seg, ...]
+    kv_len: int | None = None  # padded_decode: KV columns every row reads (pads included)
+    note: str = ""
+
+    @property
+    def padded(self) -> bool:
+        return self.kind.startswith("padded")
+
+    @property
+    def length(self) -> int:
+        """Padded row length L (ragged: 0)."""
+        return max(s.q for s in self.segs) if self.padded else 0
+
+    @property
+    def slots(self) -> int:
+        return len(self.segs)
+
+    @property
+    def max_len(self) -> int:
+        """Positions a slot needs: the furthest KV position written or read, plus one."""
+        if self.padded:
+            need = max(s.c for s in self.segs) + self.length
+            return max(need, self.kv_len or 0)
+        return max(s.c + s.q for s in self.segs)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Token positions of the KV slab an executor for this shape allocates."""
+        return self.slots * self.max_len
+
+    def features(self) -> dict[str, object]:
+        segs = self.segs
+        if self.kind == "padded_prefill":
+            B, L = len(segs), self.length
+            return _row(self.kind, B, B * L, sum(s.sample for s in segs), B, B * L * (L / 2), B * L, 0, 0, L, 0)
+        if self.kind == "padded_decode":
+            B = len(segs)
+            kv = self.kv_len or max(s.c for s in segs) + 1
+            return _row(self.kind, B, B, sum(s.sample for s in segs), 0, 0.0, 0, B, B * kv, 1, kv - 1)
+        pre = [s for s in segs if not s.decode]
+        dec = [s for s in segs if s.decode]
+        rep = max(pre, key=lambda s: (s.q, s.c)) if pre else None
+        return _row(self.kind, len(segs), sum(s.q for s in segs), sum(s.sample for s in segs), len(pre),
+                    float(sum(s.q * (s.c + s.q / 2) for s in pre)), sum(s.c + s.q for s in pre),
+                    len(dec), sum(s.c + 1 for s in dec),
+                    rep.q if rep else 1, rep.c if rep else max(s.c for s in dec))
+
+    def label(self) -> str:
+        f = self.features()
+        if self.kind in ("prefill", "padded_prefill"):
+            if f["num_segments"] == 1 and self.kind == "prefill":
+                s = self.segs[0]
+                return f"prefill q={s.q}" + (f" c={s.c}" if s.c else "")
+            return f"{self.kind} B={f['batch_size']} T={f['linear_tokens']}"
+        if self.kind == "hybrid":
+            return f"hybrid {f['decode_rows']} decodes + chunk q={f['q']} c={f['c']}"
+        return f"{self.kind} B={f['batch_size']} kv={f['decode_kv']}"
+
+
+def _row(kind: str, batch_size: int, linear: int, sampled: int, segments: int, attn_units: float, attn_kv: int,
+         decode_rows: int, decode_kv: int, q: int, c: int) -> dict[str, object]:
+    return {"kind": kind, "batch_size": int(batch_size), "linear_tokens": int(linear),
+            "sampled_tokens": int(sampled), "num_segments": int(segments), "attn_units": float(attn_units),
+            "attn_kv_tokens": int(attn_kv), "decode_rows": int(decode_rows), "decode_kv": int(decode_kv),
+            "q": int(q), "c": int(c)}
+
+
+# ---- shape builders -----------------------------------------------------------------------------------------
+
+
+def prefill(q: int, c: int = 0) -> Shape:
+    """One prompt of q tokens (or its last chunk, on c cached tokens); its last token is sampled."""
+    return Shape("prefill", (Seg(q, c),))
+
+
+def decode(batch: int, context: int) -> Shape:
+    """`batch` decode rows, each with `context` cached tokens."""
+    return Shape("decode", tuple(Seg(1, context, decode=True) for _ in range(batch)))
+
+
+def decode_mixed(contexts: list[int]) -> Shape:
+    return Shape("decode", tuple(Seg(1, c, decode=True) for c in contexts), note="mixed contexts")
+
+
+def padded_decode(contexts: list[int], kv_len: int) -> Shape:
+    """A padded decode step: every row reads `kv_len` KV columns whatever its own context."""
+    return Shape("padded_decode", tuple(Seg(1, c, decode=True) for c in contexts), kv_len=kv_len)
+
+
+def hybrid(decodes: int, context: int, q: int, c: int) -> Shape:
+    """`decodes` decode rows at `context`, plus a mid-prompt chunk of q tokens on c cached ones (not sampled:
+    Sarathi-style chunks mostly end before the prompt does)."""
+    return Shape("hybrid", tuple(Seg(1, context, decode=True) for _ in range(decodes)) + (Seg(q, c, sample=False),))
+
+
+def packed_prompts(lengths: list[int]) -> Shape:
+    return Shape("prefill", tuple(Seg(n) for n in lengths), note="packed")
+
+
+def padded_prompts(lengths: list[int]) -> Shape:
+    return Shape("padded_prefill", tuple(Seg(n) for n in lengths), note="padded")
+
+
+def tile_boundaries(lo_exp: int, hi_exp: int) -> list[int]:
+    return [n for k in range(lo_exp, hi_exp + 1) for n in (2 ** k - 1, 2 ** k, 2 ** k + 1)]
+
+
+def prompt_sets(batches: list[int], lo: int, hi: int, seed: int) -> list[list[int]]:
+    """Seeded sets of prompt lengths (uniform in [lo, hi]) timed both packed and padded."""
+    rng = np.random.default_rng(seed)
+    return [sorted(rng.integers(lo, hi + 1, size=b).tolist(), reverse=True) for b in batches]
+
+
+@dataclass(slots=True)
+class Grid:
+    name: str
+    shapes: list[Shape]
+    warmup: int  # untimed calls before a shape's repetitions, in every pass
+    min_reps: int
+    max_reps: int
+    budget_s: float  # timing budget per shape: reps = budget / (time of one call), within [min, max]
+    passes: int = 1  # the grid is swept this many times, reps split between sweeps (see profiler/worker.py)
+    skipped: list[str] = field(default_factory=list)
+    prompt_sets: list[list[int]] = field(default_factory=list)
+
+
+def _dense_prefill(max_t: int) -> list[int]:
+    dense = [1, 2, 4, 8, *range(16, 256, 16), *range(256, 1024, 64), *range(1024, 4097, 128)]
+    return [t for t in dense if t <= max_t]
+
+
+def build_grid(name: str, max_position: int, max_kv_tokens: int | None = None, seed: int = 0) -> Grid:
+    """The shapes of grid `name`, with positions capped at `max_position` and KV slabs at `max_kv_tokens`."""
+    if name not in GRID_NAMES:
+        raise ValueError(f"unknown grid {name!r}; choose one of {', '.join(GRID_NAMES)}")
+    top = min(max_position, 2048)  # longest sequence profiled
+    shapes: list[Shape] = []
+    if name == "full":
+        tile_hi = int(np.log2(top))
+        ts = sorted(set(_dense_prefill(top)) | set(tile_boundaries(3, tile_hi)))
+        shapes += [prefill(t) for t in ts if t <= top]
+        shapes += [prefill(q, c) for c in (128, 512, 1024, 1536) for q in (32, 128, 256, 512) if c + q <= top]
+        sets = prompt_sets([2, 4, 8, 16], 16, 384, seed)
+        sets += [[128] * 8]  # equal lengths: no padding, packed [1, B*L] vs padded [B, L] layouts only
+        ctxs = [16, 128, 512, 1024, top - 1]
+        shapes += [decode(b, c) for b in (1, 2, 4, 8, 16, 32, 64, 128) for c in ctxs]
+        pd = [(b, kv) for b in (8, 32, 128) for kv in (256, 1024)]
+        shapes += [hybrid(d, 512, q, c) for d in (1, 8, 32, 64) for q in (64, 256, 512) for c in (0, 1024)]
+        grid = Grid(name, shapes, warmup=1, min_reps=6, max_reps=24, budget_s=0.6, passes=3)
+    elif name == "quick":
+        ts = [1, 16, 64, 127, 128, 129, 256, 512, 1024]
+        shapes += [prefill(t) for t in ts if t <= top]
+        shapes += [prefill(q, c) for q, c in ((128, 512), (512, 1024)) if c + q <= top]
+        sets = prompt_sets([4, 16], 16, 384, seed)
+        shapes += [decode(b, c) for b in (1, 8, 32) for c in (128, 1024) if c < top]
+        pd = [(32, 512)]
+        shapes += [hybrid(d, 512, q, 0) for d in (8, 32) for q in (128, 512)]
+        grid = Grid(name, shapes, warmup=1, min_reps=4, max_reps=12, budget_s=0.4, passes=2)
+    else:  # test
+        shapes += [prefill(8), prefill(17), prefill(8, 16)]
+        sets = prompt_sets([3], 4, 12, seed)
+        shapes += [decode(2, 16)]
+        pd = [(2, 24)]
+        shapes += [hybrid(2, 16, 8, 8)]
+        grid = Grid(name, shapes, warmup=1, min_reps=2, max_reps=2, budget_s=0.0)
+    for lengths in sets:
+        lengths = [min(n, top) for n in lengths]
+        grid.shapes += [packed_prompts(lengths), padded_prompts(lengths)]
+        grid.prompt_sets.append(lengths)
+    for b, kv in pd:
+        kv = min(kv, top)
+        # contexts spread from kv/8 to kv-1: the padded step reads b x kv columns, the ragged one only its own
+        contexts = np.linspace(max(kv // 8, 1), kv - 1, b).astype(int).tolist()
+        grid.shapes += [padded_decode(contexts, kv), decode_mixed(contexts), padded_decode([kv - 1] * b, kv)]
+    kept = []
+    for s in grid.shapes:
+        if s.max_len > max_position or (max_kv_tokens is not None and s.kv_tokens > max_kv_tokens):
+            grid.skipped.append(s.label())
+        else:
+            kept.append(s)
+    grid.shapes = kept
+    return grid

@@ -1,0 +1,250 @@
+"""The profiler's executor computes what the model computes, and a profile is well formed.
+
+Correctness is checked against transformers' own SDPA attention on the same weights (2-layer tiny model,
+fp32, to 1e-5 on logits of magnitude ~1): packed prompts, chunked prefill on cached context, hybrid batches,
+padded batches, decode rows with mixed contexts. Each test also checks a wrong computation is far off, so the
+tolerance is not vacuous.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from policies.plan import hybrid as plan_hybrid
+from policies.plan import padded_decode as plan_padded_decode
+from policies.plan import padded_prefill as plan_padded_prefill
+from policies.seq import Seq
+from profiler.forward import RaggedExecutor, Segment
+from profiler.model import build_model, reference_model
+from profiler.profile import profile
+from profiler.timing import summarize, time_fn
+from profiler.workloads import COLUMNS, KINDS, build_grid
+from sim.models import get_model
+from simctl.errors import InputError
+
+ATOL = 1e-5
+WRONG = 1e-2  # a wrong mask or cache moves logits by far more than this
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    spec = get_model("tiny-2l")
+    model = build_model(spec, "cpu", "float32", seed=0)
+    return spec, model, reference_model(model)
+
+
+@pytest.fixture(scope="module")
+def prompts(models):
+    spec = models[0]
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, spec.vocab_size, (n,), generator=g) for n in (7, 33, 1, 60, 18)]
+
+
+def ref_logits(ref, tokens):
+    """Logits of every position of `tokens` run alone through transformers' own model."""
+    with torch.inference_mode():
+        return ref(input_ids=tokens[None], use_cache=False).logits[0]
+
+
+def close(a, b) -> float:
+    return float((a - b).abs().max())
+
+
+def test_packed_prompts_match_separate_runs(models, prompts):
+    _, model, ref = models
+    expect = torch.stack([ref_logits(ref, p)[-1] for p in prompts])
+    ex = RaggedExecutor(model, 8, 128)
+    packed = ex.run([Segment(i, p) for i, p in enumerate(prompts)])
+    assert packed.shape == expect.shape
+    assert close(packed, expect) < ATOL
+    # each prompt alone through the executor agrees too
+    alone = torch.cat([RaggedExecutor(model, 1, 64).run([Segment(0, p)]) for p in prompts])
+    assert close(alone, expect) < ATOL
+    # not vacuous: different prompts give clearly different logits
+    assert close(expect[0], expect[1]) > WRONG
+
+
+def test_chunked_prefill_on_cached_context_matches_one_shot(models, prompts):
+    _, model, ref = models
+    p = prompts[3]  # 60 tokens: chunks of 25, 20 and 15
+    expect = ref_logits(ref, p)[-1]
+    ex = RaggedExecutor(model, 2, 64)
+    assert ex.run([Segment(0, p[:25], 0, sample=False)]).shape[0] == 0  # mid-prompt: nothing sampled
+    mid = ex.run([Segment(0, p[25:45], 25)])
+    assert close(mid[0], ref_logits(ref, p[:45])[-1]) < ATOL
+    last = ex.run([Segment(0, p[45:], 45)])
+    assert close(last[0], expect) < ATOL
+    # a chunk that ignores its cache (restarted positions, no context) is far off
+    wrong = ex.run([Segment(1, p[45:], 0)])
+    assert close(wrong[0], expect) > WRONG
+
+
+def test_hybrid_iteration_gives_each_request_its_own_logits(models, prompts):
+    _, model, ref = models
+    a, b, long_p = prompts[0], prompts[1], prompts[3]
+    ex = RaggedExecutor(model, 4, 64)
+    # iteration 1: prefill a and b without their last token, and the first 30 tokens of long_p
+    ex.run([Segment(0, a[:-1]), Segment(1, b[:-1]), Segment(2, long_p[:30], sample=False)])
+    # iteration 2: two decodes (the last prompt token stands in for a sampled one) + a chunk on 30 cached
+    out = ex.run([Segment(0, a[-1:], len(a) - 1), Segment(1, b[-1:], len(b) - 1), Segment(2, long_p[30:], 30)])
+    expect = torch.stack([ref_logits(ref, a)[-1], ref_logits(ref, b)[-1], ref_logits(ref, long_p)[-1]])
+    assert close(out, expect) < ATOL
+
+
+def test_decode_rows_with_mixed_contexts_and_scattered_slots(models):
+    spec, model, ref = models
+    # contexts 0..200 over scattered slots: several decode groups (by context length), masks within a group,
+    # KV gathered from non-consecutive slots
+    g = torch.Generator().manual_seed(2)
+    lengths = {5: 201, 1: 1, 3: 91, 0: 30, 6: 150, 2: 7}
+    order = [(slot, torch.randint(0, spec.vocab_size, (n,), generator=g)) for slot, n in lengths.items()]
+    ex = RaggedExecutor(model, 8, 256)
+    kwargs, _ = ex.prepare([Segment(slot, p[-1:], len(p) - 1) for slot, p in order])
+    assert len(kwargs["simctl_batch"].decodes) >= 3
+    ex.run([Segment(slot, p[:-1]) for slot, p in order if len(p) > 1])
+    out = ex.run([Segment(slot, p[-1:], len(p) - 1) for slot, p in order])
+    expect = torch.stack([ref_logits(ref, p)[-1] for _, p in order])
+    assert close(out, expect) < ATOL
+
+
+def test_padded_batch_matches_unpadded(models, prompts):
+    _, model, ref = models
+    expect = torch.stack([ref_logits(ref, p)[-1] for p in prompts])
+    ex = RaggedExecutor(model, 8, 128)
+    assert close(ex.run_padded([Segment(i, p) for i, p in enumerate(prompts)]), expect) < ATOL
+    # longer than needed rows, then a padded decode step reading more KV columns than any row holds
+    ex = RaggedExecutor(model, 8, 128)
+    ex.run_padded([Segment(i, p[:-1]) for i, p in enumerate(prompts) if len(p) > 1], length=70)
+    dec = [Segment(i, p[-1:], len(p) - 1) for i, p in enumerate(prompts) if len(p) > 1]
+    got = ex.run_padded(dec, kv_len=100)
+    assert close(got, expect[[i for i, p in enumerate(prompts) if len(p) > 1]]) < ATOL
+
+
+def test_executor_rejects_bad_segments(models):
+    _, model, _ = models
+    ex = RaggedExecutor(model, 2, 16)
+    with pytest.raises(ValueError):
+        ex.run([Segment(2, [1, 2])])  # no such slot
+    with pytest.raises(ValueError):
+        ex.run([Segment(0, [1]), Segment(0, [2])])  # one slot twice
+    with pytest.raises(ValueError):
+        ex.run([Segment(0, [1, 2], 15)])  # past max_len
+    with pytest.raises(ValueError):
+        RaggedExecutor(reference_model(model), 1, 8)  # not the ragged attention
+
+
+def _decode_seq(i: int, context: int) -> Seq:
+    s = Seq(i, 0.0, context, 10 ** 6)
+    s.advance(context)
+    return s
+
+
+def _chunk_seq(i: int, q: int, c: int, sample: bool) -> Seq:
+    s = Seq(i, 0.0, c + q + (0 if sample else 5), 10)
+    if c:
+        s.advance(c)
+    return s
+
+
+def _plan_features(plan) -> dict:
+    return {"batch_size": len(plan.seqs), "linear_tokens": plan.linear_tokens,
+            "sampled_tokens": plan.sampled_tokens, "num_segments": len(plan.prefill_q),
+            "attn_units": float(sum(q * (c + q / 2) for q, c in zip(plan.prefill_q, plan.prefill_c))),
+            "attn_kv_tokens": sum(q + c for q, c in zip(plan.prefill_q, plan.prefill_c)),
+            "decode_rows": plan.decode_rows, "decode_kv": plan.decode_kv}
+
+
+def test_profile_features_are_the_batch_plan_fields():
+    """Every shape of the full grid is described exactly as policies/plan.py describes the same batch."""
+    grid = build_grid("full", 2048)
+    assert {s.kind for s in grid.shapes} == set(KINDS)
+    for shape in grid.shapes:
+        if shape.kind == "padded_prefill":
+            plan = plan_padded_prefill([Seq(i, 0.0, s.q, 10) for i, s in enumerate(shape.segs)])
+        elif shape.kind == "padded_decode":
+            seqs = [_decode_seq(i, s.c) for i, s in enumerate(shape.segs)]
+            plan = plan_padded_decode(seqs, rows=len(seqs), kv_len=shape.kv_len)
+        else:
+            dec = [_decode_seq(i, s.c) for i, s in enumerate(shape.segs) if s.decode]
+            pre = [(_chunk_seq(i, s.q, s.c, s.sample), s.q) for i, s in enumerate(shape.segs) if not s.decode]
+            plan = plan_hybrid(dec, [s for s, _ in pre], [q for _, q in pre])
+        f = shape.features()
+        assert {k: f[k] for k in _plan_features(plan)} == _plan_features(plan), shape.label()
+
+
+def test_time_fn_and_summary():
+    calls = []
+    times = time_fn(lambda: calls.append(1), warmup=2, reps=5, device="cpu")
+    assert len(calls) == 7 and len(times) == 5 and all(t >= 0 for t in times)
+    s = summarize([3.0, 1.0, 2.0])
+    assert s["time_s"] == 2.0 and s["time_p10_s"] <= 2.0 <= s["time_p90_s"]
+
+
+def test_profile_writes_a_well_formed_profile(tmp_path):
+    out = profile("tiny-2l", "cpu", "float32", 1, True, tmp_path / "prof", progress=False, grid="test")
+    frame = pd.read_csv(out / "profile.csv")
+    assert list(frame.columns) == list(COLUMNS)
+    assert set(frame["kind"]) == set(KINDS)
+    assert not frame.isna().any().any()
+    assert (frame["time_s"] > 0).all() and (frame["reps"] >= 1).all()
+    assert (frame["time_p10_s"] <= frame["time_s"]).all() and (frame["time_s"] <= frame["time_p90_s"]).all()
+    padded = frame[frame["kind"] == "padded_prefill"].iloc[0]
+    packed = frame[(frame["kind"] == "prefill") & (frame["num_segments"] == padded["num_segments"])].iloc[0]
+    assert padded["linear_tokens"] >= packed["linear_tokens"]  # pads are computed
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["OMP_WAIT_POLICY"] == "PASSIVE" and meta["threads"] == 1
+    assert meta["model"] == "tiny-2l" and meta["model_shape"]["num_layers"] == 2 and meta["dtype"] == "float32"
+    for key in ("device_name", "torch_version", "transformers_version", "date"):
+        assert meta[key]
+    spec = get_model("tiny-2l")
+    assert meta["kv_bytes_per_token"] == spec.kv_bytes_per_token(4) == 2 * 2 * 2 * 64 * 4
+    assert not list(out.glob(".*.tmp"))  # no temporary files left behind
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"model_name": "no-such-model"}, "unknown model"),
+    ({"dtype": "float64"}, "dtype"),
+    ({"device": "tpu"}, "device"),
+    ({"threads": 0}, "threads"),
+    ({"model_name": "falcon-180b"}, "gated"),
+    ({"model_name": "llama-2-70b"}, "too large"),
+])
+def test_bad_inputs_raise_input_error(tmp_path, kwargs, message):
+    args = {"model_name": "tiny-2l", "device": "cpu", "dtype": "float32", "threads": 1, "quick": True,
+            "out_dir": tmp_path / "p", "progress": False, "grid": "test", **kwargs}
+    with pytest.raises(InputError, match=message):
+        profile(**args)
+    assert not (tmp_path / "p").exists()
+
+
+def test_cuda_unavailable_and_out_dir_a_file(tmp_path):
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="cuda requested but not available"):
+            profile("tiny-2l", "cuda", "float32", 1, True, tmp_path / "p", progress=False, grid="test")
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(InputError, match="not a directory"):
+        profile("tiny-2l", "cpu", "float32", 1, True, f, progress=False, grid="test")
+
+
+def test_grids_fit_memory_and_positions():
+    for name in ("full", "quick", "test"):
+        grid = build_grid(name, 2048, max_kv_tokens=2 ** 17)
+        assert grid.shapes
+        assert all(s.max_len <= 2048 and s.kv_tokens <= 2 ** 17 for s in grid.shapes)
+    small = build_grid("full", 300)
+    assert all(s.max_len <= 300 for s in small.shapes)
+    full = build_grid("full", 2048)
+    ts = {s.segs[0].q for s in full.shapes if s.kind == "prefill" and len(s.segs) == 1 and s.segs[0].c == 0}
+    for k in range(4, 12):  # tile boundaries
+        assert {2 ** k - 1, 2 ** k} <= ts and (2 ** k + 1 in ts or 2 ** k + 1 > 2048)
+    assert math.isclose(np.median([1.0, 2.0, 10.0]), summarize([1.0, 2.0, 10.0])["time_s"])
