@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from policies.registry import POLICIES, make_policy, max_admissible_tokens
 from policies.sarathi import SarathiServe
+from sim.cost.base import CostModel
+from sim.cost.fitted import Fitted
 from sim.cost.roofline import Roofline
-from sim.gpus import get_gpu
+from sim.gpus import GPUSpec, get_gpu
 from sim.metrics import summarize
-from sim.models import get_model
+from sim.models import ModelSpec, get_model
 from sim.simulate import SimResult, simulate
 from simctl.errors import InputError
 from traces import ARRIVAL_PROCESSES, PROFILES, build_trace, trace_max_total_tokens
@@ -39,6 +43,7 @@ class RunConfig:
     arrival: str = "poisson"
     cv: float = 1.0  # burstiness of gamma arrivals
     fast: bool = True  # advance decode-only stretches in one step (identical results)
+    cost: str | None = None  # a fitted cost_model.json; None: the roofline (or, for --gpu cpu, the shipped fit)
 
     def validate(self) -> None:
         """Check the options that need no catalogue look-up or trace file; raise InputError naming the bad
@@ -93,11 +98,32 @@ class Run:
     summary: dict[str, Any]
 
 
+def default_cost_path(gpu: GPUSpec) -> Path | None:
+    """The fitted cost model shipped for a device kind, if any: `cpu` has one, profiled on a 2-core CPU."""
+    path = Path(str(files("profiler") / "profiles" / gpu.name / "cost_model.json"))
+    return path if path.is_file() else None
+
+
+def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp: int
+               ) -> tuple[CostModel, int, str]:
+    """The cost model, KV capacity and a label for a run: a fitted model when one is given (or shipped for
+    this device), else the roofline from published specs."""
+    path = cost_path if cost_path is not None else default_cost_path(gpu)
+    if path is None:
+        roofline = Roofline(model, gpu, tp=tp)
+        return roofline, roofline.kv_capacity_tokens(), "roofline"
+    fitted = Fitted.load(path)
+    fitted.check_model(model)
+    if tp != 1:
+        raise InputError(f"--tp {tp}: a fitted cost model describes the single device it was profiled on")
+    memory = None if fitted.memory_bytes is not None else gpu.memory_bytes
+    return fitted, fitted.kv_capacity_tokens(memory_bytes=memory), f"fitted {path}"
+
+
 def run(config: RunConfig) -> Run:
     config.validate()
     model, gpu = get_model(config.model), get_gpu(config.gpu)
-    cost = Roofline(model, gpu, tp=config.tp)
-    kv_capacity = cost.kv_capacity_tokens()
+    cost, kv_capacity, cost_label = cost_model(config.cost, model, gpu, config.tp)
     requests = build_trace(config.trace, config.num_requests, config.qps, config.seed,
                            arrival=config.arrival, cv=config.cv)
     max_seq_len = trace_max_total_tokens(config.trace, requests)
@@ -123,6 +149,7 @@ def run(config: RunConfig) -> Run:
     policy = make_policy(config.policy, kv_capacity, max_seq_len, config.max_batch_size, config.token_budget)
     result = simulate(requests, policy, cost, fast=config.fast, max_waiting=max(1000, config.num_requests // 2))
     summary = {**{k: v for k, v in asdict(config).items() if k != "fast"}, **summarize(result)}
+    summary["cost_model"] = cost_label
     summary["max_batch_size"] = policy.max_batch_size
     if hasattr(policy, "token_budget"):
         summary["token_budget"] = policy.token_budget

@@ -13,7 +13,7 @@ from rich.table import Table
 from simctl.errors import InputError
 
 DEFAULT_NUM_REQUESTS = 1000
-COMMANDS = ("run", "capacity", "list")
+COMMANDS = ("run", "capacity", "profile", "fit", "list")
 
 
 def _error_types() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
@@ -54,6 +54,8 @@ MaxBatch = Annotated[int | None, typer.Option(help="Cap on requests per batch [d
                                               "16 FT/Orca, 128 vLLM/Sarathi].")]
 Arrival = Annotated[str, typer.Option(help="Arrival process: poisson, or gamma (bursty, see --cv).")]
 Cv = Annotated[float, typer.Option(help="Coefficient of variation of gamma inter-arrivals.")]
+Cost = Annotated[str | None, typer.Option(help="A fitted cost_model.json (from `simctl fit`) instead of the "
+                                          "roofline; --gpu cpu uses the shipped CPU fit by default.")]
 
 
 @app.command()
@@ -71,6 +73,7 @@ def run(
     max_batch_size: MaxBatch = None,
     arrival: Arrival = "poisson",
     cv: Cv = 1.0,
+    cost: Cost = None,
     out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet and "
                                                 "iterations.parquet.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
@@ -88,7 +91,8 @@ def run(
 
     config = RunConfig(policy=policy, trace=trace, model=model, gpu=gpu, tp=tp, qps=qps,
                        num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests, seed=seed,
-                       token_budget=token_budget, max_batch_size=max_batch_size, arrival=arrival, cv=cv)
+                       token_budget=token_budget, max_batch_size=max_batch_size, arrival=arrival, cv=cv,
+                       cost=cost)
     config.validate()
     if num_requests is None and not is_profile(trace):  # a trace file: every row
         rows = len(build_trace(trace, None, qps, seed, arrival=arrival, cv=cv))
@@ -140,6 +144,7 @@ def capacity(
     max_batch_size: MaxBatch = None,
     arrival: Arrival = "poisson",
     cv: Cv = 1.0,
+    cost: Cost = None,
     slo_tbt_p99: Annotated[float | None, typer.Option(help="P99 TBT limit, s (Sarathi-Serve, Mistral-7B: "
                                                       "0.1 strict, 0.5 relaxed).")] = None,
     slo_ttft_p50: Annotated[float | None, typer.Option(help="Median TTFT limit, s.")] = None,
@@ -161,7 +166,7 @@ def capacity(
     policies = [p.strip() for p in policy.split(",") if p.strip()]
     configs = [RunConfig(policy=p, trace=trace, model=model, gpu=gpu, tp=tp, qps=start_qps,
                          num_requests=num_requests, seed=seed, token_budget=token_budget,
-                         max_batch_size=max_batch_size, arrival=arrival, cv=cv) for p in policies]
+                         max_batch_size=max_batch_size, arrival=arrival, cv=cv, cost=cost) for p in policies]
     slo = SLO(tbt_p99_s=slo_tbt_p99, sched_delay_p50_s=slo_sched_p50, ttft_p50_s=slo_ttft_p50)
     spec = CapacityConfig(configs, slo, start_qps, workers)
     spec.validate()
@@ -179,6 +184,51 @@ def capacity(
     if out is not None:
         write_capacity(out, spec, results)
         Console().print(f"wrote {out}/capacity.json, probes.csv, capacity.png")
+
+
+@app.command()
+def profile(
+    out: Annotated[Path, typer.Option(help="Folder for profile.csv and meta.json, e.g. profiles/my-gpu.")],
+    model: Annotated[str, typer.Option(help="Model shape to build with random weights (Llama-style "
+                                       "catalogue entries; `tiny` and `tiny-2l` suit a CPU).")] = "tiny",
+    device: Annotated[str, typer.Option(help="cpu, or cuda (uses CUDA events and synchronizes).")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
+    threads: Annotated[int | None, typer.Option(help="CPU threads [default: every core available].")] = None,
+    quick: Annotated[bool, typer.Option(help="A coarse grid (about a minute on a CPU).")] = False,
+) -> None:
+    """Time real prefill, decode, hybrid and padded iterations of a model on this device.
+
+    The model is built from its config with random weights: nothing is downloaded. Fit the result with
+    `simctl fit`. Example: simctl profile --model tiny --device cpu --out profiles/cpu
+    """
+    from profiler.profile import profile as run_profile
+
+    try:
+        path = run_profile(model, device, dtype, threads, quick, out)
+    except RuntimeError as e:  # the timing child crashed: its last words are in the message
+        raise InputError(f"profiling failed: {e}") from None
+    Console().print(f"wrote {path}/profile.csv and meta.json; next: simctl fit {path}")
+
+
+@app.command()
+def fit(
+    profile_dir: Annotated[Path, typer.Argument(help="A folder written by `simctl profile`.")],
+    out: Annotated[Path | None, typer.Option(help="Where to write cost_model.json and fit.png "
+                                             "[default: the profile folder].")] = None,
+    holdout: Annotated[float, typer.Option(help="Share of each kind of iteration held out to measure the "
+                                           "error.")] = 0.2,
+    seed: Annotated[int, typer.Option(help="Seed of the holdout split.")] = 0,
+    roofline_gpu: Annotated[str | None, typer.Option(help="Also calibrate the roofline's efficiencies "
+                                                     "(mfu, mbu, overhead) for this catalogue GPU.")] = None,
+) -> None:
+    """Fit a cost model to a profile and report its held-out error per kind of iteration.
+
+    Example: simctl fit profiles/cpu, then simctl run --gpu cpu --model tiny --cost profiles/cpu/cost_model.json
+    """
+    from profiler.fit import fit_profile, format_report
+
+    report = fit_profile(profile_dir, out=out, holdout=holdout, seed=seed, roofline_gpu=roofline_gpu)
+    print(format_report(report))
 
 
 @app.command("list")
