@@ -65,7 +65,7 @@ def main() -> None:
     from sim.capacity import SLO, find_capacity
     from sim.run import RunConfig
 
-    console = Console()
+    console = Console(width=130)
     rows = []
     for policy in POLICIES:
         with console.status(f"capacity of {policy}"):
@@ -78,7 +78,7 @@ def main() -> None:
     cli_s = time_cli()
     table = Table(title=f"simulator speed: sharegpt, mistral-7b / a100-80gb, {LOAD:.0%} of capacity")
     for col in ("policy", "capacity QPS", "requests", "wall s", "req/s", "peak MB", "iterations", "rows"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True)
     for r in rows:
         table.add_row(r["policy"], f"{r['capacity_qps']:.2f}", f"{r['requests']:,}", f"{r['wall_s']:.2f}",
                       f"{r['req_per_wall_s']:,.0f}", f"{r['peak_rss_mb']:.0f}", f"{r['iterations']:,}",

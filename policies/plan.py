@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from operator import attrgetter
 
 from policies.seq import Seq
+
+
+_computed = attrgetter("computed")
 
 
 class Layout(Enum):
@@ -48,7 +52,7 @@ def hybrid(decodes: list[Seq], prefills: list[Seq], chunks: list[int]) -> BatchP
     sampled = sum(1 for s, c, q in zip(prefills, contexts, chunks) if c + q == s.prompt_tokens + s.generated)
     prefill = sum(chunks)
     return BatchPlan(decodes + prefills, [1] * rows + chunks, Layout.PACKED, prefill + rows, sampled + rows,
-                     chunks, contexts, rows, sum(s.computed for s in decodes) + rows, prefill, rows)
+                     chunks, contexts, rows, sum(map(_computed, decodes)) + rows, prefill, rows)
 
 
 def packed(seqs: list[Seq], num_new: list[int]) -> BatchPlan:

@@ -102,15 +102,20 @@ class Replica:
         finished: list[Seq] = []
         nd = plan.decode_tokens
         seqs = plan.seqs
-        for i in range(nd):  # decodes: each samples a token
-            s = seqs[i]
+        consecutive = 0  # decodes whose previous token came at this iteration's start (the common case)
+        for s in seqs[:nd]:  # decodes: each samples a token
             s.computed += 1
-            s.generated += 1
-            prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
+            g = s.generated = s.generated + 1
+            if s.last_token_s == start:
+                consecutive += 1
+            else:
+                prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
             s.last_token_s = end
-            if s.generated == s.output_tokens:
+            if g == s.output_tokens:
                 s.completion_s = end
                 finished.append(s)
+        if consecutive:
+            prev_token[start] = prev_token.get(start, 0) + consecutive
         for s, q in zip(seqs[nd:], plan.num_new[nd:]):  # prefill segments
             if s.first_scheduled_s < 0:
                 s.first_scheduled_s = start
