@@ -76,9 +76,6 @@ class PagedKV(KVManager):
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
-    def fits_alone(self, tokens: int) -> bool:
-        return self._blocks_for(tokens) <= self.num_blocks - self.watermark_blocks
-
     def can_admit(self, seq: Seq) -> bool:
         return self.free_blocks - self._blocks_for(seq.prefill_end) >= self.watermark_blocks
 
