@@ -78,7 +78,6 @@ def test_paged_watermark_applies_at_admission_only() -> None:
     assert kv.watermark_blocks == 2
     assert kv.can_admit(seq(0, 128))  # 8 blocks leave exactly the watermark
     assert not kv.can_admit(seq(0, 129))  # 9 blocks would dig into it
-    assert kv.fits_alone(128) and not kv.fits_alone(129)
     a = seq(1, 64)
     kv.admit(a)  # 4 blocks, 6 free
     assert kv.can_admit(seq(2, 64)) and not kv.can_admit(seq(2, 65))
