@@ -112,7 +112,7 @@ def run(
 def _print_summary(s: dict) -> None:
     console = Console()
     head = (f"{s['policy']} on {s['trace']}: {s['model']} / {s['gpu']} x{s['tp']}, "
-            f"{s['qps']} QPS, {s['completed']}/{s['num_requests']} requests")
+            f"{_fmt_rate(s['offered_qps'])} QPS offered, {s['completed']}/{s['num_requests']} requests")
     table = Table(title=head, show_header=True)
     table.add_column("metric")
     for p in ("p50", "p90", "p99"):
@@ -125,6 +125,10 @@ def _print_summary(s: dict) -> None:
         f"TPOT p50 {_fmt(s['tpot_p50'])} s; makespan {s['makespan_s']:.1f} s; preemptions "
         f"{s['preemptions']}; {'sustainable' if s['sustainable'] else 'UNSUSTAINABLE: the queue keeps growing'}"
         f"; simulated in {s['sim_wall_s']:.2f} s")
+
+
+def _fmt_rate(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3g}"
 
 
 def _fmt(v: float | None) -> str:
