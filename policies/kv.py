@@ -76,6 +76,11 @@ class PagedKV(KVManager):
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
+    @property
+    def max_request_tokens(self) -> int:
+        """The longest sequence this cache can ever hold: all blocks but the watermark."""
+        return (self.num_blocks - self.watermark_blocks) * self.block_size
+
     def can_admit(self, seq: Seq) -> bool:
         return self.free_blocks - self._blocks_for(seq.prefill_end) >= self.watermark_blocks
 

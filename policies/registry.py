@@ -38,5 +38,4 @@ def max_admissible_tokens(name: str, kv_capacity_tokens: int, max_seq_len: int) 
     cls = POLICIES[name]
     if issubclass(cls, RESERVING):
         return max_seq_len if max_seq_len <= kv_capacity_tokens else 0
-    kv = PagedKV(kv_capacity_tokens)
-    return (kv.num_blocks - kv.watermark_blocks) * kv.block_size
+    return PagedKV(kv_capacity_tokens).max_request_tokens

@@ -78,6 +78,7 @@ def test_paged_watermark_applies_at_admission_only() -> None:
     assert kv.watermark_blocks == 2
     assert kv.can_admit(seq(0, 128))  # 8 blocks leave exactly the watermark
     assert not kv.can_admit(seq(0, 129))  # 9 blocks would dig into it
+    assert kv.max_request_tokens == 128
     a = seq(1, 64)
     kv.admit(a)  # 4 blocks, 6 free
     assert kv.can_admit(seq(2, 64)) and not kv.can_admit(seq(2, 65))

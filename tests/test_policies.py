@@ -664,7 +664,7 @@ def cases(draw: st.DrawFn, name: str, extend: bool) -> Case:
     blocks = -(-longest // 16)
     watermark = draw(st.sampled_from([0.0, 0.01, 0.1, 0.2]))
     nblocks = draw(st.integers(blocks, 3 * blocks + 2))
-    while not PagedKV(16 * nblocks, watermark=watermark).fits_alone(longest):
+    while PagedKV(16 * nblocks, watermark=watermark).max_request_tokens < longest:
         nblocks += 1  # the largest request must fit alone, above the watermark
     pkv = PagedKV(16 * nblocks, watermark=watermark)
     if name == "vllm":
