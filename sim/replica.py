@@ -3,6 +3,9 @@
 The fast path: a decode-only plan that the policy would repeat unchanged (nothing arrives, nothing finishes,
 KV suffices) is executed as one stretch of k iterations whose durations come from the cost model in closed
 form. Per-token outcomes are identical to stepping one iteration at a time; only the bookkeeping is batched.
+
+The bookkeeping of one executed iteration (`apply_iteration`, `close_iterations`) is shared with the real
+engine (`engine/serve.py`), which times real forwards instead of pricing plans.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ class Replica:
             if ends is None:
                 end = now + self.cost.iteration_time(plan)
                 yield env.timeout(max(end - env.now, 0.0))
-                self._apply_one(plan, now, end)
+                apply_iteration(policy, self.iterations, self.gaps, plan, now, end)
             else:
                 end = float(ends[-1])
                 yield env.timeout(max(end - env.now, 0.0))
@@ -97,42 +100,6 @@ class Replica:
         extra = self.policy.extend(plan, extra) if extra > 0 else 0
         return ends[:extra + 1] if extra > 0 else None
 
-    def _apply_one(self, plan: BatchPlan, start: float, end: float) -> None:
-        prev_token: dict[float, int] = {}  # previous token time -> sequences sampling now, for TBT
-        finished: list[Seq] = []
-        nd = plan.decode_tokens
-        seqs = plan.seqs
-        consecutive = 0  # decodes whose previous token came at this iteration's start (the common case)
-        for s in seqs[:nd]:  # decodes: each samples a token
-            s.computed += 1
-            g = s.generated = s.generated + 1
-            if s.last_token_s == start:
-                consecutive += 1
-            else:
-                prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
-            s.last_token_s = end
-            if g == s.output_tokens:
-                s.completion_s = end
-                finished.append(s)
-        if consecutive:
-            prev_token[start] = prev_token.get(start, 0) + consecutive
-        for s, q in zip(seqs[nd:], plan.num_new[nd:]):  # prefill segments
-            if s.first_scheduled_s < 0:
-                s.first_scheduled_s = start
-            s.computed += q
-            if s.computed != s.prompt_tokens + s.generated:
-                continue  # a chunk short of the last known token samples nothing
-            s.generated += 1
-            if s.first_token_s < 0:
-                s.first_token_s = end
-            else:  # re-prefilled after a preemption: the user saw a long gap
-                prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
-            s.last_token_s = end
-            if s.generated == s.output_tokens:
-                s.completion_s = end
-                finished.append(s)
-        self._close(plan, start, end, 1, prev_token, finished)
-
     def _apply_stretch(self, plan: BatchPlan, start: float, ends: np.ndarray) -> None:
         k = len(ends)
         first_end, last_end = float(ends[0]), float(ends[-1])
@@ -147,15 +114,68 @@ class Replica:
                 s.completion_s = last_end
                 finished.append(s)
         self.gaps.extend(np.diff(ends), len(plan.seqs))  # later steps: every row waited one iteration
-        self._close(plan, start, last_end, k, prev_token, finished, first_end)
+        close_iterations(self.policy, self.iterations, self.gaps, plan, start, last_end, k, prev_token,
+                         finished, first_end)
 
-    def _close(self, plan: BatchPlan, start: float, end: float, k: int, prev_token: dict[float, int],
-               finished: list[Seq], first_end: float | None = None) -> None:
-        first_end = end if first_end is None else first_end
-        for t, n in prev_token.items():
-            self.gaps.add(first_end - t, n)
-        kv_used = self.policy.kv.used
-        for s in finished:
-            self.policy.finish(s)
-        self.iterations.add(start, end - start, k, plan.prefill_tokens, plan.decode_tokens, len(plan.seqs),
-                            plan.linear_tokens, kv_used)
+
+# ---- per-iteration bookkeeping, shared with the real engine (engine/) -----------------------------------------
+
+
+def apply_iteration(policy: Policy, iterations: IterationLog, gaps: GapHistogram, plan: BatchPlan, start: float,
+                    end: float) -> list[Seq]:
+    """Apply one executed iteration of `plan`, which began at `start` and whose tokens were sampled at `end`:
+    advance every scheduled Seq by its new tokens, stamp first-scheduled / first-token / last-token /
+    completion times, record the gaps between consecutive tokens, log the iteration row and release (via
+    `policy.finish`) every sequence that sampled its last token. Returns those finished sequences.
+
+    The simulator (Replica) and the real engine both call this, so the bookkeeping exists once."""
+    prev_token: dict[float, int] = {}  # previous token time -> sequences sampling now, for TBT
+    finished: list[Seq] = []
+    nd = plan.decode_tokens
+    seqs = plan.seqs
+    consecutive = 0  # decodes whose previous token came at this iteration's start (the common case)
+    for s in seqs[:nd]:  # decodes: each samples a token
+        s.computed += 1
+        g = s.generated = s.generated + 1
+        if s.last_token_s == start:
+            consecutive += 1
+        else:
+            prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
+        s.last_token_s = end
+        if g == s.output_tokens:
+            s.completion_s = end
+            finished.append(s)
+    if consecutive:
+        prev_token[start] = prev_token.get(start, 0) + consecutive
+    for s, q in zip(seqs[nd:], plan.num_new[nd:]):  # prefill segments
+        if s.first_scheduled_s < 0:
+            s.first_scheduled_s = start
+        s.computed += q
+        if s.computed != s.prompt_tokens + s.generated:
+            continue  # a chunk short of the last known token samples nothing
+        s.generated += 1
+        if s.first_token_s < 0:
+            s.first_token_s = end
+        else:  # re-prefilled after a preemption: the user saw a long gap
+            prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
+        s.last_token_s = end
+        if s.generated == s.output_tokens:
+            s.completion_s = end
+            finished.append(s)
+    close_iterations(policy, iterations, gaps, plan, start, end, 1, prev_token, finished)
+    return finished
+
+
+def close_iterations(policy: Policy, iterations: IterationLog, gaps: GapHistogram, plan: BatchPlan,
+                     start: float, end: float, k: int, prev_token: dict[float, int], finished: list[Seq],
+                     first_end: float | None = None) -> None:
+    """Record the TBT gaps ending at the first of `k` iterations (`first_end`, default `end`), release the
+    finished sequences and log one iteration row (`k` iterations from `start` to `end`)."""
+    first_end = end if first_end is None else first_end
+    for t, n in prev_token.items():
+        gaps.add(first_end - t, n)
+    kv_used = policy.kv.used
+    for s in finished:
+        policy.finish(s)
+    iterations.add(start, end - start, k, plan.prefill_tokens, plan.decode_tokens, len(plan.seqs),
+                   plan.linear_tokens, kv_used)

@@ -1,0 +1,9 @@
+"""Real execution: the simulator's policies driving a real torch model (issue 4, `simctl real`).
+
+- `engine.serve`: the serving loop (`Engine`), prompt ids, the run-alone reference (`generate_alone`).
+- `engine.real`: `RealConfig`, sizing, `run_real` (in process), `real_main` (child process + output files),
+  `twin_inputs` (the same requests and policy for the simulator).
+- `engine.worker`: the child process.
+
+Importing this package does not import torch: `engine.serve` and `run_real` do, when called.
+"""

@@ -1,0 +1,336 @@
+"""`simctl real`: serve a trace in real time on a real torch model (random weights), driven by the simulator's
+own policy objects, and write the simulator's output files with measured timestamps.
+
+    summary = real_main(policy="sarathi", trace="sharegpt", model="tiny", device="cpu", qps=2,
+                        num_requests=30, scale=0.05, out="out/real")
+
+`real_main` runs the serving in a child process (`python -m engine.worker`) started with
+OMP_WAIT_POLICY=PASSIVE and OMP_NUM_THREADS / MKL_NUM_THREADS = threads, as the profiler does: OpenMP reads
+them once when torch starts it, so they cannot be set from inside a running process, and with the default
+(active) policy idle OpenMP threads spin and steal the cores of a shared machine. `run_real` is the same run
+in the calling process (tests, notebooks), where those variables are whatever the process started with; both
+record what was in effect.
+
+Sizing (`size_run`): lengths are the trace's times `scale` (rounded, at least 1). `max_seq_len` = the
+longest scaled request rounded up to 16 (what Orca/FasterTransformer reserve and vLLM's per-iteration cap);
+the slab has `kv_slots` = min(requests, max batch size) rows of `kv_slot_tokens` = max_seq_len positions
+(FasterTransformer: longest prompt + longest output, since its padded decodes read that many columns).
+Enough: every policy here admits a new request only from the head of its waiting queue, where preempted
+requests return, so requests holding a slot (running or preempted) never outnumber the max batch size. The KV
+capacity handed to the policy is `kv_slots x max_seq_len` unless given. If the slab would exceed the memory
+budget (CPU: 1 GiB; cuda: half the free memory after the weights), fewer slots are used and the policy's max
+batch size is lowered to match (recorded as `max_batch_size`, with `max_batch_size_capped: true`).
+
+`twin_inputs(summary)` rebuilds, from a real run's summary, the same Request list and the same policy
+(capacity, max_seq_len, batch size, token budget) for `sim.simulate.simulate`, to put prediction and
+measurement side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from policies.base import Policy
+from policies.faster_transformer import FasterTransformer
+from policies.registry import POLICIES, make_policy, max_admissible_tokens
+from simctl.errors import InputError
+from traces.build import SEQ_LEN_ALIGN, build_trace, is_profile
+from traces.request import Request
+
+DEFAULT_NUM_REQUESTS = 100  # for a length profile when none is given (a trace file: every row)
+CPU_KV_BYTES = 1 << 30  # slab budget on the CPU
+GPU_KV_SHARE = 0.5  # share of the free device memory (after the weights) the slab may take
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class RealConfig:
+    policy: str = "sarathi"
+    trace: str = "sharegpt"  # a length profile or a trace file
+    model: str = "tiny"
+    device: str = "cpu"
+    qps: float = 1.0
+    num_requests: int = DEFAULT_NUM_REQUESTS
+    scale: float = 1.0  # prompt and output lengths multiplied by this (rounded, >= 1)
+    seed: int = 0  # trace lengths/arrivals, prompt ids and model weights
+    dtype: str = "float32"
+    threads: int | None = None  # CPU threads [default: the cores this process may use]
+    token_budget: int | None = None
+    max_batch_size: int | None = None
+    kv_capacity: int | None = None  # KV token slots the policy may use [default: kv_slots x max_seq_len]
+    arrival: str = "poisson"
+    cv: float = 1.0
+
+    def validate(self) -> None:
+        """Check every option that needs neither torch nor the trace's lengths (InputError, as the CLI
+        spells the option)."""
+        from profiler.model import DEVICES, DTYPES
+        from sim.models import get_model
+        from sim.run import RunConfig, _is_int, _is_number
+
+        RunConfig(policy=self.policy, trace=self.trace, model=self.model, qps=self.qps,
+                  num_requests=self.num_requests, seed=self.seed, token_budget=self.token_budget,
+                  max_batch_size=self.max_batch_size, arrival=self.arrival, cv=self.cv).validate()
+        spec = get_model(self.model)
+        if spec.mlp != "gated":
+            raise InputError(f"--model {spec.name}: only gated (SwiGLU, Llama-style) shapes can be built "
+                             "for real execution")
+        if not _is_number(self.scale) or not (0 < self.scale <= 1e6 and math.isfinite(self.scale)):
+            raise InputError(f"--scale must be a number > 0, got {self.scale!r}")
+        dev = str(self.device).lower()
+        if dev not in DEVICES and not dev.startswith("cuda:"):
+            raise InputError(f"--device {self.device!r} not supported; choose cpu or cuda")
+        if self.dtype not in DTYPES:
+            raise InputError(f"--dtype {self.dtype!r} not supported; choose one of {', '.join(DTYPES)}")
+        if self.threads is not None and (not _is_int(self.threads) or self.threads < 1):
+            raise InputError(f"--threads must be an integer >= 1, got {self.threads!r}")
+        if self.kv_capacity is not None and (not _is_int(self.kv_capacity) or self.kv_capacity < 1):
+            raise InputError(f"--kv-capacity must be an integer >= 1 (token slots), got {self.kv_capacity!r}")
+
+
+@dataclass(frozen=True)
+class Sizing:
+    max_seq_len: int
+    kv_slots: int
+    kv_slot_tokens: int
+    kv_capacity: int
+    max_batch_size: int
+    max_batch_size_capped: bool
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def scale_length(n: int, scale: float) -> int:
+    return max(1, math.floor(n * scale + 0.5))
+
+
+def build_requests(trace: str, num_requests: int | None, qps: float, seed: int, scale: float = 1.0,
+                   arrival: str = "poisson", cv: float = 1.0) -> list[Request]:
+    """The trace `simctl run` would build, with prompt and output lengths times `scale` (rounded, >= 1);
+    arrivals unchanged."""
+    reqs = build_trace(trace, num_requests, qps, seed, arrival=arrival, cv=cv)
+    if scale == 1.0:
+        return reqs
+    return [Request(r.id, r.arrival_s, scale_length(r.prompt_tokens, scale), scale_length(r.output_tokens, scale))
+            for r in reqs]
+
+
+def resolved(config: RealConfig, num_requests_given: bool = True) -> RealConfig:
+    """`config` with num_requests filled in for a trace file given without one (every row)."""
+    if not num_requests_given and not is_profile(config.trace):
+        rows = len(build_trace(config.trace, None, config.qps, config.seed, arrival=config.arrival, cv=config.cv))
+        return replace(config, num_requests=rows)
+    return config
+
+
+def _probe_policy(config: RealConfig, max_seq_len: int) -> Policy:
+    return make_policy(config.policy, max_seq_len, max_seq_len, config.max_batch_size, config.token_budget)
+
+
+def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: int, budget_bytes: int) -> Sizing:
+    """Slab shape, KV capacity and batch size of a run (see the module docstring); InputError if a request
+    cannot run."""
+    from sim.models import get_model
+
+    spec = get_model(config.model)
+    longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
+    need = longest.prompt_tokens + longest.output_tokens
+    max_seq_len = math.ceil(need / SEQ_LEN_ALIGN) * SEQ_LEN_ALIGN
+    if need > spec.max_position:
+        raise InputError(f"request {longest.id} needs {need} positions ({longest.prompt_tokens} prompt + "
+                         f"{longest.output_tokens} output) but {spec.name} handles {spec.max_position}; "
+                         f"lower --scale (now {config.scale:g})")
+    max_seq_len = min(max_seq_len, spec.max_position)
+    slot_tokens = max_seq_len
+    if issubclass(POLICIES[config.policy], FasterTransformer):  # padded decodes read prompt-pad + steps columns
+        wide = max(r.prompt_tokens for r in requests) + max(r.output_tokens for r in requests)
+        slot_tokens = max(slot_tokens, math.ceil(wide / SEQ_LEN_ALIGN) * SEQ_LEN_ALIGN)
+    batch = _probe_policy(config, max_seq_len).max_batch_size
+    slots = min(len(requests), batch)
+    capped = False
+    fit = budget_bytes // (slot_tokens * kv_bytes_per_token)
+    if fit < slots:
+        if fit < 1:
+            raise InputError(f"one KV slot of {slot_tokens} tokens ({slot_tokens * kv_bytes_per_token} bytes) "
+                             f"exceeds the memory budget of {budget_bytes} bytes; lower --scale")
+        slots, batch, capped = fit, fit, True
+    capacity = slots * max_seq_len if config.kv_capacity is None else int(config.kv_capacity)
+    fits = max_admissible_tokens(config.policy, capacity, max_seq_len)
+    if need > fits:
+        raise InputError(f"request {longest.id} needs {need} tokens of KV cache but {config.policy} can hold at "
+                         f"most {fits} for one request with {capacity} KV slots; raise --kv-capacity")
+    return Sizing(max_seq_len, slots, slot_tokens, capacity, batch, capped)
+
+
+@dataclass
+class RealRun:
+    config: RealConfig
+    requests: list[Request]  # exactly what was served (scaled lengths, arrivals in seconds from the start)
+    summary: dict[str, Any]
+    result: Any  # sim.simulate.SimResult: the records in the simulator's form
+    engine: Any  # engine.serve.EngineResult: tokens, per-iteration forward times
+
+
+def _device_name(device: Any) -> str:
+    import torch
+
+    from profiler.worker import _cpu_name
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+
+
+def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
+    """Serve `config` in this process and return its records and summary (nothing written)."""
+    t_total = time.perf_counter()
+    config.validate()
+    requests = build_requests(config.trace, config.num_requests, config.qps, config.seed, config.scale,
+                              config.arrival, config.cv)
+
+    import torch
+    import transformers
+
+    from engine.serve import Engine, prompt_ids, warm_up
+    from profiler.forward import RaggedExecutor
+    from profiler.model import build_model, resolve_device
+    from sim.metrics import summarize
+    from sim.models import get_model
+
+    threads = config.threads if config.threads is not None else default_threads()
+    torch.set_num_threads(threads)
+    device = resolve_device(config.device)
+    spec = get_model(config.model)
+    model = build_model(spec, device, config.dtype, config.seed)
+    kv_bpt = spec.kv_bytes_per_token(model.dtype.itemsize)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = int(free * GPU_KV_SHARE)
+    else:
+        budget = CPU_KV_BYTES
+    size = size_run(config, requests, kv_bpt, budget)
+    policy = make_policy(config.policy, size.kv_capacity, size.max_seq_len, size.max_batch_size,
+                         config.token_budget)
+    executor = RaggedExecutor(model, size.kv_slots, size.kv_slot_tokens)
+    prompts = {r.id: prompt_ids(r.id, r.prompt_tokens, spec.vocab_size, config.seed) for r in requests}
+    warm_s = warm_up(executor, spec.vocab_size, padded=isinstance(policy, FasterTransformer), seed=config.seed)
+    engine = Engine(policy, executor, prompts)
+    out = engine.serve(requests, max_waiting=max(1000, len(requests) // 2))
+    result = out.sim_result(policy.kv.capacity)
+
+    summary: dict[str, Any] = {"mode": "real", **asdict(config), **summarize(result)}
+    summary.update({
+        "gpu": "cpu" if device.type == "cpu" else None,  # the catalogue device to simulate it with, if any
+        "tp": 1,
+        "device": str(device),
+        "device_name": _device_name(device),
+        "dtype": config.dtype,
+        "threads": torch.get_num_threads(),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "child_process": threads_env,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "scale": config.scale,
+        "max_seq_len": size.max_seq_len,
+        "kv_slots": size.kv_slots,
+        "kv_slot_tokens": size.kv_slot_tokens,
+        "kv_slab_bytes": int(executor.kv.numel() * executor.kv.element_size()),
+        "kv_slots_peak": out.peak_slots,
+        "max_batch_size": policy.max_batch_size,
+        "max_batch_size_capped": size.max_batch_size_capped,
+        "warmup_s": warm_s,
+        "forward_s_total": float(out.forward_s.sum()),
+        "real_wall_s": time.perf_counter() - t_total,
+    })
+    if hasattr(policy, "token_budget"):
+        summary["token_budget"] = policy.token_budget
+    return RealRun(config, requests, summary, result, out)
+
+
+def write_real(run: RealRun, out: str | Path) -> None:
+    """summary.json, requests.parquet and iterations.parquet, as `simctl run` writes them."""
+    from sim.output import write_run
+
+    write_run(Path(out), run.summary, run.result.requests, run.result.iterations.frame())
+
+
+# ---- the child process ---------------------------------------------------------------------------------------
+
+
+def worker_command(config: RealConfig, out: Path | None, result_path: Path) -> list[str]:
+    return [sys.executable, "-m", "engine.worker", "--config", json.dumps(asdict(config)),
+            "--result", str(result_path)] + (["--out", str(out)] if out is not None else [])
+
+
+def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = "tiny", device: str = "cpu",
+              qps: float = 1.0, num_requests: int | None = None, out: str | Path | None = None,
+              scale: float = 1.0, seed: int = 0, dtype: str = "float32", threads: int | None = None,
+              token_budget: int | None = None, max_batch_size: int | None = None, kv_capacity: int | None = None,
+              arrival: str = "poisson", cv: float = 1.0) -> dict[str, Any]:
+    """What `simctl real` does: validate, serve in a child process with OMP_WAIT_POLICY=PASSIVE and the
+    thread count set, write `out/{summary.json, requests.parquet, iterations.parquet}` (if `out`), and
+    return the summary. InputError for bad options (also those only the child can check, e.g. cuda
+    missing); RuntimeError, with the end of the child's stderr, if the child crashed."""
+    from profiler.profile import worker_env
+    from sim.output import check_out_dir
+
+    config = RealConfig(policy=policy, trace=trace, model=model, device=device, qps=qps,
+                        num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests,
+                        scale=scale, seed=seed, dtype=dtype, threads=threads, token_budget=token_budget,
+                        max_batch_size=max_batch_size, kv_capacity=kv_capacity, arrival=arrival, cv=cv)
+    config.validate()
+    config = resolved(config, num_requests is not None)
+    config.validate()
+    if config.threads is None:
+        config = replace(config, threads=default_threads())
+    # sizing errors (a request longer than the model or the KV capacity) before starting torch
+    from sim.models import get_model
+
+    spec = get_model(config.model)
+    requests = build_requests(config.trace, config.num_requests, config.qps, config.seed, config.scale,
+                              config.arrival, config.cv)
+    size_run(config, requests, spec.kv_bytes_per_token(4 if config.dtype == "float32" else 2), 1 << 62)
+    out_path = None
+    if out is not None:
+        out_path = check_out_dir(Path(out))
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile(mode="w+", encoding="utf-8",
+                                                                     errors="replace") as err:
+        result_path = Path(tmp) / "result.json"
+        proc = subprocess.run(worker_command(config, out_path, result_path), env=worker_env(config.threads),
+                              cwd=str(_ROOT), stdin=subprocess.DEVNULL, stdout=err, stderr=err, check=False)
+        msg = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else None
+        if msg is not None and msg.get("event") == "error" and msg.get("input"):
+            raise InputError(msg["message"])
+        if proc.returncode != 0 or msg is None or msg.get("event") != "done":
+            err.seek(0)
+            tail = err.read()[-4000:]
+            what = msg["message"] if msg else f"exit code {proc.returncode}"
+            raise RuntimeError(f"real-execution worker failed ({what}); its output ends with:\n{tail}")
+    return msg["summary"]
+
+
+# ---- the simulator's twin of a real run -----------------------------------------------------------------------
+
+
+def twin_inputs(summary: dict[str, Any]) -> tuple[list[Request], Policy]:
+    """The Request list a real run served and a fresh policy configured as it was (KV capacity,
+    max_seq_len, max batch size, token budget), from the run's summary: `sim.simulate.simulate(requests,
+    policy, cost)` then predicts the same run."""
+    requests = build_requests(summary["trace"], summary["num_requests"], summary["qps"], summary["seed"],
+                              summary["scale"], summary["arrival"], summary["cv"])
+    policy = make_policy(summary["policy"], summary["kv_capacity_tokens"], summary["max_seq_len"],
+                         summary["max_batch_size"], summary.get("token_budget"))
+    return requests, policy

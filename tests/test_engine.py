@@ -1,0 +1,210 @@
+"""The real engine (engine/): the simulator's policies driving a real model give every request exactly the
+greedy tokens it gets alone, and the run's records have the simulator's form."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from engine.real import RealConfig, build_requests, real_main, run_real, size_run, twin_inputs, write_real
+from engine.serve import Engine, SlotPool, generate_alone, prompt_ids
+from policies.registry import POLICIES, make_policy
+from profiler.forward import RaggedExecutor
+from profiler.model import build_model
+from sim.models import get_model
+from sim.output import write_run
+from sim.run import RunConfig, run
+from simctl.errors import InputError
+from traces.request import Request
+
+MODEL = "tiny-2l"
+SPEC = get_model(MODEL)
+SEED = 0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One thread: no OpenMP team spinning in the test process (it has no OMP_WAIT_POLICY=PASSIVE)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(SPEC, "cpu", "float32", SEED)
+
+
+@pytest.fixture(scope="module")
+def alone(model):
+    """Greedy tokens of a request run by itself (cached by prompt length, output length and id)."""
+    cache: dict[tuple[int, int, int], list[int]] = {}
+    executor = RaggedExecutor(model, 1, 256)
+
+    def tokens(r: Request) -> list[int]:
+        key = (r.id, r.prompt_tokens, r.output_tokens)
+        if key not in cache:
+            cache[key] = generate_alone(executor, prompt_ids(r.id, r.prompt_tokens, SPEC.vocab_size, SEED),
+                                        r.output_tokens)
+        return cache[key]
+
+    return tokens
+
+
+# Ten requests: six arrive together (a burst that batches), four a few milliseconds apart (they join running
+# batches); prompts from 1 to 70 tokens, outputs from 1 to 14.
+LENGTHS = [(37, 9), (5, 14), (70, 3), (1, 8), (22, 1), (48, 12), (13, 6), (64, 10), (9, 2), (30, 11)]
+REQUESTS = [Request(i, 0.0 if i < 6 else 0.004 * (i - 5), p, o) for i, (p, o) in enumerate(LENGTHS)]
+
+CASES = [(name, {}) for name in POLICIES] + [
+    ("sarathi", {"token_budget": 16}),  # chunks on cached context, decodes and chunks mixed
+    ("sarathi-chunked-only", {"token_budget": 24}),
+    ("orca", {"max_batch_size": 3}),  # admissions wait for finishes: slots are reused
+]
+
+
+def serve(model, policy_name: str, requests: list[Request], on_iteration=None, **options):
+    config = RealConfig(policy=policy_name, model=MODEL, seed=SEED, **options)
+    size = size_run(config, requests, SPEC.kv_bytes_per_token(4), 1 << 30)
+    policy = make_policy(policy_name, size.kv_capacity, size.max_seq_len, size.max_batch_size,
+                         options.get("token_budget"))
+    executor = RaggedExecutor(model, size.kv_slots, size.kv_slot_tokens)
+    prompts = {r.id: prompt_ids(r.id, r.prompt_tokens, SPEC.vocab_size, SEED) for r in requests}
+    engine = Engine(policy, executor, prompts)
+    return engine, engine.serve(requests, on_iteration=on_iteration), size
+
+
+def check_run(out, requests: list[Request], alone) -> None:
+    assert not out.aborted
+    by_id = {s.id: s for s in out.seqs}
+    for r in requests:
+        s = by_id[r.id]
+        assert s.generated == r.output_tokens and len(out.tokens[r.id]) == r.output_tokens
+        assert out.tokens[r.id] == alone(r), f"request {r.id}: tokens differ from its run alone"
+        assert s.arrival_s <= s.first_scheduled_s <= s.first_token_s <= s.last_token_s == s.completion_s
+    frame = out.iterations.frame()
+    assert (frame["count"] == 1).all() and len(frame) == len(out.forward_s)
+    assert (frame["start_s"].diff().dropna() > 0).all() and (frame["duration_s"] > 0).all()
+    # every token but the first (and one per re-prefill after a preemption) comes from a decode row
+    preemptions = sum(s.preemptions for s in out.seqs)
+    assert frame["decode_tokens"].sum() == sum(r.output_tokens for r in requests) - len(requests) - preemptions
+
+
+@pytest.mark.parametrize("name,options", CASES, ids=[f"{n}{'-' + '-'.join(map(str, o.values())) if o else ''}"
+                                                     for n, o in CASES])
+def test_every_policy_gives_each_request_its_tokens_alone(model, alone, name, options) -> None:
+    engine, out, size = serve(model, name, REQUESTS, **options)
+    check_run(out, REQUESTS, alone)
+    assert out.iterations.frame()["batch_size"].max() > 1, "nothing was batched: the test proves little"
+    assert out.peak_slots <= size.kv_slots and not engine.slots.of, "every slot is given back"
+
+
+def test_vllm_preemption_by_recompute_keeps_tokens(model, alone) -> None:
+    requests = [Request(i, 0.0, p, o) for i, (p, o) in enumerate([(20, 30), (18, 28), (25, 26), (16, 33)])]
+    seen = []
+    _, out, _ = serve(model, "vllm", requests, kv_capacity=112,  # 7 blocks of 16: two or three fit at once
+                      on_iteration=lambda plan, start, end, fwd: seen.append((plan.linear_tokens, end - start, fwd)))
+    assert sum(s.preemptions for s in out.seqs) > 0, "no preemption: lower the KV capacity"
+    check_run(out, requests, alone)
+    frame = out.iterations.frame()
+    assert [t for t, _, _ in seen] == frame["linear_tokens"].tolist()
+    assert all(0 < fwd <= d for _, d, fwd in seen)  # the forward is part of the iteration
+
+
+def test_faster_transformer_runs_padded_batches(model, alone, monkeypatch) -> None:
+    calls: list[tuple[int, int, int | None]] = []
+    real_padded = RaggedExecutor.run_padded
+
+    def spy(self, segments, length=None, kv_len=None):
+        calls.append((len(segments), max(s.q for s in segments) if length is None else length, kv_len))
+        return real_padded(self, segments, length, kv_len)
+
+    requests = [Request(i, 0.0, p, o) for i, (p, o) in enumerate([(40, 3), (7, 9), (23, 1), (15, 6)])]
+    for r in requests:
+        alone(r)  # before the ragged path is forbidden
+    monkeypatch.setattr(RaggedExecutor, "run_padded", spy)
+    monkeypatch.setattr(RaggedExecutor, "run", lambda *a, **k: pytest.fail("FasterTransformer ran ragged"))
+    _, out, _ = serve(model, "faster-transformer", requests)
+    check_run(out, requests, alone)
+    frame = out.iterations.frame()
+    assert len(calls) == len(frame)  # one padded forward per iteration
+    assert calls[0][:2] == (4, 40) and frame["linear_tokens"][0] == 160 > frame["prefill_tokens"][0]
+    # decodes run all four rows (finished ones too) until the longest output is done: 8 decode steps
+    assert [c[0] for c in calls[1:]] == [4] * 8 and [c[2] for c in calls[1:]] == list(range(41, 49))
+    assert frame["decode_tokens"].tolist()[1:] == [3, 3, 2, 2, 2, 1, 1, 1]
+
+
+def test_slot_pool_reuses_and_refuses() -> None:
+    from policies.seq import Seq
+
+    pool = SlotPool(2)
+    a, b, c = (Seq(i, 0.0, 4, 4) for i in range(3))
+    assert (pool.get(a), pool.get(b), pool.get(a)) == (0, 1, 0)
+    with pytest.raises(RuntimeError, match="no free KV slot"):
+        pool.get(c)
+    pool.release(a)
+    assert pool.get(c) == 0 and pool.peak == 2
+
+
+def test_real_run_writes_the_simulators_files(tmp_path) -> None:
+    """The whole path: child process with OMP_WAIT_POLICY=PASSIVE, scaled profile trace, output files."""
+    summary = real_main(policy="vllm", trace="sharegpt", model=MODEL, qps=40.0, num_requests=8, scale=0.02,
+                        threads=1, out=tmp_path / "real")
+    assert summary["mode"] == "real" and summary["completed"] == 8
+    assert summary["OMP_WAIT_POLICY"] == "PASSIVE" and summary["OMP_NUM_THREADS"] == "1"
+    assert summary["threads"] == 1 and summary["child_process"] is True
+    for key in ("device", "device_name", "dtype", "torch_version", "scale", "max_seq_len", "kv_slots"):
+        assert summary[key] is not None
+    sim = run(RunConfig(policy="vllm", trace="sharegpt", num_requests=5, qps=1.0))
+    write_run(tmp_path / "sim", sim.summary, sim.result.requests, sim.result.iterations.frame())
+    for name in ("requests.parquet", "iterations.parquet"):
+        real_frame, sim_frame = pd.read_parquet(tmp_path / "real" / name), pd.read_parquet(tmp_path / "sim" / name)
+        assert list(real_frame.columns) == list(sim_frame.columns)
+        assert list(real_frame.dtypes) == list(sim_frame.dtypes)
+    written = json.loads((tmp_path / "real" / "summary.json").read_text())
+    assert written == summary
+    assert set(sim.summary) - {"cost_model", "cost"} <= set(written)
+    req = pd.read_parquet(tmp_path / "real" / "requests.parquet")
+    assert (req["generated_tokens"] == req["output_tokens"]).all()
+    assert (req["arrival_s"] <= req["first_scheduled_s"]).all()
+    assert (req["first_scheduled_s"] <= req["first_token_s"]).all()
+    assert (req["first_token_s"] <= req["completion_s"]).all()
+
+    requests, policy = twin_inputs(written)  # the simulator's twin: same requests, same policy settings
+    assert [(r.prompt_tokens, r.output_tokens) for r in requests] == list(
+        zip(req["prompt_tokens"], req["output_tokens"]))
+    assert policy.kv.capacity == written["kv_capacity_tokens"] and policy.max_batch_size == written["max_batch_size"]
+
+
+def test_run_real_in_process_and_scale(tmp_path) -> None:
+    r = run_real(RealConfig(policy="sarathi", trace="arxiv", model=MODEL, qps=50.0, num_requests=4, scale=0.01,
+                            threads=1, token_budget=64))
+    assert r.summary["completed"] == 4 and r.summary["token_budget"] == 64 and r.summary["scale"] == 0.01
+    full = build_requests("arxiv", 4, 50.0, 0)
+    assert [(q.prompt_tokens, q.output_tokens) for q in r.requests] == [
+        (max(1, math.floor(q.prompt_tokens * 0.01 + 0.5)), max(1, math.floor(q.output_tokens * 0.01 + 0.5)))
+        for q in full]
+    write_real(r, tmp_path)
+    assert {p.name for p in tmp_path.iterdir()} == {"summary.json", "requests.parquet", "iterations.parquet"}
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"scale": 0}, "--scale"),
+    ({"scale": 1.0, "trace": "arxiv"}, "positions"),  # long requests on a 2048-position model
+    ({"device": "tpu"}, "--device"),
+    ({"dtype": "int8"}, "--dtype"),
+    ({"kv_capacity": 16}, "KV cache"),
+])
+def test_real_main_input_errors(options, match, tmp_path) -> None:
+    kwargs = {"policy": "vllm", "trace": "sharegpt", "model": MODEL, "num_requests": 50, "scale": 0.02, **options}
+    with pytest.raises(InputError, match=match):
+        real_main(**kwargs, out=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
