@@ -13,7 +13,7 @@ from rich.table import Table
 from simctl.errors import InputError
 
 DEFAULT_NUM_REQUESTS = 1000
-COMMANDS = ("run", "capacity", "profile", "fit", "list")
+COMMANDS = ("run", "capacity", "real", "profile", "fit", "list")
 
 
 def _error_types() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
@@ -111,7 +111,8 @@ def run(
 
 def _print_summary(s: dict) -> None:
     console = Console()
-    head = (f"{s['policy']} on {s['trace']}: {s['model']} / {s['gpu']} x{s['tp']}, "
+    where = f"{s.get('device_name', s['gpu'])} (measured)" if s.get("mode") == "real" else f"{s['gpu']} x{s['tp']}"
+    head = (f"{s['policy']} on {s['trace']}: {s['model']} / {where}, "
             f"{_fmt_rate(s['offered_qps'])} QPS offered, {s['completed']}/{s['num_requests']} requests")
     table = Table(title=head, show_header=True)
     table.add_column("metric")
@@ -124,7 +125,8 @@ def _print_summary(s: dict) -> None:
         f"throughput {s['throughput_rps']:.3f} req/s, {s['throughput_tokens_per_s']:.0f} output tok/s; "
         f"TPOT p50 {_fmt(s['tpot_p50'])} s; makespan {s['makespan_s']:.1f} s; preemptions "
         f"{s['preemptions']}; {'sustainable' if s['sustainable'] else 'UNSUSTAINABLE: the queue keeps growing'}"
-        f"; simulated in {s['sim_wall_s']:.2f} s")
+        + (f"; served in {s['real_wall_s']:.1f} s" if s.get("mode") == "real"
+           else f"; simulated in {s['sim_wall_s']:.2f} s"))
 
 
 def _fmt_rate(v: float | None) -> str:
@@ -188,6 +190,52 @@ def capacity(
     if out is not None:
         write_capacity(out, spec, results)
         Console().print(f"wrote {out}/capacity.json, probes.csv, capacity.png")
+
+
+@app.command()
+def real(
+    policy: Policy = "sarathi",
+    trace: Trace = "sharegpt",
+    model: Annotated[str, typer.Option(help="Model shape, built with random weights (`tiny`, `tiny-2l` suit a "
+                                       "CPU).")] = "tiny",
+    device: Annotated[str, typer.Option(help="cpu, or cuda.")] = "cpu",
+    qps: Annotated[float, typer.Option(help="Mean arrival rate, requests per second (real time).")] = 1.0,
+    num_requests: Annotated[int | None, typer.Option(help="Requests to serve [default: 100 for a length "
+                                                      "profile, every row of a trace file].")] = None,
+    scale: Annotated[float, typer.Option(help="Multiply prompt and output lengths (e.g. 0.05 makes sharegpt "
+                                         "CPU-sized); recorded in the summary.")] = 1.0,
+    seed: Seed = 0,
+    dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
+    threads: Annotated[int | None, typer.Option(help="CPU threads [default: every core available].")] = None,
+    token_budget: TokenBudget = None,
+    max_batch_size: MaxBatch = None,
+    kv_capacity: Annotated[int | None, typer.Option(help="KV token slots given to the policy [default: "
+                                                    "enough for every request at once].")] = None,
+    arrival: Arrival = "poisson",
+    cv: Cv = 1.0,
+    out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet and "
+                                                "iterations.parquet (as `simctl run`).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
+) -> None:
+    """Serve a trace in real time on a real model, driven by the same policy objects as the simulator.
+
+    Timestamps are measured; the outputs have the simulator's format, so predictions can be checked.
+    Example: simctl real --policy vllm --trace sharegpt --scale 0.05 --qps 4 --num-requests 50 --out out/real
+    """
+    from engine.real import real_main
+    from sim.output import json_text
+
+    try:
+        summary = real_main(policy=policy, trace=trace, model=model, device=device, qps=qps,
+                            num_requests=num_requests, out=out, scale=scale, seed=seed, dtype=dtype,
+                            threads=threads, token_budget=token_budget, max_batch_size=max_batch_size,
+                            kv_capacity=kv_capacity, arrival=arrival, cv=cv)
+    except RuntimeError as e:  # the serving child crashed: its last words are in the message
+        raise InputError(f"real execution failed: {e}") from None
+    if as_json:
+        sys.stdout.write(json_text(summary))
+    else:
+        _print_summary(summary)
 
 
 @app.command()

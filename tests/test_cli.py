@@ -446,3 +446,25 @@ def test_help_still_works() -> None:
         assert res.returncode == 0, (args, res.stderr)
         assert "Usage" in res.stdout and res.stderr == "", args
     assert "--policy" in simctl("run", "--help").stdout
+
+
+# the other commands: (id, arguments, substrings); every one writes nothing into its --out
+BAD_OTHER: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
+    ("real-unknown-policy", ("real", "--policy", "foo"), ("'foo'", "vllm")),
+    ("real-scale-zero", ("real", "--scale", "0"), ("--scale",)),
+    ("real-cuda-missing", ("real", "--device", "cuda", "--num-requests", "2", "--scale", "0.01"), ("cuda",)),
+    ("profile-unknown-model", ("profile", "--model", "gpt-9"), ("'gpt-9'",)),
+    ("profile-bad-dtype", ("profile", "--dtype", "int3"), ("int3",)),
+    ("fit-missing-profile", ("fit", "no/such/profile"), ("no/such/profile",)),
+    ("run-missing-cost", ("run", "--cost", "no/such/cost_model.json", "--num-requests", "10"),
+     ("no/such/cost_model.json",)),
+    ("capacity-unknown-policy", ("capacity", "--policy", "vllm,foo"), ("'foo'",)),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), [c[1:] for c in BAD_OTHER], ids=[c[0] for c in BAD_OTHER])
+def test_other_commands_bad_input_is_one_line_exit_2(tmp_path: Path, args: tuple[str, ...],
+                                                     expected: tuple[str, ...]) -> None:
+    out = tmp_path / "out"
+    assert_one_line_error(simctl(*args, "--out", out, cwd=tmp_path), *expected)
+    assert not out.exists() or not any(out.iterdir())
