@@ -4,22 +4,36 @@
     print(format_report(report))
     cost = Fitted.load(report.cost_model_path)            # a CostModel for the simulator
 
-The functional form is `sim.cost.fitted`'s (see its docstring). The fit:
+The functional form is `sim.cost.fitted`'s (see its docstring): scalar coefficients and three monotone
+piecewise-linear curves (the linear layers over tiled T, the LM head over tiled r, a decode row's attention
+over its KV length). The fit:
 
 1. Split the rows: a seeded random `holdout` share of each kind is held out (stratified by kind; every kind
    keeps at least one training row); everything is fitted on the rest and the held-out rows measure it.
-2. For every candidate tile (1, 2, 4, ..., 256): the form is linear in its coefficients once the two knees
-   (linear_mem_s / linear_token_s and lm_head_mem_s / lm_head_row_s, in tokens) are fixed, so a grid over the
-   knees solves a non-negative least squares (scipy `nnls`) per point, then `scipy.optimize.least_squares`
-   (bounds >= 0, analytic Jacobian) polishes all ten coefficients from the best grid point. Residuals are
-   relative, (predicted - measured) / measured, so a 2 ms decode weighs as much as a 2 s prefill.
+2. For every candidate tile (1, 2, 4, ..., 256), on the tiled counts of the training rows:
+   - knots (`choose_knots`): where the profile measured, at the resolution that matters -- every power of
+     two present, 3 x 2^(k-1) present, and the smallest count present in (2^k, 1.25 x 2^k] (the row just
+     past a power of two, so a step there, such as the CPU's at 128 -> 129, sits between two knots), plus
+     the first knot (T = 1; r = 0; the shortest mean KV length of a decode row). Counts between knots are
+     interpolated, beyond the last knot the last slope continues. Knots only where there are rows keep
+     every segment pinned by measurements (knots at every measured count fitted the training rows better
+     and the held-out ones no better);
+   - the form is then linear in its parameters (scalars, and the curves' non-negative increments between
+     knots; the decode curve's columns are multiplied by the decode rows), so one non-negative least
+     squares (scipy `nnls`) on relative residuals, (predicted - measured) / measured, solves it: a 2 ms
+     decode weighs as much as a 2 s prefill, and the curves come out non-decreasing. (A robust loss, IRLS
+     towards L1, and weights from each row's measured spread changed the held-out error by < 0.1 point on
+     real profiles: the plain least squares stays.)
 3. The tile with the lowest training error wins, unless a smaller tile fits as well within noise: a tile
    step is one more parameter, so the smallest tile whose error exceeds the best by less than
    `TILE_CHI2` (10.83, chi-square with 1 degree of freedom at p = 0.001) times the noise variance
    (best SSE / (n - p)) is kept. Noise-free data thus gets the exact tile, and noisy CPU timings with no
    tile effect get tile 1 (no quantization) rather than a tile that fits the noise.
 4. A coefficient whose feature is zero in every training row (e.g. no decode rows profiled) cannot be fitted;
-   it is set to 0 and listed in `not_covered`.
+   it is set to 0 and listed in `not_covered`. When no training row samples nothing (r = 0), the LM head's
+   first row cannot be told from the overhead and is left in it (lm_head(1) = 0). At counts that only decode
+   rows have (T = r = batch size) only the sum of the two curves is determined; the grid times single
+   prompts at the decode batch sizes so that the linear curve is pinned there too.
 
 `roofline_gpu` additionally calibrates `Roofline(model, gpu)`'s efficiencies (mfu, mbu = attn_mbu, attn_mfu)
 in (0, 1] and its overhead_s >= 0 to the same training rows (least squares on relative error, with the
@@ -32,6 +46,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +55,10 @@ import pandas as pd
 from scipy.optimize import least_squares, nnls
 
 from policies.plan import BatchPlan, Layout
+from policies.seq import Seq
 from sim.cost.fitted import (
     COEFFICIENTS,
+    CURVES,
     Fitted,
     dtype_bytes_of,
     model_spec_from_shape,
@@ -55,18 +72,20 @@ from simctl.errors import InputError
 
 PROFILE_COLUMNS: tuple[str, ...] = (
     "kind", "batch_size", "linear_tokens", "sampled_tokens", "num_segments", "attn_units", "attn_kv_tokens",
-    "decode_rows", "decode_kv", "q", "c", "reps", "time_s", "time_p10_s", "time_p90_s",
+    "decode_rows", "decode_kv", "decode_pad_kv", "q", "c", "reps", "time_s", "time_p10_s", "time_p90_s",
 )
 NUMERIC_COLUMNS = PROFILE_COLUMNS[1:]
+# Columns a profile may lack (written by an older profiler): derived in `load_profile`.
+OPTIONAL_COLUMNS: tuple[str, ...] = ("decode_pad_kv",)
 TILE_CANDIDATES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TILE_CHI2 = 10.83  # chi-square(1 dof) at p = 0.001: how much a tile step must lower the error to be believed
 ROOFLINE_PARAMS: tuple[str, ...] = ("mfu", "mbu", "attn_mfu", "overhead_s")
 CALIBRATION_FORMAT = "simctl.roofline-calibration"
 COST_MODEL_FILE, PLOT_FILE, CALIBRATION_FILE = "cost_model.json", "fit.png", "roofline_calibration.json"
 
-# Feature columns, in `COEFFICIENTS` order for the linear ones (the two knees are handled apart).
+# The plan fields a row is priced from.
 _FEATURES = ("linear_tokens", "sampled_tokens", "attn_units", "attn_kv_tokens", "num_segments", "decode_rows",
-             "decode_kv")
+             "decode_kv", "decode_pad_kv")
 
 
 # ---- results -----------------------------------------------------------------------------------------------
@@ -100,6 +119,7 @@ class FitReport:
     device: str
     tile: int
     coefficients: dict[str, float]
+    curves: dict[str, list[tuple[int, float]]]  # knot tables (n, seconds) by name, as `sim.cost.fitted.CURVES`
     stderr: dict[str, float]  # linearised standard error of each coefficient (inf: not identifiable)
     holdout: dict[str, ErrorStats]  # per kind and "overall"; empty when holdout=0
     train: dict[str, ErrorStats]
@@ -111,6 +131,14 @@ class FitReport:
     cost_model_path: Path
     plot_path: Path | None = None
     roofline: RooflineCalibration | None = None
+
+    @property
+    def linear(self) -> list[tuple[int, float]]:
+        return self.curves["linear"]
+
+    @property
+    def lm_head(self) -> list[tuple[int, float]]:
+        return self.curves["lm_head"]
 
 
 # ---- reading a profile -------------------------------------------------------------------------------------
@@ -129,6 +157,12 @@ def load_profile(profile_dir: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]
         raise InputError(f"profile {csv}: empty file") from None
     except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
         raise InputError(f"profile {csv}: cannot parse ({str(e).strip().splitlines()[0]})") from None
+    if "decode_pad_kv" not in df.columns and {"kind", "decode_rows", "decode_kv", "c"} <= set(df.columns):
+        # an older profile: its ragged decode rows give their longest context as c (hybrids' decode rows all
+        # had one context: no padding)
+        rows, kv, c = (pd.to_numeric(df[k], errors="coerce") for k in ("decode_rows", "decode_kv", "c"))
+        df["decode_pad_kv"] = np.where(df["kind"].astype(str).str.strip() == "decode",
+                                       np.maximum(rows * (c + 1) - kv, 0), 0)
     missing = [c for c in PROFILE_COLUMNS if c not in df.columns]
     if missing:
         raise InputError(f"profile {csv}: missing column(s) {', '.join(missing)}")
@@ -196,167 +230,157 @@ def _arrays(df: pd.DataFrame) -> dict[str, np.ndarray]:
     return {c: df[c].to_numpy(dtype=np.float64) for c in (*_FEATURES, "time_s")}
 
 
-def predict(coefficients: dict[str, float] | np.ndarray, tile: int, df: pd.DataFrame) -> np.ndarray:
+def predict(fit: CoefficientFit | Fitted, df: pd.DataFrame) -> np.ndarray:
     """Predicted seconds of each profile row."""
     a = _arrays(df)
-    return predict_arrays(coefficients, tile, a["linear_tokens"], a["sampled_tokens"], a["attn_units"],
-                          a["attn_kv_tokens"], a["num_segments"], a["decode_rows"], a["decode_kv"])
+    return predict_arrays(fit.coefficients, fit.curves, fit.tile, a["linear_tokens"], a["sampled_tokens"],
+                          a["attn_units"], a["attn_kv_tokens"], a["num_segments"], a["decode_rows"],
+                          a["decode_kv"], a["decode_pad_kv"])
 
 
-def _nnls_at_knees(a: dict[str, np.ndarray], Te: np.ndarray, re: np.ndarray, kL: float, kH: float,
-                   active: np.ndarray) -> tuple[np.ndarray, float]:
-    """Coefficients (in COEFFICIENTS order) minimising the relative squared error with the knees fixed."""
-    y = a["time_s"]
-    cols = [np.ones_like(y),
-            np.where(a["linear_tokens"] > 0, np.sqrt(kL * kL + Te * Te), 0.0),
-            np.where(a["sampled_tokens"] > 0, np.sqrt(kH * kH + re * re), 0.0),
-            a["attn_units"], a["attn_kv_tokens"], a["num_segments"], a["decode_kv"], a["decode_rows"]]
-    A = np.column_stack(cols) / y[:, None]
-    use = np.array([active[0], active[2], active[4], *active[5:]])
-    scale = np.where(use, np.abs(A).max(axis=0), 0.0)
-    scale[scale == 0] = 1.0
-    As = A[:, use] / scale[use]
-    x_used, _ = nnls(As, np.ones_like(y), maxiter=50 * As.shape[1])
-    x = np.zeros(8)
-    x[use] = x_used / scale[use]
-    res = A @ x - 1.0
-    c = np.zeros(len(COEFFICIENTS))
-    c[0], c[2], c[1], c[4], c[3] = x[0], x[1], x[1] * kL, x[2], x[2] * kH
-    c[5:] = x[3:]
-    return c, float(res @ res)
+def choose_knots(counts: np.ndarray, first: int) -> list[int]:
+    """Knots of a curve over the (tiled) counts the training rows have: `first`, then among the counts
+    present, every power of two 2^k, 3 x 2^(k-1), and the smallest count in (2^k, 1.25 x 2^k] (the row just
+    past a power of two: a step there, e.g. a tile boundary or a kernel switch, shows between the two)."""
+    present = sorted({int(v) for v in counts if v > first})
+    knots = {first}
+    if not present:
+        return [first]
+    have = set(present)
+    p = 1
+    while p <= present[-1]:
+        knots.update(v for v in (p, 3 * p // 2) if v in have)
+        above = [v for v in present if p < v <= 1.25 * p]
+        if above:
+            knots.add(above[0])
+        p *= 2
+    return sorted(knots)
 
 
-class _Problem:
-    """The relative-residual least-squares problem at one tile, in scaled units (u = coefficient / scale, each
-    coefficient's share of a typical row's time, so all are of order 1)."""
-
-    def __init__(self, a: dict[str, np.ndarray], tile: int, active: np.ndarray) -> None:
-        self.y = y = a["time_s"]
-        self.Te = tiled_array(a["linear_tokens"], tile)
-        self.re = tiled_array(a["sampled_tokens"], tile)
-        self.has_T = a["linear_tokens"] > 0
-        self.has_r = a["sampled_tokens"] > 0
-        self.lin = np.column_stack([a["attn_units"], a["attn_kv_tokens"], a["num_segments"], a["decode_kv"],
-                                    a["decode_rows"]])
-        feat_max = np.array([1.0, 1.0, self.Te.max(initial=0.0), 1.0, self.re.max(initial=0.0),
-                             *self.lin.max(axis=0)])
-        feat_max[feat_max == 0] = 1.0
-        self.scale = float(np.median(y)) / feat_max
-        self.idx = np.flatnonzero(active)
-
-    def full(self, u: np.ndarray) -> np.ndarray:
-        c = np.zeros(len(COEFFICIENTS))
-        c[self.idx] = u * self.scale[self.idx]
-        return c
-
-    def _parts(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        sL = np.where(self.has_T, np.sqrt(c[1] ** 2 + (c[2] * self.Te) ** 2), 0.0)
-        sH = np.where(self.has_r, np.sqrt(c[3] ** 2 + (c[4] * self.re) ** 2), 0.0)
-        return sL, sH, c[0] + sL + sH + self.lin @ c[5:]
-
-    def residuals(self, c: np.ndarray) -> np.ndarray:
-        return self._parts(c)[2] / self.y - 1.0
-
-    def jacobian(self, c: np.ndarray) -> np.ndarray:
-        """d residuals / d u for the active coefficients."""
-        sL, sH, _ = self._parts(c)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            iL = np.where(sL > 0, 1.0 / sL, 0.0)
-            iH = np.where(sH > 0, 1.0 / sH, 0.0)
-        Te, re = self.Te, self.re
-        J = np.column_stack([np.ones_like(self.y), c[1] * iL, c[2] * Te * Te * iL, c[3] * iH,
-                             c[4] * re * re * iH, self.lin])
-        return (J[:, self.idx] * self.scale[self.idx]) / self.y[:, None]
-
-    def polish(self, c0: np.ndarray) -> np.ndarray:
-        """All active coefficients by bounded least squares (trf, analytic Jacobian) from `c0`."""
-        u0 = np.maximum(c0[self.idx] / self.scale[self.idx], 1e-9)
-        sol = least_squares(lambda u: self.residuals(self.full(u)), u0,
-                            jac=lambda u: self.jacobian(self.full(u)), bounds=(0.0, np.inf), method="trf",
-                            x_scale=1.0, ftol=1e-15, xtol=1e-15, gtol=1e-15,
-                            max_nfev=500)
-        # a coefficient at its bound comes back as a tiny positive number (trf stays strictly feasible):
-        # below 1e-9 of its share of a typical row's time it is 0
-        c = self.full(np.where(sol.x < 1e-9, 0.0, sol.x))
-        r, r0 = self.residuals(c), self.residuals(c0)
-        return c if r @ r <= r0 @ r0 else c0
-
-    def stderr(self, c: np.ndarray) -> np.ndarray:
-        """Standard errors of the coefficients (seconds units): s^2 (J'J)^-1 with s^2 = SSE / (n - p), the
-        usual linearised estimate, conditional on the tile. inf for a coefficient the rows cannot tell apart
-        from others (it has a component in the null space of J, e.g. two features always equal), or when
-        there are no spare rows."""
-        r = self.residuals(c)
-        n, p = len(r), len(self.idx)
-        se = np.zeros(len(COEFFICIENTS))
-        if n <= p:
-            se[self.idx] = math.inf
-            return se
-        _, sv, Vt = np.linalg.svd(self.jacobian(c), full_matrices=False)
-        ok = sv > sv.max(initial=0.0) * 1e-9
-        s2 = float(r @ r) / (n - p)
-        V = Vt.T
-        var = (V[:, ok] ** 2) @ (1.0 / sv[ok] ** 2) * s2
-        unidentified = (V[:, ~ok] ** 2).sum(axis=1) > 1e-6
-        se_u = np.where(unidentified, math.inf, np.sqrt(var))
-        se[self.idx] = se_u * self.scale[self.idx]
-        return se
+def ramp_columns(x: np.ndarray, knots: list[int]) -> np.ndarray:
+    """Design columns of a monotone piecewise-linear curve through `knots` with value 0 at knots[0]: column j
+    rises from 0 to 1 between knots j and j+1 (the last one keeps rising beyond), so the curve is
+    `columns @ increments` with increments >= 0 (n x len(knots) - 1)."""
+    cols = []
+    for j, (k0, k1) in enumerate(pairwise(knots)):
+        u = (x - k0) / (k1 - k0)
+        cols.append(np.clip(u, 0.0, None if j == len(knots) - 2 else 1.0))
+    return np.column_stack(cols) if cols else np.zeros((len(x), 0))
 
 
 @dataclass
 class CoefficientFit:
     tile: int
     coefficients: dict[str, float]
-    stderr: dict[str, float]  # standard error of each coefficient (0 for those not covered)
+    curves: dict[str, list[tuple[int, float]]]  # knot tables (n, seconds) by name, as `sim.cost.fitted.CURVES`
+    stderr: dict[str, float]  # standard error of each scalar coefficient (0 for those not covered)
     tile_errors: dict[int, float]  # training RMS relative error of the best fit at each candidate tile
     not_covered: list[str]
+
+    @property
+    def linear(self) -> list[tuple[int, float]]:
+        return self.curves["linear"]
+
+    @property
+    def lm_head(self) -> list[tuple[int, float]]:
+        return self.curves["lm_head"]
+
+
+@dataclass
+class _TileFit:
+    sse: float
+    x: np.ndarray  # all parameters: scalars (COEFFICIENTS order), then each curve's increments (CURVES order)
+    A: np.ndarray  # design matrix (seconds per unit of each parameter), rows x parameters
+    use: np.ndarray  # parameters the rows can determine
+    knots: dict[str, list[int]]
+
+
+# the scalar coefficients' features, after the overhead's (a column of ones), in COEFFICIENTS order
+_SCALAR_FEATURES = ("attn_units", "attn_kv_tokens", "num_segments", "decode_pad_kv", "decode_rows")
+
+
+def _fit_tile(a: dict[str, np.ndarray], tile: int) -> _TileFit:
+    """Non-negative least squares of the relative residuals (predicted / measured - 1) at one tile."""
+    y = a["time_s"]
+    rows = a["decode_rows"]
+    x = {"linear": tiled_array(a["linear_tokens"], tile), "lm_head": tiled_array(a["sampled_tokens"], tile),
+         "decode_kv": a["decode_kv"] / np.maximum(rows, 1.0)}
+    weight = {"linear": 1.0, "lm_head": 1.0, "decode_kv": rows}  # the decode curve is paid per decode row
+    present = {"linear": x["linear"] > 0, "lm_head": x["lm_head"] > 0, "decode_kv": rows > 0}
+    # first knots: T = 1, r = 0, and the shortest mean KV length of the decode rows (below it a decode row's
+    # cost is its per-row constant: the two cannot be told apart)
+    first = {k: CURVES[k][1] if CURVES[k][1] is not None
+             else int(max(1.0, x[k][present[k]].min())) if present[k].any() else 1 for k in CURVES}
+    knots = {k: choose_knots(x[k][present[k]], first[k]) for k in CURVES}
+    scal = np.column_stack([np.ones_like(y), *(a[f] for f in _SCALAR_FEATURES)])
+    blocks = [ramp_columns(x[k], knots[k]) * np.asarray(weight[k], dtype=np.float64).reshape(-1, 1)
+              for k in CURVES]
+    A = np.column_stack([scal, *blocks])
+    use = np.abs(A).max(axis=0) > 0
+    if not (x["lm_head"] == 0).any() and blocks[1].shape[1]:
+        # no row samples nothing: the LM head's first row cannot be told from the overhead (left in it)
+        use[scal.shape[1] + blocks[0].shape[1]] = False
+    R = A / y[:, None]
+    scale = np.where(use, np.abs(R).max(axis=0), 1.0)
+    scale[scale == 0] = 1.0
+    sol, _ = nnls(R[:, use] / scale[use], np.ones_like(y), maxiter=100 * A.shape[1])
+    p = np.zeros(A.shape[1])
+    p[use] = sol / scale[use]
+    res = R @ p - 1.0
+    return _TileFit(float(res @ res), p, A, use, knots)
+
+
+def _stderr(f: _TileFit, y: np.ndarray) -> np.ndarray:
+    """Standard errors of all parameters (seconds units): s^2 (J'J)^-1 with s^2 = SSE / (n - p), the usual
+    linearised estimate, conditional on the tile and the knots, ignoring the bounds. inf for a parameter the
+    rows cannot tell apart from others (a component in the null space of J), or when there are no spare
+    rows."""
+    J = f.A[:, f.use] / y[:, None]
+    n, p = J.shape
+    se = np.zeros(f.A.shape[1])
+    if n <= p:
+        se[f.use] = math.inf
+        return se
+    colscale = np.abs(J).max(axis=0)
+    colscale[colscale == 0] = 1.0
+    _, sv, Vt = np.linalg.svd(J / colscale, full_matrices=False)
+    ok = sv > sv.max(initial=0.0) * 1e-9
+    s2 = f.sse / (n - p)
+    V = Vt.T
+    var = (V[:, ok] ** 2) @ (1.0 / sv[ok] ** 2) * s2
+    unidentified = (V[:, ~ok] ** 2).sum(axis=1) > 1e-6
+    se[f.use] = np.where(unidentified, math.inf, np.sqrt(var)) / colscale
+    return se
 
 
 def fit_coefficients(df: pd.DataFrame, tiles: tuple[int, ...] = TILE_CANDIDATES) -> CoefficientFit:
     """Fit the functional form to profile rows (see the module docstring)."""
     a = _arrays(df)
     n = len(df)
-    covered = {
-        "overhead_s": True,
-        "linear_mem_s": bool((a["linear_tokens"] > 0).any()),
-        "linear_token_s": bool((a["linear_tokens"] > 0).any()),
-        "lm_head_mem_s": bool((a["sampled_tokens"] > 0).any()),
-        "lm_head_row_s": bool((a["sampled_tokens"] > 0).any()),
-        "attn_unit_s": bool((a["attn_units"] > 0).any()),
-        "attn_kv_token_s": bool((a["attn_kv_tokens"] > 0).any()),
-        "attn_segment_s": bool((a["num_segments"] > 0).any()),
-        "decode_kv_token_s": bool((a["decode_kv"] > 0).any()),
-        "decode_row_s": bool((a["decode_rows"] > 0).any()),
-    }
-    active = np.array([covered[k] for k in COEFFICIENTS])
-    results: dict[int, tuple[float, np.ndarray, _Problem]] = {}
-    for tile in tiles:
-        prob = _Problem(a, tile, active)
-        Te, re = prob.Te, prob.re
-        kLs = np.concatenate([[0.0], np.geomspace(0.5, 4 * max(Te.max(), 1.0), 20)]) if active[1] else [0.0]
-        kHs = np.concatenate([[0.0], np.geomspace(0.5, 4 * max(re.max(), 1.0), 12)]) if active[3] else [0.0]
-        best_c, best_e = np.zeros(len(COEFFICIENTS)), math.inf
-        for kL in kLs:
-            for kH in kHs:
-                c, e = _nnls_at_knees(a, Te, re, float(kL), float(kH), active)
-                if e < best_e:
-                    best_c, best_e = c, e
-        c = prob.polish(best_c)
-        r = prob.residuals(c)
-        results[tile] = (float(r @ r), c, prob)
-    best_err = min(e for e, _, _ in results.values())
+    results = {tile: _fit_tile(a, tile) for tile in tiles}
+    best_err = min(f.sse for f in results.values())
+    best = min(results.values(), key=lambda f: f.sse)
     # noise variance at the best tile; a larger tile is kept only if it explains the data beyond noise
-    s2 = best_err / max(n - int(active.sum()), 1)
-    tile = min(t for t, (e, _, _) in results.items()
-               if e - best_err <= max(TILE_CHI2 * s2, 1e-9 * best_err, 1e-300))
-    _, c, prob = results[tile]
-    se = prob.stderr(c)
+    s2 = best_err / max(n - int(best.use.sum()), 1)
+    slack = max(TILE_CHI2 * s2, 1e-9 * best_err, 1e-300)
+    tile = min(t for t, f in results.items() if f.sse - best_err <= slack)
+    f = results[tile]
+    se = _stderr(f, a["time_s"])
+    ns = len(COEFFICIENTS)
+    curves, at = {}, ns
+    for k in CURVES:
+        m = len(f.knots[k]) - 1
+        values = np.concatenate([[0.0], np.cumsum(f.x[at:at + m])])
+        curves[k] = [(int(n), float(v)) for n, v in zip(f.knots[k], values)]
+        at += m
+    covered = f.use[:ns] | (np.arange(ns) == 0)
     return CoefficientFit(
         tile,
-        {k: float(v) for k, v in zip(COEFFICIENTS, c)},
-        {k: float(v) for k, v in zip(COEFFICIENTS, se)},
-        {t: math.sqrt(e / n) for t, (e, _, _) in results.items()},
-        [k for k in COEFFICIENTS if not covered[k]],
+        {k: float(v) for k, v in zip(COEFFICIENTS, f.x[:ns])},
+        curves,
+        {k: float(v) for k, v in zip(COEFFICIENTS, se[:ns])},
+        {t: math.sqrt(r.sse / n) for t, r in results.items()},
+        [k for k, c in zip(COEFFICIENTS, covered) if not c],
     )
 
 
@@ -376,7 +400,9 @@ def error_stats(kinds: np.ndarray, predicted: np.ndarray, measured: np.ndarray) 
 def plans_from_rows(df: pd.DataFrame) -> list[BatchPlan]:
     """A `BatchPlan` per profile row with its shape fields. Prefill segments are rebuilt as `num_segments`
     equal segments (q, c) with the row's attn_units and attn_kv_tokens: exact when the profiled segments are
-    equal (a batch of equal prompts or chunks; padded rows), an equivalent otherwise."""
+    equal (a batch of equal prompts or chunks; padded rows), an equivalent otherwise. Decode rows with
+    padding to the longest (decode_pad_kv > 0) come with decode sequences of contexts that give the row's
+    decode_kv and decode_pad_kv (one at the longest context, the others sharing the rest)."""
     plans = []
     for row in df.itertuples(index=False):
         n = round(row.num_segments)
@@ -386,9 +412,18 @@ def plans_from_rows(df: pd.DataFrame) -> list[BatchPlan]:
             K, U = row.attn_kv_tokens / n, row.attn_units / n  # K = c + q, U = q (c + q/2)
             q = K - math.sqrt(max(K * K - 2.0 * U, 0.0))
             qs, cs = [q] * n, [max(K - q, 0.0)] * n
-        plans.append(BatchPlan([], [], Layout.PACKED, round(row.linear_tokens), round(row.sampled_tokens),
-                               qs, cs,  # type: ignore[arg-type]
-                               round(row.decode_rows), round(row.decode_kv)))
+        rows, kv, pad = round(row.decode_rows), round(row.decode_kv), round(getattr(row, "decode_pad_kv", 0))
+        seqs: list[Seq] = []
+        if pad > 0 and rows > 1:
+            longest = (kv + pad) // rows - 1
+            rest, k = divmod(kv - rows - longest, rows - 1)  # the other contexts: rest or rest + 1
+            contexts = [longest] + [rest + (i < k) for i in range(rows - 1)]
+            for i, c in enumerate(contexts):
+                seqs.append(Seq(i, 0.0, max(c, 1), 1))
+                seqs[-1].computed = seqs[-1].prefill_end = c
+        plans.append(BatchPlan(seqs, [1] * len(seqs), Layout.PACKED, round(row.linear_tokens),
+                               round(row.sampled_tokens), qs, cs,  # type: ignore[arg-type]
+                               rows, kv))
     return plans
 
 
@@ -521,14 +556,20 @@ def _plot(path: Path, df: pd.DataFrame, pred: np.ndarray, held: np.ndarray, fitt
         grid = np.unique(np.concatenate([np.arange(1, min(tmax, 20000) + 1),
                                          np.geomspace(1, tmax, 2000).round()])).astype(np.float64)
         sampled = np.ones_like(grid)
-        curve = predict_arrays(fitted.coefficients, tile, grid, sampled, grid * grid / 2, grid, sampled,
-                               np.zeros_like(grid), np.zeros_like(grid)) * 1e3
+        curve = predict_arrays(fitted.coefficients, fitted.curves, tile, grid, sampled,
+                               grid * grid / 2, grid, sampled, np.zeros_like(grid), np.zeros_like(grid)) * 1e3
         ax2.plot(grid, curve, color="black", lw=1.2, label=f"fitted (tile {tile})")
+        kx = np.array([n for n, _ in fitted.linear if 1 <= n <= tmax], dtype=np.float64)
+        if len(kx):
+            ones = np.ones_like(kx)
+            ky = predict_arrays(fitted.coefficients, fitted.curves, tile, kx, ones, kx * kx / 2,
+                                kx, ones, np.zeros_like(kx), np.zeros_like(kx)) * 1e3
+            ax2.plot(kx, ky, "|", color="black", ms=9, mew=1.2, label="knots of the linear-layer curve")
         log_axes(ax2)
         ax2.set_xlabel("prompt tokens T (one prompt, empty cache)")
         ax2.set_ylabel("iteration time (ms)")
         ax2.set_title(f"prefill time vs tokens; steps every {tile} tokens above {tile}" if tile > 1
-                      else "prefill time vs tokens (no tile step found)")
+                      else "prefill time vs tokens (tile 1: no periodic tile step)")
         ax2.legend(loc="lower right", fontsize=9)
         ax2.grid(True, which="major", alpha=0.3)
         if tile >= 16 and tmax > 3 * tile:
@@ -538,8 +579,8 @@ def _plot(path: Path, df: pd.DataFrame, pred: np.ndarray, held: np.ndarray, fitt
             ins = ax2.inset_axes((0.07, 0.5, 0.42, 0.4))
             g = np.arange(lo_t - tile // 2, hi_t + 1, dtype=np.float64)
             g = g[g >= 1]
-            cz = predict_arrays(fitted.coefficients, tile, g, np.ones_like(g), g * g / 2, g, np.ones_like(g),
-                                np.zeros_like(g), np.zeros_like(g))
+            cz = predict_arrays(fitted.coefficients, fitted.curves, tile, g, np.ones_like(g),
+                                g * g / 2, g, np.ones_like(g), np.zeros_like(g), np.zeros_like(g))
             ins.plot(g, cz * 1e3, color="black", lw=1)
             mz = (T >= g[0]) & (T <= g[-1])
             ins.scatter(T[mz], y[m][mz], s=14, color="#1f77b4")
@@ -582,7 +623,7 @@ def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout:
     train = ~held
     cf = fit_coefficients(df[train])
     tile, coef, tile_errors, not_covered = cf.tile, cf.coefficients, cf.tile_errors, cf.not_covered
-    pred = predict(coef, tile, df)
+    pred = predict(cf, df)
     y = df["time_s"].to_numpy(dtype=np.float64)
     ho = error_stats(kinds[held], pred[held], y[held])
     tr = error_stats(kinds[train], pred[train], y[train])
@@ -606,12 +647,12 @@ def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout:
         "errors": {"holdout": {k: s.to_json() for k, s in ho.items()},
                    "train": {k: s.to_json() for k, s in tr.items()}},
     }
-    fitted = Fitted(coef, tile, model=meta["model"], model_shape=meta["model_shape"],
+    fitted = Fitted(coef, tile, cf.curves, model=meta["model"], model_shape=meta["model_shape"],
                     dtype_bytes=dtype_bytes_of(meta["dtype"]), memory_bytes=mem,
                     meta={k: v for k, v in meta.items() if k not in ("model", "model_shape")}, fit=fit_info)
     cost_path = out_dir / COST_MODEL_FILE
-    report = FitReport(profile_dir, meta["model"], device, tile, coef, cf.stderr, ho, tr, tile_errors,
-                       not_covered, len(df), int(train.sum()), int(held.sum()), cost_path)
+    report = FitReport(profile_dir, meta["model"], device, tile, coef, cf.curves, cf.stderr, ho, tr,
+                       tile_errors, not_covered, len(df), int(train.sum()), int(held.sum()), cost_path)
 
     cal_text = None
     if roofline_gpu is not None:
@@ -660,10 +701,9 @@ def _fmt_s(v: float) -> str:
     return f"{v / 1e-12:.4g} ps"
 
 
-_UNITS = {"overhead_s": "per iteration", "linear_mem_s": "floor (T > 0)", "linear_token_s": "per tiled token",
-          "lm_head_mem_s": "floor (r > 0)", "lm_head_row_s": "per tiled sampled row",
+_UNITS = {"overhead_s": "per iteration",
           "attn_unit_s": "per q(c+q/2)", "attn_kv_token_s": "per c+q token", "attn_segment_s": "per segment",
-          "decode_kv_token_s": "per KV token read", "decode_row_s": "per decode row"}
+          "decode_pad_token_s": "per KV padding token", "decode_row_s": "per decode row (1 KV)"}
 
 
 def format_report(report: FitReport) -> str:
@@ -696,9 +736,15 @@ def format_report(report: FitReport) -> str:
             note = f"±{_fmt_s(se)}"
         lines.append(f"{k:<20}{_fmt_s(v):>11}  {_UNITS[k]:<22}{note:>12}")
     if any(not math.isfinite(v) for v in report.stderr.values()):
-        lines.append("(unidentified: the profile cannot tell this coefficient apart from others, e.g. a floor "
-                     "that is on in every row, or a floor at 0 where its slope is flat; only their combination "
-                     "is determined, and predictions of shapes like the profiled ones are unaffected)")
+        lines.append("(unidentified: the profile cannot tell this coefficient apart from others; only their "
+                     "combination is determined, and predictions of shapes like the profiled ones are "
+                     "unaffected)")
+    for name, knots in report.curves.items():
+        lines.append("")
+        lines.append(f"{name} curve ({CURVES[name][0]} -> ms), {len(knots)} knots:")
+        cells = [f"{n}: {v * 1e3:.4g}" for n, v in knots]
+        for i in range(0, len(cells), 8):
+            lines.append("  " + ", ".join(cells[i:i + 8]))
     if report.roofline is not None:
         r = report.roofline
         p = r.params

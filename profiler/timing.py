@@ -1,13 +1,26 @@
-"""Wall-clock timing of one callable on a device: warm-ups, then repetitions, each timed on its own.
+"""Wall-clock timing of one callable on a device: warm-ups, then repetitions, each timed on its own; and a
+monitor of the CPU time the rest of the machine uses meanwhile.
 
 On CUDA every repetition is bracketed by CUDA events recorded on the current stream and the device is
 synchronised before reading them (kernels run asynchronously: a host clock would time the launches). On the
 CPU `time.perf_counter` brackets each call. Summaries use medians and the 10th/90th percentiles, which
 resist the outliers of a shared, noisy machine.
+
+`CpuMonitor` tells a block of repetitions timed on an otherwise idle machine from one timed while other
+processes ran. On a small shared machine that is the dominant error, and it is not one-sided: on the 2-core
+VM this was written on, a process busy on one core made a 2-thread forward pass of 128 tokens ~15% slower
+(the OpenMP team waits for a preempted thread) but one of 2 tokens ~40% *faster* (the other vCPU is awake
+and answers the wake-up of the second thread at once instead of from a halt) -- no statistic of the
+contaminated samples recovers the idle machine's time, so the profiler keeps only blocks timed while the
+rest of the machine was idle (see `profiler/worker.py`). It reads Linux /proc: the machine's busy time
+(/proc/stat: user, nice, system, irq, softirq, steal) minus this process's (/proc/self/stat: utime + stime),
+both in clock ticks from the same tick accounting, so it sees every other process, even one that starts and
+ends within the block. Elsewhere it reports nothing (every block counts as quiet).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -60,3 +73,60 @@ def adaptive_reps(estimate_s: float, budget_s: float, min_reps: int, max_reps: i
     if estimate_s <= 0:
         return max_reps
     return int(min(max_reps, max(min_reps, budget_s // estimate_s)))
+
+
+class CpuMonitor:
+    """CPU time used by everything but this process between two `read()`s (Linux /proc; elsewhere nothing).
+
+        mon = CpuMonitor()
+        r0 = mon.read(); ...timed block...; r1 = mon.read()
+        share = mon.foreign_share(r0, r1, wall_s)   # other processes' CPU time / the machine's capacity
+    """
+
+    def __init__(self) -> None:
+        self.available = False
+        self.cpus = 1
+        self.hz = 100
+        try:
+            self._stat = os.open("/proc/stat", os.O_RDONLY)
+            self._self = os.open("/proc/self/stat", os.O_RDONLY)
+            with open("/proc/stat", encoding="ascii") as f:
+                self.cpus = max(1, sum(1 for line in f if line.startswith("cpu") and line[3:4].isdigit()))
+            self.hz = int(os.sysconf("SC_CLK_TCK"))
+            self.read()
+            self.available = True
+        except (OSError, ValueError, IndexError, AttributeError):
+            self.available = False
+
+    def read(self) -> tuple[int, int]:
+        """(machine busy ticks, this process's ticks); (0, 0) when unavailable."""
+        if not getattr(self, "_stat", None):
+            return 0, 0
+        v = [int(x) for x in os.pread(self._stat, 512, 0).split(b"\n", 1)[0].split()[1:9]]
+        busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]  # user nice system (idle iowait) irq softirq steal
+        f = os.pread(self._self, 2048, 0).rsplit(b")", 1)[1].split()
+        return busy, int(f[11]) + int(f[12])  # utime + stime (fields 14, 15)
+
+    def foreign_ticks(self, before: tuple[int, int], after: tuple[int, int]) -> int:
+        return max(0, (after[0] - before[0]) - (after[1] - before[1])) if self.available else 0
+
+    def foreign_share(self, before: tuple[int, int], after: tuple[int, int], wall_s: float) -> float:
+        """Other processes' CPU time over the machine's capacity (cpus x wall) between the two reads."""
+        if not self.available or wall_s <= 0:
+            return 0.0
+        return self.foreign_ticks(before, after) / (self.hz * self.cpus * wall_s)
+
+    def quiet(self, before: tuple[int, int], after: tuple[int, int], wall_s: float, share: float) -> bool:
+        """True if the rest of the machine used at most `share` of its capacity (plus one tick: the tick
+        accounting samples the running task, so a short block can see one stray tick)."""
+        if not self.available:
+            return True
+        return self.foreign_ticks(before, after) <= 1 + share * self.hz * self.cpus * wall_s
+
+    def close(self) -> None:
+        for name in ("_stat", "_self"):
+            fd = getattr(self, name, None)
+            if fd:
+                os.close(fd)
+                setattr(self, name, None)
+        self.available = False

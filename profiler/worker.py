@@ -5,6 +5,37 @@ once, at start-up: setting them inside an already running process is too late). 
 policy, idle OpenMP threads spin, and on a shared machine the spinning threads of a process steal the cores
 its own working threads need: timings were reported 20x slower under contention (simctl issue 3).
 
+How a shape is timed (the measurement is the limit of the fit, so it is built for a small shared machine):
+
+- Blocks and sweeps. The grid is swept `grid.passes` times (16 for `full`), in a fresh seeded order each
+  time; each visit of a shape times one block of repetitions. A shape's repetitions (`budget_s` over the
+  time of its first call, within [min_reps, max_reps]) are split into min(passes, repetitions) blocks, the
+  blocks of a long shape (one repetition each) spread evenly over the sweeps. A burst of load then lands on
+  a few blocks of many shapes instead of on every repetition of a run of neighbouring shapes, and the
+  shape's estimate rests on many separate moments: between blocks lies most of the variance (a block's
+  median moved by ~3-4% from block to block, the calls within a block by p90/p10 ~1.1), so on this VM 16
+  blocks of 10 calls estimate a small shape better than 10 of 16 (held-out error of the fit: 3 blocks 3.2%,
+  7 blocks 2.7%, 10 blocks 2.6%, subsampling one profile).
+- Quiet blocks. `profiler.timing.CpuMonitor` measures the CPU time every other process used during each
+  block; a block is *quiet* when that is at most QUIET_SHARE (5%) of the machine's capacity. On the 2-core
+  VM this was developed on, another process busy on one core moved a block by -40% (small shapes: the
+  second OpenMP thread's vCPU is awake, so waking it is quick) to +70% (large ones), so contended blocks are
+  not used at all. After the sweeps, shapes with fewer than `grid.quiet_blocks` quiet blocks are timed
+  again, those with the fewest first, until they have them or the worker has run `grid.max_wall_s` (the
+  full profile stays under 5 minutes, the quick one under 1, whatever the machine does).
+- The estimate. time_s is the median of the repetitions of the faster half of a shape's quiet blocks
+  (time_p10_s / time_p90_s their percentiles; reps their count). Within a block the median takes the
+  typical call, per-call jitter included (thread wake-ups: p90/p10 ~1.1 on that VM); across blocks, even
+  with no other process running, about one block in ten was 10-25% slower (a 1-thread matmul timed
+  alongside slowed down with it: interference from outside the VM, which no counter inside it shows), and
+  keeping the faster half drops those. On a machine where every quiet block agrees this is the median less
+  about half the blocks' spread (~1%). A shape with no quiet block at all uses its least contended third of
+  blocks and is listed in meta.json (`timing.shapes_without_quiet_block`): re-profile on a quieter machine.
+- Warm-up and slabs. The first call of a shape after others ran is 3-5% slower (caches, a fresh KV slab's
+  first touch), so each visit starts with an untimed call -- except visits of long shapes (>= 20 ms) whose
+  executor was kept from the previous visit (executors are kept, smallest KV slabs first, within 2 GiB on
+  the CPU), where that first call is within ~1% and the saved time buys more blocks.
+
 Protocol: one JSON object per line on the ORIGINAL stdout (everything else the process prints, at the Python
 or the C level, is redirected to stderr):
   {"event": "start", "shapes": N, "total": steps, "skipped": [...]}     steps = N x sweeps of the grid
@@ -20,20 +51,77 @@ import argparse
 import datetime as _dt
 import gc
 import json
+import math
 import os
 import platform
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 import numpy as np
 
 from simctl.errors import InputError
 
+QUIET_SHARE = 0.05  # a block is quiet if other processes used at most this share of the machine's CPU
 DEFAULT_CPU_KV_BYTES = 512 * 2 ** 20  # KV slab cap per shape on the CPU (a shared machine)
+KEEP_CPU_BYTES = 2 * 2 ** 30  # KV slabs kept allocated between visits of their shapes (CPU; see _measure)
+WARM_ALWAYS_S = 0.02  # a call shorter than this gets a warm-up call before every block, even when kept
 GPU_KV_SHARE = 0.5  # share of the free device memory (after the weights) a shape's KV slab may take
 WARMUP_S = 1.0  # seconds of whole-model warm-up before the first shape (thread pools, allocator, caches)
+
+
+@dataclass(slots=True)
+class Block:
+    """One visit's timed repetitions of a shape, and the rest of the machine's CPU use meanwhile."""
+
+    times: list[float]
+    foreign: float  # other processes' CPU time / the machine's capacity during the block
+    quiet: bool  # foreign at most QUIET_SHARE (plus a tick)
+
+
+def select_blocks(bs: list[Block]) -> list[Block]:
+    """The blocks a shape's time is taken from: the faster half (by block median; the faster one of two,
+    both of one) of its quiet blocks. A shape with no quiet block falls back on its least contended third
+    of blocks (at least one), and from those again the faster half."""
+    use = [b for b in bs if b.quiet] or sorted(bs, key=lambda b: b.foreign)[:max(1, len(bs) // 3)]
+    return sorted(use, key=lambda b: float(np.median(b.times)))[:(len(use) + 1) // 2]
+
+
+def summarize_blocks(blocks: list[list[Block]], grid: Any, monitor: Any
+                     ) -> tuple[list[dict[str, float]], dict[str, Any]]:
+    """Per shape: reps, time_s, time_p10_s, time_p90_s (median and 10th/90th percentiles of the repetitions
+    of `select_blocks`); and a summary of the timing for meta.json."""
+    from profiler.timing import summarize
+
+    rows, no_quiet = [], []
+    for i, bs in enumerate(blocks):
+        if not any(b.quiet for b in bs):
+            no_quiet.append(grid.shapes[i].label())
+        times = [t for b in select_blocks(bs) for t in b.times]
+        rows.append({"reps": len(times), **summarize(times)})
+    every = [b for bs in blocks for b in bs]
+    wall = np.array([sum(b.times) for b in every])
+    spread = [r["time_p90_s"] / r["time_p10_s"] for r in rows]
+    quiet_spread = []
+    for bs in blocks:  # how far a shape's quiet blocks' medians stray from their median
+        m = np.array([np.median(b.times) for b in bs if b.quiet])
+        if len(m) >= 3:
+            quiet_spread.append(float(np.median(np.abs(np.log(m / np.median(m))))))
+    timing = {
+        "estimator": "median (and 10th/90th percentiles) of the repetitions of the faster half of the blocks "
+                     "timed while the rest of the machine was idle (quiet)",
+        "quiet_share": QUIET_SHARE,
+        "cpu_monitor": bool(monitor.available),
+        "blocks": len(every),
+        "quiet_blocks": sum(b.quiet for b in every),
+        "quiet_blocks_wanted_per_shape": grid.quiet_blocks,
+        "foreign_cpu_share": float(np.average([b.foreign for b in every], weights=wall)) if every else 0.0,
+        "shapes_without_quiet_block": no_quiet,
+        "median_p90_over_p10": float(np.median(spread)) if spread else None,
+        "median_quiet_block_deviation": float(np.median(quiet_spread)) if quiet_spread else None,
+    }
+    return rows, timing
 
 
 def _cpu_name() -> str:
@@ -100,13 +188,120 @@ class Worker:
             return lambda: executor.run_padded(segs, length=shape.length, kv_len=shape.kv_len)
         return lambda: executor.run(segs)
 
+    def _measure(self, grid: Any, model: Any, executor_cls: Any, monitor: Any, deadline: float
+                 ) -> list[list[Block]]:
+        """Blocks of timed repetitions of every shape of `grid` (see the module docstring): `grid.passes`
+        sweeps in a fresh seeded order each, then re-timing of the shapes with fewer than `grid.quiet_blocks`
+        quiet blocks, most needed first, until they have them or `deadline` (perf_counter seconds) passes."""
+        from profiler.timing import adaptive_reps, time_fn
+
+        n = len(grid.shapes)
+        blocks: list[list[Block]] = [[] for _ in range(n)]
+        segments = [self._segments(shape) for shape in grid.shapes]
+        per_block = [1] * n
+        n_blocks = [grid.passes] * n  # blocks a shape gets: `passes`, fewer for shapes of fewer repetitions
+        cost = [0.0] * n  # seconds a visit takes (warm-up + block), from the first visit
+        rng = np.random.default_rng(self.seed)
+        total = n * grid.passes
+        done = 0
+        # Executors (KV slabs) kept between visits, smallest slabs first, within a memory allowance: a kept
+        # executor's next visit needs no warm-up when a call is long (its first call is then within ~1% of
+        # the next ones; a freshly allocated slab's first call is 3-4% slower).
+        kept: dict[int, Any] = {}
+        allowance = self._keep_bytes()
+        for i in sorted(range(n), key=lambda i: grid.shapes[i].kv_tokens):
+            need = grid.shapes[i].kv_tokens * self._kv_bpt
+            if need > allowance:
+                break
+            kept[i] = None
+            allowance -= need
+
+        def visit(i: int, first: bool) -> None:
+            shape = grid.shapes[i]
+            start = time.perf_counter()
+            executor = kept.get(i)
+            fresh = executor is None
+            if fresh:
+                executor = executor_cls(model, shape.slots, shape.max_len)
+                if i in kept:
+                    kept[i] = executor
+            fn = self._call(executor, shape, segments[i])
+            gc.disable()  # no collector pauses inside timed calls (as timeit does)
+            try:
+                if first:  # the warm-up call, timed, sizes the repetitions and the blocks
+                    est = time_fn(fn, max(grid.warmup - 1, 0), 1, self.device)
+                    reps = adaptive_reps(est[0], grid.budget_s, grid.min_reps, grid.max_reps)
+                    n_blocks[i] = max(1, min(grid.passes, reps))
+                    per_block[i] = max(1, round(reps / n_blocks[i]))
+                elif grid.warmup and (fresh or np.median(blocks[i][-1].times) < WARM_ALWAYS_S):
+                    time_fn(fn, grid.warmup - 1, 1, self.device)
+                r0, w0 = monitor.read(), time.perf_counter()
+                times = time_fn(fn, 0, per_block[i], self.device)
+                wall = time.perf_counter() - w0
+                r1 = monitor.read()
+            finally:
+                gc.enable()
+            blocks[i].append(Block(times, monitor.foreign_share(r0, r1, wall),
+                                   monitor.quiet(r0, r1, wall, QUIET_SHARE)))
+            if first:
+                cost[i] = time.perf_counter() - start
+
+        def visits(i: int, sweep: int) -> bool:
+            """Whether shape i is timed in this sweep: every shape in the first; then its other blocks spread
+            evenly over the remaining sweeps (a long shape has fewer, one repetition each)."""
+            if sweep == 0:
+                return True
+            m, p = n_blocks[i] - 1, grid.passes - 1
+            return (sweep * m) // p > ((sweep - 1) * m) // p
+
+        for sweep in range(grid.passes):
+            order = list(range(n)) if sweep == 0 else rng.permutation(n).tolist()
+            for i in order:
+                if not visits(i, sweep):
+                    continue
+                if sweep > 0 and time.perf_counter() + cost[i] > deadline:
+                    continue  # out of time: this shape keeps the blocks it has
+                visit(i, sweep == 0)
+                done += 1
+                # progress in sweeps: the first sweep counts one step a shape, the others share the rest
+                steps = done if sweep == 0 else n + round((done - n) * (total - n) / max(sum(n_blocks) - n, 1))
+                self.emit(event="progress", done=min(steps, total), total=total, label=grid.shapes[i].label(),
+                          time_s=float(np.median([t for b in blocks[i] for t in b.times])))
+        # Re-time the shapes still short of quiet blocks (the machine was busy when their turn came).
+        while grid.quiet_blocks > 0:
+            short = [i for i in range(n) if sum(b.quiet for b in blocks[i]) < grid.quiet_blocks
+                     and time.perf_counter() + cost[i] <= deadline]
+            if not short:
+                break
+            fewest = min(sum(b.quiet for b in blocks[i]) for i in short)
+            for i in rng.permutation([i for i in short if sum(b.quiet for b in blocks[i]) == fewest]).tolist():
+                if time.perf_counter() + cost[i] > deadline:
+                    continue
+                visit(i, False)
+                self.emit(event="progress", done=min(done, total), total=total,
+                          label=f"re-timing {grid.shapes[i].label()}",
+                          time_s=float(np.median([t for b in blocks[i] for t in b.times])))
+        kept.clear()
+        return blocks
+
+    def _keep_bytes(self) -> int:
+        """Memory the kept executors' KV slabs may take: on the CPU a share of the machine's memory (at most
+        KEEP_CPU_BYTES); on a GPU none (its memory is the profile's limit already)."""
+        if self.device.type != "cpu":
+            return 0
+        try:
+            mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return 0
+        return int(min(KEEP_CPU_BYTES, mem // 8))
+
     def run(self) -> None:
         import torch
         import transformers
 
         from profiler.forward import ATTN_IMPLEMENTATION, RaggedExecutor
         from profiler.model import build_model
-        from profiler.timing import adaptive_reps, summarize, time_fn
+        from profiler.timing import CpuMonitor
         from profiler.workloads import build_grid, prefill
 
         t_start = time.perf_counter()
@@ -114,7 +309,7 @@ class Worker:
         model = build_model(self.spec, self.device, self.dtype, self.seed)
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         probe = RaggedExecutor(model, 1, 1)
-        kv_bpt = probe.kv_bytes_per_token
+        kv_bpt = self._kv_bpt = probe.kv_bytes_per_token
         del probe
         grid = build_grid(self.grid_name, self.spec.max_position, self._kv_budget_tokens(kv_bpt), self.seed)
         self.emit(event="start", shapes=len(grid.shapes), total=len(grid.shapes) * grid.passes,
@@ -133,44 +328,11 @@ class Worker:
 
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        # Sweep the grid `passes` times, in a fresh seeded order each time, splitting each shape's repetitions
-        # between sweeps: a burst of load from other processes then lands on many shapes a little instead of
-        # on a run of neighbouring shapes (on a shared machine, it showed as a whole region of the grid timed
-        # 2-3x slow). The first sweep sizes each shape's repetitions from its first (warm-up) call.
-        n = len(grid.shapes)
-        times: list[list[float]] = [[] for _ in range(n)]
-        segments = [self._segments(shape) for shape in grid.shapes]
-        per_pass = [0] * n
-        order_rng = np.random.default_rng(self.seed)
-        done = 0
-        gc_was_enabled = gc.isenabled()
-        try:
-            for sweep in range(grid.passes):
-                order = list(range(n)) if sweep == 0 else order_rng.permutation(n).tolist()
-                for i in order:
-                    shape = grid.shapes[i]
-                    executor = None  # frees the previous slab (by reference count) before allocating
-                    executor = RaggedExecutor(model, shape.slots, shape.max_len)
-                    gc.disable()  # no collector pauses inside timed calls (as timeit does)
-                    fn = self._call(executor, shape, segments[i])
-                    if sweep == 0:
-                        est = time_fn(fn, max(grid.warmup - 1, 0), 1, self.device)
-                        total = adaptive_reps(est[0], grid.budget_s, grid.min_reps, grid.max_reps)
-                        per_pass[i] = max(1, -(-total // grid.passes))
-                    elif grid.warmup:
-                        time_fn(fn, grid.warmup - 1, 1, self.device)
-                    times[i] += time_fn(fn, 0, per_pass[i], self.device)
-                    gc.enable()
-                    done += 1
-                    self.emit(event="progress", done=done, total=n * grid.passes, label=shape.label(),
-                              time_s=float(np.median(times[i])))
-                executor = None
-        finally:
-            if gc_was_enabled:
-                gc.enable()
+        monitor = CpuMonitor()
+        blocks = self._measure(grid, model, RaggedExecutor, monitor, deadline=t_start + grid.max_wall_s)
+        rows, timing = summarize_blocks(blocks, grid, monitor)
         for i, shape in enumerate(grid.shapes):
-            row = {**shape.features(), "reps": len(times[i]), **summarize(times[i])}
-            self.emit(event="row", index=i, label=shape.label(), row=row)
+            self.emit(event="row", index=i, label=shape.label(), row={**shape.features(), **rows[i]})
 
         meta = {
             "model": self.spec.name,
@@ -195,6 +357,8 @@ class Worker:
             "max_reps": grid.max_reps,
             "rep_budget_s": grid.budget_s,
             "passes": grid.passes,
+            "max_wall_s": grid.max_wall_s if math.isfinite(grid.max_wall_s) else None,
+            "timing": timing,
             "attn_implementation": ATTN_IMPLEMENTATION,
             "executor": "ragged [1, T] forward over a per-layer KV slab, per-segment SDPA; padded kinds run a "
                         "real [B, L] batch; LM head on sampled rows only",

@@ -16,16 +16,36 @@ them, so a model fitted on profile.csv can price any plan:
 | attn_kv_tokens | sum over prefill segments of c + q |
 | decode_rows | single-token rows, padding rows included (plan.decode_rows) |
 | decode_kv | KV tokens read by decode rows incl. the new one: sum (context + 1); padded: rows x kv_len |
-| q, c | a representative chunk and context, for plots (prefill: longest q and its c; decode: 1 and the longest context) |
-| reps, time_s, time_p10_s, time_p90_s | repetitions timed, median and 10th/90th percentile seconds |
+| decode_pad_kv | padding to the longest decode row: decode_rows x (longest context + 1) - decode_kv; padded: 0 |
+| q, c | a representative chunk and context (prefill: longest q and its c; decode: 1, longest context) |
+| reps, time_s, time_p10_s, time_p90_s | repetitions used, their median and 10th/90th percentile seconds (which repetitions: `profiler/worker.py`) |
 
-Grids (`GRIDS`): `full` (a CPU profile of `tiny` in a few minutes), `quick` (under a minute) and `test`
+decode_pad_kv is computed from a plan by `sim.cost.fitted.decode_pad_kv(plan)` (from its decode sequences'
+contexts) rather than stored in it.
+
+Grids (`GRID_NAMES`): `full` (a CPU profile of `tiny` in under 5 minutes), `quick` (under a minute) and `test`
 (seconds, for the test suite). All cap token positions at the model's `max_position` and skip shapes whose KV
-slab would exceed the memory budget the caller gives.
+slab would exceed the memory budget the caller gives. What the full grid is for (the fitted form is
+`sim.cost.fitted`'s: piecewise-linear curves with knots where the profile measured):
+
+- single prompts at every power of two, on both sides of each (2^k - 1, 2^k + 1, 2^k + 2: a tile or
+  kernel step shows between knots), and densely in between (held-out rows there check the interpolation);
+  the decode batch sizes are among them, so the linear-layer curve is pinned where decode rows sample
+  every row;
+- chunks on cached context (attention compute vs KV read vs segments), half of them mid-prompt chunks
+  that sample nothing: with them the LM head's first row is told apart from the fixed overhead;
+- long iterations: two full-length prompts packed, and 12 to 32 prompts of 256 tokens (T = 3072 to 8192,
+  vLLM's per-iteration token cap for sharegpt): the curve's knots above one prompt's 2048 tokens, so large
+  batched and padded prefills interpolate;
+- decodes on a batch x context grid, hybrids (decodes + a chunk), packed vs padded prompt sets and ragged
+  vs padded decode steps.
+
+How each shape is timed (sweeps, quiet blocks, the estimate) is `profiler/worker.py`'s docstring.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,7 +54,7 @@ import numpy as np
 Kind = Literal["prefill", "decode", "hybrid", "padded_prefill", "padded_decode"]
 KINDS: tuple[str, ...] = ("prefill", "decode", "hybrid", "padded_prefill", "padded_decode")
 FEATURES = ("kind", "batch_size", "linear_tokens", "sampled_tokens", "num_segments", "attn_units",
-            "attn_kv_tokens", "decode_rows", "decode_kv", "q", "c")
+            "attn_kv_tokens", "decode_rows", "decode_kv", "decode_pad_kv", "q", "c")
 TIMINGS = ("reps", "time_s", "time_p10_s", "time_p90_s")
 COLUMNS = FEATURES + TIMINGS
 GRID_NAMES = ("full", "quick", "test")
@@ -88,25 +108,27 @@ class Shape:
         segs = self.segs
         if self.kind == "padded_prefill":
             B, L = len(segs), self.length
-            return _row(self.kind, B, B * L, sum(s.sample for s in segs), B, B * L * (L / 2), B * L, 0, 0, L, 0)
+            return _row(self.kind, B, B * L, sum(s.sample for s in segs), B, B * L * (L / 2), B * L, 0, 0, 0, L,
+                        0)
         if self.kind == "padded_decode":
             B = len(segs)
             kv = self.kv_len or max(s.c for s in segs) + 1
-            return _row(self.kind, B, B, sum(s.sample for s in segs), 0, 0.0, 0, B, B * kv, 1, kv - 1)
+            return _row(self.kind, B, B, sum(s.sample for s in segs), 0, 0.0, 0, B, B * kv, 0, 1, kv - 1)
         pre = [s for s in segs if not s.decode]
         dec = [s for s in segs if s.decode]
         rep = max(pre, key=lambda s: (s.q, s.c)) if pre else None
+        kv = sum(s.c + 1 for s in dec)
+        pad = len(dec) * (max(s.c for s in dec) + 1) - kv if dec else 0
         return _row(self.kind, len(segs), sum(s.q for s in segs), sum(s.sample for s in segs), len(pre),
                     float(sum(s.q * (s.c + s.q / 2) for s in pre)), sum(s.c + s.q for s in pre),
-                    len(dec), sum(s.c + 1 for s in dec),
-                    rep.q if rep else 1, rep.c if rep else max(s.c for s in dec))
+                    len(dec), kv, pad, rep.q if rep else 1, rep.c if rep else max(s.c for s in dec))
 
     def label(self) -> str:
         f = self.features()
         if self.kind in ("prefill", "padded_prefill"):
             if f["num_segments"] == 1 and self.kind == "prefill":
                 s = self.segs[0]
-                return f"prefill q={s.q}" + (f" c={s.c}" if s.c else "")
+                return f"prefill q={s.q}" + (f" c={s.c}" if s.c else "") + ("" if s.sample else " unsampled")
             return f"{self.kind} B={f['batch_size']} T={f['linear_tokens']}"
         if self.kind == "hybrid":
             return f"hybrid {f['decode_rows']} decodes + chunk q={f['q']} c={f['c']}"
@@ -114,19 +136,21 @@ class Shape:
 
 
 def _row(kind: str, batch_size: int, linear: int, sampled: int, segments: int, attn_units: float, attn_kv: int,
-         decode_rows: int, decode_kv: int, q: int, c: int) -> dict[str, object]:
+         decode_rows: int, decode_kv: int, decode_pad_kv: int, q: int, c: int) -> dict[str, object]:
     return {"kind": kind, "batch_size": int(batch_size), "linear_tokens": int(linear),
             "sampled_tokens": int(sampled), "num_segments": int(segments), "attn_units": float(attn_units),
             "attn_kv_tokens": int(attn_kv), "decode_rows": int(decode_rows), "decode_kv": int(decode_kv),
+            "decode_pad_kv": int(decode_pad_kv),
             "q": int(q), "c": int(c)}
 
 
 # ---- shape builders -----------------------------------------------------------------------------------------
 
 
-def prefill(q: int, c: int = 0) -> Shape:
-    """One prompt of q tokens (or its last chunk, on c cached tokens); its last token is sampled."""
-    return Shape("prefill", (Seg(q, c),))
+def prefill(q: int, c: int = 0, sample: bool = True) -> Shape:
+    """One prompt of q tokens (or its last chunk, on c cached tokens); its last token is sampled unless
+    `sample` is False (a mid-prompt chunk: no LM-head row)."""
+    return Shape("prefill", (Seg(q, c, sample=sample),), note="" if sample else "mid-prompt")
 
 
 def decode(batch: int, context: int) -> Shape:
@@ -158,7 +182,9 @@ def padded_prompts(lengths: list[int]) -> Shape:
 
 
 def tile_boundaries(lo_exp: int, hi_exp: int) -> list[int]:
-    return [n for k in range(lo_exp, hi_exp + 1) for n in (2 ** k - 1, 2 ** k, 2 ** k + 1)]
+    """Token counts on both sides of each power of two 2^lo .. 2^hi: 2^k - 1, 2^k, 2^k + 1 and 2^k + 2 (a step
+    between 2^k and 2^k + 1 still has a knot past it when one of the two rows past it is held out)."""
+    return [n for k in range(lo_exp, hi_exp + 1) for n in (2 ** k - 1, 2 ** k, 2 ** k + 1, 2 ** k + 2)]
 
 
 def prompt_sets(batches: list[int], lo: int, hi: int, seed: int) -> list[list[int]]:
@@ -175,7 +201,9 @@ class Grid:
     min_reps: int
     max_reps: int
     budget_s: float  # timing budget per shape: reps = budget / (time of one call), within [min, max]
-    passes: int = 1  # the grid is swept this many times, reps split between sweeps (see profiler/worker.py)
+    passes: int = 1  # sweeps of the grid: a shape is timed in min(passes, reps) of them (profiler/worker.py)
+    quiet_blocks: int = 0  # after the sweeps, shapes with fewer blocks timed on an idle machine are re-timed...
+    max_wall_s: float = math.inf  # ...until they have them or the worker has run this long
     skipped: list[str] = field(default_factory=list)
     prompt_sets: list[list[int]] = field(default_factory=list)
 
@@ -195,25 +223,34 @@ def build_grid(name: str, max_position: int, max_kv_tokens: int | None = None, s
         tile_hi = int(np.log2(top))
         ts = sorted(set(_dense_prefill(top)) | set(tile_boundaries(3, tile_hi)))
         shapes += [prefill(t) for t in ts if t <= top]
-        shapes += [prefill(q, c) for c in (128, 512, 1024, 1536) for q in (32, 128, 256, 512) if c + q <= top]
+        # chunks on cached context; half of them mid-prompt (no LM-head row: tells the LM head from the rest)
+        shapes += [prefill(q, c, sample=c in (128, 1024)) for c in (128, 512, 1024, 1536)
+                   for q in (32, 128, 256, 512) if c + q <= top]
+        # long iterations: two full-length prompts (heavy attention) and many 256-token ones (light attention)
+        # up to 8192 tokens (vLLM's token cap for sharegpt), so T > 2048 interpolates between knots
+        shapes += [packed_prompts([top, top])]
+        shapes += [packed_prompts([min(256, top)] * b) for b in (12, 16, 24, 32)]
         sets = prompt_sets([2, 4, 8, 16], 16, 384, seed)
         sets += [[128] * 8]  # equal lengths: no padding, packed [1, B*L] vs padded [B, L] layouts only
         ctxs = [16, 128, 512, 1024, top - 1]
         shapes += [decode(b, c) for b in (1, 2, 4, 8, 16, 32, 64, 128) for c in ctxs]
         pd = [(b, kv) for b in (8, 32, 128) for kv in (256, 1024)]
         shapes += [hybrid(d, 512, q, c) for d in (1, 8, 32, 64) for q in (64, 256, 512) for c in (0, 1024)]
-        grid = Grid(name, shapes, warmup=1, min_reps=6, max_reps=24, budget_s=0.6, passes=3)
+        grid = Grid(name, shapes, warmup=1, min_reps=10, max_reps=160, budget_s=1.0, passes=16, quiet_blocks=5,
+                    max_wall_s=275.0)
     elif name == "quick":
-        ts = [1, 16, 64, 127, 128, 129, 256, 512, 1024]
+        ts = [1, 2, 16, 64, 127, 128, 129, 256, 512, 1024]
         shapes += [prefill(t) for t in ts if t <= top]
-        shapes += [prefill(q, c) for q, c in ((128, 512), (512, 1024)) if c + q <= top]
+        chunks = ((128, 512, True), (512, 1024, True), (128, 1024, False))
+        shapes += [prefill(q, c, sample=s) for q, c, s in chunks if c + q <= top]
         sets = prompt_sets([4, 16], 16, 384, seed)
         shapes += [decode(b, c) for b in (1, 8, 32) for c in (128, 1024) if c < top]
         pd = [(32, 512)]
         shapes += [hybrid(d, 512, q, 0) for d in (8, 32) for q in (128, 512)]
-        grid = Grid(name, shapes, warmup=1, min_reps=4, max_reps=12, budget_s=0.4, passes=2)
+        grid = Grid(name, shapes, warmup=1, min_reps=6, max_reps=60, budget_s=0.8, passes=6, quiet_blocks=3,
+                    max_wall_s=45.0)
     else:  # test
-        shapes += [prefill(8), prefill(17), prefill(8, 16)]
+        shapes += [prefill(8), prefill(17), prefill(8, 16), prefill(4, 8, sample=False)]
         sets = prompt_sets([3], 4, 12, seed)
         shapes += [decode(2, 16)]
         pd = [(2, 24)]

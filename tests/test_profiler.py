@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -25,8 +28,10 @@ from policies.seq import Seq
 from profiler.forward import RaggedExecutor, Segment
 from profiler.model import build_model, reference_model
 from profiler.profile import profile
-from profiler.timing import summarize, time_fn
+from profiler.timing import CpuMonitor, summarize, time_fn
+from profiler.worker import Block, select_blocks
 from profiler.workloads import COLUMNS, KINDS, build_grid
+from sim.cost.fitted import decode_pad_kv
 from sim.models import get_model
 from simctl.errors import InputError
 
@@ -160,7 +165,7 @@ def _plan_features(plan) -> dict:
             "sampled_tokens": plan.sampled_tokens, "num_segments": len(plan.prefill_q),
             "attn_units": float(sum(q * (c + q / 2) for q, c in zip(plan.prefill_q, plan.prefill_c))),
             "attn_kv_tokens": sum(q + c for q, c in zip(plan.prefill_q, plan.prefill_c)),
-            "decode_rows": plan.decode_rows, "decode_kv": plan.decode_kv}
+            "decode_rows": plan.decode_rows, "decode_kv": plan.decode_kv, "decode_pad_kv": decode_pad_kv(plan)}
 
 
 def test_profile_features_are_the_batch_plan_fields():
@@ -202,6 +207,9 @@ def test_profile_writes_a_well_formed_profile(tmp_path):
     assert padded["linear_tokens"] >= packed["linear_tokens"]  # pads are computed
     meta = json.loads((out / "meta.json").read_text())
     assert meta["OMP_WAIT_POLICY"] == "PASSIVE" and meta["threads"] == 1
+    timing = meta["timing"]
+    assert timing["blocks"] >= len(frame) and 0 <= timing["quiet_blocks"] <= timing["blocks"]
+    assert 0 <= timing["foreign_cpu_share"] <= 1 and isinstance(timing["shapes_without_quiet_block"], list)
     assert meta["model"] == "tiny-2l" and meta["model_shape"]["num_layers"] == 2 and meta["dtype"] == "float32"
     for key in ("device_name", "torch_version", "transformers_version", "date"):
         assert meta[key]
@@ -248,3 +256,53 @@ def test_grids_fit_memory_and_positions():
     for k in range(4, 12):  # tile boundaries
         assert {2 ** k - 1, 2 ** k} <= ts and (2 ** k + 1 in ts or 2 ** k + 1 > 2048)
     assert math.isclose(np.median([1.0, 2.0, 10.0]), summarize([1.0, 2.0, 10.0])["time_s"])
+
+
+def test_full_grid_separates_what_the_fit_needs():
+    """Unsampled chunks (the LM head's first row vs the overhead), single prompts at every decode batch size
+    (the linear curve pinned where decode rows sample every row), long iterations up to 8192 tokens, and
+    timing limits that keep the full profile under 5 minutes and the quick one under 1."""
+    full = build_grid("full", 2048)
+    rows = [s.features() for s in full.shapes]
+    assert sum(1 for f in rows if f["sampled_tokens"] == 0) >= 4
+    single = {f["linear_tokens"] for f, s in zip(rows, full.shapes) if s.kind == "prefill" and len(s.segs) == 1}
+    assert {f["batch_size"] for f in rows if f["kind"] == "decode"} <= single
+    assert {3072, 4096, 6144, 8192} <= {f["linear_tokens"] for f in rows}
+    assert full.passes >= 8 and full.quiet_blocks >= 1 and full.max_wall_s <= 285
+    quick = build_grid("quick", 2048)
+    assert quick.max_wall_s <= 50 and any(s.features()["sampled_tokens"] == 0 for s in quick.shapes)
+    assert build_grid("test", 2048).quiet_blocks == 0  # the test grid never waits for an idle machine
+
+
+def test_cpu_monitor_sees_another_process():
+    mon = CpuMonitor()
+    if not mon.available:
+        pytest.skip("no /proc")
+    spin = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 0.6: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    time.sleep(0.1)  # the child is spinning
+    r0, w0 = mon.read(), time.perf_counter()
+    time.sleep(0.4)
+    wall, r1 = time.perf_counter() - w0, mon.read()
+    child.wait()
+    # a whole core busy for 0.4 s: at least 1 / cpus of the capacity (less a tick or two of sampling)
+    assert mon.foreign_share(r0, r1, wall) > 0.6 / mon.cpus
+    assert not mon.quiet(r0, r1, wall, 0.05)
+    assert mon.foreign_ticks(r1, r1) == 0 and mon.quiet(r1, r1, 0.1, 0.05)
+
+
+def test_blocks_timed_on_a_busy_machine_are_not_used():
+    def block(ms: float, quiet: bool, foreign: float = 0.0) -> Block:
+        return Block([ms * 1e-3] * 3, foreign if not quiet else 0.0, quiet)
+
+    # the faster half of the quiet blocks (the faster one of two; both of one), contended ones ignored
+    bs = [block(10, True), block(6, False, 0.5), block(12, True), block(11, True), block(30, False, 0.4),
+          block(10.5, True)]
+    assert sorted(b.times[0] * 1e3 for b in select_blocks(bs)) == [10, 10.5]
+    assert [b.times[0] * 1e3 for b in select_blocks([block(12, True), block(11, True), block(13, True)])] \
+        == [11, 12]
+    assert len(select_blocks([block(10, True)])) == 1
+    # no quiet block at all: the least contended third (at least one), then its faster half
+    busy = [block(20, False, 0.5), block(14, False, 0.1), block(15, False, 0.2), block(9, False, 0.9),
+            block(16, False, 0.3), block(17, False, 0.6)]
+    assert [b.times[0] * 1e3 for b in select_blocks(busy)] == [14]

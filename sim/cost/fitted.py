@@ -3,35 +3,66 @@
 Functional form (seconds per iteration; every quantity is a field of the `BatchPlan`):
 
     t = overhead_s
-      + sqrt(linear_mem_s^2 + (linear_token_s x tiled(T))^2)            if T > 0   linear layers
-      + sqrt(lm_head_mem_s^2 + (lm_head_row_s x tiled(r))^2)            if r > 0   LM head
-      + attn_unit_s x sum_i q_i (c_i + q_i/2)                                      prefill attention compute
-      + attn_kv_token_s x sum_i (c_i + q_i)                                        prefill attention KV read
-      + attn_segment_s x (number of prefill segments)                              per-segment launches
-      + decode_kv_token_s x decode_kv                                              decode attention KV read
-      + decode_row_s x decode_rows                                                 per decode row
+      + linear(tiled(T))                                           linear layers (T > 0)
+      + lm_head(tiled(r))                                          LM head (r > 0)
+      + attn_unit_s x sum_i q_i (c_i + q_i/2)                      prefill attention compute
+      + attn_kv_token_s x sum_i (c_i + q_i)                        prefill attention KV read
+      + attn_segment_s x (number of prefill segments)              per-segment launches
+      + decode_rows x (decode_row_s + decode_kv(decode_kv / decode_rows))   decode attention, per row
+      + decode_pad_token_s x decode_pad_kv                         ... and padding to the longest row
 
 with T = `linear_tokens` (padding included), r = `sampled_tokens` (LM-head rows), segments i =
-(`prefill_q`, `prefill_c`) and tiled(n) = n for n <= tile, else n rounded up to a multiple of the fitted
-`tile` (as `Roofline.tiled`: a GEMM over more than one row tile pays for whole tiles; below one tile the
-kernels use smaller tiles or GEMV).
+(`prefill_q`, `prefill_c`), decode_kv / decode_rows the mean KV tokens a decode row reads (its context + 1,
+padding included), decode_pad_kv = `decode_pad_kv(plan)` (below), and tiled(n) = n for n <= tile, else n
+rounded up to a multiple of the fitted `tile` (as `Roofline.tiled`: a GEMM over more than one row tile pays
+for whole tiles; below one tile the kernels use smaller tiles or GEMV).
+
+`linear`, `lm_head` and `decode_kv` are monotone piecewise-linear curves given by knot tables [(n_0, s_0),
+(n_1, s_1), ...] (n strictly increasing, s non-decreasing, >= 0): linear interpolation between knots, the
+last segment's slope beyond the last knot, s_0 below the first, 0 at a count of 0. The linear table starts
+at (1, 0): the linear layers' cost at one token is part of `overhead_s` (every iteration has T >= 1, so the
+two could not be told apart). The LM head table starts at (0, 0), so its first segment is the first sampled
+row's cost (identified by profiled shapes that sample nothing, e.g. mid-prompt chunks). The decode table
+starts at (k_0, 0) with k_0 the shortest mean KV length profiled: `decode_row_s` is a row's cost there, and
+shorter rows are priced as k_0 (a row's cost below it cannot be told from the per-row constant).
 
 Why this form:
-- The linear layers and the LM head use the roofline's soft knee sqrt(mem^2 + (per_token x T)^2): a floor
-  for streaming the weights (memory-bound small batches) blending into a per-token slope (compute-bound large
-  batches). design.md reads off a published Llama-2-7B/A100 profile that this blend stays within ~5% from
-  T = 1 to 4096 where max() is up to 25% low at the knee; and it *nests* the piecewise-linear form: with
-  mem = 0 it is exactly overhead + per_token x T, which is what CPU timings of the tiny models look like
-  (the fit picks mem = 0 there). A hard max() would not fit either.
-- Tile quantization is a fitted parameter: a step in time at every tile boundary above one tile
-  (Sarathi-Serve measured chunk 257 up to 32% slower than 256).
+- Measured linear-layer time against T is not a line nor a soft knee on every device. On a 2-core CPU
+  (tiny model, 2 OpenMP threads) it is ~2.3 ms at T = 1 (GEMV, one thread), ~5 ms at T = 2 (GEMM: the
+  second thread is woken for every operator), nearly flat to T = 16, a step between T = 128 and 129 (the
+  GEMM changes its partitioning), then close to linear: no closed form with a few coefficients follows that
+  (the previous sqrt(mem^2 + (per_token x T)^2) form fitted this CPU at 14% held-out error). A GPU shows a
+  weight-streaming floor blending into a compute slope (a convex knee) plus tile steps. A monotone
+  piecewise-linear curve with knots where the profile measured covers both, keeps the form linear in its
+  parameters (the fit is a non-negative least squares: non-negative increments between knots make the curve
+  monotone), and is exact at the measured token counts.
+- Tile quantization stays a fitted parameter (selected among powers of two): a GPU's step at every tile
+  boundary cannot be represented by knots placed only where the profile measured, but it is by evaluating
+  the curves at tiled counts (Sarathi-Serve measured chunk 257 up to 32% slower than 256). A one-off step
+  (the CPU's at 128/129) is a knot pair instead, with the tile left at 1.
 - Attention is priced from what it does: compute ~ q(c + q/2) per segment (a varlen kernel; padded or
   dense-masked layouts arrive as segments of the padded length, so pads are paid), KV read ~ (c + q), and a
-  per-segment cost. Decode attention is memory-bound: it is linear in the KV tokens read (padded KV
-  included) plus a per-row cost. The profile CSV only holds these sums, so they enter linearly.
-- A fixed overhead (launches, Python, sampling) absorbs everything independent of the batch.
+  per-segment cost. The profile CSV holds only these sums, so they enter linearly.
+- Decode attention is memory-bound, but its cost per KV token is not constant: on the CPU a row reading 2048
+  KV tokens cost ~30% more per token than one reading 512 (the SDPA kernel blocks the KV length), which
+  left a batch x context pattern of -8%..+5% residuals with a single slope. A per-row curve of the mean KV
+  length follows it (decode_kv(x) = (x - k_0) x slope when it is a line: the previous form).
+  Non-linearity in the batch size lands in the linear/LM-head curves, which decode rows evaluate at
+  T = r = batch size.
+- Decode rows of different contexts in a ragged batch: decode_pad_kv = decode_rows x (longest context + 1)
+  - decode_kv is the KV a batch padded to its longest row would read beyond its own (0 when all contexts are
+  equal, and for padded layouts, whose decode_kv already counts it). An executor that batches decode rows
+  into padded groups pays part of it: the profiler's (`profiler/forward.py`) groups rows within a factor 2
+  of context and masks the rest, and its mixed-context decode steps took 10-20% longer than their mean
+  context predicts (tiny on a 2-core CPU; fitted: ~0.6 of a KV token's cost per padding token). The fitted
+  share is a property of the executor profiled (an exact varlen kernel fits it at ~0).
+- A fixed overhead (launches, Python, sampling, and the linear layers at one token) absorbs everything
+  independent of the batch.
 
-All coefficients are >= 0 (the fit bounds them), so every term is monotone in its field.
+All coefficients are >= 0 and the curves non-decreasing, so the time never decreases when a field of the
+plan grows (tile rounding is a step, never a drop). Along a decode stretch every row gains one KV token: the
+mean KV length grows by one per repeat and decode_pad_kv stays the same, so `decode_stretch_times` is a
+vectorised closed form (the decode curve evaluated at k points).
 
 KV capacity: the model carries the model shape and dtype it was fitted for, hence `kv_bytes_per_token` and
 `weight_bytes`, and the device memory when the profile recorded it (`memory_bytes`, null otherwise, e.g. on
@@ -44,13 +75,16 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import fields
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from policies.plan import BatchPlan
+from policies.plan import BatchPlan, Layout
 from sim.cost.base import CostModel
 from sim.cost.roofline import DEFAULT_ACTIVATION_RESERVE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION
 from sim.gpus import GiB
@@ -58,26 +92,30 @@ from sim.models import ModelSpec
 from simctl.errors import InputError
 
 FORMAT = "simctl.fitted-cost-model"
-VERSION = 1
+VERSION = 2
 
-# The coefficients, in the order the fit and `predict_arrays` use.
+# The scalar coefficients, in the order the fit and `predict_arrays` use.
 COEFFICIENTS: tuple[str, ...] = (
-    "overhead_s",  # s per iteration
-    "linear_mem_s",  # s: weight-streaming floor of the linear layers
-    "linear_token_s",  # s per tiled linear token
-    "lm_head_mem_s",  # s: weight-streaming floor of the LM head (when any row is sampled)
-    "lm_head_row_s",  # s per tiled sampled row
+    "overhead_s",  # s per iteration (the linear layers at T = 1 included)
     "attn_unit_s",  # s per q (c + q/2) of prefill segments
     "attn_kv_token_s",  # s per (c + q) of prefill segments
     "attn_segment_s",  # s per prefill segment
-    "decode_kv_token_s",  # s per KV token read by decode rows
-    "decode_row_s",  # s per decode row
+    "decode_pad_token_s",  # s per KV token of padding to the longest decode row (ragged layouts)
+    "decode_row_s",  # s per decode row (reading one KV token)
 )
+# The piecewise-linear curves: name -> (what their n counts, the first knot's n; None: the smallest n profiled)
+CURVES: dict[str, tuple[str, int | None]] = {
+    "linear": ("tiled linear tokens T", 1),
+    "lm_head": ("tiled sampled rows r", 0),
+    "decode_kv": ("mean KV tokens per decode row, decode_kv / decode_rows", None),
+}
 
-FORM = ("t = overhead_s + sqrt(linear_mem_s^2 + (linear_token_s*tiled(T))^2)[T>0] "
-        "+ sqrt(lm_head_mem_s^2 + (lm_head_row_s*tiled(r))^2)[r>0] + attn_unit_s*sum q(c+q/2) "
-        "+ attn_kv_token_s*sum(c+q) + attn_segment_s*segments + decode_kv_token_s*decode_kv "
-        "+ decode_row_s*decode_rows; tiled(n) = n if n <= tile else ceil(n/tile)*tile")
+FORM = ("t = overhead_s + linear(tiled(T))[T>0] + lm_head(tiled(r))[r>0] + attn_unit_s*sum q(c+q/2) "
+        "+ attn_kv_token_s*sum(c+q) + attn_segment_s*segments "
+        "+ decode_rows*(decode_row_s + decode_kv(decode_kv/decode_rows)) + decode_pad_token_s*decode_pad_kv; "
+        "decode_pad_kv = decode_rows*(longest decode context+1) - decode_kv (ragged layouts; 0 padded); "
+        "linear, lm_head, decode_kv: monotone piecewise-linear through their knots (last slope beyond the "
+        "last knot); tiled(n) = n if n <= tile else ceil(n/tile)*tile")
 
 _DTYPE_BYTES = {
     "float32": 4, "fp32": 4, "float": 4, "float64": 8, "double": 8, "float16": 2, "fp16": 2, "half": 2,
@@ -120,34 +158,104 @@ def tiled_array(n: np.ndarray, tile: int) -> np.ndarray:
     return np.where(n <= tile, n, np.ceil(n / tile) * tile)
 
 
-def predict_arrays(coef: dict[str, float] | np.ndarray, tile: int, linear_tokens, sampled_tokens, attn_units,
-                   attn_kv_tokens, num_segments, decode_rows, decode_kv) -> np.ndarray:
-    """The functional form over arrays of plan fields (the fit and reports use it; `Fitted` prices the same
-    formula one plan at a time)."""
-    c = (np.array([coef[k] for k in COEFFICIENTS], dtype=np.float64) if isinstance(coef, dict)
-         else np.asarray(coef, dtype=np.float64))
-    T = np.asarray(linear_tokens, dtype=np.float64)
-    r = np.asarray(sampled_tokens, dtype=np.float64)
-    lin = np.where(T > 0, np.sqrt(c[1] ** 2 + (c[2] * tiled_array(T, tile)) ** 2), 0.0)
-    lm = np.where(r > 0, np.sqrt(c[3] ** 2 + (c[4] * tiled_array(r, tile)) ** 2), 0.0)
-    return (c[0] + lin + lm + c[5] * np.asarray(attn_units, dtype=np.float64)
-            + c[6] * np.asarray(attn_kv_tokens, dtype=np.float64)
-            + c[7] * np.asarray(num_segments, dtype=np.float64)
-            + c[8] * np.asarray(decode_kv, dtype=np.float64)
-            + c[9] * np.asarray(decode_rows, dtype=np.float64))
-
-
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-class Fitted(CostModel):
-    """Prices a `BatchPlan` with coefficients fitted to a profile (see the module docstring for the form)."""
+def check_knots(name: str, knots: Any, first: int | None = None) -> list[tuple[int, float]]:
+    """A validated knot table [(n, seconds), ...]: n integers >= 0 strictly increasing, seconds finite,
+    >= 0 and non-decreasing (InputError otherwise). `first`: the n the table must start at."""
+    if not isinstance(knots, (list, tuple)) or not knots:
+        raise InputError(f"{name} must be a non-empty list of [n, seconds] knots")
+    out: list[tuple[int, float]] = []
+    for k in knots:
+        if not isinstance(k, (list, tuple)) or len(k) != 2 or not all(_number(v) for v in k):
+            raise InputError(f"{name}: knot {k!r} is not a pair [n, seconds]")
+        n, s = k
+        if not math.isfinite(n) or n != int(n) or n < 0:
+            raise InputError(f"{name}: knot n = {n!r} must be an integer >= 0")
+        if not math.isfinite(s) or s < 0:
+            raise InputError(f"{name}: knot seconds = {s!r} must be a finite number >= 0")
+        if out and n <= out[-1][0]:
+            raise InputError(f"{name}: knots must have strictly increasing n ({out[-1][0]} then {int(n)})")
+        if out and s < out[-1][1]:
+            raise InputError(f"{name}: seconds must not decrease ({out[-1][1]!r} at n = {out[-1][0]}, then "
+                             f"{s!r} at n = {int(n)})")
+        out.append((int(n), float(s)))
+    if first is not None and out[0][0] != first:
+        raise InputError(f"{name}: the first knot must be at n = {first}, got {out[0][0]}")
+    return out
 
-    def __init__(self, coefficients: dict[str, float], tile: int, model: str | None = None,
-                 model_shape: dict[str, Any] | None = None, dtype_bytes: int | None = None,
-                 memory_bytes: int | None = None, meta: dict[str, Any] | None = None,
-                 fit: dict[str, Any] | None = None) -> None:
+
+def pwl_array(x: np.ndarray, knots: Sequence[tuple[float, float]]) -> np.ndarray:
+    """The piecewise-linear curve through `knots` at `x` (the last slope beyond the last knot, the first
+    value below the first knot); 0 where x <= 0."""
+    x = np.asarray(x, dtype=np.float64)
+    xs = np.array([k[0] for k in knots], dtype=np.float64)
+    ys = np.array([k[1] for k in knots], dtype=np.float64)
+    v = np.interp(x, xs, ys)
+    if len(xs) > 1:
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        v = v + np.maximum(x - xs[-1], 0.0) * slope
+    return np.where(x > 0, v, 0.0)
+
+
+def decode_pad_kv(plan: BatchPlan) -> int:
+    """KV tokens of padding to the longest decode row: decode_rows x (longest context + 1) - decode_kv, for a
+    ragged plan that lists its decode sequences (first in `plan.seqs`, as every builder puts them); 0 for
+    padded layouts (their decode_kv already counts the padding) and for plans without the sequences."""
+    n = plan.decode_rows
+    if n <= 1 or plan.layout is Layout.PADDED or len(plan.seqs) < n:
+        return 0
+    longest = max(s.computed for s in plan.seqs[:n])
+    return max(n * (longest + 1) - plan.decode_kv, 0)
+
+
+def predict_arrays(coef: dict[str, float] | np.ndarray, curves: dict[str, Sequence[tuple[float, float]]],
+                   tile: int, linear_tokens, sampled_tokens, attn_units, attn_kv_tokens, num_segments,
+                   decode_rows, decode_kv, decode_pad_kv=0) -> np.ndarray:
+    """The functional form over arrays of plan fields (the fit and reports use it; `Fitted` prices the same
+    formula one plan at a time). `curves`: the knot tables by name (`CURVES`)."""
+    c = (np.array([coef[k] for k in COEFFICIENTS], dtype=np.float64) if isinstance(coef, dict)
+         else np.asarray(coef, dtype=np.float64))
+    T = tiled_array(linear_tokens, tile)
+    r = tiled_array(sampled_tokens, tile)
+    rows = np.asarray(decode_rows, dtype=np.float64)
+    mean_kv = np.asarray(decode_kv, dtype=np.float64) / np.maximum(rows, 1.0)
+    return (c[0] + pwl_array(T, curves["linear"]) + pwl_array(r, curves["lm_head"])
+            + c[1] * np.asarray(attn_units, dtype=np.float64)
+            + c[2] * np.asarray(attn_kv_tokens, dtype=np.float64)
+            + c[3] * np.asarray(num_segments, dtype=np.float64)
+            + c[4] * np.asarray(decode_pad_kv, dtype=np.float64)
+            + rows * (c[5] + pwl_array(mean_kv, curves["decode_kv"])))
+
+
+class _Curve:
+    """A knot table prepared for pricing one count at a time (bisect into the knots)."""
+
+    __slots__ = ("slopes", "x0", "xs", "y0", "ys")
+
+    def __init__(self, knots: Sequence[tuple[int, float]]) -> None:
+        self.xs = [k[0] for k in knots]
+        self.ys = [k[1] for k in knots]
+        s = [(y1 - y0) / (x1 - x0) for (x0, y0), (x1, y1) in pairwise(knots)]
+        self.slopes = s + [s[-1] if s else 0.0]  # beyond the last knot: the last segment's slope
+        self.x0, self.y0 = self.xs[0], self.ys[0]
+
+    def __call__(self, x: float) -> float:
+        if x <= self.x0:
+            return self.y0 if x > 0 else 0.0
+        i = bisect_right(self.xs, x) - 1
+        return self.ys[i] + self.slopes[i] * (x - self.xs[i])
+
+
+class Fitted(CostModel):
+    """Prices a `BatchPlan` with coefficients and curves fitted to a profile (see the module docstring)."""
+
+    def __init__(self, coefficients: dict[str, float], tile: int, curves: dict[str, Sequence[Sequence[float]]],
+                 model: str | None = None, model_shape: dict[str, Any] | None = None,
+                 dtype_bytes: int | None = None, memory_bytes: int | None = None,
+                 meta: dict[str, Any] | None = None, fit: dict[str, Any] | None = None) -> None:
         if not isinstance(coefficients, dict):
             raise InputError("coefficients must be an object")
         missing = [k for k in COEFFICIENTS if k not in coefficients]
@@ -161,6 +269,11 @@ class Fitted(CostModel):
                 raise InputError(f"coefficient {k} must be >= 0, got {v!r}")
         if not isinstance(tile, int) or isinstance(tile, bool) or tile < 1:
             raise InputError(f"tile must be a positive integer, got {tile!r}")
+        if not isinstance(curves, dict):
+            raise InputError("curves must be an object of knot tables")
+        missing = [k for k in CURVES if k not in curves]
+        if missing:
+            raise InputError(f"curves lack {', '.join(missing)}")
         if memory_bytes is not None and (not _number(memory_bytes) or not memory_bytes > 0
                                          or not math.isfinite(memory_bytes)):
             raise InputError(f"memory_bytes must be a positive number or null, got {memory_bytes!r}")
@@ -168,6 +281,9 @@ class Fitted(CostModel):
             dtype_bytes = dtype_bytes_of(dtype_bytes)
         self.coefficients = {k: float(coefficients[k]) for k in COEFFICIENTS}
         self.tile = tile
+        self.curves = {k: check_knots(k, curves[k], first) for k, (_, first) in CURVES.items()}
+        if self.curves["decode_kv"][0][0] < 1 or self.curves["decode_kv"][0][1] != 0:
+            raise InputError("decode_kv: the first knot must be at n >= 1 with 0 seconds")
         self.model = model
         self.model_shape = dict(model_shape) if model_shape is not None else None
         self.spec = model_spec_from_shape(model or "fitted", model_shape) if model_shape is not None else None
@@ -178,15 +294,23 @@ class Fitted(CostModel):
 
         c = self.coefficients
         self._ovh = c["overhead_s"]
-        self._lin_a2 = c["linear_mem_s"] ** 2
-        self._lin_b = c["linear_token_s"]
-        self._lm_a2 = c["lm_head_mem_s"] ** 2
-        self._lm_b = c["lm_head_row_s"]
+        self._lin = _Curve(self.curves["linear"])
+        self._lm = _Curve(self.curves["lm_head"])
+        self._dec = _Curve(self.curves["decode_kv"])
+        self._dec_knots = self.curves["decode_kv"]
         self._pa_unit = c["attn_unit_s"]
         self._pa_kv = c["attn_kv_token_s"]
         self._pa_seg = c["attn_segment_s"]
-        self._dkv = c["decode_kv_token_s"]
+        self._dpad = c["decode_pad_token_s"]
         self._drow = c["decode_row_s"]
+
+    @property
+    def linear(self) -> list[tuple[int, float]]:
+        return self.curves["linear"]
+
+    @property
+    def lm_head(self) -> list[tuple[int, float]]:
+        return self.curves["lm_head"]
 
     def __repr__(self) -> str:
         dev = self.meta.get("device_name") or self.meta.get("device") or "?"
@@ -198,21 +322,15 @@ class Fitted(CostModel):
         return n if n <= tile else -(-n // tile) * tile
 
     def _fixed(self, plan: BatchPlan) -> float:
-        """Everything but the decode KV term (the only one that changes over a decode stretch)."""
+        """Everything but the decode rows' KV curve (the only term that changes along a decode stretch)."""
         t = self._ovh
         tile = self.tile
         T = plan.linear_tokens
         if T > 0:
-            if T > tile:
-                T = -(-T // tile) * tile
-            b = self._lin_b * T
-            t += math.sqrt(self._lin_a2 + b * b)
+            t += self._lin(T if T <= tile else -(-T // tile) * tile)
         r = plan.sampled_tokens
         if r > 0:
-            if r > tile:
-                r = -(-r // tile) * tile
-            b = self._lm_b * r
-            t += math.sqrt(self._lm_a2 + b * b)
+            t += self._lm(r if r <= tile else -(-r // tile) * tile)
         if plan.prefill_q:
             units2 = 0  # 2 x sum q (c + q/2), exact in integers
             kv = 0
@@ -220,31 +338,40 @@ class Fitted(CostModel):
                 units2 += q * (2 * c + q)
                 kv += c + q
             t += self._pa_unit * (0.5 * units2) + self._pa_kv * kv + self._pa_seg * len(plan.prefill_q)
+        if self._dpad and plan.decode_rows > 1:
+            t += self._dpad * decode_pad_kv(plan)
         return t + self._drow * plan.decode_rows
 
     def iteration_time(self, plan: BatchPlan) -> float:
-        return self._fixed(plan) + plan.decode_kv * self._dkv
+        rows = plan.decode_rows
+        if rows <= 0:
+            return self._fixed(plan)
+        return self._fixed(plan) + rows * self._dec(plan.decode_kv / rows)
 
     def decode_stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
         if k <= 0:
             return np.empty(0)
-        kv = plan.decode_kv + np.arange(k, dtype=np.int64) * plan.decode_rows
-        return self._fixed(plan) + kv * self._dkv
+        rows = plan.decode_rows
+        fixed = self._fixed(plan)
+        if rows <= 0:
+            return np.full(k, fixed)
+        mean_kv = plan.decode_kv / rows + np.arange(k, dtype=np.float64)  # every row gains one token
+        return fixed + rows * pwl_array(mean_kv, self._dec_knots)
 
     def breakdown(self, plan: BatchPlan) -> dict[str, float]:
         """The terms of `iteration_time(plan)` in seconds (reports and tests; not on the hot path)."""
         c = self.coefficients
-        T, r = plan.linear_tokens, plan.sampled_tokens
+        T, r, rows = plan.linear_tokens, plan.sampled_tokens, plan.decode_rows
         units = sum(q * (cc + 0.5 * q) for q, cc in zip(plan.prefill_q, plan.prefill_c))
         kv = sum(cc + q for q, cc in zip(plan.prefill_q, plan.prefill_c))
         return {
             "overhead": c["overhead_s"],
-            "linear": math.hypot(c["linear_mem_s"], c["linear_token_s"] * self.tiled(T)) if T > 0 else 0.0,
-            "lm_head": math.hypot(c["lm_head_mem_s"], c["lm_head_row_s"] * self.tiled(r)) if r > 0 else 0.0,
+            "linear": self._lin(self.tiled(T)) if T > 0 else 0.0,
+            "lm_head": self._lm(self.tiled(r)) if r > 0 else 0.0,
             "prefill_attention": (c["attn_unit_s"] * units + c["attn_kv_token_s"] * kv
                                   + c["attn_segment_s"] * len(plan.prefill_q)),
-            "decode_attention": (c["decode_kv_token_s"] * plan.decode_kv
-                                 + c["decode_row_s"] * plan.decode_rows),
+            "decode_attention": ((rows * (c["decode_row_s"] + self._dec(plan.decode_kv / rows)) if rows > 0
+                                  else 0.0) + c["decode_pad_token_s"] * decode_pad_kv(plan)),
         }
 
     # ---- the model it was fitted for -------------------------------------------------------------------
@@ -315,6 +442,7 @@ class Fitted(CostModel):
             "meta": self.meta,
             "tile": self.tile,
             "coefficients": dict(self.coefficients),
+            "curves": {k: [[n, s] for n, s in v] for k, v in self.curves.items()},
             "fit": self.fit,
         }
 
@@ -326,17 +454,19 @@ class Fitted(CostModel):
             raise InputError(f"not a fitted cost model (format is {data.get('format')!r}, "
                              f"expected {FORMAT!r})")
         if data.get("version") != VERSION:
-            raise InputError(f"unsupported version {data.get('version')!r} (this simctl reads {VERSION})")
-        required = ("model", "model_shape", "dtype_bytes", "tile", "coefficients")
+            raise InputError(f"unsupported version {data.get('version')!r} (this simctl reads {VERSION}; "
+                             f"fit the profile again with `simctl fit`)")
+        required = ("model", "model_shape", "dtype_bytes", "tile", "coefficients", "curves")
         missing = [k for k in required if k not in data]
         if missing:
             raise InputError(f"missing key(s) {', '.join(missing)}")
         model = data["model"]
         if model is not None and not isinstance(model, str):
             raise InputError(f"model must be a string, got {model!r}")
-        return cls(data["coefficients"], data["tile"], model=model, model_shape=data["model_shape"],
-                   dtype_bytes=data["dtype_bytes"], memory_bytes=data.get("memory_bytes"),
-                   meta=data.get("meta") or {}, fit=data.get("fit") or {})
+        return cls(data["coefficients"], data["tile"], data["curves"], model=model,
+                   model_shape=data["model_shape"], dtype_bytes=data["dtype_bytes"],
+                   memory_bytes=data.get("memory_bytes"), meta=data.get("meta") or {},
+                   fit=data.get("fit") or {})
 
     @classmethod
     def load(cls, path: str | Path) -> Fitted:
