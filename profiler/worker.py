@@ -13,9 +13,9 @@ How a shape is timed (the measurement is the limit of the fit, so it is built fo
   blocks of a long shape (one repetition each) spread evenly over the sweeps. A burst of load then lands on
   a few blocks of many shapes instead of on every repetition of a run of neighbouring shapes, and the
   shape's estimate rests on many separate moments: between blocks lies most of the variance (a block's
-  median moved by ~3-4% from block to block, the calls within a block by p90/p10 ~1.1), so on this VM 16
-  blocks of 10 calls estimate a small shape better than 10 of 16 (held-out error of the fit: 3 blocks 3.2%,
-  7 blocks 2.7%, 10 blocks 2.6%, subsampling one profile).
+  median moved by ~3-4% from block to block, the calls within a block by p90/p10 ~1.1), so more, shorter
+  blocks beat fewer, longer ones (held-out error of the fit when subsampling a 10-block profile: 3 blocks
+  3.2%, 7 blocks 2.7%, 10 blocks 2.6%; profiles with 16 blocks fitted at 2.3%).
 - Quiet blocks. `profiler.timing.CpuMonitor` measures the CPU time every other process used during each
   block; a block is *quiet* when that is at most QUIET_SHARE (5%) of the machine's capacity. On the 2-core
   VM this was developed on, another process busy on one core moved a block by -40% (small shapes: the
