@@ -10,6 +10,12 @@ import numpy as np
 from policies.plan import BatchPlan
 
 
+def tiled(n: int, tile: int) -> int:
+    """Rows a GEMM over `n` rows pays for: n up to one tile (smaller row tiles or GEMV), else n rounded up
+    to a multiple of the tile (tile quantization; hot paths inline this expression)."""
+    return n if n <= tile else -(-n // tile) * tile
+
+
 class CostModel(ABC):
     @abstractmethod
     def iteration_time(self, plan: BatchPlan) -> float:

@@ -85,7 +85,7 @@ from typing import Any
 import numpy as np
 
 from policies.plan import BatchPlan, Layout
-from sim.cost.base import CostModel
+from sim.cost.base import CostModel, tiled
 from sim.cost.roofline import DEFAULT_ACTIVATION_RESERVE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION
 from sim.gpus import GiB
 from sim.models import ModelSpec
@@ -318,8 +318,7 @@ class Fitted(CostModel):
 
     # ---- pricing ---------------------------------------------------------------------------------------
     def tiled(self, n: int) -> int:
-        tile = self.tile
-        return n if n <= tile else -(-n // tile) * tile
+        return tiled(n, self.tile)
 
     def _fixed(self, plan: BatchPlan) -> float:
         """Everything but the decode rows' KV curve (the only term that changes along a decode stretch)."""

@@ -44,7 +44,7 @@ import math
 import numpy as np
 
 from policies.plan import BatchPlan
-from sim.cost.base import CostModel
+from sim.cost.base import CostModel, tiled
 from sim.gpus import GiB, GPUSpec, get_gpu
 from sim.models import ModelSpec, get_model
 from simctl.errors import InputError
@@ -153,8 +153,7 @@ class Roofline(CostModel):
     # ---- pricing ---------------------------------------------------------------------------------------
     def tiled(self, n: int) -> int:
         """Rows a GEMM over `n` rows pays for: n up to one tile, else n rounded up to the tile."""
-        tile = self.tile
-        return n if n <= tile else -(-n // tile) * tile
+        return tiled(n, self.tile)
 
     def _fixed(self, plan: BatchPlan) -> float:
         """Everything but decode attention (which is the only term that changes over a decode stretch)."""
