@@ -13,7 +13,7 @@ from rich.table import Table
 from simctl.errors import InputError
 
 DEFAULT_NUM_REQUESTS = 1000
-COMMANDS = ("run", "capacity", "real", "profile", "fit", "list")
+COMMANDS = ("run", "capacity", "real", "validate", "profile", "fit", "list")
 
 
 def _error_types() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
@@ -236,6 +236,50 @@ def real(
         sys.stdout.write(json_text(summary))
     else:
         _print_summary(summary)
+
+
+@app.command()
+def validate(
+    policy: Annotated[str, typer.Option(help="Policies to check: `all` or a comma-separated list.")] = "all",
+    trace: Trace = "sharegpt",
+    loads: Annotated[str, typer.Option(help="Loads as fractions of each policy's simulated capacity.")
+                     ] = "0.5,0.7",
+    cost: Annotated[str | None, typer.Option(help="The fitted cost_model.json of this device [default: the "
+                                             "shipped CPU fit].")] = None,
+    model: Annotated[str, typer.Option(help="Model shape (the one the cost model was fitted for).")] = "tiny",
+    scale: Annotated[float, typer.Option(help="Multiply prompt and output lengths (CPU-sized runs).")] = 0.05,
+    num_requests: Annotated[int, typer.Option(help="Requests per run.")] = 300,
+    seed: Seed = 0,
+    threads: Annotated[int | None, typer.Option(help="CPU threads of the real runs [default: the profile's]."
+                                                )] = None,
+    capacity: Annotated[bool, typer.Option(help="Also bisect the real capacity (a few more real runs).")
+                        ] = False,
+    out: Annotated[Path, typer.Option(help="Folder for validation.csv, .md, .png and the runs.")
+                   ] = Path("out/validate"),
+) -> None:
+    """Run real and simulated side by side on identical requests and report the prediction errors.
+
+    Example: simctl validate --policy vllm,sarathi --loads 0.5,0.7 --out out/validate
+    """
+    from engine.validate import markdown, validate_main
+    from sim.gpus import get_gpu
+    from sim.run import default_cost_path
+
+    try:
+        fractions = [float(x) for x in loads.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"--loads {loads!r}: give comma-separated numbers, e.g. 0.5,0.7") from None
+    cost_path = cost if cost is not None else default_cost_path(get_gpu("cpu"))
+    if cost_path is None:
+        raise InputError("no cost model: give --cost (fit one with `simctl profile` and `simctl fit`)")
+    try:
+        report = validate_main([p.strip() for p in policy.split(",") if p.strip()], trace=trace,
+                               loads=fractions, cost=cost_path, out=out, model=model, scale=scale,
+                               num_requests=num_requests, seed=seed, threads=threads, capacity=capacity,
+                               log=lambda line: print(line, file=sys.stderr))
+    except RuntimeError as e:
+        raise InputError(f"a real run failed: {e}") from None
+    print(markdown(report))
 
 
 @app.command()
