@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
 from importlib.resources import files
@@ -112,12 +113,24 @@ def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp:
     if path is None:
         roofline = Roofline(model, gpu, tp=tp)
         return roofline, roofline.kv_capacity_tokens(), "roofline"
+    if _is_roofline_calibration(path):  # efficiencies calibrated on one device, applied to this GPU's specs
+        from profiler.fit import load_roofline_calibration
+
+        roofline = Roofline(model, gpu, tp=tp, **load_roofline_calibration(path))
+        return roofline, roofline.kv_capacity_tokens(), f"roofline calibrated by {path}"
     fitted = Fitted.load(path)
     fitted.check_model(model)
     if tp != 1:
         raise InputError(f"--tp {tp}: a fitted cost model describes the single device it was profiled on")
     memory = None if fitted.memory_bytes is not None else gpu.memory_bytes
     return fitted, fitted.kv_capacity_tokens(memory_bytes=memory), f"fitted {path}"
+
+
+def _is_roofline_calibration(path: str | Path) -> bool:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8")).get("format") == "simctl.roofline-calibration"
+    except (OSError, ValueError, AttributeError):
+        return False  # Fitted.load reports what is wrong with the file
 
 
 def run(config: RunConfig) -> Run:

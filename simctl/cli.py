@@ -55,7 +55,9 @@ MaxBatch = Annotated[int | None, typer.Option(help="Cap on requests per batch [d
 Arrival = Annotated[str, typer.Option(help="Arrival process: poisson, or gamma (bursty, see --cv).")]
 Cv = Annotated[float, typer.Option(help="Coefficient of variation of gamma inter-arrivals.")]
 Cost = Annotated[str | None, typer.Option(help="A fitted cost_model.json (from `simctl fit`) instead of the "
-                                          "roofline; --gpu cpu uses the shipped CPU fit by default.")]
+                                          "roofline, or a roofline_calibration.json (`simctl fit "
+                                          "--roofline-gpu`) to apply measured efficiencies to --gpu's specs; "
+                                          "--gpu cpu uses the shipped CPU fit by default.")]
 
 
 @app.command()

@@ -468,3 +468,19 @@ def test_other_commands_bad_input_is_one_line_exit_2(tmp_path: Path, args: tuple
     out = tmp_path / "out"
     assert_one_line_error(simctl(*args, "--out", out, cwd=tmp_path), *expected)
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_roofline_calibration_applies_to_another_gpu(tmp_path: Path) -> None:
+    """`simctl fit --roofline-gpu` on the shipped CPU profile, then `run --cost` with that calibration."""
+    shipped = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu"
+    res = simctl("fit", shipped, "--out", tmp_path / "fit", "--roofline-gpu", "cpu")
+    assert res.returncode == 0, res.stderr
+    calib = json.loads((tmp_path / "fit" / "roofline_calibration.json").read_text())
+    res = simctl("run", "--model", "tiny", "--gpu", "a100-80gb", "--trace", "sharegpt", "--num-requests", "50",
+                 "--cost", tmp_path / "fit" / "roofline_calibration.json", "--json")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["cost_model"].startswith("roofline calibrated by")
+    base = json.loads(simctl("run", "--model", "tiny", "--gpu", "a100-80gb", "--trace", "sharegpt",
+                             "--num-requests", "50", "--json").stdout)
+    assert calib["params"]["overhead_s"] != 2e-3 and summary["ttft_p50"] != base["ttft_p50"]
