@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.capacity import SLO, CapacityResult
+from sim.capacity import SLO, CapacityResult, search_qps
 from simctl.errors import InputError
 
 DEFAULT_TRACE = "sharegpt"
@@ -83,44 +83,6 @@ def metric_label(m: str) -> str:
 
 
 # ---- bisection over QPS (one search, any probe) ----------------------------------------------------------------
-
-
-def search_qps(probe: Callable[[float], dict[str, Any]], slo: SLO, start_qps: float = 1.0,
-               rel_tol: float = 0.02, max_probes: int = 30, step: float = 2.0) -> CapacityResult:
-    """The highest QPS whose run meets `slo`: multiply (or divide) `start_qps` by `step` until the capacity
-    is bracketed, then bisect to `rel_tol`, running at most `max_probes` probes. `probe(qps)` returns a run's
-    summary; each is kept, with `slo_met` added, in probe order. `sim.capacity.find_capacity`'s search with
-    the run and the bracketing factor (2 there) as parameters."""
-    probes: list[dict[str, Any]] = []
-
-    def ok(qps: float) -> bool:
-        s = dict(probe(qps))
-        s["qps"] = qps
-        s["slo_met"] = slo.met(s)
-        probes.append(s)
-        return s["slo_met"]
-
-    lo, hi = 0.0, start_qps
-    if ok(hi):
-        lo = hi
-        while len(probes) < max_probes:
-            hi = lo * step
-            if not ok(hi):
-                break
-            lo = hi
-    else:
-        while len(probes) < max_probes and hi > 1e-4:
-            hi /= step
-            if ok(hi):
-                lo, hi = hi, hi * step
-                break
-    while lo > 0 and hi - lo > rel_tol * lo and len(probes) < max_probes:
-        mid = (lo + hi) / 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    return CapacityResult(lo, probes)
 
 
 def bracket(result: CapacityResult) -> tuple[float, float | None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Any
@@ -49,13 +50,17 @@ class CapacityResult:
         return next((p for p in self.probes if p["qps"] == self.qps and p["slo_met"]), None)
 
 
-def find_capacity(config: RunConfig, slo: SLO, start_qps: float = 1.0, rel_tol: float = 0.02,
-                  max_probes: int = 30) -> CapacityResult:
-    """Double (or halve) from `start_qps` to bracket the capacity, then bisect to `rel_tol`."""
+def search_qps(probe: Callable[[float], dict[str, Any]], slo: SLO, start_qps: float = 1.0,
+               rel_tol: float = 0.02, max_probes: int = 30, step: float = 2.0) -> CapacityResult:
+    """The highest QPS whose run meets `slo`: multiply (or divide) `start_qps` by `step` until the capacity
+    is bracketed, then bisect to `rel_tol`, running at most `max_probes` probes. `probe(qps)` returns a run's
+    summary; each is kept, with `slo_met` added, in probe order. Simulated runs and real runs (engine/validate.py)
+    share it."""
     probes: list[dict[str, Any]] = []
 
     def ok(qps: float) -> bool:
-        s = run(replace(config, qps=qps)).summary
+        s = dict(probe(qps))
+        s["qps"] = qps
         s["slo_met"] = slo.met(s)
         probes.append(s)
         return s["slo_met"]
@@ -64,15 +69,15 @@ def find_capacity(config: RunConfig, slo: SLO, start_qps: float = 1.0, rel_tol: 
     if ok(hi):
         lo = hi
         while len(probes) < max_probes:
-            hi = lo * 2
+            hi = lo * step
             if not ok(hi):
                 break
             lo = hi
     else:
         while len(probes) < max_probes and hi > 1e-4:
-            hi /= 2
+            hi /= step
             if ok(hi):
-                lo, hi = hi, hi * 2
+                lo, hi = hi, hi * step
                 break
     while lo > 0 and hi - lo > rel_tol * lo and len(probes) < max_probes:
         mid = (lo + hi) / 2
@@ -81,6 +86,12 @@ def find_capacity(config: RunConfig, slo: SLO, start_qps: float = 1.0, rel_tol: 
         else:
             hi = mid
     return CapacityResult(lo, probes)
+
+
+def find_capacity(config: RunConfig, slo: SLO, start_qps: float = 1.0, rel_tol: float = 0.02,
+                  max_probes: int = 30) -> CapacityResult:
+    """The capacity of one simulated configuration."""
+    return search_qps(lambda qps: run(replace(config, qps=qps)).summary, slo, start_qps, rel_tol, max_probes)
 
 
 @dataclass(frozen=True)
