@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: run test bench lint clean
+.PHONY: run test bench bench-validate lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/sim_speed.py
+
+# real runs on this machine's CPU against the simulator (minutes; wants a quiet machine)
+bench-validate: $(STAMP)
+	$(PY) bench/validate.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
