@@ -15,7 +15,6 @@ from operator import attrgetter
 
 from policies.seq import Seq
 
-
 _computed = attrgetter("computed")
 
 
