@@ -52,10 +52,7 @@ class Policy(ABC):
         again (its waiting queue stays blocked and KV only gets scarcer). Returns how many extra repeats the
         KV allows; the default suits policies whose only repeat-breaking event is KV running out.
         """
-        extra = self.kv.max_common_growth(plan.seqs, limit + 1) - 1
-        if extra > 0:
-            self.kv.grow_all(plan.seqs, extra + 1)
-        return max(extra, 0)
+        return max(self.kv.grow_common(plan.seqs, limit + 1) - 1, 0)
 
     def finish(self, seq: Seq) -> None:
         """The sequence sampled its last token: release it."""

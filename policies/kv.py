@@ -51,6 +51,13 @@ class KVManager(ABC):
         for s in seqs:
             self.grow(s, steps)
 
+    def grow_common(self, seqs: list[Seq], limit: int) -> int:
+        """Grow every sequence by the largest k <= limit they can all cache (max_common_growth); return k."""
+        k = self.max_common_growth(seqs, limit)
+        if k > 0:
+            self.grow_all(seqs, k)
+        return k
+
     @abstractmethod
     def max_common_growth(self, seqs: list[Seq], limit: int) -> int:
         """Largest k <= limit such that every sequence can cache k more tokens at once."""
@@ -119,29 +126,37 @@ class PagedKV(KVManager):
         slack = np.fromiter((blocks[s.id] * bs - s.computed for s in seqs), np.int64, len(seqs))
         return lambda k: -(-np.maximum(k - slack, 0) // bs)
 
-    def grow_all(self, seqs: list[Seq], steps: int) -> None:
-        new = self._new_blocks(seqs)(steps)
-        assert new.sum() <= self.free_blocks, "grow_all() beyond the free blocks"
+    def _allocate(self, seqs: list[Seq], new: np.ndarray) -> None:
+        assert new.sum() <= self.free_blocks, "growth beyond the free blocks"
         for i in np.flatnonzero(new).tolist():
             self.blocks[seqs[i].id] += int(new[i])
         self.free_blocks -= int(new.sum())
 
-    def max_common_growth(self, seqs: list[Seq], limit: int) -> int:
-        new_blocks = self._new_blocks(seqs)
-
-        def need(k: int) -> int:
-            return int(new_blocks(k).sum())
-
-        if need(limit) <= self.free_blocks:
+    def _largest_fit(self, new_blocks, limit: int) -> int:
+        """Largest k <= limit whose new blocks fit in the free ones (binary search; need(k) grows with k)."""
+        if int(new_blocks(limit).sum()) <= self.free_blocks:
             return limit
-        lo, hi = 0, limit  # need(lo) fits, need(hi) does not
+        lo, hi = 0, limit  # lo fits, hi does not
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if need(mid) <= self.free_blocks:
+            if int(new_blocks(mid).sum()) <= self.free_blocks:
                 lo = mid
             else:
                 hi = mid
         return lo
+
+    def grow_all(self, seqs: list[Seq], steps: int) -> None:
+        self._allocate(seqs, self._new_blocks(seqs)(steps))
+
+    def max_common_growth(self, seqs: list[Seq], limit: int) -> int:
+        return self._largest_fit(self._new_blocks(seqs), limit)
+
+    def grow_common(self, seqs: list[Seq], limit: int) -> int:
+        new_blocks = self._new_blocks(seqs)  # one pass over the sequences for both the search and the growth
+        k = self._largest_fit(new_blocks, limit)
+        if k > 0:
+            self._allocate(seqs, new_blocks(k))
+        return k
 
     def free(self, seq: Seq) -> None:
         self.free_blocks += self.blocks.pop(seq.id)
