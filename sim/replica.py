@@ -134,7 +134,7 @@ def apply_iteration(policy: Policy, iterations: IterationLog, gaps: GapHistogram
     nd = plan.decode_tokens
     seqs = plan.seqs
     consecutive = 0  # decodes whose previous token came at this iteration's start (the common case)
-    for s in seqs[:nd]:  # decodes: each samples a token
+    for s in seqs[:nd]:  # decodes: Seq.advance(1), inlined on the hot path; each samples a token
         s.computed += 1
         g = s.generated = s.generated + 1
         if s.last_token_s == start:
@@ -150,10 +150,8 @@ def apply_iteration(policy: Policy, iterations: IterationLog, gaps: GapHistogram
     for s, q in zip(seqs[nd:], plan.num_new[nd:]):  # prefill segments
         if s.first_scheduled_s < 0:
             s.first_scheduled_s = start
-        s.computed += q
-        if s.computed != s.prompt_tokens + s.generated:
+        if not s.advance(q):
             continue  # a chunk short of the last known token samples nothing
-        s.generated += 1
         if s.first_token_s < 0:
             s.first_token_s = end
         else:  # re-prefilled after a preemption: the user saw a long gap
