@@ -73,30 +73,15 @@ def _check_inputs(model_name: str, device: str, dtype: str, threads: int | None,
 
 
 def _write_files(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
-    """profile.csv then meta.json, all or none: both complete under temporary names before the first rename."""
+    """profile.csv then meta.json, all or none."""
     import pandas as pd
 
-    from sim.output import _temp_in, json_text, prepare_out_dir
+    from sim.output import json_text, write_files
 
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     meta_text = json_text(meta)
-    prepare_out_dir(out)
-    done: list[tuple[Path, Path]] = []
-    try:
-        try:
-            tmp = _temp_in(out, "profile.csv")
-            done.append((tmp, out / "profile.csv"))
-            frame.to_csv(tmp, index=False)
-            tmp = _temp_in(out, "meta.json")
-            done.append((tmp, out / "meta.json"))
-            tmp.write_text(meta_text, encoding="utf-8")
-            for tmp, path in done:
-                os.replace(tmp, path)
-        except OSError as e:
-            raise InputError(f"--out {out}: cannot write the profile ({e.strerror or e})") from None
-    finally:
-        for tmp, _ in done:
-            tmp.unlink(missing_ok=True)
+    write_files(out, {"profile.csv": lambda p: frame.to_csv(p, index=False),
+                      "meta.json": lambda p: p.write_text(meta_text, encoding="utf-8")}, "the profile")
 
 
 def worker_command(model_name: str, device: str, dtype: str, threads: int, grid: str, seed: int) -> list[str]:

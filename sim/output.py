@@ -19,8 +19,6 @@ import pandas as pd
 
 from simctl.errors import InputError
 
-RUN_FILES = ("requests.parquet", "iterations.parquet", "summary.json")
-
 
 def _temp_in(folder: Path, name: str) -> Path:
     """A new, empty, uniquely named file next to `name`. Created with mode 0o666 less the umask (not
@@ -82,31 +80,35 @@ def prepare_out_dir(out: Path) -> Path:
     return out
 
 
-def write_run(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterations: pd.DataFrame) -> None:
-    """Write summary.json, requests.parquet and iterations.parquet into `out` (created if needed), all or
-    none: every file is complete under a temporary name before the first rename."""
-    out = Path(out)
-    summary_text = json_text(summary)  # serialise first: a failure here must not touch the folder
-    writers: dict[str, Callable[[Path], None]] = {
-        "requests.parquet": lambda p: requests.to_parquet(p, index=False),
-        "iterations.parquet": lambda p: iterations.to_parquet(p, index=False),
-        "summary.json": lambda p: p.write_text(summary_text, encoding="utf-8"),
-    }
+def write_files(out: Path, writers: dict[str, Callable[[Path], None]], what: str) -> None:
+    """Write every file of `writers` (name -> function writing that file) into `out` (created if needed),
+    all or none, in the order given: each is complete under a temporary name before the first rename, and
+    temporaries never outlive the call. An OSError becomes an InputError naming `what`."""
     prepare_out_dir(out)
     done: list[tuple[Path, Path]] = []
     try:
         try:
-            for name in RUN_FILES:
+            for name, write in writers.items():
                 tmp = _temp_in(out, name)
                 done.append((tmp, out / name))
-                writers[name](tmp)
+                write(tmp)
             for tmp, path in done:
                 os.replace(tmp, path)
         except OSError as e:
-            raise InputError(f"--out {out}: cannot write the run's files ({_oserror_text(e)})") from None
+            raise InputError(f"--out {out}: cannot write {what} ({_oserror_text(e)})") from None
     finally:
         for tmp, _ in done:
             tmp.unlink(missing_ok=True)
+
+
+def write_run(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterations: pd.DataFrame) -> None:
+    """Write requests.parquet, iterations.parquet and summary.json (renamed last) into `out`, all or none."""
+    summary_text = json_text(summary)  # serialise first: a failure here must not touch the folder
+    write_files(Path(out), {
+        "requests.parquet": lambda p: requests.to_parquet(p, index=False),
+        "iterations.parquet": lambda p: iterations.to_parquet(p, index=False),
+        "summary.json": lambda p: p.write_text(summary_text, encoding="utf-8"),
+    }, "the run's files")
 
 
 def write_capacity(out: Path, spec: Any, results: dict[str, Any]) -> None:
