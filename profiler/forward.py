@@ -10,11 +10,12 @@ c = `cached` tokens are already in its slot. All tokens of the iteration are fla
 The attention function registered below (`ragged_attention`) then, per layer:
 
 1. writes each segment's new K/V into its slot at positions c..c+q-1 (one index_put for all tokens);
-2. decode rows (q = 1) are batched: queries `[n, H, 1, D]` against their slots' KV `[n, KVH, K, D]`, with an
-   additive float mask hiding columns beyond each row's own context when contexts differ. Rows are grouped
-   by similar context length (a row joins a group if its KV is at least half the group's longest, or within
-   64 tokens of it) so the padding read stays bounded; a group whose slots are consecutive reads its KV as a
-   view of the slab (no copy), and a group of equal contexts needs no mask;
+2. decode rows (q = 1) run as ONE batched attention over a view of the slab: the rows lo..hi spanning their
+   slots, `[hi - lo + 1, KVH, kmax, D]` with kmax the longest row's KV length, and an additive float mask
+   hiding columns beyond each row's own context when contexts differ. A view, not a gather: copying the KV
+   of 64 rows x 1,024 tokens cost 7x the attention itself here (tiny, CPU). A slot inside the span that is
+   not decoding (a hole) gets a zero query whose output is dropped, so the executor's user should keep the
+   running requests in few consecutive slots (the engine compacts its slots for this, `engine.serve`);
 3. each prefill segment (q > 1) attends to keys 0..c+q-1 of its own slot, causal within the new tokens:
    `is_causal` when c = 0, else an additive float mask aligned bottom-right (query i sees keys <= c + i).
    Attention FLOPs are therefore sum q*(c + q/2) (per segment), not (sum q)^2 as a block-diagonal mask over
@@ -33,8 +34,7 @@ Only the last token of each segment with `sample=True` reaches the LM head: the 
 gathered at those rows before `lm_head`.
 
 Everything is device-agnostic (index tensors are built on the model's device); CPU fallback is never
-silent. The KV of a decode group whose slots are not consecutive is gathered (a copy): a real engine
-should keep running requests in consecutive slots (or use a paged kernel) where that copy matters.
+silent.
 """
 
 from __future__ import annotations
@@ -48,8 +48,6 @@ import torch.nn.functional as F
 
 ATTN_IMPLEMENTATION = "simctl_ragged"
 BATCH_KWARG = "simctl_batch"  # the model-forward keyword that carries the layout to the attention function
-GROUP_MIN_SHARE = 0.5  # a decode row joins a group if its KV length is >= this share of the group's longest
-GROUP_SLACK_TOKENS = 64  # ... or within this many tokens of it
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +68,12 @@ class Segment:
 
 
 @dataclass(slots=True)
-class _DecodeGroup:
-    tokens: slice | torch.Tensor  # positions of its rows in the flattened [T] tokens
-    slots: slice | torch.Tensor
+class _Decodes:
+    tokens: slice | torch.Tensor  # positions of the decode rows in the flattened [T] tokens, in slot order
+    slots: slice  # the slab rows spanning their slots, lo..hi
+    rows: torch.Tensor | None  # each decode row's place in that span (None: the span has no holes)
     kmax: int
-    mask: torch.Tensor | None  # [n, 1, 1, kmax] additive, or None when every row sees all kmax columns
+    mask: torch.Tensor | None  # [span, 1, 1, kmax] additive, or None when every row sees all kmax columns
 
 
 @dataclass(slots=True)
@@ -92,7 +91,7 @@ class _Batch:
     padded: bool
     write_slot: torch.Tensor  # ragged: [T]; padded: [B, 1]
     write_pos: torch.Tensor  # ragged: [T]; padded: [B, L]
-    decodes: list[_DecodeGroup] = field(default_factory=list)
+    decodes: _Decodes | None = None
     prefills: list[_Prefill] = field(default_factory=list)
     # padded mode
     slots: slice | torch.Tensor | None = None
@@ -131,11 +130,13 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     kc[batch.write_slot, :, batch.write_pos] = key[0].transpose(0, 1)  # [T, KVH, D]
     vc[batch.write_slot, :, batch.write_pos] = value[0].transpose(0, 1)
     out = query.new_empty(q0.shape[1], q0.shape[0], q0.shape[2])  # [T, H, D]
-    for g in batch.decodes:
-        qd = q0[:, g.tokens].transpose(0, 1).unsqueeze(2)  # [n, H, 1, D]
-        k = kc[g.slots, :, :g.kmax]  # [n, KVH, kmax, D]
-        v = vc[g.slots, :, :g.kmax]
-        out[g.tokens] = _sdpa(qd, k, v, g.mask, False, scale)[:, :, 0]
+    d = batch.decodes
+    if d is not None:
+        qd = q0[:, d.tokens].transpose(0, 1).unsqueeze(2)  # [n, H, 1, D]
+        if d.rows is not None:  # holes get a zero query (finite output, dropped)
+            qd = qd.new_zeros(d.slots.stop - d.slots.start, *qd.shape[1:]).index_copy_(0, d.rows, qd)
+        o = _sdpa(qd, kc[d.slots, :, :d.kmax], vc[d.slots, :, :d.kmax], d.mask, False, scale)[:, :, 0]
+        out[d.tokens] = o if d.rows is None else o.index_select(0, d.rows)
     for p in batch.prefills:
         qp = q0[:, p.start:p.start + p.q].unsqueeze(0)  # [1, H, q, D]
         k = kc[p.slot:p.slot + 1, :, :p.cached + p.q]
@@ -232,26 +233,22 @@ class RaggedExecutor:
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         batch = _Batch(self.kv, False, torch.tensor(write_slot, dtype=torch.long, device=dev), pos)
 
-        rows = sorted((i for i, s in enumerate(segments) if s.q == 1), key=lambda i: -segments[i].cached)
-        g0 = 0
-        while g0 < len(rows):
-            kmax = segments[rows[g0]].cached + 1
-            g1 = g0 + 1
-            while g1 < len(rows):
-                k = segments[rows[g1]].cached + 1
-                if k < GROUP_MIN_SHARE * kmax and kmax - k > GROUP_SLACK_TOKENS:
-                    break
-                g1 += 1
-            group = sorted(rows[g0:g1])  # segment order: consecutive slots and tokens index as views
-            lens = [segments[i].cached + 1 for i in group]
+        rows = sorted((i for i, s in enumerate(segments) if s.q == 1), key=lambda i: segments[i].slot)
+        if rows:
+            lo, hi = segments[rows[0]].slot, segments[rows[-1]].slot
+            kmax = max(segments[i].cached for i in rows) + 1
+            lens = torch.full((hi - lo + 1,), kmax, dtype=torch.long)  # holes see every column
+            for i in rows:
+                lens[segments[i].slot - lo] = segments[i].cached + 1
             mask = None
-            if min(lens) < kmax:
-                blocked = (torch.arange(kmax, device=dev)[None, :]
-                           >= torch.tensor(lens, dtype=torch.long, device=dev)[:, None])
-                mask = _additive(blocked, self.dtype)[:, None, None, :]
-            batch.decodes.append(_DecodeGroup(_as_index([starts[i] for i in group], dev),
-                                              _as_index([segments[i].slot for i in group], dev), kmax, mask))
-            g0 = g1
+            if int(lens.min()) < kmax:
+                blocked = torch.arange(kmax)[None, :] >= lens[:, None]
+                mask = _additive(blocked.to(dev), self.dtype)[:, None, None, :]
+            place = None
+            if hi - lo + 1 > len(rows):
+                place = torch.tensor([segments[i].slot - lo for i in rows], dtype=torch.long, device=dev)
+            batch.decodes = _Decodes(_as_index([starts[i] for i in rows], dev), slice(lo, hi + 1), place, kmax,
+                                     mask)
         for i, s in enumerate(segments):
             if s.q > 1:
                 mask = None
@@ -319,6 +316,11 @@ class RaggedExecutor:
             kwargs, rc = self.prepare_padded(segments, length, kv_len)
             hidden = self._forward(kwargs)  # [B, L, hidden]
             return self.model.lm_head(hidden[rc[:, 0], rc[:, 1]])
+
+    def move_slot(self, src: int, dst: int, positions: int) -> None:
+        """Copy the first `positions` KV positions of slot `src` into slot `dst` (every layer, K and V)."""
+        with torch.inference_mode():
+            self.kv[:, :, dst, :, :positions] = self.kv[:, :, src, :, :positions]
 
     def clear(self) -> None:
         """Zero the slab (not needed for correctness: a segment only reads positions below c + q)."""

@@ -37,8 +37,8 @@ slab would exceed the memory budget the caller gives. What the full grid is for 
 - long iterations: two full-length prompts packed, and 12 to 32 prompts of 256 tokens (T = 3072 to 8192,
   vLLM's per-iteration token cap for sharegpt): the curve's knots above one prompt's 2048 tokens, so large
   batched and padded prefills interpolate;
-- decodes on a batch x context grid, hybrids (decodes + a chunk), packed vs padded prompt sets and ragged
-  vs padded decode steps.
+- decodes on a batch x context grid, decodes of spread contexts (padded to the longest row by the
+  executor), hybrids (decodes + a chunk), packed vs padded prompt sets and ragged vs padded decode steps.
 
 How each shape is timed (sweeps, quiet blocks, the estimate) is `profiler/worker.py`'s docstring.
 """
@@ -181,6 +181,11 @@ def padded_prompts(lengths: list[int]) -> Shape:
     return Shape("padded_prefill", tuple(Seg(n) for n in lengths), note="padded")
 
 
+def spread(batch: int, kv: int) -> list[int]:
+    """Contexts of `batch` decode rows spread evenly from kv/8 to kv - 1 (their KV lengths up to kv)."""
+    return np.linspace(max(kv // 8, 1), kv - 1, batch).astype(int).tolist()
+
+
 def tile_boundaries(lo_exp: int, hi_exp: int) -> list[int]:
     """Token counts on both sides of each power of two 2^lo .. 2^hi: 2^k - 1, 2^k, 2^k + 1 and 2^k + 2 (a step
     between 2^k and 2^k + 1 still has a knot past it when one of the two rows past it is held out)."""
@@ -234,6 +239,8 @@ def build_grid(name: str, max_position: int, max_kv_tokens: int | None = None, s
         sets += [[128] * 8]  # equal lengths: no padding, packed [1, B*L] vs padded [B, L] layouts only
         ctxs = [16, 128, 512, 1024, top - 1]
         shapes += [decode(b, c) for b in (1, 2, 4, 8, 16, 32, 64, 128) for c in ctxs]
+        # decode rows of spread contexts (the executor pads every row to the longest): the padding term
+        shapes += [decode_mixed(spread(b, kv)) for b in (4, 16, 64) for kv in (128, 512, top)]
         pd = [(b, kv) for b in (8, 32, 128) for kv in (256, 1024)]
         shapes += [hybrid(d, 512, q, c) for d in (1, 8, 32, 64) for q in (64, 256, 512) for c in (0, 1024)]
         grid = Grid(name, shapes, warmup=1, min_reps=10, max_reps=160, budget_s=1.0, passes=16, quiet_blocks=5,
@@ -262,8 +269,8 @@ def build_grid(name: str, max_position: int, max_kv_tokens: int | None = None, s
         grid.prompt_sets.append(lengths)
     for b, kv in pd:
         kv = min(kv, top)
-        # contexts spread from kv/8 to kv-1: the padded step reads b x kv columns, the ragged one only its own
-        contexts = np.linspace(max(kv // 8, 1), kv - 1, b).astype(int).tolist()
+        # contexts spread from kv/8 to kv-1: the padded step reads b x kv columns, the ragged one masks them
+        contexts = spread(b, kv)
         grid.shapes += [padded_decode(contexts, kv), decode_mixed(contexts), padded_decode([kv - 1] * b, kv)]
     kept = []
     for s in grid.shapes:

@@ -107,18 +107,25 @@ def test_hybrid_iteration_gives_each_request_its_own_logits(models, prompts):
 
 def test_decode_rows_with_mixed_contexts_and_scattered_slots(models):
     spec, model, ref = models
-    # contexts 0..200 over scattered slots: several decode groups (by context length), masks within a group,
-    # KV gathered from non-consecutive slots
+    # contexts 0..200 over slots 0..6 out of order: one masked view of slab rows 0..6; slot 4 is a hole in the
+    # span that holds a prompt prefilled in the same iteration (its zero query's output must not leak)
     g = torch.Generator().manual_seed(2)
     lengths = {5: 201, 1: 1, 3: 91, 0: 30, 6: 150, 2: 7}
     order = [(slot, torch.randint(0, spec.vocab_size, (n,), generator=g)) for slot, n in lengths.items()]
+    other = torch.randint(0, spec.vocab_size, (40,), generator=g)
     ex = RaggedExecutor(model, 8, 256)
-    kwargs, _ = ex.prepare([Segment(slot, p[-1:], len(p) - 1) for slot, p in order])
-    assert len(kwargs["simctl_batch"].decodes) >= 3
+    decodes = [Segment(slot, p[-1:], len(p) - 1) for slot, p in order]
+    kwargs, _ = ex.prepare(decodes)
+    d = kwargs["simctl_batch"].decodes
+    assert (d.slots, d.kmax) == (slice(0, 7), 201) and d.mask is not None
+    assert d.rows.tolist() == [0, 1, 2, 3, 5, 6]
     ex.run([Segment(slot, p[:-1]) for slot, p in order if len(p) > 1])
-    out = ex.run([Segment(slot, p[-1:], len(p) - 1) for slot, p in order])
-    expect = torch.stack([ref_logits(ref, p)[-1] for _, p in order])
+    out = ex.run(decodes + [Segment(4, other)])
+    expect = torch.stack([ref_logits(ref, p)[-1] for _, p in order] + [ref_logits(ref, other)[-1]])
     assert close(out, expect) < ATOL
+    # a wrong mask (every row sees the longest context) is far off
+    wrong = ex.run([Segment(slot, p[-1:], 200) for slot, p in order if len(p) < 201])
+    assert close(wrong, expect[1:6]) > WRONG
 
 
 def test_padded_batch_matches_unpadded(models, prompts):
