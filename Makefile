@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: run test bench bench-validate lint clean
+.PHONY: run test bench bench-speed bench-validate lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,10 +18,13 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
-bench: $(STAMP)
+# both benchmarks: simulator speed (about a minute), then accuracy against real runs (about 20 minutes)
+bench: bench-speed bench-validate
+
+bench-speed: $(STAMP)
 	$(PY) bench/sim_speed.py
 
-# real runs on this machine's CPU against the simulator (minutes; wants a quiet machine)
+# real runs on this machine's CPU against the simulator (wants a quiet machine)
 bench-validate: $(STAMP)
 	$(PY) bench/validate.py
 

@@ -42,6 +42,7 @@ from typing import Any
 from policies.base import Policy
 from policies.faster_transformer import FasterTransformer
 from policies.registry import POLICIES, make_policy, max_admissible_tokens
+from profiler.profile import default_threads
 from simctl.errors import InputError
 from traces.build import SEQ_LEN_ALIGN, build_trace, is_profile
 from traces.request import Request
@@ -63,7 +64,7 @@ class RealConfig:
     scale: float = 1.0  # prompt and output lengths multiplied by this (rounded, >= 1)
     seed: int = 0  # trace lengths/arrivals, prompt ids and model weights
     dtype: str = "float32"
-    threads: int | None = None  # CPU threads [default: the cores this process may use]
+    threads: int | None = None  # CPU threads [default: every core, profiler.profile.default_threads]
     token_budget: int | None = None
     max_batch_size: int | None = None
     kv_capacity: int | None = None  # KV token slots the policy may use [default: kv_slots x max_seq_len]
@@ -106,12 +107,6 @@ class Sizing:
     max_batch_size: int
     max_batch_size_capped: bool
 
-
-def default_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def scale_length(n: int, scale: float) -> int:

@@ -29,7 +29,8 @@ PROFILE_FILES = ("profile.csv", "meta.json")
 _ROOT = Path(__file__).resolve().parents[1]
 
 
-def _default_threads() -> int:
+def default_threads() -> int:
+    """CPU threads of profiles and real runs unless told otherwise: every core this process may use."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -54,7 +55,7 @@ def _check_inputs(model_name: str, device: str, dtype: str, threads: int | None,
         if not torch.cuda.is_available():
             raise InputError("cuda requested but not available")
     if threads is None:
-        threads = _default_threads()
+        threads = default_threads()
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise InputError(f"threads must be a positive integer, got {threads!r}")
     if grid not in GRID_NAMES:
@@ -145,7 +146,7 @@ def profile(model_name: str, device: str, dtype: str, threads: int | None, quick
     """Profile `model_name` (a catalogue shape built with random weights) on `device` and write
     `out_dir/profile.csv` and `out_dir/meta.json`; returns `out_dir`.
 
-    threads: CPU threads of the timing process (default: the cores this process may use).
+    threads: CPU threads of the timing process (default: `default_threads()`).
     quick: the `quick` grid (under a minute for `tiny` on a CPU) instead of `full`.
     grid: overrides `quick`: "full", "quick" or "test" (a few shapes, for tests).
     Raises InputError for an unknown model, dtype or device, cuda requested but missing, or a bad out_dir.
