@@ -1,16 +1,16 @@
 """Simulator accuracy against real execution on this CPU: `validate_main` for every policy at loads 0.5 and 0.7
-of its simulated capacity, with the real capacity bisected too (<= 6 real runs per policy).
+of its simulated capacity (3 real runs each, medians compared), with the real capacity bisected too (<= 6 real
+runs per policy).
 
-Cost model: the shipped CPU fit (profiler/profiles/cpu/cost_model.json) if present, else the development one
-(/tmp/prof_quiet/cost_model.json; if it is of an older format, its profile is fitted again into the output
-folder), else the benchmark is skipped with a message.
+Cost model: the shipped CPU fit (profiler/profiles/cpu/cost_model.json; if it is of an older format, its
+profile is fitted again into the output folder), else the benchmark is skipped with a message.
 
-Targets (issue 5): |error| <= 10% for P50 TTFT, P50 TBT and P50 E2E and <= 20% for their P99s, at loads 0.5
+Targets (issue 4): |error| <= 10% for P50 TTFT, P50 TBT and P50 E2E and <= 20% for their P99s, at loads 0.5
 and 0.7; |capacity error| <= 10%. Prints the table (misses marked) and writes bench/results/validate.json and
 bench/results/validate.md (the run's validation.md). The run's folders (real and simulated runs) go to
 --out [default: a temporary folder], which is printed.
 
-    .venv/bin/python bench/validate.py [--out DIR] [--policy all] [--quiet-wait 60]
+    .venv/bin/python bench/validate.py [--out DIR] [--policy all] [--quiet-wait 60] [--repeats 3]
     .venv/bin/python bench/validate.py --report DIR      # tabulate a finished validation again
 """
 
@@ -34,31 +34,27 @@ TARGETS = {"ttft_p50": 10.0, "tbt_p50": 10.0, "e2e_p50": 10.0, "ttft_p99": 20.0,
            "e2e_p99": 20.0}
 CAPACITY_TARGET = 10.0
 SHIPPED = ROOT / "profiler" / "profiles" / "cpu" / "cost_model.json"
-DEV = Path("/tmp/prof_quiet/cost_model.json")
 
 
 def find_cost(out: Path, console: Console) -> Path | None:
-    """The cost model to validate: the shipped CPU fit, else the development one (refitted from its profile
-    if its format is outdated), else None."""
+    """The cost model to validate: the shipped CPU fit (refitted from its profile if its format is outdated),
+    else None."""
     from sim.cost.fitted import Fitted
     from simctl.errors import InputError
 
-    for path in (SHIPPED, DEV):
-        if not path.is_file():
-            continue
-        try:
-            Fitted.load(path)
-            return path
-        except InputError as e:
-            console.print(f"[yellow]{e}[/yellow]")
-            if (path.parent / "profile.csv").is_file():
-                from profiler.fit import fit_profile
+    if not SHIPPED.is_file():
+        return None
+    try:
+        Fitted.load(SHIPPED)
+        return SHIPPED
+    except InputError as e:
+        console.print(f"[yellow]{e}[/yellow]")
+    from profiler.fit import fit_profile
 
-                refit = out / "refit"
-                fit_profile(path.parent, refit, plot=False)
-                console.print(f"fitted {path.parent} again into {refit}")
-                return refit / "cost_model.json"
-    return None
+    refit = out / "refit"
+    fit_profile(SHIPPED.parent, refit, plot=False)
+    console.print(f"fitted {SHIPPED.parent} again into {refit}")
+    return refit / "cost_model.json"
 
 
 def miss(err: float | None, limit: float) -> bool:
@@ -70,12 +66,26 @@ def cell(err: float | None, limit: float) -> str:
     return f"[bold red]{text} ✗[/bold red]" if miss(err, limit) else f"[green]{text}[/green]"
 
 
+def at_run_speed(row: dict) -> str:
+    """P50 errors of the twin re-simulated at the speed the machine had during the real runs."""
+    errs = [row.get(f"{m}_p50_adj_err_pct") for m in ("ttft", "tbt", "e2e")]
+    return " / ".join("n/a" if e is None else f"{e:+.0f}%" for e in errs)
+
+
+def spread(row: dict) -> str:
+    """max / min of the measured P50 TBT over the repeats (how far the machine moved between runs)."""
+    lo, hi = row.get("tbt_p50_real_min"), row.get("tbt_p50_real_max")
+    return f"x{hi / lo:.2f}" if lo and hi and row.get("repeats", 1) > 1 else "-"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--policy", default="all", help="comma-separated policies, or all")
     parser.add_argument("--quiet-wait", type=float, default=60.0,
                         help="seconds to wait, before each real run, for the machine to be quiet")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="real runs per policy and load (medians are compared)")
     parser.add_argument("--report", type=Path, default=None,
                         help="only tabulate and record a finished validation folder (nothing is run)")
     args = parser.parse_args(argv)
@@ -90,12 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or Path(tempfile.mkdtemp(prefix="simctl-validate-"))
         cost = find_cost(out, console)
         if cost is None:
-            console.print(f"[yellow]skipped: no CPU cost model ({SHIPPED} nor {DEV}); profile and fit this "
-                          "machine first (simctl profile / simctl fit)[/yellow]")
+            console.print(f"[yellow]skipped: no CPU cost model ({SHIPPED}); profile and fit this machine first "
+                          "(simctl profile / simctl fit)[/yellow]")
             return 0
         console.print(f"cost model {cost}; runs in {out}")
         report = validate_main(args.policy.split(","), "sharegpt", list(LOADS), cost=str(cost), out=out,
-                               capacity=True, quiet_wait_s=args.quiet_wait,
+                               capacity=True, quiet_wait_s=args.quiet_wait, repeats=args.repeats,
                                log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
 
     table = Table(title=f"simulator vs real: {report.config['model']} on CPU, sharegpt x {report.config['scale']:g}, "
@@ -108,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         table.add_column(f"{metric_label(m)}\n±{limit:g}%", justify="right")
     table.add_column("capacity QPS\nsim / real", justify="right")
     table.add_column(f"capacity\n±{CAPACITY_TARGET:g}%", justify="right")
+    table.add_column("P50 TTFT / TBT / E2E\nat the runs' speed", justify="right")
+    table.add_column("P50 TBT\nrun spread", justify="right")
     table.add_column("busy real /\nrepriced", justify="right")
     table.add_column("other\nCPU", justify="right")
     misses = []
@@ -119,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         other = r["foreign_cpu_share"]
         table.add_row(r["policy"], f"{r['load']:g}", f"{r['qps']:.3g}",
                       *[cell(e, TARGETS[m]) for m, e in zip(TARGETS, errs)], cap_text,
-                      cell(cap.get("error_pct"), CAPACITY_TARGET),
+                      cell(cap.get("error_pct"), CAPACITY_TARGET), at_run_speed(r), spread(r),
                       f"{r['busy_ratio_real_over_repriced']:.2f}", "n/a" if other is None else f"{other:.0%}")
     misses += [f"{p} capacity" for p, c in report.capacity.items() if miss(c.get("error_pct"), CAPACITY_TARGET)]
     console.print(table)

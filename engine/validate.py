@@ -9,9 +9,13 @@ For each policy:
    is the run a real run at that rate would be: the same request generator (`engine.real.build_requests`:
    trace, count, seed, scaled lengths), the same KV sizing (`engine.real.size_run` with the CPU slab budget),
    the policy rebuilt by `engine.real.twin_inputs`, priced by the fitted cost model.
-2. **Loads.** For each load (a fraction of that capacity) one real run (`engine.real.real_main`, a child
-   process) and the simulator on the identical requests (`twin_inputs(summary)`): signed errors
-   (sim - real) / real of P50/P90/P99 TTFT, TBT and E2E and of throughput (requests/s, output tokens/s).
+2. **Loads.** For each load (a fraction of that capacity) `repeats` real runs (`engine.real.real_main`, a
+   child process each) and the simulator on the identical requests (`twin_inputs(summary)`): signed errors
+   (sim - real) / real of P50/P90/P99 TTFT, TBT and E2E and of throughput (requests/s, output tokens/s), the
+   measured value of each metric being its median over the repeats (their min and max are kept: the
+   run-to-run spread). Repeats run in rounds (every policy and load once per round), so a slow spell of a
+   shared machine lands on one repeat of several points rather than on every repeat of one: on this
+   project's 2-core VM the same run's decode steps took 2.1 ms in one run and 3.0 ms a minute later.
 3. **Real capacity** (`capacity=True`): the same SLO bisected with at most `MAX_REAL_PROBES` real runs,
    starting at the simulated capacity (or, if a real run at a load already missed the SLO, at the highest
    load rate that met it) and bracketing by factors of `REAL_STEP`; capacity error = (sim - real) / real
@@ -28,7 +32,8 @@ For each policy:
 Outputs in `out`: validation.csv (one row per policy and load), validation.md, validation.png (predicted vs
 measured CDFs of TTFT and TBT), validation.json (everything, with the capacity probes and the per-iteration
 evidence), and per run `runs/<policy>/load_<x>/{real,sim}/` (summary.json, requests.parquet,
-iterations.parquet) with `replay.parquet` (measured vs predicted per iteration) beside them;
+iterations.parquet; further repeats in `real_2/`, `real_3/`, ...) with `replay.parquet` (measured vs predicted
+per iteration, every repeat's, with a `repeat` column) beside them;
 real capacity probes under `capacity/<policy>/qps_<q>/`.
 
 `rescore(validation, cost, out)` scores another cost model against the real runs of a finished validation in
@@ -56,6 +61,7 @@ import numpy as np
 import pandas as pd
 
 from sim.capacity import SLO, CapacityResult, search_qps
+from sim.cost.base import ScaledCost
 from simctl.errors import InputError
 
 DEFAULT_TRACE = "sharegpt"
@@ -69,6 +75,7 @@ SIM_MAX_PROBES = 40
 REAL_REL_TOL = 0.03
 REAL_STEP = 1.25  # real capacity: bracket by this factor around the simulated capacity...
 MAX_REAL_PROBES = 6  # ...with at most this many real runs per policy
+MAX_REPEATS = 20
 METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "tbt_p50", "tbt_p90", "tbt_p99", "e2e_p50", "e2e_p90", "e2e_p99",
            "throughput_rps", "throughput_tokens_per_s")
 LABELS = {"ttft": "TTFT", "tbt": "TBT", "e2e": "E2E", "throughput_rps": "req/s",
@@ -112,6 +119,11 @@ class Setup:
         return RealConfig(policy=policy, trace=self.trace, model=self.model, device="cpu", qps=qps,
                           num_requests=self.num_requests, scale=self.scale, seed=self.seed, dtype=self.dtype,
                           threads=self.threads)
+
+
+def real_dirs(run_dir: Path, repeats: int) -> list[Path]:
+    """Where the real runs of one policy and load go: `real/`, then `real_2/`, `real_3/`, ..."""
+    return [run_dir / "real"] + [run_dir / f"real_{k}" for k in range(2, repeats + 1)]
 
 
 def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
@@ -211,13 +223,29 @@ def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any) ->
     return Replay(pd.DataFrame(rows), gaps, matched, len(iterations), between_s, between_n)
 
 
-def iteration_evidence(rep: Replay, real: dict[str, Any], sim_iterations: pd.DataFrame) -> dict[str, Any]:
-    """Busy-time totals and per-kind ratios, measured / predicted, from a replay."""
+def merge_replays(reps: list[Replay]) -> Replay:
+    """The replays of several repeats of one run as one (frames stacked with a `repeat` column, gaps pooled)."""
+    from sim.records import GapHistogram
+
+    gaps = GapHistogram()
+    for r in reps:
+        gaps.counts += r.gaps.counts
+        gaps.total += r.gaps.total
+    frame = pd.concat([r.frame.assign(repeat=k) for k, r in enumerate(reps, 1)], ignore_index=True)
+    return Replay(frame, gaps, sum(r.matched for r in reps), sum(r.total for r in reps),
+                  sum(r.between_s for r in reps), sum(r.between_n for r in reps))
+
+
+def iteration_evidence(rep: Replay, forward_s: float | None, sim_iterations: pd.DataFrame, repeats: int = 1
+                       ) -> dict[str, Any]:
+    """Busy-time totals (per real run: the mean over `repeats` pooled in `rep`) and per-kind ratios, measured /
+    predicted, from a replay. `forward_s`: the real runs' total forward time, if known."""
     f = rep.frame
-    real_busy = float(f["real_s"].sum()) if len(f) else 0.0
-    pred_busy = float(f["predicted_s"].sum()) if len(f) else 0.0
+    real_busy = float(f["real_s"].sum()) / repeats if len(f) else 0.0
+    pred_busy = float(f["predicted_s"].sum()) / repeats if len(f) else 0.0
     sim_busy = float(sim_iterations["duration_s"].sum())
     out: dict[str, Any] = {
+        "repeats": repeats,
         "iterations": rep.total,
         "replay_matched": rep.matched,
         "real_busy_s": real_busy,
@@ -225,11 +253,11 @@ def iteration_evidence(rep: Replay, real: dict[str, Any], sim_iterations: pd.Dat
         "sim_busy_s": sim_busy,  # the twin simulation's own iterations
         "busy_ratio_real_over_repriced": real_busy / pred_busy if pred_busy > 0 else None,
         "busy_ratio_real_over_sim": real_busy / sim_busy if sim_busy > 0 else None,
-        "real_forward_s": real.get("forward_s_total"),  # inside the iterations: forward only
-        "real_in_iteration_overhead_s": (real_busy - real["forward_s_total"]
-                                         if real.get("forward_s_total") is not None and rep.matched == rep.total
+        "real_forward_s": None if forward_s is None else forward_s / repeats,  # inside the iterations: forward
+        "real_in_iteration_overhead_s": (real_busy - forward_s / repeats
+                                         if forward_s is not None and rep.matched == rep.total
                                          else None),  # drain arrivals + schedule + inputs, per iteration
-        "real_between_s": rep.between_s,  # argmax + bookkeeping between back-to-back iterations
+        "real_between_s": rep.between_s / repeats,  # argmax + bookkeeping between back-to-back iterations
         "real_between_mean_s": rep.between_s / rep.between_n if rep.between_n else None,
         "sim_iterations": int(sim_iterations["count"].sum()),
         "kinds": {},
@@ -464,11 +492,13 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
                   cost: str | Path | Any = None, out: str | Path = "out/validate", model: str = "tiny",
                   scale: float = DEFAULT_SCALE, num_requests: int = DEFAULT_NUM_REQUESTS, seed: int = 0,
                   threads: int | None = None, slo: SLO = DEFAULT_SLO, capacity: bool = False,
-                  quiet_wait_s: float = 0.0, log: Callable[[str], None] | None = None) -> ValidationReport:
+                  quiet_wait_s: float = 0.0, repeats: int = 1,
+                  log: Callable[[str], None] | None = None) -> ValidationReport:
     """Validate the simulator with `cost` (a fitted cost_model.json of this CPU, or a `CostModel`) against real
     runs on this CPU (see the module docstring) and write
     validation.{csv,md,png,json} and the runs' folders into `out`. `policies` may contain "all". `threads`:
-    the real runs' CPU threads [default: those the cost model was profiled with, else every core]. `log`
+    the real runs' CPU threads [default: those the cost model was profiled with, else every core]. `repeats`:
+    real runs per policy and load (measured metrics are their medians; capacity probes run once). `log`
     receives one line per step. `quiet_wait_s`: before each real run, wait up to this long for a second in
     which other processes use at most 15% of the machine (a shared machine's load slows the real run, not
     the simulation); the other processes' share during each run is reported either way. InputError for bad
@@ -480,6 +510,8 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
     say = log or (lambda _msg: None)
     if not (_is_number(quiet_wait_s) and 0 <= quiet_wait_s < math.inf):
         raise InputError(f"--quiet-wait must be a number of seconds >= 0, got {quiet_wait_s!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
+        raise InputError(f"--repeats must be an integer from 1 to {MAX_REPEATS}, got {repeats!r}")
     setup = Setup(trace=trace, model=model, num_requests=num_requests, scale=scale, seed=seed, threads=threads)
     names, loads, fitted = _check_inputs(policies, loads, cost, out, setup, slo)
     profiled_threads = _cost_meta(fitted)["threads"]
@@ -489,7 +521,7 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
     t_start = time.perf_counter()
     config: dict[str, Any] = {
         "policies": names, "loads": loads, "cost": _cost_name(cost), **asdict(setup), "device": "cpu",
-        "slo": asdict(slo), "slo_text": slo.describe(), "capacity": capacity,
+        "slo": asdict(slo), "slo_text": slo.describe(), "capacity": capacity, "repeats": repeats,
         "cost_model_fit": _cost_meta(fitted),
         "loadavg_start": _loadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -529,22 +561,31 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
         say(f"{policy}: simulated capacity {lo:.4g} QPS ({len(sim_cap.probes)} simulated probes)")
 
     prepare_out_dir(out)
+    # 2. real runs at each load, in rounds (every policy and load once per round), then their twins
+    points = [(policy, load, load * caps[policy]["sim_qps"]) for policy in names for load in loads]
+    foreign_shares: dict[tuple[str, float], list[float]] = {}
+    for k in range(repeats):
+        for policy, load, qps in points:
+            run_dir = out / "runs" / policy / f"load_{load:g}"
+            say(f"{policy}: real run at load {load:g} ({qps:.4g} QPS, {setup.num_requests} requests)"
+                + (f", repeat {k + 1} of {repeats}" if repeats > 1 else ""))
+            _, share = real_run(policy=policy, qps=qps, out=real_dirs(run_dir, repeats)[k])
+            if share is not None:
+                foreign_shares.setdefault((policy, load), []).append(share)
+    for policy, load, qps in points:
+        run_dir = out / "runs" / policy / f"load_{load:g}"
+        shares = foreign_shares.get((policy, load))
+        row, ev, pair = compare_run(policy, load, qps, caps[policy]["sim_qps"], real_dirs(run_dir, repeats),
+                                    run_dir, fitted, slo, max(shares) if shares else None)
+        rows.append(row)
+        evidence.append(ev)
+        pairs.append(pair)
+        say(f"{policy} @ {load:g}: P50 TTFT {_fmt_err(row['ttft_p50_err_pct'])}, P50 TBT "
+            f"{_fmt_err(row['tbt_p50_err_pct'])}, P50 E2E {_fmt_err(row['e2e_p50_err_pct'])}; busy real/"
+            f"repriced {_fmt_ratio(ev['busy_ratio_real_over_repriced'])}")
+
     for policy in names:
         lo = caps[policy]["sim_qps"]
-        # 2. real run and twin at each load
-        for load in loads:
-            qps = load * lo
-            run_dir = out / "runs" / policy / f"load_{load:g}"
-            say(f"{policy}: real run at load {load:g} ({qps:.4g} QPS, {setup.num_requests} requests)")
-            _, foreign = real_run(policy=policy, qps=qps, out=run_dir / "real")
-            row, ev, pair = compare_run(policy, load, qps, lo, run_dir / "real", run_dir, fitted, slo, foreign)
-            rows.append(row)
-            evidence.append(ev)
-            pairs.append(pair)
-            say(f"{policy} @ {load:g}: P50 TTFT {_fmt_err(row['ttft_p50_err_pct'])}, P50 TBT "
-                f"{_fmt_err(row['tbt_p50_err_pct'])}, P50 E2E {_fmt_err(row['e2e_p50_err_pct'])}; busy real/"
-                f"repriced {_fmt_ratio(ev['busy_ratio_real_over_repriced'])}")
-
         # 4. the real capacity, a few real runs from the simulated one
         if capacity:
             def probe(q: float, p: str = policy) -> dict[str, Any]:
@@ -581,48 +622,65 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
     return report
 
 
-def compare_run(policy: str, load: float, qps: float, sim_capacity: float, real_dir: Path, run_dir: Path,
+def compare_run(policy: str, load: float, qps: float, sim_capacity: float, reals: list[Path], run_dir: Path,
                 cost: Any, slo: SLO, foreign: float | None = None) -> tuple[dict[str, Any], dict[str, Any], RunPair]:
-    """A finished real run (its folder `real_dir`) against the simulator on identical requests: writes
-    `run_dir/sim/` and `run_dir/replay.parquet`; returns (report row, per-iteration evidence, CDF data)."""
+    """Finished real runs (their folders `reals`: repeats of one run) against the simulator on identical
+    requests: writes `run_dir/sim/` and `run_dir/replay.parquet`; returns (report row, per-iteration evidence,
+    CDF data). A measured metric is the median over the repeats."""
     import json
 
     from sim.output import atomic_write, write_run
 
-    real = json.loads((real_dir / "summary.json").read_text(encoding="utf-8"))
-    sim, result = simulate_twin(real, cost)
+    summaries = [json.loads((d / "summary.json").read_text(encoding="utf-8")) for d in reals]
+    sim, result = simulate_twin(summaries[0], cost)
     sim_its = result.iterations.frame()
     write_run(run_dir / "sim", sim, result.requests, sim_its)
-    real_req = pd.read_parquet(real_dir / "requests.parquet")
-    real_its = pd.read_parquet(real_dir / "iterations.parquet")
-    rep = replay_real(real, real_its, cost)
+    real_reqs = [pd.read_parquet(d / "requests.parquet") for d in reals]
+    reps, tbt_matches = [], []
+    for d, real in zip(reals, summaries):
+        rep = replay_real(real, pd.read_parquet(d / "iterations.parquet"), cost)
+        tbt_matches.append(rep.matched == rep.total and all(
+            v is not None and real[k] is not None and math.isclose(v, real[k], rel_tol=1e-9)
+            for v, k in zip(rep.gaps.percentiles((50, 99)), ("tbt_p50", "tbt_p99"))))
+        reps.append(rep)
+    rep = merge_replays(reps)
     atomic_write(run_dir / "replay.parquet", lambda p: rep.frame.to_parquet(p, index=False))
-    ev = iteration_evidence(rep, real, sim_its)
-    replay_tbt = rep.gaps.percentiles((50, 99))
-    ev["replay_tbt_matches"] = bool(rep.matched == rep.total and all(
-        v is not None and real[k] is not None and math.isclose(v, real[k], rel_tol=1e-9)
-        for v, k in zip(replay_tbt, ("tbt_p50", "tbt_p99"))))
-    row: dict[str, Any] = {"policy": policy, "load": load, "qps": qps, "sim_capacity_qps": sim_capacity}
+    forward = [s.get("forward_s_total") for s in summaries]
+    ev = iteration_evidence(rep, None if None in forward else float(sum(forward)), sim_its, len(reals))
+    ev["replay_tbt_matches"] = all(tbt_matches)
+    row: dict[str, Any] = {"policy": policy, "load": load, "qps": qps, "sim_capacity_qps": sim_capacity,
+                           "repeats": len(reals)}
     for m in METRICS:
-        row[f"{m}_real"] = real.get(m)
+        measured = [s.get(m) for s in summaries]
+        known = [v for v in measured if v is not None and math.isfinite(v)]
+        row[f"{m}_real"] = float(np.median(known)) if len(known) == len(measured) else None
+        row[f"{m}_real_min"] = min(known) if known else None
+        row[f"{m}_real_max"] = max(known) if known else None
         row[f"{m}_sim"] = sim.get(m)
-        row[f"{m}_err_pct"] = pct_error(sim.get(m), real.get(m))
+        row[f"{m}_err_pct"] = pct_error(sim.get(m), row[f"{m}_real"])
+    # the same simulation on a machine as fast as the real runs were (their measured / repriced busy time):
+    # what remains is the scheduling and queueing model's error, not the machine's drift since the profile
+    speed = ev["busy_ratio_real_over_repriced"]
+    adjusted = simulate_twin(summaries[0], ScaledCost(cost, speed))[0] if speed else {}
+    for m in METRICS:
+        row[f"{m}_adj_err_pct"] = pct_error(adjusted.get(m), row[f"{m}_real"])
     row.update({
-        "identical_requests": _frames_identical(real_req, result.requests),
-        "real_completed": real["completed"], "sim_completed": sim["completed"],
-        "real_sustainable": real["sustainable"], "sim_sustainable": sim["sustainable"],
-        "real_slo_met": slo.met(real), "sim_slo_met": slo.met(sim),
-        "real_iterations": real["iterations"], "sim_iterations": sim["iterations"],
+        "identical_requests": all(_frames_identical(r, result.requests) for r in real_reqs),
+        "real_completed": min(s["completed"] for s in summaries), "sim_completed": sim["completed"],
+        "real_sustainable": all(s["sustainable"] for s in summaries), "sim_sustainable": sim["sustainable"],
+        "real_slo_met": 2 * sum(slo.met(s) for s in summaries) > len(summaries),  # by most repeats
+        "sim_slo_met": slo.met(sim),
+        "real_iterations": float(np.median([s["iterations"] for s in summaries])), "sim_iterations": sim["iterations"],
         "busy_ratio_real_over_repriced": ev["busy_ratio_real_over_repriced"],
         "busy_ratio_real_over_sim": ev["busy_ratio_real_over_sim"],
         "real_between_mean_ms": (ev["real_between_mean_s"] * 1e3 if ev["real_between_mean_s"] is not None
                                  else None),
         "replay_matched": f"{rep.matched}/{rep.total}",
         "foreign_cpu_share": foreign,
-        "real_wall_s": real.get("real_wall_s"),
+        "real_wall_s": float(np.median([s.get("real_wall_s") or 0.0 for s in summaries])),
     })
-    pair = RunPair(policy, load, _ttft(real_req), _ttft(result.requests), rep.gaps, result.gaps,
-                   rep.matched == rep.total)
+    pair = RunPair(policy, load, np.concatenate([_ttft(r) for r in real_reqs]), _ttft(result.requests), rep.gaps,
+                   result.gaps, rep.matched == rep.total)
     return row, {"policy": policy, "load": load, **ev}, pair
 
 
@@ -672,9 +730,9 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
         say(f"{policy}: simulated capacity {lo:.4g} QPS (was {was['sim_qps']:.4g})")
     rows, evidence, pairs = [], [], []
     for r in old.rows:
-        real_dir = src / "runs" / r["policy"] / f"load_{r['load']:g}" / "real"
+        reals = real_dirs(src / "runs" / r["policy"] / f"load_{r['load']:g}", c.get("repeats", 1))
         run_dir = out / "runs" / r["policy"] / f"load_{r['load']:g}"
-        row, ev, pair = compare_run(r["policy"], r["load"], r["qps"], caps[r["policy"]]["sim_qps"], real_dir,
+        row, ev, pair = compare_run(r["policy"], r["load"], r["qps"], caps[r["policy"]]["sim_qps"], reals,
                                     run_dir, fitted, slo, r.get("foreign_cpu_share"))
         rows.append(row)
         evidence.append(ev)
@@ -739,7 +797,9 @@ def markdown(report: ValidationReport) -> str:
         (f"{c['model']} on this CPU ({c['threads'] or 'all'} thread(s), {c['dtype']}), trace {c['trace']} x "
          f"{c['scale']:g} (lengths), {c['num_requests']} requests, seed {c['seed']}; cost model `{c['cost']}`."),
         (f"Capacity SLO: {c['slo_text']}. Loads are fractions of the simulated capacity. Errors are "
-         "(predicted - measured) / measured."),
+         "(predicted - measured) / measured"
+         + (f"; measured values are medians of {c['repeats']} real runs (spread below)." if c.get("repeats", 1) > 1
+            else ".")),
         (f"Load average {c['loadavg_start']} at the start, {c.get('loadavg_end')} at the end; "
          f"{c.get('wall_s')} s in all; {c['date']}."),
         "",
@@ -766,8 +826,29 @@ def markdown(report: ValidationReport) -> str:
             cells.append(f"{_fmt_value(m, r[f'{m}_real'])} / {_fmt_value(m, r[f'{m}_sim'])} "
                          f"({_fmt_err(r[f'{m}_err_pct'])})")
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## Errors at the machine's speed during the runs", "",
+              ("The twin simulated again with every iteration time multiplied by the real runs' busy time over "
+               "their repriced busy time (the machine's speed then, relative to the profile; per-iteration "
+               "evidence below). What remains is the error of the scheduling and queueing model and of the "
+               "cost model's shape, not the machine's drift."), "",
+              "| policy | load | speed factor | " + " | ".join(metric_label(m) for m in METRICS[:9]) + " |",
+              "|" + "---|" * 12]
+    for r in report.rows:
+        lines.append(f"| {r['policy']} | {r['load']:g} | {_fmt_ratio(r['busy_ratio_real_over_repriced'])} | "
+                     + " | ".join(_fmt_err(r.get(f"{m}_adj_err_pct")) for m in METRICS[:9]) + " |")
+    if c.get("repeats", 1) > 1:
+        spread = ("ttft_p50", "tbt_p50", "e2e_p50", "tbt_p99", "throughput_rps")
+        lines += ["", f"## Run-to-run spread: min - max over {c['repeats']} real runs", "",
+                  "| policy | load | " + " | ".join(metric_label(m) for m in spread) + " | P50 TBT max / min |",
+                  "|" + "---|" * (len(spread) + 3)]
+        for r in report.rows:
+            lo, hi = r["tbt_p50_real_min"], r["tbt_p50_real_max"]
+            lines.append(f"| {r['policy']} | {r['load']:g} | " + " | ".join(
+                f"{_fmt_value(m, r[f'{m}_real_min'])} - {_fmt_value(m, r[f'{m}_real_max'])}" for m in spread)
+                + f" | {_fmt_ratio(hi / lo if lo and hi else None)} |")
     lines += ["", "## Per-iteration evidence", "",
-              ("The real run's iterations replayed through its policy and priced by the cost model "
+              ("The real run's iterations replayed through its policy and priced by the cost model (per real run: "
+               "means over the repeats) "
                "(*repriced*: the same plans); *sim*: the twin simulation's own iterations. *between*: measured "
                "time between back-to-back iterations (sampling, bookkeeping), which the simulator does not "
                "model; *non-forward*: time inside the logged iterations outside the forward pass (draining "
@@ -791,7 +872,7 @@ def markdown(report: ValidationReport) -> str:
         x = e.get("decode_excess")
         excess = "n/a" if x is None else f"{x['const_ms']:+.2f} ms {x['per_row_ms']:+.3f} ms/row"
         lines.append(
-            f"| {e['policy']} | {e['load']:g} | {e['iterations']} / {e['sim_iterations']} | "
+            f"| {e['policy']} | {e['load']:g} | {e['iterations'] / e.get('repeats', 1):.0f} / {e['sim_iterations']} | "
             f"{e['replay_matched']}/{e['iterations']} | {e['real_busy_s']:.2f} | {e['repriced_busy_s']:.2f} | "
             f"{_fmt_ratio(e['busy_ratio_real_over_repriced'])} | {e['sim_busy_s']:.2f} | "
             f"{_fmt_ratio(e['busy_ratio_real_over_sim'])} | {between} | {nonfwd} | {kinds} | {excess} | {other} |")

@@ -23,14 +23,14 @@ How a shape is timed (the measurement is the limit of the fit, so it is built fo
   not used at all. After the sweeps, shapes with fewer than `grid.quiet_blocks` quiet blocks are timed
   again, those with the fewest first, until they have them or the worker has run `grid.max_wall_s` (the
   full profile stays under 5 minutes, the quick one under 1, whatever the machine does).
-- The estimate. time_s is the median of the repetitions of the faster half of a shape's quiet blocks
-  (time_p10_s / time_p90_s their percentiles; reps their count). Within a block the median takes the
-  typical call, per-call jitter included (thread wake-ups: p90/p10 ~1.1 on that VM); across blocks, even
-  with no other process running, about one block in ten was 10-25% slower (a 1-thread matmul timed
-  alongside slowed down with it: interference from outside the VM, which no counter inside it shows), and
-  keeping the faster half drops those. On a machine where every quiet block agrees this is the median less
-  about half the blocks' spread (~1%). A shape with no quiet block at all uses its least contended third of
-  blocks and is listed in meta.json (`timing.shapes_without_quiet_block`): re-profile on a quieter machine.
+- The estimate. time_s is the median of the repetitions of all of a shape's quiet blocks (time_p10_s /
+  time_p90_s their percentiles; reps their count): the typical call, per-call jitter included (thread
+  wake-ups: p90/p10 ~1.1 on that VM). Even with no other process running, about one block in ten was 10-25%
+  slower (a 1-thread matmul timed alongside slowed down with it: interference from outside the VM, which no
+  counter inside it shows). They stay in: a served workload meets those spells too, and an earlier
+  estimator that kept only the faster half of the blocks made real runs 5-10% slower than their repriced
+  iterations (simctl issue 4). A shape with no quiet block at all uses its least contended third of blocks
+  and is listed in meta.json (`timing.shapes_without_quiet_block`): re-profile on a quieter machine.
 - Warm-up and slabs. The first call of a shape after others ran is 3-5% slower (caches, a fresh KV slab's
   first touch), so each visit starts with an untimed call -- except visits of long shapes (>= 20 ms) whose
   executor was kept from the previous visit (executors are kept, smallest KV slabs first, within 2 GiB on
@@ -81,11 +81,9 @@ class Block:
 
 
 def select_blocks(bs: list[Block]) -> list[Block]:
-    """The blocks a shape's time is taken from: the faster half (by block median; the faster one of two,
-    both of one) of its quiet blocks. A shape with no quiet block falls back on its least contended third
-    of blocks (at least one), and from those again the faster half."""
-    use = [b for b in bs if b.quiet] or sorted(bs, key=lambda b: b.foreign)[:max(1, len(bs) // 3)]
-    return sorted(use, key=lambda b: float(np.median(b.times)))[:(len(use) + 1) // 2]
+    """The blocks a shape's time is taken from: its quiet blocks, or, if it has none, its least contended
+    third of blocks (at least one)."""
+    return [b for b in bs if b.quiet] or sorted(bs, key=lambda b: b.foreign)[:max(1, len(bs) // 3)]
 
 
 def summarize_blocks(blocks: list[list[Block]], grid: Any, monitor: Any
@@ -109,8 +107,8 @@ def summarize_blocks(blocks: list[list[Block]], grid: Any, monitor: Any
         if len(m) >= 3:
             quiet_spread.append(float(np.median(np.abs(np.log(m / np.median(m))))))
     timing = {
-        "estimator": "median (and 10th/90th percentiles) of the repetitions of the faster half of the blocks "
-                     "timed while the rest of the machine was idle (quiet)",
+        "estimator": "median (and 10th/90th percentiles) of the repetitions of the blocks timed while the "
+                     "rest of the machine was idle (quiet)",
         "quiet_share": QUIET_SHARE,
         "cpu_monitor": bool(monitor.available),
         "blocks": len(every),

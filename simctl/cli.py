@@ -256,6 +256,8 @@ def validate(
                                                 )] = None,
     capacity: Annotated[bool, typer.Option(help="Also bisect the real capacity (a few more real runs).")
                         ] = False,
+    repeats: Annotated[int, typer.Option(help="Real runs per policy and load; measured values are their "
+                                         "medians (a shared machine's speed drifts from run to run).")] = 1,
     out: Annotated[Path, typer.Option(help="Folder for validation.csv, .md, .png and the runs.")
                    ] = Path("out/validate"),
 ) -> None:
@@ -278,7 +280,7 @@ def validate(
         report = validate_main([p.strip() for p in policy.split(",") if p.strip()], trace=trace,
                                loads=fractions, cost=cost_path, out=out, model=model, scale=scale,
                                num_requests=num_requests, seed=seed, threads=threads, capacity=capacity,
-                               log=lambda line: print(line, file=sys.stderr))
+                               repeats=repeats, log=lambda line: print(line, file=sys.stderr))
     except RuntimeError as e:
         raise InputError(f"a real run failed: {e}") from None
     print(markdown(report))

@@ -302,14 +302,13 @@ def test_blocks_timed_on_a_busy_machine_are_not_used():
     def block(ms: float, quiet: bool, foreign: float = 0.0) -> Block:
         return Block([ms * 1e-3] * 3, foreign if not quiet else 0.0, quiet)
 
-    # the faster half of the quiet blocks (the faster one of two; both of one), contended ones ignored
+    # every quiet block, slow ones too (a served workload meets them as well); contended ones ignored
     bs = [block(10, True), block(6, False, 0.5), block(12, True), block(11, True), block(30, False, 0.4),
           block(10.5, True)]
-    assert sorted(b.times[0] * 1e3 for b in select_blocks(bs)) == [10, 10.5]
-    assert [b.times[0] * 1e3 for b in select_blocks([block(12, True), block(11, True), block(13, True)])] \
-        == [11, 12]
+    assert sorted(b.times[0] * 1e3 for b in select_blocks(bs)) == [10, 10.5, 11, 12]
     assert len(select_blocks([block(10, True)])) == 1
-    # no quiet block at all: the least contended third (at least one), then its faster half
+    # no quiet block at all: the least contended third (at least one)
     busy = [block(20, False, 0.5), block(14, False, 0.1), block(15, False, 0.2), block(9, False, 0.9),
             block(16, False, 0.3), block(17, False, 0.6)]
-    assert [b.times[0] * 1e3 for b in select_blocks(busy)] == [14]
+    assert sorted(b.times[0] * 1e3 for b in select_blocks(busy)) == [14, 15]
+    assert [b.times[0] * 1e3 for b in select_blocks(busy[:2])] == [14]

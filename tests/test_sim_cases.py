@@ -291,3 +291,21 @@ def test_tbt_percentiles_match_brute_force(name: str) -> None:
     assert s["e2e_p50"] == pytest.approx(float(np.percentile(last - arrival, 50)), rel=1e-12)
     if name in ("vllm", "sarathi"):
         assert s["preemptions"] > 0  # the gaps include recompute stalls
+
+
+@pytest.mark.parametrize("name", ["vllm", "sarathi", "faster-transformer"])
+def test_scaled_cost_scales_every_time_when_all_arrive_at_once(name: str) -> None:
+    """ScaledCost(base, 2): with every request arriving at 0 no decision depends on the clock, so the same
+    iterations run and every timestamp doubles (decode stretches included)."""
+    from sim.cost.base import ScaledCost
+
+    requests = [Request(i, 0.0, r.prompt_tokens, r.output_tokens)
+                for i, r in enumerate(random_requests(40, 1.0, seed=3, max_prompt=600, max_output=60))]
+    base = AffineCost()
+    runs = [simulate(requests, make_policy(name, 20_000, 4096), cost) for cost in (base, ScaledCost(base, 2.0))]
+    a, b = (r.requests.sort_values("request_id").reset_index(drop=True) for r in runs)
+    for col in ("first_token_s", "completion_s"):
+        assert np.allclose(b[col], 2.0 * a[col], rtol=1e-9)
+    ia, ib = (r.iterations.frame() for r in runs)
+    assert ia["count"].sum() == ib["count"].sum() > len(requests)
+    assert np.allclose(ib["duration_s"], 2.0 * ia["duration_s"], rtol=1e-9)

@@ -1,5 +1,5 @@
-"""`engine.validate`: a tiny end-to-end validation (one policy, one load, one real run against its simulated
-twin) writes its three files with sane values; bad input fails before anything runs."""
+"""`engine.validate`: a tiny end-to-end validation (one policy, one load, two real runs against their simulated
+twin) writes its files with sane values; bad input fails before anything runs."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def validated(cost, tmp_path_factory):
     # simulated run a capacity (between 40 and 80 QPS with this cost model)
     slo = SLO(ttft_p50_s=0.004)
     report = validate_main(["sarathi"], "sharegpt", [0.5], cost=cost, out=out, model=MODEL, scale=0.02,
-                           num_requests=20, seed=0, threads=1, slo=slo)
+                           num_requests=20, seed=0, threads=1, slo=slo, repeats=2)
     return report, out
 
 
@@ -75,8 +75,15 @@ def test_validate_end_to_end(validated):
     assert bool(row["identical_requests"])
     assert row["real_completed"] == row["sim_completed"] == 20
 
-    # the real run and its twin served identical requests
+    # two real runs: each measured metric is their median (with two: their mean), min and max kept
     run = out / "runs" / "sarathi" / "load_0.5"
+    runs = [json.loads((run / d / "summary.json").read_text()) for d in ("real", "real_2")]
+    for m in METRICS:
+        values = sorted(s[m] for s in runs)
+        assert (row[f"{m}_real_min"], row[f"{m}_real_max"]) == pytest.approx(values, rel=1e-12)
+        assert row[f"{m}_real"] == pytest.approx(sum(values) / 2, rel=1e-12)
+
+    # the real runs and their twin served identical requests
     real = pd.read_parquet(run / "real" / "requests.parquet").sort_values("request_id").reset_index(drop=True)
     sim = pd.read_parquet(run / "sim" / "requests.parquet").sort_values("request_id").reset_index(drop=True)
     for col in ("request_id", "prompt_tokens", "output_tokens", "arrival_s"):
@@ -84,16 +91,18 @@ def test_validate_end_to_end(validated):
     summary = json.loads((run / "sim" / "summary.json").read_text())
     assert summary["mode"] == "sim" and summary["qps"] == pytest.approx(row["qps"])
 
-    # the replay re-planned every real iteration, priced it, and rebuilt the real TBT gaps
+    # the replay re-planned every real iteration of both runs, priced it, and rebuilt the real TBT gaps
     ev = report.evidence[0]
-    assert ev["replay_matched"] == ev["iterations"] > 0
+    assert ev["replay_matched"] == ev["iterations"] == sum(s["iterations"] for s in runs)
     assert ev["replay_tbt_matches"]
     assert ev["real_busy_s"] > 0 and ev["repriced_busy_s"] > 0 and ev["sim_busy_s"] > 0
     replay = pd.read_parquet(run / "replay.parquet")
     assert len(replay) == ev["iterations"] and (replay["predicted_s"] > 0).all()
+    assert replay.groupby("repeat").size().tolist() == [s["iterations"] for s in runs]
 
     md = (out / "validation.md").read_text()
     assert "| sarathi | 0.5 |" in md and "P50 TTFT" in md and "Per-iteration evidence" in md
+    assert "Run-to-run spread" in md
 
 
 def test_rescore_reuses_the_real_runs(validated, cost, tmp_path):
@@ -120,6 +129,8 @@ def test_rescore_reuses_the_real_runs(validated, cost, tmp_path):
     ({"cost": ""}, "cost"),
     ({"scale": 0}, "scale"),
     ({"quiet_wait_s": -1}, "quiet"),
+    ({"repeats": 0}, "repeats"),
+    ({"repeats": 1.5}, "repeats"),
 ])
 def test_bad_input(cost, tmp_path, kwargs, match):
     args = {"policies": ["sarathi"], "trace": "sharegpt", "loads": [0.5], "cost": cost,

@@ -31,3 +31,18 @@ class CostModel(ABC):
             self.iteration_time(dataclasses.replace(plan, decode_kv=plan.decode_kv + j * plan.decode_rows))
             for j in range(k)
         ])
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledCost(CostModel):
+    """`base`'s times multiplied by `factor`: a machine measured `factor` times slower than when `base` was
+    fitted (what-if analyses; `simctl validate` uses it to separate a machine's drift from model error)."""
+
+    base: CostModel
+    factor: float
+
+    def iteration_time(self, plan: BatchPlan) -> float:
+        return self.factor * self.base.iteration_time(plan)
+
+    def decode_stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
+        return self.factor * self.base.decode_stretch_times(plan, k)
