@@ -6,8 +6,8 @@ Cost model: the shipped CPU fit (profiler/profiles/cpu/cost_model.json; if it is
 profile is fitted again into the output folder), else the benchmark is skipped with a message.
 
 Targets (issue 4): |error| <= 10% for P50 TTFT, P50 TBT and P50 E2E and <= 20% for their P99s, at loads 0.5
-and 0.7; |capacity error| <= 10%. Prints the table (misses marked) and writes bench/results/validate.json and
-bench/results/validate.md (the run's validation.md). The run's folders (real and simulated runs) go to
+and 0.7; |capacity error| <= 10%. Prints the table (misses marked) and writes bench/results/validate.json,
+bench/results/validate.md (the run's validation.md) and validate.png (its CDFs). The run's folders (real and simulated runs) go to
 --out [default: a temporary folder], which is printed.
 
     .venv/bin/python bench/validate.py [--out DIR] [--policy all] [--quiet-wait 60] [--repeats 3]
@@ -155,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     md += ("\n## Targets\n\n|error| <= 10% for P50 TTFT, TBT and E2E, <= 20% for their P99s (loads 0.5 and 0.7), "
            f"capacity <= 10%. {len(misses)} misses" + (": " + ", ".join(misses) if misses else "") + ".\n")
     atomic_write(RESULTS / "validate.md", lambda p: p.write_text(md, encoding="utf-8"))
-    console.print(f"wrote {RESULTS / 'validate.json'} and {RESULTS / 'validate.md'}")
+    png = Path(out) / "validation.png"
+    if png.is_file():  # the CDFs (not redrawn by --report: the figure needs the runs' data)
+        atomic_write(RESULTS / "validate.png", lambda p: p.write_bytes(png.read_bytes()))
+    console.print(f"wrote {RESULTS / 'validate.json'}, {RESULTS / 'validate.md'} and {RESULTS / 'validate.png'}")
     return 0
 
 
