@@ -228,6 +228,17 @@ def test_out_is_an_existing_file(tmp_path: Path) -> None:
     assert_one_line_error(simctl("run", *SMALL, "--out", out / "sub"), "--out", "not a directory")
 
 
+@pytest.mark.parametrize(("args", "words"), [
+    (("--repeats", "0"), ("--repeats", "1 to 20")),
+    (("--loads", "half"), ("--loads", "comma-separated")),
+    (("--policy", "nope"), ("unknown policy",)),
+])
+def test_validate_bad_option_is_one_line_exit_2(tmp_path: Path, args: tuple[str, ...], words: tuple[str, ...]) -> None:
+    res = simctl("validate", *args, "--out", tmp_path / "val")
+    assert_one_line_error(res, *words)
+    assert not (tmp_path / "val").exists()
+
+
 def test_unknown_command() -> None:
     assert_one_line_error(simctl("frobnicate"), "frobnicate")
     assert_one_line_error(simctl("list", "--bogus"), "--bogus", "simctl list --help")
