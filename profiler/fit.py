@@ -59,6 +59,7 @@ from policies.seq import Seq
 from sim.cost.fitted import (
     COEFFICIENTS,
     CURVES,
+    CurveTables,
     Fitted,
     dtype_bytes_of,
     model_spec_from_shape,
@@ -113,7 +114,7 @@ class RooflineCalibration:
 
 
 @dataclass
-class FitReport:
+class FitReport(CurveTables):
     profile_dir: Path
     model: str
     device: str
@@ -131,14 +132,6 @@ class FitReport:
     cost_model_path: Path
     plot_path: Path | None = None
     roofline: RooflineCalibration | None = None
-
-    @property
-    def linear(self) -> list[tuple[int, float]]:
-        return self.curves["linear"]
-
-    @property
-    def lm_head(self) -> list[tuple[int, float]]:
-        return self.curves["lm_head"]
 
 
 # ---- reading a profile -------------------------------------------------------------------------------------
@@ -269,21 +262,13 @@ def ramp_columns(x: np.ndarray, knots: list[int]) -> np.ndarray:
 
 
 @dataclass
-class CoefficientFit:
+class CoefficientFit(CurveTables):
     tile: int
     coefficients: dict[str, float]
     curves: dict[str, list[tuple[int, float]]]  # knot tables (n, seconds) by name, as `sim.cost.fitted.CURVES`
     stderr: dict[str, float]  # standard error of each scalar coefficient (0 for those not covered)
     tile_errors: dict[int, float]  # training RMS relative error of the best fit at each candidate tile
     not_covered: list[str]
-
-    @property
-    def linear(self) -> list[tuple[int, float]]:
-        return self.curves["linear"]
-
-    @property
-    def lm_head(self) -> list[tuple[int, float]]:
-        return self.curves["lm_head"]
 
 
 @dataclass

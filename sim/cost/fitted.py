@@ -249,7 +249,21 @@ class _Curve:
         return self.ys[i] + self.slopes[i] * (x - self.xs[i])
 
 
-class Fitted(CostModel):
+class CurveTables:
+    """Named access to the knot tables in `curves` (a fitted cost model, and the fitter's reports)."""
+
+    curves: dict[str, list[tuple[int, float]]]
+
+    @property
+    def linear(self) -> list[tuple[int, float]]:
+        return self.curves["linear"]
+
+    @property
+    def lm_head(self) -> list[tuple[int, float]]:
+        return self.curves["lm_head"]
+
+
+class Fitted(CurveTables, CostModel):
     """Prices a `BatchPlan` with coefficients and curves fitted to a profile (see the module docstring)."""
 
     def __init__(self, coefficients: dict[str, float], tile: int, curves: dict[str, Sequence[Sequence[float]]],
@@ -303,14 +317,6 @@ class Fitted(CostModel):
         self._pa_seg = c["attn_segment_s"]
         self._dpad = c["decode_pad_token_s"]
         self._drow = c["decode_row_s"]
-
-    @property
-    def linear(self) -> list[tuple[int, float]]:
-        return self.curves["linear"]
-
-    @property
-    def lm_head(self) -> list[tuple[int, float]]:
-        return self.curves["lm_head"]
 
     def __repr__(self) -> str:
         dev = self.meta.get("device_name") or self.meta.get("device") or "?"
