@@ -237,12 +237,12 @@ class RaggedExecutor:
         if rows:
             lo, hi = segments[rows[0]].slot, segments[rows[-1]].slot
             kmax = max(segments[i].cached for i in rows) + 1
-            lens = torch.full((hi - lo + 1,), kmax, dtype=torch.long)  # holes see every column
+            lens = [kmax] * (hi - lo + 1)  # holes see every column
             for i in rows:
                 lens[segments[i].slot - lo] = segments[i].cached + 1
             mask = None
-            if int(lens.min()) < kmax:
-                blocked = torch.arange(kmax)[None, :] >= lens[:, None]
+            if min(lens) < kmax:
+                blocked = torch.arange(kmax)[None, :] >= torch.tensor(lens)[:, None]
                 mask = _additive(blocked.to(dev), self.dtype)[:, None, None, :]
             place = None
             if hi - lo + 1 > len(rows):
