@@ -18,7 +18,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
-# both benchmarks: simulator speed (about a minute), then accuracy against real runs (about 20 minutes)
+# both benchmarks: simulator speed (about a minute), then accuracy against real runs (about 15 minutes)
 bench: bench-speed bench-validate
 
 bench-speed: $(STAMP)
