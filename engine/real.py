@@ -44,7 +44,7 @@ from policies.faster_transformer import FasterTransformer
 from policies.registry import POLICIES, make_policy, max_admissible_tokens
 from profiler.profile import default_threads
 from simctl.errors import InputError
-from traces.build import SEQ_LEN_ALIGN, build_trace, is_profile
+from traces.build import SEQ_LEN_ALIGN, build_trace, check_scale, is_profile
 from traces.request import Request
 
 DEFAULT_NUM_REQUESTS = 100  # for a length profile when none is given (a trace file: every row)
@@ -76,7 +76,7 @@ class RealConfig:
         spells the option)."""
         from profiler.model import DEVICES, DTYPES
         from sim.models import get_model
-        from sim.run import RunConfig, _is_int, _is_number
+        from sim.run import RunConfig, _is_int
 
         RunConfig(policy=self.policy, trace=self.trace, model=self.model, qps=self.qps,
                   num_requests=self.num_requests, seed=self.seed, token_budget=self.token_budget,
@@ -85,8 +85,7 @@ class RealConfig:
         if spec.mlp != "gated":
             raise InputError(f"--model {spec.name}: only gated (SwiGLU, Llama-style) shapes can be built "
                              "for real execution")
-        if not _is_number(self.scale) or not (0 < self.scale <= 1e6 and math.isfinite(self.scale)):
-            raise InputError(f"--scale must be a number > 0, got {self.scale!r}")
+        check_scale(self.scale)
         dev = str(self.device).lower()
         if dev not in DEVICES and not dev.startswith("cuda:"):
             raise InputError(f"--device {self.device!r} not supported; choose cpu or cuda")
@@ -107,21 +106,6 @@ class Sizing:
     max_batch_size: int
     max_batch_size_capped: bool
 
-
-
-def scale_length(n: int, scale: float) -> int:
-    return max(1, math.floor(n * scale + 0.5))
-
-
-def build_requests(trace: str, num_requests: int | None, qps: float, seed: int, scale: float = 1.0,
-                   arrival: str = "poisson", cv: float = 1.0) -> list[Request]:
-    """The trace `simctl run` would build, with prompt and output lengths times `scale` (rounded, >= 1);
-    arrivals unchanged."""
-    reqs = build_trace(trace, num_requests, qps, seed, arrival=arrival, cv=cv)
-    if scale == 1.0:
-        return reqs
-    return [Request(r.id, r.arrival_s, scale_length(r.prompt_tokens, scale), scale_length(r.output_tokens, scale))
-            for r in reqs]
 
 
 def resolved(config: RealConfig, num_requests_given: bool = True) -> RealConfig:
@@ -192,8 +176,8 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     """Serve `config` in this process and return its records and summary (nothing written)."""
     t_total = time.perf_counter()
     config.validate()
-    requests = build_requests(config.trace, config.num_requests, config.qps, config.seed, config.scale,
-                              config.arrival, config.cv)
+    requests = build_trace(config.trace, config.num_requests, config.qps, config.seed, arrival=config.arrival,
+                           cv=config.cv, scale=config.scale)
 
     import torch
     import transformers
@@ -295,8 +279,8 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     from sim.models import get_model
 
     spec = get_model(config.model)
-    requests = build_requests(config.trace, config.num_requests, config.qps, config.seed, config.scale,
-                              config.arrival, config.cv)
+    requests = build_trace(config.trace, config.num_requests, config.qps, config.seed, arrival=config.arrival,
+                           cv=config.cv, scale=config.scale)
     size_run(config, requests, spec.kv_bytes_per_token(4 if config.dtype == "float32" else 2), 1 << 62)
     out_path = None
     if out is not None:
@@ -324,8 +308,8 @@ def twin_inputs(summary: dict[str, Any]) -> tuple[list[Request], Policy]:
     """The Request list a real run served and a fresh policy configured as it was (KV capacity,
     max_seq_len, max batch size, token budget), from the run's summary: `sim.simulate.simulate(requests,
     policy, cost)` then predicts the same run."""
-    requests = build_requests(summary["trace"], summary["num_requests"], summary["qps"], summary["seed"],
-                              summary["scale"], summary["arrival"], summary["cv"])
+    requests = build_trace(summary["trace"], summary["num_requests"], summary["qps"], summary["seed"],
+                           arrival=summary["arrival"], cv=summary["cv"], scale=summary["scale"])
     policy = make_policy(summary["policy"], summary["kv_capacity_tokens"], summary["max_seq_len"],
                          summary["max_batch_size"], summary.get("token_budget"))
     return requests, policy

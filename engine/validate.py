@@ -6,7 +6,7 @@ For each policy:
 
 1. **Simulated capacity on the twin setup.** The highest QPS whose *simulated* run meets the SLO (default:
    sustainable and median scheduling delay <= 2 s; optionally P99 TBT), by bisection over QPS. Every probe
-   is the run a real run at that rate would be: the same request generator (`engine.real.build_requests`:
+   is the run a real run at that rate would be: the same request generator (`traces.build_trace`:
    trace, count, seed, scaled lengths), the same KV sizing (`engine.real.size_run` with the CPU slab budget),
    the policy rebuilt by `engine.real.twin_inputs`, priced by the fitted cost model.
 2. **Loads.** For each load (a fraction of that capacity) `repeats` real runs (`engine.real.real_main`, a
@@ -129,14 +129,15 @@ def real_dirs(run_dir: Path, repeats: int) -> list[Path]:
 def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
     """The summary fields `engine.real.twin_inputs` reads, as a real CPU run of `policy` at `qps` would
     record them (its requests and its KV sizing), without running it."""
-    from engine.real import CPU_KV_BYTES, build_requests, size_run
+    from engine.real import CPU_KV_BYTES, size_run
     from policies.registry import make_policy
     from sim.cost.fitted import dtype_bytes_of
     from sim.models import get_model
+    from traces import build_trace
 
     config = setup.real_config(policy, qps)
-    requests = build_requests(config.trace, config.num_requests, qps, config.seed, config.scale,
-                              config.arrival, config.cv)
+    requests = build_trace(config.trace, config.num_requests, qps, config.seed, arrival=config.arrival,
+                           cv=config.cv, scale=config.scale)
     spec = get_model(config.model)
     size = size_run(config, requests, spec.kv_bytes_per_token(dtype_bytes_of(config.dtype)), CPU_KV_BYTES)
     probe = make_policy(policy, size.kv_capacity, size.max_seq_len, size.max_batch_size, config.token_budget)

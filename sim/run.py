@@ -22,6 +22,7 @@ from sim.models import ModelSpec, get_model
 from sim.simulate import SimResult, simulate
 from simctl.errors import InputError
 from traces import ARRIVAL_PROCESSES, PROFILES, build_trace, trace_max_total_tokens
+from traces.build import check_scale
 
 # Upper bounds that keep a run from exhausting memory or the float clock's resolution: at 1e9 s
 # (~32 years) a float64 time still resolves 0.2 us, far below any iteration's duration.
@@ -43,6 +44,7 @@ class RunConfig:
     max_batch_size: int | None = None
     arrival: str = "poisson"
     cv: float = 1.0  # burstiness of gamma arrivals
+    scale: float = 1.0  # prompt and output lengths multiplied by this (rounded, >= 1), as `simctl real --scale`
     fast: bool = True  # advance decode-only stretches in one step (identical results)
     cost: str | None = None  # a fitted cost_model.json; None: the roofline (or, for --gpu cpu, the shipped fit)
 
@@ -67,6 +69,7 @@ class RunConfig:
                              f"{MAX_CLOCK_S:.0e} s; raise --qps")
         if not _is_int(self.seed) or self.seed < 0:
             raise InputError(f"--seed must be an integer >= 0, got {self.seed!r}")
+        check_scale(self.scale)
         if self.max_batch_size is not None and (not _is_int(self.max_batch_size) or self.max_batch_size < 1):
             raise InputError(f"--max-batch-size must be an integer >= 1, got {self.max_batch_size!r}")
         if self.token_budget is not None:
@@ -138,8 +141,8 @@ def run(config: RunConfig) -> Run:
     model, gpu = get_model(config.model), get_gpu(config.gpu)
     cost, kv_capacity, cost_label = cost_model(config.cost, model, gpu, config.tp)
     requests = build_trace(config.trace, config.num_requests, config.qps, config.seed,
-                           arrival=config.arrival, cv=config.cv)
-    max_seq_len = trace_max_total_tokens(config.trace, requests)
+                           arrival=config.arrival, cv=config.cv, scale=config.scale)
+    max_seq_len = trace_max_total_tokens(config.trace, requests, config.scale)
     fits = max_admissible_tokens(config.policy, kv_capacity, max_seq_len)
     last = requests[-1].arrival_s
     if last > MAX_CLOCK_S:

@@ -54,6 +54,8 @@ MaxBatch = Annotated[int | None, typer.Option(help="Cap on requests per batch [d
                                               "16 FT/Orca, 128 vLLM/Sarathi].")]
 Arrival = Annotated[str, typer.Option(help="Arrival process: poisson, or gamma (bursty, see --cv).")]
 Cv = Annotated[float, typer.Option(help="Coefficient of variation of gamma inter-arrivals.")]
+Scale = Annotated[float, typer.Option(help="Multiply prompt and output lengths (e.g. 0.05 makes sharegpt "
+                                      "CPU-sized); recorded in the summary.")]
 Cost = Annotated[str | None, typer.Option(help="A fitted cost_model.json (from `simctl fit`) instead of the "
                                           "roofline, or a roofline_calibration.json (`simctl fit "
                                           "--roofline-gpu`) to apply measured efficiencies to --gpu's specs; "
@@ -75,6 +77,7 @@ def run(
     max_batch_size: MaxBatch = None,
     arrival: Arrival = "poisson",
     cv: Cv = 1.0,
+    scale: Scale = 1.0,
     cost: Cost = None,
     out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet and "
                                                 "iterations.parquet.")] = None,
@@ -94,7 +97,7 @@ def run(
     config = RunConfig(policy=policy, trace=trace, model=model, gpu=gpu, tp=tp, qps=qps,
                        num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests, seed=seed,
                        token_budget=token_budget, max_batch_size=max_batch_size, arrival=arrival, cv=cv,
-                       cost=cost)
+                       scale=scale, cost=cost)
     config.validate()
     if num_requests is None and not is_profile(trace):  # a trace file: every row
         rows = len(build_trace(trace, None, qps, seed, arrival=arrival, cv=cv))
@@ -204,8 +207,7 @@ def real(
     qps: Annotated[float, typer.Option(help="Mean arrival rate, requests per second (real time).")] = 1.0,
     num_requests: Annotated[int | None, typer.Option(help="Requests to serve [default: 100 for a length "
                                                       "profile, every row of a trace file].")] = None,
-    scale: Annotated[float, typer.Option(help="Multiply prompt and output lengths (e.g. 0.05 makes sharegpt "
-                                         "CPU-sized); recorded in the summary.")] = 1.0,
+    scale: Scale = 1.0,
     seed: Seed = 0,
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
     threads: Annotated[int | None, typer.Option(help="CPU threads [default: every core available].")] = None,

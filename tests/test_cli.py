@@ -124,6 +124,8 @@ BAD_RUNS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     ("unknown-gpu", ("--gpu", "tpu-v9", *SMALL), ("'tpu-v9'", "a100-80gb")),
     ("qps-zero", ("--qps", "0", *SMALL), ("--qps", "0", "> 0")),
     ("qps-negative", ("--qps", "-1", *SMALL), ("--qps", "-1")),
+    ("scale-zero", ("--scale", "0", *SMALL), ("--scale", "> 0")),
+    ("scale-text", ("--scale", "tiny", *SMALL), ("--scale", "tiny")),
     ("qps-nan", ("--qps", "nan", *SMALL), ("--qps", "nan")),
     ("qps-inf", ("--qps", "inf", *SMALL), ("--qps", "inf")),
     ("qps-too-low", ("--qps", "1e-300", *SMALL), ("--qps", "1e-300")),
@@ -237,6 +239,19 @@ def test_validate_bad_option_is_one_line_exit_2(tmp_path: Path, args: tuple[str,
     res = simctl("validate", *args, "--out", tmp_path / "val")
     assert_one_line_error(res, *words)
     assert not (tmp_path / "val").exists()
+
+
+def test_scale_shrinks_lengths_as_simctl_real_does(tmp_path: Path) -> None:
+    """--scale is part of the trace spec: lengths scaled (rounded, >= 1), arrivals kept, recorded."""
+    full, small = tmp_path / "full", tmp_path / "small"
+    for out, extra in ((full, ()), (small, ("--scale", "0.1"))):
+        res = simctl("run", "--policy", "vllm", "--trace", "sharegpt", "--num-requests", "40", "--qps", "2",
+                     *extra, "--out", out)
+        assert res.returncode == 0, res.stderr
+    a, b = (pd.read_parquet(d / "requests.parquet").sort_values("request_id") for d in (full, small))
+    assert b["arrival_s"].tolist() == a["arrival_s"].tolist()
+    assert b["prompt_tokens"].tolist() == [max(1, math.floor(n * 0.1 + 0.5)) for n in a["prompt_tokens"]]
+    assert json.loads((small / "summary.json").read_text())["scale"] == 0.1
 
 
 def test_unknown_command() -> None:

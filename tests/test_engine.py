@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from engine.real import RealConfig, build_requests, real_main, run_real, size_run, twin_inputs, write_real
+from engine.real import RealConfig, real_main, run_real, size_run, twin_inputs, write_real
 from engine.serve import Engine, SlotPool, generate_alone, prompt_ids
 from policies.registry import POLICIES, make_policy
 from profiler.forward import RaggedExecutor
@@ -21,6 +21,7 @@ from sim.models import get_model
 from sim.output import write_run
 from sim.run import RunConfig, run
 from simctl.errors import InputError
+from traces import build_trace
 from traces.request import Request
 
 MODEL = "tiny-2l"
@@ -193,7 +194,7 @@ def test_run_real_in_process_and_scale(tmp_path) -> None:
     r = run_real(RealConfig(policy="sarathi", trace="arxiv", model=MODEL, qps=50.0, num_requests=4, scale=0.01,
                             threads=1, token_budget=64))
     assert r.summary["completed"] == 4 and r.summary["token_budget"] == 64 and r.summary["scale"] == 0.01
-    full = build_requests("arxiv", 4, 50.0, 0)
+    full = build_trace("arxiv", 4, 50.0, 0)
     assert [(q.prompt_tokens, q.output_tokens) for q in r.requests] == [
         (max(1, math.floor(q.prompt_tokens * 0.01 + 0.5)), max(1, math.floor(q.output_tokens * 0.01 + 0.5)))
         for q in full]

@@ -337,6 +337,11 @@ def test_build_trace_file_without_arrivals_generates_them(tmp_path: Path) -> Non
         ({"arrival": "gamma", "cv": 0.0}, "cv"),
         ({"seed": -1}, "seed"),
         ({"trace": "missing/file.csv"}, "not found"),
+        ({"scale": 0.0}, "--scale"),
+        ({"scale": -0.5}, "--scale"),
+        ({"scale": math.nan}, "--scale"),
+        ({"scale": math.inf}, "--scale"),
+        ({"scale": True}, "--scale"),
     ],
 )
 def test_build_trace_rejects_bad_input(kwargs: dict, match: str) -> None:
@@ -352,6 +357,20 @@ def test_trace_max_total_tokens(tmp_path: Path) -> None:
     assert trace_max_total_tokens(path, build_trace(path, None, 1.0, 0)) == 128
     path = _write(tmp_path, "u.csv", HEADER + "100,28\n")
     assert trace_max_total_tokens(path, build_trace(path, None, 1.0, 0)) == 128
+    # scaled: a profile's cap scales (rounded up to 16); a file's is its longest scaled request, rounded up
+    assert trace_max_total_tokens("sharegpt", build_trace("sharegpt", 50, 1.0, 0, scale=0.05), 0.05) == 416
+    assert trace_max_total_tokens(path, build_trace(path, None, 1.0, 0, scale=0.5), 0.5) == 64
+
+
+def test_scale_multiplies_lengths_and_keeps_arrivals(tmp_path: Path) -> None:
+    full, small = build_trace("sharegpt", 200, 2.0, 4), build_trace("sharegpt", 200, 2.0, 4, scale=0.05)
+    assert [r.arrival_s for r in small] == [r.arrival_s for r in full]
+    for a, b in zip(full, small):  # rounded half up, at least 1
+        assert b.prompt_tokens == max(1, math.floor(a.prompt_tokens * 0.05 + 0.5))
+        assert b.output_tokens == max(1, math.floor(a.output_tokens * 0.05 + 0.5))
+    assert min(r.output_tokens for r in small) == 1 < max(r.output_tokens for r in small)
+    path = _write(tmp_path, "s.csv", HEADER + "100,21\n3,1\n")
+    assert [(r.prompt_tokens, r.output_tokens) for r in build_trace(path, None, 1.0, 0, scale=0.5)] == [(50, 11), (2, 1)]
 
 
 # ---------------------------------------------------------------- against the real traces

@@ -9,6 +9,9 @@
   generated as for a profile.
 - For a file, ``num_requests=None`` means every row; asking for more rows than the file has is an error
   (we neither cycle through the file nor silently return fewer requests than asked for).
+- ``scale`` multiplies every prompt and output length (rounded, at least 1) after all of the above, arrivals
+  unchanged: ``sharegpt`` x 0.05 is a CPU-sized trace with the same shape. A profile's max sequence length
+  scales with it (``trace_max_total_tokens``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,18 @@ from traces.request import Request
 ARRIVAL_PROCESSES = ("poisson", "gamma")
 # File traces report their max sequence length rounded up to this, a KV block / tile friendly multiple.
 SEQ_LEN_ALIGN = 16
+
+
+def check_scale(scale: object) -> float:
+    """`scale` if it is a finite number > 0 (and at most 1e6), else InputError."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (0 < scale <= 1e6):
+        raise InputError(f"--scale must be a number > 0 (lengths are multiplied by it), got {scale!r}")
+    return float(scale)
+
+
+def scale_length(n: int, scale: float) -> int:
+    """A length times `scale`, rounded half up, at least 1."""
+    return max(1, math.floor(n * scale + 0.5))
 
 
 def is_profile(trace: str | os.PathLike[str]) -> bool:
@@ -77,8 +92,10 @@ def build_trace(
     seed: int,
     arrival: str = "poisson",
     cv: float = 1.0,
+    scale: float = 1.0,
 ) -> list[Request]:
     """Requests with ids 0..n-1 in arrival order (see the module docstring for the rules)."""
+    scale = check_scale(scale)
     if arrival not in ARRIVAL_PROCESSES:
         raise InputError(f"unknown arrival process {arrival!r} (known: {', '.join(ARRIVAL_PROCESSES)})")
     if arrival == "poisson" and cv != 1.0:
@@ -106,20 +123,28 @@ def build_trace(
         else:
             arrivals = _arrivals(n, qps, arrival, cv, rng)
 
+    if scale != 1.0:
+        prompts = [scale_length(int(p), scale) for p in prompts]
+        outputs = [scale_length(int(o), scale) for o in outputs]
     return [
         Request(id=i, arrival_s=float(a), prompt_tokens=int(p), output_tokens=int(o))
         for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs, strict=True))
     ]
 
 
-def trace_max_total_tokens(trace: str | os.PathLike[str], requests: Sequence[Request]) -> int:
+def trace_max_total_tokens(trace: str | os.PathLike[str], requests: Sequence[Request], scale: float = 1.0) -> int:
     """Max sequence length (prompt + output) a run of this trace needs.
 
-    A profile's cap (every generated request fits, and it matches what the paper configured); for a file,
-    the longest request rounded up to a multiple of ``SEQ_LEN_ALIGN``.
+    A profile's cap (every generated request fits, and it matches what the paper configured), times `scale`
+    rounded up to a multiple of ``SEQ_LEN_ALIGN``; for a file, the longest request rounded up to a multiple of
+    ``SEQ_LEN_ALIGN``.
     """
     if is_profile(trace):
-        return get_profile(str(trace)).max_total_tokens
+        cap = get_profile(str(trace)).max_total_tokens
+        if scale == 1.0:
+            return cap
+        return max([math.ceil(cap * scale / SEQ_LEN_ALIGN) * SEQ_LEN_ALIGN,
+                    *(r.prompt_tokens + r.output_tokens for r in requests)])
     if not requests:
         raise InputError("cannot size the max sequence length of an empty trace")
     longest = max(r.prompt_tokens + r.output_tokens for r in requests)
