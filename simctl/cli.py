@@ -155,6 +155,7 @@ def capacity(
     max_batch_size: MaxBatch = None,
     arrival: Arrival = "poisson",
     cv: Cv = 1.0,
+    scale: Scale = 1.0,
     cost: Cost = None,
     slo_tbt_p99: Annotated[float | None, typer.Option(help="P99 TBT limit, s (Sarathi-Serve, Mistral-7B: "
                                                       "0.1 strict, 0.5 relaxed).")] = None,
@@ -177,7 +178,8 @@ def capacity(
     policies = [p.strip() for p in policy.split(",") if p.strip()]
     configs = [RunConfig(policy=p, trace=trace, model=model, gpu=gpu, tp=tp, qps=start_qps,
                          num_requests=num_requests, seed=seed, token_budget=token_budget,
-                         max_batch_size=max_batch_size, arrival=arrival, cv=cv, cost=cost) for p in policies]
+                         max_batch_size=max_batch_size, arrival=arrival, cv=cv, scale=scale, cost=cost)
+               for p in policies]
     slo = SLO(tbt_p99_s=slo_tbt_p99, sched_delay_p50_s=slo_sched_p50, ttft_p50_s=slo_ttft_p50)
     spec = CapacityConfig(configs, slo, start_qps, workers)
     spec.validate()

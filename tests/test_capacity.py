@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from sim.capacity import SLO, find_capacity
 from sim.run import RunConfig
@@ -48,10 +49,11 @@ def test_capacity_cli_writes_json_csv_png(tmp_path: Path) -> None:
     assert (out / "capacity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_capacity_cli_rejects_bad_slo(tmp_path: Path) -> None:
+@pytest.mark.parametrize("option", ["--slo-tbt-p99", "--scale"])
+def test_capacity_cli_rejects_bad_values(tmp_path: Path, option: str) -> None:
     simctl = Path(sys.executable).parent / "simctl"
-    proc = subprocess.run([str(simctl), "capacity", "--slo-tbt-p99", "-1", "--out", str(tmp_path / "x")],
+    proc = subprocess.run([str(simctl), "capacity", option, "-1", "--out", str(tmp_path / "x")],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and "--slo-tbt-p99" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and option in proc.stderr
     assert not (tmp_path / "x").exists()
