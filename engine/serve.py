@@ -1,14 +1,8 @@
-"""The real engine's serving loop: the simulator's replica loop with a real forward pass instead of a cost model.
-
-    t0 = monotonic clock
-    loop:
-        now = clock - t0; hand every request with arrival_s <= now to the policy (policy.add)
-        plan = policy.schedule()
-        None  -> sleep until the next arrival (or stop when none is left)
-        plan  -> execute it as ONE forward on the RaggedExecutor; end = clock once its logits exist
-                 (cuda: after a synchronize); greedy tokens appended to each sampling sequence's ids;
-                 then `sim.replica.apply_iteration(...)` -- the very bookkeeping the simulator runs
-                 (advance Seqs, stamp times, TBT gaps, iteration row, policy.finish)
+"""Real execution: the simulator's replica loop (`serving.loop.Replica`) on the monotonic clock
+(`serving.realtime.RealTime`), with a backend that runs each plan as ONE forward on the RaggedExecutor instead
+of pricing it (`TorchBackend`): its end is the clock once the logits exist (cuda: after a synchronize), greedy
+tokens are appended to each sampling sequence's ids, and the loop then applies the very bookkeeping the
+simulator runs (`serving.bookkeeping`: advance Seqs, stamp times, TBT gaps, iteration row, policy.finish).
 
 One iteration at a time (no decode stretches). An iteration's `start` is the clock read before arrivals are
 drained and the policy schedules, so its logged duration covers scheduling, input preparation, the forward
@@ -44,8 +38,10 @@ from policies.base import Policy
 from policies.plan import BatchPlan, Layout
 from policies.seq import Seq
 from profiler.forward import RaggedExecutor, Segment
-from sim.records import GapHistogram, IterationLog, request_frame
-from sim.replica import ArrivalQueue, apply_iteration
+from serving.inbox import Inbox
+from serving.loop import Replica
+from serving.realtime import RealTime
+from serving.records import GapHistogram, IterationLog, request_frame
 from sim.simulate import SimResult
 from traces.request import Request
 
@@ -113,20 +109,22 @@ class EngineResult:
                          wall_s=self.wall_s)
 
 
-class Engine:
-    """Drives `policy` over `executor` (a `profiler.forward.RaggedExecutor`) for one list of requests."""
+class TorchBackend:
+    """The replica loop's backend in real mode: each plan runs as one forward on a `RaggedExecutor` (see the
+    module docstring), its end stamped on the real-time clock once the logits exist; greedy tokens are
+    appended to each sampling sequence's ids."""
 
-    def __init__(self, policy: Policy, executor: RaggedExecutor, prompts: Mapping[int, Sequence[int]],
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
-                 ) -> None:
-        self.policy = policy
+    def __init__(self, executor: RaggedExecutor, prompts: Mapping[int, Sequence[int]], time: RealTime,
+                 on_iteration: Callable[[BatchPlan, float, float, float], None] | None = None) -> None:
         self.executor = executor
         self.ids = {rid: list(p) for rid, p in prompts.items()}  # prompt + generated, per request id
         self.prompt_len = {rid: len(p) for rid, p in prompts.items()}
         self.slots = SlotPool(executor.slots, executor.move_slot)
         self.rows: list[tuple[Seq, int]] | None = None  # the running padded batch: (seq, slot) per row
-        self.clock = clock
-        self.sleep = sleep
+        self.time = time
+        self.on_iteration = on_iteration
+        self.forward_s: list[float] = []
+        self.samplers: list[Seq] = []  # the last iteration's sampling sequences, checked after bookkeeping
         dev = executor.device
         self.sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
 
@@ -172,7 +170,32 @@ class Engine:
         logits = ex.run_padded(segs, length=1, kv_len=plan.decode_kv // plan.decode_rows)
         return samplers, logits[keep]
 
-    def _release(self, finished: list[Seq]) -> None:
+    # ---- the loop's backend protocol ----------------------------------------------------------------------
+    def run(self, plan: BatchPlan, start: float) -> float:
+        self._check_counts()
+        t_exec = self.time.read()
+        samplers, logits = self.execute(plan)
+        self.sync()
+        end = self.time.read()
+        self.forward_s.append(end - t_exec)
+        for s, tok in zip(samplers, logits.argmax(-1).tolist()):
+            self.ids[s.id].append(tok)
+        self.samplers = samplers
+        if self.on_iteration is not None:
+            self.on_iteration(plan, start, end, end - t_exec)
+        return end
+
+    def stretch_times(self, plan: BatchPlan, k: int) -> None:
+        return None  # real iterations run one at a time
+
+    def _check_counts(self) -> None:
+        """The previous iteration's bookkeeping counted exactly the tokens the model produced."""
+        for s in self.samplers:
+            if len(self.ids[s.id]) != s.prompt_tokens + s.generated:
+                raise RuntimeError(f"request {s.id}: {len(self.ids[s.id])} token ids but the policy "
+                                   f"counts {s.prompt_tokens + s.generated}")
+
+    def release(self, finished: list[Seq]) -> None:
         rows = self.rows
         in_batch = {s.id for s, _ in rows} if rows is not None else set()
         for s in finished:
@@ -183,65 +206,42 @@ class Engine:
                 self.slots.release(s)
             self.rows = None
 
-    # ---- the loop -----------------------------------------------------------------------------------------
+
+class Engine:
+    """Drives `policy` over `executor` (a `profiler.forward.RaggedExecutor`) for one list of requests, with
+    the replica loop the simulator runs (`serving.loop.Replica`) on the real-time clock."""
+
+    def __init__(self, policy: Policy, executor: RaggedExecutor, prompts: Mapping[int, Sequence[int]],
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+                 ) -> None:
+        self.policy = policy
+        self.prompts = prompts
+        self.time = RealTime(clock, sleep)
+        self.backend = TorchBackend(executor, prompts, self.time)
+
     def serve(self, requests: Sequence[Request], max_waiting: int | None = None,
               on_iteration: Callable[[BatchPlan, float, float, float], None] | None = None) -> EngineResult:
         """Serve `requests` (sorted by arrival; arrival_s in seconds from now) in real time.
 
         `on_iteration(plan, start, end, forward_s)`, if given, sees every executed plan before its bookkeeping
         (e.g. to price it with a cost model next to its measured time)."""
-        missing = [r.id for r in requests if self.prompt_len.get(r.id) != r.prompt_tokens]
+        missing = [r.id for r in requests if len(self.prompts.get(r.id, ())) != r.prompt_tokens]
         if missing:
             raise ValueError(f"requests {missing[:5]} have no prompt ids of their prompt length")
         seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests]
-        arrivals = ArrivalQueue(seqs)
-        policy, clock = self.policy, self.clock
-        iterations, gaps = IterationLog(), GapHistogram()
-        queue_at_arrival: list[int] = []
-        forward_s: list[float] = []
-        aborted = False
-        t0 = clock()
+        backend = self.backend
+        backend.on_iteration = on_iteration
+        replica = Replica(self.policy, backend, self.time, Inbox(seqs), max_waiting=max_waiting)
+        self.time.start()
         with torch.inference_mode():
-            while True:
-                now = clock() - t0
-                if arrivals.next_time <= now:
-                    for seq in arrivals.pop_due(now):
-                        policy.add(seq)
-                        queue_at_arrival.append(len(policy.waiting))
-                    if max_waiting is not None and len(policy.waiting) > max_waiting:
-                        aborted = True
-                        break
-                plan = policy.schedule()
-                if plan is None:
-                    if arrivals.next_time == float("inf"):
-                        break
-                    delay = arrivals.next_time - (clock() - t0)
-                    if delay > 0:
-                        self.sleep(delay)
-                    continue
-                t_exec = clock()
-                samplers, logits = self.execute(plan)
-                self.sync()
-                t_end = clock()
-                end = t_end - t0
-                forward_s.append(t_end - t_exec)
-                for s, tok in zip(samplers, logits.argmax(-1).tolist()):
-                    self.ids[s.id].append(tok)
-                if on_iteration is not None:
-                    on_iteration(plan, now, end, t_end - t_exec)
-                finished = apply_iteration(policy, iterations, gaps, plan, now, end)
-                for s in samplers:
-                    if len(self.ids[s.id]) != s.prompt_tokens + s.generated:
-                        raise RuntimeError(f"request {s.id}: {len(self.ids[s.id])} token ids but the policy "
-                                           f"counts {s.prompt_tokens + s.generated}")
-                if finished:
-                    self._release(finished)
-        wall = clock() - t0
+            self.time.drive(replica.serve())
+            backend._check_counts()
+        records = replica.records
         return EngineResult(
-            seqs=seqs, iterations=iterations, gaps=gaps,
-            queue_at_arrival=np.asarray(queue_at_arrival, dtype=np.int64), aborted=aborted, wall_s=wall,
-            tokens={s.id: self.ids[s.id][self.prompt_len[s.id]:] for s in seqs},
-            forward_s=np.asarray(forward_s, dtype=np.float64), peak_slots=self.slots.peak,
+            seqs=seqs, iterations=records.iterations, gaps=records.gaps,
+            queue_at_arrival=records.queue_lengths(), aborted=replica.aborted, wall_s=self.time.read(),
+            tokens={s.id: backend.ids[s.id][backend.prompt_len[s.id]:] for s in seqs},
+            forward_s=np.asarray(backend.forward_s, dtype=np.float64), peak_slots=backend.slots.peak,
         )
 
 

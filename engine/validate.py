@@ -166,7 +166,7 @@ def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], A
 @dataclass
 class Replay:
     frame: pd.DataFrame  # one row per replayed iteration: measured and predicted duration, shape, terms
-    gaps: Any  # sim.records.GapHistogram of the real run's token gaps (from the real times)
+    gaps: Any  # serving.records.GapHistogram of the real run's token gaps (from the real times)
     matched: int  # iterations whose replayed plan matched the logged one
     total: int  # iterations logged
     between_s: float  # measured time between iterations while work was pending (sampling, bookkeeping)
@@ -188,45 +188,36 @@ def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any) ->
     from engine.real import twin_inputs
     from policies.plan import Layout
     from policies.seq import Seq
-    from sim.records import GapHistogram, IterationLog
-    from sim.replica import ArrivalQueue, apply_iteration
+    from serving.inbox import Inbox
+    from serving.loop import Replica
+    from serving.replay import LoggedRun
 
     requests, policy = twin_inputs(summary)
-    arrivals = ArrivalQueue([Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests])
-    log, gaps = IterationLog(), GapHistogram()
     rows: list[dict[str, Any]] = []
-    starts = iterations["start_s"].to_numpy()
-    durations = iterations["duration_s"].to_numpy()
-    logged = iterations[["prefill_tokens", "decode_tokens", "batch_size", "linear_tokens"]].to_numpy()
-    between_s, between_n, matched = 0.0, 0, 0
-    for i in range(len(iterations)):
-        start, end = float(starts[i]), float(starts[i] + durations[i])
-        for seq in arrivals.pop_due(start):
-            policy.add(seq)
-        plan = policy.schedule()
-        if plan is None or (plan.prefill_tokens, plan.decode_tokens, len(plan.seqs), plan.linear_tokens) != tuple(
-                int(v) for v in logged[i]):
-            break
-        matched += 1
+
+    def price(plan: Any, start: float, real_s: float) -> None:
         terms = cost.breakdown(plan) if hasattr(cost, "breakdown") else {}
         ctx = [q.computed + 1 for q in plan.seqs[:plan.decode_tokens]] if plan.layout is Layout.PACKED else []
-        rows.append({"start_s": start, "real_s": float(durations[i]), "predicted_s": cost.iteration_time(plan),
+        rows.append({"start_s": start, "real_s": real_s, "predicted_s": cost.iteration_time(plan),
                      "kind": _kind(plan), "batch_size": len(plan.seqs), "linear_tokens": plan.linear_tokens,
                      "sampled_tokens": plan.sampled_tokens, "prefill_tokens": plan.prefill_tokens,
                      "decode_tokens": plan.decode_tokens, "decode_rows": plan.decode_rows,
                      "segments": len(plan.prefill_q),
                      "decode_kv": plan.decode_kv, "decode_ctx_min": min(ctx, default=0),
                      "decode_ctx_max": max(ctx, default=0), **{f"term_{k}_s": v for k, v in terms.items()}})
-        apply_iteration(policy, log, gaps, plan, start, end)
-        if i + 1 < len(iterations) and (not policy.idle or arrivals.next_time <= end):
-            between_s += float(starts[i + 1]) - end  # the engine went straight to the next iteration
-            between_n += 1
-    return Replay(pd.DataFrame(rows), gaps, matched, len(iterations), between_s, between_n)
+
+    log = LoggedRun(iterations, price)
+    inbox = Inbox([Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests])
+    replica = Replica(policy, log, log, inbox)
+    log.watch(policy, inbox)
+    log.drive(replica.serve())
+    return Replay(pd.DataFrame(rows), replica.records.gaps, log.matched, len(iterations), log.between_s,
+                  log.between_n)
 
 
 def merge_replays(reps: list[Replay]) -> Replay:
     """The replays of several repeats of one run as one (frames stacked with a `repeat` column, gaps pooled)."""
-    from sim.records import GapHistogram
+    from serving.records import GapHistogram
 
     gaps = GapHistogram()
     for r in reps:

@@ -11,9 +11,11 @@ import simpy
 
 from policies.base import Policy
 from policies.seq import Seq
+from serving.inbox import Inbox
+from serving.loop import Replica
+from serving.records import GapHistogram, IterationLog, request_frame
 from sim.cost.base import CostModel
-from sim.records import GapHistogram, IterationLog, request_frame
-from sim.replica import ArrivalQueue, Replica
+from sim.replica import CostBackend, SimulatedTime, process
 from traces.request import Request
 
 
@@ -27,6 +29,13 @@ class SimResult:
     kv_capacity: int
     wall_s: float
 
+    @classmethod
+    def of(cls, seqs: list[Seq], replica: Replica, wall_s: float) -> SimResult:
+        records = replica.records
+        return cls(requests=request_frame(seqs), iterations=records.iterations, gaps=records.gaps,
+                   queue_at_arrival=records.queue_lengths(), aborted=replica.aborted,
+                   kv_capacity=replica.policy.kv.capacity, wall_s=wall_s)
+
 
 def simulate(requests: list[Request], policy: Policy, cost: CostModel, fast: bool = True,
              max_waiting: int | None = None) -> SimResult:
@@ -34,15 +43,7 @@ def simulate(requests: list[Request], policy: Policy, cost: CostModel, fast: boo
     t0 = time.perf_counter()
     seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests]
     env = simpy.Environment()
-    replica = Replica(env, policy, cost, ArrivalQueue(seqs), fast=fast, max_waiting=max_waiting)
-    env.process(replica.run())
+    replica = Replica(policy, CostBackend(cost, fast), SimulatedTime(), Inbox(seqs), max_waiting=max_waiting)
+    env.process(process(env, replica))
     env.run()
-    return SimResult(
-        requests=request_frame(seqs),
-        iterations=replica.iterations,
-        gaps=replica.gaps,
-        queue_at_arrival=np.asarray(replica.queue_at_arrival, dtype=np.int64),
-        aborted=replica.aborted,
-        kv_capacity=policy.kv.capacity,
-        wall_s=time.perf_counter() - t0,
-    )
+    return SimResult.of(seqs, replica, time.perf_counter() - t0)

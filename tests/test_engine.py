@@ -104,9 +104,9 @@ def test_every_policy_gives_each_request_its_tokens_alone(model, alone, name, op
     engine, out, size = serve(model, name, REQUESTS, **options)
     check_run(out, REQUESTS, alone)
     assert out.iterations.frame()["batch_size"].max() > 1, "nothing was batched: the test proves little"
-    assert out.peak_slots <= size.kv_slots and not engine.slots.of, "every slot is given back"
+    assert out.peak_slots <= size.kv_slots and not engine.backend.slots.of, "every slot is given back"
     # requests finished below others, whose KV moved down (FasterTransformer frees a whole batch at once)
-    assert (engine.slots.moves > 0) == (name != "faster-transformer")
+    assert (engine.backend.slots.moves > 0) == (name != "faster-transformer")
 
 
 def test_vllm_preemption_by_recompute_keeps_tokens(model, alone) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "golden"))
-import record  # noqa: E402
+import record
 
 RECORDED = json.loads(record.RUNS_PATH.read_text(encoding="utf-8"))
 

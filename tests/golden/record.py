@@ -29,10 +29,10 @@ def cases() -> list[dict[str, Any]]:
     out = []
     for policy in POLICIES:
         for seed in (0, 1, 2):
-            out.append(dict(policy=policy, trace="sharegpt", qps=2.0, num_requests=600, seed=seed))
-            out.append(dict(policy=policy, trace="arxiv", qps=0.5, num_requests=300, seed=seed))
-        out.append(dict(policy=policy, trace="sharegpt", qps=40.0, num_requests=300, seed=0, model="tiny",
-                        gpu="cpu", scale=0.05))
+            out.append({"policy": policy, "trace": "sharegpt", "qps": 2.0, "num_requests": 600, "seed": seed})
+            out.append({"policy": policy, "trace": "arxiv", "qps": 0.5, "num_requests": 300, "seed": seed})
+        out.append({"policy": policy, "trace": "sharegpt", "qps": 40.0, "num_requests": 300, "seed": 0, "model": "tiny",
+                        "gpu": "cpu", "scale": 0.05})
     return out
 
 

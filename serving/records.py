@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -89,6 +90,18 @@ class GapHistogram:
         cum = np.cumsum(self.counts)
         idx = np.searchsorted(cum, np.asarray(pcts) / 100.0 * self.total, side="left")
         return [float(10 ** (self.LOW_EXP + (i + 0.5) / self.PER_DECADE)) for i in idx]
+
+
+@dataclass
+class Records:
+    """What one replica records while it serves: iteration rows, token gaps, the queue each arrival saw."""
+
+    iterations: IterationLog = field(default_factory=IterationLog)
+    gaps: GapHistogram = field(default_factory=GapHistogram)
+    queue_at_arrival: array = field(default_factory=lambda: array("q"))  # waiting requests, arrival included
+
+    def queue_lengths(self) -> np.ndarray:
+        return np.frombuffer(self.queue_at_arrival, dtype=np.int64).copy()
 
 
 def request_frame(seqs: list[Seq]) -> pd.DataFrame:

@@ -1,0 +1,35 @@
+"""Where requests reach a replica: an arrival process or a router pushes them, the replica drains those due."""
+
+from __future__ import annotations
+
+from policies.seq import Seq
+
+
+class Inbox:
+    """Requests pushed to one replica, in non-decreasing arrival time (a request may be pushed ahead of its
+    arrival: a trace replayed as given is pushed whole at the start). `next_time` is when the next one is due,
+    which is where the replica cuts a decode stretch."""
+
+    __slots__ = ("_next", "_seqs")
+
+    def __init__(self, seqs: list[Seq] | None = None) -> None:
+        self._seqs: list[Seq] = []
+        self._next = 0
+        for s in seqs or ():
+            self.push(s)
+
+    def push(self, seq: Seq) -> None:
+        if self._seqs and seq.arrival_s < self._seqs[-1].arrival_s:
+            raise ValueError(f"request {seq.id} pushed out of arrival order")
+        self._seqs.append(seq)
+
+    @property
+    def next_time(self) -> float:
+        return self._seqs[self._next].arrival_s if self._next < len(self._seqs) else float("inf")
+
+    def pop_due(self, now: float) -> list[Seq]:
+        start = self._next
+        seqs = self._seqs
+        while self._next < len(seqs) and seqs[self._next].arrival_s <= now:
+            self._next += 1
+        return seqs[start:self._next]

@@ -1,0 +1,114 @@
+"""The replica loop, written once: drain the inbox, schedule, execute, apply and record.
+
+    loop:
+        now = clock.now(exact)          # the simulator: its exact running sum; real time: the clock's reading
+        hand every request due by `now` to the policy (policy.add)
+        plan = policy.schedule()
+        None  -> wait until the next request is due (or stop: none is left)
+        plan  -> end = backend.run(plan, now); wait until `end`; apply the iteration's bookkeeping;
+                 backend.release(finished)
+
+The loop is a generator that yields each time it must wait until; a driver makes that time pass: SimPy's
+environment for the simulator (`sim.replica`), sleeping on the monotonic clock for the real engine
+(`serving.realtime`), nothing at all for the replay of a real run's log. As in SimPy's own real-time
+environment, only how time advances differs; the loop, the policy and the bookkeeping are the same objects.
+
+Decode stretches: a backend that can price `k` repeats of a decode-only plan at once (`stretch_times`) lets
+the loop run such a plan as one stretch until the next request is due in the inbox, a sequence finishes or KV
+runs out (the waiting queue of every policy stays blocked while decodes only grow). Per-token outcomes are
+identical to stepping one iteration at a time; only the bookkeeping is batched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from policies.base import Policy
+from policies.plan import BatchPlan
+from policies.seq import Seq
+from serving.bookkeeping import apply_iteration, apply_stretch
+from serving.inbox import Inbox
+from serving.records import Records
+
+MAX_STRETCH = 4096  # longest decode stretch priced at once; bounds the arrays, not the results
+
+
+class Clock(Protocol):
+    def now(self, exact: float) -> float:
+        """The time at the top of an iteration. `exact` is the loop's own running sum of iteration ends and
+        wake-up times: a simulated clock returns it unchanged (so a stretch ends exactly where stepping would
+        have), a real clock returns its reading."""
+
+
+class Backend(Protocol):
+    def run(self, plan: BatchPlan, start: float) -> float:
+        """Execute (or price) `plan`, begun at `start`; return the time its tokens exist."""
+
+    def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray | None:
+        """Durations of `k` back-to-back repeats of a decode-only plan, or None: one iteration at a time."""
+
+    def release(self, finished: list[Seq]) -> None:
+        """The sequences sampled their last token and left the policy: free what the backend holds for them."""
+
+
+@dataclass
+class Replica:
+    policy: Policy
+    backend: Backend
+    clock: Clock
+    inbox: Inbox
+    max_waiting: int | None = None  # give up (overload) once this many requests wait
+    records: Records = field(default_factory=Records)
+    aborted: bool = False
+
+    def serve(self, start: float = 0.0) -> Generator[float, None, None]:
+        """The loop; yields each time until which the driver must let time pass before resuming it."""
+        policy, inbox, backend, clock, records = self.policy, self.inbox, self.backend, self.clock, self.records
+        inf = float("inf")
+        now = start
+        while True:
+            now = clock.now(now)
+            if inbox.next_time <= now:
+                for seq in inbox.pop_due(now):
+                    policy.add(seq)
+                    records.queue_at_arrival.append(len(policy.waiting))
+                if self.max_waiting is not None and len(policy.waiting) > self.max_waiting:
+                    self.aborted = True
+                    return
+            plan = policy.schedule()
+            if plan is None:
+                now = inbox.next_time
+                if now == inf:
+                    return
+                yield now
+                continue
+            ends = self._stretch(plan, now) if plan.decode_only else None
+            if ends is None:
+                end = backend.run(plan, now)
+                yield end
+                finished = apply_iteration(policy, records, plan, now, end)
+            else:
+                end = float(ends[-1])
+                yield end
+                finished = apply_stretch(policy, records, plan, now, ends)
+            if finished:
+                backend.release(finished)
+            now = end
+
+    def _stretch(self, plan: BatchPlan, now: float) -> np.ndarray | None:
+        """End times of the identical decode iterations this plan can run back to back (None: just one)."""
+        extra = min(min(s.output_tokens - s.generated for s in plan.seqs) - 1, MAX_STRETCH - 1)
+        if extra <= 0:
+            return None
+        durations = self.backend.stretch_times(plan, extra + 1)
+        if durations is None:
+            return None
+        ends = np.cumsum(np.concatenate(([now], durations)))[1:]  # sequential adds, as stepping does
+        # stop at the iteration that ends at or after the next arrival: the policy decides again after it
+        extra = min(extra, int(np.searchsorted(ends, self.inbox.next_time, side="left")))
+        extra = self.policy.extend(plan, extra) if extra > 0 else 0
+        return ends[:extra + 1] if extra > 0 else None
