@@ -14,9 +14,9 @@ Plans to forwards:
   its slot, its next q token ids (prompt + generated so far, from position `seq.computed`), cached =
   `seq.computed`, sampled when the segment reaches the last known token (exactly when `Seq.advance` samples).
 - padded plans (`Layout.PADDED`, FasterTransformer): the padded prefill runs as a real `[B, L]` batch
-  (`run_padded`, L = `plan.prefill_q[0]`), pads computed; each padded decode runs every row of that batch,
-  finished rows included (fed their last token at a fixed position, output discarded), over
-  `plan.decode_kv / plan.decode_rows` KV columns per row. The LM head sees every row, as `sampled_tokens` says.
+  (`run_padded`, L = `plan.row_len`), pads computed; each padded decode runs all `plan.rows` rows of that
+  batch, finished rows included (fed their last token at a fixed position, output discarded), over
+  `plan.kv_len` KV columns per row. The LM head sees every row, as `sampled_tokens` says.
 
 KV slots (`SlotPool`): a request takes a row of the slab when it first appears in a plan and gives it back
 when it finishes (rows of a padded batch: when the whole batch has finished, as FasterTransformer keeps them);
@@ -145,19 +145,16 @@ class TorchBackend:
             return [s for s, g in zip(plan.seqs, segs) if g.sample], logits
         if plan.layout is not Layout.PADDED:
             raise NotImplementedError(f"the real engine cannot run {plan.layout.value} plans")
-        if plan.prefill_q:  # a padded B x L prefill: a new batch
-            if len(plan.prefill_q) != len(plan.seqs):
-                raise NotImplementedError("padded prefill with pad-only rows")
+        if not plan.decode_only:  # a padded B x L prefill: a new batch
             segs = [self._segment(s, q, True) for s, q in zip(plan.seqs, plan.num_new)]  # every row: LM head
             self.rows = [(s, g.slot) for s, g in zip(plan.seqs, segs)]
-            logits = ex.run_padded(segs, length=plan.prefill_q[0])
-            keep = [i for i, (s, q) in enumerate(zip(plan.seqs, plan.num_new))
-                    if s.computed + q == len(self.ids[s.id])]
+            logits = ex.run_padded(segs, length=plan.row_len)
+            keep = [i for i, sample in enumerate(plan.sampling()) if sample]
             return [plan.seqs[i] for i in keep], logits[keep]
         # a padded decode step: every row of the batch, finished ones too
         rows = self.rows
-        if rows is None or plan.decode_rows != len(rows):
-            raise RuntimeError(f"padded decode of {plan.decode_rows} rows without a matching padded prefill")
+        if rows is None or plan.rows != len(rows):
+            raise RuntimeError(f"padded decode of {plan.rows} rows without a matching padded prefill")
         live = {s.id for s in plan.seqs}
         segs, keep, samplers = [], [], []
         for i, (s, slot) in enumerate(rows):
@@ -167,7 +164,7 @@ class TorchBackend:
                 samplers.append(s)
             else:  # finished: its row is still computed (a fixed position below kv_len), its token discarded
                 segs.append(Segment(slot, self.ids[s.id][-1:], s.computed, True))
-        logits = ex.run_padded(segs, length=1, kv_len=plan.decode_kv // plan.decode_rows)
+        logits = ex.run_padded(segs, length=plan.row_len, kv_len=plan.kv_len)
         return samplers, logits[keep]
 
     # ---- the loop's backend protocol ----------------------------------------------------------------------

@@ -1,10 +1,15 @@
 """What a policy decides for one iteration, and the shape of the work the hardware then executes.
 
-A `BatchPlan` names the sequences scheduled and how many new tokens each processes (a prompt chunk, a whole
-prompt, or one decode token). Its shape fields are what a cost model prices: the tokens the linear layers
-really process (padding included), the attention segments of prefills/chunks on cached context, and the KV
-tokens read by decode rows (padded KV included). The builders below are the only place those are computed,
-so the simulator and the real engine see the same numbers.
+A `BatchPlan` is plain data. It names the sequences scheduled and how many new tokens each processes (a prompt
+chunk, a whole prompt, or one decode token) and carries its execution shape: the layout, the rows executed
+(`rows`: padded batches keep computing finished rows), the padded row length (`row_len`), the KV columns
+every padded decode row reads (`kv_len`), and which rows sample (`sampling()`). An executor runs exactly that;
+it never reverse-engineers the shape from cost features.
+
+Its feature fields are what a cost model prices: the tokens the linear layers really process (padding
+included), the attention segments of prefills/chunks on cached context, and the KV tokens read by decode rows
+(padded KV included). The builders below are the only place those are derived from the shape, so the
+simulator and the real engine see the same numbers.
 """
 
 from __future__ import annotations
@@ -37,10 +42,24 @@ class BatchPlan:
     decode_kv: int = 0  # KV tokens read by the decode rows, padded KV included
     prefill_tokens: int = 0  # real (unpadded) prompt tokens processed
     decode_tokens: int = 0  # real decode tokens processed
+    # execution shape beyond the scheduled sequences (PADDED layouts)
+    row_len: int = 0  # tokens per row of a padded batch (L; 1 for a decode step); 0: ragged
+    kv_len: int = 0  # KV columns every row of a padded decode step reads (pads included)
+    idle_rows: int = 0  # rows computed for sequences already finished (their outputs are discarded)
 
     @property
     def decode_only(self) -> bool:
         return not self.prefill_q
+
+    @property
+    def rows(self) -> int:
+        """Rows the executor computes: one per scheduled sequence, plus a padded batch's finished rows."""
+        return len(self.seqs) + self.idle_rows
+
+    def sampling(self) -> list[bool]:
+        """Per scheduled sequence, whether this iteration samples its next token (it reaches the last known
+        token). Read before the iteration is applied."""
+        return [s.computed + q == s.prompt_tokens + s.generated for s, q in zip(self.seqs, self.num_new)]
 
 
 def hybrid(decodes: list[Seq], prefills: list[Seq], chunks: list[int]) -> BatchPlan:
@@ -61,13 +80,14 @@ def packed(seqs: list[Seq], num_new: list[int]) -> BatchPlan:
     return hybrid(decodes, [s for s, _ in prefills], [q for _, q in prefills])
 
 
-def padded_prefill(seqs: list[Seq], rows: int | None = None) -> BatchPlan:
-    """A B x L prefill of whole prompts, every row padded to the longest (pads are computed)."""
-    rows = len(seqs) if rows is None else rows
+def padded_prefill(seqs: list[Seq]) -> BatchPlan:
+    """A B x L prefill of whole prompts, every row padded to the longest (pads are computed; every row reaches
+    the LM head)."""
+    rows = len(seqs)
     length = max(s.prefill_remaining for s in seqs)
     num_new = [s.prefill_remaining for s in seqs]
     return BatchPlan(seqs, num_new, Layout.PADDED, rows * length, rows, [length] * rows, [0] * rows,
-                     prefill_tokens=sum(num_new))
+                     prefill_tokens=sum(num_new), row_len=length)
 
 
 def padded_decode(seqs: list[Seq], rows: int, kv_len: int) -> BatchPlan:
@@ -76,4 +96,4 @@ def padded_decode(seqs: list[Seq], rows: int, kv_len: int) -> BatchPlan:
     Rows of finished requests stay in the batch and are computed like live ones.
     """
     return BatchPlan(seqs, [1] * len(seqs), Layout.PADDED, rows, rows, decode_rows=rows, decode_kv=rows * kv_len,
-                     decode_tokens=len(seqs))
+                     decode_tokens=len(seqs), row_len=1, kv_len=kv_len, idle_rows=rows - len(seqs))
