@@ -39,8 +39,8 @@ SHIPPED = ROOT / "profiler" / "profiles" / "cpu" / "cost_model.json"
 def find_cost(out: Path, console: Console) -> Path | None:
     """The cost model to validate: the shipped CPU fit (refitted from its profile if its format is outdated),
     else None."""
+    from common.errors import InputError
     from sim.cost.fitted import Fitted
-    from simctl.errors import InputError
 
     if not SHIPPED.is_file():
         return None

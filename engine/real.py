@@ -39,11 +39,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from common.checks import is_int
+from common.errors import InputError
+from executor.runtime import default_threads
 from policies.base import Policy
 from policies.faster_transformer import FasterTransformer
 from policies.registry import POLICIES, make_policy, max_admissible_tokens
-from profiler.profile import default_threads
-from simctl.errors import InputError
 from traces.build import SEQ_LEN_ALIGN, build_trace, check_scale, is_profile
 from traces.request import Request
 
@@ -74,9 +75,9 @@ class RealConfig:
     def validate(self) -> None:
         """Check every option that needs neither torch nor the trace's lengths (InputError, as the CLI
         spells the option)."""
-        from profiler.model import DEVICES, DTYPES
+        from executor.model import DEVICES, DTYPES
         from sim.models import get_model
-        from sim.run import RunConfig, _is_int
+        from sim.run import RunConfig
 
         RunConfig(policy=self.policy, trace=self.trace, model=self.model, qps=self.qps,
                   num_requests=self.num_requests, seed=self.seed, token_budget=self.token_budget,
@@ -91,9 +92,9 @@ class RealConfig:
             raise InputError(f"--device {self.device!r} not supported; choose cpu or cuda")
         if self.dtype not in DTYPES:
             raise InputError(f"--dtype {self.dtype!r} not supported; choose one of {', '.join(DTYPES)}")
-        if self.threads is not None and (not _is_int(self.threads) or self.threads < 1):
+        if self.threads is not None and (not is_int(self.threads) or self.threads < 1):
             raise InputError(f"--threads must be an integer >= 1, got {self.threads!r}")
-        if self.kv_capacity is not None and (not _is_int(self.kv_capacity) or self.kv_capacity < 1):
+        if self.kv_capacity is not None and (not is_int(self.kv_capacity) or self.kv_capacity < 1):
             raise InputError(f"--kv-capacity must be an integer >= 1 (token slots), got {self.kv_capacity!r}")
 
 
@@ -167,9 +168,9 @@ class RealRun:
 def _device_name(device: Any) -> str:
     import torch
 
-    from profiler.worker import _cpu_name
+    from executor.runtime import cpu_name
 
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
 def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
@@ -183,8 +184,8 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     import transformers
 
     from engine.serve import Engine, prompt_ids, warm_up
-    from profiler.forward import RaggedExecutor
-    from profiler.model import build_model, resolve_device
+    from executor.model import build_model, resolve_device
+    from executor.ragged import RaggedExecutor
     from sim.metrics import summarize
     from sim.models import get_model
 
@@ -263,7 +264,7 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     thread count set, write `out/{summary.json, requests.parquet, iterations.parquet}` (if `out`), and
     return the summary. InputError for bad options (also those only the child can check, e.g. cuda
     missing); RuntimeError, with the end of the child's stderr, if the child crashed."""
-    from profiler.profile import worker_env
+    from executor.runtime import worker_env
     from sim.output import check_out_dir
 
     config = RealConfig(policy=policy, trace=trace, model=model, device=device, qps=qps,

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from executor.ragged import RaggedExecutor, Segment
 from policies.base import Policy
 from policies.plan import BatchPlan, Layout
 from policies.seq import Seq
-from profiler.forward import RaggedExecutor, Segment
 from serving.inbox import Inbox
 from serving.loop import Replica
 from serving.realtime import RealTime
@@ -57,7 +57,7 @@ class SlotPool:
     """KV-slab rows held by requests, kept packed at the bottom of the slab: a request takes row R (R = rows
     held) when first scheduled; when one finishes, the request in the highest row moves into its row
     (`move(src, dst, positions)` copies that request's KV). The running requests so always fill rows 0..R-1,
-    and a decode step reads their KV as one view of the slab, as the profiler times it (`profiler.forward`):
+    and a decode step reads their KV as one view of the slab, as the profiler times it (`executor.ragged`):
     gathering scattered rows instead copied their whole KV every layer and made decode steps up to 1.5x
     slower than profiled (simctl issue 4)."""
 
@@ -205,7 +205,7 @@ class TorchBackend:
 
 
 class Engine:
-    """Drives `policy` over `executor` (a `profiler.forward.RaggedExecutor`) for one list of requests, with
+    """Drives `policy` over `executor` (a `executor.ragged.RaggedExecutor`) for one list of requests, with
     the replica loop the simulator runs (`serving.loop.Replica`) on the real-time clock."""
 
     def __init__(self, policy: Policy, executor: RaggedExecutor, prompts: Mapping[int, Sequence[int]],

@@ -60,9 +60,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from common.errors import InputError
 from sim.capacity import SLO, CapacityResult, search_qps
 from sim.cost.base import ScaledCost
-from simctl.errors import InputError
 
 DEFAULT_TRACE = "sharegpt"
 DEFAULT_SCALE = 0.05  # sharegpt x 0.05: median prompt ~80 tokens, output ~20; a real run takes ~10-30 s here
@@ -427,9 +427,9 @@ def _cost_meta(cost: Any) -> dict[str, Any]:
 
 def _check_inputs(policies: list[str], loads: list[float], cost: str | Path, out: str | Path, setup: Setup,
                   slo: SLO) -> tuple[list[str], list[float], Any]:
+    from common.checks import is_number
     from policies.registry import POLICIES
     from sim.output import check_out_dir
-    from sim.run import _is_number
 
     if isinstance(policies, str):
         policies = [p.strip() for p in policies.split(",")]
@@ -447,7 +447,7 @@ def _check_inputs(policies: list[str], loads: list[float], cost: str | Path, out
     if not loads:
         raise InputError("no load given (fractions of the simulated capacity, e.g. 0.5,0.7)")
     for v in loads:
-        if not _is_number(v) or not (0 < v <= MAX_LOAD and math.isfinite(v)):
+        if not is_number(v) or not (0 < v <= MAX_LOAD and math.isfinite(v)):
             raise InputError(f"--loads: each load must be a number in (0, {MAX_LOAD:g}] (a fraction of the "
                              f"simulated capacity), got {v!r}")
     if len(set(loads)) != len(loads):
@@ -495,12 +495,12 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
     which other processes use at most 15% of the machine (a shared machine's load slows the real run, not
     the simulation); the other processes' share during each run is reported either way. InputError for bad
     input (before anything runs); RuntimeError if a real run crashed."""
+    from common.checks import is_number
     from engine.real import real_main
     from sim.output import prepare_out_dir
-    from sim.run import _is_number
 
     say = log or (lambda _msg: None)
-    if not (_is_number(quiet_wait_s) and 0 <= quiet_wait_s < math.inf):
+    if not (is_number(quiet_wait_s) and 0 <= quiet_wait_s < math.inf):
         raise InputError(f"--quiet-wait must be a number of seconds >= 0, got {quiet_wait_s!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
         raise InputError(f"--repeats must be an integer from 1 to {MAX_REPEATS}, got {repeats!r}")

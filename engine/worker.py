@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
 
-    from simctl.errors import InputError
+    from common.errors import InputError
 
     try:
         from engine.real import RealConfig, run_real, write_real

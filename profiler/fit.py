@@ -54,8 +54,10 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares, nnls
 
+from common.errors import InputError
 from policies.plan import BatchPlan, Layout
 from policies.seq import Seq
+from sim.cost.calibration import CALIBRATION_FORMAT, ROOFLINE_PARAMS, load_roofline_calibration
 from sim.cost.fitted import (
     COEFFICIENTS,
     CURVES,
@@ -69,7 +71,6 @@ from sim.cost.fitted import (
 from sim.cost.roofline import Roofline
 from sim.gpus import get_gpu
 from sim.output import atomic_write, check_out_dir, json_text, prepare_out_dir
-from simctl.errors import InputError
 
 PROFILE_COLUMNS: tuple[str, ...] = (
     "kind", "batch_size", "linear_tokens", "sampled_tokens", "num_segments", "attn_units", "attn_kv_tokens",
@@ -80,8 +81,6 @@ NUMERIC_COLUMNS = PROFILE_COLUMNS[1:]
 OPTIONAL_COLUMNS: tuple[str, ...] = ("decode_pad_kv",)
 TILE_CANDIDATES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TILE_CHI2 = 10.83  # chi-square(1 dof) at p = 0.001: how much a tile step must lower the error to be believed
-ROOFLINE_PARAMS: tuple[str, ...] = ("mfu", "mbu", "attn_mfu", "overhead_s")
-CALIBRATION_FORMAT = "simctl.roofline-calibration"
 COST_MODEL_FILE, PLOT_FILE, CALIBRATION_FILE = "cost_model.json", "fit.png", "roofline_calibration.json"
 
 # The plan fields a row is priced from.
@@ -450,31 +449,6 @@ def calibrate_roofline(df: pd.DataFrame, train: np.ndarray, meta: dict[str, Any]
     at_bound = [k for k, v, lo, hi in zip(ROOFLINE_PARAMS, x, lb, ub) if v <= lo * 1.001 or v >= hi * 0.999]
     rf = model(x)
     return params, at_bound, np.array([rf.iteration_time(p) for p in plans])
-
-
-def load_roofline_calibration(path: str | Path) -> dict[str, float]:
-    """Keyword arguments for `Roofline(model, gpu, **kwargs)` from a roofline_calibration.json."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"roofline calibration {path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"roofline calibration {path}: cannot read ({e})") from None
-    if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
-        raise InputError(f"roofline calibration {path}: not a roofline calibration "
-                         f"(format {CALIBRATION_FORMAT})")
-    params = data.get("params")
-    if not isinstance(params, dict):
-        raise InputError(f"roofline calibration {path}: missing key 'params'")
-    out = {}
-    for k in ROOFLINE_PARAMS:
-        v = params.get(k)
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if not ok or v < 0 or (k != "overhead_s" and not 0 < v <= 1):
-            raise InputError(f"roofline calibration {path}: params.{k} = {v!r} is missing or out of range")
-        out[k] = float(v)
-    return out
 
 
 # ---- the plot ----------------------------------------------------------------------------------------------

@@ -21,20 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from profiler.model import DTYPES
+from common.errors import InputError
+from executor.model import DTYPES
+from executor.runtime import default_threads, worker_env
 from profiler.workloads import COLUMNS, GRID_NAMES
-from simctl.errors import InputError
 
 PROFILE_FILES = ("profile.csv", "meta.json")
 _ROOT = Path(__file__).resolve().parents[1]
-
-
-def default_threads() -> int:
-    """CPU threads of profiles and real runs unless told otherwise: every core this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _check_inputs(model_name: str, device: str, dtype: str, threads: int | None, grid: str) -> tuple[Any, str, int]:
@@ -88,15 +81,6 @@ def _write_files(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
 def worker_command(model_name: str, device: str, dtype: str, threads: int, grid: str, seed: int) -> list[str]:
     return [sys.executable, "-m", "profiler.worker", "--model", model_name, "--device", device, "--dtype", dtype,
             "--threads", str(threads), "--grid", grid, "--seed", str(seed)]
-
-
-def worker_env(threads: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               TOKENIZERS_PARALLELISM="false", TRANSFORMERS_OFFLINE="1", HF_HUB_OFFLINE="1")
-    path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(_ROOT) + (os.pathsep + path if path else "")
-    return env
 
 
 def run_worker(model_name: str, device: str, dtype: str, threads: int, grid: str, seed: int,

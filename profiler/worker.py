@@ -61,7 +61,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from simctl.errors import InputError
+from common.errors import InputError
+from executor.runtime import cpu_name
 
 QUIET_SHARE = 0.05  # a block is quiet if other processes used at most this share of the machine's CPU
 DEFAULT_CPU_KV_BYTES = 512 * 2 ** 20  # KV slab cap per shape on the CPU (a shared machine)
@@ -122,17 +123,6 @@ def summarize_blocks(blocks: list[list[Block]], grid: Any, monitor: Any
     return rows, timing
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _load() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -145,7 +135,7 @@ class Worker:
                  out: TextIO) -> None:
         import torch
 
-        from profiler.model import resolve_device, torch_dtype
+        from executor.model import resolve_device, torch_dtype
         from sim.models import get_model
 
         self.out = out
@@ -174,7 +164,7 @@ class Worker:
     def _segments(self, shape: Any) -> list[Any]:
         import torch
 
-        from profiler.forward import Segment
+        from executor.ragged import Segment
 
         return [Segment(i, torch.randint(0, self.spec.vocab_size, (s.q,), generator=self.gen), s.c, s.sample)
                 for i, s in enumerate(shape.segs)]
@@ -297,8 +287,8 @@ class Worker:
         import torch
         import transformers
 
-        from profiler.forward import ATTN_IMPLEMENTATION, RaggedExecutor
-        from profiler.model import build_model
+        from executor.model import build_model
+        from executor.ragged import ATTN_IMPLEMENTATION, RaggedExecutor
         from profiler.timing import CpuMonitor
         from profiler.workloads import build_grid, prefill
 
@@ -337,7 +327,7 @@ class Worker:
             "model_shape": asdict(self.spec),
             "device": str(self.device),
             "device_name": (torch.cuda.get_device_name(self.device) if self.device.type == "cuda"
-                            else _cpu_name()),
+                            else cpu_name()),
             "dtype": self.dtype_name,
             "threads": torch.get_num_threads(),
             "torch_version": torch.__version__,

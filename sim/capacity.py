@@ -10,8 +10,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Any
 
+from common.errors import InputError
 from sim.run import RunConfig, run
-from simctl.errors import InputError
 
 
 @dataclass(frozen=True)

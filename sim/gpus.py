@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simctl.errors import InputError
+from common.errors import InputError
 
 GiB = 2**30
 PCIE4_X16_PER_DIRECTION = 32e9  # source: PCI-SIG PCIe 4.0 spec, 16 GT/s x 16 lanes ~ 32 GB/s each way

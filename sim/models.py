@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from simctl.errors import InputError
+from common.errors import InputError
 
 MlpKind = Literal["gated", "plain"]
 

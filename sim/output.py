@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from simctl.errors import InputError
+from common.errors import InputError
 
 
 def _temp_in(folder: Path, name: str) -> Path:
@@ -115,13 +115,17 @@ def write_capacity(out: Path, spec: Any, results: dict[str, Any]) -> None:
     """capacity.json (the SLO and each policy's capacity), probes.csv (every probed run) and capacity.png."""
     from dataclasses import asdict
 
+    import matplotlib.pyplot as plt
+
     from sim.plots import capacity_figure
 
     out.mkdir(parents=True, exist_ok=True)
     probes = pd.DataFrame([p for r in results.values() for p in r.probes])
     capacities = {name: r.qps for name, r in results.items()}
     atomic_write(out / "probes.csv", lambda p: probes.to_csv(p, index=False))
-    capacity_figure(probes, capacities, spec.slo, out / "capacity.png")
+    fig = capacity_figure(probes, capacities, spec.slo)
+    atomic_write(out / "capacity.png", lambda p: fig.savefig(p, dpi=110, format="png"))
+    plt.close(fig)
     atomic_write(out / "capacity.json", lambda p: p.write_text(json_text(
         {"slo": asdict(spec.slo), "capacity_qps": capacities,
          "config": {k: v for k, v in asdict(spec.configs[0]).items() if k not in ("policy", "qps", "fast")}})))

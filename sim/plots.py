@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.figure import Figure
 
 from sim.capacity import SLO
-from sim.output import atomic_write
 
 
-def capacity_figure(probes: pd.DataFrame, capacities: dict[str, float], slo: SLO, path: Path) -> None:
+def capacity_figure(probes: pd.DataFrame, capacities: dict[str, float], slo: SLO) -> Figure:
     """P99 TBT, median TTFT and median scheduling delay against QPS for every probed run, one line per
     policy, with the SLO limits and each policy's capacity marked."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), constrained_layout=True)
@@ -39,5 +37,4 @@ def capacity_figure(probes: pd.DataFrame, capacities: dict[str, float], slo: SLO
     first = probes.iloc[0]
     fig.suptitle(f"capacity on {first['trace']}: {first['model']} / {first['gpu']} x{first['tp']} "
                  f"(dotted: capacity; dashed: SLO)")
-    atomic_write(path, lambda p: fig.savefig(p, dpi=110, format="png"))
-    plt.close(fig)
+    return fig

@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from common.checks import is_int, is_number
+from common.errors import InputError
 from policies.registry import POLICIES, make_policy, max_admissible_tokens
 from policies.sarathi import SarathiServe
 from sim.cost.base import CostModel
+from sim.cost.calibration import is_roofline_calibration, load_roofline_calibration
 from sim.cost.fitted import Fitted
 from sim.cost.roofline import Roofline
 from sim.gpus import GPUSpec, get_gpu
 from sim.metrics import summarize
 from sim.models import ModelSpec, get_model
 from sim.simulate import SimResult, simulate
-from simctl.errors import InputError
 from traces import ARRIVAL_PROCESSES, PROFILES, build_trace, trace_max_total_tokens
 from traces.build import check_scale
 
@@ -56,43 +55,35 @@ class RunConfig:
         if not str(self.trace).strip():
             raise InputError(f"--trace is empty; give a length profile ({', '.join(PROFILES)}) "
                              "or a .csv / .jsonl trace file")
-        if not _is_int(self.tp) or self.tp < 1:
+        if not is_int(self.tp) or self.tp < 1:
             raise InputError(f"--tp must be an integer >= 1, got {self.tp!r}")
-        if not _is_number(self.qps) or not (self.qps > 0 and math.isfinite(self.qps)):
+        if not is_number(self.qps) or not (self.qps > 0 and math.isfinite(self.qps)):
             raise InputError(f"--qps must be a finite number > 0 (requests per second), got {self.qps!r}")
-        if not _is_int(self.num_requests) or not 1 <= self.num_requests <= MAX_REQUESTS:
+        if not is_int(self.num_requests) or not 1 <= self.num_requests <= MAX_REQUESTS:
             raise InputError(f"--num-requests must be an integer from 1 to {MAX_REQUESTS}, "
                              f"got {self.num_requests!r}")
         if self.num_requests / self.qps > MAX_CLOCK_S:
             raise InputError(f"--qps {self.qps!r} is too low: {self.num_requests} requests would take about "
                              f"{self.num_requests / self.qps:.3g} s to arrive, beyond the simulated clock's "
                              f"{MAX_CLOCK_S:.0e} s; raise --qps")
-        if not _is_int(self.seed) or self.seed < 0:
+        if not is_int(self.seed) or self.seed < 0:
             raise InputError(f"--seed must be an integer >= 0, got {self.seed!r}")
         check_scale(self.scale)
-        if self.max_batch_size is not None and (not _is_int(self.max_batch_size) or self.max_batch_size < 1):
+        if self.max_batch_size is not None and (not is_int(self.max_batch_size) or self.max_batch_size < 1):
             raise InputError(f"--max-batch-size must be an integer >= 1, got {self.max_batch_size!r}")
         if self.token_budget is not None:
             budgeted = [n for n, cls in POLICIES.items() if issubclass(cls, SarathiServe)]
             if self.policy not in budgeted:
                 raise InputError(f"--token-budget applies only to the policies {', '.join(budgeted)}; "
                                  f"not to {self.policy!r}")
-            if not _is_int(self.token_budget) or self.token_budget < 1:
+            if not is_int(self.token_budget) or self.token_budget < 1:
                 raise InputError(f"--token-budget must be an integer >= 1, got {self.token_budget!r}")
         if self.arrival not in ARRIVAL_PROCESSES:
             raise InputError(f"unknown --arrival {self.arrival!r}; known: {', '.join(ARRIVAL_PROCESSES)}")
-        if not _is_number(self.cv) or not (self.cv > 0 and math.isfinite(self.cv)):
+        if not is_number(self.cv) or not (self.cv > 0 and math.isfinite(self.cv)):
             raise InputError(f"--cv must be a finite number > 0, got {self.cv!r}")
         if self.arrival == "poisson" and self.cv != 1.0:
             raise InputError(f"--cv {self.cv!r} needs --arrival gamma (Poisson arrivals always have cv 1)")
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def _is_number(v: object) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
 
 @dataclass
@@ -116,9 +107,7 @@ def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp:
     if path is None:
         roofline = Roofline(model, gpu, tp=tp)
         return roofline, roofline.kv_capacity_tokens(), "roofline"
-    if _is_roofline_calibration(path):  # efficiencies calibrated on one device, applied to this GPU's specs
-        from profiler.fit import load_roofline_calibration
-
+    if is_roofline_calibration(path):  # efficiencies calibrated on one device, applied to this GPU's specs
         roofline = Roofline(model, gpu, tp=tp, **load_roofline_calibration(path))
         return roofline, roofline.kv_capacity_tokens(), f"roofline calibrated by {path}"
     fitted = Fitted.load(path)
@@ -127,13 +116,6 @@ def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp:
         raise InputError(f"--tp {tp}: a fitted cost model describes the single device it was profiled on")
     memory = None if fitted.memory_bytes is not None else gpu.memory_bytes
     return fitted, fitted.kv_capacity_tokens(memory_bytes=memory), f"fitted {path}"
-
-
-def _is_roofline_calibration(path: str | Path) -> bool:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8")).get("format") == "simctl.roofline-calibration"
-    except (OSError, ValueError, AttributeError):
-        return False  # Fitted.load reports what is wrong with the file
 
 
 def run(config: RunConfig) -> Run:

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from simctl.errors import InputError
+from common.errors import InputError
 
 DEFAULT_NUM_REQUESTS = 1000
 COMMANDS = ("run", "capacity", "real", "validate", "profile", "fit", "list")

@@ -2,9 +2,9 @@
 
 import pytest
 
+from common.errors import InputError
 from sim.gpus import GPUS, GPUSpec, get_gpu
 from sim.models import MODELS, ModelSpec, get_model
-from simctl.errors import InputError
 
 
 def test_llama2_7b_param_counts():

@@ -12,15 +12,15 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from common.errors import InputError
 from engine.real import RealConfig, real_main, run_real, size_run, twin_inputs, write_real
 from engine.serve import Engine, SlotPool, generate_alone, prompt_ids
+from executor.model import build_model
+from executor.ragged import RaggedExecutor
 from policies.registry import POLICIES, make_policy
-from profiler.forward import RaggedExecutor
-from profiler.model import build_model
 from sim.models import get_model
 from sim.output import write_run
 from sim.run import RunConfig, run
-from simctl.errors import InputError
 from traces import build_trace
 from traces.request import Request
 

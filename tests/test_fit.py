@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from common.errors import InputError
 from policies.plan import BatchPlan, Layout, packed, padded_decode, padded_prefill
 from policies.seq import Seq
 from profiler.fit import (
@@ -36,7 +37,6 @@ from profiler.fit import (
 from sim.cost import Fitted, Roofline
 from sim.cost.fitted import COEFFICIENTS, decode_pad_kv, pwl_array
 from sim.models import get_model
-from simctl.errors import InputError
 
 TINY = get_model("tiny")
 TINY_SHAPE = {f.name: getattr(TINY, f.name) for f in dataclasses.fields(TINY) if f.name != "description"}

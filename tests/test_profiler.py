@@ -21,19 +21,19 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from common.errors import InputError
+from executor.model import build_model, reference_model
+from executor.ragged import RaggedExecutor, Segment
 from policies.plan import hybrid as plan_hybrid
 from policies.plan import padded_decode as plan_padded_decode
 from policies.plan import padded_prefill as plan_padded_prefill
 from policies.seq import Seq
-from profiler.forward import RaggedExecutor, Segment
-from profiler.model import build_model, reference_model
 from profiler.profile import profile
 from profiler.timing import CpuMonitor, summarize, time_fn
 from profiler.worker import Block, select_blocks
 from profiler.workloads import COLUMNS, KINDS, build_grid
 from sim.cost.fitted import decode_pad_kv
 from sim.models import get_model
-from simctl.errors import InputError
 
 ATOL = 1e-5
 WRONG = 1e-2  # a wrong mask or cache moves logits by far more than this

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from simctl.errors import InputError
+from common.errors import InputError
 from traces import (
     PROFILES,
     Request,

@@ -12,11 +12,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from common.errors import InputError
 from engine.validate import METRICS, rescore, search_qps, validate_main
 from policies.plan import BatchPlan
 from sim.capacity import SLO
 from sim.cost.base import CostModel
-from simctl.errors import InputError
 
 MODEL = "tiny-2l"
 

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from simctl.errors import InputError
+from common.errors import InputError
 
 
 def _check_count(n: int) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simctl.errors import InputError
+from common.errors import InputError
 from traces.arrivals import gamma_arrivals, poisson_arrivals
 from traces.lengths import PROFILES, get_profile, sample_lengths
 from traces.loaders import SUPPORTED_EXTENSIONS, LoadedTrace, load_trace_file

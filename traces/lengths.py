@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import log_ndtr
 
-from simctl.errors import InputError
+from common.errors import InputError
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,12 +84,12 @@ from typing import Any
 
 import numpy as np
 
+from common.errors import InputError
 from policies.plan import BatchPlan, Layout
 from sim.cost.base import CostModel, tiled
 from sim.cost.roofline import DEFAULT_ACTIVATION_RESERVE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION
 from sim.gpus import GiB
 from sim.models import ModelSpec
-from simctl.errors import InputError
 
 FORMAT = "simctl.fitted-cost-model"
 VERSION = 2

@@ -43,11 +43,11 @@ import math
 
 import numpy as np
 
+from common.errors import InputError
 from policies.plan import BatchPlan
 from sim.cost.base import CostModel, tiled
 from sim.gpus import GiB, GPUSpec, get_gpu
 from sim.models import ModelSpec, get_model
-from simctl.errors import InputError
 
 DEFAULT_MFU = 0.70
 DEFAULT_MBU = 0.75

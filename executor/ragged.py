@@ -171,14 +171,14 @@ def _additive(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class RaggedExecutor:
-    """Executes iterations of `model` (built by `profiler.model.build_model`) over a KV slab of `slots`
+    """Executes iterations of `model` (built by `executor.model.build_model`) over a KV slab of `slots`
     request rows of `max_len` positions each."""
 
     def __init__(self, model: Any, slots: int, max_len: int) -> None:
         cfg = model.config
         if cfg._attn_implementation != ATTN_IMPLEMENTATION:
             raise ValueError(f"model must use attn_implementation={ATTN_IMPLEMENTATION!r} "
-                             f"(got {cfg._attn_implementation!r}); build it with profiler.model.build_model")
+                             f"(got {cfg._attn_implementation!r}); build it with executor.model.build_model")
         if slots < 1 or max_len < 1:
             raise ValueError(f"slots and max_len must be >= 1, got {slots}, {max_len}")
         self.model = model

@@ -2,7 +2,7 @@
 
 Nothing is downloaded: the model is a `transformers` `LlamaForCausalLM` built from a `LlamaConfig` filled in
 from a `sim.models.ModelSpec`, initialised from a seed. Its attention layers call `ragged_attention`
-(`profiler/forward.py`), registered with transformers' `AttentionInterface` under `ATTN_IMPLEMENTATION`; the
+(`executor/ragged.py`), registered with transformers' `AttentionInterface` under `ATTN_IMPLEMENTATION`; the
 executor there hands each forward its KV slab and segment layout through a model-forward keyword argument,
 which transformers passes through every layer to the attention function.
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from common.errors import InputError
 from sim.models import ModelSpec
-from simctl.errors import InputError
 
 DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("cpu", "cuda")
@@ -49,7 +49,7 @@ def llama_config(spec: ModelSpec, attn_implementation: str | None = None) -> Any
     """A `LlamaConfig` with the shape of `spec` (only SwiGLU Llama-style shapes can be built)."""
     from transformers import LlamaConfig
 
-    from profiler.forward import ATTN_IMPLEMENTATION, register_attention
+    from executor.ragged import ATTN_IMPLEMENTATION, register_attention
 
     if spec.mlp != "gated":
         raise InputError(f"model {spec.name!r}: only gated (SwiGLU, Llama-style) MLPs can be built "
@@ -76,7 +76,7 @@ def llama_config(spec: ModelSpec, attn_implementation: str | None = None) -> Any
 def build_model(spec: ModelSpec, device: Any = "cpu", dtype: Any = "float32", seed: int = 0, *,
                 attn_implementation: str | None = None) -> Any:
     """`LlamaForCausalLM` of shape `spec` with random weights drawn from `seed`, on `device` in `dtype`, in eval
-    mode with gradients off. Attention is the ragged executor's (`profiler.forward`) unless
+    mode with gradients off. Attention is the ragged executor's (`executor.ragged`) unless
     `attn_implementation` names another (e.g. "sdpa" for a reference model)."""
     import torch
     from transformers import LlamaForCausalLM

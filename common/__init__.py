@@ -1,0 +1,1 @@
+"""What every layer shares and nothing depends on: the input-error type and the checks of option values."""
