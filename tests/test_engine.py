@@ -14,8 +14,9 @@ pytest.importorskip("transformers")
 
 from common.errors import InputError
 from engine.real import RealConfig, real_main, run_real, size_run, twin_inputs, write_real
-from engine.serve import Engine, SlotPool, generate_alone, prompt_ids
+from engine.serve import Engine, generate_alone, prompt_ids
 from executor.model import build_model
+from executor.plans import SlotPool
 from executor.ragged import RaggedExecutor
 from policies.registry import POLICIES, make_policy
 from sim.models import get_model
@@ -104,9 +105,9 @@ def test_every_policy_gives_each_request_its_tokens_alone(model, alone, name, op
     engine, out, size = serve(model, name, REQUESTS, **options)
     check_run(out, REQUESTS, alone)
     assert out.iterations.frame()["batch_size"].max() > 1, "nothing was batched: the test proves little"
-    assert out.peak_slots <= size.kv_slots and not engine.backend.slots.of, "every slot is given back"
+    assert out.peak_slots <= size.kv_slots and not engine.executor.slots.of, "every slot is given back"
     # requests finished below others, whose KV moved down (FasterTransformer frees a whole batch at once)
-    assert (engine.backend.slots.moves > 0) == (name != "faster-transformer")
+    assert (engine.executor.slots.moves > 0) == (name != "faster-transformer")
 
 
 def test_vllm_preemption_by_recompute_keeps_tokens(model, alone) -> None:
