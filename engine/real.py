@@ -22,7 +22,7 @@ budget (CPU: 1 GiB; cuda: half the free memory after the weights), fewer slots a
 batch size is lowered to match (recorded as `max_batch_size`, with `max_batch_size_capped: true`).
 
 `twin_inputs(summary)` rebuilds, from a real run's summary, the same Request list and the same policy
-(capacity, max_seq_len, batch size, token budget) for `sim.simulate.simulate`, to put prediction and
+(capacity, max_seq_len, every setting) for `sim.simulate.simulate`, to put prediction and
 measurement side by side.
 """
 
@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,7 @@ from common.checks import is_int
 from common.errors import InputError
 from executor.runtime import default_threads
 from policies.base import Policy
-from policies.faster_transformer import FasterTransformer
-from policies.registry import POLICIES, make_policy, max_admissible_tokens
+from policies.registry import make_policy, max_admissible_tokens, policy_class
 from traces.build import SEQ_LEN_ALIGN, build_trace, check_scale, is_profile
 from traces.request import Request
 
@@ -66,8 +65,7 @@ class RealConfig:
     seed: int = 0  # trace lengths/arrivals, prompt ids and model weights
     dtype: str = "float32"
     threads: int | None = None  # CPU threads [default: every core, profiler.profile.default_threads]
-    token_budget: int | None = None
-    max_batch_size: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # the policy's settings given (its Settings fields)
     kv_capacity: int | None = None  # KV token slots the policy may use [default: kv_slots x max_seq_len]
     arrival: str = "poisson"
     cv: float = 1.0
@@ -80,8 +78,8 @@ class RealConfig:
         from sim.run import RunConfig
 
         RunConfig(policy=self.policy, trace=self.trace, model=self.model, qps=self.qps,
-                  num_requests=self.num_requests, seed=self.seed, token_budget=self.token_budget,
-                  max_batch_size=self.max_batch_size, arrival=self.arrival, cv=self.cv).validate()
+                  num_requests=self.num_requests, seed=self.seed, options=self.options, arrival=self.arrival,
+                  cv=self.cv).validate()
         spec = get_model(self.model)
         if spec.mlp != "gated":
             raise InputError(f"--model {spec.name}: only gated (SwiGLU, Llama-style) shapes can be built "
@@ -117,8 +115,10 @@ def resolved(config: RealConfig, num_requests_given: bool = True) -> RealConfig:
     return config
 
 
-def _probe_policy(config: RealConfig, max_seq_len: int) -> Policy:
-    return make_policy(config.policy, max_seq_len, max_seq_len, config.max_batch_size, config.token_budget)
+def sized_policy(config: RealConfig, size: Sizing) -> Policy:
+    """The policy of a real run, on its KV capacity and with its (possibly capped) batch size."""
+    return make_policy(config.policy, size.kv_capacity, size.max_seq_len,
+                       {**config.options, "max_batch_size": size.max_batch_size})
 
 
 def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: int, budget_bytes: int) -> Sizing:
@@ -136,10 +136,10 @@ def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: in
                          f"lower --scale (now {config.scale:g})")
     max_seq_len = min(max_seq_len, spec.max_position)
     slot_tokens = max_seq_len
-    if issubclass(POLICIES[config.policy], FasterTransformer):  # padded decodes read prompt-pad + steps columns
+    if policy_class(config.policy).padded_batches:  # padded decodes read prompt-pad + steps columns
         wide = max(r.prompt_tokens for r in requests) + max(r.output_tokens for r in requests)
         slot_tokens = max(slot_tokens, math.ceil(wide / SEQ_LEN_ALIGN) * SEQ_LEN_ALIGN)
-    batch = _probe_policy(config, max_seq_len).max_batch_size
+    batch = make_policy(config.policy, max_seq_len, max_seq_len, config.options).max_batch_size
     slots = min(len(requests), batch)
     capped = False
     fit = budget_bytes // (slot_tokens * kv_bytes_per_token)
@@ -201,16 +201,16 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     else:
         budget = CPU_KV_BYTES
     size = size_run(config, requests, kv_bpt, budget)
-    policy = make_policy(config.policy, size.kv_capacity, size.max_seq_len, size.max_batch_size,
-                         config.token_budget)
+    policy = sized_policy(config, size)
     executor = RaggedExecutor(model, size.kv_slots, size.kv_slot_tokens)
     prompts = {r.id: prompt_ids(r.id, r.prompt_tokens, spec.vocab_size, config.seed) for r in requests}
-    warm_s = warm_up(executor, spec.vocab_size, padded=isinstance(policy, FasterTransformer), seed=config.seed)
+    warm_s = warm_up(executor, spec.vocab_size, padded=policy.padded_batches, seed=config.seed)
     engine = Engine(policy, executor, prompts)
     out = engine.serve(requests, max_waiting=max(1000, len(requests) // 2))
     result = out.sim_result(policy.kv.capacity)
 
-    summary: dict[str, Any] = {"mode": "real", **asdict(config), **summarize(result)}
+    summary: dict[str, Any] = {"mode": "real", **{k: v for k, v in asdict(config).items() if k != "options"},
+                               **summarize(result)}
     summary.update({
         "gpu": "cpu" if device.type == "cpu" else None,  # the catalogue device to simulate it with, if any
         "tp": 1,
@@ -229,14 +229,12 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
         "kv_slot_tokens": size.kv_slot_tokens,
         "kv_slab_bytes": int(executor.kv.numel() * executor.kv.element_size()),
         "kv_slots_peak": out.peak_slots,
-        "max_batch_size": policy.max_batch_size,
+        **policy.settings.as_dict(),  # every setting of the policy, given or default
         "max_batch_size_capped": size.max_batch_size_capped,
         "warmup_s": warm_s,
         "forward_s_total": float(out.forward_s.sum()),
         "real_wall_s": time.perf_counter() - t_total,
     })
-    if hasattr(policy, "token_budget"):
-        summary["token_budget"] = policy.token_budget
     return RealRun(config, requests, summary, result, out)
 
 
@@ -258,7 +256,7 @@ def worker_command(config: RealConfig, out: Path | None, result_path: Path) -> l
 def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = "tiny", device: str = "cpu",
               qps: float = 1.0, num_requests: int | None = None, out: str | Path | None = None,
               scale: float = 1.0, seed: int = 0, dtype: str = "float32", threads: int | None = None,
-              token_budget: int | None = None, max_batch_size: int | None = None, kv_capacity: int | None = None,
+              options: dict[str, Any] | None = None, kv_capacity: int | None = None,
               arrival: str = "poisson", cv: float = 1.0) -> dict[str, Any]:
     """What `simctl real` does: validate, serve in a child process with OMP_WAIT_POLICY=PASSIVE and the
     thread count set, write `out/{summary.json, requests.parquet, iterations.parquet}` (if `out`), and
@@ -269,8 +267,8 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
 
     config = RealConfig(policy=policy, trace=trace, model=model, device=device, qps=qps,
                         num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests,
-                        scale=scale, seed=seed, dtype=dtype, threads=threads, token_budget=token_budget,
-                        max_batch_size=max_batch_size, kv_capacity=kv_capacity, arrival=arrival, cv=cv)
+                        scale=scale, seed=seed, dtype=dtype, threads=threads, options=dict(options or {}),
+                        kv_capacity=kv_capacity, arrival=arrival, cv=cv)
     config.validate()
     config = resolved(config, num_requests is not None)
     config.validate()
@@ -307,10 +305,11 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
 
 def twin_inputs(summary: dict[str, Any]) -> tuple[list[Request], Policy]:
     """The Request list a real run served and a fresh policy configured as it was (KV capacity,
-    max_seq_len, max batch size, token budget), from the run's summary: `sim.simulate.simulate(requests,
+    max_seq_len, every policy setting), from the run's summary: `sim.simulate.simulate(requests,
     policy, cost)` then predicts the same run."""
     requests = build_trace(summary["trace"], summary["num_requests"], summary["qps"], summary["seed"],
                            arrival=summary["arrival"], cv=summary["cv"], scale=summary["scale"])
+    settings = policy_class(summary["policy"]).Settings.__dataclass_fields__
     policy = make_policy(summary["policy"], summary["kv_capacity_tokens"], summary["max_seq_len"],
-                         summary["max_batch_size"], summary.get("token_budget"))
+                         {k: summary[k] for k in settings if k in summary})
     return requests, policy

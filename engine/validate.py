@@ -129,8 +129,7 @@ def real_dirs(run_dir: Path, repeats: int) -> list[Path]:
 def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
     """The summary fields `engine.real.twin_inputs` reads, as a real CPU run of `policy` at `qps` would
     record them (its requests and its KV sizing), without running it."""
-    from engine.real import CPU_KV_BYTES, size_run
-    from policies.registry import make_policy
+    from engine.real import CPU_KV_BYTES, size_run, sized_policy
     from sim.cost.fitted import dtype_bytes_of
     from sim.models import get_model
     from traces import build_trace
@@ -140,9 +139,9 @@ def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
                            cv=config.cv, scale=config.scale)
     spec = get_model(config.model)
     size = size_run(config, requests, spec.kv_bytes_per_token(dtype_bytes_of(config.dtype)), CPU_KV_BYTES)
-    probe = make_policy(policy, size.kv_capacity, size.max_seq_len, size.max_batch_size, config.token_budget)
+    probe = sized_policy(config, size)
     return {**asdict(config), "kv_capacity_tokens": size.kv_capacity, "max_seq_len": size.max_seq_len,
-            "max_batch_size": size.max_batch_size, "token_budget": getattr(probe, "token_budget", None)}
+            **probe.settings.as_dict()}
 
 
 def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], Any]:
@@ -154,9 +153,8 @@ def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], A
 
     requests, policy = twin_inputs(summary)
     result = simulate(requests, policy, cost, max_waiting=max(1000, len(requests) // 2))
-    keep = ("policy", "trace", "model", "qps", "scale", "seed", "arrival", "cv", "max_seq_len", "max_batch_size",
-            "token_budget")
-    s = {"mode": "sim", **{k: summary.get(k) for k in keep}, **summarize(result)}
+    keep = ("policy", "trace", "model", "qps", "scale", "seed", "arrival", "cv", "max_seq_len")
+    s = {"mode": "sim", **{k: summary.get(k) for k in keep}, **policy.settings.as_dict(), **summarize(result)}
     return s, result
 
 

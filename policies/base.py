@@ -1,38 +1,96 @@
 """The contract between a scheduling policy and whatever executes its plans (simulator or real engine).
 
-The driver's loop, identical in `sim/` and in the real engine:
+The replica loop (`serving.loop`), the same for the simulator, the real engine and the replay:
 
     policy.add(seq)                      # for every arrival, in arrival order
     plan = policy.schedule()             # None: nothing can run until something arrives
     extra = policy.extend(plan, limit)   # optional: repeat a decode-only plan `extra` more times
     ... execute; advance each seq by its new tokens (Seq.advance) ...
     policy.finish(seq)                   # for every sequence that sampled its last output token
+    policy.release(seq)                  # a sequence leaves unfinished (hand-off to another instance)
 
 A policy owns its queues and its KV manager; it never reads a clock and never touches SimPy or torch.
+
+A policy describes itself: its `name`, a one-line `summary`, its `Settings` (a frozen dataclass whose fields
+are its options, with defaults, help and bounds: the CLI renders them as options and `summary.json` records
+them), the KV manager it assumes (`reserves_kv`) and what an executor must support (`padded_batches`). The
+registry, the run/real/validate code and the CLI read these; adding a policy is one file here plus its tests.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from typing import ClassVar
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
 
-from policies.kv import KVManager
+from common.checks import is_int
+from common.errors import InputError
+from policies.kv import KVManager, PagedKV, ReservedKV
 from policies.plan import BatchPlan
 from policies.seq import Phase, Seq
+
+
+def option(default: int | None, help: str, minimum: int = 1) -> Any:
+    """A policy setting: an integer option with its default, its `--help` text and its lower bound."""
+    return field(default=default, metadata={"help": help, "min": minimum})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The options every policy has; a policy subclasses this to add its own or change a default."""
+
+    max_batch_size: int = option(128, "most requests in a batch")
+
+    def validate(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None and f.default is None:
+                continue  # "not set": the policy derives it (see its Settings)
+            if not is_int(v) or v < f.metadata["min"]:
+                raise InputError(f"--{f.name.replace('_', '-')} must be an integer >= {f.metadata['min']}, "
+                                 f"got {v!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class Policy(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]  # one line for `simctl list`
+    Settings: ClassVar[type[Settings]] = Settings
+    reserves_kv: ClassVar[bool] = False  # KV for the max sequence length is set aside at admission
+    padded_batches: ClassVar[bool] = False  # runs padded B x L batches that keep finished rows computed
 
-    def __init__(self, kv: KVManager, max_batch_size: int) -> None:
-        if max_batch_size < 1:
-            raise ValueError("max_batch_size must be at least 1")
+    def __init__(self, kv: KVManager, **options: Any) -> None:
+        self.settings = self.Settings(**options)
+        self.settings.validate()
         self.kv = kv
-        self.max_batch_size = max_batch_size
+        self.max_batch_size = self.settings.max_batch_size
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []  # admitted, oldest first
+
+    # --- what the registry builds a policy from ---
+
+    @classmethod
+    def kv_manager(cls, capacity_tokens: int, max_seq_len: int) -> KVManager:
+        """The KV manager this policy assumes: paged blocks, or the max sequence length reserved per request."""
+        return ReservedKV(capacity_tokens, max_seq_len) if cls.reserves_kv else PagedKV(capacity_tokens)
+
+    @classmethod
+    def build(cls, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any]) -> Policy:
+        """The policy on a deployment: `max_seq_len` is its max model length (what a reserving policy sets
+        aside per request); `options` are settings the user gave (None: the default)."""
+        given = {k: v for k, v in options.items() if v is not None}
+        return cls(cls.kv_manager(kv_capacity_tokens, max_seq_len), **given)
+
+    @classmethod
+    def max_admissible_tokens(cls, kv_capacity_tokens: int, max_seq_len: int) -> int:
+        """The longest request (prompt + output) this policy can ever run on this KV capacity."""
+        if cls.reserves_kv:
+            return max_seq_len if max_seq_len <= kv_capacity_tokens else 0
+        return PagedKV(kv_capacity_tokens).max_request_tokens
 
     def add(self, seq: Seq) -> None:
         self.waiting.append(seq)
@@ -60,10 +118,24 @@ class Policy(ABC):
         self.running.remove(seq)
         self.kv.free(seq)
 
+    def release(self, seq: Seq) -> None:
+        """The sequence leaves this policy unfinished (handed to another instance, or its KV moved off the
+        device): its KV is freed and it is forgotten here; its progress (`computed`, `generated`) stays with it."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.kv.free(seq)
+        else:
+            self.waiting.remove(seq)
+        seq.phase = Phase.WAITING
+
     # --- helpers shared by the iteration-level policies ---
 
     def _admit(self, seq: Seq) -> None:
-        self.waiting.popleft()
+        """Admit `seq`, the head of the queue or any other waiting sequence (shortest-first, packing)."""
+        if self.waiting[0] is seq:
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(seq)
         self.kv.admit(seq)
         seq.phase = Phase.RUNNING
         self.running.append(seq)

@@ -8,7 +8,9 @@ admitted meanwhile. Tokens still stream to the user as they are sampled.
 
 from __future__ import annotations
 
-from policies.base import Policy
+from dataclasses import dataclass
+
+from policies.base import Policy, Settings, option
 from policies.kv import ReservedKV
 from policies.plan import BatchPlan, padded_decode, padded_prefill
 from policies.seq import Phase, Seq
@@ -17,9 +19,15 @@ from policies.seq import Phase, Seq
 class FasterTransformer(Policy):
     name = "faster-transformer"
     summary = "request-level batching: padded B x L prefill, decode until the whole batch finishes"
+    reserves_kv = True
+    padded_batches = True
 
-    def __init__(self, kv: ReservedKV, max_batch_size: int = 16) -> None:
-        super().__init__(kv, max_batch_size)
+    @dataclass(frozen=True)
+    class Settings(Settings):
+        max_batch_size: int = option(16, "most requests in a batch")
+
+    def __init__(self, kv: ReservedKV, **options: int) -> None:
+        super().__init__(kv, **options)
         self.batch: list[Seq] = []  # rows of the running batch, finished ones included
         self.kv_len = 0  # KV columns every row holds (padded to the longest prompt)
 

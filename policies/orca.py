@@ -7,17 +7,20 @@ request. Prefills are never chunked, so a long prompt stalls the decodes sharing
 
 from __future__ import annotations
 
-from policies.base import Policy
-from policies.kv import ReservedKV
+from dataclasses import dataclass
+
+from policies.base import Policy, Settings, option
 from policies.plan import BatchPlan, hybrid
 
 
 class Orca(Policy):
     name = "orca"
     summary = "iteration-level, hybrid batches of whole prefills and decodes, KV reserved for max length"
+    reserves_kv = True
 
-    def __init__(self, kv: ReservedKV, max_batch_size: int = 16) -> None:
-        super().__init__(kv, max_batch_size)
+    @dataclass(frozen=True)
+    class Settings(Settings):
+        max_batch_size: int = option(16, "most requests in a batch")
 
     def schedule(self) -> BatchPlan | None:
         decodes = list(self.running)

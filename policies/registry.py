@@ -1,10 +1,14 @@
-"""Policy names, their one-line descriptions, and how each is built with the KV manager it assumes."""
+"""The policies by name. Each policy class describes itself (name, summary, settings, KV manager,
+capabilities: see `policies.base`), so this is only the list."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from common.errors import InputError
 from policies.base import Policy
 from policies.faster_transformer import FasterTransformer
-from policies.kv import PagedKV, ReservedKV
 from policies.orca import Orca
 from policies.sarathi import ChunkedPrefillsOnly, HybridBatchingOnly, SarathiServe
 from policies.vllm import VLLM
@@ -13,29 +17,41 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (FasterTransformer, Orca, VLLM, SarathiServe, HybridBatchingOnly, ChunkedPrefillsOnly)
 }
-RESERVING = (FasterTransformer, Orca)  # reserve the maximum sequence length at admission
 
 
-def make_policy(name: str, kv_capacity_tokens: int, max_seq_len: int, max_batch_size: int | None = None,
-                token_budget: int | None = None) -> Policy:
-    """Build a policy with its KV manager. `max_seq_len` is what a reserving policy sets aside per request
-    (a deployment's max model length) and vLLM's per-iteration token limit."""
-    cls = POLICIES[name]
-    kwargs: dict[str, int] = {}
-    if max_batch_size is not None:
-        kwargs["max_batch_size"] = max_batch_size
-    if issubclass(cls, RESERVING):
-        return cls(ReservedKV(kv_capacity_tokens, max_seq_len), **kwargs)
-    if issubclass(cls, SarathiServe):
-        if token_budget is not None:
-            kwargs["token_budget"] = token_budget
-        return cls(PagedKV(kv_capacity_tokens), **kwargs)
-    return cls(PagedKV(kv_capacity_tokens), max_tokens=max_seq_len, **kwargs)
+def policy_class(name: str) -> type[Policy]:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise InputError(f"unknown policy {name!r}; known policies: {', '.join(POLICIES)}") from None
+
+
+def setting_names() -> dict[str, list[str]]:
+    """Every setting any policy has, with the policies that take it (in registry order)."""
+    out: dict[str, list[str]] = {}
+    for name, cls in POLICIES.items():
+        for f in cls.Settings.__dataclass_fields__:
+            out.setdefault(f, []).append(name)
+    return out
+
+
+def check_options(name: str, options: Mapping[str, Any]) -> None:
+    """InputError for an option given (not None) that policy `name` does not take, or out of range."""
+    cls = policy_class(name)
+    takes = setting_names()
+    for k, v in options.items():
+        if v is not None and k not in cls.Settings.__dataclass_fields__:
+            raise InputError(f"--{k.replace('_', '-')} applies only to the policies {', '.join(takes.get(k, []))}; "
+                             f"not to {name!r}")
+    cls.Settings(**{k: v for k, v in options.items() if v is not None}).validate()
+
+
+def make_policy(name: str, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any] | None = None
+                ) -> Policy:
+    """Build a policy with its KV manager on a deployment whose max model length is `max_seq_len`."""
+    return policy_class(name).build(kv_capacity_tokens, max_seq_len, options or {})
 
 
 def max_admissible_tokens(name: str, kv_capacity_tokens: int, max_seq_len: int) -> int:
     """The longest request (prompt + output) a policy can ever run on this KV capacity."""
-    cls = POLICIES[name]
-    if issubclass(cls, RESERVING):
-        return max_seq_len if max_seq_len <= kv_capacity_tokens else 0
-    return PagedKV(kv_capacity_tokens).max_request_tokens
+    return policy_class(name).max_admissible_tokens(kv_capacity_tokens, max_seq_len)

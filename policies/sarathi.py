@@ -12,8 +12,10 @@ The two ablations of the paper's Table 4:
 
 from __future__ import annotations
 
-from policies.base import Policy
-from policies.kv import PagedKV
+from dataclasses import dataclass
+from typing import Any
+
+from policies.base import Policy, Settings, option
 from policies.plan import BatchPlan, hybrid
 from policies.seq import Seq
 
@@ -24,11 +26,13 @@ class SarathiServe(Policy):
     chunked = True  # split prefills to the leftover budget
     coalesce = True  # run prefill chunks in the same iterations as the running decodes
 
-    def __init__(self, kv: PagedKV, max_batch_size: int = 128, token_budget: int = 512) -> None:
-        super().__init__(kv, max_batch_size)
-        if token_budget < 1:
-            raise ValueError("token budget must be at least 1")
-        self.token_budget = token_budget
+    @dataclass(frozen=True)
+    class Settings(Settings):
+        token_budget: int = option(512, "tokens per iteration (tau; 512 is the paper's strict-SLO setting)")
+
+    def __init__(self, kv: Any, **options: int) -> None:
+        super().__init__(kv, **options)
+        self.token_budget = self.settings.token_budget
 
     def _chunk(self, s: Seq, used: int, first: bool) -> int:
         """get_next_chunk_size: the largest piece of the pending prefill that fits the leftover budget.

@@ -8,8 +8,11 @@ token of every running request, preempting the newest one by recompute whenever 
 
 from __future__ import annotations
 
-from policies.base import Policy
-from policies.kv import PagedKV
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from policies.base import Policy, Settings, option
 from policies.plan import BatchPlan, hybrid
 
 
@@ -17,9 +20,22 @@ class VLLM(Policy):
     name = "vllm"
     summary = "iteration-level, prefill-first, all-prefill or all-decode iterations, paged KV, preemption"
 
-    def __init__(self, kv: PagedKV, max_batch_size: int = 128, max_tokens: int = 8192) -> None:
-        super().__init__(kv, max_batch_size)
-        self.max_tokens = max_tokens  # max_num_batched_tokens
+    @dataclass(frozen=True)
+    class Settings(Settings):
+        max_tokens: int | None = option(None, "prompt tokens per prefill iteration (max_num_batched_tokens; "
+                                              "default: the max sequence length)")
+
+    def __init__(self, kv: Any, **options: int) -> None:
+        super().__init__(kv, **options)
+        if self.settings.max_tokens is None:
+            raise ValueError("vLLM needs max_tokens: build() sets it to the deployment's max sequence length")
+        self.max_tokens = self.settings.max_tokens
+
+    @classmethod
+    def build(cls, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any]) -> Policy:
+        # vLLM sets max_num_batched_tokens to the max model length by default
+        return super().build(kv_capacity_tokens, max_seq_len, {"max_tokens": max_seq_len, **{
+            k: v for k, v in options.items() if v is not None}})
 
     def schedule(self) -> BatchPlan | None:
         prefills: list = []

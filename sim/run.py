@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from common.checks import is_int, is_number
 from common.errors import InputError
-from policies.registry import POLICIES, make_policy, max_admissible_tokens
-from policies.sarathi import SarathiServe
+from policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
 from sim.cost.base import CostModel
 from sim.cost.calibration import is_roofline_calibration, load_roofline_calibration
 from sim.cost.fitted import Fitted
@@ -39,8 +38,7 @@ class RunConfig:
     qps: float = 0.5
     num_requests: int = 1000
     seed: int = 0
-    token_budget: int | None = None  # Sarathi-Serve only
-    max_batch_size: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # the policy's settings given (its Settings fields)
     arrival: str = "poisson"
     cv: float = 1.0  # burstiness of gamma arrivals
     scale: float = 1.0  # prompt and output lengths multiplied by this (rounded, >= 1), as `simctl real --scale`
@@ -50,8 +48,7 @@ class RunConfig:
     def validate(self) -> None:
         """Check the options that need no catalogue look-up or trace file; raise InputError naming the bad
         value and what is allowed (as the CLI spells the option)."""
-        if self.policy not in POLICIES:
-            raise InputError(f"unknown policy {self.policy!r}; known policies: {', '.join(POLICIES)}")
+        policy_class(self.policy)
         if not str(self.trace).strip():
             raise InputError(f"--trace is empty; give a length profile ({', '.join(PROFILES)}) "
                              "or a .csv / .jsonl trace file")
@@ -69,15 +66,7 @@ class RunConfig:
         if not is_int(self.seed) or self.seed < 0:
             raise InputError(f"--seed must be an integer >= 0, got {self.seed!r}")
         check_scale(self.scale)
-        if self.max_batch_size is not None and (not is_int(self.max_batch_size) or self.max_batch_size < 1):
-            raise InputError(f"--max-batch-size must be an integer >= 1, got {self.max_batch_size!r}")
-        if self.token_budget is not None:
-            budgeted = [n for n, cls in POLICIES.items() if issubclass(cls, SarathiServe)]
-            if self.policy not in budgeted:
-                raise InputError(f"--token-budget applies only to the policies {', '.join(budgeted)}; "
-                                 f"not to {self.policy!r}")
-            if not is_int(self.token_budget) or self.token_budget < 1:
-                raise InputError(f"--token-budget must be an integer >= 1, got {self.token_budget!r}")
+        check_options(self.policy, self.options)
         if self.arrival not in ARRIVAL_PROCESSES:
             raise InputError(f"unknown --arrival {self.arrival!r}; known: {', '.join(ARRIVAL_PROCESSES)}")
         if not is_number(self.cv) or not (self.cv > 0 and math.isfinite(self.cv)):
@@ -144,11 +133,9 @@ def run(config: RunConfig) -> Run:
             f"request {big.id} does not fit: it needs {need} tokens of KV cache ({big.prompt_tokens} prompt + "
             f"{big.output_tokens} output) but {config.policy} can hold at most {fits} for one request on "
             f"{where} ({kv_capacity} KV slots); use a larger GPU, a higher --tp or shorter requests")
-    policy = make_policy(config.policy, kv_capacity, max_seq_len, config.max_batch_size, config.token_budget)
+    policy = make_policy(config.policy, kv_capacity, max_seq_len, config.options)
     result = simulate(requests, policy, cost, fast=config.fast, max_waiting=max(1000, config.num_requests // 2))
-    summary = {**{k: v for k, v in asdict(config).items() if k != "fast"}, **summarize(result)}
+    summary = {**{k: v for k, v in asdict(config).items() if k not in ("fast", "options")}, **summarize(result)}
     summary["cost_model"] = cost_label
-    summary["max_batch_size"] = policy.max_batch_size
-    if hasattr(policy, "token_budget"):
-        summary["token_budget"] = policy.token_budget
+    summary.update(policy.settings.as_dict())  # every setting of the policy, given or default
     return Run(config, result, summary)

@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from common.errors import InputError
+from policies.registry import POLICIES
+from simctl.policy_options import with_policy_options
 
 DEFAULT_NUM_REQUESTS = 1000
 COMMANDS = ("run", "capacity", "real", "validate", "profile", "fit", "list")
@@ -40,18 +42,13 @@ app = typer.Typer(
 
 
 # Options shared by the commands that simulate.
-Policy = Annotated[str, typer.Option(help="Scheduler: faster-transformer, orca, vllm, sarathi, "
-                                     "sarathi-hybrid-only, sarathi-chunked-only (see `simctl list`).")]
+Policy = Annotated[str, typer.Option(help=f"Scheduler: {', '.join(POLICIES)} (see `simctl list`).")]
 Trace = Annotated[str, typer.Option(help="Length profile (sharegpt, arxiv) or a trace file: CSV with "
                                     "num_prefill_tokens,num_decode_tokens[,arrived_at] or JSONL.")]
 Model = Annotated[str, typer.Option(help="Model shape from the catalogue.")]
 Gpu = Annotated[str, typer.Option(help="GPU from the catalogue.")]
 Tp = Annotated[int, typer.Option(help="Tensor-parallel degree (GPUs per replica).")]
 Seed = Annotated[int, typer.Option(help="Seed for lengths and arrivals: same seed, same results.")]
-TokenBudget = Annotated[int | None, typer.Option(help="Sarathi-Serve tokens per iteration "
-                                                 "[default: 512, the paper's strict setting].")]
-MaxBatch = Annotated[int | None, typer.Option(help="Cap on requests per batch [default: the policy's: "
-                                              "16 FT/Orca, 128 vLLM/Sarathi].")]
 Arrival = Annotated[str, typer.Option(help="Arrival process: poisson, or gamma (bursty, see --cv).")]
 Cv = Annotated[float, typer.Option(help="Coefficient of variation of gamma inter-arrivals.")]
 Scale = Annotated[float, typer.Option(help="Multiply prompt and output lengths (e.g. 0.05 makes sharegpt "
@@ -63,6 +60,7 @@ Cost = Annotated[str | None, typer.Option(help="A fitted cost_model.json (from `
 
 
 @app.command()
+@with_policy_options
 def run(
     policy: Policy = "sarathi",
     trace: Trace = "arxiv",
@@ -73,8 +71,7 @@ def run(
     num_requests: Annotated[int | None, typer.Option(help="Requests to simulate [default: 1000 for a length "
                                                       "profile, every row of a trace file].")] = None,
     seed: Seed = 0,
-    token_budget: TokenBudget = None,
-    max_batch_size: MaxBatch = None,
+    options: dict | None = None,  # the policies' settings: generated options (simctl.policy_options)
     arrival: Arrival = "poisson",
     cv: Cv = 1.0,
     scale: Scale = 1.0,
@@ -96,8 +93,7 @@ def run(
 
     config = RunConfig(policy=policy, trace=trace, model=model, gpu=gpu, tp=tp, qps=qps,
                        num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests, seed=seed,
-                       token_budget=token_budget, max_batch_size=max_batch_size, arrival=arrival, cv=cv,
-                       scale=scale, cost=cost)
+                       options=options, arrival=arrival, cv=cv, scale=scale, cost=cost)
     config.validate()
     if num_requests is None and not is_profile(trace):  # a trace file: every row
         rows = len(build_trace(trace, None, qps, seed, arrival=arrival, cv=cv))
@@ -143,6 +139,7 @@ def _fmt(v: float | None) -> str:
 
 
 @app.command()
+@with_policy_options
 def capacity(
     policy: Annotated[str, typer.Option(help="One policy or a comma-separated list to compare.")] = "vllm,sarathi",
     trace: Trace = "sharegpt",
@@ -151,8 +148,7 @@ def capacity(
     tp: Tp = 1,
     num_requests: Annotated[int, typer.Option(help="Requests per probed run.")] = 1000,
     seed: Seed = 0,
-    token_budget: TokenBudget = None,
-    max_batch_size: MaxBatch = None,
+    options: dict | None = None,  # the policies' settings: generated options (simctl.policy_options)
     arrival: Arrival = "poisson",
     cv: Cv = 1.0,
     scale: Scale = 1.0,
@@ -177,8 +173,8 @@ def capacity(
 
     policies = [p.strip() for p in policy.split(",") if p.strip()]
     configs = [RunConfig(policy=p, trace=trace, model=model, gpu=gpu, tp=tp, qps=start_qps,
-                         num_requests=num_requests, seed=seed, token_budget=token_budget,
-                         max_batch_size=max_batch_size, arrival=arrival, cv=cv, scale=scale, cost=cost)
+                         num_requests=num_requests, seed=seed, options=options, arrival=arrival, cv=cv,
+                         scale=scale, cost=cost)
                for p in policies]
     slo = SLO(tbt_p99_s=slo_tbt_p99, sched_delay_p50_s=slo_sched_p50, ttft_p50_s=slo_ttft_p50)
     spec = CapacityConfig(configs, slo, start_qps, workers)
@@ -200,6 +196,7 @@ def capacity(
 
 
 @app.command()
+@with_policy_options
 def real(
     policy: Policy = "sarathi",
     trace: Trace = "sharegpt",
@@ -213,8 +210,7 @@ def real(
     seed: Seed = 0,
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
     threads: Annotated[int | None, typer.Option(help="CPU threads [default: every core available].")] = None,
-    token_budget: TokenBudget = None,
-    max_batch_size: MaxBatch = None,
+    options: dict | None = None,  # the policies' settings: generated options (simctl.policy_options)
     kv_capacity: Annotated[int | None, typer.Option(help="KV token slots given to the policy [default: "
                                                     "enough for every request at once].")] = None,
     arrival: Arrival = "poisson",
@@ -234,8 +230,7 @@ def real(
     try:
         summary = real_main(policy=policy, trace=trace, model=model, device=device, qps=qps,
                             num_requests=num_requests, out=out, scale=scale, seed=seed, dtype=dtype,
-                            threads=threads, token_budget=token_budget, max_batch_size=max_batch_size,
-                            kv_capacity=kv_capacity, arrival=arrival, cv=cv)
+                            threads=threads, options=options, kv_capacity=kv_capacity, arrival=arrival, cv=cv)
     except RuntimeError as e:  # the serving child crashed: its last words are in the message
         raise InputError(f"real execution failed: {e}") from None
     if as_json:
@@ -338,14 +333,15 @@ def fit(
 @app.command("list")
 def list_catalogue() -> None:
     """Show the policies, traces, models and GPUs simctl knows."""
-    from policies.registry import POLICIES
     from sim.gpus import GPUS
     from sim.models import MODELS
     from traces import PROFILES
 
     console = Console()
     for title, rows in (
-        ("policies", [(n, c.summary) for n, c in POLICIES.items()]),
+        ("policies", [(n, f"{c.summary}; settings: " + ", ".join(
+            f"--{k.replace('_', '-')} {v if v is not None else '(derived)'}"
+            for k, v in c.Settings().as_dict().items())) for n, c in POLICIES.items()]),
         ("traces", [(n, p.description) for n, p in PROFILES.items()]
          + [("PATH", "a CSV (num_prefill_tokens,num_decode_tokens[,arrived_at]) or JSONL trace file")]),
         ("models", [(n, m.description) for n, m in MODELS.items()]),

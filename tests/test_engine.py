@@ -13,12 +13,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from common.errors import InputError
-from engine.real import RealConfig, real_main, run_real, size_run, twin_inputs, write_real
+from engine.real import RealConfig, real_main, run_real, size_run, sized_policy, twin_inputs, write_real
 from engine.serve import Engine, generate_alone, prompt_ids
 from executor.model import build_model
 from executor.plans import SlotPool
 from executor.ragged import RaggedExecutor
-from policies.registry import POLICIES, make_policy
+from policies.registry import POLICIES
 from sim.models import get_model
 from sim.output import write_run
 from sim.run import RunConfig, run
@@ -73,10 +73,9 @@ CASES = [(name, {}) for name in POLICIES] + [
 
 
 def serve(model, policy_name: str, requests: list[Request], on_iteration=None, **options):
-    config = RealConfig(policy=policy_name, model=MODEL, seed=SEED, **options)
+    config = RealConfig(policy=policy_name, model=MODEL, seed=SEED, options=options)
     size = size_run(config, requests, SPEC.kv_bytes_per_token(4), 1 << 30)
-    policy = make_policy(policy_name, size.kv_capacity, size.max_seq_len, size.max_batch_size,
-                         options.get("token_budget"))
+    policy = sized_policy(config, size)
     executor = RaggedExecutor(model, size.kv_slots, size.kv_slot_tokens)
     prompts = {r.id: prompt_ids(r.id, r.prompt_tokens, SPEC.vocab_size, SEED) for r in requests}
     engine = Engine(policy, executor, prompts)
@@ -193,7 +192,7 @@ def test_real_run_writes_the_simulators_files(tmp_path) -> None:
 
 def test_run_real_in_process_and_scale(tmp_path) -> None:
     r = run_real(RealConfig(policy="sarathi", trace="arxiv", model=MODEL, qps=50.0, num_requests=4, scale=0.01,
-                            threads=1, token_budget=64))
+                            threads=1, options={"token_budget": 64}))
     assert r.summary["completed"] == 4 and r.summary["token_budget"] == 64 and r.summary["scale"] == 0.01
     full = build_trace("arxiv", 4, 50.0, 0)
     assert [(q.prompt_tokens, q.output_tokens) for q in r.requests] == [

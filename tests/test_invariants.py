@@ -61,7 +61,8 @@ class Scenario:
     token_budget: int | None
 
     def policy(self, name: str) -> Policy:
-        return make_policy(name, self.capacity, self.max_seq_len, self.max_batch_size, self.token_budget)
+        return make_policy(name, self.capacity, self.max_seq_len,
+                           {"max_batch_size": self.max_batch_size, "token_budget": self.token_budget})
 
 
 def _smallest_capacity(name: str, longest: int, max_seq_len: int) -> int:

@@ -386,7 +386,7 @@ def check_vllm(policy: VLLM, steps: list[Step]) -> None:
 
 
 def test_vllm_never_mixes_and_prefills_first() -> None:
-    policy = VLLM(big_paged())
+    policy = VLLM(big_paged(), max_tokens=8192)
     a, b, c = make_seqs([(20, 5), (30, 5), (10, 5)])
     policy.add(a)
     run_plan(policy, policy.schedule())
@@ -414,7 +414,7 @@ def test_vllm_token_limit() -> None:
 
 def test_vllm_preempts_newest_by_recompute() -> None:
     kv = PagedKV(64, watermark=0.0)  # 4 blocks of 16
-    policy = VLLM(kv)
+    policy = VLLM(kv, max_tokens=8192)
     a, b, c = make_seqs([(16, 40), (16, 40), (40, 3)])
     gaps = [0, 0, 1]  # c arrives after the first iteration, when it no longer fits
     steps = drive(policy, [a, b, c], gaps)
@@ -437,7 +437,7 @@ def test_vllm_preempts_newest_by_recompute() -> None:
 
 def test_vllm_preemption_victim_can_be_the_asking_request() -> None:
     kv = PagedKV(48, watermark=0.0)  # 3 blocks
-    policy = VLLM(kv)
+    policy = VLLM(kv, max_tokens=8192)
     a, b = make_seqs([(16, 20), (15, 20)])
     add(policy, a, b)
     run_plan(policy, policy.schedule())  # a: 1 block, b: 1 block
@@ -449,7 +449,7 @@ def test_vllm_preemption_victim_can_be_the_asking_request() -> None:
 
 
 def test_vllm_default_max_batch_and_watermark() -> None:
-    policy = VLLM(big_paged(1 << 20))
+    policy = VLLM(big_paged(1 << 20), max_tokens=8192)
     assert policy.max_batch_size == 128
     seqs = make_seqs([(1, 2)] * 130)
     add(policy, *seqs)
@@ -457,7 +457,7 @@ def test_vllm_default_max_batch_and_watermark() -> None:
     assert len(plan.seqs) == 128 and len(policy.waiting) == 2
     # watermark: 10 blocks, 2 kept back
     kv = PagedKV(160, watermark=0.2)
-    policy = VLLM(kv)
+    policy = VLLM(kv, max_tokens=8192)
     a, b, c = make_seqs([(64, 3), (64, 3), (16, 3)])
     add(policy, a, b, c)
     plan = policy.schedule()

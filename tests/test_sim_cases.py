@@ -73,11 +73,11 @@ def sim_both(name: str, reqs: list[Request], capacity: int = 4096, max_seq_len: 
              **kw) -> tuple[SimResult, TokenClock]:
     """Run stepping one iteration at a time (with per-token times) and with the fast path; the request
     records must agree. Returns the stepped run."""
-    step_policy = make_policy(name, capacity, max_seq_len, **kw)
+    step_policy = make_policy(name, capacity, max_seq_len, kw)
     clock = TokenClock(step_policy)
     step = simulate(reqs, step_policy, COST, fast=False)
     clock.scan()
-    fast = simulate(reqs, make_policy(name, capacity, max_seq_len, **kw), COST, fast=True)
+    fast = simulate(reqs, make_policy(name, capacity, max_seq_len, kw), COST, fast=True)
     for col in ("first_scheduled_s", "first_token_s", "completion_s", "generated_tokens", "preemptions"):
         np.testing.assert_allclose(fast.requests[col], step.requests[col], rtol=1e-12, atol=0, err_msg=col)
     return step, clock
