@@ -70,6 +70,7 @@ class Policy(ABC):
         self.max_batch_size = self.settings.max_batch_size
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []  # admitted, oldest first
+        self.arrived_with_kv: deque[Seq] = deque()  # prefilled elsewhere: admitted straight as decodes
 
     # --- what the registry builds a policy from ---
 
@@ -93,11 +94,16 @@ class Policy(ABC):
         return PagedKV(kv_capacity_tokens).max_request_tokens
 
     def add(self, seq: Seq) -> None:
-        self.waiting.append(seq)
+        """A new request; one whose prompt was prefilled elsewhere (a disaggregated prefill instance, a KV
+        embedding) arrives with its KV cached (`computed` = its prompt, first token sampled) and only decodes."""
+        if seq.in_prefill:
+            self.waiting.append(seq)
+        else:
+            self.arrived_with_kv.append(seq)
 
     @property
     def idle(self) -> bool:
-        return not self.waiting and not self.running
+        return not self.waiting and not self.running and not self.arrived_with_kv
 
     @abstractmethod
     def schedule(self) -> BatchPlan | None:
@@ -124,8 +130,10 @@ class Policy(ABC):
         if seq in self.running:
             self.running.remove(seq)
             self.kv.free(seq)
-        else:
+        elif seq in self.waiting:
             self.waiting.remove(seq)
+        else:
+            self.arrived_with_kv.remove(seq)
         seq.phase = Phase.WAITING
 
     # --- helpers shared by the iteration-level policies ---
@@ -140,6 +148,16 @@ class Policy(ABC):
         seq.phase = Phase.RUNNING
         self.running.append(seq)
 
+    def _admit_arrived_with_kv(self) -> None:
+        """Admit, in arrival order, the sequences that came with their KV, while the batch and KV have room:
+        they join the running decodes without a prefill."""
+        queue = self.arrived_with_kv
+        while queue and len(self.running) < self.max_batch_size and self.kv.can_admit(queue[0]):
+            seq = queue.popleft()
+            self.kv.admit(seq)
+            seq.phase = Phase.RUNNING
+            self.running.append(seq)
+
     def _preempt(self, victim: Seq) -> None:
         """Preemption by recompute (vLLM's default for single-sequence requests): drop the KV, requeue first."""
         self.running.remove(victim)
@@ -150,6 +168,8 @@ class Policy(ABC):
     def _grow_decodes(self) -> list[Seq]:
         """Reserve one more KV slot for every running decode, oldest first; when memory runs out, preempt the
         newest running request (possibly the one asking) until the slot fits. Returns the decodes to run."""
+        if self.arrived_with_kv:
+            self._admit_arrived_with_kv()
         decodes = [s for s in self.running if s.computed >= s.prefill_end]
         if self.kv.grow_each(decodes):  # the common case: memory suffices, nobody is preempted
             return decodes

@@ -31,6 +31,12 @@ class FasterTransformer(Policy):
         self.batch: list[Seq] = []  # rows of the running batch, finished ones included
         self.kv_len = 0  # KV columns every row holds (padded to the longest prompt)
 
+    def add(self, seq: Seq) -> None:
+        if not seq.in_prefill:
+            raise ValueError("FasterTransformer batches start with a padded prefill: it cannot take a request "
+                             "prefilled elsewhere")
+        super().add(seq)
+
     def schedule(self) -> BatchPlan | None:
         if not self.batch:  # line 3: admit only when no batch runs
             while (self.waiting and len(self.running) < self.max_batch_size

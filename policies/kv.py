@@ -24,11 +24,11 @@ class KVManager(ABC):
 
     @abstractmethod
     def can_admit(self, seq: Seq) -> bool:
-        """Whether the sequence's pending prefill can be given KV now."""
+        """Whether the sequence's pending prefill (or the cache it arrived with) can be given KV now."""
 
     @abstractmethod
     def admit(self, seq: Seq) -> None:
-        """Give the sequence KV for its whole pending prefill."""
+        """Give the sequence KV for its whole pending prefill (or the cache it arrived with)."""
 
     @abstractmethod
     def can_grow(self, seq: Seq, steps: int = 1) -> bool:

@@ -23,6 +23,8 @@ class Orca(Policy):
         max_batch_size: int = option(16, "most requests in a batch")
 
     def schedule(self) -> BatchPlan | None:
+        if self.arrived_with_kv:
+            self._admit_arrived_with_kv()
         decodes = list(self.running)
         for s in decodes:
             self.kv.grow(s)  # within its reservation: never fails
