@@ -326,26 +326,28 @@ class Fitted(CurveTables, CostModel):
     def tiled(self, n: int) -> int:
         return tiled(n, self.tile)
 
-    def _fixed(self, plan: BatchPlan) -> float:
-        """Everything but the decode rows' KV curve (the only term that changes along a decode stretch)."""
-        t = self._ovh
-        tile = self.tile
-        T = plan.linear_tokens
-        if T > 0:
-            t += self._lin(T if T <= tile else -(-T // tile) * tile)
-        r = plan.sampled_tokens
-        if r > 0:
-            t += self._lm(r if r <= tile else -(-r // tile) * tile)
+    def _terms(self, plan: BatchPlan) -> tuple[float, float, float, float, float, float]:
+        """The formula, written once: overhead, linear layers, LM head, prefill attention, decode padding and
+        the decode rows' fixed cost (the rows' KV curve, the one term a decode stretch changes, is priced by
+        `iteration_time` / `decode_stretch_times` on top)."""
+        T, r = plan.linear_tokens, plan.sampled_tokens
+        linear = self._lin(tiled(T, self.tile)) if T > 0 else 0.0
+        lm_head = self._lm(tiled(r, self.tile)) if r > 0 else 0.0
+        prefill = 0.0
         if plan.prefill_q:
             units2 = 0  # 2 x sum q (c + q/2), exact in integers
             kv = 0
             for q, c in zip(plan.prefill_q, plan.prefill_c):
                 units2 += q * (2 * c + q)
                 kv += c + q
-            t += self._pa_unit * (0.5 * units2) + self._pa_kv * kv + self._pa_seg * len(plan.prefill_q)
-        if self._dpad and plan.decode_rows > 1:
-            t += self._dpad * decode_pad_kv(plan)
-        return t + self._drow * plan.decode_rows
+            prefill = self._pa_unit * (0.5 * units2) + self._pa_kv * kv + self._pa_seg * len(plan.prefill_q)
+        pad = self._dpad * decode_pad_kv(plan) if self._dpad and plan.decode_rows > 1 else 0.0
+        return self._ovh, linear, lm_head, prefill, pad, self._drow * plan.decode_rows
+
+    def _fixed(self, plan: BatchPlan) -> float:
+        """Everything but the decode rows' KV curve, summed in one fixed order."""
+        overhead, linear, lm_head, prefill, pad, rows = self._terms(plan)
+        return overhead + linear + lm_head + prefill + pad + rows
 
     def iteration_time(self, plan: BatchPlan) -> float:
         rows = plan.decode_rows
@@ -365,19 +367,10 @@ class Fitted(CurveTables, CostModel):
 
     def breakdown(self, plan: BatchPlan) -> dict[str, float]:
         """The terms of `iteration_time(plan)` in seconds (reports and tests; not on the hot path)."""
-        c = self.coefficients
-        T, r, rows = plan.linear_tokens, plan.sampled_tokens, plan.decode_rows
-        units = sum(q * (cc + 0.5 * q) for q, cc in zip(plan.prefill_q, plan.prefill_c))
-        kv = sum(cc + q for q, cc in zip(plan.prefill_q, plan.prefill_c))
-        return {
-            "overhead": c["overhead_s"],
-            "linear": self._lin(self.tiled(T)) if T > 0 else 0.0,
-            "lm_head": self._lm(self.tiled(r)) if r > 0 else 0.0,
-            "prefill_attention": (c["attn_unit_s"] * units + c["attn_kv_token_s"] * kv
-                                  + c["attn_segment_s"] * len(plan.prefill_q)),
-            "decode_attention": ((rows * (c["decode_row_s"] + self._dec(plan.decode_kv / rows)) if rows > 0
-                                  else 0.0) + c["decode_pad_token_s"] * decode_pad_kv(plan)),
-        }
+        overhead, linear, lm_head, prefill, pad, rows = self._terms(plan)
+        n = plan.decode_rows
+        return {"overhead": overhead, "linear": linear, "lm_head": lm_head, "prefill_attention": prefill,
+                "decode_attention": rows + (n * self._dec(plan.decode_kv / n) if n > 0 else 0.0) + pad}
 
     # ---- the model it was fitted for -------------------------------------------------------------------
     def check_model(self, model: ModelSpec | str) -> None:

@@ -155,28 +155,34 @@ class Roofline(CostModel):
         """Rows a GEMM over `n` rows pays for: n up to one tile, else n rounded up to the tile."""
         return tiled(n, self.tile)
 
-    def _fixed(self, plan: BatchPlan) -> float:
-        """Everything but decode attention (which is the only term that changes over a decode stretch)."""
-        t = self.overhead_s
-        T = plan.linear_tokens
-        tile = self.tile
+    def _terms(self, plan: BatchPlan) -> tuple[float, float, float, float, list[float]]:
+        """The formula, written once: overhead, linear layers, all-reduce, LM head and each prefill segment's
+        attention (decode attention, the one term a decode stretch changes, is `decode_kv * _dkv`)."""
+        T, r = plan.linear_tokens, plan.sampled_tokens
+        linear = allreduce = lm_head = 0.0
         if T > 0:
-            te = T if T <= tile else -(-T // tile) * tile
-            c = self._lin_c * te
-            t += math.sqrt(c * c + self._lin_m * self._lin_m)
+            c = self._lin_c * tiled(T, self.tile)
+            linear = math.sqrt(c * c + self._lin_m * self._lin_m)
             if self._ar_tok:
-                t += self._ar_tok * T + self._ar_fixed
-        r = plan.sampled_tokens
+                allreduce = self._ar_tok * T + self._ar_fixed
         if r > 0:
-            re = r if r <= tile else -(-r // tile) * tile
-            c = self._lm_c * re
-            t += math.sqrt(c * c + self._lm_m * self._lm_m)
+            c = self._lm_c * tiled(r, self.tile)
+            lm_head = math.sqrt(c * c + self._lm_m * self._lm_m)
+        segments = []
         if plan.prefill_q:
             pc, pm = self._pa_c, self._pa_m
             for q, ctx in zip(plan.prefill_q, plan.prefill_c):
                 c = pc * q * (ctx + 0.5 * q)
                 m = pm * (ctx + q)
-                t += math.sqrt(c * c + m * m)
+                segments.append(math.sqrt(c * c + m * m))
+        return self.overhead_s, linear, allreduce, lm_head, segments
+
+    def _fixed(self, plan: BatchPlan) -> float:
+        """Everything but decode attention, summed in one fixed order (so a stretch prices as stepping does)."""
+        overhead, linear, allreduce, lm_head, segments = self._terms(plan)
+        t = overhead + linear + allreduce + lm_head
+        for a in segments:
+            t += a
         return t
 
     def iteration_time(self, plan: BatchPlan) -> float:
@@ -190,20 +196,9 @@ class Roofline(CostModel):
 
     def breakdown(self, plan: BatchPlan) -> dict[str, float]:
         """The terms of `iteration_time(plan)` in seconds (for reports and tests; not on the hot path)."""
-
-        def blend(c: float, m: float) -> float:
-            return math.sqrt(c * c + m * m)
-
-        T, r = plan.linear_tokens, plan.sampled_tokens
-        return {
-            "overhead": self.overhead_s,
-            "linear": blend(self._lin_c * self.tiled(T), self._lin_m) if T > 0 else 0.0,
-            "allreduce": self._ar_tok * T + self._ar_fixed if T > 0 and self.tp > 1 else 0.0,
-            "lm_head": blend(self._lm_c * self.tiled(r), self._lm_m) if r > 0 else 0.0,
-            "prefill_attention": sum((blend(self._pa_c * q * (c + 0.5 * q), self._pa_m * (c + q))
-                                      for q, c in zip(plan.prefill_q, plan.prefill_c)), 0.0),
-            "decode_attention": plan.decode_kv * self._dkv,
-        }
+        overhead, linear, allreduce, lm_head, segments = self._terms(plan)
+        return {"overhead": overhead, "linear": linear, "allreduce": allreduce, "lm_head": lm_head,
+                "prefill_attention": sum(segments, 0.0), "decode_attention": plan.decode_kv * self._dkv}
 
     # ---- memory --------------------------------------------------------------------------------------
     def kv_capacity_tokens(self) -> int:
