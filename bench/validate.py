@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only tabulate and record a finished validation folder (nothing is run)")
     args = parser.parse_args(argv)
 
-    from engine.validate import jsonable, load_report, markdown, metric_label, validate_main
+    from engine.report import jsonable, load_report, markdown, metric_label
+    from engine.validate import validate_main
 
     console = Console(width=170)
     if args.report is not None:

@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +61,33 @@ import numpy as np
 import pandas as pd
 
 from common.errors import InputError
+from engine.machine_load import LoadMeter, loadavg, wait_quiet
+from engine.replay import iteration_evidence, merge_replays, replay_real
+from engine.report import (
+    METRICS,
+    RunPair,
+    ValidationReport,
+    fmt_err,
+    fmt_ratio,
+    load_report,
+    pct_error,
+    write_report,
+)
+from engine.twin import (
+    DEFAULT_NUM_REQUESTS,
+    DEFAULT_SCALE,
+    DEFAULT_TRACE,
+    Setup,
+    cost_meta,
+    cost_name,
+    load_cost,
+    real_dirs,
+    simulate_twin,
+    twin_summary,
+)
 from sim.capacity import SLO, CapacityResult, search_qps
 from sim.cost.base import ScaledCost
 
-DEFAULT_TRACE = "sharegpt"
-DEFAULT_SCALE = 0.05  # sharegpt x 0.05: median prompt ~80 tokens, output ~20; a real run takes ~10-30 s here
-DEFAULT_NUM_REQUESTS = 300  # see the module docstring: fewer, and the default SLO never binds
 DEFAULT_LOADS = (0.5, 0.7)
 DEFAULT_SLO = SLO()  # sustainable, median scheduling delay <= 2 s
 MAX_LOAD = 10.0
@@ -76,17 +97,6 @@ REAL_REL_TOL = 0.03
 REAL_STEP = 1.25  # real capacity: bracket by this factor around the simulated capacity...
 MAX_REAL_PROBES = 6  # ...with at most this many real runs per policy
 MAX_REPEATS = 20
-METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "tbt_p50", "tbt_p90", "tbt_p99", "e2e_p50", "e2e_p90", "e2e_p99",
-           "throughput_rps", "throughput_tokens_per_s")
-LABELS = {"ttft": "TTFT", "tbt": "TBT", "e2e": "E2E", "throughput_rps": "req/s",
-          "throughput_tokens_per_s": "out tok/s"}
-
-
-def metric_label(m: str) -> str:
-    if m in LABELS:
-        return LABELS[m]
-    base, p = m.rsplit("_", 1)
-    return f"{p.upper()} {LABELS[base]}"
 
 
 # ---- bisection over QPS (one search, any probe) ----------------------------------------------------------------
@@ -101,326 +111,13 @@ def bracket(result: CapacityResult) -> tuple[float, float | None]:
 # ---- the twin setup ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Setup:
-    """What every run of one validation shares (the real runs' options)."""
-
-    trace: str = DEFAULT_TRACE
-    model: str = "tiny"
-    num_requests: int = DEFAULT_NUM_REQUESTS
-    scale: float = DEFAULT_SCALE
-    seed: int = 0
-    threads: int | None = None
-    dtype: str = "float32"
-
-    def real_config(self, policy: str, qps: float) -> Any:
-        from engine.real import RealConfig
-
-        return RealConfig(policy=policy, trace=self.trace, model=self.model, device="cpu", qps=qps,
-                          num_requests=self.num_requests, scale=self.scale, seed=self.seed, dtype=self.dtype,
-                          threads=self.threads)
-
-
-def real_dirs(run_dir: Path, repeats: int) -> list[Path]:
-    """Where the real runs of one policy and load go: `real/`, then `real_2/`, `real_3/`, ..."""
-    return [run_dir / "real"] + [run_dir / f"real_{k}" for k in range(2, repeats + 1)]
-
-
-def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
-    """The summary fields `engine.real.twin_inputs` reads, as a real CPU run of `policy` at `qps` would
-    record them (its requests and its KV sizing), without running it."""
-    from engine.real import CPU_KV_BYTES, size_run, sized_policy
-    from sim.cost.fitted import dtype_bytes_of
-    from sim.models import get_model
-    from traces import build_trace
-
-    config = setup.real_config(policy, qps)
-    requests = build_trace(config.trace, config.num_requests, qps, config.seed, arrival=config.arrival,
-                           cv=config.cv, scale=config.scale)
-    spec = get_model(config.model)
-    size = size_run(config, requests, spec.kv_bytes_per_token(dtype_bytes_of(config.dtype)), CPU_KV_BYTES)
-    probe = sized_policy(config, size)
-    return {**asdict(config), "kv_capacity_tokens": size.kv_capacity, "max_seq_len": size.max_seq_len,
-            **probe.settings.as_dict()}
-
-
-def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], Any]:
-    """The simulator's prediction of the run `summary` describes (a real run's, or `twin_summary`'s):
-    (its summary, its SimResult)."""
-    from engine.real import twin_inputs
-    from sim.metrics import summarize
-    from sim.simulate import simulate
-
-    requests, policy = twin_inputs(summary)
-    result = simulate(requests, policy, cost, max_waiting=max(1000, len(requests) // 2))
-    keep = ("policy", "trace", "model", "qps", "scale", "seed", "arrival", "cv", "max_seq_len")
-    s = {"mode": "sim", **{k: summary.get(k) for k in keep}, **policy.settings.as_dict(), **summarize(result)}
-    return s, result
-
-
 # ---- replaying a real run's iterations ---------------------------------------------------------------------
-
-
-@dataclass
-class Replay:
-    frame: pd.DataFrame  # one row per replayed iteration: measured and predicted duration, shape, terms
-    gaps: Any  # serving.records.GapHistogram of the real run's token gaps (from the real times)
-    matched: int  # iterations whose replayed plan matched the logged one
-    total: int  # iterations logged
-    between_s: float  # measured time between iterations while work was pending (sampling, bookkeeping)
-    between_n: int
-
-
-def _kind(plan: Any) -> str:
-    from policies.plan import Layout
-
-    if plan.layout is Layout.PADDED:
-        return "padded_prefill" if plan.prefill_q else "padded_decode"
-    if not plan.prefill_q:
-        return "decode"
-    return "hybrid" if plan.decode_rows else "prefill"
-
-
-def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any) -> Replay:
-    """Re-plan the real run's iterations and price each plan (see the module docstring, point 4)."""
-    from engine.real import twin_inputs
-    from policies.plan import Layout
-    from policies.seq import Seq
-    from serving.inbox import Inbox
-    from serving.loop import Replica
-    from serving.replay import LoggedRun
-
-    requests, policy = twin_inputs(summary)
-    rows: list[dict[str, Any]] = []
-
-    def price(plan: Any, start: float, real_s: float) -> None:
-        terms = cost.breakdown(plan) if hasattr(cost, "breakdown") else {}
-        ctx = [q.computed + 1 for q in plan.seqs[:plan.decode_tokens]] if plan.layout is Layout.PACKED else []
-        rows.append({"start_s": start, "real_s": real_s, "predicted_s": cost.iteration_time(plan),
-                     "kind": _kind(plan), "batch_size": len(plan.seqs), "linear_tokens": plan.linear_tokens,
-                     "sampled_tokens": plan.sampled_tokens, "prefill_tokens": plan.prefill_tokens,
-                     "decode_tokens": plan.decode_tokens, "decode_rows": plan.decode_rows,
-                     "segments": len(plan.prefill_q),
-                     "decode_kv": plan.decode_kv, "decode_ctx_min": min(ctx, default=0),
-                     "decode_ctx_max": max(ctx, default=0), **{f"term_{k}_s": v for k, v in terms.items()}})
-
-    log = LoggedRun(iterations, price)
-    inbox = Inbox([Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests])
-    replica = Replica(policy, log, log, inbox)
-    log.watch(policy, inbox)
-    log.drive(replica.serve())
-    return Replay(pd.DataFrame(rows), replica.records.gaps, log.matched, len(iterations), log.between_s,
-                  log.between_n)
-
-
-def merge_replays(reps: list[Replay]) -> Replay:
-    """The replays of several repeats of one run as one (frames stacked with a `repeat` column, gaps pooled)."""
-    from serving.records import GapHistogram
-
-    gaps = GapHistogram()
-    for r in reps:
-        gaps.counts += r.gaps.counts
-        gaps.total += r.gaps.total
-    frame = pd.concat([r.frame.assign(repeat=k) for k, r in enumerate(reps, 1)], ignore_index=True)
-    return Replay(frame, gaps, sum(r.matched for r in reps), sum(r.total for r in reps),
-                  sum(r.between_s for r in reps), sum(r.between_n for r in reps))
-
-
-def iteration_evidence(rep: Replay, forward_s: float | None, sim_iterations: pd.DataFrame, repeats: int = 1
-                       ) -> dict[str, Any]:
-    """Busy-time totals (per real run: the mean over `repeats` pooled in `rep`) and per-kind ratios, measured /
-    predicted, from a replay. `forward_s`: the real runs' total forward time, if known."""
-    f = rep.frame
-    real_busy = float(f["real_s"].sum()) / repeats if len(f) else 0.0
-    pred_busy = float(f["predicted_s"].sum()) / repeats if len(f) else 0.0
-    sim_busy = float(sim_iterations["duration_s"].sum())
-    out: dict[str, Any] = {
-        "repeats": repeats,
-        "iterations": rep.total,
-        "replay_matched": rep.matched,
-        "real_busy_s": real_busy,
-        "repriced_busy_s": pred_busy,  # the cost model over the real run's own plans
-        "sim_busy_s": sim_busy,  # the twin simulation's own iterations
-        "busy_ratio_real_over_repriced": real_busy / pred_busy if pred_busy > 0 else None,
-        "busy_ratio_real_over_sim": real_busy / sim_busy if sim_busy > 0 else None,
-        "real_forward_s": None if forward_s is None else forward_s / repeats,  # inside the iterations: forward
-        "real_in_iteration_overhead_s": (real_busy - forward_s / repeats
-                                         if forward_s is not None and rep.matched == rep.total
-                                         else None),  # drain arrivals + schedule + inputs, per iteration
-        "real_between_s": rep.between_s / repeats,  # argmax + bookkeeping between back-to-back iterations
-        "real_between_mean_s": rep.between_s / rep.between_n if rep.between_n else None,
-        "sim_iterations": int(sim_iterations["count"].sum()),
-        "kinds": {},
-    }
-    if len(f):
-        ratio = f["real_s"] / f["predicted_s"]
-        for kind, g in f.groupby("kind"):
-            out["kinds"][kind] = _ratios(g, ratio[g.index])
-        dec = f[(f["kind"] == "decode") & (f["decode_tokens"] >= 2)]
-        if len(dec):  # the profile timed decode batches of equal contexts only
-            ragged = dec["decode_ctx_min"] < dec["decode_ctx_max"]
-            out["decode_uniform_ctx"] = _ratios(dec[~ragged], ratio[dec[~ragged].index]) if (~ragged).any() else None
-            out["decode_ragged_ctx"] = _ratios(dec[ragged], ratio[dec[ragged].index]) if ragged.any() else None
-        out["decode_excess"] = _excess(f[f["kind"].isin(["decode", "padded_decode"])],
-                                       {"per_row_ms": f["decode_rows"]})
-        out["prefill_excess"] = _excess(f[f["prefill_tokens"] > 0],
-                                        {"per_100_prefill_ms": f["prefill_tokens"] / 100})
-    return out
-
-
-def _ratios(g: pd.DataFrame, r: pd.Series) -> dict[str, Any]:
-    return {"n": len(g), "real_s": float(g["real_s"].sum()), "predicted_s": float(g["predicted_s"].sum()),
-            "ratio_total": float(g["real_s"].sum() / g["predicted_s"].sum()), "ratio_p50": float(r.median()),
-            "real_p50_s": float(g["real_s"].median()), "predicted_p50_s": float(g["predicted_s"].median())}
-
-
-def _excess(g: pd.DataFrame, features: dict[str, pd.Series]) -> dict[str, Any] | None:
-    """Least squares of (measured - predicted) in ms on a constant and `features` over the rows of `g`: what
-    the cost model misses per unit of each (None with fewer than 10 rows or no spread)."""
-    if len(g) < 10:
-        return None
-    X = np.column_stack([np.ones(len(g))] + [v[g.index].to_numpy(dtype=float) for v in features.values()])
-    if np.linalg.matrix_rank(X) < X.shape[1]:
-        return None
-    y = (g["real_s"] - g["predicted_s"]).to_numpy() * 1e3
-    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
-    return {"n": len(g), "const_ms": float(coef[0]), **{k: float(c) for k, c in zip(features, coef[1:])}}
 
 
 # ---- machine load while a real run ran -----------------------------------------------------------------------
 
 
-class LoadMeter:
-    """Other processes' share of the machine's CPU between `start()` and `stop()` (Linux /proc/stat; None
-    elsewhere): machine busy time minus this process's and its waited-for children's (the serving child)."""
-
-    def __init__(self) -> None:
-        import os
-
-        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        self.cpus = os.cpu_count() or 1
-        self.t0: tuple[float, float, float] | None = None
-
-    def _read(self) -> tuple[float, float, float] | None:
-        import os
-
-        try:
-            with open("/proc/stat", encoding="ascii") as f:
-                v = [int(x) for x in f.readline().split()[1:9]]
-        except (OSError, ValueError):
-            return None
-        t = os.times()
-        own = t.user + t.system + t.children_user + t.children_system
-        return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / self.hz, own, time.perf_counter()
-
-    def start(self) -> None:
-        self.t0 = self._read()
-
-    def stop(self) -> float | None:
-        t1 = self._read()
-        if self.t0 is None or t1 is None or t1[2] <= self.t0[2]:
-            return None
-        foreign = (t1[0] - self.t0[0]) - (t1[1] - self.t0[1])
-        return max(0.0, foreign) / (self.cpus * (t1[2] - self.t0[2]))
-
-
-def wait_quiet(max_wait_s: float, share: float = 0.15, window_s: float = 1.0) -> tuple[float, float | None]:
-    """Wait, up to `max_wait_s`, for a `window_s` window in which other processes use at most `share` of the
-    machine; returns (seconds waited, their share in the last window)."""
-    meter, waited, last = LoadMeter(), 0.0, None
-    while waited < max_wait_s:
-        meter.start()
-        time.sleep(window_s)
-        last = meter.stop()
-        waited += window_s
-        if last is None or last <= share:
-            break
-    return waited, last
-
-
-def _loadavg() -> list[float] | None:
-    import os
-
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except (OSError, AttributeError):
-        return None
-
-
 # ---- validation ------------------------------------------------------------------------------------------
-
-
-def pct_error(predicted: Any, measured: Any) -> float | None:
-    """(predicted - measured) / measured in percent; None when undefined."""
-    if predicted is None or measured is None or not math.isfinite(predicted) or not math.isfinite(measured):
-        return None
-    if measured == 0:
-        return None
-    return 100.0 * (predicted - measured) / measured
-
-
-@dataclass
-class RunPair:
-    """One real run at one load and its simulated twin, in memory (for the figure)."""
-
-    policy: str
-    load: float
-    real_ttft: np.ndarray
-    sim_ttft: np.ndarray
-    real_gaps: Any  # GapHistogram (replayed from the real times)
-    sim_gaps: Any
-    replay_complete: bool
-
-
-@dataclass
-class ValidationReport:
-    config: dict[str, Any]  # options, cost model, SLO, machine load, timing
-    rows: list[dict[str, Any]]  # one per policy and load: real, predicted and % error of each metric
-    capacity: dict[str, dict[str, Any]]  # policy -> simulated (and real) capacity, probes
-    evidence: list[dict[str, Any]]  # one per policy and load: per-iteration measured vs predicted
-    out: Path
-    pairs: list[RunPair] = field(default_factory=list, repr=False)
-
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"config": self.config, "rows": self.rows, "capacity": self.capacity, "evidence": self.evidence}
-
-    def error(self, policy: str, load: float, metric: str) -> float | None:
-        for r in self.rows:
-            if r["policy"] == policy and r["load"] == load:
-                return r[f"{metric}_err_pct"]
-        raise KeyError((policy, load))
-
-
-def load_cost(cost: Any, model: str) -> Any:
-    """The cost model to validate: a fitted cost_model.json (checked against `model`), or a `CostModel`
-    object as is (programmatic use, tests)."""
-    from sim.cost.base import CostModel
-    from sim.cost.fitted import Fitted
-    from sim.models import get_model
-
-    if isinstance(cost, CostModel):
-        fitted = cost
-    else:
-        if cost is None or not str(cost).strip():
-            raise InputError("--cost: give the fitted cost model (cost_model.json) of this machine")
-        fitted = Fitted.load(cost)
-    if hasattr(fitted, "check_model"):
-        fitted.check_model(get_model(model))
-    return fitted
-
-
-def _cost_name(cost: Any) -> str:
-    from sim.cost.base import CostModel
-
-    return repr(cost) if isinstance(cost, CostModel) else str(cost)
-
-
-def _cost_meta(cost: Any) -> dict[str, Any]:
-    meta = getattr(cost, "meta", None) or {}
-    return {k: meta.get(k) for k in ("device_name", "threads", "date", "grid")}
 
 
 def _check_inputs(policies: list[str], loads: list[float], cost: str | Path, out: str | Path, setup: Setup,
@@ -504,16 +201,16 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
         raise InputError(f"--repeats must be an integer from 1 to {MAX_REPEATS}, got {repeats!r}")
     setup = Setup(trace=trace, model=model, num_requests=num_requests, scale=scale, seed=seed, threads=threads)
     names, loads, fitted = _check_inputs(policies, loads, cost, out, setup, slo)
-    profiled_threads = _cost_meta(fitted)["threads"]
+    profiled_threads = cost_meta(fitted)["threads"]
     if threads is None and isinstance(profiled_threads, int):
         setup = Setup(trace=trace, model=model, num_requests=num_requests, scale=scale, seed=seed,
                       threads=profiled_threads)
     t_start = time.perf_counter()
     config: dict[str, Any] = {
-        "policies": names, "loads": loads, "cost": _cost_name(cost), **asdict(setup), "device": "cpu",
+        "policies": names, "loads": loads, "cost": cost_name(cost), **asdict(setup), "device": "cpu",
         "slo": asdict(slo), "slo_text": slo.describe(), "capacity": capacity, "repeats": repeats,
-        "cost_model_fit": _cost_meta(fitted),
-        "loadavg_start": _loadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "cost_model_fit": cost_meta(fitted),
+        "loadavg_start": loadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     rows: list[dict[str, Any]] = []
     caps: dict[str, dict[str, Any]] = {}
@@ -570,9 +267,9 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
         rows.append(row)
         evidence.append(ev)
         pairs.append(pair)
-        say(f"{policy} @ {load:g}: P50 TTFT {_fmt_err(row['ttft_p50_err_pct'])}, P50 TBT "
-            f"{_fmt_err(row['tbt_p50_err_pct'])}, P50 E2E {_fmt_err(row['e2e_p50_err_pct'])}; busy real/"
-            f"repriced {_fmt_ratio(ev['busy_ratio_real_over_repriced'])}")
+        say(f"{policy} @ {load:g}: P50 TTFT {fmt_err(row['ttft_p50_err_pct'])}, P50 TBT "
+            f"{fmt_err(row['tbt_p50_err_pct'])}, P50 E2E {fmt_err(row['e2e_p50_err_pct'])}; busy real/"
+            f"repriced {fmt_ratio(ev['busy_ratio_real_over_repriced'])}")
 
     for policy in names:
         lo = caps[policy]["sim_qps"]
@@ -603,9 +300,9 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
                                                        "foreign_cpu_share")}
                                 for p in real_cap.probes]})
             say(f"{policy}: real capacity {rlo:.4g} QPS (first failing {rhi if rhi is None else f'{rhi:.4g}'}), "
-                f"capacity error {_fmt_err(caps[policy]['error_pct'])}")
+                f"capacity error {fmt_err(caps[policy]['error_pct'])}")
 
-    config["loadavg_end"] = _loadavg()
+    config["loadavg_end"] = loadavg()
     config["wall_s"] = round(time.perf_counter() - t_start, 1)
     report = ValidationReport(config, rows, caps, evidence, out, pairs)
     write_report(report)
@@ -674,20 +371,6 @@ def compare_run(policy: str, load: float, qps: float, sim_capacity: float, reals
     return row, {"policy": policy, "load": load, **ev}, pair
 
 
-def write_report(report: ValidationReport) -> None:
-    """validation.csv, validation.md, validation.png and validation.json into `report.out`."""
-    from sim.output import atomic_write, json_text
-
-    out = report.out
-    frame = report.frame()
-    atomic_write(out / "validation.csv", lambda p: frame.to_csv(p, index=False))
-    md = markdown(report)
-    atomic_write(out / "validation.md", lambda p: p.write_text(md, encoding="utf-8"))
-    cdf_figure(report, out / "validation.png")
-    text = json_text(jsonable(report.to_json()))
-    atomic_write(out / "validation.json", lambda p: p.write_text(text, encoding="utf-8"))
-
-
 def rescore(validation: str | Path, cost: str | Path, out: str | Path,
             log: Callable[[str], None] | None = None) -> ValidationReport:
     """Score another cost model against the real runs of a finished validation, without running anything
@@ -727,221 +410,16 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
         rows.append(row)
         evidence.append(ev)
         pairs.append(pair)
-    config = {**c, "cost": _cost_name(cost), "rescored_from": str(src), "original_cost": c["cost"],
-              "cost_model_fit": _cost_meta(fitted)}
+    config = {**c, "cost": cost_name(cost), "rescored_from": str(src), "original_cost": c["cost"],
+              "cost_model_fit": cost_meta(fitted)}
     report = ValidationReport(config, rows, caps, evidence, out, pairs)
     write_report(report)
     return report
 
 
-def load_report(out: str | Path) -> ValidationReport:
-    """A finished validation's report from its validation.json (without the CDF data)."""
-    import json
-
-    path = Path(out) / "validation.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"{path}: not a finished validation ({e})") from None
-    return ValidationReport(data["config"], data["rows"], data["capacity"], data["evidence"], Path(out))
-
-
-def jsonable(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {str(k): jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [jsonable(x) for x in v]
-    if isinstance(v, (np.floating, float)):
-        return float(v) if math.isfinite(v) else None
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, np.bool_):
-        return bool(v)
-    return v
-
-
 # ---- report text ---------------------------------------------------------------------------------------------
-
-
-def _fmt_err(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:+.1f}%"
-
-
-def _fmt_ratio(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.3f}"
-
-
-def _fmt_value(metric: str, v: float | None) -> str:
-    if v is None:
-        return "n/a"
-    if metric.startswith("throughput"):
-        return f"{v:.3g}"
-    return f"{v * 1e3:.3g}" if v < 10 else f"{v:.3g} s"
-
-
-def markdown(report: ValidationReport) -> str:
-    c = report.config
-    lines = [
-        "# Simulator validation against real execution",
-        "",
-        (f"{c['model']} on this CPU ({c['threads'] or 'all'} thread(s), {c['dtype']}), trace {c['trace']} x "
-         f"{c['scale']:g} (lengths), {c['num_requests']} requests, seed {c['seed']}; cost model `{c['cost']}`."),
-        (f"Capacity SLO: {c['slo_text']}. Loads are fractions of the simulated capacity. Errors are "
-         "(predicted - measured) / measured"
-         + (f"; measured values are medians of {c['repeats']} real runs (spread below)." if c.get("repeats", 1) > 1
-            else ".")),
-        (f"Load average {c['loadavg_start']} at the start, {c.get('loadavg_end')} at the end; "
-         f"{c.get('wall_s')} s in all; {c['date']}."),
-        "",
-        "## Capacity (QPS)",
-        "",
-    ]
-    real_cap = any("real_qps" in v for v in report.capacity.values())
-    head = ["policy", "simulated"] + (["real", "real: first failing", "error", "real probes"] if real_cap else [])
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for p, v in report.capacity.items():
-        cells = [p, f"{v['sim_qps']:.4g}"]
-        if real_cap:
-            fail = v.get("real_fail_qps")
-            cells += [f"{v.get('real_qps', 0):.4g}", "none" if fail is None else f"{fail:.4g}",
-                      _fmt_err(v.get("error_pct")), str(len(v.get("real_probes", [])))]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## Latency and throughput: measured / predicted (error)", "",
-              "Latencies in ms; throughput in requests/s and output tokens/s.", ""]
-    head = ["policy", "load", "QPS"] + [metric_label(m) for m in METRICS]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in report.rows:
-        cells = [r["policy"], f"{r['load']:g}", f"{r['qps']:.3g}"]
-        for m in METRICS:
-            cells.append(f"{_fmt_value(m, r[f'{m}_real'])} / {_fmt_value(m, r[f'{m}_sim'])} "
-                         f"({_fmt_err(r[f'{m}_err_pct'])})")
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## Errors at the machine's speed during the runs", "",
-              ("The twin simulated again with every iteration time multiplied by the real runs' busy time over "
-               "their repriced busy time (the machine's speed then, relative to the profile; per-iteration "
-               "evidence below). What remains is the error of the scheduling and queueing model and of the "
-               "cost model's shape, not the machine's drift."), "",
-              "| policy | load | speed factor | " + " | ".join(metric_label(m) for m in METRICS[:9]) + " |",
-              "|" + "---|" * 12]
-    for r in report.rows:
-        lines.append(f"| {r['policy']} | {r['load']:g} | {_fmt_ratio(r['busy_ratio_real_over_repriced'])} | "
-                     + " | ".join(_fmt_err(r.get(f"{m}_adj_err_pct")) for m in METRICS[:9]) + " |")
-    if c.get("repeats", 1) > 1:
-        spread = ("ttft_p50", "tbt_p50", "e2e_p50", "tbt_p99", "throughput_rps")
-        lines += ["", f"## Run-to-run spread: min - max over {c['repeats']} real runs", "",
-                  "| policy | load | " + " | ".join(metric_label(m) for m in spread) + " | P50 TBT max / min |",
-                  "|" + "---|" * (len(spread) + 3)]
-        for r in report.rows:
-            lo, hi = r["tbt_p50_real_min"], r["tbt_p50_real_max"]
-            lines.append(f"| {r['policy']} | {r['load']:g} | " + " | ".join(
-                f"{_fmt_value(m, r[f'{m}_real_min'])} - {_fmt_value(m, r[f'{m}_real_max'])}" for m in spread)
-                + f" | {_fmt_ratio(hi / lo if lo and hi else None)} |")
-    lines += ["", "## Per-iteration evidence", "",
-              ("The real run's iterations replayed through its policy and priced by the cost model (per real run: "
-               "means over the repeats) "
-               "(*repriced*: the same plans); *sim*: the twin simulation's own iterations. *between*: measured "
-               "time between back-to-back iterations (sampling, bookkeeping), which the simulator does not "
-               "model; *non-forward*: time inside the logged iterations outside the forward pass (draining "
-               "arrivals, scheduling, inputs). Per kind: measured / predicted total (iterations)."),
-              "",
-              ("Decode excess: least squares of (measured - predicted) of decode-only iterations on a constant "
-               "and the decode rows (ms per row). Other CPU: the share of the machine other processes used "
-               "during the real run (it slows the real run, not the simulation)."),
-              "",
-              ("| policy | load | iterations real / sim | replayed | busy real s | repriced s | real / repriced "
-               "| sim s | real / sim | between s (mean ms) | non-forward s | per kind | decode excess | other CPU |"),
-              "|" + "---|" * 14]
-    by_key = {(r["policy"], r["load"]): r for r in report.rows}
-    for e in report.evidence:
-        r = by_key[(e["policy"], e["load"])]
-        kinds = "; ".join(f"{k} {v['ratio_total']:.2f} ({v['n']})" for k, v in sorted(e["kinds"].items()))
-        between = (f"{e['real_between_s']:.2f} ({e['real_between_mean_s'] * 1e3:.2f})"
-                   if e["real_between_mean_s"] is not None else "0")
-        nonfwd = "n/a" if e["real_in_iteration_overhead_s"] is None else f"{e['real_in_iteration_overhead_s']:.2f}"
-        other = "n/a" if r["foreign_cpu_share"] is None else f"{r['foreign_cpu_share']:.0%}"
-        x = e.get("decode_excess")
-        excess = "n/a" if x is None else f"{x['const_ms']:+.2f} ms {x['per_row_ms']:+.3f} ms/row"
-        lines.append(
-            f"| {e['policy']} | {e['load']:g} | {e['iterations'] / e.get('repeats', 1):.0f} / {e['sim_iterations']} | "
-            f"{e['replay_matched']}/{e['iterations']} | {e['real_busy_s']:.2f} | {e['repriced_busy_s']:.2f} | "
-            f"{_fmt_ratio(e['busy_ratio_real_over_repriced'])} | {e['sim_busy_s']:.2f} | "
-            f"{_fmt_ratio(e['busy_ratio_real_over_sim'])} | {between} | {nonfwd} | {kinds} | {excess} | {other} |")
-    bad = [r for r in report.rows if not r["identical_requests"]]
-    lines += ["", "Identical requests (ids, lengths, arrivals) in every real run and its twin: "
-              + ("yes" if not bad else "NO for " + ", ".join(f"{r['policy']}@{r['load']:g}" for r in bad)), ""]
-    return "\n".join(lines)
 
 
 # ---- figure ----------------------------------------------------------------------------------------------------
 
 
-def _hist_cdf(gaps: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(values, cumulative fraction) of a GapHistogram (bin centres)."""
-    idx = np.nonzero(gaps.counts)[0]
-    if len(idx) == 0:
-        return np.empty(0), np.empty(0)
-    x = 10 ** (gaps.LOW_EXP + (idx + 0.5) / gaps.PER_DECADE)
-    y = np.cumsum(gaps.counts[idx]) / gaps.counts[idx].sum()
-    return x, y
-
-
-def _ecdf(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    v = np.sort(np.asarray(v, dtype=float))
-    return v, np.arange(1, len(v) + 1) / max(len(v), 1)
-
-
-def cdf_figure(report: ValidationReport, path: Path) -> None:
-    """Measured (solid) and predicted (dashed) CDFs of TTFT and TBT: one row per policy, one column per
-    metric and load."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    from sim.output import atomic_write
-
-    policies = list(dict.fromkeys(p.policy for p in report.pairs))
-    loads = list(dict.fromkeys(p.load for p in report.pairs))
-    cols = [(m, load) for m in ("TTFT", "TBT") for load in loads]
-    nr, nc = max(len(policies), 1), max(len(cols), 1)
-    fig, axes = plt.subplots(nr, nc, figsize=(3.4 * nc + 0.6, 2.5 * nr + 0.9), squeeze=False,
-                             constrained_layout=True)
-    pairs = {(p.policy, p.load): p for p in report.pairs}
-    rows = {(r["policy"], r["load"]): r for r in report.rows}
-    for i, policy in enumerate(policies):
-        for j, (metric, load) in enumerate(cols):
-            ax = axes[i][j]
-            pair = pairs.get((policy, load))
-            if pair is None:
-                ax.set_visible(False)
-                continue
-            if metric == "TTFT":
-                (xr, yr), (xs, ys) = _ecdf(pair.real_ttft), _ecdf(pair.sim_ttft)
-                key = "ttft_p50"
-            else:
-                (xr, yr), (xs, ys) = _hist_cdf(pair.real_gaps), _hist_cdf(pair.sim_gaps)
-                key = "tbt_p50"
-            ax.step(xr * 1e3, yr, where="post", color="C0", lw=1.6, label="measured")
-            ax.step(xs * 1e3, ys, where="post", color="C3", lw=1.4, ls="--", label="predicted")
-            ax.set_xscale("log")
-            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.xaxis.set_minor_formatter(NullFormatter())
-            ax.set_ylim(0, 1.02)
-            ax.grid(True, which="both", alpha=0.3)
-            ax.tick_params(labelsize=8)
-            r = rows[(policy, load)]
-            note = "" if metric == "TTFT" or pair.replay_complete else " (replay partial)"
-            ax.set_title(f"{policy}: {metric} @ load {load:g} ({r['qps']:.3g} QPS)\nP50 error "
-                         f"{_fmt_err(r[key + '_err_pct'])}{note}", fontsize=9)
-            if i == nr - 1:
-                ax.set_xlabel(f"{metric} (ms)", fontsize=9)
-            if j == 0:
-                ax.set_ylabel("fraction", fontsize=9)
-    axes[0][0].legend(fontsize=8, loc="lower right")
-    c = report.config
-    fig.suptitle(f"measured (solid) vs predicted (dashed) CDFs\n{c['model']} on CPU, {c['trace']} x "
-                 f"{c['scale']:g}, {c['num_requests']} requests per run", fontsize=11)
-    atomic_write(path, lambda p: fig.savefig(p, dpi=100, format="png"))
-    plt.close(fig)

@@ -264,7 +264,8 @@ def validate(
 
     Example: simctl validate --policy vllm,sarathi --loads 0.5,0.7 --out out/validate
     """
-    from engine.validate import markdown, validate_main
+    from engine.report import markdown
+    from engine.validate import validate_main
     from sim.gpus import get_gpu
     from sim.run import default_cost_path
 

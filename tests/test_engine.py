@@ -72,8 +72,8 @@ CASES = [(name, {}) for name in POLICIES] + [
 ]
 
 
-def serve(model, policy_name: str, requests: list[Request], on_iteration=None, **options):
-    config = RealConfig(policy=policy_name, model=MODEL, seed=SEED, options=options)
+def serve(model, policy_name: str, requests: list[Request], on_iteration=None, kv_capacity=None, **options):
+    config = RealConfig(policy=policy_name, model=MODEL, seed=SEED, options=options, kv_capacity=kv_capacity)
     size = size_run(config, requests, SPEC.kv_bytes_per_token(4), 1 << 30)
     policy = sized_policy(config, size)
     executor = RaggedExecutor(model, size.kv_slots, size.kv_slot_tokens)

@@ -13,7 +13,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from common.errors import InputError
-from engine.validate import METRICS, rescore, search_qps, validate_main
+from engine.report import METRICS
+from engine.validate import rescore, search_qps, validate_main
 from policies.plan import BatchPlan
 from sim.capacity import SLO
 from sim.cost.base import CostModel

@@ -1,0 +1,108 @@
+"""The simulator's twin of a real CPU run: the setup every run of a validation shares, the summary a real
+run at a rate would record (its requests and KV sizing) without running it, its simulation, and the cost
+model it is priced with."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from common.errors import InputError
+
+DEFAULT_TRACE = "sharegpt"
+DEFAULT_SCALE = 0.05  # sharegpt x 0.05: median prompt ~80 tokens, output ~20; a real run takes ~10-30 s here
+DEFAULT_NUM_REQUESTS = 300  # see the module docstring: fewer, and the default SLO never binds
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every run of one validation shares (the real runs' options)."""
+
+    trace: str = DEFAULT_TRACE
+    model: str = "tiny"
+    num_requests: int = DEFAULT_NUM_REQUESTS
+    scale: float = DEFAULT_SCALE
+    seed: int = 0
+    threads: int | None = None
+    dtype: str = "float32"
+
+    def real_config(self, policy: str, qps: float) -> Any:
+        from engine.real import RealConfig
+
+        return RealConfig(policy=policy, trace=self.trace, model=self.model, device="cpu", qps=qps,
+                          num_requests=self.num_requests, scale=self.scale, seed=self.seed, dtype=self.dtype,
+                          threads=self.threads)
+
+
+
+def real_dirs(run_dir: Path, repeats: int) -> list[Path]:
+    """Where the real runs of one policy and load go: `real/`, then `real_2/`, `real_3/`, ..."""
+    return [run_dir / "real"] + [run_dir / f"real_{k}" for k in range(2, repeats + 1)]
+
+
+
+def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
+    """The summary fields `engine.real.twin_inputs` reads, as a real CPU run of `policy` at `qps` would
+    record them (its requests and its KV sizing), without running it."""
+    from engine.real import CPU_KV_BYTES, size_run, sized_policy
+    from sim.cost.fitted import dtype_bytes_of
+    from sim.models import get_model
+    from traces import build_trace
+
+    config = setup.real_config(policy, qps)
+    requests = build_trace(config.trace, config.num_requests, qps, config.seed, arrival=config.arrival,
+                           cv=config.cv, scale=config.scale)
+    spec = get_model(config.model)
+    size = size_run(config, requests, spec.kv_bytes_per_token(dtype_bytes_of(config.dtype)), CPU_KV_BYTES)
+    probe = sized_policy(config, size)
+    return {**asdict(config), "kv_capacity_tokens": size.kv_capacity, "max_seq_len": size.max_seq_len,
+            **probe.settings.as_dict()}
+
+
+
+def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], Any]:
+    """The simulator's prediction of the run `summary` describes (a real run's, or `twin_summary`'s):
+    (its summary, its SimResult)."""
+    from engine.real import twin_inputs
+    from sim.metrics import summarize
+    from sim.simulate import simulate
+
+    requests, policy = twin_inputs(summary)
+    result = simulate(requests, policy, cost, max_waiting=max(1000, len(requests) // 2))
+    keep = ("policy", "trace", "model", "qps", "scale", "seed", "arrival", "cv", "max_seq_len")
+    s = {"mode": "sim", **{k: summary.get(k) for k in keep}, **policy.settings.as_dict(), **summarize(result)}
+    return s, result
+
+
+
+def load_cost(cost: Any, model: str) -> Any:
+    """The cost model to validate: a fitted cost_model.json (checked against `model`), or a `CostModel`
+    object as is (programmatic use, tests)."""
+    from sim.cost.base import CostModel
+    from sim.cost.fitted import Fitted
+    from sim.models import get_model
+
+    if isinstance(cost, CostModel):
+        fitted = cost
+    else:
+        if cost is None or not str(cost).strip():
+            raise InputError("--cost: give the fitted cost model (cost_model.json) of this machine")
+        fitted = Fitted.load(cost)
+    if hasattr(fitted, "check_model"):
+        fitted.check_model(get_model(model))
+    return fitted
+
+
+
+def cost_name(cost: Any) -> str:
+    from sim.cost.base import CostModel
+
+    return repr(cost) if isinstance(cost, CostModel) else str(cost)
+
+
+
+def cost_meta(cost: Any) -> dict[str, Any]:
+    meta = getattr(cost, "meta", None) or {}
+    return {k: meta.get(k) for k in ("device_name", "threads", "date", "grid")}
+
