@@ -326,14 +326,18 @@ class Fitted(CurveTables, CostModel):
     def tiled(self, n: int) -> int:
         return tiled(n, self.tile)
 
-    def _terms(self, plan: BatchPlan) -> tuple[float, float, float, float, float, float]:
-        """The formula, written once: overhead, linear layers, LM head, prefill attention, decode padding and
-        the decode rows' fixed cost (the rows' KV curve, the one term a decode stretch changes, is priced by
-        `iteration_time` / `decode_stretch_times` on top)."""
+    def _fixed(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
+        """The formula, written once: everything but the decode rows' KV curve (the one term a decode stretch
+        changes), summed in one fixed order. `terms`, if given, receives each term (`breakdown`)."""
+        t = self._ovh
+        linear = lm_head = prefill = pad = 0.0
         T, r = plan.linear_tokens, plan.sampled_tokens
-        linear = self._lin(tiled(T, self.tile)) if T > 0 else 0.0
-        lm_head = self._lm(tiled(r, self.tile)) if r > 0 else 0.0
-        prefill = 0.0
+        if T > 0:
+            linear = self._lin(tiled(T, self.tile))
+            t += linear
+        if r > 0:
+            lm_head = self._lm(tiled(r, self.tile))
+            t += lm_head
         if plan.prefill_q:
             units2 = 0  # 2 x sum q (c + q/2), exact in integers
             kv = 0
@@ -341,13 +345,15 @@ class Fitted(CurveTables, CostModel):
                 units2 += q * (2 * c + q)
                 kv += c + q
             prefill = self._pa_unit * (0.5 * units2) + self._pa_kv * kv + self._pa_seg * len(plan.prefill_q)
-        pad = self._dpad * decode_pad_kv(plan) if self._dpad and plan.decode_rows > 1 else 0.0
-        return self._ovh, linear, lm_head, prefill, pad, self._drow * plan.decode_rows
-
-    def _fixed(self, plan: BatchPlan) -> float:
-        """Everything but the decode rows' KV curve, summed in one fixed order."""
-        overhead, linear, lm_head, prefill, pad, rows = self._terms(plan)
-        return overhead + linear + lm_head + prefill + pad + rows
+            t += prefill
+        if self._dpad and plan.decode_rows > 1:
+            pad = self._dpad * decode_pad_kv(plan)
+            t += pad
+        rows = self._drow * plan.decode_rows
+        if terms is not None:
+            terms.update(overhead=self._ovh, linear=linear, lm_head=lm_head, prefill_attention=prefill,
+                         decode_attention=rows + pad)
+        return t + rows
 
     def iteration_time(self, plan: BatchPlan) -> float:
         rows = plan.decode_rows
@@ -367,10 +373,12 @@ class Fitted(CurveTables, CostModel):
 
     def breakdown(self, plan: BatchPlan) -> dict[str, float]:
         """The terms of `iteration_time(plan)` in seconds (reports and tests; not on the hot path)."""
-        overhead, linear, lm_head, prefill, pad, rows = self._terms(plan)
+        terms: dict[str, float] = {}
+        self._fixed(plan, terms)
         n = plan.decode_rows
-        return {"overhead": overhead, "linear": linear, "lm_head": lm_head, "prefill_attention": prefill,
-                "decode_attention": rows + (n * self._dec(plan.decode_kv / n) if n > 0 else 0.0) + pad}
+        if n > 0:
+            terms["decode_attention"] += n * self._dec(plan.decode_kv / n)
+        return terms
 
     # ---- the model it was fitted for -------------------------------------------------------------------
     def check_model(self, model: ModelSpec | str) -> None:

@@ -155,34 +155,35 @@ class Roofline(CostModel):
         """Rows a GEMM over `n` rows pays for: n up to one tile, else n rounded up to the tile."""
         return tiled(n, self.tile)
 
-    def _terms(self, plan: BatchPlan) -> tuple[float, float, float, float, list[float]]:
-        """The formula, written once: overhead, linear layers, all-reduce, LM head and each prefill segment's
-        attention (decode attention, the one term a decode stretch changes, is `decode_kv * _dkv`)."""
+    def _fixed(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
+        """The formula, written once: everything but decode attention (the one term a decode stretch
+        changes, `decode_kv * _dkv`), summed in one fixed order so a stretch prices as stepping does.
+        `terms`, if given, receives each term (`breakdown`); the hot path passes none."""
+        t = self.overhead_s
+        linear = allreduce = lm_head = attention = 0.0
         T, r = plan.linear_tokens, plan.sampled_tokens
-        linear = allreduce = lm_head = 0.0
         if T > 0:
             c = self._lin_c * tiled(T, self.tile)
             linear = math.sqrt(c * c + self._lin_m * self._lin_m)
+            t += linear
             if self._ar_tok:
                 allreduce = self._ar_tok * T + self._ar_fixed
+                t += allreduce
         if r > 0:
             c = self._lm_c * tiled(r, self.tile)
             lm_head = math.sqrt(c * c + self._lm_m * self._lm_m)
-        segments = []
+            t += lm_head
         if plan.prefill_q:
             pc, pm = self._pa_c, self._pa_m
             for q, ctx in zip(plan.prefill_q, plan.prefill_c):
                 c = pc * q * (ctx + 0.5 * q)
                 m = pm * (ctx + q)
-                segments.append(math.sqrt(c * c + m * m))
-        return self.overhead_s, linear, allreduce, lm_head, segments
-
-    def _fixed(self, plan: BatchPlan) -> float:
-        """Everything but decode attention, summed in one fixed order (so a stretch prices as stepping does)."""
-        overhead, linear, allreduce, lm_head, segments = self._terms(plan)
-        t = overhead + linear + allreduce + lm_head
-        for a in segments:
-            t += a
+                a = math.sqrt(c * c + m * m)
+                t += a
+                attention += a
+        if terms is not None:
+            terms.update(overhead=self.overhead_s, linear=linear, allreduce=allreduce, lm_head=lm_head,
+                         prefill_attention=attention)
         return t
 
     def iteration_time(self, plan: BatchPlan) -> float:
@@ -196,9 +197,10 @@ class Roofline(CostModel):
 
     def breakdown(self, plan: BatchPlan) -> dict[str, float]:
         """The terms of `iteration_time(plan)` in seconds (for reports and tests; not on the hot path)."""
-        overhead, linear, allreduce, lm_head, segments = self._terms(plan)
-        return {"overhead": overhead, "linear": linear, "allreduce": allreduce, "lm_head": lm_head,
-                "prefill_attention": sum(segments, 0.0), "decode_attention": plan.decode_kv * self._dkv}
+        terms: dict[str, float] = {}
+        self._fixed(plan, terms)
+        terms["decode_attention"] = plan.decode_kv * self._dkv
+        return terms
 
     # ---- memory --------------------------------------------------------------------------------------
     def kv_capacity_tokens(self) -> int:
