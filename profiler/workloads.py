@@ -20,8 +20,8 @@ them, so a model fitted on profile.csv can price any plan:
 | q, c | a representative chunk and context (prefill: longest q and its c; decode: 1, longest context) |
 | reps, time_s, time_p10_s, time_p90_s | repetitions used, their median and 10th/90th percentile seconds (which repetitions: `profiler/worker.py`) |
 
-decode_pad_kv is computed from a plan by `sim.cost.fitted.decode_pad_kv(plan)` (from its decode sequences'
-contexts) rather than stored in it.
+Every shape builds its plan with the policies' plan builders (`Shape.plan`) and its columns come from
+`sim.cost.features.plan_features(plan)`: the features exist in one place.
 
 Grids (`GRID_NAMES`): `full` (a CPU profile of `tiny` in under 5 minutes), `quick` (under a minute) and `test`
 (seconds, for the test suite). All cap token positions at the model's `max_position` and skip shapes whose KV
@@ -50,6 +50,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+
+from policies.plan import BatchPlan
+from policies.plan import hybrid as hybrid_plan
+from policies.plan import padded_decode as padded_decode_plan
+from policies.plan import padded_prefill as padded_prefill_plan
+from policies.seq import Seq
+from sim.cost.features import plan_features
 
 Kind = Literal["prefill", "decode", "hybrid", "padded_prefill", "padded_decode"]
 KINDS: tuple[str, ...] = ("prefill", "decode", "hybrid", "padded_prefill", "padded_decode")
@@ -104,24 +111,27 @@ class Shape:
         """Token positions of the KV slab an executor for this shape allocates."""
         return self.slots * self.max_len
 
-    def features(self) -> dict[str, object]:
-        segs = self.segs
+    def plan(self) -> BatchPlan:
+        """The batch this shape is, built by the policies' plan builders (a request stands in for each
+        segment), so its features are the ones the simulator prices."""
         if self.kind == "padded_prefill":
-            B, L = len(segs), self.length
-            return _row(self.kind, B, B * L, sum(s.sample for s in segs), B, B * L * (L / 2), B * L, 0, 0, 0, L,
-                        0)
+            return padded_prefill_plan([Seq(i, 0.0, s.q, 10) for i, s in enumerate(self.segs)])
         if self.kind == "padded_decode":
-            B = len(segs)
-            kv = self.kv_len or max(s.c for s in segs) + 1
-            return _row(self.kind, B, B, sum(s.sample for s in segs), 0, 0.0, 0, B, B * kv, 0, 1, kv - 1)
-        pre = [s for s in segs if not s.decode]
-        dec = [s for s in segs if s.decode]
-        rep = max(pre, key=lambda s: (s.q, s.c)) if pre else None
-        kv = sum(s.c + 1 for s in dec)
-        pad = len(dec) * (max(s.c for s in dec) + 1) - kv if dec else 0
-        return _row(self.kind, len(segs), sum(s.q for s in segs), sum(s.sample for s in segs), len(pre),
-                    float(sum(s.q * (s.c + s.q / 2) for s in pre)), sum(s.c + s.q for s in pre),
-                    len(dec), kv, pad, rep.q if rep else 1, rep.c if rep else max(s.c for s in dec))
+            seqs = [_decoding(i, s.c) for i, s in enumerate(self.segs)]
+            return padded_decode_plan(seqs, len(seqs), self.kv_len or max(s.c for s in self.segs) + 1)
+        decodes = [_decoding(i, s.c) for i, s in enumerate(self.segs) if s.decode]
+        prefills = [(_prefilling(i, s.q, s.c, s.sample), s.q) for i, s in enumerate(self.segs) if not s.decode]
+        return hybrid_plan(decodes, [s for s, _ in prefills], [q for _, q in prefills])
+
+    def features(self) -> dict[str, object]:
+        plan = self.plan()
+        if self.padded:  # the representative chunk and context: a padded row
+            q, c = (self.length, 0) if self.kind == "padded_prefill" else (1, plan.kv_len - 1)
+        else:
+            pre = [s for s in self.segs if not s.decode]
+            rep = max(pre, key=lambda s: (s.q, s.c)) if pre else None
+            q, c = (rep.q, rep.c) if rep else (1, max(s.c for s in self.segs))
+        return {"kind": self.kind, **plan_features(plan), "q": q, "c": c}
 
     def label(self) -> str:
         f = self.features()
@@ -135,13 +145,19 @@ class Shape:
         return f"{self.kind} B={f['batch_size']} kv={f['decode_kv']}"
 
 
-def _row(kind: str, batch_size: int, linear: int, sampled: int, segments: int, attn_units: float, attn_kv: int,
-         decode_rows: int, decode_kv: int, decode_pad_kv: int, q: int, c: int) -> dict[str, object]:
-    return {"kind": kind, "batch_size": int(batch_size), "linear_tokens": int(linear),
-            "sampled_tokens": int(sampled), "num_segments": int(segments), "attn_units": float(attn_units),
-            "attn_kv_tokens": int(attn_kv), "decode_rows": int(decode_rows), "decode_kv": int(decode_kv),
-            "decode_pad_kv": int(decode_pad_kv),
-            "q": int(q), "c": int(c)}
+def _decoding(i: int, context: int) -> Seq:
+    """A request decoding with `context` tokens cached (its next step reads context + 1)."""
+    s = Seq(i, 0.0, context, 10 ** 6)
+    s.advance(context)
+    return s
+
+
+def _prefilling(i: int, q: int, c: int, sample: bool) -> Seq:
+    """A request with c tokens cached whose next q prompt tokens end its prompt (sampled) or do not."""
+    s = Seq(i, 0.0, c + q + (0 if sample else 5), 10)
+    if c:
+        s.advance(c)
+    return s
 
 
 # ---- shape builders -----------------------------------------------------------------------------------------

@@ -35,7 +35,8 @@ from profiler.fit import (
     plans_from_rows,
 )
 from sim.cost import Fitted, Roofline
-from sim.cost.fitted import COEFFICIENTS, decode_pad_kv, pwl_array
+from sim.cost.features import decode_pad_kv
+from sim.cost.fitted import COEFFICIENTS, pwl_array
 from sim.models import get_model
 
 TINY = get_model("tiny")

@@ -24,15 +24,10 @@ pytest.importorskip("transformers")
 from common.errors import InputError
 from executor.model import build_model, reference_model
 from executor.ragged import RaggedExecutor, Segment
-from policies.plan import hybrid as plan_hybrid
-from policies.plan import padded_decode as plan_padded_decode
-from policies.plan import padded_prefill as plan_padded_prefill
-from policies.seq import Seq
 from profiler.profile import profile
 from profiler.timing import CpuMonitor, summarize, time_fn
 from profiler.worker import Block, select_blocks
-from profiler.workloads import COLUMNS, KINDS, build_grid
-from sim.cost.fitted import decode_pad_kv
+from profiler.workloads import COLUMNS, KINDS, build_grid, decode_mixed, hybrid, padded_decode
 from sim.models import get_model
 
 ATOL = 1e-5
@@ -154,43 +149,33 @@ def test_executor_rejects_bad_segments(models):
         RaggedExecutor(reference_model(model), 1, 8)  # not the ragged attention
 
 
-def _decode_seq(i: int, context: int) -> Seq:
-    s = Seq(i, 0.0, context, 10 ** 6)
-    s.advance(context)
-    return s
-
-
-def _chunk_seq(i: int, q: int, c: int, sample: bool) -> Seq:
-    s = Seq(i, 0.0, c + q + (0 if sample else 5), 10)
-    if c:
-        s.advance(c)
-    return s
-
-
-def _plan_features(plan) -> dict:
-    return {"batch_size": len(plan.seqs), "linear_tokens": plan.linear_tokens,
-            "sampled_tokens": plan.sampled_tokens, "num_segments": len(plan.prefill_q),
-            "attn_units": float(sum(q * (c + q / 2) for q, c in zip(plan.prefill_q, plan.prefill_c))),
-            "attn_kv_tokens": sum(q + c for q, c in zip(plan.prefill_q, plan.prefill_c)),
-            "decode_rows": plan.decode_rows, "decode_kv": plan.decode_kv, "decode_pad_kv": decode_pad_kv(plan)}
-
-
-def test_profile_features_are_the_batch_plan_fields():
-    """Every shape of the full grid is described exactly as policies/plan.py describes the same batch."""
+def test_every_profiled_shape_is_a_plan_with_its_execution_shape():
+    """Each shape of the full grid is built by the policies' plan builders (its features come from that plan),
+    and the plan executes exactly the shape the profiler times."""
     grid = build_grid("full", 2048)
     assert {s.kind for s in grid.shapes} == set(KINDS)
     for shape in grid.shapes:
+        plan = shape.plan()
+        assert plan.rows == len(shape.segs), shape.label()
         if shape.kind == "padded_prefill":
-            plan = plan_padded_prefill([Seq(i, 0.0, s.q, 10) for i, s in enumerate(shape.segs)])
+            assert plan.row_len == shape.length and plan.linear_tokens == len(shape.segs) * shape.length
         elif shape.kind == "padded_decode":
-            seqs = [_decode_seq(i, s.c) for i, s in enumerate(shape.segs)]
-            plan = plan_padded_decode(seqs, rows=len(seqs), kv_len=shape.kv_len)
+            assert plan.row_len == 1 and plan.kv_len == shape.kv_len
         else:
-            dec = [_decode_seq(i, s.c) for i, s in enumerate(shape.segs) if s.decode]
-            pre = [(_chunk_seq(i, s.q, s.c, s.sample), s.q) for i, s in enumerate(shape.segs) if not s.decode]
-            plan = plan_hybrid(dec, [s for s, _ in pre], [q for _, q in pre])
-        f = shape.features()
-        assert {k: f[k] for k in _plan_features(plan)} == _plan_features(plan), shape.label()
+            ordered = [s for s in shape.segs if s.decode] + [s for s in shape.segs if not s.decode]
+            assert plan.sampling() == [s.sample for s in ordered], shape.label()
+            assert plan.num_new == [s.q for s in ordered]
+
+
+def test_shape_features_by_hand():
+    f = hybrid(3, 100, 64, 1000).features()  # 3 decodes at context 100 + a mid-prompt chunk of 64 on 1000
+    assert f == {"kind": "hybrid", "batch_size": 4, "linear_tokens": 67, "sampled_tokens": 3, "num_segments": 1,
+                 "attn_units": 64 * (1000 + 32), "attn_kv_tokens": 1064, "decode_rows": 3, "decode_kv": 303,
+                 "decode_pad_kv": 0, "q": 64, "c": 1000}
+    f = padded_decode([10, 40], kv_len=50).features()
+    assert (f["decode_rows"], f["decode_kv"], f["decode_pad_kv"], f["c"]) == (2, 100, 0, 49)
+    f = decode_mixed([10, 40]).features()  # ragged: padding to the longest row (41) counted apart
+    assert (f["decode_kv"], f["decode_pad_kv"]) == (11 + 41, 2 * 41 - 52)
 
 
 def test_time_fn_and_summary():

@@ -85,8 +85,9 @@ from typing import Any
 import numpy as np
 
 from common.errors import InputError
-from policies.plan import BatchPlan, Layout
+from policies.plan import BatchPlan
 from sim.cost.base import CostModel, tiled
+from sim.cost.features import decode_pad_kv
 from sim.cost.roofline import DEFAULT_ACTIVATION_RESERVE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION
 from sim.gpus import GiB
 from sim.models import ModelSpec
@@ -198,17 +199,6 @@ def pwl_array(x: np.ndarray, knots: Sequence[tuple[float, float]]) -> np.ndarray
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
         v = v + np.maximum(x - xs[-1], 0.0) * slope
     return np.where(x > 0, v, 0.0)
-
-
-def decode_pad_kv(plan: BatchPlan) -> int:
-    """KV tokens of padding to the longest decode row: decode_rows x (longest context + 1) - decode_kv, for a
-    ragged plan that lists its decode sequences (first in `plan.seqs`, as every builder puts them); 0 for
-    padded layouts (their decode_kv already counts the padding) and for plans without the sequences."""
-    n = plan.decode_rows
-    if n <= 1 or plan.layout is Layout.PADDED or len(plan.seqs) < n:
-        return 0
-    longest = max(s.computed for s in plan.seqs[:n])
-    return max(n * (longest + 1) - plan.decode_kv, 0)
 
 
 def predict_arrays(coef: dict[str, float] | np.ndarray, curves: dict[str, Sequence[tuple[float, float]]],
