@@ -325,7 +325,8 @@ def fit(
 
     Example: simctl fit profiles/cpu, then simctl run --gpu cpu --model tiny --cost profiles/cpu/cost_model.json
     """
-    from profiler.fit import fit_profile, format_report
+    from profiler.fit import fit_profile
+    from profiler.fit_report import format_report
 
     report = fit_profile(profile_dir, out=out, holdout=holdout, seed=seed, roofline_gpu=roofline_gpu)
     print(format_report(report))

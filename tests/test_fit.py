@@ -25,16 +25,12 @@ import pytest
 from common.errors import InputError
 from policies.plan import BatchPlan, Layout, packed, padded_decode, padded_prefill
 from policies.seq import Seq
-from profiler.fit import (
-    COST_MODEL_FILE,
-    PROFILE_COLUMNS,
-    choose_knots,
-    fit_profile,
-    format_report,
-    load_roofline_calibration,
-    plans_from_rows,
-)
+from profiler.fit import COST_MODEL_FILE, choose_knots, fit_profile
+from profiler.fit_report import format_report
+from profiler.fit_roofline import plans_from_rows
+from profiler.profile_data import PROFILE_COLUMNS
 from sim.cost import Fitted, Roofline
+from sim.cost.calibration import load_roofline_calibration
 from sim.cost.features import decode_pad_kv
 from sim.cost.fitted import COEFFICIENTS, pwl_array
 from sim.models import get_model
