@@ -72,8 +72,7 @@ def merge_replays(reps: list[Replay]) -> Replay:
 
     gaps = GapHistogram()
     for r in reps:
-        gaps.counts += r.gaps.counts
-        gaps.total += r.gaps.total
+        gaps.merge(r.gaps)
     frame = pd.concat([r.frame.assign(repeat=k) for k, r in enumerate(reps, 1)], ignore_index=True)
     return Replay(frame, gaps, sum(r.matched for r in reps), sum(r.total for r in reps),
                   sum(r.between_s for r in reps), sum(r.between_n for r in reps))

@@ -67,21 +67,42 @@ class GapHistogram:
     LOW_EXP, HIGH_EXP = -7, 5
 
     def __init__(self) -> None:
-        self.counts = np.zeros((self.HIGH_EXP - self.LOW_EXP) * self.PER_DECADE, dtype=np.int64)
+        self._counts = np.zeros((self.HIGH_EXP - self.LOW_EXP) * self.PER_DECADE, dtype=np.int64)
+        self._last = len(self._counts) - 1
+        # gaps added one at a time go to a dict first (bin -> weight) and are folded in when the counts are
+        # read: a numpy scalar update costs several times a dict one, and this runs every iteration
+        self._pending: dict[int, int] = {}
         self.total = 0
+
+    @property
+    def counts(self) -> np.ndarray:
+        pending = self._pending
+        if pending:
+            idx = np.fromiter(pending.keys(), np.int64, len(pending))
+            self._counts[idx] += np.fromiter(pending.values(), np.int64, len(pending))  # distinct bins
+            pending.clear()
+        return self._counts
 
     def _bin(self, gaps: np.ndarray) -> np.ndarray:
         idx = np.floor((np.log10(np.maximum(gaps, 1e-300)) - self.LOW_EXP) * self.PER_DECADE).astype(np.int64)
-        return np.clip(idx, 0, len(self.counts) - 1)
+        return np.clip(idx, 0, self._last)
 
     def add(self, gap: float, weight: int) -> None:
         i = int((math.log10(max(gap, 1e-300)) - self.LOW_EXP) * self.PER_DECADE // 1)
-        self.counts[min(max(i, 0), len(self.counts) - 1)] += weight
+        i = 0 if i < 0 else min(i, self._last)
+        pending = self._pending
+        pending[i] = pending.get(i, 0) + weight
         self.total += weight
 
     def extend(self, gaps: np.ndarray, weight: int) -> None:
-        np.add.at(self.counts, self._bin(gaps), weight)
+        np.add.at(self._counts, self._bin(gaps), weight)
         self.total += weight * len(gaps)
+
+    def merge(self, other: GapHistogram) -> None:
+        """Add another histogram's gaps (e.g. the repeats of one run)."""
+        counts = self.counts
+        counts += other.counts
+        self.total += other.total
 
     def percentiles(self, pcts: tuple[int, ...]) -> list[float | None]:
         """Inverted-CDF percentiles (a value some gap really took, to the bin's resolution)."""
