@@ -14,9 +14,9 @@ pytest.importorskip("transformers")
 
 from common.errors import InputError
 from engine.report import METRICS
-from engine.validate import rescore, search_qps, validate_main
+from engine.validate import rescore, validate_main
 from policies.plan import BatchPlan
-from sim.capacity import SLO
+from sim.capacity import SLO, search_qps
 from sim.cost.base import CostModel
 
 MODEL = "tiny-2l"

@@ -1,0 +1,72 @@
+"""Simulator speed of this tree against another git revision, as ratios measured in one run.
+
+    python bench/compare_speed.py REV [--requests 10000] [--repeats 5]
+
+Checks REV out into a temporary worktree and times the same simulation (sharegpt, Mistral-7B / A100-80GB
+roofline, each policy at the rate bench/sim_speed.py uses: 70% of its capacity there) alternately with REV's
+code and this tree's, each in a fresh process; reports the median simulation-loop seconds of each and their
+ratio. Alternating in one run is what makes the ratio meaningful on a shared, noisy machine: absolute speed
+drifts by x4 between sessions here. Writes bench/results/speed_vs_<REV>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QPS = {  # 70% of each policy's sharegpt capacity (bench/results/sim_speed.json)
+    "faster-transformer": 0.1326, "orca": 1.1375, "vllm": 2.1875, "sarathi": 2.1875,
+    "sarathi-hybrid-only": 2.2312, "sarathi-chunked-only": 2.1219,
+}
+CHILD = ("import json, sys; from sim.run import RunConfig, run; "
+         "r = run(RunConfig(policy=sys.argv[1], trace='sharegpt', qps=float(sys.argv[2]), "
+         "num_requests=int(sys.argv[3]), seed=0)); print(json.dumps(r.summary['sim_wall_s']))")
+
+
+def time_once(tree: Path, policy: str, n: int) -> float:
+    out = subprocess.run([sys.executable, "-c", CHILD, policy, str(QPS[policy]), str(n)], cwd=tree, check=True,
+                         capture_output=True, text=True, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+    return float(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("rev")
+    ap.add_argument("--requests", type=int, default=10_000)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.rev], cwd=ROOT, check=True,
+                       capture_output=True)
+        try:
+            for policy in QPS:
+                times: dict[str, list[float]] = {"base": [], "this": []}
+                for _ in range(args.repeats):
+                    times["base"].append(time_once(base, policy, args.requests))
+                    times["this"].append(time_once(ROOT, policy, args.requests))
+                b, t = statistics.median(times["base"]), statistics.median(times["this"])
+                rows.append((policy, b, t))
+                print(f"{policy:22s} {args.rev}: {b:.3f} s  this: {t:.3f} s  ratio {t / b:.3f}", flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
+    lines = [f"# Simulator speed: this tree vs {args.rev}", "",
+             f"`python bench/compare_speed.py {args.rev} --requests {args.requests} --repeats {args.repeats}`: "
+             "sharegpt, Mistral-7B / A100-80GB roofline, 70% of each policy's capacity; median simulation-loop "
+             "seconds over the repeats, the two trees alternating in fresh processes.", "",
+             f"| policy | {args.rev} s | this s | this / {args.rev} | req/s (this) |", "|---|---|---|---|---|"]
+    lines += [f"| {p} | {b:.3f} | {t:.3f} | {t / b:.3f} | {args.requests / t:,.0f} |" for p, b, t in rows]
+    out = ROOT / "bench" / "results" / f"speed_vs_{args.rev[:12]}.md"
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
