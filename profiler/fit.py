@@ -58,15 +58,8 @@ from profiler.fit_results import ErrorStats, FitReport, RooflineCalibration
 from profiler.fit_roofline import calibrate_roofline
 from profiler.profile_data import load_profile, split_holdout
 from sim.cost.calibration import CALIBRATION_FORMAT
-from sim.cost.fitted import (
-    COEFFICIENTS,
-    CURVES,
-    CurveTables,
-    Fitted,
-    dtype_bytes_of,
-    predict_arrays,
-    tiled_array,
-)
+from sim.cost.curves import CurveTables, tiled_array
+from sim.cost.fitted import COEFFICIENTS, CURVES, Fitted, dtype_bytes_of, predict_arrays
 from sim.gpus import get_gpu
 from sim.output import atomic_write, check_out_dir, json_text, prepare_out_dir
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.cost.fitted import (
-    CurveTables,
-)
+from sim.cost.curves import CurveTables
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,9 @@ from profiler.fit_roofline import plans_from_rows
 from profiler.profile_data import PROFILE_COLUMNS
 from sim.cost import Fitted, Roofline
 from sim.cost.calibration import load_roofline_calibration
+from sim.cost.curves import pwl_array
 from sim.cost.features import decode_pad_kv
-from sim.cost.fitted import COEFFICIENTS, pwl_array
+from sim.cost.fitted import COEFFICIENTS
 from sim.models import get_model
 
 TINY = get_model("tiny")

@@ -75,10 +75,8 @@ from __future__ import annotations
 
 import json
 import math
-from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import fields
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +85,7 @@ import numpy as np
 from common.errors import InputError
 from policies.plan import BatchPlan
 from sim.cost.base import CostModel, tiled
+from sim.cost.curves import Curve, CurveTables, check_knots, is_finite_number, pwl_array, tiled_array
 from sim.cost.features import decode_pad_kv
 from sim.cost.roofline import DEFAULT_ACTIVATION_RESERVE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION
 from sim.gpus import GiB
@@ -153,54 +152,6 @@ def model_spec_from_shape(name: str, shape: dict[str, Any]) -> ModelSpec:
         raise InputError(f"model_shape: {e}") from None
 
 
-def tiled_array(n: np.ndarray, tile: int) -> np.ndarray:
-    """`Roofline.tiled` over an array: n up to one tile, else n rounded up to a multiple of the tile."""
-    n = np.asarray(n, dtype=np.float64)
-    return np.where(n <= tile, n, np.ceil(n / tile) * tile)
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def check_knots(name: str, knots: Any, first: int | None = None) -> list[tuple[int, float]]:
-    """A validated knot table [(n, seconds), ...]: n integers >= 0 strictly increasing, seconds finite,
-    >= 0 and non-decreasing (InputError otherwise). `first`: the n the table must start at."""
-    if not isinstance(knots, (list, tuple)) or not knots:
-        raise InputError(f"{name} must be a non-empty list of [n, seconds] knots")
-    out: list[tuple[int, float]] = []
-    for k in knots:
-        if not isinstance(k, (list, tuple)) or len(k) != 2 or not all(_number(v) for v in k):
-            raise InputError(f"{name}: knot {k!r} is not a pair [n, seconds]")
-        n, s = k
-        if not math.isfinite(n) or n != int(n) or n < 0:
-            raise InputError(f"{name}: knot n = {n!r} must be an integer >= 0")
-        if not math.isfinite(s) or s < 0:
-            raise InputError(f"{name}: knot seconds = {s!r} must be a finite number >= 0")
-        if out and n <= out[-1][0]:
-            raise InputError(f"{name}: knots must have strictly increasing n ({out[-1][0]} then {int(n)})")
-        if out and s < out[-1][1]:
-            raise InputError(f"{name}: seconds must not decrease ({out[-1][1]!r} at n = {out[-1][0]}, then "
-                             f"{s!r} at n = {int(n)})")
-        out.append((int(n), float(s)))
-    if first is not None and out[0][0] != first:
-        raise InputError(f"{name}: the first knot must be at n = {first}, got {out[0][0]}")
-    return out
-
-
-def pwl_array(x: np.ndarray, knots: Sequence[tuple[float, float]]) -> np.ndarray:
-    """The piecewise-linear curve through `knots` at `x` (the last slope beyond the last knot, the first
-    value below the first knot); 0 where x <= 0."""
-    x = np.asarray(x, dtype=np.float64)
-    xs = np.array([k[0] for k in knots], dtype=np.float64)
-    ys = np.array([k[1] for k in knots], dtype=np.float64)
-    v = np.interp(x, xs, ys)
-    if len(xs) > 1:
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-        v = v + np.maximum(x - xs[-1], 0.0) * slope
-    return np.where(x > 0, v, 0.0)
-
-
 def predict_arrays(coef: dict[str, float] | np.ndarray, curves: dict[str, Sequence[tuple[float, float]]],
                    tile: int, linear_tokens, sampled_tokens, attn_units, attn_kv_tokens, num_segments,
                    decode_rows, decode_kv, decode_pad_kv=0) -> np.ndarray:
@@ -220,39 +171,6 @@ def predict_arrays(coef: dict[str, float] | np.ndarray, curves: dict[str, Sequen
             + rows * (c[5] + pwl_array(mean_kv, curves["decode_kv"])))
 
 
-class _Curve:
-    """A knot table prepared for pricing one count at a time (bisect into the knots)."""
-
-    __slots__ = ("slopes", "x0", "xs", "y0", "ys")
-
-    def __init__(self, knots: Sequence[tuple[int, float]]) -> None:
-        self.xs = [k[0] for k in knots]
-        self.ys = [k[1] for k in knots]
-        s = [(y1 - y0) / (x1 - x0) for (x0, y0), (x1, y1) in pairwise(knots)]
-        self.slopes = s + [s[-1] if s else 0.0]  # beyond the last knot: the last segment's slope
-        self.x0, self.y0 = self.xs[0], self.ys[0]
-
-    def __call__(self, x: float) -> float:
-        if x <= self.x0:
-            return self.y0 if x > 0 else 0.0
-        i = bisect_right(self.xs, x) - 1
-        return self.ys[i] + self.slopes[i] * (x - self.xs[i])
-
-
-class CurveTables:
-    """Named access to the knot tables in `curves` (a fitted cost model, and the fitter's reports)."""
-
-    curves: dict[str, list[tuple[int, float]]]
-
-    @property
-    def linear(self) -> list[tuple[int, float]]:
-        return self.curves["linear"]
-
-    @property
-    def lm_head(self) -> list[tuple[int, float]]:
-        return self.curves["lm_head"]
-
-
 class Fitted(CurveTables, CostModel):
     """Prices a `BatchPlan` with coefficients and curves fitted to a profile (see the module docstring)."""
 
@@ -267,7 +185,7 @@ class Fitted(CurveTables, CostModel):
             raise InputError(f"coefficients lack {', '.join(missing)}")
         for k in COEFFICIENTS:
             v = coefficients[k]
-            if not _number(v) or not math.isfinite(v):
+            if not is_finite_number(v) or not math.isfinite(v):
                 raise InputError(f"coefficient {k} must be a finite number, got {v!r}")
             if v < 0:
                 raise InputError(f"coefficient {k} must be >= 0, got {v!r}")
@@ -278,7 +196,7 @@ class Fitted(CurveTables, CostModel):
         missing = [k for k in CURVES if k not in curves]
         if missing:
             raise InputError(f"curves lack {', '.join(missing)}")
-        if memory_bytes is not None and (not _number(memory_bytes) or not memory_bytes > 0
+        if memory_bytes is not None and (not is_finite_number(memory_bytes) or not memory_bytes > 0
                                          or not math.isfinite(memory_bytes)):
             raise InputError(f"memory_bytes must be a positive number or null, got {memory_bytes!r}")
         if dtype_bytes is not None:
@@ -298,9 +216,9 @@ class Fitted(CurveTables, CostModel):
 
         c = self.coefficients
         self._ovh = c["overhead_s"]
-        self._lin = _Curve(self.curves["linear"])
-        self._lm = _Curve(self.curves["lm_head"])
-        self._dec = _Curve(self.curves["decode_kv"])
+        self._lin = Curve(self.curves["linear"])
+        self._lm = Curve(self.curves["lm_head"])
+        self._dec = Curve(self.curves["decode_kv"])
         self._dec_knots = self.curves["decode_kv"]
         self._pa_unit = c["attn_unit_s"]
         self._pa_kv = c["attn_kv_token_s"]
