@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -12,27 +12,15 @@ from rich.table import Table
 
 from common.errors import InputError
 from policies.registry import POLICIES
+from simctl.display import fmt, print_summary
 from simctl.policy_options import with_policy_options
+from simctl.usage_errors import error_types, fail, usage_message
 
 DEFAULT_NUM_REQUESTS = 1000
 COMMANDS = ("run", "capacity", "real", "validate", "profile", "fit", "list")
 
 
-def _error_types() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
-    """Usage-error and abort exception types: typer's (it vendors click) and click's, if click is there."""
-    usage: list[type[BaseException]] = [typer.TyperException] if hasattr(typer, "TyperException") else []
-    aborts: list[type[BaseException]] = [typer.Abort]
-    try:
-        import click
-    except ImportError:
-        pass
-    else:
-        usage.append(click.ClickException)
-        aborts.append(click.exceptions.Abort)
-    return tuple(usage), tuple(aborts)
-
-
-_USAGE_ERRORS, _ABORTS = _error_types()
+_USAGE_ERRORS, _ABORTS = error_types()
 
 app = typer.Typer(
     help="Simulate LLM inference serving: pick a scheduler, trace, model and GPU; get TTFT, TBT, E2E, "
@@ -107,35 +95,7 @@ def run(
     if as_json:
         sys.stdout.write(json_text(result.summary))
     else:
-        _print_summary(result.summary)
-
-
-def _print_summary(s: dict) -> None:
-    console = Console()
-    where = f"{s.get('device_name', s['gpu'])} (measured)" if s.get("mode") == "real" else f"{s['gpu']} x{s['tp']}"
-    head = (f"{s['policy']} on {s['trace']}: {s['model']} / {where}, "
-            f"{_fmt_rate(s['offered_qps'])} QPS offered, {s['completed']}/{s['num_requests']} requests")
-    table = Table(title=head, show_header=True)
-    table.add_column("metric")
-    for p in ("p50", "p90", "p99"):
-        table.add_column(p, justify="right")
-    for name in ("ttft", "tbt", "e2e", "sched_delay"):
-        table.add_row(f"{name} (s)", *(_fmt(s.get(f"{name}_{p}")) for p in ("p50", "p90", "p99")))
-    console.print(table)
-    console.print(
-        f"throughput {s['throughput_rps']:.3f} req/s, {s['throughput_tokens_per_s']:.0f} output tok/s; "
-        f"TPOT p50 {_fmt(s['tpot_p50'])} s; makespan {s['makespan_s']:.1f} s; preemptions "
-        f"{s['preemptions']}; {'sustainable' if s['sustainable'] else 'UNSUSTAINABLE: the queue keeps growing'}"
-        + (f"; served in {s['real_wall_s']:.1f} s" if s.get("mode") == "real"
-           else f"; simulated in {s['sim_wall_s']:.2f} s"))
-
-
-def _fmt_rate(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3g}"
-
-
-def _fmt(v: float | None) -> str:
-    return "-" if v is None else f"{v:.4f}"
+        print_summary(result.summary)
 
 
 @app.command()
@@ -187,8 +147,8 @@ def capacity(
         table.add_column(col, justify="right")
     for p, r in results.items():
         at = r.at_capacity
-        table.add_row(p, f"{r.qps:.3f}", _fmt(at.get("tbt_p99") if at else None),
-                      _fmt(at.get("ttft_p50") if at else None), str(len(r.probes)))
+        table.add_row(p, f"{r.qps:.3f}", fmt(at.get("tbt_p99") if at else None),
+                      fmt(at.get("ttft_p50") if at else None), str(len(r.probes)))
     Console().print(table)
     if out is not None:
         write_capacity(out, spec, results)
@@ -236,7 +196,7 @@ def real(
     if as_json:
         sys.stdout.write(json_text(summary))
     else:
-        _print_summary(summary)
+        print_summary(summary)
 
 
 @app.command()
@@ -357,43 +317,6 @@ def list_catalogue() -> None:
         console.print(table)
 
 
-def _one_line(text: str) -> str:
-    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
-
-
-def _fail(message: str) -> NoReturn:
-    print(f"simctl: error: {_one_line(message)}", file=sys.stderr)
-    sys.exit(2)
-
-
-def _given_value(args: list[str], opts: list[str]) -> str | None:
-    """The value the command line gave an option (the last one, as click takes), if it can be found."""
-    value = None
-    for i, a in enumerate(args):
-        for o in opts:
-            if a == o and i + 1 < len(args):
-                value = args[i + 1]
-            elif a.startswith(o + "="):
-                value = a[len(o) + 1:]
-    return value
-
-
-def _usage_message(e: Exception, args: list[str]) -> str:
-    """A click/typer usage error as one line: the bad value when known, the reason, where to get help."""
-    param = getattr(e, "param", None)
-    opts = list(getattr(param, "opts", None) or [])
-    value = _given_value(args, opts) if opts else None
-    if value is not None and hasattr(e, "message"):
-        text = f"invalid value {value!r} for {'/'.join(opts)}: {e.message}"
-    else:
-        text = e.format_message() if hasattr(e, "format_message") else str(e)
-    ctx = getattr(e, "ctx", None)
-    command = ctx.command_path if ctx is not None else "simctl"
-    if command == "simctl" and args and args[0] in COMMANDS:  # an option error is raised in the group's ctx
-        command = f"simctl {args[0]}"
-    return f"{_one_line(text).rstrip('.')}; see '{command} --help'"
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app non-standalone so that every error becomes one line on stderr, exit 2."""
     args = sys.argv[1:] if argv is None else list(argv)
@@ -402,9 +325,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rv = app(args=args, prog_name="simctl", standalone_mode=False)
     except InputError as e:
-        _fail(str(e))
+        fail(str(e))
     except _USAGE_ERRORS as e:
-        _fail(_usage_message(e, args))
+        fail(usage_message(e, args, COMMANDS))
     except _ABORTS:
         print("simctl: aborted", file=sys.stderr)
         sys.exit(1)
