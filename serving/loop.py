@@ -35,7 +35,6 @@ from serving.inbox import Inbox
 from serving.records import Records
 
 MAX_STRETCH = 4096  # longest decode stretch priced at once; bounds the arrays, not the results
-STRETCH_WINDOW = 64  # decode iterations priced before looking for the next arrival among them
 
 
 class Clock(Protocol):
@@ -102,25 +101,14 @@ class Replica:
 
     def _stretch(self, plan: BatchPlan, now: float) -> np.ndarray | None:
         """End times of the identical decode iterations this plan can run back to back (None: just one)."""
-        extra = min(min([s.output_tokens - s.generated for s in plan.seqs]) - 1, MAX_STRETCH - 1)
+        extra = min(min(s.output_tokens - s.generated for s in plan.seqs) - 1, MAX_STRETCH - 1)
         if extra <= 0:
             return None
-        due = self.inbox.next_time
-        # the next arrival usually cuts a stretch within a few iterations: price a window first, and the whole
-        # stretch only if the arrival lies beyond it (pricing is elementwise and the ends a running sum, so
-        # the window's ends are exactly the first ones of the whole stretch)
-        ends = self._ends(plan, now, extra + 1 if due == float("inf") else min(extra + 1, STRETCH_WINDOW))
-        if ends is None:
-            return None
-        if len(ends) < extra + 1 and ends[-1] < due:
-            ends = self._ends(plan, now, extra + 1)
-        # stop at the iteration that ends at or after the next arrival: the policy decides again after it
-        extra = min(extra, int(np.searchsorted(ends, due, side="left")))
-        extra = self.policy.extend(plan, extra) if extra > 0 else 0
-        return ends[:extra + 1] if extra > 0 else None
-
-    def _ends(self, plan: BatchPlan, now: float, k: int) -> np.ndarray | None:
-        durations = self.backend.stretch_times(plan, k)
+        durations = self.backend.stretch_times(plan, extra + 1)
         if durations is None:
             return None
-        return np.cumsum(np.concatenate(([now], durations)))[1:]  # sequential adds, as stepping does
+        ends = np.cumsum(np.concatenate(([now], durations)))[1:]  # sequential adds, as stepping does
+        # stop at the iteration that ends at or after the next arrival: the policy decides again after it
+        extra = min(extra, int(np.searchsorted(ends, self.inbox.next_time, side="left")))
+        extra = self.policy.extend(plan, extra) if extra > 0 else 0
+        return ends[:extra + 1] if extra > 0 else None
