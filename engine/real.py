@@ -64,7 +64,7 @@ class RealConfig:
     scale: float = 1.0  # prompt and output lengths multiplied by this (rounded, >= 1)
     seed: int = 0  # trace lengths/arrivals, prompt ids and model weights
     dtype: str = "float32"
-    threads: int | None = None  # CPU threads [default: every core, profiler.profile.default_threads]
+    threads: int | None = None  # CPU threads [default: every core, executor.runtime.default_threads]
     options: dict[str, Any] = field(default_factory=dict)  # the policy's settings given (its Settings fields)
     kv_capacity: int | None = None  # KV token slots the policy may use [default: kv_slots x max_seq_len]
     arrival: str = "poisson"
