@@ -52,7 +52,7 @@ Why this form:
 - Decode rows of different contexts in a ragged batch: decode_pad_kv = decode_rows x (longest context + 1)
   - decode_kv is the KV a batch padded to its longest row would read beyond its own (0 when all contexts are
   equal, and for padded layouts, whose decode_kv already counts it). An executor that batches decode rows
-  into padded groups pays part of it: the profiler's (`profiler/forward.py`) groups rows within a factor 2
+  into padded groups pays part of it: the profiler's (`executor/ragged.py`) groups rows within a factor 2
   of context and masks the rest, and its mixed-context decode steps took 10-20% longer than their mean
   context predicts (tiny on a 2-core CPU; fitted: ~0.6 of a KV token's cost per padding token). The fitted
   share is a property of the executor profiled (an exact varlen kernel fits it at ~0).
