@@ -44,10 +44,12 @@ from common.errors import InputError
 from executor.runtime import default_threads
 from policies.base import Policy
 from policies.registry import make_policy, max_admissible_tokens, policy_class
-from traces.build import SEQ_LEN_ALIGN, build_trace, check_scale, is_profile
+from serving.loop import overload_limit
+from traces.build import SEQ_LEN_ALIGN, build_trace, check_scale, has_arrival_times, is_profile
 from traces.request import Request
 
 DEFAULT_NUM_REQUESTS = 100  # for a length profile when none is given (a trace file: every row)
+DEFAULT_QPS = 1.0  # for generated arrivals when none is given
 CPU_KV_BYTES = 1 << 30  # slab budget on the CPU
 GPU_KV_SHARE = 0.5  # share of the free device memory (after the weights) the slab may take
 _ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +61,7 @@ class RealConfig:
     trace: str = "sharegpt"  # a length profile or a trace file
     model: str = "tiny"
     device: str = "cpu"
-    qps: float = 1.0
+    qps: float | None = 1.0  # None: a trace file's own arrival times (as sim.run.RunConfig)
     num_requests: int = DEFAULT_NUM_REQUESTS
     scale: float = 1.0  # prompt and output lengths multiplied by this (rounded, >= 1)
     seed: int = 0  # trace lengths/arrivals, prompt ids and model weights
@@ -130,10 +132,7 @@ def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: in
     longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
     need = longest.prompt_tokens + longest.output_tokens
     max_seq_len = math.ceil(need / SEQ_LEN_ALIGN) * SEQ_LEN_ALIGN
-    if need > spec.max_position:
-        raise InputError(f"request {longest.id} needs {need} positions ({longest.prompt_tokens} prompt + "
-                         f"{longest.output_tokens} output) but {spec.name} handles {spec.max_position}; "
-                         f"lower --scale (now {config.scale:g})")
+    spec.check_context(requests, config.scale)
     max_seq_len = min(max_seq_len, spec.max_position)
     slot_tokens = max_seq_len
     if policy_class(config.policy).padded_batches:  # padded decodes read prompt-pad + steps columns
@@ -206,12 +205,13 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     prompts = {r.id: prompt_ids(r.id, r.prompt_tokens, spec.vocab_size, config.seed) for r in requests}
     warm_s = warm_up(executor, spec.vocab_size, padded=policy.padded_batches, seed=config.seed)
     engine = Engine(policy, executor, prompts)
-    out = engine.serve(requests, max_waiting=max(1000, len(requests) // 2))
+    out = engine.serve(requests, max_waiting=overload_limit(len(requests)))
     result = out.sim_result(policy.kv.capacity)
 
     summary: dict[str, Any] = {"mode": "real", **{k: v for k, v in asdict(config).items() if k != "options"},
                                **summarize(result)}
     summary.update({
+        "arrivals_from_file": has_arrival_times(config.trace),
         "gpu": "cpu" if device.type == "cpu" else None,  # the catalogue device to simulate it with, if any
         "tp": 1,
         "device": str(device),
@@ -254,7 +254,7 @@ def worker_command(config: RealConfig, out: Path | None, result_path: Path) -> l
 
 
 def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = "tiny", device: str = "cpu",
-              qps: float = 1.0, num_requests: int | None = None, out: str | Path | None = None,
+              qps: float | None = None, num_requests: int | None = None, out: str | Path | None = None,
               scale: float = 1.0, seed: int = 0, dtype: str = "float32", threads: int | None = None,
               options: dict[str, Any] | None = None, kv_capacity: int | None = None,
               arrival: str = "poisson", cv: float = 1.0) -> dict[str, Any]:
@@ -263,8 +263,10 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     return the summary. InputError for bad options (also those only the child can check, e.g. cuda
     missing); RuntimeError, with the end of the child's stderr, if the child crashed."""
     from executor.runtime import worker_env
-    from sim.output import check_out_dir
+    from sim.output import RUN_FILES, check_out_dir
 
+    if qps is None and (not str(trace).strip() or not has_arrival_times(trace)):
+        qps = DEFAULT_QPS
     config = RealConfig(policy=policy, trace=trace, model=model, device=device, qps=qps,
                         num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests,
                         scale=scale, seed=seed, dtype=dtype, threads=threads, options=dict(options or {}),
@@ -283,7 +285,7 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     size_run(config, requests, spec.kv_bytes_per_token(4 if config.dtype == "float32" else 2), 1 << 62)
     out_path = None
     if out is not None:
-        out_path = check_out_dir(Path(out))
+        out_path = check_out_dir(Path(out), RUN_FILES)
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile(mode="w+", encoding="utf-8",
                                                                      errors="replace") as err:
         result_path = Path(tmp) / "result.json"

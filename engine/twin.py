@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
+from serving.loop import overload_limit
 
 DEFAULT_TRACE = "sharegpt"
 DEFAULT_SCALE = 0.05  # sharegpt x 0.05: median prompt ~80 tokens, output ~20; a real run takes ~10-30 s here
@@ -69,7 +70,7 @@ def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], A
     from sim.simulate import simulate
 
     requests, policy = twin_inputs(summary)
-    result = simulate(requests, policy, cost, max_waiting=max(1000, len(requests) // 2))
+    result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)))
     keep = ("policy", "trace", "model", "qps", "scale", "seed", "arrival", "cv", "max_seq_len")
     s = {"mode": "sim", **{k: summary.get(k) for k in keep}, **policy.settings.as_dict(), **summarize(result)}
     return s, result

@@ -60,6 +60,7 @@ from profiler.profile_data import load_profile, split_holdout
 from sim.cost.calibration import CALIBRATION_FORMAT
 from sim.cost.curves import CurveTables, tiled_array
 from sim.cost.fitted import COEFFICIENTS, CURVES, Fitted, dtype_bytes_of, predict_arrays
+from sim.cost.provenance import measured_on
 from sim.gpus import get_gpu
 from sim.output import atomic_write, check_out_dir, json_text, prepare_out_dir
 
@@ -260,9 +261,17 @@ def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout:
     if memory_bytes is not None and not (isinstance(memory_bytes, (int, float)) and memory_bytes > 0):
         raise InputError(f"memory_bytes must be > 0, got {memory_bytes!r}")
     if roofline_gpu is not None:
-        get_gpu(roofline_gpu)  # fail fast on an unknown name
+        roofline_gpu = get_gpu(roofline_gpu).name  # fail fast on an unknown name
     profile_dir = Path(profile_dir)
     df, meta = load_profile(profile_dir)
+    for what, present in (("prefill", df["num_segments"] > 0), ("decode", df["decode_rows"] > 0)):
+        if not present.any():
+            raise InputError(f"profile {profile_dir}: no iteration has {what} rows, so the fit could not price "
+                             f"them (they would cost nothing); profile again with the full or quick grid")
+    if roofline_gpu is not None and measured_on(meta) not in (None, roofline_gpu):
+        raise InputError(f"--roofline-gpu {roofline_gpu}: the profile was measured on "
+                         f"{meta.get('device_name') or meta.get('device')}, and a calibration relates its times to "
+                         f"the specs of that device: use --roofline-gpu {measured_on(meta)}")
     out_dir = check_out_dir(Path(out) if out is not None else profile_dir)  # fail fast; created on write
 
     kinds = df["kind"].to_numpy()
@@ -307,7 +316,7 @@ def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout:
         rho = error_stats(kinds[held], rpred[held], y[held])
         rtr = error_stats(kinds[train], rpred[train], y[train])
         cal = {
-            "format": CALIBRATION_FORMAT, "version": 1, "gpu": get_gpu(roofline_gpu).name,
+            "format": CALIBRATION_FORMAT, "version": 2, "gpu": roofline_gpu, "measured_on": roofline_gpu,
             "model": meta["model"],
             "dtype_bytes": dtype_bytes_of(meta["dtype"]), "tile": tile, "params": params,
             "note": "Roofline(model, gpu, mfu=, mbu=, attn_mfu=, overhead_s=) fitted to the profile; "

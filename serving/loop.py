@@ -37,6 +37,13 @@ from serving.records import Records
 MAX_STRETCH = 4096  # longest decode stretch priced at once; bounds the arrays, not the results
 
 
+def overload_limit(num_requests: int) -> int:
+    """Waiting requests past which a run gives up as overloaded: half the run (more than half waiting at once
+    is unsustainable by `sim.metrics`' own verdict), at least 64 so that bursts of small runs finish, and at
+    most 2048 so that an overload is detected in bounded time and memory however long the run."""
+    return min(max(64, num_requests // 2), 2048)
+
+
 class Clock(Protocol):
     def now(self, exact: float) -> float:
         """The time at the top of an iteration. `exact` is the loop's own running sum of iteration ends and

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -40,6 +40,13 @@ class SLO:
                 raise InputError(f"{name} must be a positive number of seconds, got {v}")
 
 
+MAX_QPS = 1e9  # the search stops doubling here: no replica serves a billion requests a second
+MIN_QPS = 1e-4  # ... and stops halving here (one request every 3 hours)
+# Fewer requests per probe end before a queue can build up: every rate looks sustainable, and the search would
+# report its own limit instead of the replica's capacity.
+MIN_PROBE_REQUESTS = 100
+
+
 @dataclass
 class CapacityResult:
     qps: float  # highest probed rate that met the SLO (0 if none did)
@@ -49,13 +56,23 @@ class CapacityResult:
     def at_capacity(self) -> dict[str, Any] | None:
         return next((p for p in self.probes if p["qps"] == self.qps and p["slo_met"]), None)
 
+    @property
+    def problem(self) -> str | None:
+        """Why `qps` is not a capacity (None when a probe met the SLO and a higher one missed it)."""
+        if self.qps == 0:
+            lowest = min((p["qps"] for p in self.probes), default=0.0)
+            return f"no rate met the SLO, down to {lowest:.3g} QPS: the capacity is below it, or nothing meets the SLO"
+        if not any(not p["slo_met"] and p["qps"] > self.qps for p in self.probes):
+            return f"no upper bound: every rate probed, up to {self.qps:.3g} QPS, met the SLO"
+        return None
+
 
 def search_qps(probe: Callable[[float], dict[str, Any]], slo: SLO, start_qps: float = 1.0,
                rel_tol: float = 0.02, max_probes: int = 30, step: float = 2.0) -> CapacityResult:
     """The highest QPS whose run meets `slo`: multiply (or divide) `start_qps` by `step` until the capacity
-    is bracketed, then bisect to `rel_tol`, running at most `max_probes` probes. `probe(qps)` returns a run's
-    summary; each is kept, with `slo_met` added, in probe order. Simulated runs and real runs (engine/validate.py)
-    share it."""
+    is bracketed (within MIN_QPS..MAX_QPS), then bisect to `rel_tol`, running at most `max_probes` probes.
+    `probe(qps)` returns a run's summary; each is kept, with `slo_met` added, in probe order. Simulated runs
+    and real runs (engine/validate.py) share it. `CapacityResult.problem` says when no capacity was found."""
     probes: list[dict[str, Any]] = []
 
     def ok(qps: float) -> bool:
@@ -68,14 +85,14 @@ def search_qps(probe: Callable[[float], dict[str, Any]], slo: SLO, start_qps: fl
     lo, hi = 0.0, start_qps
     if ok(hi):
         lo = hi
-        while len(probes) < max_probes:
-            hi = lo * step
+        while len(probes) < max_probes and lo < MAX_QPS:
+            hi = min(lo * step, MAX_QPS)
             if not ok(hi):
                 break
             lo = hi
     else:
-        while len(probes) < max_probes and hi > 1e-4:
-            hi /= step
+        while len(probes) < max_probes and hi > MIN_QPS:
+            hi = max(hi / step, MIN_QPS)
             if ok(hi):
                 lo, hi = hi, hi * step
                 break
@@ -89,7 +106,7 @@ def search_qps(probe: Callable[[float], dict[str, Any]], slo: SLO, start_qps: fl
 
 
 def find_capacity(config: RunConfig, slo: SLO, start_qps: float = 1.0, rel_tol: float = 0.02,
-                  max_probes: int = 30) -> CapacityResult:
+                  max_probes: int = 60) -> CapacityResult:
     """The capacity of one simulated configuration."""
     return search_qps(lambda qps: run(replace(config, qps=qps)).summary, slo, start_qps, rel_tol, max_probes)
 
@@ -109,31 +126,52 @@ class CapacityConfig:
         names = [c.policy for c in self.configs]
         if len(set(names)) != len(names):
             raise InputError(f"a policy is listed twice: {', '.join(names)}")
-        for c in self.configs:
-            c.validate()
-        self.slo.validate()
         if not (self.start_qps > 0 and math.isfinite(self.start_qps)):
             raise InputError(f"--start-qps must be a positive number, got {self.start_qps}")
+        for c in self.configs:
+            c.validate()
+        if self.configs[0].num_requests < MIN_PROBE_REQUESTS:
+            raise InputError(f"--num-requests {self.configs[0].num_requests}: a capacity search needs at least "
+                             f"{MIN_PROBE_REQUESTS} requests per probe; shorter runs end before a queue can build "
+                             "up, so every rate would look sustainable")
+        self.slo.validate()
         if self.workers is not None and self.workers < 1:
             raise InputError(f"--workers must be >= 1, got {self.workers}")
 
 
-def _search(config: RunConfig, slo: SLO, start_qps: float) -> CapacityResult:
-    return find_capacity(config, slo, start_qps)
+def _search_named(args: tuple[RunConfig, SLO, float]) -> tuple[str, CapacityResult]:
+    config, slo, start_qps = args
+    return config.policy, find_capacity(config, slo, start_qps)
+
+
+def _quiet_worker() -> None:
+    """Signals are the parent's business: Ctrl-C reaches the whole process group, and the parent terminates
+    its workers (SIGTERM) once it has stopped; a worker just ends, without a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def search_capacities(spec: CapacityConfig, progress: bool = False) -> dict[str, CapacityResult]:
-    """Run each configuration's search in a local process pool (searches are independent and CPU-bound)."""
-    workers = min(spec.workers or os.cpu_count() or 1, len(spec.configs))
+    """Run each configuration's search in a local process pool (searches are independent and CPU-bound). On
+    any exception, an interruption included, the workers are terminated before it propagates."""
+    jobs = [(c, spec.slo, spec.start_qps) for c in spec.configs]
+    workers = min(spec.workers or os.cpu_count() or 1, len(jobs))
     if workers == 1:
-        return {c.policy: _search(c, spec.slo, spec.start_qps) for c in spec.configs}
+        return dict(map(_search_named, jobs))
+    from multiprocessing import Pool
+
     from rich.progress import Progress
 
     results: dict[str, CapacityResult] = {}
-    with ProcessPoolExecutor(workers) as pool, Progress(disable=not progress, transient=True) as bar:
-        task = bar.add_task("capacity searches", total=len(spec.configs))
-        futures = {pool.submit(_search, c, spec.slo, spec.start_qps): c.policy for c in spec.configs}
-        for f in as_completed(futures):
-            results[futures[f]] = f.result()
-            bar.advance(task)
+    pool = Pool(workers, initializer=_quiet_worker)
+    try:
+        with Progress(disable=not progress, transient=True) as bar:
+            task = bar.add_task("capacity searches", total=len(jobs))
+            for name, result in pool.imap_unordered(_search_named, jobs):
+                results[name] = result
+                bar.advance(task)
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
     return {c.policy: results[c.policy] for c in spec.configs}

@@ -14,6 +14,7 @@ Conventions:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from common.errors import InputError
@@ -75,6 +76,21 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in [
     GPUSpec("cpu", 160e9, 20e9, 16 * GiB, 10e9, tile=1,
             description="PLACEHOLDER 2-core CPU host (made-up round numbers; use a profiled/fitted model)"),
 ]}
+
+
+# The word by which each catalogue GPU shows in its device name (torch.cuda.get_device_name, e.g. "NVIDIA H100
+# 80GB HBM3"): how a profile's device is matched to the catalogue entry whose specs describe it.
+DEVICE_NAME_MARKERS = {"a100-80gb": "A100", "h100": "H100", "h200": "H200", "a6000": "A6000", "a40": "A40",
+                       "l4": "L4", "rtx-4090": "4090"}
+
+
+def catalogue_gpu_of(device: str, device_name: str) -> str | None:
+    """The catalogue name of a profiled device: `cpu` for any CPU, the GPU whose marker is a word of a CUDA
+    device's name, or None when the catalogue has no such GPU."""
+    if device == "cpu":
+        return "cpu"
+    words = set(re.split(r"[^A-Za-z0-9]+", device_name.upper()))
+    return next((gpu for gpu, marker in DEVICE_NAME_MARKERS.items() if marker in words), None)
 
 
 def get_gpu(name: str) -> GPUSpec:

@@ -34,6 +34,26 @@ def queue_grows(queue_at_arrival: np.ndarray) -> bool:
     return bool(last > 2 * second + 8)
 
 
+def unsustainable_reason(queue_at_arrival: np.ndarray, num_requests: int, gave_up: bool) -> str | None:
+    """Why the offered load outran the replica, or None if it kept up. Three signs, each with its own reach:
+    the run gave up (overload detected while serving); the waiting queue grew over the run (a long run at a
+    steady overload); or more than half the requests (and more than 8) were still waiting when the last one
+    arrived, i.e. the replica admitted them at under half the offered rate: a short run is over before a
+    trend shows, but not before that."""
+    q = queue_at_arrival
+    if gave_up:
+        return (f"gave up: {int(q[-1])} requests were waiting at once ({len(q)} of {num_requests} had "
+                "arrived); the replica cannot keep up with the offered rate")
+    if queue_grows(q):
+        n = len(q)
+        return (f"the waiting queue keeps growing: {q[n // 4: n // 2].mean():.0f} requests on average in the "
+                f"second quarter of arrivals, {q[3 * n // 4:].mean():.0f} in the last")
+    if len(q) and q[-1] > max(8, num_requests / 2):
+        return (f"{int(q[-1])} of {num_requests} requests were still waiting when the last one arrived: the "
+                "replica admitted them at under half the offered rate")
+    return None
+
+
 def _offered_rate(arrivals: np.ndarray) -> float | None:
     """Requests per second the trace offered: what --qps asked for, or a replayed trace's real rate."""
     span = float(arrivals.max() - arrivals.min()) if len(arrivals) > 1 else 0.0
@@ -56,6 +76,7 @@ def summarize(result: SimResult) -> dict[str, float | int | bool | None]:
     tbt = dict(zip((f"tbt_p{p}" for p in PCTS), result.gaps.percentiles(PCTS)))
     makespan = float(end.max() - req["arrival_s"].min()) if len(done) else 0.0
     its = result.iterations
+    reason = unsustainable_reason(result.queue_at_arrival, len(req), result.aborted)
     return {
         "num_requests": len(req),
         "completed": len(done),
@@ -74,6 +95,8 @@ def summarize(result: SimResult) -> dict[str, float | int | bool | None]:
         "iterations": its.iterations,
         "kv_capacity_tokens": int(result.kv_capacity),
         "kv_peak_tokens": int(max(its.kv_used)) if len(its.kv_used) else 0,
-        "sustainable": not result.aborted and not queue_grows(result.queue_at_arrival),
+        "sustainable": reason is None,
+        "unsustainable_reason": reason,
+        "gave_up": result.aborted,
         "sim_wall_s": result.wall_s,
     }

@@ -9,10 +9,12 @@ Shapes are published facts, each cited to the model's public `config.json` on it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from common.errors import InputError
+from traces.request import Request
 
 MlpKind = Literal["gated", "plain"]
 
@@ -43,6 +45,16 @@ class ModelSpec:
                              f"num_kv_heads ({self.num_kv_heads})")
         if self.mlp not in ("gated", "plain"):
             raise InputError(f"model {self.name!r}: mlp must be 'gated' or 'plain', got {self.mlp!r}")
+
+    def check_context(self, requests: Sequence[Request], scale: float = 1.0) -> None:
+        """InputError unless every request's prompt and output fit in the model's context (its positions)."""
+        longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
+        need = longest.prompt_tokens + longest.output_tokens
+        if need > self.max_position:
+            raise InputError(f"request {longest.id} needs {need} positions ({longest.prompt_tokens} prompt + "
+                             f"{longest.output_tokens} output) but {self.name} has a context of "
+                             f"{self.max_position}; lower --scale (now {scale:g}), or use a shorter trace or a "
+                             "model with a longer context")
 
     # ---- parameters of the linear layers, per layer -------------------------------------------------------
     @property

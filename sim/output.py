@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,24 +51,51 @@ def _oserror_text(e: OSError) -> str:
     return e.strerror or str(e)
 
 
-def check_out_dir(out: Path) -> Path:
+RUN_FILES = ("requests.parquet", "iterations.parquet", "summary.json")  # summary.json renamed last
+CAPACITY_FILES = ("probes.csv", "capacity.png", "capacity.json")
+
+
+def _is_temp(name: str) -> bool:
+    """A temporary of `_temp_in`, left by a process that was killed before it could remove it."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def check_out_dir(out: Path, files: tuple[str, ...] = ()) -> Path:
     """Check, without creating anything, that `out` is (or can be made) a writable folder; raise InputError
-    if not. Called before the run so that a bad path fails fast and a failed run leaves no trace."""
+    if not. Called before the run so that a bad path fails fast and a failed run leaves no trace. With
+    `files` (what the command writes there), `out` must hold nothing else, so that two commands' results
+    never mix in one folder, and none of them may be a directory."""
     out = Path(out)
     if out.exists():
         if not out.is_dir():
             raise InputError(f"--out {out}: exists and is not a directory")
         if not os.access(out, os.W_OK | os.X_OK):
             raise InputError(f"--out {out}: directory is not writable")
+        if files:
+            others = sorted(e.name for e in out.iterdir() if e.name not in files and not _is_temp(e.name))
+            if others:
+                shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+                raise InputError(f"--out {out}: holds other files ({shown}); give a new or empty folder, or "
+                                 f"one that holds only an earlier {', '.join(files)}")
+            for name in files:
+                if (out / name).is_dir():
+                    raise InputError(f"--out {out}: {name} is a directory")
         return out
     parent = out.absolute().parent
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
         raise InputError(f"--out {out}: cannot create directory ({parent} is not a directory)")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"--out {out}: cannot create directory ({parent} is not writable)")
+    try:  # os.access cannot tell (root passes it in /proc): make and remove a folder there
+        os.rmdir(tempfile.mkdtemp(prefix=".simctl-", dir=parent))
+    except OSError as e:
+        raise InputError(f"--out {out}: cannot create directory in {parent} ({_oserror_text(e)})") from None
     return out
+
+
+def earlier_outputs(out: Path, files: tuple[str, ...]) -> list[str]:
+    """Which of `files` an earlier command left in `out` (they will be replaced)."""
+    return [name for name in files if (Path(out) / name).exists()]
 
 
 def prepare_out_dir(out: Path) -> Path:
@@ -85,6 +113,9 @@ def write_files(out: Path, writers: dict[str, Callable[[Path], None]], what: str
     all or none, in the order given: each is complete under a temporary name before the first rename, and
     temporaries never outlive the call. An OSError becomes an InputError naming `what`."""
     prepare_out_dir(out)
+    for name in writers:  # a rename onto a folder would fail half-way through
+        if (out / name).is_dir():
+            raise InputError(f"--out {out}: {name} is a directory")
     done: list[tuple[Path, Path]] = []
     try:
         try:
@@ -112,20 +143,26 @@ def write_run(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterat
 
 
 def write_capacity(out: Path, spec: Any, results: dict[str, Any]) -> None:
-    """capacity.json (the SLO and each policy's capacity), probes.csv (every probed run) and capacity.png."""
+    """probes.csv (every probed run), capacity.png and capacity.json (the SLO, each policy's capacity and,
+    where the search found none, why), all or none."""
     from dataclasses import asdict
 
     import matplotlib.pyplot as plt
 
     from sim.plots import capacity_figure
 
-    out.mkdir(parents=True, exist_ok=True)
     probes = pd.DataFrame([p for r in results.values() for p in r.probes])
     capacities = {name: r.qps for name, r in results.items()}
-    atomic_write(out / "probes.csv", lambda p: probes.to_csv(p, index=False))
+    text = json_text({
+        "slo": asdict(spec.slo), "capacity_qps": capacities,
+        "problems": {name: r.problem for name, r in results.items() if r.problem},
+        "config": {k: v for k, v in asdict(spec.configs[0]).items() if k not in ("policy", "qps", "fast")}})
     fig = capacity_figure(probes, capacities, spec.slo)
-    atomic_write(out / "capacity.png", lambda p: fig.savefig(p, dpi=110, format="png"))
-    plt.close(fig)
-    atomic_write(out / "capacity.json", lambda p: p.write_text(json_text(
-        {"slo": asdict(spec.slo), "capacity_qps": capacities,
-         "config": {k: v for k, v in asdict(spec.configs[0]).items() if k not in ("policy", "qps", "fast")}})))
+    try:
+        write_files(Path(out), {
+            "probes.csv": lambda p: probes.to_csv(p, index=False),
+            "capacity.png": lambda p: fig.savefig(p, dpi=110, format="png"),
+            "capacity.json": lambda p: p.write_text(text, encoding="utf-8"),
+        }, "the capacity files")
+    finally:
+        plt.close(fig)

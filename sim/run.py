@@ -11,15 +11,24 @@ from typing import Any
 from common.checks import is_int, is_number
 from common.errors import InputError
 from policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
+from serving.loop import overload_limit
 from sim.cost.base import CostModel
 from sim.cost.calibration import is_roofline_calibration, load_roofline_calibration
 from sim.cost.fitted import Fitted
+from sim.cost.provenance import calibration_warnings, check_fitted_device
 from sim.cost.roofline import Roofline
 from sim.gpus import GPUSpec, get_gpu
 from sim.metrics import summarize
 from sim.models import ModelSpec, get_model
-from sim.simulate import SimResult, simulate
-from traces import ARRIVAL_PROCESSES, PROFILES, build_trace, trace_max_total_tokens
+from sim.simulate import Progress, SimResult, simulate
+from traces import (
+    ARRIVAL_PROCESSES,
+    PROFILES,
+    build_trace,
+    has_arrival_times,
+    is_profile,
+    trace_max_total_tokens,
+)
 from traces.build import check_scale
 
 # Upper bounds that keep a run from exhausting memory or the float clock's resolution: at 1e9 s
@@ -35,7 +44,7 @@ class RunConfig:
     model: str = "mistral-7b"
     gpu: str = "a100-80gb"
     tp: int = 1
-    qps: float = 0.5
+    qps: float | None = 0.5  # None: a trace file's own arrival times (with a rate, they are time-scaled to it)
     num_requests: int = 1000
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)  # the policy's settings given (its Settings fields)
@@ -54,12 +63,14 @@ class RunConfig:
                              "or a .csv / .jsonl trace file")
         if not is_int(self.tp) or self.tp < 1:
             raise InputError(f"--tp must be an integer >= 1, got {self.tp!r}")
-        if not is_number(self.qps) or not (self.qps > 0 and math.isfinite(self.qps)):
+        if self.qps is None and is_profile(self.trace):
+            raise InputError(f"--qps is needed: length profile {self.trace!r} gives no arrival times")
+        if self.qps is not None and (not is_number(self.qps) or not (self.qps > 0 and math.isfinite(self.qps))):
             raise InputError(f"--qps must be a finite number > 0 (requests per second), got {self.qps!r}")
         if not is_int(self.num_requests) or not 1 <= self.num_requests <= MAX_REQUESTS:
             raise InputError(f"--num-requests must be an integer from 1 to {MAX_REQUESTS}, "
                              f"got {self.num_requests!r}")
-        if self.num_requests / self.qps > MAX_CLOCK_S:
+        if self.qps is not None and self.num_requests / self.qps > MAX_CLOCK_S:
             raise InputError(f"--qps {self.qps!r} is too low: {self.num_requests} requests would take about "
                              f"{self.num_requests / self.qps:.3g} s to arrive, beyond the simulated clock's "
                              f"{MAX_CLOCK_S:.0e} s; raise --qps")
@@ -89,31 +100,36 @@ def default_cost_path(gpu: GPUSpec) -> Path | None:
 
 
 def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp: int
-               ) -> tuple[CostModel, int, str]:
-    """The cost model, KV capacity and a label for a run: a fitted model when one is given (or shipped for
-    this device), else the roofline from published specs."""
+               ) -> tuple[CostModel, int, str, list[str]]:
+    """The cost model, KV capacity, a label and the warnings for a run: a fitted model when one is given (or
+    shipped for this device), else the roofline from published specs, calibrated when a calibration is given."""
     path = cost_path if cost_path is not None else default_cost_path(gpu)
     if path is None:
         roofline = Roofline(model, gpu, tp=tp)
-        return roofline, roofline.kv_capacity_tokens(), "roofline"
+        return roofline, roofline.kv_capacity_tokens(), "roofline", []
     if is_roofline_calibration(path):  # efficiencies calibrated on one device, applied to this GPU's specs
-        roofline = Roofline(model, gpu, tp=tp, **load_roofline_calibration(path))
-        return roofline, roofline.kv_capacity_tokens(), f"roofline calibrated by {path}"
+        params = load_roofline_calibration(path)
+        warnings = calibration_warnings(path, model.name, gpu.name)
+        roofline = Roofline(model, gpu, tp=tp, **params)
+        return roofline, roofline.kv_capacity_tokens(), f"roofline calibrated by {path}", warnings
     fitted = Fitted.load(path)
     fitted.check_model(model)
+    check_fitted_device(fitted.meta, gpu.name)
     if tp != 1:
         raise InputError(f"--tp {tp}: a fitted cost model describes the single device it was profiled on")
     memory = None if fitted.memory_bytes is not None else gpu.memory_bytes
-    return fitted, fitted.kv_capacity_tokens(memory_bytes=memory), f"fitted {path}"
+    return fitted, fitted.kv_capacity_tokens(memory_bytes=memory), f"fitted {path}", []
 
 
-def run(config: RunConfig) -> Run:
+def run(config: RunConfig, progress: Progress | None = None) -> Run:
     config.validate()
     model, gpu = get_model(config.model), get_gpu(config.gpu)
-    cost, kv_capacity, cost_label = cost_model(config.cost, model, gpu, config.tp)
+    cost, kv_capacity, cost_label, warnings = cost_model(config.cost, model, gpu, config.tp)
     requests = build_trace(config.trace, config.num_requests, config.qps, config.seed,
                            arrival=config.arrival, cv=config.cv, scale=config.scale)
-    max_seq_len = trace_max_total_tokens(config.trace, requests, config.scale)
+    model.check_context(requests, config.scale)
+    # a deployment's max model length: the trace's cap, within the model's context
+    max_seq_len = min(trace_max_total_tokens(config.trace, requests, config.scale), model.max_position)
     fits = max_admissible_tokens(config.policy, kv_capacity, max_seq_len)
     last = requests[-1].arrival_s
     if last > MAX_CLOCK_S:
@@ -134,8 +150,11 @@ def run(config: RunConfig) -> Run:
             f"{big.output_tokens} output) but {config.policy} can hold at most {fits} for one request on "
             f"{where} ({kv_capacity} KV slots); use a larger GPU, a higher --tp or shorter requests")
     policy = make_policy(config.policy, kv_capacity, max_seq_len, config.options)
-    result = simulate(requests, policy, cost, fast=config.fast, max_waiting=max(1000, config.num_requests // 2))
+    result = simulate(requests, policy, cost, fast=config.fast, max_waiting=overload_limit(config.num_requests),
+                      progress=progress)
     summary = {**{k: v for k, v in asdict(config).items() if k not in ("fast", "options")}, **summarize(result)}
+    summary["arrivals_from_file"] = has_arrival_times(config.trace)  # replayed (qps None) or time-scaled
     summary["cost_model"] = cost_label
+    summary["warnings"] = warnings
     summary.update(policy.settings.as_dict())  # every setting of the policy, given or default
     return Run(config, result, summary)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,9 @@ from serving.records import GapHistogram, IterationLog, request_frame
 from sim.cost.base import CostModel
 from sim.replica import CostBackend, SimulatedTime, process
 from traces.request import Request
+
+Progress = Callable[[int, int], None]  # (requests arrived, requests in all)
+PROGRESS_EVERY = 8192  # SimPy events between two progress reports
 
 
 @dataclass
@@ -38,12 +42,23 @@ class SimResult:
 
 
 def simulate(requests: list[Request], policy: Policy, cost: CostModel, fast: bool = True,
-             max_waiting: int | None = None) -> SimResult:
-    """Replay `requests` (sorted by arrival) through `policy` on hardware priced by `cost`."""
+             max_waiting: int | None = None, progress: Progress | None = None) -> SimResult:
+    """Replay `requests` (sorted by arrival) through `policy` on hardware priced by `cost`; `progress(arrived,
+    total)` is called every few thousand events, if given."""
     t0 = time.perf_counter()
     seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests]
     env = simpy.Environment()
     replica = Replica(policy, CostBackend(cost, fast), SimulatedTime(), Inbox(seqs), max_waiting=max_waiting)
     env.process(process(env, replica))
-    env.run()
+    if progress is None:
+        env.run()
+    else:
+        arrivals = replica.records.queue_at_arrival  # one entry per request arrived
+        try:
+            while True:
+                for _ in range(PROGRESS_EVERY):
+                    env.step()
+                progress(len(arrivals), len(seqs))
+        except simpy.core.EmptySchedule:  # what ends env.run() too
+            progress(len(seqs), len(seqs))
     return SimResult.of(seqs, replica, time.perf_counter() - t0)

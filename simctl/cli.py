@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from common.errors import InputError
 from policies.registry import POLICIES
-from simctl.display import fmt, print_summary
+from simctl.display import fmt, print_summary, progress_bar
 from simctl.policy_options import with_policy_options
-from simctl.usage_errors import error_types, fail, usage_message
+from simctl.usage_errors import error_types, fail, given_value, note_replaced, usage_message, warn_all
 
 DEFAULT_NUM_REQUESTS = 1000
+DEFAULT_QPS = 0.5
 COMMANDS = ("run", "capacity", "real", "validate", "profile", "fit", "list")
 
 
@@ -25,7 +30,7 @@ _USAGE_ERRORS, _ABORTS = error_types()
 app = typer.Typer(
     help="Simulate LLM inference serving: pick a scheduler, trace, model and GPU; get TTFT, TBT, E2E, "
          "throughput and capacity before spending GPU hours.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
 )
 
 
@@ -55,7 +60,9 @@ def run(
     model: Model = "mistral-7b",
     gpu: Gpu = "a100-80gb",
     tp: Tp = 1,
-    qps: Annotated[float, typer.Option(help="Mean arrival rate, requests per second.")] = 0.5,
+    qps: Annotated[float | None, typer.Option(help=f"Mean arrival rate, requests per second [default: {DEFAULT_QPS}; "
+                                              "a trace file's own arrival times are replayed, or time-scaled to "
+                                              "the rate given].")] = None,
     num_requests: Annotated[int | None, typer.Option(help="Requests to simulate [default: 1000 for a length "
                                                       "profile, every row of a trace file].")] = None,
     seed: Seed = 0,
@@ -74,11 +81,13 @@ def run(
     """
     from dataclasses import replace
 
-    from sim.output import check_out_dir, json_text, write_run
+    from sim.output import RUN_FILES, check_out_dir, json_text, write_run
     from sim.run import RunConfig
     from sim.run import run as run_sim
-    from traces import build_trace, is_profile
+    from traces import build_trace, has_arrival_times, is_profile
 
+    if qps is None and (not trace.strip() or not has_arrival_times(trace)):
+        qps = DEFAULT_QPS
     config = RunConfig(policy=policy, trace=trace, model=model, gpu=gpu, tp=tp, qps=qps,
                        num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests, seed=seed,
                        options=options, arrival=arrival, cv=cv, scale=scale, cost=cost)
@@ -88,9 +97,12 @@ def run(
         config = replace(config, num_requests=rows)
         config.validate()
     if out is not None:
-        check_out_dir(out)  # fail before the run, and create nothing until it has succeeded
-    result = run_sim(config)
+        check_out_dir(out, RUN_FILES)  # fail before the run, and create nothing until it has succeeded
+    with progress_bar(f"{config.policy}: requests arrived") as report:
+        result = run_sim(config, progress=report)
+    warn_all(result.summary.get("warnings", []))
     if out is not None:
+        note_replaced(out, RUN_FILES)
         write_run(out, result.summary, result.result.requests, result.result.iterations.frame())
     if as_json:
         sys.stdout.write(json_text(result.summary))
@@ -128,7 +140,7 @@ def capacity(
     Example: simctl capacity --policy orca,vllm,sarathi --trace arxiv --slo-tbt-p99 0.5 --out out/cap
     """
     from sim.capacity import SLO, CapacityConfig, search_capacities
-    from sim.output import check_out_dir, write_capacity
+    from sim.output import CAPACITY_FILES, check_out_dir, write_capacity
     from sim.run import RunConfig
 
     policies = [p.strip() for p in policy.split(",") if p.strip()]
@@ -140,19 +152,24 @@ def capacity(
     spec = CapacityConfig(configs, slo, start_qps, workers)
     spec.validate()
     if out is not None:
-        check_out_dir(out)
+        check_out_dir(out, CAPACITY_FILES)
     results = search_capacities(spec, progress=True)
-    table = Table(title=f"capacity on {trace}: {model} / {gpu} x{tp}; SLO: {slo.describe()}")
+    table = Table(title=escape(f"capacity on {trace}: {model} / {gpu} x{tp}; SLO: {slo.describe()}"))
     for col in ("policy", "capacity QPS", "P99 TBT at capacity", "P50 TTFT at capacity", "runs"):
         table.add_column(col, justify="right")
     for p, r in results.items():
         at = r.at_capacity
-        table.add_row(p, f"{r.qps:.3f}", fmt(at.get("tbt_p99") if at else None),
+        shown = f"{r.qps:.3f}" if r.problem is None else (f">= {r.qps:.3g}" if r.qps > 0 else "none found")
+        table.add_row(p, shown, fmt(at.get("tbt_p99") if at else None),
                       fmt(at.get("ttft_p50") if at else None), str(len(r.probes)))
     Console().print(table)
+    warn_all(f"{p}: {r.problem}" + ("; probe more requests (--num-requests) or set a latency SLO (--slo-tbt-p99, "
+                                    "--slo-ttft-p50)" if r.qps > 0 else "")
+             for p, r in results.items() if r.problem)
     if out is not None:
+        note_replaced(out, CAPACITY_FILES)
         write_capacity(out, spec, results)
-        Console().print(f"wrote {out}/capacity.json, probes.csv, capacity.png")
+        Console().print(escape(f"wrote {out}/capacity.json, probes.csv, capacity.png"))
 
 
 @app.command()
@@ -163,10 +180,13 @@ def real(
     model: Annotated[str, typer.Option(help="Model shape, built with random weights (`tiny`, `tiny-2l` suit a "
                                        "CPU).")] = "tiny",
     device: Annotated[str, typer.Option(help="cpu, or cuda.")] = "cpu",
-    qps: Annotated[float, typer.Option(help="Mean arrival rate, requests per second (real time).")] = 1.0,
+    qps: Annotated[float | None, typer.Option(help="Mean arrival rate, requests per second (real time) "
+                                              "[default: 1; a trace file's own arrival times are replayed, or "
+                                              "time-scaled to the rate given].")] = None,
     num_requests: Annotated[int | None, typer.Option(help="Requests to serve [default: 100 for a length "
                                                       "profile, every row of a trace file].")] = None,
-    scale: Scale = 1.0,
+    scale: Annotated[float, typer.Option(help="Multiply prompt and output lengths: the default makes sharegpt fit "
+                                          "the tiny model's 2,048-token context.")] = 0.05,
     seed: Seed = 0,
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
     threads: Annotated[int | None, typer.Option(help="CPU threads [default: every core available].")] = None,
@@ -267,7 +287,7 @@ def profile(
         path = run_profile(model, device, dtype, threads, quick, out)
     except RuntimeError as e:  # the timing child crashed: its last words are in the message
         raise InputError(f"profiling failed: {e}") from None
-    Console().print(f"wrote {path}/profile.csv and meta.json; next: simctl fit {path}")
+    Console().print(escape(f"wrote {path}/profile.csv and meta.json; next: simctl fit {path}"))
 
 
 @app.command()
@@ -317,21 +337,56 @@ def list_catalogue() -> None:
         console.print(table)
 
 
+class Interrupted(BaseException):
+    """Ctrl-C or SIGTERM, raised where the program is so that it unwinds: `finally` blocks remove
+    temporaries, a serving child or pool workers are stopped, and --out is left as it was. Not a
+    KeyboardInterrupt, which typer would turn into a silent exit code."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the app non-standalone so that every error becomes one line on stderr, exit 2."""
+    """Entry point: run the app non-standalone so that every error becomes one line on stderr, exit 2; an
+    interruption (Ctrl-C, SIGTERM) stops children, removes temporaries and exits 130 (143 for SIGTERM)."""
     args = sys.argv[1:] if argv is None else list(argv)
     if not args:
         args = ["--help"]
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _raise_interrupted)
     try:
+        if given_value(args, ["--out"]) == "":
+            raise InputError("--out is empty; give a folder")
         rv = app(args=args, prog_name="simctl", standalone_mode=False)
+        sys.stdout.flush()  # a full disk or closed pipe fails here, not at exit
     except InputError as e:
         fail(str(e))
     except _USAGE_ERRORS as e:
         fail(usage_message(e, args, COMMANDS))
-    except _ABORTS:
+    except Interrupted as e:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the message short
+            signal.signal(sig, signal.SIG_IGN)
+        print("simctl: interrupted", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except _ABORTS:  # click's answer to end of input at a prompt
         print("simctl: aborted", file=sys.stderr)
         sys.exit(1)
+    except OSError as e:
+        if e.filename is not None or e.errno not in (errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT):
+            raise  # not writing stdout: a bug to report with its traceback
+        _discard_stdout()
+        fail(f"cannot write the output ({e.strerror or e})")
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush of unwritable output stays quiet."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -11,19 +16,19 @@ def print_summary(s: dict) -> None:
     where = f"{s.get('device_name', s['gpu'])} (measured)" if s.get("mode") == "real" else f"{s['gpu']} x{s['tp']}"
     head = (f"{s['policy']} on {s['trace']}: {s['model']} / {where}, "
             f"{fmt_rate(s['offered_qps'])} QPS offered, {s['completed']}/{s['num_requests']} requests")
-    table = Table(title=head, show_header=True)
+    table = Table(title=escape(head), show_header=True)  # a trace path is text, not markup
     table.add_column("metric")
     for p in ("p50", "p90", "p99"):
         table.add_column(p, justify="right")
     for name in ("ttft", "tbt", "e2e", "sched_delay"):
         table.add_row(f"{name} (s)", *(fmt(s.get(f"{name}_{p}")) for p in ("p50", "p90", "p99")))
     console.print(table)
-    console.print(
+    console.print(escape(
         f"throughput {s['throughput_rps']:.3f} req/s, {s['throughput_tokens_per_s']:.0f} output tok/s; "
         f"TPOT p50 {fmt(s['tpot_p50'])} s; makespan {s['makespan_s']:.1f} s; preemptions "
-        f"{s['preemptions']}; {'sustainable' if s['sustainable'] else 'UNSUSTAINABLE: the queue keeps growing'}"
+        f"{s['preemptions']}; {'sustainable' if s['sustainable'] else 'UNSUSTAINABLE: ' + str(s.get('unsustainable_reason'))}"
         + (f"; served in {s['real_wall_s']:.1f} s" if s.get("mode") == "real"
-           else f"; simulated in {s['sim_wall_s']:.2f} s"))
+           else f"; simulated in {s['sim_wall_s']:.2f} s")))
 
 
 
@@ -35,3 +40,16 @@ def fmt_rate(v: float | None) -> str:
 def fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.4f}"
 
+
+@contextmanager
+def progress_bar(what: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr while it is a terminal, fed (done, total); None where nobody would see it."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn(escape(what)), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(what, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)

@@ -4,6 +4,8 @@ usage errors rewritten to name the bad value and the command whose --help explai
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
+from pathlib import Path
 from typing import NoReturn
 
 import typer
@@ -33,6 +35,20 @@ def fail(message: str) -> NoReturn:
     print(f"simctl: error: {one_line(message)}", file=sys.stderr)
     sys.exit(2)
 
+
+
+def warn_all(warnings: Iterable[str]) -> None:
+    """Warnings a result carries (also recorded with it), one line each on stderr."""
+    for w in warnings:
+        print(f"simctl: warning: {one_line(w)}", file=sys.stderr)
+
+
+def note_replaced(out: Path, files: tuple[str, ...]) -> None:
+    from sim.output import earlier_outputs
+
+    earlier = earlier_outputs(out, files)
+    if earlier:
+        print(f"simctl: replacing the earlier {', '.join(earlier)} in {out}", file=sys.stderr)
 
 
 def given_value(args: list[str], opts: list[str]) -> str | None:

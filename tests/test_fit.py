@@ -25,7 +25,7 @@ import pytest
 from common.errors import InputError
 from policies.plan import BatchPlan, Layout, packed, padded_decode, padded_prefill
 from policies.seq import Seq
-from profiler.fit import COST_MODEL_FILE, choose_knots, fit_profile
+from profiler.fit import COST_MODEL_FILE, choose_knots, fit_coefficients, fit_profile
 from profiler.fit_report import format_report
 from profiler.fit_roofline import plans_from_rows
 from profiler.profile_data import PROFILE_COLUMNS
@@ -34,7 +34,9 @@ from sim.cost.calibration import load_roofline_calibration
 from sim.cost.curves import pwl_array
 from sim.cost.features import decode_pad_kv
 from sim.cost.fitted import COEFFICIENTS
+from sim.gpus import get_gpu
 from sim.models import get_model
+from sim.run import cost_model
 
 TINY = get_model("tiny")
 TINY_SHAPE = {f.name: getattr(TINY, f.name) for f in dataclasses.fields(TINY) if f.name != "description"}
@@ -315,10 +317,20 @@ def test_split_is_seeded_and_holdout_zero_allowed(tmp_path):
 def test_uncovered_terms_are_zero_and_listed(tmp_path):
     df = design()
     df = df[df["kind"] == "prefill"]
-    r = fit_profile(write_profile(tmp_path, df, synth_times(df)), plot=False)
+    r = fit_coefficients(df.assign(time_s=synth_times(df)))
     assert set(r.not_covered) == {"decode_pad_token_s", "decode_row_s"}
     assert r.coefficients["decode_row_s"] == 0.0 and r.curves["decode_kv"] == [(1, 0.0)]
     assert r.coefficients["attn_unit_s"] == pytest.approx(TRUTH["attn_unit_s"], rel=0.02)
+
+
+@pytest.mark.parametrize("kind", ["prefill", "decode"])
+def test_a_profile_without_decode_or_prefill_rows_is_refused(tmp_path, kind):
+    """Its cost model would price the missing kind at nothing (a fit without decodes predicted TBT 0 s)."""
+    df = design()
+    df = df[df["decode_rows"] == 0] if kind == "decode" else df[df["num_segments"] == 0]
+    with pytest.raises(InputError, match=f"no iteration has {kind} rows"):
+        fit_profile(write_profile(tmp_path, df, synth_times(df)), plot=False)
+    assert not (tmp_path / "cost_model.json").exists()
 
 
 # ---- Fitted ------------------------------------------------------------------------------------------------
@@ -566,3 +578,42 @@ def test_roofline_calibration_recovers_efficiencies(tmp_path):
     # memory recorded in meta.json: capacity from the cost model file
     assert Fitted.load(r.cost_model_path).kv_capacity_tokens() == rf.kv_capacity_tokens()
     assert "roofline  a100-80gb" in format_report(r)
+
+
+# ---- where a cost model may be used (issue 13: a CPU's efficiencies priced an A100 at 77 s per token) --------
+def test_a_cpu_profile_calibrates_only_the_cpu_roofline(tmp_path):
+    d = synthetic(tmp_path / "p")
+    with pytest.raises(InputError, match="--roofline-gpu a100-80gb: the profile was measured on synthetic"):
+        fit_profile(d, roofline_gpu="a100-80gb", plot=False)
+    assert not (d / COST_MODEL_FILE).exists()
+    cal = fit_profile(d, roofline_gpu="cpu", plot=False).roofline
+    assert cal is not None
+    with pytest.raises(InputError, match="measured on a CPU, and cannot price a100-80gb"):
+        cost_model(cal.path, get_model("tiny"), get_gpu("a100-80gb"), 1)
+    _, _, label, warnings = cost_model(cal.path, get_model("tiny"), get_gpu("cpu"), 1)
+    assert label.startswith("roofline calibrated by") and warnings == []
+
+
+def test_a_gpu_calibration_on_another_gpu_or_model_is_used_with_warnings(tmp_path):
+    cal = tmp_path / "roofline_calibration.json"
+    cal.write_text(json.dumps({"format": "simctl.roofline-calibration", "version": 2, "gpu": "a100-80gb",
+                               "measured_on": "a100-80gb", "model": "mistral-7b",
+                               "params": {"mfu": 0.5, "mbu": 0.6, "attn_mfu": 0.3, "overhead_s": 0.004}}))
+    *_, same = cost_model(cal, get_model("mistral-7b"), get_gpu("a100-80gb"), 1)
+    assert same == []
+    *_, other = cost_model(cal, get_model("llama-2-7b"), get_gpu("h100"), 1)
+    assert len(other) == 2
+    assert "measured on a100-80gb and are applied to h100" in other[0] and "llama-2-7b" in other[1]
+    older = json.loads(cal.read_text())
+    del older["measured_on"]
+    cal.write_text(json.dumps(older))
+    with pytest.raises(InputError, match="does not record the device it was measured on"):
+        cost_model(cal, get_model("mistral-7b"), get_gpu("a100-80gb"), 1)
+
+
+def test_a_fitted_model_prices_only_its_device(exact_fit):
+    path = exact_fit.cost_model_path
+    with pytest.raises(InputError, match="fitted on synthetic, so its times are that device's, not a100-80gb's"):
+        cost_model(path, get_model("tiny"), get_gpu("a100-80gb"), 1)
+    assert cost_model(path, get_model("tiny"), get_gpu("cpu"), 1)[3] == []
+

@@ -303,9 +303,13 @@ def test_build_trace_from_profile_is_deterministic() -> None:
 
 def test_build_trace_replays_file_arrivals(tmp_path: Path) -> None:
     path = _write(tmp_path, "t.csv", HEADER_ARR + "0.0,10,5\n0.5,7,3\n1.25,1,1\n")
-    reqs = build_trace(str(path), 2, qps=99.0, seed=0)
+    reqs = build_trace(str(path), 2, qps=None, seed=0)
     assert reqs == [Request(0, 0.0, 10, 5), Request(1, 0.5, 7, 3)]
-    assert build_trace(path, None, qps=1.0, seed=5, arrival="gamma", cv=2.0)[2] == Request(2, 1.25, 1, 1)
+    assert build_trace(path, None, qps=None, seed=5)[2] == Request(2, 1.25, 1, 1)
+    # a rate time-scales them: 2 gaps over 1.25 s is 1.6 requests per second
+    assert [r.arrival_s for r in build_trace(path, None, qps=3.2, seed=0)] == [0.0, 0.25, 0.625]
+    with pytest.raises(InputError, match="--arrival and --cv describe generated ones"):
+        build_trace(path, None, qps=None, seed=5, arrival="gamma", cv=2.0)
     with pytest.raises(InputError, match="only 3"):
         build_trace(path, 4, qps=1.0, seed=0)
 
@@ -418,6 +422,6 @@ def test_splitwise_conv_loads_with_its_arrivals() -> None:
     assert len(trace) == 19_366 and trace.arrival_s is not None
     assert trace.arrival_s[0] == 0.0 and trace.arrival_s[1] == pytest.approx(4.314579)
     assert np.all(np.diff(trace.arrival_s) >= 0)
-    reqs = build_trace(SPLITWISE_CONV, 100, qps=1000.0, seed=0)
+    reqs = build_trace(SPLITWISE_CONV, 100, qps=None, seed=0)
     np.testing.assert_array_equal([r.arrival_s for r in reqs], trace.arrival_s[:100])
     assert [r.prompt_tokens for r in reqs[:2]] == [374, 396]

@@ -143,10 +143,11 @@ def test_bad_input(cost, tmp_path, kwargs, match):
 
 
 def test_slo_that_never_binds_is_an_input_error(cost, tmp_path):
-    """20 short requests are all served within 2 s at any rate: no capacity to scale the loads by."""
+    """6 short requests are all served within 2 s at any rate (and too few to call a queue unsustainable): no
+    capacity to scale the loads by."""
     with pytest.raises(InputError, match="num-requests"):
         validate_main(["sarathi"], "sharegpt", [0.5], cost=cost, out=tmp_path / "val", model=MODEL,
-                      scale=0.02, num_requests=20, threads=1)
+                      scale=0.02, num_requests=6, threads=1)
     assert not (tmp_path / "val").exists()
 
 

@@ -1,7 +1,7 @@
 """Request traces: seeded arrival processes, length profiles fitted to published data, and file loaders."""
 
 from traces.arrivals import gamma_arrivals, poisson_arrivals
-from traces.build import ARRIVAL_PROCESSES, build_trace, is_profile, trace_max_total_tokens
+from traces.build import ARRIVAL_PROCESSES, build_trace, has_arrival_times, is_profile, trace_max_total_tokens
 from traces.lengths import PROFILES, LengthProfile, get_profile, sample_lengths
 from traces.loaders import LoadedTrace, load_trace_file
 from traces.request import Request
@@ -15,6 +15,7 @@ __all__ = [
     "build_trace",
     "gamma_arrivals",
     "get_profile",
+    "has_arrival_times",
     "is_profile",
     "load_trace_file",
     "poisson_arrivals",

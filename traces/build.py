@@ -3,8 +3,10 @@
 - Profile (``sharegpt``, ``arxiv``): lengths from the profile, then arrivals from the chosen generator, both
   from ONE ``np.random.default_rng(seed)`` in that order, so a (spec, n, qps, seed, arrival, cv) tuple
   always yields the same trace.
-- File WITH arrival times: the first ``num_requests`` rows are replayed exactly as given (lengths and
-  arrivals); ``qps``, ``arrival`` and ``cv`` are ignored, since the file already fixes the load.
+- File WITH arrival times: the first ``num_requests`` rows are replayed as given (lengths and arrivals), or,
+  with a ``qps``, with every arrival time multiplied by one factor that makes their mean rate ``qps`` (the
+  pattern of the trace kept: what a capacity search over a real trace needs). ``arrival`` and ``cv`` describe
+  generated arrivals: another value than the default is refused rather than ignored.
 - File WITHOUT arrival times: the first ``num_requests`` rows' lengths, in file order, with arrivals
   generated as for a profile.
 - For a file, ``num_requests=None`` means every row; asking for more rows than the file has is an error
@@ -79,7 +81,24 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     return int(value)
 
 
-def _arrivals(n: int, qps: float, arrival: str, cv: float, rng: np.random.Generator) -> np.ndarray:
+def has_arrival_times(trace: str | os.PathLike[str]) -> bool:
+    """Whether `trace` is a file that gives its own arrival times."""
+    source = _resolve(trace)
+    return not isinstance(source, str) and source.has_arrivals
+
+
+def _time_scaled(source: LoadedTrace, arrivals: np.ndarray, qps: float) -> np.ndarray:
+    """`arrivals` stretched or squeezed by one factor so that their mean rate is `qps`."""
+    span = float(arrivals[-1] - arrivals[0])
+    if len(arrivals) < 2 or span <= 0:
+        raise InputError(f"trace file {source.path}: its {len(arrivals)} arrival time(s) span no time, so they "
+                         "cannot be scaled to a rate (--qps); leave --qps out to replay them")
+    return arrivals * ((len(arrivals) - 1) / span / qps)
+
+
+def _arrivals(n: int, qps: float | None, arrival: str, cv: float, rng: np.random.Generator) -> np.ndarray:
+    if qps is None:
+        raise InputError("an arrival rate (--qps) is needed: the trace does not give arrival times")
     if arrival == "poisson":
         return poisson_arrivals(n, qps, rng)
     return gamma_arrivals(n, qps, cv, rng)
@@ -88,7 +107,7 @@ def _arrivals(n: int, qps: float, arrival: str, cv: float, rng: np.random.Genera
 def build_trace(
     trace: str | os.PathLike[str],
     num_requests: int | None,
-    qps: float,
+    qps: float | None,
     seed: int,
     arrival: str = "poisson",
     cv: float = 1.0,
@@ -119,7 +138,10 @@ def build_trace(
             )
         prompts, outputs = source.prompt_tokens[:n], source.output_tokens[:n]
         if source.arrival_s is not None:
-            arrivals = source.arrival_s[:n]
+            if arrival != "poisson" or cv != 1.0:
+                raise InputError(f"trace file {source.path} gives its own arrival times: --arrival and --cv "
+                                 "describe generated ones (drop them, or the file's arrival column)")
+            arrivals = source.arrival_s[:n] if qps is None else _time_scaled(source, source.arrival_s[:n], qps)
         else:
             arrivals = _arrivals(n, qps, arrival, cv, rng)
 

@@ -16,9 +16,11 @@ exporters write those); arrival times must be finite, >= 0 and non-decreasing. A
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +114,13 @@ def _read_csv(path: Path) -> pd.DataFrame:
     try:
         # Everything as text so that we, not pandas, decide what a bad cell is and which line it is on;
         # blank lines are kept (then dropped below) so that index + 2 is the line number.
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False)
+        # index_col=False: a row with more fields than the header is not taken for an index column; pandas
+        # then warns that it drops the extra fields, and that warning is made the error it is
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            df = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False, index_col=False)
+    except pd.errors.ParserWarning:
+        raise _too_many_fields(path) from None
     except pd.errors.EmptyDataError:
         raise InputError(f"trace file {path}: empty file (expected a CSV header and rows)") from None
     except pd.errors.ParserError as e:
@@ -122,9 +130,29 @@ def _read_csv(path: Path) -> pd.DataFrame:
         raise InputError(f"trace file {path}: not UTF-8 text") from None
     except OSError as e:
         raise InputError(f"trace file {path}: cannot read ({e.strerror or e})") from None
-    df.columns = [str(c).strip() for c in df.columns]
+    header = _header(path)
+    twice = sorted({c for c in header if header.count(c) > 1})
+    if twice:
+        raise InputError(f"trace file {path}: column(s) {', '.join(twice)} appear more than once in the header")
+    df.columns = header
     blank = (df.apply(lambda col: col.str.strip()) == "").all(axis=1)
     return df[~blank]
+
+
+def _too_many_fields(path: Path) -> InputError:
+    with path.open(encoding="utf-8", newline="") as f:
+        rows = csv.reader(f)
+        width = len(next(rows, []))
+        for line, row in enumerate(rows, start=2):
+            if len(row) > width:
+                return _fail(path, line, f"{len(row)} fields, but the header names {width} columns")
+    return InputError(f"trace file {path}: a row has more fields than the header names columns")
+
+
+def _header(path: Path) -> list[str]:
+    """The header's column names, stripped, as written (pandas renames a repeated name `name.1`)."""
+    with path.open(encoding="utf-8-sig", newline="") as f:
+        return [c.strip() for c in next(csv.reader(f), [])]
 
 
 def _numeric_column(path: Path, df: pd.DataFrame, name: str) -> np.ndarray:

@@ -1,0 +1,309 @@
+"""Honest answers under misuse (issue 13): inputs a new user tries that used to give answers that looked valid
+and were not, tracebacks, or a mess after an interruption. Each case gets a clear error, a stated warning or
+a verdict that holds, and the interrupted commands stop their children and leave --out as it was."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from common.errors import InputError
+from sim.capacity import SLO, find_capacity, search_qps
+from sim.run import RunConfig, run
+from traces import build_trace
+
+SIMCTL = Path(sys.executable).parent / "simctl"
+
+
+def simctl(*args: str | Path, cwd: Path | None = None, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SIMCTL), *map(str, args)], check=False, capture_output=True, text=True,
+                          cwd=cwd, timeout=300, **kw)
+
+
+def one_line_error(res: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("simctl: error: "), res.stderr
+    for w in words:
+        assert w in res.stderr, (w, res.stderr)
+
+
+def timed_csv(path: Path, n: int = 200, rate: float = 2.0, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / rate, n))
+    rows = [f"{rng.integers(50, 400)},{rng.integers(5, 100)},{a:.6f}" for a in arrivals]
+    path.write_text("num_prefill_tokens,num_decode_tokens,arrived_at\n" + "\n".join(rows) + "\n")
+    return path
+
+
+# ---- sustainability holds for short runs; overload is given up on in bounded work ----------------------------
+def test_a_short_overloaded_run_is_unsustainable() -> None:
+    """652 requests per second offered, 1.4 served: it was called sustainable (its queue had no quarters)."""
+    s = run(RunConfig(qps=1000, num_requests=20)).summary
+    assert s["sustainable"] is False and s["gave_up"] is False
+    assert "still waiting when the last one arrived" in s["unsustainable_reason"]
+    assert s["throughput_rps"] < s["offered_qps"] / 2
+
+
+def test_a_short_light_run_is_sustainable() -> None:
+    s = run(RunConfig(qps=0.05, num_requests=20)).summary
+    assert s["sustainable"] is True and s["unsustainable_reason"] is None
+
+
+def test_overload_is_given_up_on_and_says_so() -> None:
+    """A token budget of 1 on arxiv used to simulate for minutes: the give-up needed 1,000 waiting of 1,000."""
+    s = run(RunConfig(policy="sarathi", trace="arxiv", qps=0.5, num_requests=400,
+                      options={"token_budget": 1})).summary
+    assert s["gave_up"] is True and s["sustainable"] is False
+    assert s["unsustainable_reason"].startswith("gave up: ")
+    assert s["completed"] < s["num_requests"]
+
+
+# ---- capacity says when it has no answer -------------------------------------------------------------------
+def test_capacity_refuses_probes_too_short_to_build_a_queue() -> None:
+    res = simctl("capacity", "--num-requests", "20")
+    one_line_error(res, "--num-requests 20", "at least 100")
+
+
+def test_a_search_that_never_fails_reports_no_upper_bound() -> None:
+    def always(q: float) -> dict:
+        return {"sustainable": True, "completed": 1, "num_requests": 1, "tbt_p99": 0.0, "ttft_p50": 0.0,
+                "sched_delay_p50": 0.0}
+
+    r = search_qps(always, SLO(), 1.0, max_probes=60)
+    assert r.problem is not None and r.problem.startswith("no upper bound")
+    assert r.qps == 1e9 and len(r.probes) == 31  # 1, 2, 4, ... then the 1e9 ceiling
+
+
+def test_a_search_that_never_succeeds_reports_it() -> None:
+    def never(q: float) -> dict:
+        return {"sustainable": False, "completed": 1, "num_requests": 1, "tbt_p99": 0.0, "ttft_p50": 0.0,
+                "sched_delay_p50": 0.0}
+
+    r = search_qps(never, SLO(), 1.0, max_probes=60)
+    assert r.qps == 0 and r.problem is not None and r.problem.startswith("no rate met the SLO, down to 0.0001")
+
+
+def test_an_absurd_start_rate_still_finds_the_capacity() -> None:
+    """--start-qps 1e12 ended at capacity 0: 30 halvings did not reach the capacity."""
+    config = RunConfig(policy="vllm", trace="sharegpt", num_requests=200)
+    usual = find_capacity(config, SLO())
+    absurd = find_capacity(config, SLO(), start_qps=1e12)
+    assert usual.problem is None and absurd.problem is None
+    assert absurd.qps == pytest.approx(usual.qps, rel=0.05)
+
+
+def test_capacity_cli_states_a_search_without_answer(tmp_path: Path) -> None:
+    """No rate meets a P99 TBT of 0.1 ms: the table says none was found, stderr and capacity.json say why."""
+    res = simctl("capacity", "--policy", "vllm", "--num-requests", "100", "--slo-tbt-p99", "0.0001",
+                 "--out", tmp_path / "cap")
+    assert res.returncode == 0, res.stderr
+    assert "none found" in res.stdout
+    assert res.stderr.startswith("simctl: warning: vllm: no rate met the SLO, down to 0.0001 QPS")
+    cap = json.loads((tmp_path / "cap" / "capacity.json").read_text())
+    assert cap["capacity_qps"]["vllm"] == 0 and cap["problems"]["vllm"].startswith("no rate met the SLO")
+
+
+# ---- trace files with arrival times ------------------------------------------------------------------------
+def test_a_timed_trace_is_replayed_or_time_scaled_to_the_rate_given(tmp_path: Path) -> None:
+    path = timed_csv(tmp_path / "t.csv")
+    given = pd.read_csv(path)["arrived_at"].to_numpy()
+    replay = np.array([r.arrival_s for r in build_trace(path, None, None, 0)])
+    np.testing.assert_array_equal(replay, given)
+    scaled = np.array([r.arrival_s for r in build_trace(path, None, 10.0, 0)])
+    assert (len(scaled) - 1) / (scaled[-1] - scaled[0]) == pytest.approx(10.0, rel=1e-12)
+    np.testing.assert_allclose(scaled / given, scaled[0] / given[0], rtol=1e-12)  # one factor: pattern kept
+
+
+def test_capacity_of_a_timed_trace_varies_its_rate(tmp_path: Path) -> None:
+    """Every probe replayed the file's own arrivals, so no rate ever failed."""
+    path = timed_csv(tmp_path / "t.csv", n=300)
+    r = find_capacity(RunConfig(policy="vllm", trace=str(path), num_requests=300), SLO(tbt_p99_s=0.2))
+    assert r.problem is None and r.qps > 0
+    assert len({p["offered_qps"] for p in r.probes}) == len(r.probes)
+
+
+@pytest.mark.parametrize("extra", [("--arrival", "gamma", "--cv", "4"), ("--arrival", "gamma")])
+def test_generated_arrival_options_are_refused_for_a_timed_trace(tmp_path: Path, extra: tuple[str, ...]) -> None:
+    res = simctl("run", "--trace", timed_csv(tmp_path / "t.csv"), *extra, "--out", tmp_path / "out")
+    one_line_error(res, "gives its own arrival times", "--arrival")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_length_profile_needs_a_rate() -> None:
+    with pytest.raises(InputError, match="--qps is needed"):
+        RunConfig(qps=None).validate()
+
+
+# ---- the model's context -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("model", "trace", "context"), [("llama-2-7b", "arxiv", "4096"),
+                                                         ("tiny", "sharegpt", "2048")])
+def test_requests_beyond_the_models_context_are_refused(model: str, trace: str, context: str) -> None:
+    with pytest.raises(InputError, match=f"but {model} has a context of {context}; lower --scale"):
+        run(RunConfig(model=model, gpu="cpu" if model == "tiny" else "a100-80gb", trace=trace, num_requests=100))
+
+
+@pytest.mark.parametrize(("policy", "words"), [("vllm", "needs 2010 tokens of KV cache"),
+                                               ("orca", "reserves the max sequence length")])
+def test_a_request_within_the_context_but_beyond_the_kv_cache_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str, words: str) -> None:
+    """The catalogue's one such pair: Llama-2-13B on the placeholder CPU's roofline, 729 KV slots at --tp 2."""
+    import sim.run
+
+    monkeypatch.setattr(sim.run, "default_cost_path", lambda gpu: None)
+    path = tmp_path / "long.csv"
+    path.write_text("num_prefill_tokens,num_decode_tokens\n2000,10\n")
+    with pytest.raises(InputError, match=f"does not fit: .*{words}.*729"):
+        run(RunConfig(policy=policy, trace=str(path), model="llama-2-13b", gpu="cpu", tp=2, num_requests=1))
+
+
+def test_real_with_every_default_fits_its_model() -> None:
+    """`simctl real` with no options used to fail: unscaled sharegpt is longer than tiny's context."""
+    from engine.real import RealConfig, size_run
+    from sim.models import get_model
+
+    assert "[default: 0.05]" in " ".join(simctl("real", "--help").stdout.split())
+    config = RealConfig(scale=0.05)
+    requests = build_trace(config.trace, config.num_requests, config.qps, config.seed, scale=config.scale)
+    size_run(config, requests, get_model("tiny").kv_bytes_per_token(4), 1 << 62)  # raises if it cannot run
+
+
+# ---- --out ------------------------------------------------------------------------------------------------
+def test_an_empty_out_is_refused(tmp_path: Path) -> None:
+    one_line_error(simctl("run", "--num-requests", "10", "--out", "", cwd=tmp_path), "--out is empty")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_holding_other_files_is_refused_and_an_earlier_run_replaced(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    one_line_error(simctl("run", "--num-requests", "10", "--out", out), "holds other files (notes.txt)")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    (out / "notes.txt").unlink()
+    assert simctl("run", "--num-requests", "10", "--out", out).returncode == 0
+    res = simctl("run", "--num-requests", "10", "--seed", "1", "--out", out)
+    assert res.returncode == 0 and "replacing the earlier" in res.stderr
+    assert json.loads((out / "summary.json").read_text())["seed"] == 1
+    one_line_error(simctl("capacity", "--num-requests", "100", "--out", out), "holds other files")
+
+
+def test_capacity_refuses_an_unwritable_out_before_searching(tmp_path: Path) -> None:
+    out = tmp_path / "cap"
+    (out / "capacity.png").mkdir(parents=True)
+    one_line_error(simctl("capacity", "--num-requests", "100", "--out", out), "capacity.png is a directory")
+    assert [p.name for p in out.iterdir()] == ["capacity.png"]
+    if Path("/proc/self").is_dir():
+        one_line_error(simctl("capacity", "--num-requests", "100", "--out", "/proc/x"), "--out /proc/x")
+
+
+# ---- trace files -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("text", "words"), [
+    ("num_prefill_tokens,num_decode_tokens\n10,5,7\n3,4\n", ("line 2", "3 fields", "2 columns")),
+    ("num_prefill_tokens,num_decode_tokens,num_decode_tokens\n10,5,7\n", ("num_decode_tokens", "more than once")),
+])
+def test_malformed_csv_headers_and_rows(tmp_path: Path, text: str, words: tuple[str, ...]) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    one_line_error(simctl("run", "--trace", path), *words)
+
+
+def test_a_trace_path_is_text_not_markup(tmp_path: Path) -> None:
+    """`[/b]` in a path was a rich markup error (after --out was written); `[red]` vanished from the title."""
+    folder = tmp_path / "x[red]y["
+    folder.mkdir()
+    path = timed_csv(folder / "b].csv", n=20)
+    res = simctl("run", "--trace", path, "--out", tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    assert "[red]y[/b].csv" in "".join(res.stdout.split()), res.stdout
+
+
+def test_stdout_on_a_full_disk_is_one_line(tmp_path: Path) -> None:
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    with open("/dev/full", "w") as full:
+        res = subprocess.run([str(SIMCTL), "run", "--num-requests", "10"], stdout=full, stderr=subprocess.PIPE,
+                             text=True, timeout=120, check=False)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "cannot write the output (No space left on device)" in res.stderr
+
+
+# ---- interruption ------------------------------------------------------------------------------------------
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _interrupt_once_children_run(args: tuple[str | Path, ...], sig: int, cwd: Path) -> tuple[int, str, list[int]]:
+    """Start simctl, wait until it has children, send `sig`; its exit code, stderr and the children it had."""
+    proc = subprocess.Popen([str(SIMCTL), *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, cwd=cwd)
+    deadline = time.monotonic() + 60
+    kids: list[int] = []
+    while not kids and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+        kids = _children(proc.pid)
+    assert kids, "no child process started"
+    time.sleep(0.5)
+    kids = _children(proc.pid)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    return proc.returncode, err, kids
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs /proc")
+@pytest.mark.parametrize(("command", "sig", "code"), [
+    (("capacity", "--policy", "vllm,sarathi", "--workers", "2", "--num-requests", "3000"), signal.SIGTERM, 143),
+    (("capacity", "--policy", "vllm,sarathi", "--workers", "2", "--num-requests", "3000"), signal.SIGINT, 130),
+    (("real", "--policy", "vllm", "--num-requests", "400", "--qps", "2"), signal.SIGTERM, 143),
+])
+def test_an_interrupted_command_stops_its_children_and_writes_nothing(tmp_path: Path, command: tuple[str, ...],
+                                                                     sig: int, code: int) -> None:
+    out = tmp_path / "out"
+    rc, err, kids = _interrupt_once_children_run((*command, "--out", out), sig, tmp_path)
+    assert rc == code and err.strip().splitlines()[-1] == "simctl: interrupted", (rc, err)
+    time.sleep(1.0)
+    assert not [k for k in kids if _alive(k)], "children outlived simctl"  # a real run's wrote --out 20 s later
+    assert not out.exists()
+
+
+def test_sigterm_while_simulating_leaves_no_temporaries(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen([str(SIMCTL), "run", "--trace", "sharegpt", "--qps", "2", "--num-requests", "200000",
+                             "--out", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and err.strip() == "simctl: interrupted", err
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+# ---- help that teaches -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", ["run", "capacity", "real", "validate", "profile", "fit"])
+def test_help_shows_defaults_and_plain_flags(command: str) -> None:
+    text = simctl(command, "--help").stdout
+    flat = " ".join(text.split())
+    assert not re.search(r" \.( |$)", flat) and "<bool>" not in flat  # "simulate ." lost a [default: ...]
+    if command == "run":
+        assert "[default: 0.5;" in flat and "[default: 1000 for a length profile" in flat
+        assert "num_prefill_tokens,num_decode_tokens[,arrived_at] or JSONL" in flat
+
+
+def test_a_bad_start_rate_names_its_option() -> None:
+    one_line_error(simctl("capacity", "--start-qps", "0"), "--start-qps")
