@@ -43,9 +43,9 @@ def check_scale(scale: object) -> float:
     return float(scale)
 
 
-def scale_length(n: int, scale: float) -> int:
-    """A length times `scale`, rounded half up, at least 1."""
-    return max(1, math.floor(n * scale + 0.5))
+def scale_lengths(n: np.ndarray, scale: float) -> np.ndarray:
+    """Lengths times `scale`, each rounded half up, at least 1."""
+    return np.maximum(1, np.floor(n * scale + 0.5)).astype(np.int64)
 
 
 def is_profile(trace: str | os.PathLike[str]) -> bool:
@@ -145,12 +145,13 @@ def build_trace(
         else:
             arrivals = _arrivals(n, qps, arrival, cv, rng)
 
+    prompts, outputs = np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
     if scale != 1.0:
-        prompts = [scale_length(int(p), scale) for p in prompts]
-        outputs = [scale_length(int(o), scale) for o in outputs]
-    return [
-        Request(id=i, arrival_s=float(a), prompt_tokens=int(p), output_tokens=int(o))
-        for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs, strict=True))
+        prompts, outputs = scale_lengths(prompts, scale), scale_lengths(outputs, scale)
+    arrivals = np.asarray(arrivals, dtype=np.float64)
+    return [  # plain Python numbers (tolist), so that a Request holds no numpy scalar
+        Request(i, a, p, o)
+        for i, (a, p, o) in enumerate(zip(arrivals.tolist(), prompts.tolist(), outputs.tolist(), strict=True))
     ]
 
 
