@@ -123,14 +123,16 @@ class PagedKV(KVManager):
         """A function of k: the blocks each sequence lacks to cache k more tokens (from the free slots it
         already holds in its last block)."""
         blocks, bs = self.blocks, self.block_size
-        slack = np.fromiter((blocks[s.id] * bs - s.computed for s in seqs), np.int64, len(seqs))
+        slack = np.array([blocks[s.id] * bs - s.computed for s in seqs], dtype=np.int64)
         return lambda k: -(-np.maximum(k - slack, 0) // bs)
 
     def _allocate(self, seqs: list[Seq], new: np.ndarray) -> None:
-        assert new.sum() <= self.free_blocks, "growth beyond the free blocks"
-        for i in np.flatnonzero(new).tolist():
-            self.blocks[seqs[i].id] += int(new[i])
-        self.free_blocks -= int(new.sum())
+        total = int(new.sum())
+        assert total <= self.free_blocks, "growth beyond the free blocks"
+        blocks = self.blocks
+        for i, n in zip(np.flatnonzero(new).tolist(), new[new > 0].tolist()):
+            blocks[seqs[i].id] += n
+        self.free_blocks -= total
 
     def _largest_fit(self, new_blocks, limit: int) -> int:
         """Largest k <= limit whose new blocks fit in the free ones (binary search; need(k) grows with k)."""

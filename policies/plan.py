@@ -66,11 +66,14 @@ def hybrid(decodes: list[Seq], prefills: list[Seq], chunks: list[int]) -> BatchP
     """A ragged batch of single-token decodes and prefill segments (whole prompts or chunks): the linear
     layers see exactly the new tokens and each segment attends only to its own cache."""
     rows = len(decodes)
+    kv = sum(map(_computed, decodes)) + rows
+    if not prefills:  # a decode step, the most common plan: nothing else to derive
+        return BatchPlan(decodes, [1] * rows, Layout.PACKED, rows, rows, chunks, [], rows, kv, 0, rows)
     contexts = [s.computed for s in prefills]
     sampled = sum(1 for s, c, q in zip(prefills, contexts, chunks) if c + q == s.prompt_tokens + s.generated)
     prefill = sum(chunks)
     return BatchPlan(decodes + prefills, [1] * rows + chunks, Layout.PACKED, prefill + rows, sampled + rows,
-                     chunks, contexts, rows, sum(map(_computed, decodes)) + rows, prefill, rows)
+                     chunks, contexts, rows, kv, prefill, rows)
 
 
 def packed(seqs: list[Seq], num_new: list[int]) -> BatchPlan:

@@ -44,10 +44,12 @@ class SarathiServe(Policy):
             return s.prefill_remaining if first or used + s.prefill_remaining <= self.token_budget else 0
         return min(s.prefill_remaining, self.token_budget - used)
 
-    def _prefill_chunks(self, used: int) -> tuple[list[Seq], list[int]]:
+    def _prefill_chunks(self, used: int, ongoing: bool = True) -> tuple[list[Seq], list[int]]:
+        """The prefill segments of the iteration; `ongoing`: some running sequence may be mid-prefill (False
+        when every running sequence is a decode, which saves the scan)."""
         seqs: list[Seq] = []
         chunks: list[int] = []
-        for s in self.running:  # lines 9-12: ongoing prefills
+        for s in self.running if ongoing else ():  # lines 9-12: ongoing prefills
             if s.computed < s.prefill_end:
                 c = self._chunk(s, used, not seqs)
                 if c > 0:
@@ -73,7 +75,7 @@ class SarathiServe(Policy):
             decodes = self._grow_decodes()
             return hybrid(decodes, [], []) if decodes else None
         decodes = self._grow_decodes()  # lines 6-8
-        seqs, chunks = self._prefill_chunks(len(decodes))
+        seqs, chunks = self._prefill_chunks(len(decodes), len(decodes) < len(self.running))
         if not decodes and not seqs:
             return None
         return hybrid(decodes, seqs, chunks)

@@ -66,7 +66,7 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
         if s.generated == s.output_tokens:
             s.completion_s = last_end
             finished.append(s)
-    records.gaps.extend(np.diff(ends), len(plan.seqs))  # later steps: every row waited one iteration
+    records.gaps.extend(ends[1:] - ends[:-1], len(plan.seqs))  # later steps: every row waited one iteration
     _close(policy, records, plan, start, last_end, k, prev_token, finished, first_end)
     return finished
 
