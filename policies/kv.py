@@ -74,7 +74,7 @@ class PagedKV(KVManager):
         self.capacity = self.num_blocks * block_size
         self.watermark_blocks = int(watermark * self.num_blocks)
         self.free_blocks = self.num_blocks
-        self.blocks: dict[int, int] = {}  # seq id -> blocks held
+        self.held: dict[int, int] = {}  # seq id -> token slots held (its blocks x block_size)
 
     @property
     def used(self) -> int:
@@ -95,10 +95,10 @@ class PagedKV(KVManager):
         need = self._blocks_for(seq.prefill_end)
         assert need <= self.free_blocks, "admit() without can_admit()"
         self.free_blocks -= need
-        self.blocks[seq.id] = need
+        self.held[seq.id] = need * self.block_size
 
     def _extra_blocks(self, seq: Seq, steps: int) -> int:
-        return max(0, self._blocks_for(seq.computed + steps) - self.blocks[seq.id])
+        return max(0, self._blocks_for(seq.computed + steps - self.held[seq.id]))
 
     def can_grow(self, seq: Seq, steps: int = 1) -> bool:
         return self._extra_blocks(seq, steps) <= self.free_blocks
@@ -107,31 +107,32 @@ class PagedKV(KVManager):
         extra = self._extra_blocks(seq, steps)
         assert extra <= self.free_blocks, "grow() without can_grow()"
         self.free_blocks -= extra
-        self.blocks[seq.id] += extra
+        self.held[seq.id] += extra * self.block_size
 
     def grow_each(self, seqs: list[Seq]) -> bool:
-        blocks, bs = self.blocks, self.block_size
-        short = [s.id for s in seqs if s.computed + 1 > blocks[s.id] * bs]  # their last block is full
+        held = self.held
+        short = [s.id for s in seqs if s.computed >= held[s.id]]  # their last block is full
         if len(short) > self.free_blocks:
             return False
+        bs = self.block_size
         for i in short:
-            blocks[i] += 1
+            held[i] += bs
         self.free_blocks -= len(short)
         return True
 
     def _new_blocks(self, seqs: list[Seq]):
         """A function of k: the blocks each sequence lacks to cache k more tokens (from the free slots it
         already holds in its last block)."""
-        blocks, bs = self.blocks, self.block_size
-        slack = np.array([blocks[s.id] * bs - s.computed for s in seqs], dtype=np.int64)
+        held, bs = self.held, self.block_size
+        slack = np.array([held[s.id] - s.computed for s in seqs], dtype=np.int64)
         return lambda k: -(-np.maximum(k - slack, 0) // bs)
 
     def _allocate(self, seqs: list[Seq], new: np.ndarray) -> None:
         total = int(new.sum())
         assert total <= self.free_blocks, "growth beyond the free blocks"
-        blocks = self.blocks
+        held, bs = self.held, self.block_size
         for i, n in zip(np.flatnonzero(new).tolist(), new[new > 0].tolist()):
-            blocks[seqs[i].id] += n
+            held[seqs[i].id] += n * bs
         self.free_blocks -= total
 
     def _largest_fit(self, new_blocks, limit: int) -> int:
@@ -161,7 +162,7 @@ class PagedKV(KVManager):
         return k
 
     def free(self, seq: Seq) -> None:
-        self.free_blocks += self.blocks.pop(seq.id)
+        self.free_blocks += self.held.pop(seq.id) // self.block_size
 
 
 class ReservedKV(KVManager):

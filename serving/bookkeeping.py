@@ -20,20 +20,20 @@ def apply_iteration(policy: Policy, records: Records, plan: BatchPlan, start: fl
     finished: list[Seq] = []
     nd = plan.decode_tokens
     seqs = plan.seqs
-    consecutive = 0  # decodes whose previous token came at this iteration's start (the common case)
+    later = 0  # decodes whose previous token came before this iteration's start (the rare case)
     for s in seqs[:nd]:  # decodes: Seq.advance(1), inlined on the hot path; each samples a token
         s.computed += 1
         g = s.generated = s.generated + 1
-        if s.last_token_s == start:
-            consecutive += 1
-        else:
-            prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
+        t = s.last_token_s
+        if t != start:
+            prev_token[t] = prev_token.get(t, 0) + 1
+            later += 1
         s.last_token_s = end
         if g == s.output_tokens:
             s.completion_s = end
             finished.append(s)
-    if consecutive:
-        prev_token[start] = prev_token.get(start, 0) + consecutive
+    if nd > later:
+        prev_token[start] = prev_token.get(start, 0) + nd - later
     for s, q in zip(seqs[nd:], plan.num_new[nd:]):  # prefill segments
         if s.first_scheduled_s < 0:
             s.first_scheduled_s = start

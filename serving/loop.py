@@ -108,7 +108,7 @@ class Replica:
 
     def _stretch(self, plan: BatchPlan, now: float) -> np.ndarray | None:
         """End times of the identical decode iterations this plan can run back to back (None: just one)."""
-        extra = min(min(s.output_tokens - s.generated for s in plan.seqs) - 1, MAX_STRETCH - 1)
+        extra = min(min([s.output_tokens - s.generated for s in plan.seqs]) - 1, MAX_STRETCH - 1)
         if extra <= 0:
             return None
         durations = self.backend.stretch_times(plan, extra + 1)

@@ -95,7 +95,13 @@ class GapHistogram:
         self.total += weight
 
     def extend(self, gaps: np.ndarray, weight: int) -> None:
-        np.add.at(self._counts, self._bin(gaps), weight)
+        idx = self._bin(gaps)
+        if len(idx) > 64:
+            np.add.at(self._counts, idx, weight)
+        else:  # np.add.at's set-up costs more than a few dict updates
+            pending = self._pending
+            for i in idx.tolist():
+                pending[i] = pending.get(i, 0) + weight
         self.total += weight * len(gaps)
 
     def merge(self, other: GapHistogram) -> None:

@@ -20,7 +20,7 @@ from sim.replica import CostBackend, SimulatedTime, process
 from traces.request import Request
 
 Progress = Callable[[int, int], None]  # (requests arrived, requests in all)
-PROGRESS_EVERY = 8192  # SimPy events between two progress reports
+PROGRESS_EVERY = 8  # SimPy events between two progress reports (a replica yields every YIELD_EVERY waits)
 
 
 @dataclass

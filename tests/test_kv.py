@@ -30,24 +30,24 @@ def test_paged_admit_grow_free_block_accounting() -> None:
     a = seq(0, 17)
     assert kv.can_admit(a)
     kv.admit(a)  # 17 prompt tokens -> 2 blocks
-    assert kv.blocks[0] == 2 and kv.free_blocks == 4 and kv.used == 32
+    assert kv.held[0] == 2 * 16 and kv.free_blocks == 4 and kv.used == 32
     a.advance(17)  # prefill cached 17 tokens, sampled token 1
     # tokens 18..32 still fit in the two blocks held
     assert kv.can_grow(a, 15) and kv._extra_blocks(a, 15) == 0
     kv.grow(a)
-    assert kv.blocks[0] == 2 and kv.used == 32
+    assert kv.held[0] == 2 * 16 and kv.used == 32
     kv.grow(a, 15)  # cache up to 32 tokens: still 2 blocks
-    assert kv.blocks[0] == 2
+    assert kv.held[0] == 2 * 16
     kv.grow(a, 16)  # up to 33 tokens: a third block
-    assert kv.blocks[0] == 3 and kv.used == 48
+    assert kv.held[0] == 3 * 16 and kv.used == 48
     assert kv.can_grow(a, 96 - 17) and not kv.can_grow(a, 96 - 17 + 1)  # 96 slots in all
     b = seq(1, 1)
     kv.admit(b)  # even one token takes a whole block
-    assert kv.blocks[1] == 1 and kv.used == 64
+    assert kv.held[1] == 1 * 16 and kv.used == 64
     kv.free(a)
-    assert kv.used == 16 and 0 not in kv.blocks
+    assert kv.used == 16 and 0 not in kv.held
     kv.free(b)
-    assert kv.used == 0 and kv.free_blocks == kv.num_blocks and not kv.blocks
+    assert kv.used == 0 and kv.free_blocks == kv.num_blocks and not kv.held
 
 
 def test_paged_grow_is_idempotent_for_already_allocated_steps() -> None:
@@ -56,9 +56,9 @@ def test_paged_grow_is_idempotent_for_already_allocated_steps() -> None:
     kv.admit(a)
     a.advance(16)
     kv.grow(a, 1)  # token 17 needs block 2
-    assert kv.blocks[0] == 2
+    assert kv.held[0] == 2 * 16
     kv.grow(a, 1)  # asking again for the same step takes nothing more
-    assert kv.blocks[0] == 2 and kv.free_blocks == 8
+    assert kv.held[0] == 2 * 16 and kv.free_blocks == 8
 
 
 def test_paged_admit_covers_recompute_prefill() -> None:
@@ -70,7 +70,7 @@ def test_paged_admit_covers_recompute_prefill() -> None:
     assert a.generated == 21 and a.computed == 30
     a.reset_for_recompute()  # must prefill 10 prompt + 21 generated tokens again
     kv.admit(a)
-    assert kv.blocks[0] == 2  # ceil(31 / 16)
+    assert kv.held[0] == 2 * 16  # ceil(31 / 16)
 
 
 def test_paged_watermark_applies_at_admission_only() -> None:

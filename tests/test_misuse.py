@@ -328,9 +328,11 @@ def test_an_interruption_while_writing_leaves_no_temporaries(tmp_path: Path) -> 
 
 # ---- long runs ---------------------------------------------------------------------------------------------
 def test_progress_is_reported_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sim.replica
     import sim.simulate
 
-    monkeypatch.setattr(sim.simulate, "PROGRESS_EVERY", 100)  # events between reports: several in this run
+    monkeypatch.setattr(sim.replica, "YIELD_EVERY", 16)  # a lone replica's waits per SimPy event...
+    monkeypatch.setattr(sim.simulate, "PROGRESS_EVERY", 4)  # ...and events between reports: several in this run
     config = RunConfig(policy="vllm", trace="sharegpt", qps=2.0, num_requests=300)
     seen: list[tuple[int, int]] = []
     with_bar = run(config, progress=lambda done, total: seen.append((done, total))).summary

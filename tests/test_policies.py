@@ -78,7 +78,7 @@ def head_admittable(policy: Policy) -> bool:
 def kv_covers(kv: object, s: Seq, tokens: int) -> bool:
     """Whether the KV manager holds room for `tokens` cached tokens of `s`."""
     if isinstance(kv, PagedKV):
-        return s.id in kv.blocks and kv.blocks[s.id] * kv.block_size >= tokens
+        return s.id in kv.held and kv.held[s.id] >= tokens
     assert isinstance(kv, ReservedKV)
     return s.id in kv.holders and tokens <= kv.reserve_tokens
 

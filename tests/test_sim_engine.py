@@ -53,3 +53,30 @@ def test_same_seed_same_summary() -> None:
     a.pop("sim_wall_s")
     b.pop("sim_wall_s")
     assert a == b
+
+
+@pytest.mark.parametrize("policy", ["orca", "sarathi"])
+def test_waits_without_simpy_events_change_nothing(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lone replica runs most waits without a SimPy event (nothing else can happen before they end); a
+    replica that makes an event for every wait, beside another process with events of its own, gets the
+    very same results."""
+    import simpy
+
+    import sim.replica
+    import sim.simulate
+
+    requests = random_requests(150, 2.0, seed=3)
+    lone = _run(policy, requests, True)
+
+    def ticker(env: simpy.Environment):  # an unrelated process with an event every 10 ms of simulated time
+        while env.now < 200:  # past the run's end (150 requests at 2 QPS)
+            yield env.timeout(0.01)
+
+    real_process = sim.replica.process
+    monkeypatch.setattr(sim.replica, "YIELD_EVERY", 0)
+    monkeypatch.setattr(sim.simulate, "process",
+                        lambda env, replica: (env.process(ticker(env)), real_process(env, replica))[1])
+    busy = _run(policy, requests, True)
+    for col in lone.requests.columns:
+        assert (lone.requests[col].to_numpy() == busy.requests[col].to_numpy()).all(), col
+    assert lone.iterations.frame().equals(busy.iterations.frame())
