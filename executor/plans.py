@@ -3,8 +3,11 @@
 - packed / hybrid plans (`Layout.PACKED`): `RaggedExecutor.run` with one `Segment` per scheduled sequence:
   its slot, its next q token ids (prompt + generated so far, from position `seq.computed`), cached =
   `seq.computed`, sampled when the segment reaches the last known token (exactly when `Seq.advance` samples).
-- padded plans (`Layout.PADDED`, FasterTransformer): the padded prefill runs as a real `[B, L]` batch
-  (`run_padded`, L = `plan.row_len`), pads computed; each padded decode runs all `plan.rows` rows of that
+- padded plans (`Layout.PADDED`, FasterTransformer, hf-padded): the padded prefill runs as a real `[B, L]`
+  batch (`run_padded`, L = `plan.row_len`, under a dense mask when `plan.dense_attention`), pads computed;
+  a bin-packed prefill (`Layout.BINPACKED`, Prepacking) runs `plan.bins` as rows of L tokens
+  (`run_binpacked`) and leaves each prompt's KV in its own slot, as a padded prefill would; each padded
+  decode runs all `plan.rows` rows of that
   batch, finished rows included (fed their last token at a fixed position, output discarded), over
   `plan.kv_len` KV columns per row. The LM head sees every row, as `sampled_tokens` says.
 
@@ -103,12 +106,15 @@ class PlanExecutor:
             segs = [self._segment(s, q) for s, q in zip(plan.seqs, plan.num_new)]
             logits = ex.run(segs)
             return [s for s, g in zip(plan.seqs, segs) if g.sample], logits
-        if plan.layout is not Layout.PADDED:
-            raise NotImplementedError(f"the real engine cannot run {plan.layout.value} plans")
+        if plan.layout is Layout.BINPACKED:  # a new batch's prompts packed into rows; KV unpacked per slot
+            segs = [self._segment(s, q) for s, q in zip(plan.seqs, plan.num_new)]
+            self.rows = [(s, g.slot) for s, g in zip(plan.seqs, segs)]
+            logits = ex.run_binpacked([[segs[i] for i in row] for row in plan.bins], plan.row_len)
+            return [plan.seqs[i] for row in plan.bins for i in row if segs[i].sample], logits
         if not plan.decode_only:  # a padded B x L prefill: a new batch
             segs = [self._segment(s, q, True) for s, q in zip(plan.seqs, plan.num_new)]  # every row: LM head
             self.rows = [(s, g.slot) for s, g in zip(plan.seqs, segs)]
-            logits = ex.run_padded(segs, length=plan.row_len)
+            logits = ex.run_padded(segs, length=plan.row_len, dense=plan.dense_attention)
             keep = [i for i, sample in enumerate(plan.sampling()) if sample]
             return [plan.seqs[i] for i in keep], logits[keep]
         # a padded decode step: every row of the batch, finished ones too

@@ -30,6 +30,11 @@ length, where no later iteration looks). Attention runs over `[B, KVH, K, D]` wi
 `kv_len`, e.g. a FasterTransformer batch keeping finished rows' KV): the padded KV is read too. Real
 positions get the same logits as unpadded runs.
 
+Bin-packed mode (`run_binpacked`, Prepacking): whole prompts packed back to back in `[B, L]` rows, positions
+restarting at 0 for each prompt, and a block-diagonal causal mask, so a token sees only its own prompt;
+attention runs over the row's fresh keys (a dense-masked L x L block) and each prompt's K/V is written to its
+own slot at positions 0..q-1 (unpacked), pads nowhere. Each prompt gets the logits it gets alone.
+
 Only the last token of each segment with `sample=True` reaches the LM head: the final hidden states are
 gathered at those rows before `lm_head`.
 
@@ -98,6 +103,8 @@ class _Batch:
     kmax: int = 0
     mask: torch.Tensor | None = None
     is_causal: bool = False
+    # bin-packed mode: the real (non-pad) tokens of the flattened [B x L] rows; attention within each row
+    real: torch.Tensor | None = None
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
@@ -119,6 +126,11 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     scale = module.scaling if scaling is None else scaling
     kc = batch.kv[module.layer_idx, 0]  # [S, KVH, M, D]
     vc = batch.kv[module.layer_idx, 1]
+    if batch.real is not None:  # bin-packed rows: each prompt's KV to its own slot; attention within the row
+        B, KVH, L, D = key.shape
+        kc[batch.write_slot, :, batch.write_pos] = key.transpose(1, 2).reshape(B * L, KVH, D)[batch.real]
+        vc[batch.write_slot, :, batch.write_pos] = value.transpose(1, 2).reshape(B * L, KVH, D)[batch.real]
+        return _sdpa(query, key, value, batch.mask, False, scale).transpose(1, 2), None
     if batch.padded:
         kc[batch.write_slot, :, batch.write_pos] = key.transpose(1, 2)  # [B, L, KVH, D]
         vc[batch.write_slot, :, batch.write_pos] = value.transpose(1, 2)
@@ -260,8 +272,44 @@ class RaggedExecutor:
                   BATCH_KWARG: batch}
         return kwargs, torch.tensor(sampled, dtype=torch.long, device=dev)
 
+    def prepare_binpacked(self, rows: Sequence[Sequence[Segment]], length: int) -> tuple[dict[str, Any], torch.Tensor]:
+        """Model-forward kwargs for bin-packed prompts (`rows[b]`: the segments packed back to back in row b,
+        each from position 0, then pads up to `length`), and the (row, column) of each sampled token in
+        row order. The mask lets a token see only the earlier tokens of its own prompt (a pad sees itself)."""
+        flat = [s for row in rows for s in row]
+        if any(s.cached for s in flat) or any(sum(s.q for s in row) > length for row in rows):
+            raise ValueError("bin-packed rows take whole prompts (nothing cached) within the row length")
+        self._check(flat)
+        dev = self.device
+        B, L = len(rows), int(length)
+        ids = torch.zeros(B, L, dtype=torch.long)
+        pos = torch.zeros(B, L, dtype=torch.long)
+        owner = torch.arange(B * L).reshape(B, L) + B * L  # pads: a prompt id of their own
+        real, write_slot, write_pos, sampled = [], [], [], []
+        for b, row in enumerate(rows):
+            start = 0
+            for i, s in enumerate(row):
+                end = start + s.q
+                ids[b, start:end] = torch.as_tensor(s.tokens, dtype=torch.long).reshape(-1)
+                pos[b, start:end] = torch.arange(s.q)
+                owner[b, start:end] = i
+                real.extend(range(b * L + start, b * L + end))
+                write_slot.extend([s.slot] * s.q)
+                write_pos.extend(range(s.q))
+                if s.sample:
+                    sampled.append((b, end - 1))
+                start = end
+        cols = torch.arange(L)
+        blocked = (owner[:, :, None] != owner[:, None, :]) | (cols[None, None, :] > cols[None, :, None])
+        batch = _Batch(self.kv, True, torch.tensor(write_slot, dtype=torch.long, device=dev),
+                       torch.tensor(write_pos, dtype=torch.long, device=dev),
+                       mask=_additive(blocked.to(dev), self.dtype)[:, None],
+                       real=torch.tensor(real, dtype=torch.long, device=dev))
+        kwargs = {"input_ids": ids.to(dev, non_blocking=True), "position_ids": pos.to(dev), BATCH_KWARG: batch}
+        return kwargs, torch.tensor(sampled, dtype=torch.long, device=dev).reshape(-1, 2)
+
     def prepare_padded(self, segments: Sequence[Segment], length: int | None = None,
-                       kv_len: int | None = None) -> tuple[dict[str, Any], torch.Tensor]:
+                       kv_len: int | None = None, dense: bool = False) -> tuple[dict[str, Any], torch.Tensor]:
         """Model-forward kwargs for a padded `[B, L]` iteration (row i = segments[i], right-padded to L),
         and the (row, column) indices of the sampled tokens."""
         L = max(s.q for s in segments) if length is None else int(length)
@@ -281,7 +329,7 @@ class RaggedExecutor:
         slots = [s.slot for s in segments]
         batch = _Batch(self.kv, True, torch.tensor(slots, dtype=torch.long, device=dev)[:, None], pos,
                        slots=_as_index(slots, dev), kmax=kmax)
-        if all(s.cached == 0 for s in segments) and kmax == L:
+        if all(s.cached == 0 for s in segments) and kmax == L and not dense:
             batch.is_causal = True  # right padding: real queries only ever see real keys
         elif L == 1 and all(s.cached + 1 == kmax for s in segments):
             pass  # one new token per row, every row sees all kmax columns
@@ -308,12 +356,21 @@ class RaggedExecutor:
             return self.model.lm_head(hidden.index_select(0, rows))
 
     def run_padded(self, segments: Sequence[Segment], length: int | None = None,
-                   kv_len: int | None = None) -> torch.Tensor:
+                   kv_len: int | None = None, dense: bool = False) -> torch.Tensor:
         """One padded iteration: B = len(segments) rows x L columns (pads computed), attention over
-        `kv_len` KV columns per row (default: the longest row's). Returns the logits of the last real token
+        `kv_len` KV columns per row (default: the longest row's); `dense`: under an explicit mask even where
+        a causal kernel would do (Hugging Face's padding mask). Returns the logits of the last real token
         of each sampled segment, in segment order."""
         with torch.inference_mode():
-            kwargs, rc = self.prepare_padded(segments, length, kv_len)
+            kwargs, rc = self.prepare_padded(segments, length, kv_len, dense)
+            hidden = self._forward(kwargs)  # [B, L, hidden]
+            return self.model.lm_head(hidden[rc[:, 0], rc[:, 1]])
+
+    def run_binpacked(self, rows: Sequence[Sequence[Segment]], length: int) -> torch.Tensor:
+        """One bin-packed prefill (`prepare_binpacked`): the logits of each sampled prompt's last token, in
+        row order."""
+        with torch.inference_mode():
+            kwargs, rc = self.prepare_binpacked(rows, length)
             hidden = self._forward(kwargs)  # [B, L, hidden]
             return self.model.lm_head(hidden[rc[:, 0], rc[:, 1]])
 

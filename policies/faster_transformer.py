@@ -37,16 +37,24 @@ class FasterTransformer(Policy):
                              "prefilled elsewhere")
         super().add(seq)
 
+    def _admit_batch(self) -> None:
+        """Line 3: fill a new batch from the queue, in arrival order, while a slot and its KV are free."""
+        while self.waiting and len(self.running) < self.max_batch_size and self.kv.can_admit(self.waiting[0]):
+            self._admit(self.waiting[0])
+
+    def _prefill(self, batch: list[Seq]) -> BatchPlan:
+        """The new batch's prefill: one B x L batch, pads computed (FasterTransformer's causal kernels skip
+        the scores above the diagonal)."""
+        return padded_prefill(batch)
+
     def schedule(self) -> BatchPlan | None:
-        if not self.batch:  # line 3: admit only when no batch runs
-            while (self.waiting and len(self.running) < self.max_batch_size
-                   and self.kv.can_admit(self.waiting[0])):
-                self._admit(self.waiting[0])
+        if not self.batch:  # admit only when no batch runs
+            self._admit_batch()
             if not self.running:
                 return None
             self.batch = list(self.running)
-            plan = padded_prefill(self.batch)
-            self.kv_len = plan.prefill_q[0]
+            plan = self._prefill(self.batch)
+            self.kv_len = plan.row_len  # every row's KV is padded to the longest prompt
             return plan
         self.kv_len += 1
         # a copy: finish() removes from self.running, and the plan must keep the rows it ran

@@ -46,6 +46,10 @@ class BatchPlan:
     row_len: int = 0  # tokens per row of a padded batch (L; 1 for a decode step); 0: ragged
     kv_len: int = 0  # KV columns every row of a padded decode step reads (pads included)
     idle_rows: int = 0  # rows computed for sequences already finished (their outputs are discarded)
+    # prefill segments computed as whole q x (c + q) score blocks under an explicit mask (Hugging Face's
+    # padded batches, Prepacking's bins) rather than by a causal kernel that skips the upper triangle
+    dense_attention: bool = False
+    bins: list[list[int]] = field(default_factory=list)  # BINPACKED: indices into `seqs`, one list per row
 
     @property
     def decode_only(self) -> bool:
@@ -83,14 +87,29 @@ def packed(seqs: list[Seq], num_new: list[int]) -> BatchPlan:
     return hybrid(decodes, [s for s, _ in prefills], [q for _, q in prefills])
 
 
-def padded_prefill(seqs: list[Seq]) -> BatchPlan:
+def padded_prefill(seqs: list[Seq], dense: bool = False) -> BatchPlan:
     """A B x L prefill of whole prompts, every row padded to the longest (pads are computed; every row reaches
-    the LM head)."""
+    the LM head); `dense`: attention under an explicit padding mask (see `BatchPlan.dense_attention`)."""
     rows = len(seqs)
     length = max(s.prefill_remaining for s in seqs)
     num_new = [s.prefill_remaining for s in seqs]
     return BatchPlan(seqs, num_new, Layout.PADDED, rows * length, rows, [length] * rows, [0] * rows,
-                     prefill_tokens=sum(num_new), row_len=length)
+                     prefill_tokens=sum(num_new), row_len=length, dense_attention=dense)
+
+
+def binpacked_prefill(seqs: list[Seq], bins: list[list[int]]) -> BatchPlan:
+    """Whole prompts packed into rows of L tokens, L = the longest prompt (Prepacking): row b holds the prompts
+    `bins[b]` (indices into `seqs`) back to back, each attending only to itself from position 0 (independent
+    causal masks, restarted positions), then pads. The linear layers compute len(bins) x L tokens, attention
+    is a dense-masked L x L block per row, and every prompt's last token reaches the LM head."""
+    length = max(s.prefill_remaining for s in seqs)
+    num_new = [s.prefill_remaining for s in seqs]
+    if sorted(i for b in bins for i in b) != list(range(len(seqs))) or any(
+            sum(num_new[i] for i in b) > length for b in bins):
+        raise ValueError("bins must hold every prompt once, within the longest prompt's length")
+    rows = len(bins)
+    return BatchPlan(seqs, num_new, Layout.BINPACKED, rows * length, len(seqs), [length] * rows, [0] * rows,
+                     prefill_tokens=sum(num_new), row_len=length, dense_attention=True, bins=bins)
 
 
 def padded_decode(seqs: list[Seq], rows: int, kv_len: int) -> BatchPlan:

@@ -9,13 +9,16 @@ from typing import Any
 from common.errors import InputError
 from policies.base import Policy
 from policies.faster_transformer import FasterTransformer
+from policies.full_batching import HFPadded, LengthOrdered
 from policies.orca import Orca
+from policies.prepack import Prepack
 from policies.sarathi import ChunkedPrefillsOnly, HybridBatchingOnly, SarathiServe
 from policies.vllm import VLLM
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (FasterTransformer, Orca, VLLM, SarathiServe, HybridBatchingOnly, ChunkedPrefillsOnly)
+    for cls in (FasterTransformer, Orca, VLLM, SarathiServe, HybridBatchingOnly, ChunkedPrefillsOnly, HFPadded,
+                LengthOrdered, Prepack)
 }
 
 

@@ -17,7 +17,7 @@ from engine.real import RealConfig, real_main, run_real, size_run, sized_policy,
 from engine.serve import Engine, generate_alone, prompt_ids
 from executor.model import build_model
 from executor.plans import SlotPool
-from executor.ragged import RaggedExecutor
+from executor.ragged import RaggedExecutor, Segment
 from policies.registry import POLICIES
 from sim.models import get_model
 from sim.output import write_run
@@ -105,8 +105,8 @@ def test_every_policy_gives_each_request_its_tokens_alone(model, alone, name, op
     check_run(out, REQUESTS, alone)
     assert out.iterations.frame()["batch_size"].max() > 1, "nothing was batched: the test proves little"
     assert out.peak_slots <= size.kv_slots and not engine.executor.slots.of, "every slot is given back"
-    # requests finished below others, whose KV moved down (FasterTransformer frees a whole batch at once)
-    assert (engine.executor.slots.moves > 0) == (name != "faster-transformer")
+    # requests finished below others, whose KV moved down (request-level batching frees a whole batch at once)
+    assert (engine.executor.slots.moves > 0) == (not POLICIES[name].padded_batches)
 
 
 def test_vllm_preemption_by_recompute_keeps_tokens(model, alone) -> None:
@@ -125,9 +125,10 @@ def test_faster_transformer_runs_padded_batches(model, alone, monkeypatch) -> No
     calls: list[tuple[int, int, int | None]] = []
     real_padded = RaggedExecutor.run_padded
 
-    def spy(self, segments, length=None, kv_len=None):
+    def spy(self, segments, length=None, kv_len=None, dense=False):
+        assert not dense, "FasterTransformer's kernels are causal"
         calls.append((len(segments), max(s.q for s in segments) if length is None else length, kv_len))
-        return real_padded(self, segments, length, kv_len)
+        return real_padded(self, segments, length, kv_len, dense)
 
     requests = [Request(i, 0.0, p, o) for i, (p, o) in enumerate([(40, 3), (7, 9), (23, 1), (15, 6)])]
     for r in requests:
@@ -142,6 +143,56 @@ def test_faster_transformer_runs_padded_batches(model, alone, monkeypatch) -> No
     # decodes run all four rows (finished ones too) until the longest output is done: 8 decode steps
     assert [c[0] for c in calls[1:]] == [4] * 8 and [c[2] for c in calls[1:]] == list(range(41, 49))
     assert frame["decode_tokens"].tolist()[1:] == [3, 3, 2, 2, 2, 1, 1, 1]
+
+
+def test_binpacked_prefill_gives_each_prompt_its_logits_and_kv_alone(model) -> None:
+    """Prepacking's independent masks and restarted positions: each prompt packed with others gets the
+    logits it gets alone, and its KV lands in its own slot at positions 0..q-1 (a decode from it agrees)."""
+    lengths = [37, 5, 22, 48, 1, 9]
+    prompts = [prompt_ids(i, n, SPEC.vocab_size, SEED) for i, n in enumerate(lengths)]
+    packed = RaggedExecutor(model, len(prompts), 64)
+    rows = [[0, 2], [3, 5, 4], [1]]  # 59, 58 and 5 tokens in rows of 60
+    segs = [Segment(i, prompts[i], 0) for i in range(len(prompts))]
+    logits = packed.run_binpacked([[segs[i] for i in row] for row in rows], 60)
+    alone = RaggedExecutor(model, 1, 64)
+    order = [i for row in rows for i in row]
+    for k, i in enumerate(order):
+        ref = alone.run([Segment(0, prompts[i], 0)])[0]
+        torch.testing.assert_close(logits[k], ref, rtol=1e-4, atol=1e-4)
+        tok = int(ref.argmax())  # a decode step reads the unpacked KV
+        torch.testing.assert_close(packed.run([Segment(i, [tok], lengths[i])])[0],
+                                   alone.run([Segment(0, [tok], lengths[i])])[0], rtol=1e-4, atol=1e-4)
+
+
+def test_prepack_packs_and_hf_padded_masks_densely(model, alone, monkeypatch) -> None:
+    calls: list[tuple[str, int, int, bool]] = []
+    real_padded, real_packed = RaggedExecutor.run_padded, RaggedExecutor.run_binpacked
+
+    def spy_padded(self, segments, length=None, kv_len=None, dense=False):
+        calls.append(("padded", len(segments), len(segments), dense))
+        return real_padded(self, segments, length, kv_len, dense)
+
+    def spy_packed(self, rows, length):
+        calls.append(("packed", len(rows), sum(len(r) for r in rows), True))
+        return real_packed(self, rows, length)
+
+    requests = [Request(i, 0.0, p, o) for i, (p, o) in enumerate([(40, 3), (7, 9), (23, 1), (15, 6), (30, 2)])]
+    for r in requests:
+        alone(r)  # before the ragged path is forbidden
+    monkeypatch.setattr(RaggedExecutor, "run_padded", spy_padded)
+    monkeypatch.setattr(RaggedExecutor, "run_binpacked", spy_packed)
+    monkeypatch.setattr(RaggedExecutor, "run", lambda *a, **k: pytest.fail("a request-level policy ran ragged"))
+    for name in ("prepack", "hf-padded"):
+        calls.clear()
+        _, out, _ = serve(model, name, requests)
+        check_run(out, requests, alone)
+        frame = out.iterations.frame()
+        assert len(calls) == len(frame)
+        if name == "prepack":  # 40 | 30 + 7 | 23 + 15: three rows of 40 for five prompts
+            assert calls[0] == ("packed", 3, 5, True) and frame["linear_tokens"][0] == 3 * 40
+        else:  # five rows of 40, under the padding mask
+            assert calls[0] == ("padded", 5, 5, True) and frame["linear_tokens"][0] == 5 * 40
+        assert all(c[0] == "padded" and c[1] == 5 for c in calls[1:])  # decodes: all five rows
 
 
 def test_slot_pool_stays_packed_and_refuses() -> None:

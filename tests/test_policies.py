@@ -17,10 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.base import Policy
+from policies.binpack import first_fit_decreasing
 from policies.faster_transformer import FasterTransformer
+from policies.full_batching import HFPadded, LengthOrdered
 from policies.kv import PagedKV, ReservedKV
 from policies.orca import Orca
 from policies.plan import BatchPlan, Layout
+from policies.prepack import Prepack
 from policies.sarathi import ChunkedPrefillsOnly, HybridBatchingOnly, SarathiServe
 from policies.seq import Phase, Seq
 from policies.vllm import VLLM
@@ -210,24 +213,34 @@ def big_paged(tokens: int = 1 << 16) -> PagedKV:
 
 
 def check_faster_transformer(policy: FasterTransformer, steps: list[Step]) -> None:
+    """FasterTransformer and the request-level policies built on it (hf-padded, length-ordered, prepack)."""
     kv = policy.kv
     assert isinstance(kv, ReservedKV)
     batch: list[Seq] = []
     lmax = decodes = 0
     for st_ in steps:
         plan = st_.plan
-        assert plan.layout is Layout.PADDED
+        assert plan.layout is (Layout.BINPACKED if isinstance(policy, Prepack) and plan.prefill_q else Layout.PADDED)
         if plan.prefill_q:  # a new batch: only when the previous one fully finished
             assert not st_.running_before
             batch = list(plan.seqs)
             assert 1 <= len(batch) <= policy.max_batch_size
-            # admission in arrival order, as many as the slots and the batch size allow
-            assert batch == st_.waiting_before[:len(batch)]
+            # admission in arrival order (length-ordered: shortest prompt first), as many as the slots and the
+            # batch size allow
+            order = (sorted(st_.waiting_before, key=lambda s: (s.prompt_tokens, s.arrival_s, s.id))
+                     if isinstance(policy, LengthOrdered) else st_.waiting_before)
+            assert batch == order[:len(batch)]
             assert len(batch) == min(len(st_.waiting_before), policy.max_batch_size, kv.slots)
             assert all(r.prefill and r.computed == 0 and r.q == r.seq.prompt_tokens for r in st_.rows)
             lmax = max(s.prompt_tokens for s in batch)
-            assert plan.linear_tokens == len(batch) * lmax  # padded B x L_max
-            assert plan.prefill_q == [lmax] * len(batch) and plan.sampled_tokens == len(batch)
+            rows = len(plan.bins) if isinstance(policy, Prepack) else len(batch)
+            if isinstance(policy, Prepack):  # every prompt in one row, rows within L_max, FFD's row count
+                assert sorted(i for b in plan.bins for i in b) == list(range(len(batch)))
+                assert all(sum(batch[i].prompt_tokens for i in b) <= lmax for b in plan.bins)
+                assert rows == len(first_fit_decreasing([s.prompt_tokens for s in batch], lmax))
+            assert plan.linear_tokens == rows * lmax  # padded B x L_max, or packed rows x L_max
+            assert plan.prefill_q == [lmax] * rows and plan.sampled_tokens == len(batch)
+            assert plan.dense_attention == isinstance(policy, HFPadded)
             decodes = 0
         else:  # a decode of the running batch: no newcomer, finished rows keep their slot
             assert all(not r.prefill for r in st_.rows)
@@ -634,7 +647,11 @@ SARATHI: dict[str, tuple[type[SarathiServe], Callable]] = {
     "sarathi-hybrid-only": (HybridBatchingOnly, check_hybrid_only),
     "sarathi-chunked-only": (ChunkedPrefillsOnly, check_chunked_only),
 }
-POLICY_NAMES = ["faster-transformer", "orca", "vllm", *SARATHI]
+REQUEST_LEVEL: dict[str, type[FasterTransformer]] = {
+    "faster-transformer": FasterTransformer, "hf-padded": HFPadded, "length-ordered": LengthOrdered,
+    "prepack": Prepack,
+}
+POLICY_NAMES = [*REQUEST_LEVEL, "orca", "vllm", *SARATHI]
 
 
 @dataclass
@@ -655,12 +672,12 @@ def cases(draw: st.DrawFn, name: str, extend: bool) -> Case:
     longest = max(s.max_len for s in seqs)
     batch = draw(st.one_of(st.integers(1, 8), st.just(128)))
     extend_cap = draw(st.integers(1, 40)) if extend else 0
-    if name in ("faster-transformer", "orca"):
+    if name in REQUEST_LEVEL or name == "orca":
         reserve = longest + draw(st.integers(0, 16))
         kv = ReservedKV(reserve * draw(st.integers(1, 5)) + draw(st.integers(0, reserve - 1)), reserve)
-        cls = FasterTransformer if name == "faster-transformer" else Orca
-        check = check_faster_transformer if name == "faster-transformer" else check_orca
-        return Case(cls(kv, max_batch_size=batch), seqs, gaps, extend_cap, check)
+        if name == "orca":
+            return Case(Orca(kv, max_batch_size=batch), seqs, gaps, extend_cap, check_orca)
+        return Case(REQUEST_LEVEL[name](kv, max_batch_size=batch), seqs, gaps, extend_cap, check_faster_transformer)
     blocks = -(-longest // 16)
     watermark = draw(st.sampled_from([0.0, 0.01, 0.1, 0.2]))
     nblocks = draw(st.integers(blocks, 3 * blocks + 2))

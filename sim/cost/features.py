@@ -25,6 +25,7 @@ def plan_features(plan: BatchPlan) -> dict[str, int | float]:
     """A plan's profile columns (see profiler/workloads.py for what each means)."""
     return {"batch_size": len(plan.seqs), "linear_tokens": plan.linear_tokens,
             "sampled_tokens": plan.sampled_tokens, "num_segments": len(plan.prefill_q),
-            "attn_units": float(sum(q * (c + q / 2) for q, c in zip(plan.prefill_q, plan.prefill_c))),
+            "attn_units": float(sum(q * (c + (q if plan.dense_attention else q / 2))
+                                    for q, c in zip(plan.prefill_q, plan.prefill_c))),
             "attn_kv_tokens": sum(q + c for q, c in zip(plan.prefill_q, plan.prefill_c)),
             "decode_rows": plan.decode_rows, "decode_kv": plan.decode_kv, "decode_pad_kv": decode_pad_kv(plan)}

@@ -5,7 +5,8 @@ Functional form (seconds per iteration; every quantity is a field of the `BatchP
     t = overhead_s
       + linear(tiled(T))                                           linear layers (T > 0)
       + lm_head(tiled(r))                                          LM head (r > 0)
-      + attn_unit_s x sum_i q_i (c_i + q_i/2)                      prefill attention compute
+      + attn_unit_s x sum_i q_i (c_i + q_i/2)                      prefill attention compute (q_i (c_i + q_i)
+                                                                   for dense-masked blocks)
       + attn_kv_token_s x sum_i (c_i + q_i)                        prefill attention KV read
       + attn_segment_s x (number of prefill segments)              per-segment launches
       + decode_rows x (decode_row_s + decode_kv(decode_kv / decode_rows))   decode attention, per row
@@ -247,10 +248,11 @@ class Fitted(CurveTables, CostModel):
             lm_head = self._lm(tiled(r, self.tile))
             t += lm_head
         if plan.prefill_q:
-            units2 = 0  # 2 x sum q (c + q/2), exact in integers
+            units2 = 0  # 2 x sum q (c + q/2), exact in integers (q (c + q) for dense blocks)
             kv = 0
+            full = 2 if plan.dense_attention else 1
             for q, c in zip(plan.prefill_q, plan.prefill_c):
-                units2 += q * (2 * c + q)
+                units2 += q * (2 * c + full * q)
                 kv += c + q
             prefill = self._pa_unit * (0.5 * units2) + self._pa_kv * kv + self._pa_seg * len(plan.prefill_q)
             t += prefill

@@ -175,8 +175,9 @@ class Roofline(CostModel):
             t += lm_head
         if plan.prefill_q:
             pc, pm = self._pa_c, self._pa_m
+            half = 1.0 if plan.dense_attention else 0.5  # a dense block computes the upper triangle too
             for q, ctx in zip(plan.prefill_q, plan.prefill_c):
-                c = pc * q * (ctx + 0.5 * q)
+                c = pc * q * (ctx + half * q)
                 m = pm * (ctx + q)
                 a = math.sqrt(c * c + m * m)
                 t += a
