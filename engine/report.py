@@ -74,18 +74,22 @@ class ValidationReport:
 
 
 
-def write_report(report: ValidationReport) -> None:
-    """validation.csv, validation.md, validation.png and validation.json into `report.out`."""
-    from sim.output import atomic_write, json_text
+VALIDATION_FILES = ("validation.csv", "validation.md", "validation.png", "validation.json")
 
-    out = report.out
+
+def write_report(report: ValidationReport) -> None:
+    """validation.csv, validation.md, validation.png and validation.json into `report.out`, all or none."""
+    from sim.output import json_text, write_files
+
     frame = report.frame()
-    atomic_write(out / "validation.csv", lambda p: frame.to_csv(p, index=False))
     md = markdown(report)
-    atomic_write(out / "validation.md", lambda p: p.write_text(md, encoding="utf-8"))
-    cdf_figure(report, out / "validation.png")
     text = json_text(jsonable(report.to_json()))
-    atomic_write(out / "validation.json", lambda p: p.write_text(text, encoding="utf-8"))
+    write_files(report.out, {
+        "validation.csv": lambda p: frame.to_csv(p, index=False),
+        "validation.md": lambda p: p.write_text(md, encoding="utf-8"),
+        "validation.png": lambda p: cdf_figure(report, p),
+        "validation.json": lambda p: p.write_text(text, encoding="utf-8"),
+    }, "the validation report")
 
 
 
@@ -256,8 +260,6 @@ def cdf_figure(report: ValidationReport, path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    from sim.output import atomic_write
-
     policies = list(dict.fromkeys(p.policy for p in report.pairs))
     loads = list(dict.fromkeys(p.load for p in report.pairs))
     cols = [(m, load) for m in ("TTFT", "TBT") for load in loads]
@@ -300,6 +302,6 @@ def cdf_figure(report: ValidationReport, path: Path) -> None:
     c = report.config
     fig.suptitle(f"measured (solid) vs predicted (dashed) CDFs\n{c['model']} on CPU, {c['trace']} x "
                  f"{c['scale']:g}, {c['num_requests']} requests per run", fontsize=11)
-    atomic_write(path, lambda p: fig.savefig(p, dpi=100, format="png"))
+    fig.savefig(path, dpi=100, format="png")  # path: write_files' temporary
     plt.close(fig)
 

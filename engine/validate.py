@@ -51,6 +51,7 @@ CPU only (the real run's KV sizing on cuda depends on the free device memory at 
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -65,6 +66,7 @@ from engine.machine_load import LoadMeter, loadavg, wait_quiet
 from engine.replay import iteration_evidence, merge_replays, replay_real
 from engine.report import (
     METRICS,
+    VALIDATION_FILES,
     RunPair,
     ValidationReport,
     fmt_err,
@@ -85,7 +87,7 @@ from engine.twin import (
     simulate_twin,
     twin_summary,
 )
-from sim.capacity import SLO, CapacityResult, search_qps
+from sim.capacity import SLO, CapacityResult, check_probe_requests, search_qps
 from sim.cost.base import ScaledCost
 
 DEFAULT_LOADS = (0.5, 0.7)
@@ -97,6 +99,7 @@ REAL_REL_TOL = 0.03
 REAL_STEP = 1.25  # real capacity: bracket by this factor around the simulated capacity...
 MAX_REAL_PROBES = 6  # ...with at most this many real runs per policy
 MAX_REPEATS = 20
+VALIDATION_DIRS = ("runs", "capacity")  # beside VALIDATION_FILES in `out`
 
 
 # ---- bisection over QPS (one search, any probe) ----------------------------------------------------------------
@@ -157,8 +160,22 @@ def _check_inputs(policies: list[str], loads: list[float], cost: str | Path, out
     for p in names:
         setup.real_config(p, 1.0).validate()
         twin_summary(setup, p, 1.0)  # sizing: every request fits the model and the KV slab
-    check_out_dir(Path(out))
+    check_out_dir(Path(out), VALIDATION_FILES, VALIDATION_DIRS)
+    check_probe_requests(setup.num_requests)
     return names, loads, fitted
+
+
+def _remove_earlier(out: Path, say: Callable[[str], None]) -> None:
+    """Remove an earlier validation from `out` (check_out_dir let nothing else be there): a validation
+    writes its runs as it goes, and another's runs left beside them would pass for this one's."""
+    earlier = [out / name for name in (*VALIDATION_FILES, *VALIDATION_DIRS) if (out / name).exists()]
+    if earlier:
+        say(f"replacing the earlier {', '.join(p.name for p in earlier)} in {out}")
+    for p in earlier:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
 
 
 def _frames_identical(a: pd.DataFrame, b: pd.DataFrame) -> bool:
@@ -192,7 +209,6 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
     input (before anything runs); RuntimeError if a real run crashed."""
     from common.checks import is_number
     from engine.real import real_main
-    from sim.output import prepare_out_dir
 
     say = log or (lambda _msg: None)
     if not (is_number(quiet_wait_s) and 0 <= quiet_wait_s < math.inf):
@@ -247,7 +263,7 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
                                "completed", "throughput_rps")} for p in sim_cap.probes]}
         say(f"{policy}: simulated capacity {lo:.4g} QPS ({len(sim_cap.probes)} simulated probes)")
 
-    prepare_out_dir(out)
+    _remove_earlier(out, say)  # `out` itself is created by the first run written, not before
     # 2. real runs at each load, in rounds (every policy and load once per round), then their twins
     points = [(policy, load, load * caps[policy]["sim_qps"]) for policy in names for load in loads]
     foreign_shares: dict[tuple[str, float], list[float]] = {}
@@ -378,7 +394,7 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
     and written to `out` (the real runs stay in `validation`). The rates are those the real runs used (the
     loads stay relative to the original simulated capacity); capacity errors use the real capacities found
     then. Real runs are minutes of a noisy machine; this takes seconds, for iterating on a cost model."""
-    from sim.output import prepare_out_dir
+    from sim.output import check_out_dir
 
     say = log or (lambda _msg: None)
     src = Path(validation)
@@ -388,7 +404,8 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
     out = Path(out)
     if out.resolve() == src.resolve():
         raise InputError(f"--out {out}: write the rescored report to another folder than the validation's")
-    prepare_out_dir(out)
+    check_out_dir(out, VALIDATION_FILES, VALIDATION_DIRS)
+    _remove_earlier(out, say)
     slo = SLO(**c["slo"])
     setup = Setup(trace=c["trace"], model=c["model"], num_requests=c["num_requests"], scale=c["scale"],
                   seed=c["seed"], threads=c["threads"], dtype=c["dtype"])

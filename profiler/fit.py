@@ -56,17 +56,19 @@ from common.errors import InputError
 from profiler.fit_figure import fit_figure
 from profiler.fit_results import ErrorStats, FitReport, RooflineCalibration
 from profiler.fit_roofline import calibrate_roofline
+from profiler.profile import PROFILE_FILES
 from profiler.profile_data import load_profile, split_holdout
 from sim.cost.calibration import CALIBRATION_FORMAT
 from sim.cost.curves import CurveTables, tiled_array
 from sim.cost.fitted import COEFFICIENTS, CURVES, Fitted, dtype_bytes_of, predict_arrays
 from sim.cost.provenance import measured_on
 from sim.gpus import get_gpu
-from sim.output import atomic_write, check_out_dir, json_text, prepare_out_dir
+from sim.output import check_out_dir, json_text, write_files
 
 TILE_CANDIDATES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TILE_CHI2 = 10.83  # chi-square(1 dof) at p = 0.001: how much a tile step must lower the error to be believed
 COST_MODEL_FILE, PLOT_FILE, CALIBRATION_FILE = "cost_model.json", "fit.png", "roofline_calibration.json"
+FIT_FILES = (COST_MODEL_FILE, PLOT_FILE, CALIBRATION_FILE)
 
 # The plan fields a row is priced from.
 _FEATURES = ("linear_tokens", "sampled_tokens", "attn_units", "attn_kv_tokens", "num_segments", "decode_rows",
@@ -272,7 +274,9 @@ def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout:
         raise InputError(f"--roofline-gpu {roofline_gpu}: the profile was measured on "
                          f"{meta.get('device_name') or meta.get('device')}, and a calibration relates its times to "
                          f"the specs of that device: use --roofline-gpu {measured_on(meta)}")
-    out_dir = check_out_dir(Path(out) if out is not None else profile_dir)  # fail fast; created on write
+    out_dir = Path(out) if out is not None else profile_dir
+    # fail fast, created on write; beside a profile or an earlier fit only, so that results never mix
+    check_out_dir(out_dir, FIT_FILES + (PROFILE_FILES if out_dir.resolve() == profile_dir.resolve() else ()))
 
     kinds = df["kind"].to_numpy()
     held = split_holdout(kinds, holdout, seed)
@@ -329,13 +333,16 @@ def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout:
         report.roofline = RooflineCalibration(cal["gpu"], params, tile, at_bound, rho, rtr,
                                               out_dir / CALIBRATION_FILE)
 
-    # everything computed: write the files (each atomically)
-    prepare_out_dir(out_dir)
+    # everything computed: write the files, all or none
     text = json_text(fitted.to_json())
-    atomic_write(cost_path, lambda p: p.write_text(text, encoding="utf-8"))
-    if report.roofline is not None and cal_text is not None:
-        atomic_write(report.roofline.path, lambda p: p.write_text(cal_text, encoding="utf-8"))
+    writers = {COST_MODEL_FILE: lambda p: p.write_text(text, encoding="utf-8")}
+    if cal_text is not None:
+        writers[CALIBRATION_FILE] = lambda p: p.write_text(cal_text, encoding="utf-8")
     if plot:
         report.plot_path = out_dir / PLOT_FILE
-        fit_figure(report.plot_path, df, pred, held, fitted, report)
+        writers[PLOT_FILE] = lambda p: fit_figure(p, df, pred, held, fitted, report)
+    write_files(out_dir, writers, "the fit")
+    for name in FIT_FILES:  # an earlier fit's file this fit does not replace would pass for this fit's
+        if name not in writers:
+            (out_dir / name).unlink(missing_ok=True)
     return report

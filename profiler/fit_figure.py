@@ -12,7 +12,6 @@ from sim.cost.fitted import (
     Fitted,
     predict_arrays,
 )
-from sim.output import atomic_write
 
 KIND_COLORS = {"prefill": "#1f77b4", "decode": "#d62728", "hybrid": "#2ca02c", "padded_prefill": "#9467bd",
                 "padded_decode": "#ff7f0e"}
@@ -118,6 +117,6 @@ def fit_figure(path: Path, df: pd.DataFrame, pred: np.ndarray, held: np.ndarray,
     which = "held-out" if ov_h else "training"
     fig.suptitle(f"{report.model} on {report.device}: fitted cost model, {which} MAPE {ov.mape:.2%}, "
                  f"P95 {ov.p95:.2%} ({ov.n} rows); tile {tile}" if ov else report.model, fontsize=12)
-    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=110))
+    fig.savefig(path, format="png", dpi=110)  # path: write_files' temporary
     plt.close(fig)
 

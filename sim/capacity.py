@@ -10,8 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from common.checks import is_int, is_number
 from common.errors import InputError
-from sim.run import RunConfig, run
+from sim.run import MAX_CLOCK_S, RunConfig, run
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,27 @@ MIN_QPS = 1e-4  # ... and stops halving here (one request every 3 hours)
 MIN_PROBE_REQUESTS = 100
 
 
+def lowest_qps(num_requests: int) -> float:
+    """The lowest rate a search probes: MIN_QPS, or the rate below which `num_requests` would arrive beyond
+    the simulated clock."""
+    return max(MIN_QPS, num_requests / MAX_CLOCK_S)
+
+
+def check_start_qps(start_qps: float, num_requests: int) -> None:
+    """Refuse a first rate outside the rates the search probes: it would name the wrong limit or none."""
+    lowest = lowest_qps(num_requests) if is_int(num_requests) and num_requests > 0 else MIN_QPS
+    if not (is_number(start_qps) and lowest <= start_qps <= MAX_QPS):
+        raise InputError(f"--start-qps must be a rate from {lowest:.3g} to {MAX_QPS:.3g} requests per second "
+                         f"(the rates a search probes), got {start_qps!r}")
+
+
+def check_probe_requests(num_requests: int) -> None:
+    if num_requests < MIN_PROBE_REQUESTS:
+        raise InputError(f"--num-requests {num_requests}: a capacity search needs at least {MIN_PROBE_REQUESTS} "
+                         "requests per probe; shorter runs end before a queue can build up, so every rate "
+                         "would look sustainable")
+
+
 @dataclass
 class CapacityResult:
     qps: float  # highest probed rate that met the SLO (0 if none did)
@@ -66,11 +88,18 @@ class CapacityResult:
             return f"no upper bound: every rate probed, up to {self.qps:.3g} QPS, met the SLO"
         return None
 
+    @property
+    def warnings(self) -> list[str]:
+        """The cost model's warnings (a calibration of another GPU or model), which every probe carries."""
+        return list(self.probes[0].get("warnings", [])) if self.probes else []
+
 
 def search_qps(probe: Callable[[float], dict[str, Any]], slo: SLO, start_qps: float = 1.0,
-               rel_tol: float = 0.02, max_probes: int = 30, step: float = 2.0) -> CapacityResult:
-    """The highest QPS whose run meets `slo`: multiply (or divide) `start_qps` by `step` until the capacity
-    is bracketed (within MIN_QPS..MAX_QPS), then bisect to `rel_tol`, running at most `max_probes` probes.
+               rel_tol: float = 0.02, max_probes: int = 30, step: float = 2.0,
+               min_qps: float = MIN_QPS) -> CapacityResult:
+    """The highest QPS whose run meets `slo`: multiply (or divide) `start_qps` (moved within min_qps..MAX_QPS)
+    by `step` until the capacity is bracketed (within those limits), then bisect to `rel_tol`, running at most
+    `max_probes` probes.
     `probe(qps)` returns a run's summary; each is kept, with `slo_met` added, in probe order. Simulated runs
     and real runs (engine/validate.py) share it. `CapacityResult.problem` says when no capacity was found."""
     probes: list[dict[str, Any]] = []
@@ -82,7 +111,7 @@ def search_qps(probe: Callable[[float], dict[str, Any]], slo: SLO, start_qps: fl
         probes.append(s)
         return s["slo_met"]
 
-    lo, hi = 0.0, start_qps
+    lo, hi = 0.0, min(max(start_qps, min_qps), MAX_QPS)  # from beyond a limit, the probes run out first
     if ok(hi):
         lo = hi
         while len(probes) < max_probes and lo < MAX_QPS:
@@ -91,8 +120,8 @@ def search_qps(probe: Callable[[float], dict[str, Any]], slo: SLO, start_qps: fl
                 break
             lo = hi
     else:
-        while len(probes) < max_probes and hi > MIN_QPS:
-            hi = max(hi / step, MIN_QPS)
+        while len(probes) < max_probes and hi > min_qps:
+            hi = max(hi / step, min_qps)
             if ok(hi):
                 lo, hi = hi, hi * step
                 break
@@ -108,7 +137,8 @@ def search_qps(probe: Callable[[float], dict[str, Any]], slo: SLO, start_qps: fl
 def find_capacity(config: RunConfig, slo: SLO, start_qps: float = 1.0, rel_tol: float = 0.02,
                   max_probes: int = 60) -> CapacityResult:
     """The capacity of one simulated configuration."""
-    return search_qps(lambda qps: run(replace(config, qps=qps)).summary, slo, start_qps, rel_tol, max_probes)
+    return search_qps(lambda qps: run(replace(config, qps=qps)).summary, slo, start_qps, rel_tol, max_probes,
+                      min_qps=lowest_qps(config.num_requests))
 
 
 @dataclass(frozen=True)
@@ -126,17 +156,18 @@ class CapacityConfig:
         names = [c.policy for c in self.configs]
         if len(set(names)) != len(names):
             raise InputError(f"a policy is listed twice: {', '.join(names)}")
-        if not (self.start_qps > 0 and math.isfinite(self.start_qps)):
-            raise InputError(f"--start-qps must be a positive number, got {self.start_qps}")
+        check_start_qps(self.start_qps, self.configs[0].num_requests)  # before the configs' own --qps check
         for c in self.configs:
             c.validate()
-        if self.configs[0].num_requests < MIN_PROBE_REQUESTS:
-            raise InputError(f"--num-requests {self.configs[0].num_requests}: a capacity search needs at least "
-                             f"{MIN_PROBE_REQUESTS} requests per probe; shorter runs end before a queue can build "
-                             "up, so every rate would look sustainable")
+        check_probe_requests(self.configs[0].num_requests)
         self.slo.validate()
         if self.workers is not None and self.workers < 1:
             raise InputError(f"--workers must be >= 1, got {self.workers}")
+
+
+def capacity_warnings(results: dict[str, CapacityResult]) -> list[str]:
+    """Every search's cost-model warnings, each once (the searches share the cost model)."""
+    return list(dict.fromkeys(w for r in results.values() for w in r.warnings))
 
 
 def _search_named(args: tuple[RunConfig, SLO, float]) -> tuple[str, CapacityResult]:

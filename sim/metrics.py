@@ -34,12 +34,14 @@ def queue_grows(queue_at_arrival: np.ndarray) -> bool:
     return bool(last > 2 * second + 8)
 
 
-def unsustainable_reason(queue_at_arrival: np.ndarray, num_requests: int, gave_up: bool) -> str | None:
-    """Why the offered load outran the replica, or None if it kept up. Three signs, each with its own reach:
+def unsustainable_reason(queue_at_arrival: np.ndarray, num_requests: int, gave_up: bool,
+                         offered_qps: float | None, served_rps: float) -> str | None:
+    """Why the offered load outran the replica, or None if it kept up. Four signs, each with its own reach:
     the run gave up (overload detected while serving); the waiting queue grew over the run (a long run at a
-    steady overload); or more than half the requests (and more than 8) were still waiting when the last one
-    arrived, i.e. the replica admitted them at under half the offered rate: a short run is over before a
-    trend shows, but not before that."""
+    steady overload); more than half the requests (and more than 8) were still waiting when the last one
+    arrived, i.e. the replica admitted them at under half the offered rate; or (16 requests or more) it
+    served them at under half the offered rate. A short run is over before a trend shows, and batching admits
+    a whole batch at once, so only the last sign catches a short run that admitted quickly but served slowly."""
     q = queue_at_arrival
     if gave_up:
         return (f"gave up: {int(q[-1])} requests were waiting at once ({len(q)} of {num_requests} had "
@@ -51,6 +53,9 @@ def unsustainable_reason(queue_at_arrival: np.ndarray, num_requests: int, gave_u
     if len(q) and q[-1] > max(8, num_requests / 2):
         return (f"{int(q[-1])} of {num_requests} requests were still waiting when the last one arrived: the "
                 "replica admitted them at under half the offered rate")
+    if len(q) >= 16 and offered_qps is not None and served_rps < offered_qps / 2:
+        return (f"served {served_rps:.3g} requests/s of {offered_qps:.3g} offered: the backlog took longer to "
+                "drain than the requests took to arrive")
     return None
 
 
@@ -76,7 +81,9 @@ def summarize(result: SimResult) -> dict[str, float | int | bool | None]:
     tbt = dict(zip((f"tbt_p{p}" for p in PCTS), result.gaps.percentiles(PCTS)))
     makespan = float(end.max() - req["arrival_s"].min()) if len(done) else 0.0
     its = result.iterations
-    reason = unsustainable_reason(result.queue_at_arrival, len(req), result.aborted)
+    throughput = len(done) / makespan if makespan > 0 else 0.0
+    offered = _offered_rate(req["arrival_s"].to_numpy())
+    reason = unsustainable_reason(result.queue_at_arrival, len(req), result.aborted, offered, throughput)
     return {
         "num_requests": len(req),
         "completed": len(done),
@@ -85,12 +92,12 @@ def summarize(result: SimResult) -> dict[str, float | int | bool | None]:
         "tpot_p50": float(np.median(tpot)) if len(tpot) else None,
         **_pcts("e2e", e2e),
         **_pcts("sched_delay", sched_delay),
-        "throughput_rps": len(done) / makespan if makespan > 0 else 0.0,
+        "throughput_rps": throughput,
         "throughput_tokens_per_s": float(outputs.sum()) / makespan if makespan > 0 else 0.0,
         "total_tokens_per_s": float(outputs.sum() + done["prompt_tokens"].sum()) / makespan
         if makespan > 0 else 0.0,
         "makespan_s": makespan,
-        "offered_qps": _offered_rate(req["arrival_s"].to_numpy()),
+        "offered_qps": offered,
         "preemptions": int(req["preemptions"].sum()),
         "iterations": its.iterations,
         "kv_capacity_tokens": int(result.kv_capacity),

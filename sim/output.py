@@ -60,11 +60,11 @@ def _is_temp(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
-def check_out_dir(out: Path, files: tuple[str, ...] = ()) -> Path:
+def check_out_dir(out: Path, files: tuple[str, ...] = (), dirs: tuple[str, ...] = ()) -> Path:
     """Check, without creating anything, that `out` is (or can be made) a writable folder; raise InputError
     if not. Called before the run so that a bad path fails fast and a failed run leaves no trace. With
-    `files` (what the command writes there), `out` must hold nothing else, so that two commands' results
-    never mix in one folder, and none of them may be a directory."""
+    `files` and `dirs` (the files and folders the command writes there), `out` must hold nothing else, so
+    that two commands' results never mix in one folder, and none of `files` may be a directory."""
     out = Path(out)
     if out.exists():
         if not out.is_dir():
@@ -72,11 +72,13 @@ def check_out_dir(out: Path, files: tuple[str, ...] = ()) -> Path:
         if not os.access(out, os.W_OK | os.X_OK):
             raise InputError(f"--out {out}: directory is not writable")
         if files:
-            others = sorted(e.name for e in out.iterdir() if e.name not in files and not _is_temp(e.name))
+            ours = (*files, *(f"{d}/" for d in dirs))
+            others = sorted(e.name for e in out.iterdir()
+                            if e.name not in files and not (e.name in dirs and e.is_dir()) and not _is_temp(e.name))
             if others:
                 shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
                 raise InputError(f"--out {out}: holds other files ({shown}); give a new or empty folder, or "
-                                 f"one that holds only an earlier {', '.join(files)}")
+                                 f"one that holds only an earlier {', '.join(ours)}")
             for name in files:
                 if (out / name).is_dir():
                     raise InputError(f"--out {out}: {name} is a directory")
@@ -111,13 +113,16 @@ def prepare_out_dir(out: Path) -> Path:
 def write_files(out: Path, writers: dict[str, Callable[[Path], None]], what: str) -> None:
     """Write every file of `writers` (name -> function writing that file) into `out` (created if needed),
     all or none, in the order given: each is complete under a temporary name before the first rename, and
-    temporaries never outlive the call. An OSError becomes an InputError naming `what`."""
+    temporaries never outlive the call, nor do the folders it created when it fails or is interrupted. An
+    OSError becomes an InputError naming `what`."""
+    out = Path(out)
+    created = [d for d in (out, *out.parents) if not d.exists()]  # deepest first
     prepare_out_dir(out)
-    for name in writers:  # a rename onto a folder would fail half-way through
-        if (out / name).is_dir():
-            raise InputError(f"--out {out}: {name} is a directory")
     done: list[tuple[Path, Path]] = []
     try:
+        for name in writers:  # a rename onto a folder would fail half-way through
+            if (out / name).is_dir():
+                raise InputError(f"--out {out}: {name} is a directory")
         try:
             for name, write in writers.items():
                 tmp = _temp_in(out, name)
@@ -127,9 +132,16 @@ def write_files(out: Path, writers: dict[str, Callable[[Path], None]], what: str
                 os.replace(tmp, path)
         except OSError as e:
             raise InputError(f"--out {out}: cannot write {what} ({_oserror_text(e)})") from None
-    finally:
-        for tmp, _ in done:
-            tmp.unlink(missing_ok=True)
+        finally:
+            for tmp, _ in done:
+                tmp.unlink(missing_ok=True)
+    except BaseException:
+        for d in created:  # --out is left as it was: a folder that did not exist goes again
+            try:
+                d.rmdir()
+            except OSError:  # no longer empty: someone else writes there too
+                break
+        raise
 
 
 def write_run(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterations: pd.DataFrame) -> None:
@@ -143,12 +155,13 @@ def write_run(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterat
 
 
 def write_capacity(out: Path, spec: Any, results: dict[str, Any]) -> None:
-    """probes.csv (every probed run), capacity.png and capacity.json (the SLO, each policy's capacity and,
-    where the search found none, why), all or none."""
+    """probes.csv (every probed run), capacity.png and capacity.json (the SLO, each policy's capacity,
+    where the search found none, why, and the cost model's warnings), all or none."""
     from dataclasses import asdict
 
     import matplotlib.pyplot as plt
 
+    from sim.capacity import capacity_warnings
     from sim.plots import capacity_figure
 
     probes = pd.DataFrame([p for r in results.values() for p in r.probes])
@@ -156,6 +169,7 @@ def write_capacity(out: Path, spec: Any, results: dict[str, Any]) -> None:
     text = json_text({
         "slo": asdict(spec.slo), "capacity_qps": capacities,
         "problems": {name: r.problem for name, r in results.items() if r.problem},
+        "warnings": capacity_warnings(results),
         "config": {k: v for k, v in asdict(spec.configs[0]).items() if k not in ("policy", "qps", "fast")}})
     fig = capacity_figure(probes, capacities, spec.slo)
     try:

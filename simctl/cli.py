@@ -37,7 +37,7 @@ app = typer.Typer(
 # Options shared by the commands that simulate.
 Policy = Annotated[str, typer.Option(help=f"Scheduler: {', '.join(POLICIES)} (see `simctl list`).")]
 Trace = Annotated[str, typer.Option(help="Length profile (sharegpt, arxiv) or a trace file: CSV with "
-                                    "num_prefill_tokens,num_decode_tokens[,arrived_at] or JSONL.")]
+                                    "num_prefill_tokens, num_decode_tokens[, arrived_at] or JSONL.")]
 Model = Annotated[str, typer.Option(help="Model shape from the catalogue.")]
 Gpu = Annotated[str, typer.Option(help="GPU from the catalogue.")]
 Tp = Annotated[int, typer.Option(help="Tensor-parallel degree (GPUs per replica).")]
@@ -139,7 +139,7 @@ def capacity(
 
     Example: simctl capacity --policy orca,vllm,sarathi --trace arxiv --slo-tbt-p99 0.5 --out out/cap
     """
-    from sim.capacity import SLO, CapacityConfig, search_capacities
+    from sim.capacity import SLO, CapacityConfig, capacity_warnings, search_capacities
     from sim.output import CAPACITY_FILES, check_out_dir, write_capacity
     from sim.run import RunConfig
 
@@ -163,6 +163,7 @@ def capacity(
         table.add_row(p, shown, fmt(at.get("tbt_p99") if at else None),
                       fmt(at.get("ttft_p50") if at else None), str(len(r.probes)))
     Console().print(table)
+    warn_all(capacity_warnings(results))
     warn_all(f"{p}: {r.problem}" + ("; probe more requests (--num-requests) or set a latency SLO (--slo-tbt-p99, "
                                     "--slo-ttft-p50)" if r.qps > 0 else "")
              for p, r in results.items() if r.problem)

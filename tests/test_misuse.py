@@ -22,6 +22,7 @@ from sim.run import RunConfig, run
 from traces import build_trace
 
 SIMCTL = Path(sys.executable).parent / "simctl"
+SHIPPED_CPU_PROFILE = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu"
 
 
 def simctl(*args: str | Path, cwd: Path | None = None, **kw) -> subprocess.CompletedProcess[str]:
@@ -41,6 +42,14 @@ def timed_csv(path: Path, n: int = 200, rate: float = 2.0, seed: int = 0) -> Pat
     arrivals = np.cumsum(rng.exponential(1 / rate, n))
     rows = [f"{rng.integers(50, 400)},{rng.integers(5, 100)},{a:.6f}" for a in arrivals]
     path.write_text("num_prefill_tokens,num_decode_tokens,arrived_at\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def a100_calibration(path: Path) -> Path:
+    """A roofline calibration as `simctl fit --roofline-gpu a100-80gb` on an A100 profile of Mistral-7B writes."""
+    path.write_text(json.dumps({"format": "simctl.roofline-calibration", "version": 2, "gpu": "a100-80gb",
+                                "measured_on": "a100-80gb", "model": "mistral-7b",
+                                "params": {"mfu": 0.5, "mbu": 0.6, "attn_mfu": 0.3, "overhead_s": 0.004}}))
     return path
 
 
@@ -65,6 +74,75 @@ def test_overload_is_given_up_on_and_says_so() -> None:
     assert s["gave_up"] is True and s["sustainable"] is False
     assert s["unsustainable_reason"].startswith("gave up: ")
     assert s["completed"] < s["num_requests"]
+
+
+@pytest.mark.parametrize("config", [
+    RunConfig(qps=5.0, num_requests=20),  # sarathi/arxiv: 3.3 QPS offered, 1.04 served, P50 sched delay 3.4 s
+    RunConfig(policy="vllm", trace="sharegpt", qps=7.375, num_requests=100),  # 7.2 offered, 2.3 served
+], ids=["sarathi-arxiv-20", "vllm-sharegpt-100"])
+def test_a_short_run_served_at_a_third_of_the_offered_rate_is_unsustainable(config: RunConfig) -> None:
+    """Batching admits a whole batch at once, so "more than half still waiting when the last one arrived" never
+    fired, and a run served at a third of the offered rate was called sustainable."""
+    s = run(config).summary
+    assert s["throughput_rps"] < s["offered_qps"] / 2  # the premise: served at under half the offered rate
+    assert s["sustainable"] is False, s["unsustainable_reason"]
+
+
+def test_overload_is_given_up_on_after_a_bounded_queue_whatever_n() -> None:
+    """The give-up needs min(max(64, N/2), 2048) waiting: with 200,000 requests it stops near 2,048 arrived,
+    not after 100,000 (the issue: 1,000 requests took 108 s and 1 GB)."""
+    s = run(RunConfig(qps=1000.0, num_requests=200_000)).summary
+    assert s["gave_up"] is True and s["sustainable"] is False
+    arrived = int(re.search(r"\((\d+) of 200000 had arrived\)", s["unsustainable_reason"]).group(1))
+    assert arrived < 4096, s["unsustainable_reason"]
+    assert s["sim_wall_s"] < 30
+
+
+def test_capacity_with_the_shortest_probes_allowed_is_honest() -> None:
+    """`simctl capacity --policy vllm --num-requests 100` (the fewest it accepts) reported 7.375 QPS; with 1000
+    requests per probe it is 3.125, and a 1000-request run at 7.375 QPS gives up. The short search must come
+    close, or say (CapacityResult.problem) that its probes were too short."""
+    short = find_capacity(RunConfig(policy="vllm", trace="sharegpt", num_requests=100), SLO())
+    long = find_capacity(RunConfig(policy="vllm", trace="sharegpt", num_requests=1000), SLO())
+    assert long.problem is None
+    assert short.problem is not None or short.qps <= 1.5 * long.qps, (short.qps, long.qps)
+
+
+def test_validate_with_few_requests_is_refused_or_close(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`simctl validate --num-requests 20` bisected a simulated capacity of 432 QPS for the tiny model (85 with
+    300 requests) and went on to real runs at 216 and 302 QPS, without a word. The real runs are stubbed out
+    here: only the simulated capacity is checked."""
+    import engine.real
+    from engine.validate import validate_main
+
+    class RealRunStarted(Exception):
+        pass
+
+    def no_real_run(**kw):
+        raise RealRunStarted
+
+    monkeypatch.setattr(engine.real, "real_main", no_real_run)
+    cost = SHIPPED_CPU_PROFILE / "cost_model.json"
+
+    def simulated_capacity(n: int) -> float | None:
+        said: list[str] = []
+        try:
+            validate_main(["vllm"], "sharegpt", [0.5], cost=cost, out=tmp_path / f"val{n}", model="tiny",
+                          scale=0.05, num_requests=n, threads=1, quiet_wait_s=0, log=said.append)
+        except InputError as e:
+            assert "num-requests" in str(e), e
+            return None
+        except RealRunStarted:
+            pass
+        found = [float(m.group(1)) for line in said
+                 if (m := re.search(r"simulated capacity ([0-9.e+]+) QPS", line))]
+        assert found, said
+        return found[0]
+
+    usual = simulated_capacity(300)
+    assert usual is not None
+    few = simulated_capacity(20)
+    assert few is None or few <= 1.5 * usual, (few, usual)
 
 
 # ---- capacity says when it has no answer -------------------------------------------------------------------
@@ -110,6 +188,50 @@ def test_capacity_cli_states_a_search_without_answer(tmp_path: Path) -> None:
     assert res.stderr.startswith("simctl: warning: vllm: no rate met the SLO, down to 0.0001 QPS")
     cap = json.loads((tmp_path / "cap" / "capacity.json").read_text())
     assert cap["capacity_qps"]["vllm"] == 0 and cap["problems"]["vllm"].startswith("no rate met the SLO")
+
+
+def test_a_start_rate_too_low_for_the_clock_names_start_qps() -> None:
+    """The error said "--qps 1e-07 is too low ... raise --qps", an option capacity lacks."""
+    res = simctl("capacity", "--policy", "vllm", "--workers", "1", "--num-requests", "200", "--start-qps", "1e-7")
+    one_line_error(res, "--start-qps")
+    assert "--qps" not in res.stderr.replace("--start-qps", ""), res.stderr
+
+
+def test_a_start_rate_beyond_the_search_ceiling_still_finds_the_capacity() -> None:
+    """--start-qps 1e300 halved 60 times from above the 1e9 ceiling and reported "no rate met the SLO, down to
+    1.73e+282 QPS"; capping the start at the ceiling (or refusing it) answers."""
+    config = RunConfig(policy="vllm", trace="sharegpt", num_requests=200)
+    usual = find_capacity(config, SLO())
+    try:
+        absurd = find_capacity(config, SLO(), start_qps=1e300)
+    except InputError as e:
+        assert "--start-qps" in str(e)
+        return
+    assert absurd.problem is None, absurd.problem
+    assert absurd.qps == pytest.approx(usual.qps, rel=0.05)
+
+
+def test_capacity_with_a_calibration_of_another_gpu_warns(tmp_path: Path) -> None:
+    """`simctl capacity --gpu h100 --cost <an A100 calibration>` applied it silently: nothing on stderr and
+    nothing in capacity.json (only a `warnings` column deep in probes.csv)."""
+    cal = a100_calibration(tmp_path / "roofline_calibration.json")
+    res = simctl("capacity", "--policy", "vllm", "--workers", "1", "--gpu", "h100", "--num-requests", "100",
+                 "--cost", cal, "--out", tmp_path / "cap")
+    assert res.returncode == 0, res.stderr
+    assert "measured on a100-80gb and are applied to h100" in res.stderr, res.stderr
+    assert "measured on a100-80gb and are applied to h100" in (tmp_path / "cap" / "capacity.json").read_text()
+
+
+def test_run_with_a_calibration_of_another_gpu_and_model_warns_on_stderr_and_in_the_summary(tmp_path: Path) -> None:
+    cal = a100_calibration(tmp_path / "roofline_calibration.json")
+    res = simctl("run", "--gpu", "h100", "--model", "llama-3-8b", "--trace", "sharegpt", "--scale", "0.5",
+                 "--num-requests", "10", "--cost", cal, "--out", tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    warned = [line for line in res.stderr.splitlines() if line.startswith("simctl: warning: ")]
+    assert len(warned) == 2, res.stderr
+    assert "measured on a100-80gb and are applied to h100" in warned[0] and "llama-3-8b" in warned[1]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [f"simctl: warning: {w}" for w in summary["warnings"]] == warned
 
 
 # ---- trace files with arrival times ------------------------------------------------------------------------
@@ -205,6 +327,54 @@ def test_capacity_refuses_an_unwritable_out_before_searching(tmp_path: Path) -> 
         one_line_error(simctl("capacity", "--num-requests", "100", "--out", "/proc/x"), "--out /proc/x")
 
 
+def test_a_second_fit_into_the_same_out_leaves_no_stale_calibration(tmp_path: Path) -> None:
+    """`simctl fit --roofline-gpu cpu --out D`, then `simctl fit --holdout 0.3 --out D`: D held the new
+    cost_model.json beside the first fit's roofline_calibration.json, silently."""
+    out = tmp_path / "fit"
+    assert simctl("fit", SHIPPED_CPU_PROFILE, "--roofline-gpu", "cpu", "--out", out).returncode == 0
+    res = simctl("fit", SHIPPED_CPU_PROFILE, "--holdout", "0.3", "--out", out)
+    if res.returncode == 2:  # refused: the folder holds another fit's file
+        one_line_error(res, "roofline_calibration.json")
+        return
+    assert res.returncode == 0, res.stderr
+    assert not (out / "roofline_calibration.json").exists(), "a calibration of another fit stayed beside it"
+
+
+def test_fit_into_a_folder_holding_a_run_is_refused(tmp_path: Path) -> None:
+    """fit wrote cost_model.json and fit.png next to a run's summary.json."""
+    out = tmp_path / "out"
+    assert simctl("run", "--num-requests", "10", "--out", out).returncode == 0
+    one_line_error(simctl("fit", SHIPPED_CPU_PROFILE, "--out", out), "holds other files")
+    assert sorted(p.name for p in out.iterdir()) == ["iterations.parquet", "requests.parquet", "summary.json"]
+
+
+def test_validate_into_a_folder_holding_other_files_is_refused(tmp_path: Path) -> None:
+    """validate wrote validation.* and runs/ beside whatever --out held (run and real refuse such a folder). 6
+    requests make it fail fast after the --out check if that check lets it pass."""
+    out = tmp_path / "val"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    one_line_error(simctl("validate", "--policy", "vllm", "--num-requests", "6", "--out", out), "holds other files")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_an_interrupted_write_leaves_no_new_folder(tmp_path: Path) -> None:
+    """SIGTERM during `simctl run --out NEW`'s write phase (or during `simctl validate`) left NEW behind,
+    empty: --out was not "left as it was"."""
+    from sim.output import write_files
+
+    class Stop(BaseException):  # what simctl.cli raises on SIGTERM
+        pass
+
+    def interrupted(p: Path) -> None:
+        raise Stop
+
+    out = tmp_path / "new" / "out"
+    with pytest.raises(Stop):
+        write_files(out, {"a.txt": lambda p: p.write_text("a"), "b.txt": interrupted}, "files")
+    assert not out.exists() and not out.parent.exists()
+
+
 # ---- trace files -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("text", "words"), [
     ("num_prefill_tokens,num_decode_tokens\n10,5,7\n3,4\n", ("line 2", "3 fields", "2 columns")),
@@ -234,6 +404,14 @@ def test_stdout_on_a_full_disk_is_one_line(tmp_path: Path) -> None:
                              text=True, timeout=120, check=False)
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "cannot write the output (No space left on device)" in res.stderr
+
+
+def test_a_jsonl_record_repeating_a_key_is_refused(tmp_path: Path) -> None:
+    """The JSONL twin of a repeated CSV column: json.loads kept the last value silently (this record was
+    simulated with a 900-token prompt)."""
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"prompt_tokens": 10, "output_tokens": 5, "prompt_tokens": 900}\n')
+    one_line_error(simctl("run", "--trace", path, "--qps", "1"), "prompt_tokens", "line 1")
 
 
 # ---- interruption ------------------------------------------------------------------------------------------
@@ -302,7 +480,7 @@ def test_help_shows_defaults_and_plain_flags(command: str) -> None:
     assert not re.search(r" \.( |$)", flat) and "<bool>" not in flat  # "simulate ." lost a [default: ...]
     if command == "run":
         assert "[default: 0.5;" in flat and "[default: 1000 for a length profile" in flat
-        assert "num_prefill_tokens,num_decode_tokens[,arrived_at] or JSONL" in flat
+        assert "num_prefill_tokens, num_decode_tokens[, arrived_at] or JSONL" in flat
 
 
 def test_a_bad_start_rate_names_its_option() -> None:
@@ -321,9 +499,19 @@ def test_an_interruption_while_writing_leaves_no_temporaries(tmp_path: Path) -> 
         raise Stop
 
     out = tmp_path / "out"
+    out.mkdir()
+    (out / "a.txt").write_text("earlier")
     with pytest.raises(Stop):
         write_files(out, {"a.txt": lambda p: p.write_text("a"), "b.txt": interrupted}, "files")
-    assert list(out.iterdir()) == []
+    assert [p.name for p in out.iterdir()] == ["a.txt"] and (out / "a.txt").read_text() == "earlier"
+
+
+@pytest.mark.parametrize("command", ["run", "capacity", "real", "validate"])
+def test_trace_help_keeps_its_column_names_whole(command: str) -> None:
+    """validate's wider option column made click break the word: "num_prefill_tokens,num_decode_tok ens"."""
+    flat = " ".join(simctl(command, "--help").stdout.split())
+    assert "num_decode_tok ens" not in flat
+    assert re.search(r"num_prefill_tokens, ?num_decode_tokens ?\[, ?arrived_at\]", flat), flat
 
 
 # ---- long runs ---------------------------------------------------------------------------------------------
@@ -341,3 +529,31 @@ def test_progress_is_reported_and_changes_nothing(monkeypatch: pytest.MonkeyPatc
         {k: v for k, v in plain.items() if k != "sim_wall_s"}
     assert len(seen) > 1 and seen[-1] == (300, 300)
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+@pytest.mark.skipif(not Path("/dev/ptmx").exists(), reason="needs a pseudo-terminal")
+def test_a_run_shows_a_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
+    import os
+    import pty
+
+    args = [str(SIMCTL), "run", "--trace", "sharegpt", "--qps", "2", "--num-requests", "3000", "--json"]
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=slave, timeout=120, check=False)
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other end is closed and drained
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+    assert proc.returncode == 0
+    assert b"requests arrived" in seen
+    assert json.loads(proc.stdout)["num_requests"] == 3000  # the bar went to stderr, stdout is the JSON
+    piped = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    assert piped.returncode == 0 and "requests arrived" not in piped.stderr

@@ -46,11 +46,11 @@ def cost():
 @pytest.fixture(scope="module")
 def validated(cost, tmp_path_factory):
     out = tmp_path_factory.mktemp("validate") / "val"
-    # 20 short requests are all served before a 2 s scheduling delay can build: a tight TTFT limit gives the
-    # simulated run a capacity (between 40 and 80 QPS with this cost model)
+    # 100 requests (the fewest a capacity search takes); a tight TTFT limit keeps the simulated capacity, and so
+    # the real runs, short
     slo = SLO(ttft_p50_s=0.004)
     report = validate_main(["sarathi"], "sharegpt", [0.5], cost=cost, out=out, model=MODEL, scale=0.02,
-                           num_requests=20, seed=0, threads=1, slo=slo, repeats=2)
+                           num_requests=100, seed=0, threads=1, slo=slo, repeats=2)
     return report, out
 
 
@@ -74,7 +74,7 @@ def test_validate_end_to_end(validated):
         assert math.isfinite(err) and err == pytest.approx(100 * (row[f"{m}_sim"] - row[f"{m}_real"])
                                                           / row[f"{m}_real"])
     assert bool(row["identical_requests"])
-    assert row["real_completed"] == row["sim_completed"] == 20
+    assert row["real_completed"] == row["sim_completed"] == 100
 
     # two real runs: each measured metric is their median (with two: their mean), min and max kept
     run = out / "runs" / "sarathi" / "load_0.5"
@@ -143,8 +143,8 @@ def test_bad_input(cost, tmp_path, kwargs, match):
 
 
 def test_slo_that_never_binds_is_an_input_error(cost, tmp_path):
-    """6 short requests are all served within 2 s at any rate (and too few to call a queue unsustainable): no
-    capacity to scale the loads by."""
+    """6 short requests are all served within 2 s at any rate: no capacity to scale the loads by. Refused as
+    too few for a capacity search, before anything runs."""
     with pytest.raises(InputError, match="num-requests"):
         validate_main(["sarathi"], "sharegpt", [0.5], cost=cost, out=tmp_path / "val", model=MODEL,
                       scale=0.02, num_requests=6, threads=1)

@@ -7,7 +7,8 @@ Formats (chosen by extension, case-insensitive):
   ignored, so Vidur's and Splitwise's files load unchanged. Blank lines are skipped.
 - ``.jsonl``: one JSON object per line, e.g.
   ``{"prompt_tokens": 812, "output_tokens": 93, "arrival_s": 0.25}``; ``arrival_s`` is optional but
-  must then be on every line or on none. Other keys are ignored; blank lines are skipped.
+  must then be on every line or on none. Other keys are ignored, a repeated key is refused; blank lines are
+  skipped.
 
 Lengths must be integers >= 1 (an integral float such as ``12.0`` is accepted, since pandas and many
 exporters write those); arrival times must be finite, >= 0 and non-decreasing. Any violation raises
@@ -208,6 +209,20 @@ def _json_number(path: Path, line: int, obj: dict, key: str) -> float:
         raise _fail(path, line, f"{key} is out of range") from None
 
 
+class _RepeatedKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """json.loads keeps a repeated key's last value silently: refuse it, as a repeated CSV column is."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _RepeatedKey(key)
+        seen.add(key)
+    return dict(pairs)
+
+
 def _load_jsonl(path: Path) -> LoadedTrace:
     try:
         text = path.read_text(encoding="utf-8-sig")  # -sig: tolerate a BOM some editors write
@@ -224,9 +239,11 @@ def _load_jsonl(path: Path) -> LoadedTrace:
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
+            obj = json.loads(raw, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             raise _fail(path, lineno, f"invalid JSON ({e.msg})") from None
+        except _RepeatedKey as e:
+            raise _fail(path, lineno, f"key {e.args[0]!r} appears more than once") from None
         if not isinstance(obj, dict):
             raise _fail(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
         prompts.append(_check_length(path, lineno, JSON_PROMPT, _json_number(path, lineno, obj, JSON_PROMPT)))
