@@ -114,6 +114,10 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     # intermediate 11008, vocab 32000, max_position_embeddings 4096, tie_word_embeddings false)
     ModelSpec("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000, 4096,
               description="Llama-2-7B: 32 layers, d=4096, MHA 32 heads, SwiGLU 11008"),
+    # source: princeton-nlp/Sheared-LLaMA-1.3B config.json (hidden 2048, 24 layers, 16 heads, no GQA,
+    # intermediate 5504, vocab 32000, max_position_embeddings 4096): Prepacking's 1.3B model
+    ModelSpec("sheared-llama-1.3b", 24, 2048, 16, 16, 128, 5504, 32000, 4096,
+              description="Sheared-LLaMA-1.3B: 24 layers, d=2048, MHA 16 heads, SwiGLU 5504"),
     # source: meta-llama/Llama-2-13b-hf config.json (hidden 5120, 40 layers, 40 heads, intermediate 13824)
     ModelSpec("llama-2-13b", 40, 5120, 40, 40, 128, 13824, 32000, 4096,
               description="Llama-2-13B: 40 layers, d=5120, MHA 40 heads, SwiGLU 13824"),

@@ -18,11 +18,12 @@ from common.errors import InputError
 from policies.registry import POLICIES
 from simctl.display import fmt, print_summary, progress_bar
 from simctl.policy_options import with_policy_options
+from simctl.prefill_bench_cmd import prefill_bench
 from simctl.usage_errors import error_types, fail, given_value, note_replaced, usage_message, warn_all
 
 DEFAULT_NUM_REQUESTS = 1000
 DEFAULT_QPS = 0.5
-COMMANDS = ("run", "capacity", "real", "validate", "profile", "fit", "list")
+COMMANDS = ("run", "capacity", "real", "validate", "profile", "fit", "prefill-bench", "list")
 
 
 _USAGE_ERRORS, _ABORTS = error_types()
@@ -311,6 +312,9 @@ def fit(
 
     report = fit_profile(profile_dir, out=out, holdout=holdout, seed=seed, roofline_gpu=roofline_gpu)
     print(format_report(report))
+
+
+app.command("prefill-bench")(prefill_bench)
 
 
 @app.command("list")

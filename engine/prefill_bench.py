@@ -1,0 +1,42 @@
+"""`simctl prefill-bench --real`: the prefills a policy plans (`sim.prefill_bench.serve_prefills`), run on this
+machine's engine (random weights, greedy sampling), each timed as one synchronized forward. The same plans are
+priced by the cost model, so measured and predicted prefill times compare batch for batch."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from engine.serve import prompt_ids
+from executor.model import build_model
+from executor.plans import PlanExecutor
+from executor.ragged import RaggedExecutor
+from sim.models import ModelSpec
+from sim.prefill_bench import serve_prefills
+
+
+def measure_prefills(policy_name: str, lengths: np.ndarray, batch_size: int, model: ModelSpec, device: str,
+                     batches: int, repeats: int, seed: int = 0) -> list[float]:
+    """Median seconds over `repeats` of each of the first `batches` prefill forwards the policy plans."""
+    net = build_model(model, device, "float32", seed)
+    executor = RaggedExecutor(net, batch_size, int(lengths.max()) + 1)
+    prompts = {i: prompt_ids(i, int(n), model.vocab_size, seed) for i, n in enumerate(lengths.tolist())}
+    runs: list[list[float]] = []
+    for _ in range(repeats + 1):  # the first pass warms the allocator and thread pools, and is dropped
+        engine = PlanExecutor(executor, prompts)
+        times = []
+        plans = serve_prefills(policy_name, lengths, batch_size)
+        for plan in plans:
+            t0 = time.perf_counter()
+            engine.execute(plan)
+            times.append(time.perf_counter() - t0)
+            if len(times) == batches:
+                plans.close()
+                break
+            for s in plan.seqs:  # each prompt sampled its only token: the batch is done, its slots free
+                s.completion_s = 0.0
+            engine.release(plan.seqs)
+        runs.append(times)
+    return [statistics.median(r[i] for r in runs[1:]) for i in range(len(runs[0]))]

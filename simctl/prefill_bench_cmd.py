@@ -1,0 +1,158 @@
+"""`simctl prefill-bench`: Prepacking's experiment (prefill time per batch of full batching, length-ordered
+batching and prepacking on a dataset's length profile), predicted by a cost model and, with --real, measured
+on this machine's engine next to the prediction."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from common.errors import InputError
+
+FILES = ("prefill_bench.parquet", "summary.json")
+
+
+def _csv(text: str, what: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise InputError(f"--{what}: give at least one value")
+    return items
+
+
+def _batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(t) for t in _csv(text, "batch-size")]
+    except ValueError:
+        raise InputError(f"--batch-size {text!r}: comma-separated integers, e.g. 8,16,32") from None
+    if min(sizes) < 1:
+        raise InputError(f"--batch-size {text!r}: every batch size must be >= 1")
+    return sizes
+
+
+def prefill_bench(
+    policy: Annotated[str, typer.Option(help="Policies that prefill whole batches, comma-separated: "
+                                        "hf-padded (full batching), length-ordered, prepack, "
+                                        "faster-transformer.")] = "hf-padded,length-ordered,prepack",
+    lengths: Annotated[str, typer.Option(help="Length profiles from Prepacking's Table 2 (mmlu, samsum, alpaca, "
+                                         "wikitext256, wikitext512, hh-rlhf) or files of one prompt length per "
+                                         "line, comma-separated.")] = "mmlu",
+    batch_size: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "8,16,32,64",
+    model: Annotated[str, typer.Option(help="Model shape from the catalogue.")] = "llama-2-7b",
+    gpu: Annotated[str, typer.Option(help="GPU from the catalogue (cpu: this machine's shipped fit).")] = "a6000",
+    cost: Annotated[str | None, typer.Option(help="A fitted cost_model.json or roofline_calibration.json "
+                                             "instead of the roofline.")] = None,
+    prompts: Annotated[int, typer.Option(help="Prompts drawn from each profile (the paper subsamples "
+                                         "1,000).")] = 1000,
+    scale: Annotated[float, typer.Option(help="Multiply prompt lengths (e.g. 0.25 for a CPU-sized --real)."
+                                         )] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seed of the lengths and their order.")] = 0,
+    real: Annotated[bool, typer.Option("--real", help="Also run the first --real-batches prefills of each "
+                                       "point on this machine's engine (random weights) and time them.")] = False,
+    real_batches: Annotated[int, typer.Option(help="Prefills timed per point with --real.")] = 3,
+    repeats: Annotated[int, typer.Option(help="Timings per prefill with --real (their median).")] = 3,
+    device: Annotated[str, typer.Option(help="Device of --real (cpu, cuda).")] = "cpu",
+    out: Annotated[Path | None, typer.Option(help="Folder for prefill_bench.parquet and summary.json.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Prefill time per batch, speedup over full batching, batch-size reduction n/k, max absolute deviation,
+    peak memory and the largest batch that fits, per policy, length profile and batch size (Prepacking,
+    Sections 4.3-4.7). TTFT is the prefill time here: the prefill samples every prompt's first token, and
+    every prompt of a batch arrives with it.
+
+    Example: simctl prefill-bench --lengths mmlu,samsum --batch-size 16,64 --model sheared-llama-1.3b
+    """
+    import numpy as np
+    import pandas as pd
+
+    from policies.registry import policy_class
+    from sim.gpus import get_gpu
+    from sim.models import get_model
+    from sim.output import check_out_dir, json_text, write_files
+    from sim.prefill_bench import PROFILES, bench, largest_batch, prefill_plans, prompt_lengths
+    from sim.run import cost_model
+    from simctl.usage_errors import warn_all
+
+    policies = _csv(policy, "policy")
+    for p in policies:
+        policy_class(p)
+    sizes = _batch_sizes(batch_size)
+    if prompts < 1 or real_batches < 1 or repeats < 1:
+        raise InputError("--prompts, --real-batches and --repeats must be >= 1")
+    if not scale > 0:
+        raise InputError(f"--scale must be > 0, got {scale}")
+    if out is not None:
+        check_out_dir(out, FILES)
+    spec, g = get_model(model), get_gpu(gpu)
+    price, _, label, warnings = cost_model(cost, spec, g, 1)
+    warn_all(warnings)
+    rows, profiles = [], {}
+    for name in _csv(lengths, "lengths"):
+        pool = prompt_lengths(name, prompts, seed, scale)
+        if pool.max() > spec.max_position:
+            raise InputError(f"--lengths {name}: prompts up to {pool.max()} tokens exceed {spec.name}'s context "
+                             f"of {spec.max_position}; lower --scale")
+        table = PROFILES.get(name)
+        profiles[name] = {"sampled_min_mean_max": [int(pool.min()), float(pool.mean()), int(pool.max())],
+                          "table_min_mean_max": None if table is None else [table.min, table.mean, table.max],
+                          "lognormal_mu_sigma": None if table is None else list(table.lognormal())}
+        fits = {p: largest_batch(p, pool, spec, g.memory_bytes) for p in policies}
+        for b in sizes:
+            base = None
+            for p in policies:
+                point = bench(p, pool, b, price, spec)
+                row = {"lengths": name, **point.__dict__, "largest_batch": fits[p]}
+                if p == "hf-padded":
+                    base = point.prefill_s
+                if real:
+                    from engine.prefill_bench import measure_prefills
+
+                    measured = measure_prefills(p, pool, b, spec, device, real_batches, repeats, seed)
+                    predicted = [price.iteration_time(x) for x in prefill_plans(p, pool, b)[:len(measured)]]
+                    row.update(real_prefill_s=float(np.mean(measured)), predicted_first_s=float(np.mean(predicted)),
+                               real_error=float(np.mean(predicted) / np.mean(measured) - 1))
+                rows.append(row)
+            for row in rows[-len(policies):]:
+                row["speedup_vs_hf_padded"] = None if base is None else base / row["prefill_s"]
+    frame = pd.DataFrame(rows)
+    summary = {"model": spec.name, "gpu": g.name, "cost_model": label, "warnings": warnings, "prompts": prompts,
+               "scale": scale, "seed": seed, "profiles": profiles, "real": real, "device": device if real else None}
+    if out is not None:
+        write_files(out, {"prefill_bench.parquet": lambda t: frame.to_parquet(t, index=False),
+                          "summary.json": lambda t: t.write_text(json_text(summary))}, "the benchmark")
+    if as_json:
+        print(json.dumps({**summary, "points": rows}, indent=1))
+        return
+    _print(frame, summary)
+
+
+def _print(frame, summary: dict) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=escape(f"prefill per batch: {summary['model']} / {summary['gpu']} ({summary['cost_model']})"))
+    cols = ["lengths", "batch", "policy", "prefill ms", "speedup", "n/k", "max abs dev", "peak GiB", "largest batch"]
+    if summary["real"]:
+        cols += ["real ms", "predicted ms", "error"]
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("lengths", "policy") else "right")
+    for r in frame.to_dict("records"):
+        cells = [escape(r["lengths"]), str(r["batch_size"]), r["policy"], f"{r['prefill_s'] * 1e3:.2f}",
+                 "-" if r["speedup_vs_hf_padded"] is None else f"{r['speedup_vs_hf_padded']:.2f}x",
+                 f"{r['batch_reduction']:.2f}", f"{r['max_abs_deviation']:.0f}", f"{r['peak_gib']:.2f}",
+                 str(r["largest_batch"])]
+        if summary["real"]:
+            cells += [f"{r['real_prefill_s'] * 1e3:.1f}", f"{r['predicted_first_s'] * 1e3:.1f}",
+                      f"{r['real_error']:+.1%}"]
+        table.add_row(*cells)
+    console = Console()
+    console.print(table)
+    for name, p in summary["profiles"].items():
+        lo, mean, hi = p["sampled_min_mean_max"]
+        ref = p["table_min_mean_max"]
+        console.print(escape(f"{name}: sampled min/mean/max {lo}/{mean:.0f}/{hi}"
+                             + (f" (Prepacking Table 2: {ref[0]}/{ref[1]}/{ref[2]}; shifted log-normal, "
+                                f"sigma {p['lognormal_mu_sigma'][1]:.2f})" if ref else "")))
