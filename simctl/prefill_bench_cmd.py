@@ -5,6 +5,7 @@ on this machine's engine next to the prediction."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -134,11 +135,16 @@ def _print(frame, summary: dict) -> None:
     from rich.table import Table
 
     table = Table(title=escape(f"prefill per batch: {summary['model']} / {summary['gpu']} ({summary['cost_model']})"))
-    cols = ["lengths", "batch", "policy", "prefill ms", "speedup", "n/k", "max abs dev", "peak GiB", "largest batch"]
+    # short headers, explained by the caption
+    cols = ["lengths", "batch", "policy", "prefill ms", "speedup", "n/k", "MAD", "peak GiB", "max batch"]
     if summary["real"]:
-        cols += ["real ms", "predicted ms", "error"]
+        cols += ["real ms", "pred. ms", "error"]
     for c in cols:
-        table.add_column(c, justify="left" if c in ("lengths", "policy") else "right")
+        table.add_column(c, justify="left" if c in ("lengths", "policy") else "right", no_wrap=True)
+    table.caption = (f"speedup: over hf-padded; n/k: prompts per computed row; MAD: longest minus mean prompt; "
+                     f"peak GiB: estimated; max batch: the largest (of {summary['prompts']}) whose prefills fit"
+                     + ("; real: the first prefills on this machine, pred.: the same plans priced" if summary["real"]
+                        else ""))
     for r in frame.to_dict("records"):
         cells = [escape(r["lengths"]), str(r["batch_size"]), r["policy"], f"{r['prefill_s'] * 1e3:.2f}",
                  "-" if r["speedup_vs_hf_padded"] is None else f"{r['speedup_vs_hf_padded']:.2f}x",
@@ -148,7 +154,7 @@ def _print(frame, summary: dict) -> None:
             cells += [f"{r['real_prefill_s'] * 1e3:.1f}", f"{r['predicted_first_s'] * 1e3:.1f}",
                       f"{r['real_error']:+.1%}"]
         table.add_row(*cells)
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 120)  # piped to a file: no 80-column cut
     console.print(table)
     for name, p in summary["profiles"].items():
         lo, mean, hi = p["sampled_min_mean_max"]
