@@ -58,14 +58,20 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
     first_end, last_end = float(ends[0]), float(ends[-1])
     prev_token: dict[float, int] = {}
     finished: list[Seq] = []
+    later = 0  # rows whose previous token came before `start` (as in apply_iteration)
     for s in plan.seqs:  # k decode steps, each samples a token
         s.computed += k
         s.generated += k
-        prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
+        t = s.last_token_s
+        if t != start:
+            prev_token[t] = prev_token.get(t, 0) + 1
+            later += 1
         s.last_token_s = last_end
         if s.generated == s.output_tokens:
             s.completion_s = last_end
             finished.append(s)
+    if len(plan.seqs) > later:
+        prev_token[start] = prev_token.get(start, 0) + len(plan.seqs) - later
     records.gaps.extend(ends[1:] - ends[:-1], len(plan.seqs))  # later steps: every row waited one iteration
     _close(policy, records, plan, start, last_end, k, prev_token, finished, first_end)
     return finished
