@@ -28,15 +28,16 @@ def measure_prefills(policy_name: str, lengths: np.ndarray, batch_size: int, mod
         engine = PlanExecutor(executor, prompts)
         times = []
         plans = serve_prefills(policy_name, lengths, batch_size)
+        previous = None
         for plan in plans:
+            if previous is not None:  # applied by now: each prompt sampled its only token and finished
+                engine.release(previous.seqs)
             t0 = time.perf_counter()
             engine.execute(plan)
             times.append(time.perf_counter() - t0)
             if len(times) == batches:
                 plans.close()
                 break
-            for s in plan.seqs:  # each prompt sampled its only token: the batch is done, its slots free
-                s.completion_s = 0.0
-            engine.release(plan.seqs)
+            previous = plan
         runs.append(times)
     return [statistics.median(r[i] for r in runs[1:]) for i in range(len(runs[0]))]

@@ -16,7 +16,7 @@ from serving.records import Records
 def apply_iteration(policy: Policy, records: Records, plan: BatchPlan, start: float, end: float) -> list[Seq]:
     """Apply one executed iteration of `plan`, which began at `start` and whose tokens were sampled at `end`.
     Returns the sequences that finished (already released)."""
-    prev_token: dict[float, int] = {}  # previous token time -> sequences sampling now, for TBT
+    prev_token: dict[float, int] = {}  # previous token time (before `start`) -> sequences sampling now, for TBT
     finished: list[Seq] = []
     nd = plan.decode_tokens
     seqs = plan.seqs
@@ -32,8 +32,6 @@ def apply_iteration(policy: Policy, records: Records, plan: BatchPlan, start: fl
         if g == s.output_tokens:
             s.completion_s = end
             finished.append(s)
-    if nd > later:
-        prev_token[start] = prev_token.get(start, 0) + nd - later
     for s, q in zip(seqs[nd:], plan.num_new[nd:]):  # prefill segments
         if s.first_scheduled_s < 0:
             s.first_scheduled_s = start
@@ -47,7 +45,7 @@ def apply_iteration(policy: Policy, records: Records, plan: BatchPlan, start: fl
         if s.generated == s.output_tokens:
             s.completion_s = end
             finished.append(s)
-    _close(policy, records, plan, start, end, 1, prev_token, finished, end)
+    _close(policy, records, plan, start, end, 1, prev_token, nd - later, finished, end)
     return finished
 
 
@@ -70,18 +68,19 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
         if s.generated == s.output_tokens:
             s.completion_s = last_end
             finished.append(s)
-    if len(plan.seqs) > later:
-        prev_token[start] = prev_token.get(start, 0) + len(plan.seqs) - later
     records.gaps.extend(ends[1:] - ends[:-1], len(plan.seqs))  # later steps: every row waited one iteration
-    _close(policy, records, plan, start, last_end, k, prev_token, finished, first_end)
+    _close(policy, records, plan, start, last_end, k, prev_token, len(plan.seqs) - later, finished, first_end)
     return finished
 
 
 def _close(policy: Policy, records: Records, plan: BatchPlan, start: float, end: float, k: int,
-           prev_token: dict[float, int], finished: list[Seq], first_end: float) -> None:
-    """Record the TBT gaps ending at the first of `k` iterations, release the finished sequences and log one
+           prev_token: dict[float, int], consecutive: int, finished: list[Seq], first_end: float) -> None:
+    """Record the TBT gaps ending at the first of `k` iterations (`consecutive` rows had their previous token
+    at `start`, the others at the times `prev_token` counts), release the finished sequences and log one
     iteration row (`k` iterations from `start` to `end`)."""
     gaps = records.gaps
+    if consecutive:
+        gaps.add(first_end - start, consecutive)
     for t, n in prev_token.items():
         gaps.add(first_end - t, n)
     kv_used = policy.kv.used

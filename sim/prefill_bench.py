@@ -129,14 +129,16 @@ class BenchPoint:
 
 
 def bench(policy_name: str, lengths: np.ndarray, batch_size: int, cost: CostModel, model: ModelSpec
-          ) -> BenchPoint:
+          ) -> tuple[BenchPoint, list[float]]:
+    """The point, and each prefill's price in the order the policy ran them."""
     plans = prefill_plans(policy_name, lengths, batch_size)
     times = [cost.iteration_time(p) for p in plans]
     n = [len(p.seqs) for p in plans]
     mad = [max(p.num_new) - sum(p.num_new) / len(p.num_new) for p in plans]
-    return BenchPoint(policy_name, batch_size, len(plans), float(np.mean(times)), sum(times) / sum(n),
-                      sum(n) / sum(len(p.prefill_q) for p in plans), float(np.mean(mad)),
-                      max(peak_bytes(p, model) for p in plans) / 2**30)
+    point = BenchPoint(policy_name, batch_size, len(plans), float(np.mean(times)), sum(times) / sum(n),
+                       sum(n) / sum(len(p.prefill_q) for p in plans), float(np.mean(mad)),
+                       max(peak_bytes(p, model) for p in plans) / 2**30)
+    return point, times
 
 
 def largest_batch(policy_name: str, lengths: np.ndarray, model: ModelSpec, memory_bytes: float) -> int:

@@ -72,7 +72,7 @@ def prefill_bench(
     from sim.gpus import get_gpu
     from sim.models import get_model
     from sim.output import check_out_dir, json_text, write_files
-    from sim.prefill_bench import PROFILES, bench, largest_batch, prefill_plans, prompt_lengths
+    from sim.prefill_bench import PROFILES, bench, largest_batch, prompt_lengths
     from sim.run import cost_model
     from simctl.usage_errors import warn_all
 
@@ -103,7 +103,7 @@ def prefill_bench(
         for b in sizes:
             base = None
             for p in policies:
-                point = bench(p, pool, b, price, spec)
+                point, times = bench(p, pool, b, price, spec)
                 row = {"lengths": name, **point.__dict__, "largest_batch": fits[p]}
                 if p == "hf-padded":
                     base = point.prefill_s
@@ -111,7 +111,7 @@ def prefill_bench(
                     from engine.prefill_bench import measure_prefills
 
                     measured = measure_prefills(p, pool, b, spec, device, real_batches, repeats, seed)
-                    predicted = [price.iteration_time(x) for x in prefill_plans(p, pool, b)[:len(measured)]]
+                    predicted = times[:len(measured)]
                     row.update(real_prefill_s=float(np.mean(measured)), predicted_first_s=float(np.mean(predicted)),
                                real_error=float(np.mean(predicted) / np.mean(measured) - 1))
                 rows.append(row)

@@ -32,7 +32,7 @@ def test_prepacking_beats_full_batching_and_fits_larger_batches() -> None:
     pool = prompt_lengths("mmlu", 512, 1)
     speedups = []
     for b in (8, 32):
-        hf, lo, pp = (bench(p, pool, b, cost, spec) for p in ("hf-padded", "length-ordered", "prepack"))
+        hf, lo, pp = (bench(p, pool, b, cost, spec)[0] for p in ("hf-padded", "length-ordered", "prepack"))
         assert hf.batches == pp.batches == lo.batches == -(-512 // b)
         assert hf.batch_reduction == lo.batch_reduction == 1 and pp.batch_reduction > 1
         assert pp.prefill_s < hf.prefill_s and lo.max_abs_deviation < hf.max_abs_deviation
