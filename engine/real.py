@@ -14,7 +14,8 @@ record what was in effect.
 Sizing (`size_run`): lengths are the trace's times `scale` (rounded, at least 1). `max_seq_len` = the
 longest scaled request rounded up to 16 (what Orca/FasterTransformer reserve and vLLM's per-iteration cap);
 the slab has `kv_slots` = min(requests, max batch size) rows of `kv_slot_tokens` = max_seq_len positions
-(FasterTransformer: longest prompt + longest output, since its padded decodes read that many columns).
+(FasterTransformer: longest prompt + longest output, since its padded decodes read that many columns; Baton:
+the whole KV capacity, kv_slots x max_seq_len, since its batch's rows widen with placeholder columns).
 Enough: every policy here admits a new request only from the head of its waiting queue, where preempted
 requests return, so requests holding a slot (running or preempted) never outnumber the max batch size. The KV
 capacity handed to the policy is `kv_slots x max_seq_len` unless given. If the slab would exceed the memory
@@ -141,6 +142,10 @@ def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: in
     batch = make_policy(config.policy, max_seq_len, max_seq_len, config.options).max_batch_size
     slots = min(len(requests), batch)
     capped = False
+    if policy_class(config.policy).widening_kv:  # Baton: a row may read up to the whole capacity's width
+        while slots > 1 and slots * slots * max_seq_len * kv_bytes_per_token > budget_bytes:
+            slots, batch, capped = slots - 1, slots - 1, True
+        slot_tokens = slots * max_seq_len
     fit = budget_bytes // (slot_tokens * kv_bytes_per_token)
     if fit < slots:
         if fit < 1:
@@ -148,6 +153,9 @@ def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: in
                              f"exceeds the memory budget of {budget_bytes} bytes; lower --scale")
         slots, batch, capped = fit, fit, True
     capacity = slots * max_seq_len if config.kv_capacity is None else int(config.kv_capacity)
+    if policy_class(config.policy).widening_kv and capacity > slot_tokens:
+        raise InputError(f"--kv-capacity {capacity}: {config.policy}'s batch may widen to its whole KV capacity, "
+                         f"but the slab holds {slot_tokens} positions per row; give at most {slot_tokens}")
     fits = max_admissible_tokens(config.policy, capacity, max_seq_len)
     if need > fits:
         raise InputError(f"request {longest.id} needs {need} tokens of KV cache but {config.policy} can hold at "
@@ -203,7 +211,8 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     policy = sized_policy(config, size)
     executor = RaggedExecutor(model, size.kv_slots, size.kv_slot_tokens)
     prompts = {r.id: prompt_ids(r.id, r.prompt_tokens, spec.vocab_size, config.seed) for r in requests}
-    warm_s = warm_up(executor, spec.vocab_size, padded=policy.padded_batches, seed=config.seed)
+    warm_s = warm_up(executor, spec.vocab_size, padded=policy.padded_batches or policy.widening_kv,
+                     seed=config.seed)
     engine = Engine(policy, executor, prompts)
     out = engine.serve(requests, max_waiting=overload_limit(len(requests)))
     result = out.sim_result(policy.kv.capacity)

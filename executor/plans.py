@@ -3,8 +3,12 @@
 - packed / hybrid plans (`Layout.PACKED`): `RaggedExecutor.run` with one `Segment` per scheduled sequence:
   its slot, its next q token ids (prompt + generated so far, from position `seq.computed`), cached =
   `seq.computed`, sampled when the segment reaches the last known token (exactly when `Seq.advance` samples).
-- padded plans (`Layout.PADDED`, FasterTransformer, hf-padded): the padded prefill runs as a real `[B, L]`
-  batch (`run_padded`, L = `plan.row_len`, under a dense mask when `plan.dense_attention`), pads computed;
+- padded plans (`Layout.PADDED`, FasterTransformer, hf-padded, pd, Baton): a padded prefill (or one group of
+  it: `pd`) runs as a real `[B, L]` batch (`run_padded`, L = `plan.row_len`, under a dense mask when
+  `plan.dense_attention`), pads computed. Baton's insertion is the same with the running rows' one token
+  padded to L, and Baton's rows (insertion and decode) read `plan.kv_len` KV columns each: a row's own KV sits
+  at its true positions in its slot and the columns past it, Baton's placeholders and pads, are read under
+  the mask, so the work is the batch tensor's without moving KV (an embedding copies nothing here);
   a bin-packed prefill (`Layout.BINPACKED`, Prepacking) runs `plan.bins` as rows of L tokens
   (`run_binpacked`) and leaves each prompt's KV in its own slot, as a padded prefill would; each padded
   decode runs all `plan.rows` rows of that
@@ -108,18 +112,22 @@ class PlanExecutor:
             return [s for s, g in zip(plan.seqs, segs) if g.sample], logits
         if plan.layout is Layout.BINPACKED:  # a new batch's prompts packed into rows; KV unpacked per slot
             segs = [self._segment(s, q) for s, q in zip(plan.seqs, plan.num_new)]
-            self.rows = [(s, g.slot) for s, g in zip(plan.seqs, segs)]
+            self._keep_rows(plan, segs)
             logits = ex.run_binpacked([[segs[i] for i in row] for row in plan.bins], plan.row_len)
             return [plan.seqs[i] for row in plan.bins for i in row if segs[i].sample], logits
-        if not plan.decode_only:  # a padded B x L prefill: a new batch
+        if not plan.decode_only:  # padded B x L: a batch's prefill, or Baton's insertion into a running batch
             segs = [self._segment(s, q, True) for s, q in zip(plan.seqs, plan.num_new)]  # every row: LM head
-            self.rows = [(s, g.slot) for s, g in zip(plan.seqs, segs)]
-            logits = ex.run_padded(segs, length=plan.row_len, dense=plan.dense_attention)
+            self._keep_rows(plan, segs)
+            logits = ex.run_padded(segs, length=plan.row_len, kv_len=plan.kv_len or None,
+                                   dense=plan.dense_attention)
             keep = [i for i, sample in enumerate(plan.sampling()) if sample]
             return [plan.seqs[i] for i in keep], logits[keep]
-        # a padded decode step: every row of the batch, finished ones too
+        if self.rows is None:  # a padded decode step of a batch without finished rows (Baton)
+            segs = [self._segment(s, 1, True) for s in plan.seqs]
+            return list(plan.seqs), ex.run_padded(segs, length=1, kv_len=plan.kv_len)
+        # a padded decode step of a request-level batch: every row, finished ones too
         rows = self.rows
-        if rows is None or plan.rows != len(rows):
+        if plan.rows != len(rows):
             raise RuntimeError(f"padded decode of {plan.rows} rows without a matching padded prefill")
         live = {s.id for s in plan.seqs}
         segs, keep, samplers = [], [], []
@@ -132,6 +140,11 @@ class PlanExecutor:
                 segs.append(Segment(slot, self.ids[s.id][-1:], s.computed, True))
         logits = ex.run_padded(segs, length=plan.row_len, kv_len=plan.kv_len)
         return samplers, logits[keep]
+
+    def _keep_rows(self, plan: BatchPlan, segs: list[Segment]) -> None:
+        """A request-level batch's prefill (a group of it): its rows stay until the whole batch finishes."""
+        if plan.keep_finished_rows:
+            self.rows = (self.rows or []) + [(s, g.slot) for s, g in zip(plan.seqs, segs)]
 
     def release(self, finished: list[Seq]) -> None:
         """Give back the KV slots of finished requests (a padded batch's, once all its rows have finished)."""

@@ -62,6 +62,7 @@ class Policy(ABC):
     Settings: ClassVar[type[Settings]] = Settings
     reserves_kv: ClassVar[bool] = False  # KV for the max sequence length is set aside at admission
     padded_batches: ClassVar[bool] = False  # runs padded B x L batches that keep finished rows computed
+    widening_kv: ClassVar[bool] = False  # a batch KV tensor whose rows widen past any one request (Baton)
 
     def __init__(self, kv: KVManager, **options: Any) -> None:
         self.settings = self.Settings(**options)

@@ -29,6 +29,7 @@ class FasterTransformer(Policy):
     def __init__(self, kv: ReservedKV, **options: int) -> None:
         super().__init__(kv, **options)
         self.batch: list[Seq] = []  # rows of the running batch, finished ones included
+        self.groups: list[list[Seq]] = []  # the batch's prompts still to prefill
         self.kv_len = 0  # KV columns every row holds (padded to the longest prompt)
 
     def add(self, seq: Seq) -> None:
@@ -42,9 +43,13 @@ class FasterTransformer(Policy):
         while self.waiting and len(self.running) < self.max_batch_size and self.kv.can_admit(self.waiting[0]):
             self._admit(self.waiting[0])
 
+    def _prefill_groups(self, batch: list[Seq]) -> list[list[Seq]]:
+        """The new batch's prompts, in the groups prefilled one iteration each: all at once here."""
+        return [batch]
+
     def _prefill(self, batch: list[Seq]) -> BatchPlan:
-        """The new batch's prefill: one B x L batch, pads computed (FasterTransformer's causal kernels skip
-        the scores above the diagonal)."""
+        """A group's prefill: one B x L batch, pads computed (FasterTransformer's causal kernels skip the scores
+        above the diagonal)."""
         return padded_prefill(batch)
 
     def schedule(self) -> BatchPlan | None:
@@ -53,8 +58,12 @@ class FasterTransformer(Policy):
             if not self.running:
                 return None
             self.batch = list(self.running)
-            plan = self._prefill(self.batch)
-            self.kv_len = plan.row_len  # every row's KV is padded to the longest prompt
+            self.groups = self._prefill_groups(self.batch)
+            self.kv_len = 0
+        if self.groups:
+            plan = self._prefill(self.groups.pop(0))
+            plan.keep_finished_rows = True
+            self.kv_len = max(self.kv_len, plan.row_len)  # every row's KV is padded to the longest prompt
             return plan
         self.kv_len += 1
         # a copy: finish() removes from self.running, and the plan must keep the rows it ran

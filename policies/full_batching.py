@@ -9,6 +9,11 @@ policies: a batch is formed when none runs, prefilled at once, and decoded until
   so a batch holds similar lengths and little padding. The paper's oracle sorts the whole dataset first;
   online, it is the waiting queue sorted by prompt length (long prompts wait while shorter ones keep
   arriving: the reason the paper calls it impractical).
+- `pd` (the Baton paper's "PD" baseline, Section 5.1): prefill and decode decoupled. A batch is admitted in
+  arrival order; its prompts are prefilled apart, grouped by similar length (`prefill_batch_size` prompts per
+  group, shortest first), and the batch then decodes combined, its KV end-aligned to the longest prompt, until
+  its last query finishes. The paper does not give the group size; 1 (each prompt alone, no padding) is the
+  default.
 """
 
 from __future__ import annotations
@@ -43,3 +48,18 @@ class LengthOrdered(HFPadded):
             if len(self.running) >= self.max_batch_size or not self.kv.can_admit(s):
                 break
             self._admit(s)
+
+
+class PD(HFPadded):
+    name = "pd"
+    summary = "Baton's PD baseline: prompts prefilled apart in similar-length groups, the batch decoded out"
+
+    @dataclass(frozen=True)
+    class Settings(Settings):
+        max_batch_size: int = option(8, "most requests in a batch")
+        prefill_batch_size: int = option(1, "prompts per prefill group (grouped by similar length)")
+
+    def _prefill_groups(self, batch: list[Seq]) -> list[list[Seq]]:
+        by_length = sorted(batch, key=lambda s: (s.prefill_remaining, s.arrival_s, s.id))
+        g = self.settings.prefill_batch_size
+        return [by_length[i:i + g] for i in range(0, len(by_length), g)]

@@ -50,6 +50,9 @@ class BatchPlan:
     # padded batches, Prepacking's bins) rather than by a causal kernel that skips the upper triangle
     dense_attention: bool = False
     bins: list[list[int]] = field(default_factory=list)  # BINPACKED: indices into `seqs`, one list per row
+    # a request-level batch's prefill (FasterTransformer and its kin): these rows stay in the batch, computed
+    # even once finished, until all of the batch has finished
+    keep_finished_rows: bool = False
 
     @property
     def decode_only(self) -> bool:
@@ -119,3 +122,16 @@ def padded_decode(seqs: list[Seq], rows: int, kv_len: int) -> BatchPlan:
     """
     return BatchPlan(seqs, [1] * len(seqs), Layout.PADDED, rows, rows, decode_rows=rows, decode_kv=rows * kv_len,
                      decode_tokens=len(seqs), row_len=1, kv_len=kv_len, idle_rows=rows - len(seqs))
+
+
+def padded_insertion(seqs: list[Seq], width: int) -> BatchPlan:
+    """Baton's insertion step: newcomers' whole prompts join a running padded batch whose rows hold `width` KV
+    columns (placeholders included). Every row is padded to the longest newcomer prompt L, so the running rows
+    compute L tokens for their one real token; each row's L queries attend, under an explicit mask, to all
+    width + L columns. The rows' KV gains L columns; every row samples."""
+    num_new = [s.prefill_remaining if s.in_prefill else 1 for s in seqs]
+    rows, length = len(seqs), max(num_new)
+    prefill = sum(q for s, q in zip(seqs, num_new) if s.in_prefill)
+    return BatchPlan(seqs, num_new, Layout.PADDED, rows * length, rows, [length] * rows, [width] * rows,
+                     prefill_tokens=prefill, decode_tokens=sum(num_new) - prefill, row_len=length,
+                     kv_len=width + length, dense_attention=True)

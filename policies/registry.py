@@ -8,8 +8,9 @@ from typing import Any
 
 from common.errors import InputError
 from policies.base import Policy
+from policies.baton import Baton, BatonPD
 from policies.faster_transformer import FasterTransformer
-from policies.full_batching import HFPadded, LengthOrdered
+from policies.full_batching import PD, HFPadded, LengthOrdered
 from policies.orca import Orca
 from policies.prepack import Prepack
 from policies.sarathi import ChunkedPrefillsOnly, HybridBatchingOnly, SarathiServe
@@ -18,7 +19,7 @@ from policies.vllm import VLLM
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (FasterTransformer, Orca, VLLM, SarathiServe, HybridBatchingOnly, ChunkedPrefillsOnly, HFPadded,
-                LengthOrdered, Prepack)
+                LengthOrdered, Prepack, PD, Baton, BatonPD)
 }
 
 

@@ -1,0 +1,198 @@
+"""Baton (Cong et al., 2024, Sections 4.1-4.3): query-level continuous batching on padded batch tensors.
+
+The batch is one padded KV tensor of `width` columns per row (`PaddedBatchKV`: memory = rows x width). Each row
+remembers where its own KV starts (the paper's `index`); the columns before it are placeholders.
+
+- A finished query leaves its row at once (`finish`), and the next iteration gives a waiting query the free row.
+- `baton` (vector shaping, 4.1): the newcomer's prompt is prefilled inside the batch. Every row is padded to
+  the newcomer's length L, so the running rows compute L tokens for their one real token (`padded_insertion`),
+  and every row's KV gains L columns: the running rows' L - 1 of them are padding, and the newcomer's own KV
+  sits behind `width` placeholder columns.
+- `baton-pd` (vector embedding, 4.2): newcomers are prefilled apart (a padded prefill of their own), and their
+  KV is embedded end-aligned into the batch tensor (widened on the left when a newcomer is longer than the
+  batch), so every batched iteration processes exactly one token per query. The paper overlaps the prefill
+  with the batch's decoding ("asynchronous P&D decoupling"); here the two take turns on the device.
+- Resource releasing: before an insertion or a decode step, the columns before every row's start
+  ([0 : min(index)]) are dropped.
+- Batch-size scaling (4.3): when the batch KV would pass `kv_threshold` percent of the KV capacity, the newest
+  queries move to host memory until it fits; they come back, ahead of any waiting query, with their KV
+  embedded as soon as a row and the memory are free. A row alone is never moved out: if its padding leaves it
+  no room, it is re-embedded compactly (its own KV only). Host transfers are not priced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.base import Policy, Settings, option
+from policies.kv import KVManager
+from policies.padded_kv import PaddedBatchKV
+from policies.plan import BatchPlan, padded_decode, padded_insertion, padded_prefill
+from policies.seq import Phase, Seq
+
+
+class Baton(Policy):
+    name = "baton"
+    summary = "Baton: a finished query's row goes to a waiting one, prefilled inside the padded batch"
+    widening_kv = True  # padded batches whose finished rows leave at once (not `padded_batches`)
+
+    @dataclass(frozen=True)
+    class Settings(Settings):
+        max_batch_size: int = option(8, "most queries in the batch (the Baton paper runs 2 to 10)")
+        kv_threshold: int = option(100, "batch-size scaling: percent of the KV capacity past which the newest "
+                                   "queries move to host memory (Baton, 4.3)")
+
+    def __init__(self, kv: PaddedBatchKV, **options: int) -> None:
+        super().__init__(kv, **options)
+        self.kv: PaddedBatchKV = kv
+        self.start: dict[int, int] = {}  # each row's first real KV column (the paper's index)
+        self.limit = kv.capacity * self.settings.kv_threshold // 100
+
+    @classmethod
+    def kv_manager(cls, capacity_tokens: int, max_seq_len: int) -> KVManager:
+        return PaddedBatchKV(capacity_tokens)
+
+    @classmethod
+    def max_admissible_tokens(cls, kv_capacity_tokens: int, max_seq_len: int) -> int:
+        return kv_capacity_tokens  # a query alone holds only its own KV
+
+    def _room(self, rows: int) -> int:
+        """KV token slots a batch of `rows` rows may hold: the threshold, but all of it for a row alone."""
+        return self.kv.capacity if rows <= 1 else self.limit
+
+    def _fits(self, rows: int, width: int) -> bool:
+        return rows * width <= self._room(rows)
+
+    # --- the batch tensor ---
+
+    def _trim(self) -> None:
+        """Resource releasing: drop the placeholder columns every row has in front."""
+        if self.start:
+            drop = min(self.start.values())
+            if drop:
+                self.kv.width -= drop
+                for i in self.start:
+                    self.start[i] -= drop
+
+    def _embed(self, seqs: list[Seq], lengths: list[int]) -> None:
+        """Put the sequences' KV (`lengths` columns each) into the batch end-aligned, widening the batch on the
+        left for KV longer than it."""
+        width = max([self.kv.width, *lengths])
+        grow = width - self.kv.width
+        for i in self.start:
+            self.start[i] += grow
+        for s, n in zip(seqs, lengths):
+            self.start[s.id] = width - n
+        self.kv.width = width
+
+    def _join(self, seq: Seq) -> None:
+        if seq in self.waiting:
+            self._admit(seq)
+        else:
+            self.arrived_with_kv.remove(seq)
+            self.kv.admit(seq)
+            seq.phase = Phase.RUNNING
+            self.running.append(seq)
+
+    def _rejoining(self) -> list[Seq]:
+        """Queries that have their KV (moved to host, or prefilled elsewhere) and fit back in, in order."""
+        out: list[Seq] = []
+        for s in self.arrived_with_kv:
+            rows = len(self.running) + len(out) + 1
+            if rows > self.max_batch_size or not self._fits(rows, max(self.kv.width, s.computed)):
+                break
+            out.append(s)
+        return out
+
+    def _newcomers(self, extra_width: int) -> list[Seq]:
+        """Waiting queries for the free rows, in arrival order, while the widened batch fits in memory:
+        `extra_width(L)` is how much the batch widens for newcomers of at most L prompt tokens."""
+        out: list[Seq] = []
+        longest = 0
+        for s in self.waiting:
+            rows = len(self.running) + len(out) + 1
+            if rows > self.max_batch_size:
+                break
+            longest_next = max(longest, s.prefill_remaining)
+            if not self._fits(rows, self.kv.width + extra_width(longest_next)):
+                break
+            out.append(s)
+            longest = longest_next
+        return out
+
+    def _scale_down(self) -> None:
+        """Before a decode step widens the batch by a column: move the newest queries to host memory until it
+        fits; a row alone that cannot grow is re-embedded compactly."""
+        while len(self.running) > 1 and not self._fits(len(self.running), self.kv.width + 1):
+            victim = self.running.pop()
+            self.kv.free(victim)
+            del self.start[victim.id]
+            victim.phase = Phase.WAITING
+            self.arrived_with_kv.appendleft(victim)
+            self._trim()
+        if len(self.running) == 1 and not self._fits(1, self.kv.width + 1):
+            (s,) = self.running
+            self.kv.width, self.start[s.id] = s.computed, 0
+
+    # --- the policy ---
+
+    def schedule(self) -> BatchPlan | None:
+        self._trim()
+        rejoining = self._rejoining()
+        for s in rejoining:
+            self._join(s)
+        self._embed(rejoining, [s.computed for s in rejoining])
+        if not self.arrived_with_kv:  # queries moved to host come back before any new one
+            plan = self._insert()
+            if plan is not None:
+                return plan
+        if not self.running:
+            return None
+        self._scale_down()
+        self.kv.width += 1
+        return padded_decode(list(self.running), rows=len(self.running), kv_len=self.kv.width)
+
+    def _insert(self) -> BatchPlan | None:
+        """Vector shaping: the newcomers' prompts run inside the batch, every row padded to the longest."""
+        newcomers = self._newcomers(lambda longest: longest)
+        if not newcomers:
+            return None
+        for s in newcomers:
+            self._join(s)
+        plan = padded_insertion(list(self.running), self.kv.width)
+        for s in newcomers:  # left-padded within the new columns: their prompts end together
+            self.start[s.id] = self.kv.width + plan.row_len - s.prefill_remaining
+        self.kv.width = plan.kv_len
+        return plan
+
+    def extend(self, plan: BatchPlan, limit: int) -> int:
+        """Repeat a decode step while the batch KV fits; the queue stays blocked meanwhile (no row frees, and
+        the memory a newcomer would need only grows)."""
+        extra = max(0, min(limit, self._room(len(self.running)) // len(self.running) - self.kv.width))
+        self.kv.width += extra
+        return extra
+
+    def finish(self, seq: Seq) -> None:
+        super().finish(seq)
+        del self.start[seq.id]
+
+    def release(self, seq: Seq) -> None:
+        super().release(seq)
+        self.start.pop(seq.id, None)
+
+
+class BatonPD(Baton):
+    name = "baton-pd"
+    summary = "Baton with P&D decoupling: newcomers prefilled apart, their KV embedded into the batch"
+
+    def _insert(self) -> BatchPlan | None:
+        """Vector embedding: prefill the newcomers on their own, then embed their KV end-aligned."""
+        newcomers = self._newcomers(lambda longest: max(0, longest - self.kv.width))
+        if not newcomers:
+            return None
+        for s in newcomers:
+            self._join(s)
+        plan = padded_prefill(newcomers, dense=True)
+        # their KV joins the batch once computed; accounted from now (the prefill's own tensor is smaller)
+        self._embed(newcomers, plan.num_new)
+        return plan
