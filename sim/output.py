@@ -52,6 +52,7 @@ def _oserror_text(e: OSError) -> str:
 
 
 RUN_FILES = ("requests.parquet", "iterations.parquet", "summary.json")  # summary.json renamed last
+TIMELINE_FILE = "timeline.parquet"  # `simctl run --timeline N`: the first N iterations' members
 CAPACITY_FILES = ("probes.csv", "capacity.png", "capacity.json")
 
 
@@ -144,14 +145,20 @@ def write_files(out: Path, writers: dict[str, Callable[[Path], None]], what: str
         raise
 
 
-def write_run(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterations: pd.DataFrame) -> None:
-    """Write requests.parquet, iterations.parquet and summary.json (renamed last) into `out`, all or none."""
+def write_run(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterations: pd.DataFrame,
+              timeline: pd.DataFrame | None = None) -> None:
+    """Write requests.parquet, iterations.parquet, timeline.parquet when given, and summary.json (renamed
+    last) into `out`, all or none; an earlier run's timeline.parquet goes when this run recorded none."""
     summary_text = json_text(summary)  # serialise first: a failure here must not touch the folder
+    timeline_writer = {} if timeline is None else {TIMELINE_FILE: lambda p: timeline.to_parquet(p, index=False)}
     write_files(Path(out), {
         "requests.parquet": lambda p: requests.to_parquet(p, index=False),
         "iterations.parquet": lambda p: iterations.to_parquet(p, index=False),
+        **timeline_writer,
         "summary.json": lambda p: p.write_text(summary_text, encoding="utf-8"),
     }, "the run's files")
+    if timeline is None:
+        (Path(out) / TIMELINE_FILE).unlink(missing_ok=True)
 
 
 def write_capacity(out: Path, spec: Any, results: dict[str, Any]) -> None:

@@ -8,6 +8,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from common.checks import is_int, is_number
 from common.errors import InputError
 from policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
@@ -21,6 +23,7 @@ from sim.gpus import GPUSpec, get_gpu
 from sim.metrics import summarize
 from sim.models import ModelSpec, get_model
 from sim.simulate import Progress, SimResult, simulate
+from sim.timeline import TimelineBackend, check_timeline
 from traces import (
     ARRIVAL_PROCESSES,
     PROFILES,
@@ -91,6 +94,7 @@ class Run:
     config: RunConfig
     result: SimResult
     summary: dict[str, Any]
+    timeline: pd.DataFrame | None = None  # the first iterations' members (run(..., timeline=N))
 
 
 def default_cost_path(gpu: GPUSpec) -> Path | None:
@@ -121,8 +125,10 @@ def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp:
     return fitted, fitted.kv_capacity_tokens(memory_bytes=memory), f"fitted {path}", []
 
 
-def run(config: RunConfig, progress: Progress | None = None) -> Run:
+def run(config: RunConfig, progress: Progress | None = None, timeline: int = 0) -> Run:
+    """Simulate `config`; with `timeline` > 0, also record which requests the first `timeline` iterations ran."""
     config.validate()
+    check_timeline(timeline)
     model, gpu = get_model(config.model), get_gpu(config.gpu)
     cost, kv_capacity, cost_label, warnings = cost_model(config.cost, model, gpu, config.tp)
     requests = build_trace(config.trace, config.num_requests, config.qps, config.seed,
@@ -150,11 +156,12 @@ def run(config: RunConfig, progress: Progress | None = None) -> Run:
             f"{big.output_tokens} output) but {config.policy} can hold at most {fits} for one request on "
             f"{where} ({kv_capacity} KV slots); use a larger GPU, a higher --tp or shorter requests")
     policy = make_policy(config.policy, kv_capacity, max_seq_len, config.options)
+    recorder = TimelineBackend(cost, config.fast, timeline) if timeline else None
     result = simulate(requests, policy, cost, fast=config.fast, max_waiting=overload_limit(config.num_requests),
-                      progress=progress)
+                      progress=progress, backend=recorder)
     summary = {**{k: v for k, v in asdict(config).items() if k not in ("fast", "options")}, **summarize(result)}
     summary["arrivals_from_file"] = has_arrival_times(config.trace)  # replayed (qps None) or time-scaled
     summary["cost_model"] = cost_label
     summary["warnings"] = warnings
     summary.update(policy.settings.as_dict())  # every setting of the policy, given or default
-    return Run(config, result, summary)
+    return Run(config, result, summary, recorder.frame() if recorder else None)

@@ -42,13 +42,16 @@ class SimResult:
 
 
 def simulate(requests: list[Request], policy: Policy, cost: CostModel, fast: bool = True,
-             max_waiting: int | None = None, progress: Progress | None = None) -> SimResult:
-    """Replay `requests` (sorted by arrival) through `policy` on hardware priced by `cost`; `progress(arrived,
-    total)` is called every few thousand events, if given."""
+             max_waiting: int | None = None, progress: Progress | None = None,
+             backend: CostBackend | None = None) -> SimResult:
+    """Replay `requests` (sorted by arrival) through `policy` on hardware priced by `cost` (or by `backend`, a
+    CostBackend that also records, e.g. sim.timeline's); `progress(arrived, total)` is called every few
+    thousand events, if given."""
     t0 = time.perf_counter()
     seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests]
     env = simpy.Environment()
-    replica = Replica(policy, CostBackend(cost, fast), SimulatedTime(), Inbox(seqs), max_waiting=max_waiting)
+    replica = Replica(policy, backend or CostBackend(cost, fast), SimulatedTime(), Inbox(seqs),
+                      max_waiting=max_waiting)
     env.process(process(env, replica))
     if progress is None:
         env.run()

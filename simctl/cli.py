@@ -17,13 +17,14 @@ from rich.table import Table
 from common.errors import InputError
 from policies.registry import POLICIES
 from simctl.display import fmt, print_summary, progress_bar
+from simctl.plot_cmd import plot
 from simctl.policy_options import with_policy_options
 from simctl.prefill_bench_cmd import prefill_bench
 from simctl.usage_errors import error_types, fail, given_value, note_replaced, usage_message, warn_all
 
 DEFAULT_NUM_REQUESTS = 1000
 DEFAULT_QPS = 0.5
-COMMANDS = ("run", "capacity", "real", "validate", "profile", "fit", "prefill-bench", "list")
+COMMANDS = ("run", "capacity", "real", "validate", "profile", "fit", "prefill-bench", "plot", "list")
 
 
 _USAGE_ERRORS, _ABORTS = error_types()
@@ -75,6 +76,10 @@ def run(
     out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet and "
                                                 "iterations.parquet.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
+    timeline: Annotated[int, typer.Option(help="Also record which requests the first N iterations ran "
+                                          "(timeline.parquet in --out, for `simctl plot timeline`).")] = 0,
+    trace_events: Annotated[Path | None, typer.Option(help="Write the iterations as a Chrome/Perfetto trace "
+                                                      "(JSON trace events) to this file.")] = None,
 ) -> None:
     """Simulate one serving replica and print its latency and throughput summary.
 
@@ -82,9 +87,11 @@ def run(
     """
     from dataclasses import replace
 
-    from sim.output import RUN_FILES, check_out_dir, json_text, write_run
+    from sim.output import RUN_FILES, TIMELINE_FILE, check_out_dir, json_text, write_run
     from sim.run import RunConfig
     from sim.run import run as run_sim
+    from sim.timeline import check_timeline
+    from sim.trace_events import MAX_EVENTS, check_trace_path, write_trace_events
     from traces import build_trace, has_arrival_times, is_profile
 
     if qps is None and (not trace.strip() or not has_arrival_times(trace)):
@@ -97,14 +104,23 @@ def run(
         rows = len(build_trace(trace, None, qps, seed, arrival=arrival, cv=cv))
         config = replace(config, num_requests=rows)
         config.validate()
-    if out is not None:
-        check_out_dir(out, RUN_FILES)  # fail before the run, and create nothing until it has succeeded
+    check_timeline(timeline)
+    if timeline and out is None:
+        raise InputError("--timeline needs --out (it writes timeline.parquet there)")
+    if out is not None:  # fail before the run, and create nothing until it has succeeded
+        check_out_dir(out, (*RUN_FILES, TIMELINE_FILE))
+    if trace_events is not None:
+        check_trace_path(trace_events)
     with progress_bar(f"{config.policy}: requests arrived") as report:
-        result = run_sim(config, progress=report)
+        result = run_sim(config, progress=report, timeline=timeline)
     warn_all(result.summary.get("warnings", []))
     if out is not None:
-        note_replaced(out, RUN_FILES)
-        write_run(out, result.summary, result.result.requests, result.result.iterations.frame())
+        note_replaced(out, (*RUN_FILES, TIMELINE_FILE))
+        write_run(out, result.summary, result.result.requests, result.result.iterations.frame(), result.timeline)
+    if trace_events is not None:
+        its = result.result.iterations.frame()
+        if write_trace_events(trace_events, its, result.summary):
+            warn_all([f"--trace-events: only the first {MAX_EVENTS} of {len(its)} iteration rows were written"])
     if as_json:
         sys.stdout.write(json_text(result.summary))
     else:
@@ -315,6 +331,7 @@ def fit(
 
 
 app.command("prefill-bench")(prefill_bench)
+app.command("plot")(plot)
 
 
 @app.command("list")
