@@ -145,6 +145,35 @@ def test_faster_transformer_runs_padded_batches(model, alone, monkeypatch) -> No
     assert frame["decode_tokens"].tolist()[1:] == [3, 3, 2, 2, 2, 1, 1, 1]
 
 
+@pytest.mark.parametrize("name", ["baton", "baton-pd"])
+def test_baton_runs_the_padded_insertion_and_the_batch_width(model, alone, monkeypatch, name) -> None:
+    """The engine computes what the policy planned: baton pads every running row to the newcomer's prompt
+    (B x l_new tokens), baton-pd prefills the newcomer alone; both read the batch's width of KV columns."""
+    calls: list[tuple[int, int, int | None]] = []
+    real_padded = RaggedExecutor.run_padded
+
+    def spy(self, segments, length=None, kv_len=None, dense=False):
+        calls.append((len(segments), max(s.q for s in segments) if length is None else length, kv_len))
+        return real_padded(self, segments, length, kv_len, dense)
+
+    requests = [Request(i, 0.0, p, o) for i, (p, o) in enumerate([(6, 3), (4, 9), (20, 2)])]
+    for r in requests:
+        alone(r)  # before the ragged path is forbidden
+    monkeypatch.setattr(RaggedExecutor, "run_padded", spy)
+    monkeypatch.setattr(RaggedExecutor, "run", lambda *a, **k: pytest.fail("Baton ran ragged"))
+    _, out, _ = serve(model, name, requests, max_batch_size=2)
+    check_run(out, requests, alone)
+    frame = out.iterations.frame()
+    assert len(calls) == len(frame)
+    # the first batch: 2 x 6 tokens; two decodes (widths 7, 8); the first query leaves after its 3rd token
+    assert calls[:3] == [(2, 6, None if name == "baton-pd" else 6), (2, 1, 7), (2, 1, 8)]
+    # the second query's 2 placeholder columns in front (its prompt is 4 of the 6) are trimmed: width 6
+    if name == "baton":  # the 20-token prompt inserted: both rows compute 20 tokens over 6 + 20 columns
+        assert calls[3] == (2, 20, 6 + 20) and frame["linear_tokens"][3] == 40
+    else:  # prefilled alone, then embedded: one token per query over max(6, 20) + 1 columns
+        assert calls[3] == (1, 20, None) and calls[4] == (2, 1, 21)
+
+
 def test_binpacked_prefill_gives_each_prompt_its_logits_and_kv_alone(model) -> None:
     """Prepacking's independent masks and restarted positions: each prompt packed with others gets the
     logits it gets alone, and its KV lands in its own slot at positions 0..q-1 (a decode from it agrees)."""

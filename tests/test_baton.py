@@ -1,0 +1,183 @@
+"""Baton (Cong et al., 2024, Sections 4.1-4.3) and its baselines, as the paper defines them: hand-computed
+iterations of `baton`, `baton-pd` and `pd`, the cost both the simulator and the real engine see, and the
+paper's query-set experiment shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.baton import Baton, BatonPD
+from policies.padded_kv import PaddedBatchKV
+from policies.plan import BatchPlan, Layout, padded_prefill
+from policies.registry import make_policy
+from policies.seq import Seq
+from sim.cost.roofline import Roofline
+
+
+def step(policy) -> BatchPlan | None:
+    """One iteration as the replica loop runs it (no clock): schedule, advance, finish."""
+    plan = policy.schedule()
+    if plan is None:
+        return None
+    for s, q in zip(plan.seqs, plan.num_new):
+        if s.advance(q) and s.generated == s.output_tokens:
+            policy.finish(s)
+    return plan
+
+
+def baton(cls=Baton, capacity: int = 100_000, **options) -> Baton:
+    return cls(PaddedBatchKV(capacity), **options)
+
+
+def add(policy, *lengths: tuple[int, int]) -> list[Seq]:
+    seqs = [Seq(i, 0.0, p, o) for i, (p, o) in enumerate(lengths)]
+    for s in seqs:
+        policy.add(s)
+    return seqs
+
+
+def test_a_finished_query_leaves_and_a_waiting_one_is_inserted_with_every_row_padded() -> None:
+    policy = baton(max_batch_size=2)
+    a, b, c = add(policy, (10, 2), (4, 5), (7, 3))
+    first = step(policy)  # a and b: a padded prefill of 2 x 10 (the batch was empty)
+    assert first.seqs == [a, b] and first.linear_tokens == 20 and policy.kv.width == 10
+    assert policy.start == {a.id: 0, b.id: 6}  # b left-padded: the prompts end together
+    step(policy)  # decode: a samples its 2nd and last token and leaves at once
+    assert policy.running == [b] and policy.kv.used == 11  # one row of 11 columns
+    # trim: b's KV starts at column 6 -> the 6 placeholder columns in front go; c is inserted:
+    insert = step(policy)
+    assert insert.seqs == [b, c] and insert.num_new == [1, 7]
+    assert insert.layout is Layout.PADDED and insert.row_len == 7 and insert.linear_tokens == 2 * 7  # B x l_new
+    assert insert.prefill_q == [7, 7] and insert.prefill_c == [5, 5] and insert.dense_attention
+    assert insert.kv_len == 5 + 7 and policy.kv.width == 12 and policy.kv.used == 24
+    assert policy.start == {b.id: 0, c.id: 5}  # b's 6 pad columns stay inside its row; c behind placeholders
+    assert (insert.prefill_tokens, insert.decode_tokens) == (7, 1)
+
+
+def test_placeholders_are_trimmed_only_when_the_minimum_index_allows() -> None:
+    policy = baton(max_batch_size=2)
+    a, _b, c = add(policy, (3, 6), (8, 2), (5, 2))
+    step(policy)  # prefill 2 x 8: a starts at 5, b at 0
+    step(policy)  # b finishes (2 tokens): width 9
+    assert policy.kv.width == 9 and policy.start == {a.id: 5}
+    insert = step(policy)  # trim a's 5 placeholder columns (it is the only row), then insert c (5 tokens)
+    assert insert.prefill_c == [4, 4] and policy.kv.width == 4 + 5 and policy.start == {a.id: 0, c.id: 4}
+    step(policy)  # c's 2nd token: c leaves; a holds columns 0.. (min index 0): nothing can be trimmed
+    assert policy.running == [a] and policy.kv.width == 10
+    step(policy)
+    assert policy.kv.width == 11  # a's row keeps its padding: only the columns in front are placeholders
+
+
+def test_pd_decoupling_processes_one_token_per_query_and_embeds_end_aligned() -> None:
+    policy = baton(BatonPD, max_batch_size=2)
+    a, b, c = add(policy, (10, 2), (4, 6), (30, 2))
+    first = step(policy)  # prefilled apart: a padded prefill of the newcomers only
+    assert first.seqs == [a, b] and first.row_len == 10 and policy.start == {a.id: 0, b.id: 6}
+    step(policy)  # a leaves
+    prefill = step(policy)  # c (30 tokens) is prefilled apart: the batch waits, b does not compute
+    assert prefill.seqs == [c] and prefill.linear_tokens == 30 and prefill.num_new == [30]
+    # embedding c's 30 columns widens the batch on the left (b held 11 columns; its 6 in front were trimmed)
+    assert policy.kv.width == 30 and policy.start == {b.id: 25, c.id: 0}
+    while policy.running:
+        plan = step(policy)
+        assert plan.decode_only and plan.num_new == [1] * len(plan.seqs) and plan.row_len == 1
+    assert policy.kv.used == 0 and policy.idle
+
+
+def test_pd_decoupling_never_pads_a_running_query() -> None:
+    """Same queries: baton pads every running row to each newcomer's prompt; baton-pd computes one token per
+    query in every batched iteration, and its prefills hold newcomers only."""
+    lengths = [(50, 3), (5, 40), (200, 4), (9, 30), (120, 2)]
+    tokens = {}
+    for cls in (Baton, BatonPD):
+        policy = baton(cls, max_batch_size=2)
+        add(policy, *lengths)
+        total = 0
+        while not policy.idle:
+            plan = policy.schedule()
+            if cls is BatonPD:
+                assert all(s.in_prefill for s in plan.seqs) or (
+                    plan.decode_only and plan.linear_tokens == len(plan.seqs) == plan.decode_tokens)
+            elif not plan.decode_only:
+                assert plan.linear_tokens == len(plan.seqs) * plan.row_len
+            for s, q in zip(plan.seqs, plan.num_new):
+                if s.advance(q) and s.generated == s.output_tokens:
+                    policy.finish(s)
+            total += plan.linear_tokens
+        tokens[cls.name] = total
+    assert tokens["baton"] > tokens["baton-pd"]
+
+
+def test_batch_size_scaling_moves_the_newest_query_to_host_and_embeds_it_back() -> None:
+    # capacity 100 with a threshold of 50%: two rows may hold 25 columns each at most
+    policy = baton(capacity=100, max_batch_size=2, kv_threshold=50)
+    x, y = add(policy, (20, 30), (20, 30))
+    step(policy)
+    widths = []
+    while len(policy.running) == 2:
+        step(policy)
+        widths.append(policy.kv.width)
+    assert widths == [21, 22, 23, 24, 25, 26] and policy.running == [x]  # y moved out before 2 x 26 > 50
+    assert list(policy.arrived_with_kv) == [y] and y.computed == 25  # its KV kept (on the host)
+    while y in policy.arrived_with_kv:  # it fits back only once x is done (2 rows of >= 27 > 50)
+        step(policy)
+    # embedded (25 columns, no recompute) and decoded in the same step
+    assert x.generated == 30 and policy.running == [y] and policy.kv.width == 26
+    news = []
+    while not policy.idle:
+        plan = step(policy)
+        news += [q for s, q in zip(plan.seqs, plan.num_new) if s is y]
+    assert set(news) == {1} and y.preemptions == 0 and y.generated == 30 and policy.kv.used == 0
+
+
+def test_a_lone_row_whose_padding_fills_the_cache_is_compacted() -> None:
+    policy = baton(capacity=60, max_batch_size=2)
+    (a,) = add(policy, (2, 50))
+    step(policy)
+    b = Seq(1, 0.0, 20, 1)
+    policy.add(b)
+    step(policy)  # b is inserted (a padded to 20 tokens: 19 pad columns inside a's row) and leaves at once
+    assert policy.running == [a] and policy.kv.width == 22 and a.computed == 3
+    widths = []
+    while not policy.idle:
+        step(policy)
+        widths.append(policy.kv.width)
+        assert policy.kv.used <= 60
+    # a's KV with its padding reached the whole cache: re-embedded compactly (its own 41 columns), then grew
+    assert 60 in widths and widths[widths.index(60) + 1] == 42
+    assert a.generated == 50
+
+
+def test_pd_prefills_similar_lengths_apart_then_decodes_the_batch_out() -> None:
+    policy = make_policy("pd", 100_000, 512, {"max_batch_size": 4, "prefill_batch_size": 2})
+    seqs = add(policy, (40, 3), (5, 6), (30, 2), (8, 2))
+    prefills = [step(policy), step(policy)]
+    assert [[s.id for s in p.seqs] for p in prefills] == [[1, 3], [2, 0]]  # by length: (5, 8), (30, 40)
+    assert [p.row_len for p in prefills] == [8, 40] and all(p.keep_finished_rows for p in prefills)
+    decode = step(policy)
+    assert decode.rows == 4 and decode.kv_len == 41  # combined: KV end-aligned to the longest prompt
+    while not policy.idle:
+        assert step(policy).rows == 4  # finished rows stay until the batch ends (early return of results)
+    assert all(s.generated == s.output_tokens for s in seqs)
+
+
+def test_the_cost_model_prices_b_times_l_new_tokens_and_dense_attention() -> None:
+    policy = baton(max_batch_size=3)
+    add(policy, (100, 50), (100, 2), (100, 50), (400, 5))
+    step(policy)
+    step(policy)  # the 2nd query leaves
+    insert = step(policy)  # 400 tokens inserted: 3 rows x 400
+    assert insert.linear_tokens == 3 * 400
+    roof = Roofline("llama-2-7b", "a6000")
+    # two rows computing the prompt already cost less than the insertion, whose three rows all compute 400
+    two = padded_prefill([Seq(98, 0.0, 400, 2), Seq(99, 0.0, 400, 2)], dense=True)
+    assert roof.iteration_time(insert) > roof.iteration_time(two)
+    assert insert.prefill_q == [400] * 3 and insert.prefill_c == [101] * 3 and insert.dense_attention
+
+
+@pytest.mark.parametrize("name", ["baton", "baton-pd", "pd"])
+def test_bad_options_are_one_line_errors(name: str) -> None:
+    from common.errors import InputError
+
+    with pytest.raises(InputError, match="--max-batch-size must be an integer >= 1"):
+        make_policy(name, 10_000, 512, {"max_batch_size": 0})
