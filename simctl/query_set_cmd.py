@@ -1,0 +1,142 @@
+"""`simctl query-set`: Baton's experiment (Tables 1-2): the time each method takes to complete a whole query set,
+per batch size, simulated and, with --real, measured on this machine's engine next to the simulator's twin."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from common.errors import InputError
+from simctl.prefill_bench_cmd import _batch_sizes, _csv
+
+FILES = ("query_set.parquet", "summary.json")
+
+
+def _real_point(policy: str, requests: list, batch: int, model: str, device: str, seed: int,
+                real_cost: Path | None = None) -> dict[str, Any]:
+    """One real run of the set (all queries at time 0, from a JSONL trace) and the simulator's twin of it,
+    priced by `real_cost` (default: the fit shipped for this project's CPU)."""
+    from engine.real import real_main
+    from engine.twin import load_cost, simulate_twin
+    from sim.gpus import get_gpu
+    from sim.run import default_cost_path
+
+    if real_cost is None and device != "cpu":
+        raise InputError("--real-cost: give the fitted cost model (cost_model.json) of the --real device")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "queries.jsonl"
+        path.write_text("".join(json.dumps({"prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
+                                            "arrival_s": 0.0}) + "\n" for r in requests), encoding="utf-8")
+        summary = real_main(policy=policy, trace=str(path), model=model, device=device, qps=None,
+                            num_requests=len(requests), seed=seed, options={"max_batch_size": batch})
+        twin, _ = simulate_twin(summary, load_cost(real_cost or default_cost_path(get_gpu("cpu")), model))
+    return {"real_completion_s": summary["makespan_s"], "twin_completion_s": twin["makespan_s"],
+            "twin_error": twin["makespan_s"] / summary["makespan_s"] - 1,
+            "real_batch_size": summary["max_batch_size"]}
+
+
+def query_set_cmd(
+    name: Annotated[str, typer.Option("--set", help="Query set: mixed (Table 1: 120 queries, long/short "
+                                      "inputs and outputs 1:1:2) or short (Table 2: 30 short queries).")] = "short",
+    policy: Annotated[str, typer.Option(help="Policies, comma-separated (the paper's four: hf-padded = its "
+                                        "Benchmark, pd, baton, baton-pd).")] = "hf-padded,pd,baton,baton-pd",
+    batch_size: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "2,4,6,8,10",
+    model: Annotated[str, typer.Option(help="Model shape from the catalogue.")] = "llama-2-7b",
+    gpu: Annotated[str, typer.Option(help="GPU from the catalogue (the paper: a6000 for mixed, rtx-4090 for "
+                                     "short; cpu: this machine's shipped fit).")] = "rtx-4090",
+    cost: Annotated[str | None, typer.Option(help="A fitted cost_model.json or roofline_calibration.json "
+                                             "instead of the roofline.")] = None,
+    scale: Annotated[float, typer.Option(help="Multiply every length (e.g. 0.25 for a CPU-sized --real)."
+                                         )] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seed of the lengths and their order.")] = 0,
+    real: Annotated[bool, typer.Option("--real", help="Also serve the set on this machine's engine (random "
+                                       "weights of --real-model) and simulate its twin.")] = False,
+    real_model: Annotated[str, typer.Option(help="Model of --real.")] = "tiny",
+    device: Annotated[str, typer.Option(help="Device of --real (cpu, cuda).")] = "cpu",
+    real_cost: Annotated[Path | None, typer.Option(help="Fitted cost model of the --real device, for the twin "
+                                                   "(default: the fit shipped for cpu).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for query_set.parquet and summary.json.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Completion time of a whole query set (every query there at time 0) per policy and batch size, and
+    each policy's speedup over hf-padded (Baton, Section 5.2).
+
+    Example: simctl query-set --set mixed --batch-size 4,8 --gpu a6000
+    """
+    import pandas as pd
+
+    from policies.registry import policy_class
+    from sim.gpus import get_gpu
+    from sim.models import get_model
+    from sim.output import check_out_dir, json_text, write_files
+    from sim.query_set import completion_time, query_set
+    from sim.run import cost_model
+    from simctl.usage_errors import warn_all
+
+    policies = _csv(policy, "policy")
+    for p in policies:
+        policy_class(p)
+    sizes = _batch_sizes(batch_size)
+    if not scale > 0:
+        raise InputError(f"--scale must be > 0, got {scale}")
+    if out is not None:
+        check_out_dir(out, FILES)
+    requests = query_set(name, seed, scale)
+    spec, g = get_model(model), get_gpu(gpu)
+    spec.check_context(requests, scale)
+    price, kv, label, warnings = cost_model(cost, spec, g, 1)
+    warn_all(warnings)
+    rows = []
+    for b in sizes:
+        for p in policies:
+            row = {"set": name, "batch_size": b, "policy": p, **completion_time(p, requests, b, price, kv)}
+            if real:
+                row.update(_real_point(p, requests, b, real_model, device, seed, real_cost))
+            rows.append(row)
+    frame = pd.DataFrame(rows)
+    if "hf-padded" in policies:
+        base = frame[frame["policy"] == "hf-padded"].set_index("batch_size")["completion_s"]
+        frame["speedup_vs_hf_padded"] = frame["batch_size"].map(base) / frame["completion_s"]
+        if real:
+            real_base = frame[frame["policy"] == "hf-padded"].set_index("batch_size")["real_completion_s"]
+            frame["real_speedup_vs_hf_padded"] = frame["batch_size"].map(real_base) / frame["real_completion_s"]
+    summary = {"set": name, "queries": len(requests), "model": spec.name, "gpu": g.name, "cost_model": label,
+               "scale": scale, "seed": seed, "warnings": warnings, "rows": frame.to_dict("records")}
+    if out is not None:
+        write_files(out, {"query_set.parquet": lambda t: frame.to_parquet(t, index=False),
+                          "summary.json": lambda t: t.write_text(json_text(summary))}, "the query-set results")
+    if as_json:
+        sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+        return
+    _print(frame, summary, real)
+
+
+def _print(frame, summary: dict, real: bool) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=escape(f"query set {summary['set']}: {summary['model']} / {summary['gpu']}"))
+    cols = ["batch", "policy", "completion s", "speedup"] + (["real s", "twin s", "twin error", "real speedup"]
+                                                             if real else [])
+    for c in cols:
+        table.add_column(c, justify="left" if c == "policy" else "right", no_wrap=True)
+    table.caption = (f"{summary['queries']} queries, all there at t=0; {summary['cost_model']}; speedup: "
+                     "hf-padded's completion time over the policy's") + (
+        "; real: this machine's engine; twin: the simulator on the same queries, policy and KV" if real else "")
+    for r in frame.to_dict("records"):
+        speedup = r.get("speedup_vs_hf_padded")
+        cells = [str(r["batch_size"]), r["policy"], f"{r['completion_s']:.2f}",
+                 "-" if speedup is None else f"{speedup:.2f}x"]
+        if real:
+            rs = r.get("real_speedup_vs_hf_padded")
+            cells += [f"{r['real_completion_s']:.2f}", f"{r['twin_completion_s']:.2f}", f"{r['twin_error']:+.1%}",
+                      "-" if rs is None else f"{rs:.2f}x"]
+        table.add_row(*cells)
+    Console(width=None if sys.stdout.isatty() else 120).print(table)

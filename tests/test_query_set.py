@@ -1,0 +1,78 @@
+"""Baton's query sets (Section 5.1) and `simctl query-set` (Tables 1-2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sim.cost.roofline import Roofline
+from sim.query_set import QUERY_SETS, completion_time, query_set
+
+
+def test_the_sets_have_the_papers_sizes_mix_and_ranges() -> None:
+    mixed = query_set("mixed", seed=3)
+    assert len(mixed) == 120 and all(r.arrival_s == 0.0 for r in mixed)
+    long_in = [r for r in mixed if r.prompt_tokens >= 3000]
+    long_out = [r for r in mixed if r.output_tokens >= 3000]
+    assert len(long_in) == len(long_out) == 30  # 1:1:2
+    assert all(32 <= r.output_tokens <= 400 for r in long_in) and all(32 <= r.prompt_tokens <= 400 for r in long_out)
+    assert max(r.prompt_tokens + r.output_tokens for r in mixed) <= 4000  # within Llama-2's context
+    assert sorted(r.id for r in mixed) == list(range(120))
+    assert [r.prompt_tokens >= 3000 for r in mixed[:30]].count(True) < 30  # kinds are shuffled
+    short = query_set("short", seed=3)
+    assert len(short) == 30 and all(32 <= r.prompt_tokens <= 260 and 32 <= r.output_tokens <= 260 for r in short)
+    assert query_set("short", seed=3) == short and query_set("short", seed=4) != short
+    assert all(r.prompt_tokens == max(1, round(s.prompt_tokens * 0.1))
+               for r, s in zip(query_set("short", 3, 0.1), short))
+
+
+def test_query_level_batching_completes_the_set_first() -> None:
+    """The paper's ordering: Baton (with P&D) completes a set before full batching, whose batches wait for
+    their longest query."""
+    requests = query_set("short")
+    cost = Roofline("llama-2-7b", "rtx-4090")
+    kv = cost.kv_capacity_tokens()
+    for b in (2, 6):
+        t = {p: completion_time(p, requests, b, cost, kv)["completion_s"]
+             for p in ("hf-padded", "pd", "baton", "baton-pd")}
+        assert t["baton-pd"] < t["baton"] < t["hf-padded"]
+    assert set(QUERY_SETS) == {"mixed", "short"}
+
+
+def _simctl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "simctl.cli", *args], capture_output=True, text=True, check=False)
+
+
+def test_cli_reports_each_policy_and_batch_size(tmp_path) -> None:
+    out = tmp_path / "qs"
+    r = _simctl("query-set", "--set", "short", "--batch-size", "2,4", "--json", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    assert [(x["batch_size"], x["policy"]) for x in rows] == [
+        (b, p) for b in (2, 4) for p in ("hf-padded", "pd", "baton", "baton-pd")]
+    assert all(x["speedup_vs_hf_padded"] == pytest.approx(
+        next(y["completion_s"] for y in rows if y["policy"] == "hf-padded" and y["batch_size"] == x["batch_size"])
+        / x["completion_s"]) for x in rows)
+    assert sorted(p.name for p in out.iterdir()) == ["query_set.parquet", "summary.json"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--set", "huge"), "unknown query set 'huge'"),
+    (("--batch-size", "0"), "every batch size must be >= 1"),
+    (("--policy", "nope"), "unknown policy 'nope'"),
+])
+def test_bad_input_is_one_line(args, needle) -> None:
+    r = _simctl("query-set", *args)
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_real_run_of_a_set_next_to_its_twin() -> None:
+    from simctl.query_set_cmd import _real_point
+
+    requests = query_set("short", seed=0, scale=0.1)[:6]
+    point = _real_point("baton", requests, 2, "tiny", "cpu", 0)
+    assert point["real_completion_s"] > 0 and point["twin_completion_s"] > 0 and point["real_batch_size"] == 2
+    assert point["twin_error"] == pytest.approx(point["twin_completion_s"] / point["real_completion_s"] - 1)
