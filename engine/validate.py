@@ -151,7 +151,6 @@ def _check_inputs(policies: list[str], loads: list[float], cost: str | Path, out
     if len(set(loads)) != len(loads):
         raise InputError(f"a load is listed twice: {', '.join(f'{v:g}' for v in loads)}")
     loads = [float(v) for v in loads]
-    slo.validate()
     fitted = load_cost(cost, setup.model)
     device = str(getattr(fitted, "meta", {}).get("device", "cpu")).lower()
     if device != "cpu":
@@ -224,7 +223,7 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
     t_start = time.perf_counter()
     config: dict[str, Any] = {
         "policies": names, "loads": loads, "cost": cost_name(cost), **asdict(setup), "device": "cpu",
-        "slo": asdict(slo), "slo_text": slo.describe(), "capacity": capacity, "repeats": repeats,
+        "slo": slo.to_dict(), "slo_text": slo.describe(), "capacity": capacity, "repeats": repeats,
         "cost_model_fit": cost_meta(fitted),
         "loadavg_start": loadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -406,7 +405,7 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
         raise InputError(f"--out {out}: write the rescored report to another folder than the validation's")
     check_out_dir(out, VALIDATION_FILES, VALIDATION_DIRS)
     _remove_earlier(out, say)
-    slo = SLO(**c["slo"])
+    slo = SLO.from_dict(c["slo"])
     setup = Setup(trace=c["trace"], model=c["model"], num_requests=c["num_requests"], scale=c["scale"],
                   seed=c["seed"], threads=c["threads"], dtype=c["dtype"])
     caps: dict[str, dict[str, Any]] = {}

@@ -21,7 +21,7 @@ class Phase(Enum):
 class Seq:
     __slots__ = (
         "arrival_s", "completion_s", "computed", "first_scheduled_s", "first_token_s", "generated", "id",
-        "last_token_s", "output_tokens", "phase", "preemptions", "prefill_end", "prompt_tokens",
+        "last_token_s", "max_gap_s", "output_tokens", "phase", "preemptions", "prefill_end", "prompt_tokens",
     )
 
     def __init__(self, id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> None:
@@ -37,6 +37,7 @@ class Seq:
         self.first_token_s = -1.0
         self.last_token_s = -1.0
         self.completion_s = -1.0
+        self.max_gap_s = 0.0  # the longest wait between two of its tokens (per-request TBT SLOs)
         self.preemptions = 0
 
     @property

@@ -21,6 +21,7 @@ def apply_iteration(policy: Policy, records: Records, plan: BatchPlan, start: fl
     nd = plan.decode_tokens
     seqs = plan.seqs
     later = 0  # decodes whose previous token came before this iteration's start (the rare case)
+    span = end - start
     for s in seqs[:nd]:  # decodes: Seq.advance(1), inlined on the hot path; each samples a token
         s.computed += 1
         g = s.generated = s.generated + 1
@@ -28,6 +29,9 @@ def apply_iteration(policy: Policy, records: Records, plan: BatchPlan, start: fl
         if t != start:
             prev_token[t] = prev_token.get(t, 0) + 1
             later += 1
+            s.max_gap_s = max(s.max_gap_s, end - t)
+        elif span > s.max_gap_s:
+            s.max_gap_s = span
         s.last_token_s = end
         if g == s.output_tokens:
             s.completion_s = end
@@ -41,6 +45,7 @@ def apply_iteration(policy: Policy, records: Records, plan: BatchPlan, start: fl
             s.first_token_s = end
         else:  # re-prefilled after a preemption: the user saw a long gap
             prev_token[s.last_token_s] = prev_token.get(s.last_token_s, 0) + 1
+            s.max_gap_s = max(s.max_gap_s, end - s.last_token_s)
         s.last_token_s = end
         if s.generated == s.output_tokens:
             s.completion_s = end
@@ -57,6 +62,8 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
     prev_token: dict[float, int] = {}
     finished: list[Seq] = []
     later = 0  # rows whose previous token came before `start` (as in apply_iteration)
+    steps = ends[1:] - ends[:-1]  # every row's gaps after its first
+    inner = float(steps.max()) if k > 1 else 0.0
     for s in plan.seqs:  # k decode steps, each samples a token
         s.computed += k
         s.generated += k
@@ -64,11 +71,12 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
         if t != start:
             prev_token[t] = prev_token.get(t, 0) + 1
             later += 1
+        s.max_gap_s = max(s.max_gap_s, first_end - t, inner)
         s.last_token_s = last_end
         if s.generated == s.output_tokens:
             s.completion_s = last_end
             finished.append(s)
-    records.gaps.extend(ends[1:] - ends[:-1], len(plan.seqs))  # later steps: every row waited one iteration
+    records.gaps.extend(steps, len(plan.seqs))  # later steps: every row waited one iteration
     _close(policy, records, plan, start, last_end, k, prev_token, len(plan.seqs) - later, finished, first_end)
     return finished
 

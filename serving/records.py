@@ -143,4 +143,5 @@ def request_frame(seqs: list[Seq]) -> pd.DataFrame:
         "output_tokens": np.fromiter((s.output_tokens for s in seqs), np.int64, len(seqs)),
         "generated_tokens": np.fromiter((s.generated for s in seqs), np.int64, len(seqs)),
         "preemptions": np.fromiter((s.preemptions for s in seqs), np.int64, len(seqs)),
+        "max_tbt_s": np.fromiter((s.max_gap_s for s in seqs), np.float64, len(seqs)),
     })

@@ -1,45 +1,26 @@
 """Capacity: the highest request rate a replica sustains while meeting its SLOs (Sarathi-Serve, Section 5.1),
-found by bisection over QPS."""
+found by bisection over QPS, once per seed when asked (`CapacityConfig.seeds`), under one or more SLOs."""
 
 from __future__ import annotations
 
-import math
 import os
 import signal
+import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from common.checks import is_int, is_number
 from common.errors import InputError
-from sim.run import MAX_CLOCK_S, RunConfig, run
-
-
-@dataclass(frozen=True)
-class SLO:
-    tbt_p99_s: float | None = None  # e.g. 0.1 strict / 0.5 relaxed for Mistral-7B on an A100 (Table 3)
-    sched_delay_p50_s: float = 2.0  # "the queuing delay does not blow up"
-    ttft_p50_s: float | None = None
-
-    def met(self, s: dict[str, Any]) -> bool:
-        if not s["sustainable"] or s["completed"] < s["num_requests"]:
-            return False
-        checks = ((self.tbt_p99_s, s["tbt_p99"]), (self.sched_delay_p50_s, s["sched_delay_p50"]),
-                  (self.ttft_p50_s, s["ttft_p50"]))
-        return all(limit is None or (value is not None and value <= limit) for limit, value in checks)
-
-    def describe(self) -> str:
-        parts = [f"P99 TBT <= {self.tbt_p99_s} s" if self.tbt_p99_s is not None else "",
-                 f"P50 TTFT <= {self.ttft_p50_s} s" if self.ttft_p50_s is not None else "",
-                 f"P50 scheduling delay <= {self.sched_delay_p50_s} s", "sustainable"]
-        return ", ".join(p for p in parts if p)
-
-    def validate(self) -> None:
-        for name, v in (("--slo-tbt-p99", self.tbt_p99_s), ("--slo-ttft-p50", self.ttft_p50_s),
-                        ("--slo-sched-p50", self.sched_delay_p50_s)):
-            if v is not None and not (v > 0 and math.isfinite(v)):
-                raise InputError(f"{name} must be a positive number of seconds, got {v}")
-
+from sim.gpus import get_gpu
+from sim.models import get_model
+from sim.run import MAX_CLOCK_S, RunConfig, cost_model, run
+from sim.slo import (  # SLO: callers import it from here too
+    DEFAULT_SCHED_DELAY_P50_S,
+    SLO,
+    table3_decode_time,
+    table3_slos,
+)
 
 MAX_QPS = 1e9  # the search stops doubling here: no replica serves a billion requests a second
 MIN_QPS = 1e-4  # ... and stops halving here (one request every 3 hours)
@@ -134,21 +115,32 @@ def search_qps(probe: Callable[[float], dict[str, Any]], slo: SLO, start_qps: fl
     return CapacityResult(lo, probes)
 
 
+def probe_summary(config: RunConfig, slo: SLO) -> dict[str, Any]:
+    """One simulated run's summary, with `slo_attainment` (the share of requests meeting the SLO's
+    per-request limits, read off the run's requests table) when the SLO has such limits."""
+    r = run(config)
+    if not slo.per_request:
+        return r.summary
+    return {**r.summary, "slo_attainment": slo.attainment_of(r.result.requests)}
+
+
 def find_capacity(config: RunConfig, slo: SLO, start_qps: float = 1.0, rel_tol: float = 0.02,
                   max_probes: int = 60) -> CapacityResult:
-    """The capacity of one simulated configuration."""
-    return search_qps(lambda qps: run(replace(config, qps=qps)).summary, slo, start_qps, rel_tol, max_probes,
-                      min_qps=lowest_qps(config.num_requests))
+    """The capacity of one simulated configuration (its seed) under `slo`."""
+    return search_qps(lambda qps: probe_summary(replace(config, qps=qps), slo), slo, start_qps, rel_tol,
+                      max_probes, min_qps=lowest_qps(config.num_requests))
 
 
 @dataclass(frozen=True)
 class CapacityConfig:
-    """Capacity searches to run side by side: one per configuration (typically one per policy)."""
+    """Capacity searches to run side by side: every configuration (typically one per policy) under every
+    named SLO, each searched once per seed (`seeds` seeds from the configuration's own)."""
 
     configs: list[RunConfig]
-    slo: SLO
+    slos: dict[str, SLO]  # e.g. {"strict": ..., "relaxed": ...} (Table 3), or {"given": the user's}
     start_qps: float = 1.0
     workers: int | None = None  # processes; None: one per core
+    seeds: int = 1
 
     def validate(self) -> None:
         if not self.configs:
@@ -156,23 +148,73 @@ class CapacityConfig:
         names = [c.policy for c in self.configs]
         if len(set(names)) != len(names):
             raise InputError(f"a policy is listed twice: {', '.join(names)}")
+        if not self.slos:
+            raise InputError("no SLO given")
         check_start_qps(self.start_qps, self.configs[0].num_requests)  # before the configs' own --qps check
         for c in self.configs:
             c.validate()
         check_probe_requests(self.configs[0].num_requests)
-        self.slo.validate()
+        if not is_int(self.seeds) or not 1 <= self.seeds <= 1000:
+            raise InputError(f"--seeds must be an integer from 1 to 1000, got {self.seeds!r}")
         if self.workers is not None and self.workers < 1:
             raise InputError(f"--workers must be >= 1, got {self.workers}")
 
+    def jobs(self) -> list[tuple[RunConfig, str, SLO, float]]:
+        """One search per configuration, SLO and seed."""
+        return [(replace(c, seed=c.seed + i), name, slo, self.start_qps)
+                for c in self.configs for name, slo in self.slos.items() for i in range(self.seeds)]
 
-def capacity_warnings(results: dict[str, CapacityResult]) -> list[str]:
+
+@dataclass
+class Capacity:
+    """One configuration's capacity under one SLO: a search per seed. The capacity is the median over seeds
+    (the lower middle one for an even count, so that it is a rate some search found), with its spread."""
+
+    policy: str
+    slo_name: str
+    slo: SLO
+    searches: dict[int, CapacityResult] = field(default_factory=dict)  # seed -> its search
+
+    @property
+    def qps(self) -> float:
+        return statistics.median_low(r.qps for r in self.searches.values())
+
+    @property
+    def qps_min(self) -> float:
+        return min(r.qps for r in self.searches.values())
+
+    @property
+    def qps_max(self) -> float:
+        return max(r.qps for r in self.searches.values())
+
+    @property
+    def median_search(self) -> CapacityResult:
+        """The search that found the median capacity (the first seed's, if several did)."""
+        return next(r for r in self.searches.values() if r.qps == self.qps)
+
+    @property
+    def problems(self) -> dict[int, str]:
+        """Seed -> why its search found no capacity (see `CapacityResult.problem`)."""
+        return {seed: r.problem for seed, r in self.searches.items() if r.problem}
+
+    @property
+    def probes(self) -> list[dict[str, Any]]:
+        """Every probe of every seed's search, named by policy, SLO and seed."""
+        return [{**p, "slo": self.slo_name} for r in self.searches.values() for p in r.probes]
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(dict.fromkeys(w for r in self.searches.values() for w in r.warnings))
+
+
+def capacity_warnings(results: list[Capacity]) -> list[str]:
     """Every search's cost-model warnings, each once (the searches share the cost model)."""
-    return list(dict.fromkeys(w for r in results.values() for w in r.warnings))
+    return list(dict.fromkeys(w for r in results for w in r.warnings))
 
 
-def _search_named(args: tuple[RunConfig, SLO, float]) -> tuple[str, CapacityResult]:
-    config, slo, start_qps = args
-    return config.policy, find_capacity(config, slo, start_qps)
+def _search_one(args: tuple[RunConfig, str, SLO, float]) -> tuple[str, str, int, CapacityResult]:
+    config, name, slo, start_qps = args
+    return config.policy, name, config.seed, find_capacity(config, slo, start_qps)
 
 
 def _quiet_worker() -> None:
@@ -182,27 +224,42 @@ def _quiet_worker() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def search_capacities(spec: CapacityConfig, progress: bool = False) -> dict[str, CapacityResult]:
-    """Run each configuration's search in a local process pool (searches are independent and CPU-bound). On
-    any exception, an interruption included, the workers are terminated before it propagates."""
-    jobs = [(c, spec.slo, spec.start_qps) for c in spec.configs]
+def search_capacities(spec: CapacityConfig, progress: bool = False) -> list[Capacity]:
+    """Run every search of `spec` (configuration x SLO x seed) in a local process pool (searches are
+    independent and CPU-bound); one `Capacity` per configuration and SLO, in the order given. On any
+    exception, an interruption included, the workers are terminated before it propagates."""
+    jobs = spec.jobs()
+    found: dict[tuple[str, str, int], CapacityResult] = {}
     workers = min(spec.workers or os.cpu_count() or 1, len(jobs))
     if workers == 1:
-        return dict(map(_search_named, jobs))
-    from multiprocessing import Pool
+        found = {(p, n, seed): r for p, n, seed, r in map(_search_one, jobs)}
+    else:
+        from multiprocessing import Pool
 
-    from rich.progress import Progress
+        from rich.progress import Progress
 
-    results: dict[str, CapacityResult] = {}
-    pool = Pool(workers, initializer=_quiet_worker)
-    try:
-        with Progress(disable=not progress, transient=True) as bar:
-            task = bar.add_task("capacity searches", total=len(jobs))
-            for name, result in pool.imap_unordered(_search_named, jobs):
-                results[name] = result
-                bar.advance(task)
-        pool.close()
-    finally:
-        pool.terminate()
-        pool.join()
-    return {c.policy: results[c.policy] for c in spec.configs}
+        pool = Pool(workers, initializer=_quiet_worker)
+        try:
+            with Progress(disable=not progress, transient=True) as bar:
+                task = bar.add_task("capacity searches", total=len(jobs))
+                for p, n, seed, r in pool.imap_unordered(_search_one, jobs):
+                    found[(p, n, seed)] = r
+                    bar.advance(task)
+            pool.close()
+        finally:
+            pool.terminate()
+            pool.join()
+    results = []
+    for c in spec.configs:
+        for name, slo in spec.slos.items():
+            results.append(Capacity(c.policy, name, slo, {c.seed + i: found[(c.policy, name, c.seed + i)]
+                                                          for i in range(spec.seeds)}))
+    return results
+
+
+def table3_slos_for(config: RunConfig, sched_delay_p50_s: float = DEFAULT_SCHED_DELAY_P50_S
+                    ) -> tuple[dict[str, SLO], float]:
+    """Sarathi-Serve's strict and relaxed SLOs for `config`'s model, GPU, TP and cost model, with the decode
+    iteration time they scale (`sim.slo.table3_decode_time`)."""
+    cost = cost_model(config.cost, get_model(config.model), get_gpu(config.gpu), config.tp)[0]
+    return table3_slos(cost, sched_delay_p50_s), table3_decode_time(cost)

@@ -90,6 +90,7 @@ def summarize(result: SimResult) -> dict[str, float | int | bool | None]:
         **_pcts("ttft", ttft),
         **tbt,
         "tpot_p50": float(np.median(tpot)) if len(tpot) else None,
+        **_pcts("tpot", tpot, (90, 99)),
         **_pcts("e2e", e2e),
         **_pcts("sched_delay", sched_delay),
         "throughput_rps": throughput,

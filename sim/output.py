@@ -53,7 +53,6 @@ def _oserror_text(e: OSError) -> str:
 
 RUN_FILES = ("requests.parquet", "iterations.parquet", "summary.json")  # summary.json renamed last
 TIMELINE_FILE = "timeline.parquet"  # `simctl run --timeline N`: the first N iterations' members
-CAPACITY_FILES = ("probes.csv", "capacity.png", "capacity.json")
 
 
 def _is_temp(name: str) -> bool:
@@ -159,31 +158,3 @@ def write_run(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterat
     }, "the run's files")
     if timeline is None:
         (Path(out) / TIMELINE_FILE).unlink(missing_ok=True)
-
-
-def write_capacity(out: Path, spec: Any, results: dict[str, Any]) -> None:
-    """probes.csv (every probed run), capacity.png and capacity.json (the SLO, each policy's capacity,
-    where the search found none, why, and the cost model's warnings), all or none."""
-    from dataclasses import asdict
-
-    import matplotlib.pyplot as plt
-
-    from sim.capacity import capacity_warnings
-    from sim.plots import capacity_figure
-
-    probes = pd.DataFrame([p for r in results.values() for p in r.probes])
-    capacities = {name: r.qps for name, r in results.items()}
-    text = json_text({
-        "slo": asdict(spec.slo), "capacity_qps": capacities,
-        "problems": {name: r.problem for name, r in results.items() if r.problem},
-        "warnings": capacity_warnings(results),
-        "config": {k: v for k, v in asdict(spec.configs[0]).items() if k not in ("policy", "qps", "fast")}})
-    fig = capacity_figure(probes, capacities, spec.slo)
-    try:
-        write_files(Path(out), {
-            "probes.csv": lambda p: probes.to_csv(p, index=False),
-            "capacity.png": lambda p: fig.savefig(p, dpi=110, format="png"),
-            "capacity.json": lambda p: p.write_text(text, encoding="utf-8"),
-        }, "the capacity files")
-    finally:
-        plt.close(fig)

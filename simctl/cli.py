@@ -16,7 +16,9 @@ from rich.table import Table
 
 from common.errors import InputError
 from policies.registry import POLICIES
-from simctl.display import fmt, print_summary, progress_bar
+from simctl.capacity_cmd import capacity
+from simctl.display import print_summary, progress_bar
+from simctl.options import Arrival, Cost, Cv, Gpu, Model, Policy, Scale, Seed, Tp, Trace
 from simctl.plot_cmd import plot
 from simctl.policy_options import with_policy_options
 from simctl.prefill_bench_cmd import prefill_bench
@@ -36,22 +38,6 @@ app = typer.Typer(
 )
 
 
-# Options shared by the commands that simulate.
-Policy = Annotated[str, typer.Option(help=f"Scheduler: {', '.join(POLICIES)} (see `simctl list`).")]
-Trace = Annotated[str, typer.Option(help="Length profile (sharegpt, arxiv) or a trace file: CSV with "
-                                    "num_prefill_tokens, num_decode_tokens[, arrived_at] or JSONL.")]
-Model = Annotated[str, typer.Option(help="Model shape from the catalogue.")]
-Gpu = Annotated[str, typer.Option(help="GPU from the catalogue.")]
-Tp = Annotated[int, typer.Option(help="Tensor-parallel degree (GPUs per replica).")]
-Seed = Annotated[int, typer.Option(help="Seed for lengths and arrivals: same seed, same results.")]
-Arrival = Annotated[str, typer.Option(help="Arrival process: poisson, or gamma (bursty, see --cv).")]
-Cv = Annotated[float, typer.Option(help="Coefficient of variation of gamma inter-arrivals.")]
-Scale = Annotated[float, typer.Option(help="Multiply prompt and output lengths (e.g. 0.05 makes sharegpt "
-                                      "CPU-sized); recorded in the summary.")]
-Cost = Annotated[str | None, typer.Option(help="A fitted cost_model.json (from `simctl fit`) instead of the "
-                                          "roofline, or a roofline_calibration.json (`simctl fit "
-                                          "--roofline-gpu`) to apply measured efficiencies to --gpu's specs; "
-                                          "--gpu cpu uses the shipped CPU fit by default.")]
 
 
 @app.command()
@@ -125,69 +111,6 @@ def run(
         sys.stdout.write(json_text(result.summary))
     else:
         print_summary(result.summary)
-
-
-@app.command()
-@with_policy_options
-def capacity(
-    policy: Annotated[str, typer.Option(help="One policy or a comma-separated list to compare.")] = "vllm,sarathi",
-    trace: Trace = "sharegpt",
-    model: Model = "mistral-7b",
-    gpu: Gpu = "a100-80gb",
-    tp: Tp = 1,
-    num_requests: Annotated[int, typer.Option(help="Requests per probed run.")] = 1000,
-    seed: Seed = 0,
-    options: dict | None = None,  # the policies' settings: generated options (simctl.policy_options)
-    arrival: Arrival = "poisson",
-    cv: Cv = 1.0,
-    scale: Scale = 1.0,
-    cost: Cost = None,
-    slo_tbt_p99: Annotated[float | None, typer.Option(help="P99 TBT limit, s (Sarathi-Serve, Mistral-7B: "
-                                                      "0.1 strict, 0.5 relaxed).")] = None,
-    slo_ttft_p50: Annotated[float | None, typer.Option(help="Median TTFT limit, s.")] = None,
-    slo_sched_p50: Annotated[float, typer.Option(help="Median scheduling-delay limit, s.")] = 2.0,
-    start_qps: Annotated[float, typer.Option(help="First rate probed; doubled or halved to bracket.")] = 1.0,
-    workers: Annotated[int | None, typer.Option(help="Processes searching in parallel, one policy each "
-                                                "[default: one per core].")] = None,
-    out: Annotated[Path | None, typer.Option(help="Folder for capacity.json, probes.csv and capacity.png.")
-                   ] = None,
-) -> None:
-    """Find the highest request rate each policy sustains within the SLOs (bisection over QPS).
-
-    Example: simctl capacity --policy orca,vllm,sarathi --trace arxiv --slo-tbt-p99 0.5 --out out/cap
-    """
-    from sim.capacity import SLO, CapacityConfig, capacity_warnings, search_capacities
-    from sim.output import CAPACITY_FILES, check_out_dir, write_capacity
-    from sim.run import RunConfig
-
-    policies = [p.strip() for p in policy.split(",") if p.strip()]
-    configs = [RunConfig(policy=p, trace=trace, model=model, gpu=gpu, tp=tp, qps=start_qps,
-                         num_requests=num_requests, seed=seed, options=options, arrival=arrival, cv=cv,
-                         scale=scale, cost=cost)
-               for p in policies]
-    slo = SLO(tbt_p99_s=slo_tbt_p99, sched_delay_p50_s=slo_sched_p50, ttft_p50_s=slo_ttft_p50)
-    spec = CapacityConfig(configs, slo, start_qps, workers)
-    spec.validate()
-    if out is not None:
-        check_out_dir(out, CAPACITY_FILES)
-    results = search_capacities(spec, progress=True)
-    table = Table(title=escape(f"capacity on {trace}: {model} / {gpu} x{tp}; SLO: {slo.describe()}"))
-    for col in ("policy", "capacity QPS", "P99 TBT at capacity", "P50 TTFT at capacity", "runs"):
-        table.add_column(col, justify="right")
-    for p, r in results.items():
-        at = r.at_capacity
-        shown = f"{r.qps:.3f}" if r.problem is None else (f">= {r.qps:.3g}" if r.qps > 0 else "none found")
-        table.add_row(p, shown, fmt(at.get("tbt_p99") if at else None),
-                      fmt(at.get("ttft_p50") if at else None), str(len(r.probes)))
-    Console().print(table)
-    warn_all(capacity_warnings(results))
-    warn_all(f"{p}: {r.problem}" + ("; probe more requests (--num-requests) or set a latency SLO (--slo-tbt-p99, "
-                                    "--slo-ttft-p50)" if r.qps > 0 else "")
-             for p, r in results.items() if r.problem)
-    if out is not None:
-        note_replaced(out, CAPACITY_FILES)
-        write_capacity(out, spec, results)
-        Console().print(escape(f"wrote {out}/capacity.json, probes.csv, capacity.png"))
 
 
 @app.command()
@@ -330,6 +253,7 @@ def fit(
     print(format_report(report))
 
 
+app.command()(with_policy_options(capacity))
 app.command("prefill-bench")(prefill_bench)
 app.command("plot")(plot)
 

@@ -140,6 +140,11 @@ def _check_run(name: str, sc: Scenario, ob: Observed) -> None:
     assert (first > sched).all()  # the first token needs at least one iteration of positive duration
     single = req["output_tokens"].to_numpy() == 1
     assert (done[single] == first[single]).all()
+    # a request's largest token gap: none for one token, else between its mean gap and its whole decode time
+    longest, outputs = req["max_tbt_s"].to_numpy(), req["output_tokens"].to_numpy()
+    assert (longest[single] == 0).all()
+    assert (longest <= (done - first) * (1 + 1e-9)).all()
+    assert (longest[~single] * (outputs[~single] - 1) >= (done - first)[~single] * (1 - 1e-9)).all()
 
     # KV within capacity throughout, released at the end, nothing left queued or running
     its = res.iterations.frame()
@@ -202,7 +207,7 @@ def _check_run(name: str, sc: Scenario, ob: Observed) -> None:
         assert int(gaps.total) == int(gaps.counts.sum()) == int((req["output_tokens"] - 1).sum())
 
 
-TIME_COLUMNS = ("first_scheduled_s", "first_token_s", "completion_s")
+TIME_COLUMNS = ("first_scheduled_s", "first_token_s", "completion_s", "max_tbt_s")
 
 
 @pytest.mark.parametrize("name", list(POLICIES))

@@ -181,13 +181,13 @@ def test_an_absurd_start_rate_still_finds_the_capacity() -> None:
 
 def test_capacity_cli_states_a_search_without_answer(tmp_path: Path) -> None:
     """No rate meets a P99 TBT of 0.1 ms: the table says none was found, stderr and capacity.json say why."""
-    res = simctl("capacity", "--policy", "vllm", "--num-requests", "100", "--slo-tbt-p99", "0.0001",
+    res = simctl("capacity", "--policy", "vllm", "--num-requests", "100", "--slo", "p99_tbt=0.0001",
                  "--out", tmp_path / "cap")
     assert res.returncode == 0, res.stderr
     assert "none found" in res.stdout
-    assert res.stderr.startswith("simctl: warning: vllm: no rate met the SLO, down to 0.0001 QPS")
-    cap = json.loads((tmp_path / "cap" / "capacity.json").read_text())
-    assert cap["capacity_qps"]["vllm"] == 0 and cap["problems"]["vllm"].startswith("no rate met the SLO")
+    assert res.stderr.startswith("simctl: warning: vllm (given): no rate met the SLO, down to 0.0001 QPS")
+    (row,) = json.loads((tmp_path / "cap" / "capacity.json").read_text())["capacity"]
+    assert row["capacity_qps"] == 0 and row["problems"]["0"].startswith("no rate met the SLO")
 
 
 def test_a_start_rate_too_low_for_the_clock_names_start_qps() -> None:
@@ -248,7 +248,7 @@ def test_a_timed_trace_is_replayed_or_time_scaled_to_the_rate_given(tmp_path: Pa
 def test_capacity_of_a_timed_trace_varies_its_rate(tmp_path: Path) -> None:
     """Every probe replayed the file's own arrivals, so no rate ever failed."""
     path = timed_csv(tmp_path / "t.csv", n=300)
-    r = find_capacity(RunConfig(policy="vllm", trace=str(path), num_requests=300), SLO(tbt_p99_s=0.2))
+    r = find_capacity(RunConfig(policy="vllm", trace=str(path), num_requests=300), SLO({"p99_tbt": 0.2}))
     assert r.problem is None and r.qps > 0
     assert len({p["offered_qps"] for p in r.probes}) == len(r.probes)
 

@@ -48,7 +48,7 @@ def validated(cost, tmp_path_factory):
     out = tmp_path_factory.mktemp("validate") / "val"
     # 100 requests (the fewest a capacity search takes); a tight TTFT limit keeps the simulated capacity, and so
     # the real runs, short
-    slo = SLO(ttft_p50_s=0.004)
+    slo = SLO({"p50_ttft": 0.004})
     report = validate_main(["sarathi"], "sharegpt", [0.5], cost=cost, out=out, model=MODEL, scale=0.02,
                            num_requests=100, seed=0, threads=1, slo=slo, repeats=2)
     return report, out

@@ -1,0 +1,109 @@
+"""`simctl capacity`: the highest rate each policy sustains within SLOs given with --slo (sim/slo.py's grammar),
+or by default under Sarathi-Serve's strict and relaxed SLOs for the deployment (Table 3's rule)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from simctl.display import fmt
+from simctl.options import Arrival, Cost, Cv, Gpu, Model, Scale, Seed, Tp, Trace
+from simctl.usage_errors import note_replaced, warn_all
+
+SLO_HELP = ("SLO limits, key=seconds, comma-separated or repeated: p50/p90/p99 of ttft, tbt, tpot or e2e (e.g. "
+            "p99_tbt=0.1,p50_ttft=2: that percentile of the run within the limit), or plain ttft, tbt (a "
+            "request's largest gap), tpot, e2e: per-request limits that a share --attainment of the requests "
+            "must meet (DistServe's goodput). Default: two searches, Sarathi-Serve's strict and relaxed P99 TBT "
+            "SLOs (Table 3: 5x and 25x one decode iteration of 32 requests with 4k-token contexts on this "
+            "model/GPU/TP), printed.")
+
+
+def capacity(
+    policy: Annotated[str, typer.Option(help="One policy or a comma-separated list to compare.")] = "vllm,sarathi",
+    trace: Trace = "sharegpt",
+    model: Model = "mistral-7b",
+    gpu: Gpu = "a100-80gb",
+    tp: Tp = 1,
+    num_requests: Annotated[int, typer.Option(help="Requests per probed run.")] = 1000,
+    seed: Seed = 0,
+    options: dict | None = None,  # the policies' settings: generated options (simctl.policy_options)
+    arrival: Arrival = "poisson",
+    cv: Cv = 1.0,
+    scale: Scale = 1.0,
+    cost: Cost = None,
+    slo: Annotated[list[str] | None, typer.Option(help=SLO_HELP, metavar="KEY=S[,KEY=S]")] = None,
+    attainment: Annotated[float | None, typer.Option(help="Share of requests that must meet the per-request "
+                                                     "--slo limits [default: 0.9].")] = None,
+    max_sched_delay_p50: Annotated[float, typer.Option(help="Median scheduling-delay limit, s (Sarathi-Serve's "
+                                                       "capacity rule); it and a sustainable run always "
+                                                       "apply.")] = 2.0,
+    seeds: Annotated[int, typer.Option(help="Searches per policy and SLO, on seeds --seed, --seed + 1, ...: the "
+                                       "capacity is their median, with its spread.")] = 1,
+    start_qps: Annotated[float, typer.Option(help="First rate probed; doubled or halved to bracket.")] = 1.0,
+    workers: Annotated[int | None, typer.Option(help="Processes searching in parallel, one search each "
+                                                "[default: one per core].")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for capacity.json, probes.parquet and capacity.png.")
+                   ] = None,
+) -> None:
+    """Find the highest request rate each policy sustains within the SLOs (bisection over QPS).
+
+    Example: simctl capacity --policy orca,vllm,sarathi --trace arxiv --slo p99_tbt=0.5 --seeds 3 --out out/cap
+    """
+    from sim.capacity import CapacityConfig, capacity_warnings, search_capacities, table3_slos_for
+    from sim.capacity_files import CAPACITY_FILES, write_capacity
+    from sim.output import check_out_dir
+    from sim.run import RunConfig
+    from sim.slo import TABLE3_BATCH, TABLE3_CONTEXT, parse_slo
+
+    policies = [p.strip() for p in policy.split(",") if p.strip()]
+    configs = [RunConfig(policy=p, trace=trace, model=model, gpu=gpu, tp=tp, qps=start_qps,
+                         num_requests=num_requests, seed=seed, options=options, arrival=arrival, cv=cv,
+                         scale=scale, cost=cost)
+               for p in policies]
+    given = parse_slo(slo or [], attainment, max_sched_delay_p50)  # also checks --attainment and the delay
+    CapacityConfig(configs, {"given": given}, start_qps, workers, seeds).validate()  # before any cost model
+    if slo:
+        slos, origin = {"given": given}, "given (--slo)"
+    else:
+        slos, decode = table3_slos_for(configs[0], max_sched_delay_p50)
+        origin = (f"Sarathi-Serve Table 3 rule: P99 TBT within 5x (strict) and 25x (relaxed) a decode iteration "
+                  f"of {TABLE3_BATCH} requests with {TABLE3_CONTEXT}-token contexts, {decode * 1e3:.2f} ms on "
+                  f"{model} / {gpu} x{tp}")
+    spec = CapacityConfig(configs, slos, start_qps, workers, seeds)
+    if out is not None:
+        check_out_dir(out, CAPACITY_FILES)
+    console = Console()
+    console.print(escape(f"SLOs: {origin}"))
+    for name, s in slos.items():
+        console.print(escape(f"  {name}: {s.describe()}"))
+    results = search_capacities(spec, progress=sys.stderr.isatty())
+    spread = seeds > 1
+    table = Table(title=escape(f"capacity on {trace}: {model} / {gpu} x{tp}"
+                               + (f", median of {seeds} seeds" if spread else "")))
+    for col in ("policy", "SLO", "capacity QPS", *(("min..max",) if spread else ()), "P99 TBT at capacity",
+                "P50 TTFT at capacity", "probes"):
+        table.add_column(col, justify="right")
+    for r in results:
+        at = r.median_search.at_capacity
+        shown = (f"{r.qps:.3f}" if not r.problems else
+                 f">= {r.qps:.3g}" if r.qps > 0 and r.median_search.problem else
+                 "none found" if r.qps == 0 else f"{r.qps:.3f}")
+        table.add_row(r.policy, r.slo_name, shown, *((f"{r.qps_min:.3g}..{r.qps_max:.3g}",) if spread else ()),
+                      fmt(at.get("tbt_p99") if at else None), fmt(at.get("ttft_p50") if at else None),
+                      str(sum(len(s.probes) for s in r.searches.values())))
+    console.print(table)
+    warn_all(capacity_warnings(results))
+    warn_all(f"{r.policy} ({r.slo_name}{f', seed {seed}' if spread else ''}): {problem}"
+             + ("; probe more requests (--num-requests) or set a latency SLO (--slo)"
+                if r.searches[seed].qps > 0 else "")
+             for r in results for seed, problem in r.problems.items())
+    if out is not None:
+        note_replaced(out, CAPACITY_FILES)
+        write_capacity(out, spec, results, origin)
+        console.print(escape(f"wrote {out}/capacity.json, probes.parquet, capacity.png"))

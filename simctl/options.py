@@ -1,0 +1,25 @@
+"""Options shared by the commands that simulate (typer annotations), in one place for every command module."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from policies.registry import POLICIES
+
+Policy = Annotated[str, typer.Option(help=f"Scheduler: {', '.join(POLICIES)} (see `simctl list`).")]
+Trace = Annotated[str, typer.Option(help="Length profile (sharegpt, arxiv) or a trace file: CSV with "
+                                    "num_prefill_tokens, num_decode_tokens[, arrived_at] or JSONL.")]
+Model = Annotated[str, typer.Option(help="Model shape from the catalogue.")]
+Gpu = Annotated[str, typer.Option(help="GPU from the catalogue.")]
+Tp = Annotated[int, typer.Option(help="Tensor-parallel degree (GPUs per replica).")]
+Seed = Annotated[int, typer.Option(help="Seed for lengths and arrivals: same seed, same results.")]
+Arrival = Annotated[str, typer.Option(help="Arrival process: poisson, or gamma (bursty, see --cv).")]
+Cv = Annotated[float, typer.Option(help="Coefficient of variation of gamma inter-arrivals.")]
+Scale = Annotated[float, typer.Option(help="Multiply prompt and output lengths (e.g. 0.05 makes sharegpt "
+                                      "CPU-sized); recorded in the summary.")]
+Cost = Annotated[str | None, typer.Option(help="A fitted cost_model.json (from `simctl fit`) instead of the "
+                                          "roofline, or a roofline_calibration.json (`simctl fit "
+                                          "--roofline-gpu`) to apply measured efficiencies to --gpu's specs; "
+                                          "--gpu cpu uses the shipped CPU fit by default.")]
