@@ -71,6 +71,11 @@ class Replica:
     max_waiting: int | None = None  # give up (overload) once this many requests wait
     records: Records = field(default_factory=Records)
     aborted: bool = False
+    # A router may push a request while a decode stretch runs (a cluster's replica): the stretch's KV is then
+    # allocated when it ends, and `stretch` holds its iteration ends meanwhile, so that a driver can resume the
+    # loop early, at the push, to cut it (`_cut`).
+    interruptible: bool = False
+    stretch: np.ndarray | None = None
 
     def serve(self, start: float = 0.0) -> Generator[float, None, None]:
         """The loop; yields each time until which the driver must let time pass before resuming it."""
@@ -100,7 +105,13 @@ class Replica:
                 finished = apply_iteration(policy, records, plan, now, end)
             else:
                 end = float(ends[-1])
-                yield end
+                if self.interruptible:
+                    self.stretch = ends
+                    yield end
+                    ends = yield from self._cut(plan, ends)
+                    end = float(ends[-1])
+                else:
+                    yield end
                 finished = apply_stretch(policy, records, plan, now, ends)
             if finished:
                 backend.release(finished)
@@ -117,5 +128,22 @@ class Replica:
         ends = np.cumsum(np.concatenate(([now], durations)))[1:]  # sequential adds, as stepping does
         # stop at the iteration that ends at or after the next arrival: the policy decides again after it
         extra = min(extra, int(np.searchsorted(ends, self.inbox.next_time, side="left")))
-        extra = self.policy.extend(plan, extra) if extra > 0 else 0
+        if extra > 0:  # an interruptible stretch only asks how far KV allows; `_cut` allocates
+            extra = (max(self.policy.kv.max_common_growth(plan.seqs, extra + 1) - 1, 0) if self.interruptible
+                     else self.policy.extend(plan, extra))
         return ends[:extra + 1] if extra > 0 else None
+
+    def _cut(self, plan: BatchPlan, ends: np.ndarray) -> Generator[float, None, np.ndarray]:
+        """End an interruptible stretch: if a request was pushed while it ran (the driver then resumed the
+        loop at the push), stop at the iteration that ends at or after it, as a stretch priced with that
+        request in the inbox would have, and wait for that iteration; then allocate the KV of the iterations
+        that ran, exactly as `policy.extend` would have before a stretch of that length."""
+        self.stretch = None
+        due = self.inbox.next_time
+        if due < ends[-1]:
+            ends = ends[:int(np.searchsorted(ends, due, side="left")) + 1]
+            yield float(ends[-1])
+        extra = len(ends) - 1
+        if extra and self.policy.extend(plan, extra) != extra:
+            raise RuntimeError(f"{self.policy.name}: extend() allowed fewer repeats than its KV manager")
+        return ends

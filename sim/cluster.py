@@ -1,0 +1,193 @@
+"""A cluster in simulated time: pools of replicas behind routers, and disaggregated prefill and decode.
+
+Every replica runs the one replica loop (`serving.loop.Replica`) with its own policy, KV manager and a
+`RoutedInbox`, as a SimPy process of one shared environment. Requests reach a pool at the instant they are
+due (the cluster's arrivals; a KV transfer's end for a decode pool), and the pool's router chooses a replica
+with what exists at that instant (`serving.routers.ReplicaView`). Those instants are URGENT SimPy events, so
+at a tie they are handled before an iteration that ends at the same instant is applied, which is the order
+of the single-replica loop (it applies an iteration, then takes what arrived by its end).
+
+A replica is woken by a push when it waits for work, and a push during a decode stretch resumes its loop
+early to cut the stretch (interruptible stretches): no replica does any work for a request routed elsewhere,
+and one replica gives the single-replica path's results exactly (tested).
+
+Disaggregation: a prefill instance serves a copy of each request that ends at its first token; the request's
+KV then crosses the shared `KVLink`, and a decode instance admits the request with its KV cached
+(`Policy.add`: it decodes, and prefills again only if preempted). Its first token is stamped when the
+transfer ends: that is when the decode side, and a user streaming from it, has it (DistServe stamps it at the
+prefill's end; `prefill_done_s` in the requests table keeps that time). A request of one output token ends
+on its prefill instance and never crosses the link.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+
+import simpy
+from simpy.events import URGENT
+
+from policies.base import Policy
+from policies.seq import Seq
+from serving.loop import Replica
+from serving.routed import HELD, RoutedInbox, RoutedTime
+from serving.routers import ReplicaView, Router
+from sim.cost.base import CostModel
+from sim.kv_link import KVLink, kv_transfer_bytes
+from sim.replica import YIELD_EVERY, CostBackend
+from sim.simulate import PROGRESS_EVERY
+
+
+class Member:
+    """One replica of a pool and what its driver and router need to know about it."""
+
+    def __init__(self, index: int, policy: Policy, cost: CostModel, fast: bool, max_waiting: int | None,
+                 on_release: Callable[[Member, list[Seq]], None]) -> None:
+        self.index = index
+        self.inbox = RoutedInbox()
+        self.replica = Replica(policy, _Backend(cost, fast, self, on_release), RoutedTime(self.inbox),
+                               self.inbox, max_waiting=max_waiting, interruptible=True)
+        self.released = 0  # requests that left it (finished, or prefilled and handed on)
+        self.wake: simpy.Event | None = None  # set while it waits for a push
+        self.cutting = False  # a push has resumed it early to cut its stretch
+        self.process: simpy.Process | None = None
+        self.seqs: list[Seq] = []  # every request pushed here (a prefill instance's copies)
+
+    def view(self) -> ReplicaView:
+        p = self.replica.policy
+        return ReplicaView(queued=len(p.waiting) + len(p.arrived_with_kv) + self.inbox.pending,
+                           outstanding=self.inbox.pushed - self.released, kv_used=p.kv.used)
+
+    def push(self, seq: Seq, due: float) -> None:
+        self.inbox.push_due(seq, due)
+        self.seqs.append(seq)
+        if self.wake is not None:
+            if not self.wake.triggered:
+                self.wake.succeed()
+        elif not self.cutting and self.replica.stretch is not None and due < self.replica.stretch[-1]:
+            self.cutting = True
+            self.process.interrupt()
+
+
+class _Backend(CostBackend):
+    def __init__(self, cost: CostModel, fast: bool, member: Member,
+                 on_release: Callable[[Member, list[Seq]], None]) -> None:
+        super().__init__(cost, fast)
+        self.member, self.on_release = member, on_release
+
+    def release(self, finished: list[Seq]) -> None:
+        self.member.released += len(finished)
+        self.on_release(self.member, finished)
+
+
+@dataclass
+class Pool:
+    name: str  # "replicas" (colocated), "prefill" or "decode"
+    members: list[Member]
+    router: Router
+    gpu: str = ""
+
+    def route(self, seq: Seq, due: float) -> None:
+        self.members[self.router([m.view() for m in self.members])].push(seq, due)
+
+
+def _drive(env: simpy.Environment, member: Member, cluster: Cluster) -> Generator[simpy.Event, None, None]:
+    """The member's loop as a SimPy process (as `sim.replica.process`, plus waits for pushes and early
+    resumption to cut a stretch). A wait that ends before any other event needs no SimPy event: nothing can
+    be pushed before it ends."""
+    gen = member.replica.serve(env.now)
+    ran = 0
+    for until in gen:
+        while True:
+            if until < env.now - 1e-9 * env.now:  # beyond the two clocks' rounding: a push was missed
+                raise RuntimeError(f"replica {member.index} fell behind the cluster's clock")
+            if until >= HELD:
+                member.wake = env.event()
+                yield member.wake
+                member.wake = None
+            elif until < env.peek() and ran < YIELD_EVERY:
+                ran += 1
+            else:
+                ran = 0
+                try:
+                    yield env.timeout(max(until - env.now, 0.0))
+                except simpy.Interrupt:
+                    member.cutting = False
+                    until = next(gen)  # the stretch's cut end, where the loop waits next
+                    continue
+            break
+    if member.replica.aborted:
+        cluster.aborted = True
+
+
+def at(env: simpy.Environment, when: float, callback: Callable[[simpy.Event], None]) -> None:
+    """Run `callback` at `when`, before any process resumed at the same instant (URGENT)."""
+    event = simpy.Event(env)
+    event._ok, event._value = True, None  # a plain event scheduled as already triggered, like a Timeout
+    event.callbacks.append(callback)
+    env.schedule(event, URGENT, max(when - env.now, 0.0))
+
+
+class Cluster:
+    """Pools and the link between them; `run(seqs)` serves every request and fills in its `Seq`."""
+
+    def __init__(self, env: simpy.Environment, link: KVLink | None = None, kv_bytes_per_token: int = 0) -> None:
+        self.env, self.link, self.kv_bytes_per_token = env, link, kv_bytes_per_token
+        self.entry: Pool  # where requests arrive (the colocated replicas, or the prefill instances)
+        self.decode: Pool | None = None
+        self.aborted = False
+        self.originals: dict[int, Seq] = {}
+        self.prefill_done: dict[int, float] = {}  # request id -> its first token on the prefill instance
+
+    @property
+    def members(self) -> list[Member]:
+        return self.entry.members + (self.decode.members if self.decode else [])
+
+    def run(self, seqs: list[Seq], progress: Callable[[int, int], None] | None = None) -> None:
+        """Serve `seqs` (in arrival order); `progress(arrived, total)` every few thousand events, if given."""
+        env = self.env
+        for m in self.members:
+            m.process = env.process(_drive(env, m, self))
+        self._arrivals = iter(seqs)
+        self.arrived = 0
+        self._next_arrival()
+        if progress is None:
+            env.run()
+            return
+        try:
+            while True:
+                for _ in range(PROGRESS_EVERY):
+                    env.step()
+                progress(self.arrived, len(seqs))
+        except simpy.core.EmptySchedule:  # what ends env.run() too
+            progress(len(seqs), len(seqs))
+
+    def _next_arrival(self) -> None:
+        seq = next(self._arrivals, None)
+        if seq is not None and not self.aborted:
+            at(self.env, seq.arrival_s, lambda _: self._arrive(seq))
+
+    def _arrive(self, seq: Seq) -> None:
+        if self.decode is not None and seq.output_tokens > 1:  # the prefill instance serves up to token 1
+            self.originals[seq.id] = seq
+            seq = Seq(seq.id, seq.arrival_s, seq.prompt_tokens, 1)
+        self.entry.route(seq, seq.arrival_s)
+        self.arrived += 1
+        self._next_arrival()
+
+    def on_release(self, member: Member, finished: list[Seq]) -> None:
+        """A replica's sequences sampled their last token; a prefill instance's copies go on to the link."""
+        if self.decode is None:
+            return
+        for copy in finished:
+            seq = self.originals.pop(copy.id, None)
+            if seq is None:
+                continue  # one output token: it finished on the prefill instance
+            ready = copy.completion_s
+            seq.first_scheduled_s, seq.preemptions = copy.first_scheduled_s, copy.preemptions
+            self.prefill_done[seq.id] = ready
+            seq.computed = seq.prompt_tokens  # its KV (the prompt's) moves; token 1 is sampled
+            seq.generated = 1
+            end = self.link.transfer(ready, kv_transfer_bytes(self.kv_bytes_per_token, seq.prompt_tokens))
+            seq.first_token_s = seq.last_token_s = end
+            at(self.env, end, lambda _, seq=seq, end=end: self.decode.route(seq, end))

@@ -1,0 +1,254 @@
+"""A cluster run from names (`simctl run --replicas N --router R`, or `--prefill-instances P
+--decode-instances D --kv-link-gbps X`): builds the pools, serves the trace (`sim.cluster`) and summarises it.
+
+The summary is a single run's (`sim.metrics.summarize` over every request, every token gap and every
+iteration of the cluster), plus per replica and per pool: requests served, utilisation (busy time / the
+run's span), the waiting queue each arrival met, KV peak; and the KV link's use. The cluster is
+sustainable when every replica is, by the single-replica rules applied to the requests it served.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from common.checks import is_int, is_number
+from common.errors import InputError
+from policies.registry import make_policy, policy_class
+from policies.seq import Seq
+from serving.loop import overload_limit
+from serving.records import GapHistogram, IterationLog, request_frame
+from serving.routers import check_router, make_router
+from sim.cluster import Cluster, Member, Pool
+from sim.deployment import Deployment, deploy, trace_for
+from sim.kv_link import KVLink
+from sim.metrics import summarize
+from sim.models import get_model
+from sim.output import json_text, write_files
+from sim.run import Run, RunConfig
+from sim.simulate import Progress, SimResult
+from traces import has_arrival_times
+
+MAX_INSTANCES = 1024
+
+
+@dataclass
+class ClusterRun(Run):
+    iterations: pd.DataFrame | None = None  # every replica's rows, with pool and replica columns
+    replicas: pd.DataFrame | None = None  # one row per replica (its metrics)
+    cluster: Cluster | None = None  # the pools as the run left them (their policies, KV and records)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    replicas: int = 1
+    router: str = "round-robin"
+    prefill_instances: int | None = None  # both set: disaggregated prefill and decode
+    decode_instances: int | None = None
+    prefill_gpu: str | None = None  # None: the run's --gpu
+    decode_gpu: str | None = None
+    kv_link_gbps: float | None = None
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_instances is not None or self.decode_instances is not None
+
+    @property
+    def is_cluster(self) -> bool:
+        """Anything but the single replica of `sim.run.run`."""
+        return self.disaggregated or self.replicas != 1
+
+    def validate(self, policy: str) -> None:
+        for name, v in (("replicas", self.replicas), ("prefill-instances", self.prefill_instances),
+                        ("decode-instances", self.decode_instances)):
+            if v is not None and (not is_int(v) or not 1 <= v <= MAX_INSTANCES):
+                raise InputError(f"--{name} must be an integer from 1 to {MAX_INSTANCES}, got {v!r}")
+        check_router(self.router)
+        if not self.disaggregated:
+            for name, v in (("prefill-gpu", self.prefill_gpu), ("decode-gpu", self.decode_gpu),
+                            ("kv-link-gbps", self.kv_link_gbps)):
+                if v is not None:
+                    raise InputError(f"--{name} needs --prefill-instances and --decode-instances")
+            return
+        if self.prefill_instances is None or self.decode_instances is None:
+            raise InputError("disaggregated serving needs both --prefill-instances and --decode-instances")
+        if self.replicas != 1:
+            raise InputError("--replicas is for colocated serving; with --prefill-instances and "
+                             "--decode-instances the instances are the replicas")
+        if self.kv_link_gbps is None:
+            raise InputError("disaggregated serving needs --kv-link-gbps (the bandwidth of the link KV moves on)")
+        gbps = self.kv_link_gbps
+        if not is_number(gbps) or not (gbps > 0 and math.isfinite(gbps)):
+            raise InputError(f"--kv-link-gbps must be a finite number > 0 (gigabits per second), got {gbps!r}")
+        if policy_class(policy).padded_batches:
+            raise InputError(f"{policy} cannot serve disaggregated: its padded batches admit only requests it "
+                             "prefilled itself; use an iteration-level policy (orca, vllm, sarathi)")
+
+
+def _pool(name: str, count: int, gpu: str, d: Deployment, config: RunConfig, router: str,
+          cluster: Cluster) -> Pool:
+    members = [Member(i, make_policy(config.policy, d.kv_capacity, d.max_seq_len, config.options), d.cost,
+                      config.fast, overload_limit(config.num_requests), cluster.on_release)
+               for i in range(count)]
+    return Pool(name, members, make_router(router), gpu)
+
+
+def run_cluster(config: RunConfig, cc: ClusterConfig, progress: Progress | None = None) -> ClusterRun:
+    t0 = time.perf_counter()
+    config.validate()
+    cc.validate(config.policy)
+    requests = trace_for(config)
+    link = KVLink(cc.kv_link_gbps) if cc.disaggregated else None
+    cluster = Cluster(simpy.Environment(), link, get_model(config.model).kv_bytes_per_token())
+    if cc.disaggregated:
+        pgpu, dgpu = cc.prefill_gpu or config.gpu, cc.decode_gpu or config.gpu
+        entry = deploy(config, pgpu, requests, prefill_only=True)
+        serving = deploy(config, dgpu, requests)
+        cluster.entry = _pool("prefill", cc.prefill_instances, pgpu, entry, config, cc.router, cluster)
+        cluster.decode = _pool("decode", cc.decode_instances, dgpu, serving, config, cc.router, cluster)
+        deployments = (entry, serving)
+    else:
+        serving = deploy(config, config.gpu, requests)
+        cluster.entry = _pool("replicas", cc.replicas, config.gpu, serving, config, cc.router, cluster)
+        deployments = (serving,)
+    seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests]
+    cluster.run(seqs, progress)
+    result, summary = _summarise(config, cc, cluster, seqs, serving.kv_capacity, time.perf_counter() - t0)
+    summary["arrivals_from_file"] = has_arrival_times(config.trace)
+    summary["cost_model"] = serving.cost_label
+    summary["warnings"] = sorted({w for d in deployments for w in d.warnings})
+    summary.update(cluster.entry.members[0].replica.policy.settings.as_dict())
+    return ClusterRun(config, result, summary, iterations=iterations_frame(cluster),
+                      replicas=pd.DataFrame(summary["replica_metrics"]), cluster=cluster)
+
+
+def _merged(logs: list[IterationLog]) -> IterationLog:
+    out = IterationLog()
+    for log in logs:
+        for name in ("start", "duration", "count", "prefill_tokens", "decode_tokens", "batch_size",
+                     "linear_tokens", "kv_used"):
+            getattr(out, name).extend(getattr(log, name))
+    return out
+
+
+def _member_result(m: Member, aborted: bool, kv_capacity: int) -> SimResult:
+    r = m.replica.records
+    return SimResult(requests=request_frame(m.seqs), iterations=r.iterations, gaps=r.gaps,
+                     queue_at_arrival=r.queue_lengths(), aborted=aborted, kv_capacity=kv_capacity, wall_s=0.0)
+
+
+def _summarise(config: RunConfig, cc: ClusterConfig, cluster: Cluster, seqs: list[Seq], kv_capacity: int,
+               wall_s: float) -> tuple[SimResult, dict[str, Any]]:
+    pools = [p for p in (cluster.entry, cluster.decode) if p is not None]
+    members = [(p, m) for p in pools for m in p.members]
+    gaps = GapHistogram()
+    for _, m in members:
+        gaps.merge(m.replica.records.gaps)
+    requests = request_frame(seqs)
+    _request_columns(requests, cluster, seqs)
+    result = SimResult(requests=requests, iterations=_merged([m.replica.records.iterations for _, m in members]),
+                       gaps=gaps, queue_at_arrival=np.concatenate([m.replica.records.queue_lengths()
+                                                                   for m in cluster.entry.members]),
+                       aborted=cluster.aborted, kv_capacity=kv_capacity, wall_s=wall_s)
+    summary = {**{k: v for k, v in asdict(config).items() if k not in ("fast", "options")}, **asdict(cc),
+               **summarize(result)}
+    span = summary["makespan_s"]
+    rows = []
+    for p, m in members:
+        s = summarize(_member_result(m, m.replica.aborted, m.replica.policy.kv.capacity))
+        its = m.replica.records.iterations
+        busy = float(np.frombuffer(its.duration, dtype=np.float64).sum())
+        q = m.replica.records.queue_lengths()
+        rows.append({"pool": p.name, "replica": m.index, "gpu": p.gpu, "requests": s["num_requests"],
+                     "completed": s["completed"], "busy_s": busy, "utilisation": busy / span if span > 0 else 0.0,
+                     "queue_mean": float(q.mean()) if len(q) else 0.0, "queue_max": int(q.max()) if len(q) else 0,
+                     "kv_peak_tokens": s["kv_peak_tokens"], "kv_capacity_tokens": s["kv_capacity_tokens"],
+                     "iterations": s["iterations"], "preemptions": s["preemptions"],
+                     "sustainable": s["sustainable"], "unsustainable_reason": s["unsustainable_reason"]})
+    unsustainable = [f"{r['pool']} {r['replica']}: {r['unsustainable_reason']}" for r in rows if not r["sustainable"]]
+    if len(rows) > 1 and unsustainable:  # one replica: the run's own verdict, as `sim.run`'s
+        summary["sustainable"] = False
+        summary["unsustainable_reason"] = "; ".join(unsustainable)
+    summary["gpus"] = len(members) * config.tp
+    summary["pools"] = {p.name: _pool_summary(p.name, p.gpu, [r for r in rows if r["pool"] == p.name])
+                        for p in pools}
+    if cluster.link is not None:
+        summary["kv_link"] = _link_summary(cluster.link, span)
+    summary["replica_metrics"] = rows
+    return result, summary
+
+
+def _request_columns(frame: pd.DataFrame, cluster: Cluster, seqs: list[Seq]) -> None:
+    """Where each request ran: its replica, or its prefill and decode instances and when its prefill ended."""
+    index = {s.id: i for i, s in enumerate(seqs)}
+
+    def placed(pool: Pool | None) -> np.ndarray:
+        where = np.full(len(seqs), -1, dtype=np.int64)
+        for m in pool.members if pool else ():
+            where[[index[s.id] for s in m.seqs]] = m.index
+        return where
+
+    if cluster.decode is None:
+        frame["replica"] = placed(cluster.entry)
+        return
+    frame["prefill_replica"] = placed(cluster.entry)
+    frame["decode_replica"] = placed(cluster.decode)
+    done = np.full(len(seqs), -1.0)
+    for m in cluster.entry.members:
+        for s in m.seqs:
+            done[index[s.id]] = s.completion_s
+    frame["prefill_done_s"] = done
+
+
+def _pool_summary(name: str, gpu: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    util = [r["utilisation"] for r in rows]
+    return {"instances": len(rows), "gpu": gpu, "requests": sum(r["requests"] for r in rows),
+            "utilisation_mean": float(np.mean(util)), "utilisation_max": float(np.max(util)),
+            "queue_max": max(r["queue_max"] for r in rows), "kv_peak_tokens": max(r["kv_peak_tokens"] for r in rows)}
+
+
+def _link_summary(link: KVLink, span: float) -> dict[str, Any]:
+    ready, start, end = (np.frombuffer(a, dtype=np.float64) for a in (link.ready, link.start, link.end))
+    busy = float((end - start).sum())
+    took, waited = end - ready, start - ready
+
+    def pct(values: np.ndarray, p: int) -> float | None:
+        return float(np.percentile(values, p)) if len(values) else None
+
+    return {"gbps": link.gbps, "transfers": len(ready), "bytes": link.bytes, "busy_s": busy,
+            "utilisation": busy / span if span > 0 else 0.0,
+            "transfer_s_mean": float(took.mean()) if len(took) else None, "transfer_s_p50": pct(took, 50),
+            "transfer_s_p99": pct(took, 99), "wait_s_p50": pct(waited, 50), "wait_s_p99": pct(waited, 99)}
+
+
+def iterations_frame(cluster: Cluster) -> pd.DataFrame:
+    """Every replica's iteration rows, with the pool and replica that ran them."""
+    frames = []
+    for p in (cluster.entry, cluster.decode):
+        for m in p.members if p else ():
+            f = m.replica.records.iterations.frame()
+            f.insert(0, "replica", m.index)
+            f.insert(0, "pool", p.name)
+            frames.append(f)
+    return pd.concat(frames, ignore_index=True)
+
+
+CLUSTER_RUN_FILES = ("requests.parquet", "iterations.parquet", "replicas.parquet", "summary.json")
+
+
+def write_cluster_run(out: Path, run: ClusterRun) -> None:
+    """The cluster run's files into `out`, all or none (summary.json renamed last)."""
+    summary_text = json_text(run.summary)
+    write_files(Path(out), {
+        "requests.parquet": lambda p: run.result.requests.to_parquet(p, index=False),
+        "iterations.parquet": lambda p: run.iterations.to_parquet(p, index=False),
+        "replicas.parquet": lambda p: run.replicas.to_parquet(p, index=False),
+        "summary.json": lambda p: p.write_text(summary_text, encoding="utf-8"),
+    }, "the run's files")

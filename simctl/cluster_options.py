@@ -1,0 +1,98 @@
+"""`simctl run`'s cluster options (replicas behind a router, disaggregated prefill and decode) and what `run`
+does with them: a decorator adds the options and hands them to the command as one `cluster` argument."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, get_type_hints
+
+import typer
+
+from common.errors import InputError
+from serving.routers import ROUTERS
+
+OPTIONS: dict[str, tuple[Any, Any, str]] = {  # name: (type, default, help)
+    "replicas": (int, 1, "Replicas of the deployment behind a router (each its own policy and KV)."),
+    "router": (str, "round-robin", f"How a request picks its replica at its arrival: {', '.join(ROUTERS)}."),
+    "prefill_instances": (int | None, None, ("Disaggregated serving: instances that only prefill (with "
+                          "--decode-instances and --kv-link-gbps).")),
+    "decode_instances": (int | None, None, ("Disaggregated serving: instances that only decode, admitting "
+                         "requests whose KV has crossed the link.")),
+    "prefill_gpu": (str | None, None, "GPU of the prefill instances [default: --gpu]."),
+    "decode_gpu": (str | None, None, "GPU of the decode instances [default: --gpu]."),
+    "kv_link_gbps": (float | None, None, ("Bandwidth of the link prefill instances send KV over, Gbit/s "
+                     "(one transfer at a time, first come first served).")),
+}
+
+
+def with_cluster_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give `command` the cluster options; it receives them as `cluster` (a ClusterConfig)."""
+    signature = inspect.signature(command)
+    hints = get_type_hints(command, include_extras=True)
+    params = [p.replace(annotation=hints[p.name]) for p in signature.parameters.values() if p.name != "cluster"]
+    annotations = {p.name: p.annotation for p in params}
+    for name, (kind, default, text) in OPTIONS.items():
+        annotation = Annotated[kind, typer.Option(help=text)]
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=annotation))
+        annotations[name] = annotation
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        from sim.cluster_run import ClusterConfig
+
+        cluster = ClusterConfig(**{n: kwargs.pop(n) for n in OPTIONS})
+        return command(**kwargs, cluster=cluster)
+
+    wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = annotations
+    return wrapper
+
+
+def run_cluster_command(config: Any, cluster: Any, out: Path | None, as_json: bool, unsupported: dict[str, Any]
+                        ) -> None:
+    """`simctl run` for a cluster: summary.json, requests.parquet, iterations.parquet (with pool and replica
+    columns) and replicas.parquet in --out."""
+    from sim.cluster_run import CLUSTER_RUN_FILES, run_cluster, write_cluster_run
+    from sim.output import check_out_dir, json_text
+    from simctl.display import print_summary, progress_bar
+    from simctl.usage_errors import note_replaced, warn_all
+
+    for name, given in unsupported.items():
+        if given:
+            raise InputError(f"--{name} records one replica; it is not available with a cluster")
+    if out is not None:
+        check_out_dir(out, CLUSTER_RUN_FILES)
+    with progress_bar(f"{config.policy} cluster: requests arrived") as report:
+        result = run_cluster(config, cluster, progress=report)
+    warn_all(result.summary.get("warnings", []))
+    if out is not None:
+        note_replaced(out, CLUSTER_RUN_FILES)
+        write_cluster_run(out, result)
+    if as_json:
+        sys.stdout.write(json_text(result.summary))
+    else:
+        print_summary(result.summary)
+        print_cluster(result.summary)
+
+
+def print_cluster(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="replicas")
+    cols = ("pool", "replica", "gpu", "requests", "utilisation", "queue_mean", "queue_max", "kv_peak_tokens")
+    for c in cols:
+        table.add_column(c, justify="right")
+    for r in summary["replica_metrics"]:
+        table.add_row(*(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols))
+    Console().print(table)
+    link = summary.get("kv_link")
+    if link:
+        Console().print(f"KV link {link['gbps']:g} Gbit/s: {link['transfers']} transfers, utilisation "
+                        f"{link['utilisation']:.3f}, transfer P50 {link['transfer_s_p50']} s, P99 "
+                        f"{link['transfer_s_p99']} s (waiting for the link P99 {link['wait_s_p99']} s)")

@@ -1,0 +1,146 @@
+"""Clusters (issue 10): replicas behind a router, disaggregated prefill and decode over a shared KV link.
+
+One replica routed through the cluster machinery gives the single-replica path's results exactly, for every
+policy; hypothesis runs random small traces through 1-4 replicas under every router and through
+prefill/decode splits, with KV tight enough to preempt, and checks what must always hold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import simpy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies.registry import POLICIES, make_policy
+from policies.seq import Seq
+from serving.routers import ROUTERS, make_router
+from sim.cluster import Cluster, Member, Pool
+from sim.cluster_run import ClusterConfig, run_cluster
+from sim.gpus import get_gpu
+from sim.kv_link import KVLink, kv_transfer_bytes
+from sim.models import get_model
+from sim.run import RunConfig, cost_model, run
+
+TINY = get_model("tiny")
+COST = cost_model(None, TINY, get_gpu("cpu"), 1)[0]
+MAX_SEQ_LEN = 512
+CONTINUOUS = [n for n, c in POLICIES.items() if not c.padded_batches]  # can admit a request with its KV
+
+
+def serve(policy: str, reqs: list[tuple[float, int, int]], replicas: int = 1, router: str = "round-robin",
+          split: tuple[int, int] | None = None, kv: int = 100_000, gbps: float = 1.0) -> tuple[Cluster, list[Seq]]:
+    """Serve (arrival, prompt, output) requests on `replicas` colocated replicas, or `split` = (prefill,
+    decode) instances, each with `kv` token slots, on the tiny model's CPU cost."""
+    cluster = Cluster(simpy.Environment(), KVLink(gbps) if split else None, TINY.kv_bytes_per_token())
+
+    def pool(name: str, n: int) -> Pool:
+        return Pool(name, [Member(i, make_policy(policy, kv, MAX_SEQ_LEN, {}), COST, True, None, cluster.on_release)
+                           for i in range(n)], make_router(router))
+
+    cluster.entry = pool("prefill", split[0]) if split else pool("replicas", replicas)
+    if split:
+        cluster.decode = pool("decode", split[1])
+    seqs = [Seq(i, t, p, o) for i, (t, p, o) in enumerate(sorted(reqs))]
+    cluster.run(seqs)
+    return cluster, seqs
+
+
+def check_invariants(cluster: Cluster, seqs: list[Seq]) -> None:
+    for s in seqs:  # every request ran to its last token, in order
+        assert s.generated == s.output_tokens, s
+        assert s.arrival_s <= s.first_scheduled_s <= s.first_token_s <= s.completion_s, s
+    pools = [cluster.entry] + ([cluster.decode] if cluster.decode else [])
+    for pool in pools:  # each request reached one replica of a pool, at most once
+        ids = [s.id for m in pool.members for s in m.seqs]
+        assert len(ids) == len(set(ids))
+    assert sorted(s.id for m in cluster.entry.members for s in m.seqs) == [s.id for s in seqs]
+    handed_on = [s.id for s in seqs if s.output_tokens > 1] if cluster.decode else []
+    if cluster.decode:  # a request's KV is in one decode instance, and only if it had tokens left to decode
+        assert sorted(s.id for m in cluster.decode.members for s in m.seqs) == handed_on
+    assert sum(m.released for m in cluster.members) == len(seqs) + len(handed_on)  # each finishes once
+    for m in cluster.members:  # KV within capacity, and all of it back at the end
+        kv = m.replica.policy.kv
+        assert kv.used == 0 and m.replica.policy.idle
+        used = np.frombuffer(m.replica.records.iterations.kv_used, dtype=np.int64)
+        assert used.max(initial=0) <= kv.capacity
+
+
+requests = st.lists(st.tuples(st.floats(0, 2), st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=25)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=requests, policy=st.sampled_from(list(POLICIES)), replicas=st.integers(1, 4),
+       router=st.sampled_from(list(ROUTERS)), kv=st.integers(520, 3000))
+def test_replicas_serve_every_request_once_within_kv(reqs, policy, replicas, router, kv) -> None:
+    check_invariants(*serve(policy, reqs, replicas=replicas, router=router, kv=kv))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=requests, policy=st.sampled_from(CONTINUOUS), split=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       router=st.sampled_from(list(ROUTERS)), kv=st.integers(520, 3000), gbps=st.sampled_from([0.01, 1.0, 100.0]))
+def test_disaggregated_serves_every_request_once_within_kv(reqs, policy, split, router, kv, gbps) -> None:
+    check_invariants(*serve(policy, reqs, split=split, router=router, kv=kv, gbps=gbps))
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_one_replica_through_the_cluster_is_the_single_replica_path(policy: str) -> None:
+    config = RunConfig(policy=policy, trace="sharegpt", qps=3.0, num_requests=150, seed=1)
+    plain, routed = run(config), run_cluster(config, ClusterConfig(replicas=1))
+    a, b = plain.result.requests, routed.result.requests
+    for col in a.columns:
+        assert a[col].equals(b[col]), col
+    assert plain.result.iterations.frame().equals(routed.result.iterations.frame())
+    for key, value in plain.summary.items():
+        if key not in ("sim_wall_s", "timeline"):
+            assert routed.summary[key] == value, key
+
+
+def test_decode_instances_never_prefill_and_ttft_includes_the_transfer() -> None:
+    reqs = [(0.0, 200, 10), (0.0, 200, 10), (0.5, 64, 1)]
+    cluster, seqs = serve("vllm", reqs, split=(2, 1), gbps=0.1)
+    check_invariants(cluster, seqs)
+    assert sum(cluster.decode.members[0].replica.records.iterations.prefill_tokens) == 0
+    link = cluster.link
+    took = kv_transfer_bytes(TINY.kv_bytes_per_token(), 200) / (0.1e9 / 8)
+    ready = [m.seqs[0].completion_s for m in cluster.entry.members]
+    assert ready[0] == ready[1]  # the same prompt on two idle instances: both on the link at once
+    assert list(link.end) == [ready[0] + took, ready[0] + took + took]  # the second waits for the first
+    assert sorted(s.first_token_s for s in seqs[:2]) == list(link.end)  # TTFT ends when the KV has arrived
+    assert seqs[2].first_token_s == seqs[2].completion_s < 0.6 and len(link.end) == 2  # one token: no transfer
+
+
+def test_link_transfer_takes_bytes_over_bandwidth_and_queues() -> None:
+    link = KVLink(8.0)  # 1e9 bytes/s
+    assert link.transfer(1.0, 500_000_000) == 1.5  # free link: bytes / bandwidth
+    assert link.transfer(1.2, 1_000_000_000) == 2.5  # waits 0.3 s for the first
+    assert link.transfer(3.0, 250_000_000) == 3.25  # free again
+    assert list(link.start) == [1.0, 1.5, 3.0]
+
+
+def test_round_robin_spreads_evenly() -> None:
+    cluster, _ = serve("sarathi", [(0.01 * i, 50 + 37 * i % 200, 5) for i in range(31)], replicas=3)
+    assert [len(m.seqs) for m in cluster.entry.members] == [11, 10, 10]
+    assert all(s.id % 3 == m.index for m in cluster.entry.members for s in m.seqs)
+
+
+@settings(max_examples=30, deadline=None)
+@given(reqs=requests, replicas=st.integers(2, 4))
+def test_least_outstanding_picks_a_replica_with_the_fewest_outstanding_at_that_instant(reqs, replicas) -> None:
+    cluster, seqs = serve("vllm", reqs, replicas=replicas, router="least-outstanding", kv=2000)
+    where = {s.id: m.index for m in cluster.entry.members for s in m.seqs}
+    for i, s in enumerate(seqs):  # routed before any iteration ending at its arrival is applied
+        outstanding = [0] * replicas
+        for earlier in seqs[:i]:
+            if earlier.completion_s >= s.arrival_s:
+                outstanding[where[earlier.id]] += 1
+        assert outstanding[where[s.id]] == min(outstanding), (i, outstanding, where[s.id])
+
+
+def test_same_seed_same_results() -> None:
+    config = RunConfig(policy="vllm", trace="sharegpt", qps=6.0, num_requests=200, seed=3, arrival="gamma", cv=3.0)
+    for cc in (ClusterConfig(replicas=3, router="least-kv"),
+               ClusterConfig(prefill_instances=2, decode_instances=1, kv_link_gbps=50.0, router="shortest-queue")):
+        a, b = run_cluster(config, cc), run_cluster(config, cc)
+        assert a.result.requests.equals(b.result.requests) and a.replicas.equals(b.replicas)
+        assert a.iterations.equals(b.iterations)
