@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.saturation import served_rate, verdict
 from sim.simulate import SimResult
 
 PCTS = (50, 90, 99)
@@ -84,6 +85,7 @@ def summarize(result: SimResult) -> dict[str, float | int | bool | None]:
     throughput = len(done) / makespan if makespan > 0 else 0.0
     offered = _offered_rate(req["arrival_s"].to_numpy())
     reason = unsustainable_reason(result.queue_at_arrival, len(req), result.aborted, offered, throughput)
+    saturation, saturation_reason = verdict(result.queue_at_arrival, offered, served_rate(end), reason)
     return {
         "num_requests": len(req),
         "completed": len(done),
@@ -105,6 +107,8 @@ def summarize(result: SimResult) -> dict[str, float | int | bool | None]:
         "kv_peak_tokens": int(max(its.kv_used)) if len(its.kv_used) else 0,
         "sustainable": reason is None,
         "unsustainable_reason": reason,
+        "saturation": saturation,  # stable, backlogged or overloaded (sim/saturation.py)
+        "saturation_reason": saturation_reason,
         "gave_up": result.aborted,
         "sim_wall_s": result.wall_s,
     }

@@ -87,7 +87,7 @@ def capacity(
     table = Table(title=escape(f"capacity on {trace}: {model} / {gpu} x{tp}"
                                + (f", median of {seeds} seeds" if spread else "")))
     for col in ("policy", "SLO", "capacity QPS", *(("min..max",) if spread else ()), "P99 TBT at capacity",
-                "P50 TTFT at capacity", "probes"):
+                "P50 TTFT at capacity", "saturation at capacity", "probes"):
         table.add_column(col, justify="right")
     for r in results:
         at = r.median_search.at_capacity
@@ -96,6 +96,7 @@ def capacity(
                  "none found" if r.qps == 0 else f"{r.qps:.3f}")
         table.add_row(r.policy, r.slo_name, shown, *((f"{r.qps_min:.3g}..{r.qps_max:.3g}",) if spread else ()),
                       fmt(at.get("tbt_p99") if at else None), fmt(at.get("ttft_p50") if at else None),
+                      at["saturation"] if at else "-",
                       str(sum(len(s.probes) for s in r.searches.values())))
     console.print(table)
     warn_all(capacity_warnings(results))

@@ -26,10 +26,16 @@ def print_summary(s: dict) -> None:
     console.print(escape(
         f"throughput {s['throughput_rps']:.3f} req/s, {s['throughput_tokens_per_s']:.0f} output tok/s; "
         f"TPOT p50 {fmt(s['tpot_p50'])} s; makespan {s['makespan_s']:.1f} s; preemptions "
-        f"{s['preemptions']}; {'sustainable' if s['sustainable'] else 'UNSUSTAINABLE: ' + str(s.get('unsustainable_reason'))}"
+        f"{s['preemptions']}; {saturation_text(s)}"
         + (f"; served in {s['real_wall_s']:.1f} s" if s.get("mode") == "real"
            else f"; simulated in {s['sim_wall_s']:.2f} s")))
 
+
+
+def saturation_text(s: dict) -> str:
+    """The run's saturation verdict, with why when it is not stable (an overloaded run is unsustainable)."""
+    why = s["saturation_reason"]
+    return f"{s['saturation'].upper()}: {why}" if why else s["saturation"]
 
 
 def fmt_rate(v: float | None) -> str:

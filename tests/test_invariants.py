@@ -238,6 +238,7 @@ def test_simulator_invariants(name: str, data: st.DataObject) -> None:
     a.pop("sim_wall_s")
     b.pop("sim_wall_s")
     assert a == b
+    assert (a["saturation"] == "overloaded") == (not a["sustainable"])  # the verdict refines sustainability
     for col in TIME_COLUMNS:
         assert (fast.result.requests[col] == again.result.requests[col]).all()
 
