@@ -32,9 +32,9 @@ from policies.plan import BatchPlan
 from policies.seq import Phase, Seq
 
 
-def option(default: int | None, help: str, minimum: int = 1) -> Any:
-    """A policy setting: an integer option with its default, its `--help` text and its lower bound."""
-    return field(default=default, metadata={"help": help, "min": minimum})
+def option(default: int | None, help: str, minimum: int = 1, maximum: int | None = None) -> Any:
+    """A policy setting: an integer option with its default, its `--help` text and its bounds."""
+    return field(default=default, metadata={"help": help, "min": minimum, "max": maximum})
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,10 @@ class Settings:
             v = getattr(self, f.name)
             if v is None and f.default is None:
                 continue  # "not set": the policy derives it (see its Settings)
-            if not is_int(v) or v < f.metadata["min"]:
-                raise InputError(f"--{f.name.replace('_', '-')} must be an integer >= {f.metadata['min']}, "
-                                 f"got {v!r}")
+            lo, hi = f.metadata["min"], f.metadata["max"]
+            if not is_int(v) or v < lo or (hi is not None and v > hi):
+                bounds = f">= {lo}" if hi is None else f"from {lo} to {hi}"
+                raise InputError(f"--{f.name.replace('_', '-')} must be an integer {bounds}, got {v!r}")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -4,7 +4,9 @@ policies: a batch is formed when none runs, prefilled at once, and decoded until
 
 - `hf-padded` (Full Batching): every prompt is right-padded to the batch's longest, and attention runs under
   an explicit padding mask, so each row computes a dense L x L score block (what Hugging Face's SDPA path
-  does once a padding mask is given: no causal kernel skips the upper triangle).
+  does once a padding mask is given: no causal kernel skips the upper triangle). With `early_return` 0, a
+  finished request's response is returned with its batch's last one (`generate` returns the whole batch):
+  its completion time (E2E) is the batch's end, while its tokens keep the times they were computed.
 - `length-ordered` (Length-Ordered Batching): the same, but a new batch takes the shortest waiting prompts,
   so a batch holds similar lengths and little padding. The paper's oracle sorts the whole dataset first;
   online, it is the waiting queue sorted by prompt length (long prompts wait while shorter ones keep
@@ -33,9 +35,19 @@ class HFPadded(FasterTransformer):
     @dataclass(frozen=True)
     class Settings(Settings):
         max_batch_size: int = option(16, "most requests in a batch")
+        early_return: int = option(1, "1: a finished request's response returns at once (Baton's setting for "
+                                   "its baselines); 0: when its whole batch ends, as Hugging Face's generate",
+                                   minimum=0, maximum=1)
 
     def _prefill(self, batch: list[Seq]) -> BatchPlan:
         return padded_prefill(batch, dense=True)
+
+    def finish(self, seq: Seq) -> None:
+        batch = self.batch
+        super().finish(seq)
+        if not self.settings.early_return and not self.batch:  # the batch ended: every response returns now
+            for s in batch:
+                s.completion_s = seq.completion_s
 
 
 class LengthOrdered(HFPadded):
@@ -55,7 +67,7 @@ class PD(HFPadded):
     summary = "Baton's PD baseline: prompts prefilled apart in similar-length groups, the batch decoded out"
 
     @dataclass(frozen=True)
-    class Settings(Settings):
+    class Settings(HFPadded.Settings):
         max_batch_size: int = option(8, "most requests in a batch")
         prefill_batch_size: int = option(1, "prompts per prefill group (grouped by similar length)")
 

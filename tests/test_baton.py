@@ -181,3 +181,23 @@ def test_bad_options_are_one_line_errors(name: str) -> None:
 
     with pytest.raises(InputError, match="--max-batch-size must be an integer >= 1"):
         make_policy(name, 10_000, 512, {"max_batch_size": 0})
+
+
+@pytest.mark.parametrize("early_return", [0, 1])
+def test_hf_padded_returns_a_batch_at_its_end_unless_early_return(early_return: int) -> None:
+    from conftest import AffineCost
+
+    from sim.simulate import simulate
+    from traces.request import Request
+
+    requests = [Request(i, 0.0, p, o) for i, (p, o) in enumerate([(30, 3), (10, 9), (20, 5), (5, 2)])]
+    policy = make_policy("hf-padded", 10_000, 64, {"max_batch_size": 2, "early_return": early_return})
+    done = simulate(requests, policy, AffineCost()).requests
+    first_batch = done["completion_s"][:2].tolist()
+    if early_return:
+        assert first_batch[0] < first_batch[1]  # the 3-token request returns before the 9-token one
+    else:
+        assert first_batch[0] == first_batch[1]  # both when the batch ends
+    assert done["first_token_s"][0] == done["first_token_s"][1] < first_batch[0]  # tokens keep their times
+    with pytest.raises(Exception, match="--early-return must be an integer from 0 to 1"):
+        make_policy("hf-padded", 10_000, 64, {"early_return": 2})
