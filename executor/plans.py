@@ -113,7 +113,8 @@ class PlanExecutor:
         if plan.layout is Layout.BINPACKED:  # a new batch's prompts packed into rows; KV unpacked per slot
             segs = [self._segment(s, q) for s, q in zip(plan.seqs, plan.num_new)]
             self._keep_rows(plan, segs)
-            logits = ex.run_binpacked([[segs[i] for i in row] for row in plan.bins], plan.row_len)
+            logits = ex.run_binpacked([[segs[i] for i in row] for row in plan.bins], plan.row_len,
+                                      dense=plan.dense_attention)
             return [plan.seqs[i] for row in plan.bins for i in row if segs[i].sample], logits
         if not plan.decode_only:  # padded B x L: a batch's prefill, or Baton's insertion into a running batch
             segs = [self._segment(s, q, True) for s, q in zip(plan.seqs, plan.num_new)]  # every row: LM head

@@ -32,8 +32,9 @@ positions get the same logits as unpadded runs.
 
 Bin-packed mode (`run_binpacked`, Prepacking): whole prompts packed back to back in `[B, L]` rows, positions
 restarting at 0 for each prompt, and a block-diagonal causal mask, so a token sees only its own prompt;
-attention runs over the row's fresh keys (a dense-masked L x L block) and each prompt's K/V is written to its
-own slot at positions 0..q-1 (unpacked), pads nowhere. Each prompt gets the logits it gets alone.
+attention runs over the row's fresh keys (a dense-masked L x L block; or, varlen, causal over each prompt's
+own span) and each prompt's K/V is written to its own slot at positions 0..q-1 (unpacked), pads nowhere.
+Each prompt gets the logits it gets alone.
 
 Only the last token of each segment with `sample=True` reaches the LM head: the final hidden states are
 gathered at those rows before `lm_head`.
@@ -105,6 +106,7 @@ class _Batch:
     is_causal: bool = False
     # bin-packed mode: the real (non-pad) tokens of the flattened [B x L] rows; attention within each row
     real: torch.Tensor | None = None
+    spans: list[tuple[int, int, int]] | None = None  # varlen bin-packed: (row, start, q) of each prompt
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
@@ -130,7 +132,14 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         B, KVH, L, D = key.shape
         kc[batch.write_slot, :, batch.write_pos] = key.transpose(1, 2).reshape(B * L, KVH, D)[batch.real]
         vc[batch.write_slot, :, batch.write_pos] = value.transpose(1, 2).reshape(B * L, KVH, D)[batch.real]
-        return _sdpa(query, key, value, batch.mask, False, scale).transpose(1, 2), None
+        if batch.spans is None:  # one dense-masked L x L block per row
+            return _sdpa(query, key, value, batch.mask, False, scale).transpose(1, 2), None
+        out = query.new_zeros(query.shape)  # varlen: causal attention within each prompt; pads give zeros
+        for b, start, q in batch.spans:
+            part = slice(start, start + q)
+            out[b:b + 1, :, part] = _sdpa(query[b:b + 1, :, part], key[b:b + 1, :, part], value[b:b + 1, :, part],
+                                          None, True, scale)
+        return out.transpose(1, 2), None
     if batch.padded:
         kc[batch.write_slot, :, batch.write_pos] = key.transpose(1, 2)  # [B, L, KVH, D]
         vc[batch.write_slot, :, batch.write_pos] = value.transpose(1, 2)
@@ -272,10 +281,12 @@ class RaggedExecutor:
                   BATCH_KWARG: batch}
         return kwargs, torch.tensor(sampled, dtype=torch.long, device=dev)
 
-    def prepare_binpacked(self, rows: Sequence[Sequence[Segment]], length: int) -> tuple[dict[str, Any], torch.Tensor]:
+    def prepare_binpacked(self, rows: Sequence[Sequence[Segment]], length: int, dense: bool = True
+                          ) -> tuple[dict[str, Any], torch.Tensor]:
         """Model-forward kwargs for bin-packed prompts (`rows[b]`: the segments packed back to back in row b,
         each from position 0, then pads up to `length`), and the (row, column) of each sampled token in
-        row order. The mask lets a token see only the earlier tokens of its own prompt (a pad sees itself)."""
+        row order. `dense`: one masked block per row, the mask letting a token see only the earlier tokens of
+        its own prompt (a pad sees itself); else causal attention over each prompt's own span (varlen)."""
         flat = [s for row in rows for s in row]
         if any(s.cached for s in flat) or any(sum(s.q for s in row) > length for row in rows):
             raise ValueError("bin-packed rows take whole prompts (nothing cached) within the row length")
@@ -285,7 +296,7 @@ class RaggedExecutor:
         ids = torch.zeros(B, L, dtype=torch.long)
         pos = torch.zeros(B, L, dtype=torch.long)
         owner = torch.arange(B * L).reshape(B, L) + B * L  # pads: a prompt id of their own
-        real, write_slot, write_pos, sampled = [], [], [], []
+        real, write_slot, write_pos, sampled, spans = [], [], [], [], []
         for b, row in enumerate(rows):
             start = 0
             for i, s in enumerate(row):
@@ -298,13 +309,17 @@ class RaggedExecutor:
                 write_pos.extend(range(s.q))
                 if s.sample:
                     sampled.append((b, end - 1))
+                spans.append((b, start, s.q))
                 start = end
-        cols = torch.arange(L)
-        blocked = (owner[:, :, None] != owner[:, None, :]) | (cols[None, None, :] > cols[None, :, None])
         batch = _Batch(self.kv, True, torch.tensor(write_slot, dtype=torch.long, device=dev),
                        torch.tensor(write_pos, dtype=torch.long, device=dev),
-                       mask=_additive(blocked.to(dev), self.dtype)[:, None],
                        real=torch.tensor(real, dtype=torch.long, device=dev))
+        if dense:
+            cols = torch.arange(L)
+            blocked = (owner[:, :, None] != owner[:, None, :]) | (cols[None, None, :] > cols[None, :, None])
+            batch.mask = _additive(blocked.to(dev), self.dtype)[:, None]
+        else:
+            batch.spans = spans
         kwargs = {"input_ids": ids.to(dev, non_blocking=True), "position_ids": pos.to(dev), BATCH_KWARG: batch}
         return kwargs, torch.tensor(sampled, dtype=torch.long, device=dev).reshape(-1, 2)
 
@@ -366,11 +381,11 @@ class RaggedExecutor:
             hidden = self._forward(kwargs)  # [B, L, hidden]
             return self.model.lm_head(hidden[rc[:, 0], rc[:, 1]])
 
-    def run_binpacked(self, rows: Sequence[Sequence[Segment]], length: int) -> torch.Tensor:
+    def run_binpacked(self, rows: Sequence[Sequence[Segment]], length: int, dense: bool = True) -> torch.Tensor:
         """One bin-packed prefill (`prepare_binpacked`): the logits of each sampled prompt's last token, in
         row order."""
         with torch.inference_mode():
-            kwargs, rc = self.prepare_binpacked(rows, length)
+            kwargs, rc = self.prepare_binpacked(rows, length, dense)
             hidden = self._forward(kwargs)  # [B, L, hidden]
             return self.model.lm_head(hidden[rc[:, 0], rc[:, 1]])
 

@@ -100,19 +100,21 @@ def padded_prefill(seqs: list[Seq], dense: bool = False) -> BatchPlan:
                      prefill_tokens=sum(num_new), row_len=length, dense_attention=dense)
 
 
-def binpacked_prefill(seqs: list[Seq], bins: list[list[int]]) -> BatchPlan:
+def binpacked_prefill(seqs: list[Seq], bins: list[list[int]], varlen: bool = False) -> BatchPlan:
     """Whole prompts packed into rows of L tokens, L = the longest prompt (Prepacking): row b holds the prompts
     `bins[b]` (indices into `seqs`) back to back, each attending only to itself from position 0 (independent
     causal masks, restarted positions), then pads. The linear layers compute len(bins) x L tokens, attention
-    is a dense-masked L x L block per row, and every prompt's last token reaches the LM head."""
+    is a dense-masked L x L block per row (what the paper ran) or, `varlen`, causal within each prompt (a
+    variable-length kernel), and every prompt's last token reaches the LM head."""
     length = max(s.prefill_remaining for s in seqs)
     num_new = [s.prefill_remaining for s in seqs]
     if sorted(i for b in bins for i in b) != list(range(len(seqs))) or any(
             sum(num_new[i] for i in b) > length for b in bins):
         raise ValueError("bins must hold every prompt once, within the longest prompt's length")
     rows = len(bins)
-    return BatchPlan(seqs, num_new, Layout.BINPACKED, rows * length, len(seqs), [length] * rows, [0] * rows,
-                     prefill_tokens=sum(num_new), row_len=length, dense_attention=True, bins=bins)
+    segments = num_new if varlen else [length] * rows
+    return BatchPlan(seqs, num_new, Layout.BINPACKED, rows * length, len(seqs), segments, [0] * len(segments),
+                     prefill_tokens=sum(num_new), row_len=length, dense_attention=not varlen, bins=bins)
 
 
 def padded_decode(seqs: list[Seq], rows: int, kv_len: int) -> BatchPlan:

@@ -8,6 +8,9 @@ the batch-size reduction n/k and how far the longest prompt is from the mean."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from policies.base import option
 from policies.binpack import first_fit_decreasing
 from policies.full_batching import HFPadded
 from policies.plan import BatchPlan, binpacked_prefill
@@ -18,6 +21,11 @@ class Prepack(HFPadded):
     name = "prepack"
     summary = "Prepacking: full batching with prompts bin-packed (FFD) into rows of the longest prompt"
 
+    @dataclass(frozen=True)
+    class Settings(HFPadded.Settings):
+        varlen: int = option(0, "1: attention within each packed prompt (a variable-length kernel); 0: a "
+                             "dense-masked block per row, as the paper ran", minimum=0, maximum=1)
+
     def _prefill(self, batch: list[Seq]) -> BatchPlan:
         lengths = [s.prefill_remaining for s in batch]
-        return binpacked_prefill(batch, first_fit_decreasing(lengths, max(lengths)))
+        return binpacked_prefill(batch, first_fit_decreasing(lengths, max(lengths)), bool(self.settings.varlen))

@@ -14,7 +14,8 @@ sampled min / mean / max next to the table's.
 
 Peak memory during a prefill (an estimate, not a measurement): weights, the KV of every computed row
 (rows x L tokens: pads and bins included), one layer's activations for those tokens, and one layer's dense
-attention scores (rows x heads x L x L: a masked SDPA that is not fused materialises them).
+attention scores (rows x heads x L x L: a masked SDPA that is not fused materialises them; none for causal or
+varlen kernels).
 """
 
 from __future__ import annotations
@@ -108,10 +109,11 @@ def prefill_plans(policy_name: str, lengths: np.ndarray, batch_size: int) -> lis
 
 def peak_bytes(plan: BatchPlan, model: ModelSpec, dtype_bytes: int = 2) -> int:
     """Peak memory of a prefill plan (module docstring): weights + KV and activations of its computed rows +
-    one layer's attention scores."""
-    rows, length = len(plan.prefill_q), plan.row_len or max(plan.prefill_q)
+    one layer's attention scores when they are dense-masked (causal and varlen kernels are fused)."""
+    length = plan.row_len or max(plan.prefill_q)
+    rows = plan.linear_tokens // length
     act = (4 * model.hidden_size + 2 * model.intermediate_size) * dtype_bytes  # one layer, per token
-    scores = rows * model.num_heads * length * length * dtype_bytes
+    scores = rows * model.num_heads * length * length * dtype_bytes if plan.dense_attention else 0
     return (model.weight_bytes(dtype_bytes) + plan.linear_tokens * (model.kv_bytes_per_token(dtype_bytes) + act)
             + scores)
 

@@ -69,6 +69,9 @@ CASES = [(name, {}) for name in POLICIES] + [
     ("sarathi", {"token_budget": 16}),  # chunks on cached context, decodes and chunks mixed
     ("sarathi-chunked-only", {"token_budget": 24}),
     ("orca", {"max_batch_size": 3}),  # admissions wait for finishes: slots are reused
+    ("prepack", {"varlen": 1}),  # attention within each packed prompt
+    ("hf-padded", {"early_return": 0}),
+    ("baton", {"kv_threshold": 30}),  # batch-size scaling: queries move to host and come back
 ]
 
 
@@ -174,15 +177,17 @@ def test_baton_runs_the_padded_insertion_and_the_batch_width(model, alone, monke
         assert calls[3] == (1, 20, None) and calls[4] == (2, 1, 21)
 
 
-def test_binpacked_prefill_gives_each_prompt_its_logits_and_kv_alone(model) -> None:
-    """Prepacking's independent masks and restarted positions: each prompt packed with others gets the
-    logits it gets alone, and its KV lands in its own slot at positions 0..q-1 (a decode from it agrees)."""
+@pytest.mark.parametrize("dense", [True, False], ids=["dense", "varlen"])
+def test_binpacked_prefill_gives_each_prompt_its_logits_and_kv_alone(model, dense) -> None:
+    """Prepacking's independent masks and restarted positions (or varlen attention over each prompt's span):
+    each prompt packed with others gets the logits it gets alone, and its KV lands in its own slot at
+    positions 0..q-1 (a decode from it agrees)."""
     lengths = [37, 5, 22, 48, 1, 9]
     prompts = [prompt_ids(i, n, SPEC.vocab_size, SEED) for i, n in enumerate(lengths)]
     packed = RaggedExecutor(model, len(prompts), 64)
     rows = [[0, 2], [3, 5, 4], [1]]  # 59, 58 and 5 tokens in rows of 60
     segs = [Segment(i, prompts[i], 0) for i in range(len(prompts))]
-    logits = packed.run_binpacked([[segs[i] for i in row] for row in rows], 60)
+    logits = packed.run_binpacked([[segs[i] for i in row] for row in rows], 60, dense=dense)
     alone = RaggedExecutor(model, 1, 64)
     order = [i for row in rows for i in row]
     for k, i in enumerate(order):
@@ -201,9 +206,9 @@ def test_prepack_packs_and_hf_padded_masks_densely(model, alone, monkeypatch) ->
         calls.append(("padded", len(segments), len(segments), dense))
         return real_padded(self, segments, length, kv_len, dense)
 
-    def spy_packed(self, rows, length):
-        calls.append(("packed", len(rows), sum(len(r) for r in rows), True))
-        return real_packed(self, rows, length)
+    def spy_packed(self, rows, length, dense=True):
+        calls.append(("packed", len(rows), sum(len(r) for r in rows), dense))
+        return real_packed(self, rows, length, dense)
 
     requests = [Request(i, 0.0, p, o) for i, (p, o) in enumerate([(40, 3), (7, 9), (23, 1), (15, 6), (30, 2)])]
     for r in requests:

@@ -65,16 +65,26 @@ def test_binpacked_plan_shape() -> None:
         binpacked_prefill(seqs, [[0], [1, 2, 3]])  # a prompt missing, a row over 70
 
 
+def test_varlen_plan_prices_each_prompt_causally() -> None:
+    seqs = _batch([70, 48, 22, 37, 5, 1])
+    plan = binpacked_prefill(seqs, first_fit_decreasing([s.prompt_tokens for s in seqs], 70), varlen=True)
+    assert plan.linear_tokens == 3 * 70 and not plan.dense_attention  # the rows' pads still go through
+    assert plan.prefill_q == [70, 48, 22, 37, 5, 1] and plan.prefill_c == [0] * 6
+    assert plan_features(plan)["attn_units"] == sum(q * q / 2 for q in plan.prefill_q)
+
+
 @settings(max_examples=200, deadline=None)
 @given(lengths=st.lists(st.integers(1, 2000), min_size=1, max_size=64), name=st.sampled_from(sorted(MODELS)))
 def test_prepacking_never_costs_more_than_full_batching(lengths: list[int], name: str) -> None:
     cost = MODELS[name]
     seqs = _batch(lengths)
-    packed = binpacked_prefill(seqs, first_fit_decreasing(lengths, max(lengths)))
+    bins = first_fit_decreasing(lengths, max(lengths))
+    packed = binpacked_prefill(seqs, bins)
     full = padded_prefill(seqs, dense=True)
     assert cost.iteration_time(packed) <= cost.iteration_time(full)
     if len(packed.bins) == len(seqs):  # no two prompts share a row: the same work
         assert cost.iteration_time(packed) == cost.iteration_time(full)
+    assert cost.iteration_time(binpacked_prefill(seqs, bins, varlen=True)) <= cost.iteration_time(packed)
 
 
 def test_no_shared_row_prices_as_full_batching_and_packing_saves() -> None:
