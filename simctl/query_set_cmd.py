@@ -18,9 +18,12 @@ FILES = ("query_set.parquet", "summary.json")
 
 
 def _real_point(policy: str, requests: list, batch: int, model: str, device: str, seed: int,
-                real_cost: Path | None = None) -> dict[str, Any]:
-    """One real run of the set (all queries at time 0, from a JSONL trace) and the simulator's twin of it,
-    priced by `real_cost` (default: the fit shipped for this project's CPU)."""
+                real_cost: Path | None = None, repeats: int = 1) -> dict[str, Any]:
+    """Real runs of the set (all queries at time 0, from a JSONL trace; the median completion time of
+    `repeats`) and the simulator's twin of them, priced by `real_cost` (default: the fit shipped for this
+    project's CPU)."""
+    import statistics
+
     from engine.real import real_main
     from engine.twin import load_cost, simulate_twin
     from sim.gpus import get_gpu
@@ -33,12 +36,14 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
         path = Path(tmp) / "queries.jsonl"
         path.write_text("".join(json.dumps({"prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
                                             "arrival_s": 0.0}) + "\n" for r in requests), encoding="utf-8")
-        summary = real_main(policy=policy, trace=str(path), model=model, device=device, qps=None,
-                            num_requests=len(requests), seed=seed, options={"max_batch_size": batch})
-        twin, _ = simulate_twin(summary, load_cost(real_cost or default_cost_path(get_gpu("cpu")), model))
-    return {"real_completion_s": summary["makespan_s"], "twin_completion_s": twin["makespan_s"],
-            "twin_error": twin["makespan_s"] / summary["makespan_s"] - 1,
-            "real_batch_size": summary["max_batch_size"]}
+        runs = [real_main(policy=policy, trace=str(path), model=model, device=device, qps=None,
+                          num_requests=len(requests), seed=seed, options={"max_batch_size": batch})
+                for _ in range(repeats)]
+        twin, _ = simulate_twin(runs[0], load_cost(real_cost or default_cost_path(get_gpu("cpu")), model))
+    real = statistics.median(r["makespan_s"] for r in runs)
+    return {"real_completion_s": real, "real_min_s": min(r["makespan_s"] for r in runs),
+            "real_max_s": max(r["makespan_s"] for r in runs), "twin_completion_s": twin["makespan_s"],
+            "twin_error": twin["makespan_s"] / real - 1, "real_batch_size": runs[0]["max_batch_size"]}
 
 
 def query_set_cmd(
@@ -59,6 +64,7 @@ def query_set_cmd(
                                        "weights of --real-model) and simulate its twin.")] = False,
     real_model: Annotated[str, typer.Option(help="Model of --real.")] = "tiny",
     device: Annotated[str, typer.Option(help="Device of --real (cpu, cuda).")] = "cpu",
+    repeats: Annotated[int, typer.Option(help="Real runs per point with --real (their median).")] = 3,
     real_cost: Annotated[Path | None, typer.Option(help="Fitted cost model of the --real device, for the twin "
                                                    "(default: the fit shipped for cpu).")] = None,
     out: Annotated[Path | None, typer.Option(help="Folder for query_set.parquet and summary.json.")] = None,
@@ -85,6 +91,8 @@ def query_set_cmd(
     sizes = _batch_sizes(batch_size)
     if not scale > 0:
         raise InputError(f"--scale must be > 0, got {scale}")
+    if repeats < 1:
+        raise InputError(f"--repeats must be >= 1, got {repeats}")
     if out is not None:
         check_out_dir(out, FILES)
     requests = query_set(name, seed, scale)
@@ -97,7 +105,7 @@ def query_set_cmd(
         for p in policies:
             row = {"set": name, "batch_size": b, "policy": p, **completion_time(p, requests, b, price, kv)}
             if real:
-                row.update(_real_point(p, requests, b, real_model, device, seed, real_cost))
+                row.update(_real_point(p, requests, b, real_model, device, seed, real_cost, repeats))
             rows.append(row)
     frame = pd.DataFrame(rows)
     if "hf-padded" in policies:
@@ -123,20 +131,21 @@ def _print(frame, summary: dict, real: bool) -> None:
     from rich.table import Table
 
     table = Table(title=escape(f"query set {summary['set']}: {summary['model']} / {summary['gpu']}"))
-    cols = ["batch", "policy", "completion s", "speedup"] + (["real s", "twin s", "twin error", "real speedup"]
+    cols = ["batch", "policy", "completion s", "speedup"] + (["real s (range)", "twin s", "twin error", "real speedup"]
                                                              if real else [])
     for c in cols:
         table.add_column(c, justify="left" if c == "policy" else "right", no_wrap=True)
     table.caption = (f"{summary['queries']} queries, all there at t=0; {summary['cost_model']}; speedup: "
                      "hf-padded's completion time over the policy's") + (
-        "; real: this machine's engine; twin: the simulator on the same queries, policy and KV" if real else "")
+        "; real: this machine's engine, median of --repeats runs; twin: the simulator on the same queries, policy "
+        "and KV" if real else "")
     for r in frame.to_dict("records"):
         speedup = r.get("speedup_vs_hf_padded")
         cells = [str(r["batch_size"]), r["policy"], f"{r['completion_s']:.2f}",
                  "-" if speedup is None else f"{speedup:.2f}x"]
         if real:
             rs = r.get("real_speedup_vs_hf_padded")
-            cells += [f"{r['real_completion_s']:.2f}", f"{r['twin_completion_s']:.2f}", f"{r['twin_error']:+.1%}",
+            cells += [f"{r['real_completion_s']:.2f} ({r['real_min_s']:.2f}-{r['real_max_s']:.2f})", f"{r['twin_completion_s']:.2f}", f"{r['twin_error']:+.1%}",
                       "-" if rs is None else f"{rs:.2f}x"]
         table.add_row(*cells)
     Console(width=None if sys.stdout.isatty() else 120).print(table)
