@@ -57,7 +57,7 @@ def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any) ->
                      "decode_ctx_max": max(ctx, default=0), **{f"term_{k}_s": v for k, v in terms.items()}})
 
     log = LoggedRun(iterations, price)
-    inbox = Inbox([Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests])
+    inbox = Inbox([Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority) for r in requests])
     replica = Replica(policy, log, log, inbox)
     log.watch(policy, inbox)
     log.drive(replica.serve())

@@ -118,7 +118,7 @@ class Engine:
         missing = [r.id for r in requests if len(self.prompts.get(r.id, ())) != r.prompt_tokens]
         if missing:
             raise ValueError(f"requests {missing[:5]} have no prompt ids of their prompt length")
-        seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests]
+        seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority) for r in requests]
         backend = self.backend
         backend.on_iteration = on_iteration
         replica = Replica(self.policy, backend, self.time, Inbox(seqs), max_waiting=max_waiting)

@@ -41,6 +41,9 @@ class Baton(Policy):
         max_batch_size: int = option(8, "most queries in the batch (the Baton paper runs 2 to 10)")
         kv_threshold: int = option(100, "batch-size scaling: percent of the KV capacity past which the newest "
                                    "queries move to host memory (Baton, 4.3)")
+        preempt: int = option(0, "1: preemptive scheduling (Baton, 4.3): queries are taken by priority, and one "
+                              "of higher priority than the lowest running one takes that one's row when none is "
+                              "free (the displaced query moves to host memory)", minimum=0, maximum=1)
 
     def __init__(self, kv: PaddedBatchKV, **options: int) -> None:
         super().__init__(kv, **options)
@@ -104,32 +107,62 @@ class Baton(Policy):
             out.append(s)
         return out
 
-    def _newcomers(self, extra_width: int) -> list[Seq]:
-        """Waiting queries for the free rows, in arrival order, while the widened batch fits in memory:
-        `extra_width(L)` is how much the batch widens for newcomers of at most L prompt tokens."""
+    def _widened(self, width: int, longest: int) -> int:
+        """A batch's width once newcomers of at most `longest` prompt tokens are in: every row gains them."""
+        return width + longest
+
+    def _queue(self) -> list[Seq]:
+        """Waiting queries in the order they get rows: by arrival, or by priority (then arrival) when
+        preempting."""
+        if self.settings.preempt:
+            return sorted(self.waiting, key=lambda s: (-s.priority, s.arrival_s, s.id))
+        return list(self.waiting)
+
+    def _newcomers(self) -> list[Seq]:
+        """Waiting queries for the free rows, in queue order, while the widened batch fits in memory."""
         out: list[Seq] = []
         longest = 0
-        for s in self.waiting:
+        for s in self._queue():
             rows = len(self.running) + len(out) + 1
             if rows > self.max_batch_size:
                 break
             longest_next = max(longest, s.prefill_remaining)
-            if not self._fits(rows, self.kv.width + extra_width(longest_next)):
+            if not self._fits(rows, self._widened(self.kv.width, longest_next)):
                 break
             out.append(s)
             longest = longest_next
         return out
 
+    def _to_host(self, victim: Seq) -> None:
+        """Move a running query's KV to host memory: it returns, embedded, ahead of any new query."""
+        self.running.remove(victim)
+        self.kv.free(victim)
+        del self.start[victim.id]
+        victim.phase = Phase.WAITING
+        self.arrived_with_kv.appendleft(victim)
+        self._trim()
+
+    def _preempting(self) -> list[Seq]:
+        """Preemptive scheduling: with every row taken, the highest-priority waiting query displaces the
+        lowest-priority running one (the newest of those) if its priority is higher and it fits in its place."""
+        if not self.waiting or len(self.running) < self.max_batch_size:
+            return []
+        best = self._queue()[0]
+        victim = min(reversed(self.running), key=lambda s: s.priority)
+        if best.priority <= victim.priority:
+            return []
+        rest = [self.start[s.id] for s in self.running if s is not victim]
+        width = self.kv.width - min(rest) if rest else 0  # trimmed once the victim is gone
+        if not self._fits(len(self.running), self._widened(width, best.prefill_remaining)):
+            return []
+        self._to_host(victim)
+        return [best]
+
     def _scale_down(self) -> None:
         """Before a decode step widens the batch by a column: move the newest queries to host memory until it
         fits; a row alone that cannot grow is re-embedded compactly."""
         while len(self.running) > 1 and not self._fits(len(self.running), self.kv.width + 1):
-            victim = self.running.pop()
-            self.kv.free(victim)
-            del self.start[victim.id]
-            victim.phase = Phase.WAITING
-            self.arrived_with_kv.appendleft(victim)
-            self._trim()
+            self._to_host(self.running[-1])
         if len(self.running) == 1 and not self._fits(1, self.kv.width + 1):
             (s,) = self.running
             self.kv.width, self.start[s.id] = s.computed, 0
@@ -142,23 +175,21 @@ class Baton(Policy):
         for s in rejoining:
             self._join(s)
         self._embed(rejoining, [s.computed for s in rejoining])
-        if not self.arrived_with_kv:  # queries moved to host come back before any new one
-            plan = self._insert()
-            if plan is not None:
-                return plan
+        newcomers = self._preempting() if self.settings.preempt else []
+        if not newcomers and not self.arrived_with_kv:  # queries moved to host come back before any new one
+            newcomers = self._newcomers()
+        if newcomers:
+            for s in newcomers:
+                self._join(s)
+            return self._insert(newcomers)
         if not self.running:
             return None
         self._scale_down()
         self.kv.width += 1
         return padded_decode(list(self.running), rows=len(self.running), kv_len=self.kv.width)
 
-    def _insert(self) -> BatchPlan | None:
+    def _insert(self, newcomers: list[Seq]) -> BatchPlan:
         """Vector shaping: the newcomers' prompts run inside the batch, every row padded to the longest."""
-        newcomers = self._newcomers(lambda longest: longest)
-        if not newcomers:
-            return None
-        for s in newcomers:
-            self._join(s)
         plan = padded_insertion(list(self.running), self.kv.width)
         for s in newcomers:  # left-padded within the new columns: their prompts end together
             self.start[s.id] = self.kv.width + plan.row_len - s.prefill_remaining
@@ -185,13 +216,11 @@ class BatonPD(Baton):
     name = "baton-pd"
     summary = "Baton with P&D decoupling: newcomers prefilled apart, their KV embedded into the batch"
 
-    def _insert(self) -> BatchPlan | None:
+    def _widened(self, width: int, longest: int) -> int:
+        return max(width, longest)  # newcomers' KV is embedded end-aligned
+
+    def _insert(self, newcomers: list[Seq]) -> BatchPlan:
         """Vector embedding: prefill the newcomers on their own, then embed their KV end-aligned."""
-        newcomers = self._newcomers(lambda longest: max(0, longest - self.kv.width))
-        if not newcomers:
-            return None
-        for s in newcomers:
-            self._join(s)
         plan = padded_prefill(newcomers, dense=True)
         # their KV joins the batch once computed; accounted from now (the prefill's own tensor is smaller)
         self._embed(newcomers, plan.num_new)

@@ -21,11 +21,14 @@ class Phase(Enum):
 class Seq:
     __slots__ = (
         "arrival_s", "completion_s", "computed", "first_scheduled_s", "first_token_s", "generated", "id",
-        "last_token_s", "max_gap_s", "output_tokens", "phase", "preemptions", "prefill_end", "prompt_tokens",
+        "last_token_s", "max_gap_s", "output_tokens", "phase", "preemptions", "prefill_end", "priority",
+        "prompt_tokens",
     )
 
-    def __init__(self, id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> None:
+    def __init__(self, id: int, arrival_s: float, prompt_tokens: int, output_tokens: int, priority: int = 0
+                 ) -> None:
         self.id = id
+        self.priority = priority  # higher runs first where a policy honours it (Baton's preemption)
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens

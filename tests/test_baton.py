@@ -5,6 +5,8 @@ paper's query-set experiment shape."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from policies.baton import Baton, BatonPD
 from policies.padded_kv import PaddedBatchKV
@@ -201,3 +203,69 @@ def test_hf_padded_returns_a_batch_at_its_end_unless_early_return(early_return: 
     assert done["first_token_s"][0] == done["first_token_s"][1] < first_batch[0]  # tokens keep their times
     with pytest.raises(Exception, match="--early-return must be an integer from 0 to 1"):
         make_policy("hf-padded", 10_000, 64, {"early_return": 2})
+
+
+@pytest.mark.parametrize("cls", [Baton, BatonPD])
+def test_preemption_gives_a_higher_priority_query_the_lowest_priority_row(cls) -> None:
+    policy = baton(cls, max_batch_size=2, preempt=1)
+    a, b = add(policy, (10, 20), (10, 20))
+    a.priority = 1  # b is the lowest-priority running query
+    step(policy)
+    step(policy)
+    c = Seq(2, 0.0, 6, 3, priority=5)
+    same = Seq(3, 0.0, 6, 3, priority=1)  # as high as a: it cannot displace a, but it outranks b
+    policy.add(same)
+    policy.add(c)
+    plan = step(policy)  # c (the highest) displaces b (the lowest running), not a
+    assert c in plan.seqs and policy.running == [a, c] and list(policy.arrived_with_kv) == [b]
+    assert b.computed == 11 and b.preemptions == 0  # its KV moved to host, kept
+    while c in policy.running:
+        step(policy)
+    step(policy)  # c finished: b comes back, but `same` outranks it and takes the row
+    assert policy.running == [a, same] and list(policy.arrived_with_kv) == [b]
+    news = []
+    while not policy.idle:
+        plan = step(policy)
+        news += [q for s, q in zip(plan.seqs, plan.num_new) if s is b]
+    assert set(news) == {1}  # b came back embedded, never prefilled again
+    while not policy.idle:
+        step(policy)
+    assert all(s.generated == s.output_tokens for s in (a, b, c, same)) and policy.kv.used == 0
+
+
+def test_no_preemption_without_the_option_or_a_higher_priority() -> None:
+    for preempt, priority in ((0, 9), (1, 0)):
+        policy = baton(max_batch_size=2, preempt=preempt)
+        a, b = add(policy, (10, 20), (10, 20))
+        step(policy)
+        policy.add(Seq(2, 0.0, 6, 3, priority=priority))
+        plan = step(policy)
+        assert plan.decode_only and policy.running == [a, b] and not policy.arrived_with_kv
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=st.lists(st.tuples(st.floats(0, 0.3), st.integers(1, 200), st.integers(1, 60), st.integers(0, 3)),
+                     min_size=1, max_size=25),
+       name=st.sampled_from(["baton", "baton-pd"]), batch=st.integers(1, 5), threshold=st.integers(30, 100),
+       spare=st.integers(0, 600))
+def test_preemption_and_scaling_keep_every_invariant(reqs, name, batch, threshold, spare) -> None:
+    from conftest import AffineCost
+
+    from sim.simulate import simulate
+    from traces.request import Request
+
+    t, requests = 0.0, []
+    for i, (gap, p, o, prio) in enumerate(reqs):
+        t += gap
+        requests.append(Request(i, t, p, o, prio))
+    capacity = max(p + o for _, p, o, _ in reqs) + spare
+    policy = make_policy(name, capacity, capacity, {"max_batch_size": batch, "kv_threshold": threshold,
+                                                    "preempt": 1})
+    res = simulate(requests, policy, AffineCost())
+    done = res.requests
+    assert (done["generated_tokens"] == done["output_tokens"]).all() and (done["completion_s"] >= 0).all()
+    assert (done["preemptions"] == 0).all()  # moved to host, never recomputed
+    its = res.iterations.frame()
+    assert its["kv_used_tokens"].max() <= capacity and policy.kv.used == 0 and policy.idle
+    processed = int((its["count"] * its["decode_tokens"]).sum() + its["prefill_tokens"].sum())
+    assert processed == int(done["prompt_tokens"].sum() + (done["output_tokens"] - 1).sum())

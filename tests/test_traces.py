@@ -425,3 +425,19 @@ def test_splitwise_conv_loads_with_its_arrivals() -> None:
     reqs = build_trace(SPLITWISE_CONV, 100, qps=None, seed=0)
     np.testing.assert_array_equal([r.arrival_s for r in reqs], trace.arrival_s[:100])
     assert [r.prompt_tokens for r in reqs[:2]] == [374, 396]
+
+
+def test_priority_is_read_from_both_formats_and_defaults_to_zero(tmp_path: Path) -> None:
+    from traces.build import build_trace
+
+    csv = tmp_path / "t.csv"
+    csv.write_text("num_prefill_tokens,num_decode_tokens,priority\n10,2,3\n20,4,-1\n", encoding="utf-8")
+    assert [r.priority for r in build_trace(str(csv), None, 1.0, 0)] == [3, -1]
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text('{"prompt_tokens": 5, "output_tokens": 2, "priority": 2}\n'
+                     '{"prompt_tokens": 6, "output_tokens": 2}\n', encoding="utf-8")
+    assert [r.priority for r in build_trace(str(jsonl), None, 1.0, 0)] == [2, 0]
+    assert {r.priority for r in build_trace("sharegpt", 5, 1.0, 0)} == {0}
+    jsonl.write_text('{"prompt_tokens": 5, "output_tokens": 2, "priority": 1.5}\n', encoding="utf-8")
+    with pytest.raises(InputError, match="line 1: priority is 1.5, expected an integer"):
+        build_trace(str(jsonl), None, 1.0, 0)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,7 @@ def build_trace(
     source = _resolve(trace)
     rng = np.random.default_rng(seed)
 
+    priority: list[int] = []
     if isinstance(source, str):
         if num_requests is None:
             raise InputError(f"the number of requests is required for length profile {source!r}")
@@ -137,6 +139,8 @@ def build_trace(
                 f"trace file {source.path}: {n} requests asked for but it has only {len(source)}"
             )
         prompts, outputs = source.prompt_tokens[:n], source.output_tokens[:n]
+        if source.priority is not None:
+            priority = source.priority[:n].tolist()
         if source.arrival_s is not None:
             if arrival != "poisson" or cv != 1.0:
                 raise InputError(f"trace file {source.path} gives its own arrival times: --arrival and --cv "
@@ -149,10 +153,11 @@ def build_trace(
     if scale != 1.0:
         prompts, outputs = scale_lengths(prompts, scale), scale_lengths(outputs, scale)
     arrivals = np.asarray(arrivals, dtype=np.float64)
-    return [  # plain Python numbers (tolist), so that a Request holds no numpy scalar
+    requests = [  # plain Python numbers (tolist), so that a Request holds no numpy scalar
         Request(i, a, p, o)
         for i, (a, p, o) in enumerate(zip(arrivals.tolist(), prompts.tolist(), outputs.tolist(), strict=True))
     ]
+    return [replace(r, priority=k) for r, k in zip(requests, priority, strict=True)] if priority else requests
 
 
 def trace_max_total_tokens(trace: str | os.PathLike[str], requests: Sequence[Request], scale: float = 1.0) -> int:

@@ -9,6 +9,8 @@ Formats (chosen by extension, case-insensitive):
   ``{"prompt_tokens": 812, "output_tokens": 93, "arrival_s": 0.25}``; ``arrival_s`` is optional but
   must then be on every line or on none. Other keys are ignored, a repeated key is refused; blank lines are
   skipped.
+- Both take an optional integer ``priority`` (CSV column, JSONL key; missing: 0): higher runs first where a
+  policy honours priorities (Baton's preemption).
 
 Lengths must be integers >= 1 (an integral float such as ``12.0`` is accepted, since pandas and many
 exporters write those); arrival times must be finite, >= 0 and non-decreasing. Any violation raises
@@ -32,6 +34,7 @@ from common.errors import InputError
 
 CSV_PROMPT, CSV_OUTPUT, CSV_ARRIVAL = "num_prefill_tokens", "num_decode_tokens", "arrived_at"
 JSON_PROMPT, JSON_OUTPUT, JSON_ARRIVAL = "prompt_tokens", "output_tokens", "arrival_s"
+PRIORITY = "priority"  # optional in both formats: an integer, higher runs first (default 0)
 SUPPORTED_EXTENSIONS = (".csv", ".jsonl")
 # Guards the int64 conversion; no real request is anywhere near 2^31 tokens.
 MAX_TOKENS = 2**31 - 1
@@ -43,6 +46,7 @@ class LoadedTrace:
     prompt_tokens: np.ndarray  # int64, >= 1
     output_tokens: np.ndarray  # int64, >= 1
     arrival_s: np.ndarray | None  # float64, non-decreasing, >= 0; None when the file has no arrivals
+    priority: np.ndarray | None = None  # int64; None when the file gives none
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -89,6 +93,12 @@ def _check_length(path: Path, line: int, name: str, value: float) -> int:
         raise _fail(path, line, f"{name} is {int(value)}, expected >= 1")
     if value > MAX_TOKENS:
         raise _fail(path, line, f"{name} is {value:.6g}, larger than {MAX_TOKENS}")
+    return int(value)
+
+
+def _check_priority(path: Path, line: int, value: float) -> int:
+    if not (math.isfinite(value) and value == math.floor(value) and abs(value) <= MAX_TOKENS):
+        raise _fail(path, line, f"{PRIORITY} is {value}, expected an integer")
     return int(value)
 
 
@@ -190,7 +200,13 @@ def _load_csv(path: Path) -> LoadedTrace:
     if CSV_ARRIVAL in df.columns:
         arrivals = _numeric_column(path, df, CSV_ARRIVAL)
         _check_arrivals(path, lines, CSV_ARRIVAL, arrivals)
-    return LoadedTrace(path, columns[CSV_PROMPT], columns[CSV_OUTPUT], arrivals)
+    priority = None
+    if PRIORITY in df.columns:
+        values = _numeric_column(path, df, PRIORITY)
+        for line, v in zip(lines.tolist(), values.tolist()):
+            _check_priority(path, line, v)
+        priority = values.astype(np.int64)
+    return LoadedTrace(path, columns[CSV_PROMPT], columns[CSV_OUTPUT], arrivals, priority)
 
 
 # ---------------------------------------------------------------- JSONL
@@ -233,6 +249,7 @@ def _load_jsonl(path: Path) -> LoadedTrace:
     prompts: list[int] = []
     outputs: list[int] = []
     arrivals: list[float] = []
+    priority: list[int] = []
     lines: list[int] = []
     with_arrivals: bool | None = None  # decided by the first record
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -260,6 +277,8 @@ def _load_jsonl(path: Path) -> LoadedTrace:
             )
         if has:
             arrivals.append(_json_number(path, lineno, obj, JSON_ARRIVAL))
+        priority.append(_check_priority(path, lineno, _json_number(path, lineno, obj, PRIORITY))
+                        if PRIORITY in obj else 0)
         lines.append(lineno)
     if not lines:
         raise InputError(f"trace file {path}: empty file (expected one JSON object per line)")
@@ -267,4 +286,5 @@ def _load_jsonl(path: Path) -> LoadedTrace:
     if with_arrivals:
         arr = np.asarray(arrivals, dtype=np.float64)
         _check_arrivals(path, np.asarray(lines), JSON_ARRIVAL, arr)
-    return LoadedTrace(path, np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64), arr)
+    return LoadedTrace(path, np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64), arr,
+                       np.asarray(priority, dtype=np.int64) if any(priority) else None)

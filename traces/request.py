@@ -11,3 +11,4 @@ class Request:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    priority: int = 0  # higher runs first where a policy honours priorities (Baton's preemption)
