@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from common.errors import InputError
+from sim.model_config import is_config_path, read_model_config
 from traces.request import Request
 
 MlpKind = Literal["gated", "plain"]
@@ -153,7 +154,12 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
 
 
 def get_model(name: str) -> ModelSpec:
+    """A catalogue shape by name, or the shape of a Hugging Face config.json given by its path
+    (`sim.model_config`)."""
+    if str(name).lower() not in MODELS and is_config_path(name):
+        return ModelSpec(**read_model_config(name))
     try:
         return MODELS[str(name).lower()]
     except KeyError:
-        raise InputError(f"unknown model {name!r}; known models: {', '.join(MODELS)}") from None
+        raise InputError(f"unknown model {name!r}; known models: {', '.join(MODELS)}, or a config.json path"
+                         ) from None

@@ -11,7 +11,8 @@ from policies.registry import POLICIES
 Policy = Annotated[str, typer.Option(help=f"Scheduler: {', '.join(POLICIES)} (see `simctl list`).")]
 Trace = Annotated[str, typer.Option(help="Length profile (sharegpt, arxiv) or a trace file: CSV with "
                                     "num_prefill_tokens, num_decode_tokens[, arrived_at] or JSONL.")]
-Model = Annotated[str, typer.Option(help="Model shape from the catalogue.")]
+Model = Annotated[str, typer.Option(help="Model shape from the catalogue, or a path to a transformers "
+                                    "config.json of a dense Llama, Mistral, Qwen2 or Yi model.")]
 Gpu = Annotated[str, typer.Option(help="GPU from the catalogue.")]
 Tp = Annotated[int, typer.Option(help="Tensor-parallel degree (GPUs per replica).")]
 Seed = Annotated[int, typer.Option(help="Seed for lengths and arrivals: same seed, same results.")]
