@@ -172,8 +172,12 @@ class Worker:
     @staticmethod
     def _call(executor: Any, shape: Any, segs: list[Any]) -> Any:
         """The timed call: one iteration of `shape` on `executor`."""
+        if shape.bins:
+            rows = [[segs[i] for i in row] for row in shape.bins]
+            return lambda: executor.run_binpacked(rows, shape.length)
         if shape.padded:
-            return lambda: executor.run_padded(segs, length=shape.length, kv_len=shape.kv_len)
+            dense = shape.dense or shape.kind == "padded_insertion"
+            return lambda: executor.run_padded(segs, length=shape.length, kv_len=shape.kv_len, dense=dense)
         return lambda: executor.run(segs)
 
     def _measure(self, grid: Any, model: Any, executor_cls: Any, monitor: Any, deadline: float

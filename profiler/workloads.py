@@ -7,7 +7,7 @@ them, so a model fitted on profile.csv can price any plan:
 
 | column | meaning (BatchPlan field) |
 |---|---|
-| kind | prefill, decode, hybrid, padded_prefill, padded_decode |
+| kind | prefill, decode, hybrid, padded_prefill (hf-padded's dense-masked ones too), padded_decode, padded_insertion (Baton), binpacked_prefill (Prepacking) |
 | batch_size | sequences in the iteration (len(plan.seqs); padded: rows) |
 | linear_tokens | T, rows through the linear layers, padding included (plan.linear_tokens) |
 | sampled_tokens | rows reaching the LM head (plan.sampled_tokens) |
@@ -38,7 +38,9 @@ slab would exceed the memory budget the caller gives. What the full grid is for 
   vLLM's per-iteration token cap for sharegpt): the curve's knots above one prompt's 2048 tokens, so large
   batched and padded prefills interpolate;
 - decodes on a batch x context grid, decodes of spread contexts (padded to the longest row by the
-  executor), hybrids (decodes + a chunk), packed vs padded prompt sets and ragged vs padded decode steps.
+  executor), hybrids (decodes + a chunk), prompt sets packed, padded (causal and dense-masked: hf-padded)
+  and bin-packed (Prepacking), ragged vs padded decode steps, and Baton's padded insertions (running rows
+  padded to a newcomer's prompt over a wide batch).
 
 How each shape is timed (sweeps, quiet blocks, the estimate) is `profiler/worker.py`'s docstring.
 """
@@ -51,15 +53,20 @@ from typing import Literal
 
 import numpy as np
 
+from policies.binpack import first_fit_decreasing
 from policies.plan import BatchPlan
+from policies.plan import binpacked_prefill as binpacked_prefill_plan
 from policies.plan import hybrid as hybrid_plan
 from policies.plan import padded_decode as padded_decode_plan
+from policies.plan import padded_insertion as padded_insertion_plan
 from policies.plan import padded_prefill as padded_prefill_plan
 from policies.seq import Seq
 from sim.cost.features import plan_features
 
-Kind = Literal["prefill", "decode", "hybrid", "padded_prefill", "padded_decode"]
-KINDS: tuple[str, ...] = ("prefill", "decode", "hybrid", "padded_prefill", "padded_decode")
+Kind = Literal["prefill", "decode", "hybrid", "padded_prefill", "padded_decode", "padded_insertion",
+               "binpacked_prefill"]
+KINDS: tuple[str, ...] = ("prefill", "decode", "hybrid", "padded_prefill", "padded_decode", "padded_insertion",
+                          "binpacked_prefill")
 FEATURES = ("kind", "batch_size", "linear_tokens", "sampled_tokens", "num_segments", "attn_units",
             "attn_kv_tokens", "decode_rows", "decode_kv", "decode_pad_kv", "q", "c")
 TIMINGS = ("reps", "time_s", "time_p10_s", "time_p90_s")
@@ -82,8 +89,10 @@ class Seg:
 class Shape:
     kind: Kind
     segs: tuple[Seg, ...]
-    kv_len: int | None = None  # padded_decode: KV columns every row reads (pads included)
+    kv_len: int | None = None  # padded_decode / padded_insertion: KV columns every row reads (pads included)
     note: str = ""
+    dense: bool = False  # padded_prefill: under an explicit padding mask (hf-padded), not a causal kernel
+    bins: tuple[tuple[int, ...], ...] = ()  # binpacked_prefill: the prompts (segment indices) of each row
 
     @property
     def padded(self) -> bool:
@@ -91,8 +100,8 @@ class Shape:
 
     @property
     def length(self) -> int:
-        """Padded row length L (ragged: 0)."""
-        return max(s.q for s in self.segs) if self.padded else 0
+        """Row length L of a padded or bin-packed batch (ragged: 0)."""
+        return max(s.q for s in self.segs) if self.padded or self.bins else 0
 
     @property
     def slots(self) -> int:
@@ -104,7 +113,7 @@ class Shape:
         if self.padded:
             need = max(s.c for s in self.segs) + self.length
             return max(need, self.kv_len or 0)
-        return max(s.c + s.q for s in self.segs)
+        return max(s.c + s.q for s in self.segs)  # bin-packed: each prompt in its own slot from position 0
 
     @property
     def kv_tokens(self) -> int:
@@ -115,7 +124,13 @@ class Shape:
         """The batch this shape is, built by the policies' plan builders (a request stands in for each
         segment), so its features are the ones the simulator prices."""
         if self.kind == "padded_prefill":
-            return padded_prefill_plan([Seq(i, 0.0, s.q, 10) for i, s in enumerate(self.segs)])
+            return padded_prefill_plan([Seq(i, 0.0, s.q, 10) for i, s in enumerate(self.segs)], dense=self.dense)
+        if self.kind == "binpacked_prefill":
+            return binpacked_prefill_plan([Seq(i, 0.0, s.q, 10) for i, s in enumerate(self.segs)],
+                                          [list(b) for b in self.bins])
+        if self.kind == "padded_insertion":  # running rows first, then the newcomers' prompts
+            seqs = [_decoding(i, s.c) if s.decode else Seq(i, 0.0, s.q, 10) for i, s in enumerate(self.segs)]
+            return padded_insertion_plan(seqs, (self.kv_len or 0) - self.length)
         if self.kind == "padded_decode":
             seqs = [_decoding(i, s.c) for i, s in enumerate(self.segs)]
             return padded_decode_plan(seqs, len(seqs), self.kv_len or max(s.c for s in self.segs) + 1)
@@ -125,8 +140,10 @@ class Shape:
 
     def features(self) -> dict[str, object]:
         plan = self.plan()
-        if self.padded:  # the representative chunk and context: a padded row
-            q, c = (self.length, 0) if self.kind == "padded_prefill" else (1, plan.kv_len - 1)
+        if self.kind == "padded_insertion":  # a newcomer's prompt on the batch's width
+            q, c = self.length, plan.kv_len - self.length
+        elif self.padded or self.bins:  # the representative chunk and context: a padded row
+            q, c = (1, plan.kv_len - 1) if self.kind == "padded_decode" else (self.length, 0)
         else:
             pre = [s for s in self.segs if not s.decode]
             rep = max(pre, key=lambda s: (s.q, s.c)) if pre else None
@@ -135,7 +152,7 @@ class Shape:
 
     def label(self) -> str:
         f = self.features()
-        if self.kind in ("prefill", "padded_prefill"):
+        if self.kind in ("prefill", "padded_prefill", "binpacked_prefill", "padded_insertion"):
             if f["num_segments"] == 1 and self.kind == "prefill":
                 s = self.segs[0]
                 return f"prefill q={s.q}" + (f" c={s.c}" if s.c else "") + ("" if s.sample else " unsampled")
@@ -195,6 +212,24 @@ def packed_prompts(lengths: list[int]) -> Shape:
 
 def padded_prompts(lengths: list[int]) -> Shape:
     return Shape("padded_prefill", tuple(Seg(n) for n in lengths), note="padded")
+
+
+def dense_padded_prompts(lengths: list[int]) -> Shape:
+    """hf-padded's prefill: right-padded rows under an explicit padding mask (dense L x L blocks)."""
+    return Shape("padded_prefill", tuple(Seg(n) for n in lengths), note="dense", dense=True)
+
+
+def binpacked_prompts(lengths: list[int]) -> Shape:
+    """Prepacking's prefill: the prompts First-Fit-Decreasing into rows of the longest."""
+    bins = first_fit_decreasing(lengths, max(lengths))
+    return Shape("binpacked_prefill", tuple(Seg(n) for n in lengths), bins=tuple(tuple(b) for b in bins))
+
+
+def padded_insertion(contexts: list[int], prompt: int, width: int) -> Shape:
+    """Baton's insertion: running rows (cached `contexts`, each at most `width`) padded to a newcomer's
+    `prompt` tokens, every row reading width + prompt KV columns under a dense mask."""
+    segs = tuple(Seg(1, c, decode=True) for c in contexts) + (Seg(prompt),)
+    return Shape("padded_insertion", segs, kv_len=width + prompt)
 
 
 def spread(batch: int, kv: int) -> list[int]:
@@ -258,6 +293,8 @@ def build_grid(name: str, max_position: int, max_kv_tokens: int | None = None, s
         # decode rows of spread contexts (the executor pads every row to the longest): the padding term
         shapes += [decode_mixed(spread(b, kv)) for b in (4, 16, 64) for kv in (128, 512, top)]
         pd = [(b, kv) for b in (8, 32, 128) for kv in (256, 1024)]
+        # Baton's insertions: B rows x a newcomer's L tokens over a wide batch (running rows padded to L)
+        inserts = [(b, w, n) for b in (2, 4, 8) for w in (256, 1024) for n in (64, 256, 512)]
         shapes += [hybrid(d, 512, q, c) for d in (1, 8, 32, 64) for q in (64, 256, 512) for c in (0, 1024)]
         grid = Grid(name, shapes, warmup=1, min_reps=10, max_reps=160, budget_s=1.0, passes=16, quiet_blocks=5,
                     max_wall_s=275.0)
@@ -269,6 +306,7 @@ def build_grid(name: str, max_position: int, max_kv_tokens: int | None = None, s
         sets = prompt_sets([4, 16], 16, 384, seed)
         shapes += [decode(b, c) for b in (1, 8, 32) for c in (128, 1024) if c < top]
         pd = [(32, 512)]
+        inserts = [(4, 512, 128)]
         shapes += [hybrid(d, 512, q, 0) for d in (8, 32) for q in (128, 512)]
         grid = Grid(name, shapes, warmup=1, min_reps=6, max_reps=60, budget_s=0.8, passes=6, quiet_blocks=3,
                     max_wall_s=45.0)
@@ -277,12 +315,17 @@ def build_grid(name: str, max_position: int, max_kv_tokens: int | None = None, s
         sets = prompt_sets([3], 4, 12, seed)
         shapes += [decode(2, 16)]
         pd = [(2, 24)]
+        inserts = [(2, 16, 8)]
         shapes += [hybrid(2, 16, 8, 8)]
         grid = Grid(name, shapes, warmup=1, min_reps=2, max_reps=2, budget_s=0.0)
     for lengths in sets:
         lengths = [min(n, top) for n in lengths]
-        grid.shapes += [packed_prompts(lengths), padded_prompts(lengths)]
+        grid.shapes += [packed_prompts(lengths), padded_prompts(lengths), dense_padded_prompts(lengths),
+                        binpacked_prompts(lengths)]
         grid.prompt_sets.append(lengths)
+    for b, width, n in inserts:
+        width = min(width, top - n)
+        grid.shapes.append(padded_insertion(spread(b - 1, width) if b > 1 else [], n, width))
     for b, kv in pd:
         kv = min(kv, top)
         # contexts spread from kv/8 to kv-1: the padded step reads b x kv columns, the ragged one masks them

@@ -27,7 +27,16 @@ from executor.ragged import RaggedExecutor, Segment
 from profiler.profile import profile
 from profiler.timing import CpuMonitor, summarize, time_fn
 from profiler.worker import Block, select_blocks
-from profiler.workloads import COLUMNS, KINDS, build_grid, decode_mixed, hybrid, padded_decode
+from profiler.workloads import (
+    COLUMNS,
+    KINDS,
+    binpacked_prompts,
+    build_grid,
+    decode_mixed,
+    hybrid,
+    padded_decode,
+    padded_insertion,
+)
 from sim.models import get_model
 
 ATOL = 1e-5
@@ -159,6 +168,12 @@ def test_every_profiled_shape_is_a_plan_with_its_execution_shape():
         assert plan.rows == len(shape.segs), shape.label()
         if shape.kind == "padded_prefill":
             assert plan.row_len == shape.length and plan.linear_tokens == len(shape.segs) * shape.length
+            assert plan.dense_attention == shape.dense
+        elif shape.kind == "binpacked_prefill":
+            assert plan.bins == [list(b) for b in shape.bins] and plan.linear_tokens == len(shape.bins) * shape.length
+        elif shape.kind == "padded_insertion":  # every row computes the newcomer's L tokens over the width
+            assert plan.linear_tokens == len(shape.segs) * shape.length and plan.kv_len == shape.kv_len
+            assert plan.num_new == [s.q for s in shape.segs] and plan.dense_attention
         elif shape.kind == "padded_decode":
             assert plan.row_len == 1 and plan.kv_len == shape.kv_len
         else:
@@ -176,6 +191,10 @@ def test_shape_features_by_hand():
     assert (f["decode_rows"], f["decode_kv"], f["decode_pad_kv"], f["c"]) == (2, 100, 0, 49)
     f = decode_mixed([10, 40]).features()  # ragged: padding to the longest row (41) counted apart
     assert (f["decode_kv"], f["decode_pad_kv"]) == (11 + 41, 2 * 41 - 52)
+    f = padded_insertion([30, 90], 50, 100).features()  # 2 running rows + a 50-token prompt on a 100-wide batch
+    assert (f["linear_tokens"], f["num_segments"], f["attn_units"], f["q"], f["c"]) == (150, 3, 3 * 50 * 150, 50, 100)
+    f = binpacked_prompts([60, 30, 25, 5]).features()  # rows [60] and [30, 25, 5]: two dense 60 x 60 blocks
+    assert (f["linear_tokens"], f["sampled_tokens"], f["attn_units"]) == (120, 4, 2 * 60 * 60)
 
 
 def test_time_fn_and_summary():
