@@ -27,12 +27,11 @@ from serving.loop import overload_limit
 from serving.records import GapHistogram, IterationLog, request_frame
 from serving.routers import check_router, make_router
 from sim.cluster import Cluster, Member, Pool
-from sim.deployment import Deployment, deploy, trace_for
 from sim.kv_link import KVLink
 from sim.metrics import summarize
 from sim.models import get_model
 from sim.output import json_text, write_files
-from sim.run import Run, RunConfig
+from sim.run import Deployment, Run, RunConfig, deploy, trace_for
 from sim.simulate import Progress, SimResult
 from traces import has_arrival_times
 
@@ -92,9 +91,9 @@ class ClusterConfig:
                              "prefilled itself; use an iteration-level policy (orca, vllm, sarathi)")
 
 
-def _pool(name: str, count: int, gpu: str, d: Deployment, config: RunConfig, router: str,
+def _pool(name: str, count: int, gpu: str, d: Deployment, max_seq_len: int, config: RunConfig, router: str,
           cluster: Cluster) -> Pool:
-    members = [Member(i, make_policy(config.policy, d.kv_capacity, d.max_seq_len, config.options), d.cost,
+    members = [Member(i, make_policy(config.policy, d.kv_capacity, max_seq_len, config.options), d.cost,
                       config.fast, overload_limit(config.num_requests), cluster.on_release)
                for i in range(count)]
     return Pool(name, members, make_router(router), gpu)
@@ -104,19 +103,21 @@ def run_cluster(config: RunConfig, cc: ClusterConfig, progress: Progress | None 
     t0 = time.perf_counter()
     config.validate()
     cc.validate(config.policy)
+    pgpu, dgpu = (cc.prefill_gpu or config.gpu, cc.decode_gpu or config.gpu) if cc.disaggregated else (None, None)
+    entry = deploy(config, pgpu) if pgpu else None
+    serving = deploy(config, dgpu or config.gpu)
     requests = trace_for(config)
     link = KVLink(cc.kv_link_gbps) if cc.disaggregated else None
     cluster = Cluster(simpy.Environment(), link, get_model(config.model).kv_bytes_per_token())
-    if cc.disaggregated:
-        pgpu, dgpu = cc.prefill_gpu or config.gpu, cc.decode_gpu or config.gpu
-        entry = deploy(config, pgpu, requests, prefill_only=True)
-        serving = deploy(config, dgpu, requests)
-        cluster.entry = _pool("prefill", cc.prefill_instances, pgpu, entry, config, cc.router, cluster)
-        cluster.decode = _pool("decode", cc.decode_instances, dgpu, serving, config, cc.router, cluster)
+    if entry is not None:
+        cluster.entry = _pool("prefill", cc.prefill_instances, pgpu, entry,
+                              entry.check_fits(config, requests, prefill_only=True), config, cc.router, cluster)
+        cluster.decode = _pool("decode", cc.decode_instances, dgpu, serving, serving.check_fits(config, requests),
+                               config, cc.router, cluster)
         deployments = (entry, serving)
     else:
-        serving = deploy(config, config.gpu, requests)
-        cluster.entry = _pool("replicas", cc.replicas, config.gpu, serving, config, cc.router, cluster)
+        cluster.entry = _pool("replicas", cc.replicas, config.gpu, serving, serving.check_fits(config, requests),
+                              config, cc.router, cluster)
         deployments = (serving,)
     seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests]
     cluster.run(seqs, progress)

@@ -33,6 +33,7 @@ from traces import (
     trace_max_total_tokens,
 )
 from traces.build import check_scale
+from traces.request import Request
 
 # Upper bounds that keep a run from exhausting memory or the float clock's resolution: at 1e9 s
 # (~32 years) a float64 time still resolves 0.2 us, far below any iteration's duration.
@@ -125,37 +126,69 @@ def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp:
     return fitted, fitted.kv_capacity_tokens(memory_bytes=memory), f"fitted {path}", []
 
 
-def run(config: RunConfig, progress: Progress | None = None, timeline: int = 0) -> Run:
-    """Simulate `config`; with `timeline` > 0, also record which requests the first `timeline` iterations ran."""
+@dataclass(frozen=True)
+class Deployment:
+    """One replica's hardware for a run: the model on its GPU(s), its cost model and KV capacity."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    cost: CostModel
+    kv_capacity: int
+    cost_label: str
+    warnings: list[str]
+
+    def check_fits(self, config: RunConfig, requests: list[Request], prefill_only: bool = False) -> int:
+        """The max model length (the trace's cap, within the model's context), once every request is checked
+        to fit (only its prompt and first token on a prefill-only instance); InputError naming one that does
+        not."""
+        max_seq_len = min(trace_max_total_tokens(config.trace, requests, config.scale), self.model.max_position)
+        fits = max_admissible_tokens(config.policy, self.kv_capacity, max_seq_len)
+        big = max(requests, key=lambda r: r.prompt_tokens + (1 if prefill_only else r.output_tokens))
+        output = 1 if prefill_only else big.output_tokens
+        need = big.prompt_tokens + output
+        if need > fits:
+            where = f"{self.model.name} on {self.gpu.name} x{config.tp}"
+            if fits == 0:  # a reserving policy: the per-request reservation itself exceeds the cache
+                raise InputError(
+                    f"request {big.id} does not fit: {config.policy} reserves the max sequence length "
+                    f"({max_seq_len} tokens) of KV cache for every request, but {where} has only "
+                    f"{self.kv_capacity} KV slots; use a paged policy (vllm, sarathi), a larger GPU, a higher "
+                    "--tp or shorter requests")
+            raise InputError(
+                f"request {big.id} does not fit: it needs {need} tokens of KV cache ({big.prompt_tokens} prompt "
+                f"+ {output} output) but {config.policy} can hold at most {fits} for one request on {where} "
+                f"({self.kv_capacity} KV slots); use a larger GPU, a higher --tp or shorter requests")
+        return max_seq_len
+
+
+def deploy(config: RunConfig, gpu_name: str) -> Deployment:
+    model, gpu = get_model(config.model), get_gpu(gpu_name)
+    return Deployment(model, gpu, *cost_model(config.cost, model, gpu, config.tp))
+
+
+def trace_for(config: RunConfig) -> list[Request]:
+    """The run's requests, checked against the model's context and the simulated clock."""
     config.validate()
-    check_timeline(timeline)
-    model, gpu = get_model(config.model), get_gpu(config.gpu)
-    cost, kv_capacity, cost_label, warnings = cost_model(config.cost, model, gpu, config.tp)
+    model = get_model(config.model)
     requests = build_trace(config.trace, config.num_requests, config.qps, config.seed,
                            arrival=config.arrival, cv=config.cv, scale=config.scale)
     model.check_context(requests, config.scale)
-    # a deployment's max model length: the trace's cap, within the model's context
-    max_seq_len = min(trace_max_total_tokens(config.trace, requests, config.scale), model.max_position)
-    fits = max_admissible_tokens(config.policy, kv_capacity, max_seq_len)
     last = requests[-1].arrival_s
     if last > MAX_CLOCK_S:
         raise InputError(f"request {requests[-1].id} arrives at {last:.6g} s, beyond the simulated clock's "
                          f"{MAX_CLOCK_S:.0e} s (raise --qps, or check that the trace file's arrival times "
                          "are in seconds)")
-    big = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
-    need = big.prompt_tokens + big.output_tokens
-    if need > fits:
-        where = f"{model.name} on {gpu.name} x{config.tp}"
-        if fits == 0:  # a reserving policy: the per-request reservation itself exceeds the cache
-            raise InputError(
-                f"request {big.id} does not fit: {config.policy} reserves the max sequence length "
-                f"({max_seq_len} tokens) of KV cache for every request, but {where} has only {kv_capacity} KV "
-                "slots; use a paged policy (vllm, sarathi), a larger GPU, a higher --tp or shorter requests")
-        raise InputError(
-            f"request {big.id} does not fit: it needs {need} tokens of KV cache ({big.prompt_tokens} prompt + "
-            f"{big.output_tokens} output) but {config.policy} can hold at most {fits} for one request on "
-            f"{where} ({kv_capacity} KV slots); use a larger GPU, a higher --tp or shorter requests")
-    policy = make_policy(config.policy, kv_capacity, max_seq_len, config.options)
+    return requests
+
+
+def run(config: RunConfig, progress: Progress | None = None, timeline: int = 0) -> Run:
+    """Simulate `config`; with `timeline` > 0, also record which requests the first `timeline` iterations ran."""
+    config.validate()
+    check_timeline(timeline)
+    d = deploy(config, config.gpu)
+    cost, cost_label, warnings = d.cost, d.cost_label, d.warnings
+    requests = trace_for(config)
+    policy = make_policy(config.policy, d.kv_capacity, d.check_fits(config, requests), config.options)
     recorder = TimelineBackend(cost, config.fast, timeline) if timeline else None
     result = simulate(requests, policy, cost, fast=config.fast, max_waiting=overload_limit(config.num_requests),
                       progress=progress, backend=recorder)
