@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from common.errors import InputError
@@ -93,14 +94,30 @@ def _capacity_folder(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _sweep_folder(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Capacity rows over seeds (median_low, as simctl capacity, with the range) and every run or probe; a
+    policy swept over its settings is named with them."""
     table = _read(path / "sweep.parquet", "the sweep's points")
+    probes = _read(path / "probes.parquet", "the capacity probes")
     if "mode" not in table.columns:
         raise InputError(f"{path}/sweep.parquet: not a sweep table (no mode column)")
-    caps = table[table["mode"] == CAPACITY_KIND]
+    for frame in (table, probes):
+        if len(frame):
+            frame["policy"] = frame["variant"]  # the policy with the grid's settings it took
+            if "slo_text" in frame.columns:
+                frame["slo"] = [slo_label(n, t) if isinstance(n, str) else None
+                                for n, t in zip(frame["slo"], frame["slo_text"])]
+    if len(probes) and "slo" in probes.columns:  # probes name their SLO only
+        texts = dict(zip(table["slo"].str.split(":").str[0], table["slo"])) if "slo" in table.columns else {}
+        probes["slo"] = probes["slo"].map(lambda n: texts.get(n, n))
     runs = table[table["mode"] == RUN_KIND]
-    probes_file = path / "probes.parquet"
-    probes = _read(probes_file, "the capacity probes") if probes_file.is_file() else pd.DataFrame()
-    return caps.reset_index(drop=True), pd.concat([runs, probes], ignore_index=True)
+    caps = table[table["mode"] == CAPACITY_KIND]
+    if len(caps):
+        caps = (caps.groupby([*LABELS, "slo"], sort=False, dropna=False)
+                .agg(capacity_qps=("capacity_qps", lambda q: float(np.sort(q)[(len(q) - 1) // 2])),
+                     capacity_qps_min=("capacity_qps", "min"), capacity_qps_max=("capacity_qps", "max"),
+                     problem=("problem", lambda p: next((x for x in p if x), None)))
+                .reset_index())
+    return caps, pd.concat([runs, probes], ignore_index=True)
 
 
 def load_results(paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:

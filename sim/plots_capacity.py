@@ -28,7 +28,16 @@ def _setups(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 def _slo_title(frame: pd.DataFrame) -> str:
     slos = frame["slo"].dropna().unique() if "slo" in frame.columns else []
-    return f"SLO: {slos[0]}" if len(slos) == 1 else ("SLOs: see the axis" if len(slos) else "SLO: none given")
+    return f"SLO: {slos[0]}" if len(slos) == 1 else ("SLOs below" if len(slos) else "SLO: none given")
+
+
+def _shared_tail(labels: list[str]) -> tuple[list[str], str]:
+    """The comma-separated conditions every label ends with (the scheduling-delay rule...), said once."""
+    parts = [label.split(", ") for label in labels]
+    n = 0
+    while all(len(p) > n + 1 for p in parts) and len({tuple(p[len(p) - n - 1:]) for p in parts}) == 1:
+        n += 1
+    return [", ".join(p[:len(p) - n]) for p in parts], ", ".join(parts[0][len(parts[0]) - n:]) if n else ""
 
 
 def capacity_figure(caps: pd.DataFrame) -> Figure:
@@ -60,14 +69,17 @@ def capacity_figure(caps: pd.DataFrame) -> Figure:
                 text = "none" if q == 0 else (">=" if open_ended else "") + f"{q:.3g}"
                 ax.annotate(text, (pos, hi), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
                             textcoords="offset points")
-        ax.set_xticks(range(len(slos)), [textwrap.fill(s, 34) for s in slos], fontsize=8)
+        shown, tail = _shared_tail(slos)
+        ax.set_xticks(range(len(slos)), [textwrap.fill(s, 34) for s in shown], fontsize=8)
+        ax.set_xlabel(f"SLO (each also: {tail})" if tail else "SLO", fontsize=9)
         ax.set_ylabel("capacity (requests/s)")
         ax.set_title(name, fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
         ax.margins(y=0.15)
         ax.legend(title="scheduler", fontsize=8, ncols=min(len(policies), 4))
-    fig.suptitle(textwrap.fill("capacity per scheduler: the highest sustainable rate meeting the SLO; "
-                               + _slo_title(caps), 20 + int(fig.get_figwidth() * 9)))
+    fig.suptitle(textwrap.fill("capacity per scheduler: the highest sustainable rate meeting the SLO"
+                               + ("" if caps["slo"].nunique() > 1 else f"; {_slo_title(caps)}"),
+                               int(fig.get_figwidth() * 9)))
     return fig
 
 
@@ -85,15 +97,24 @@ def _need(points: pd.DataFrame, columns: tuple[str, ...], figure: str) -> None:
                          + (f" (missing {', '.join(missing)})" if missing and not points.empty else ""))
 
 
-def _series(points: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """Lines: one per policy and setup (and SLO where several), each sorted by rate."""
-    keys = [k for k in ("policy", *SETUP, "slo") if k in points.columns and points[k].nunique(dropna=False) > 1]
-    keys = keys or ["policy"]
+def _series(points: pd.DataFrame, split: tuple[str, ...] = ("policy", *SETUP, "slo")
+            ) -> list[tuple[str, pd.DataFrame]]:
+    """Lines: one per value of the `split` columns that vary (an SLO named by its short name), by rate."""
+    keys = [k for k in split if k in points.columns and points[k].nunique(dropna=False) > 1] or ["policy"]
     out = []
     for key, g in points.groupby(keys, sort=False, dropna=False):
-        label = " / ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
-        out.append((label, g.sort_values("qps")))
+        names = [str(v).split(":")[0] if k == "slo" else str(v)
+                 for k, v in zip(keys, key if isinstance(key, tuple) else (key,))]
+        out.append((" / ".join(names), g.sort_values("qps")))
     return out
+
+
+def _slo_footnote(fig: Figure, points: pd.DataFrame) -> None:
+    """Several SLOs: each line names its SLO by its short name, defined here."""
+    slos = points["slo"].dropna().unique() if "slo" in points.columns else []
+    if len(slos) > 1:
+        fig.text(0.01, 0.005, "\n".join(textwrap.fill(s, 150) for s in slos), fontsize=7, va="bottom")
+        fig.get_layout_engine().set(rect=(0, 0.04 * len(slos), 1, 1 - 0.04 * len(slos)))
 
 
 def pareto_figure(points: pd.DataFrame) -> Figure:
@@ -101,8 +122,10 @@ def pareto_figure(points: pd.DataFrame) -> Figure:
     rates run (runs, capacity probes, sweep points); hollow markers: unsustainable runs."""
     _need(points, ("tpot_p50", "throughput_tokens_per_s", "qps", "policy"), "pareto")
     points = points[points["tpot_p50"].notna() & (points["tpot_p50"] > 0)]
+    # a run judged against several SLOs (a sweep's rows) is one point here
+    points = points.drop_duplicates([c for c in ("policy", *SETUP, "qps", "seed") if c in points.columns])
     fig, ax = plt.subplots(figsize=(9, 6), constrained_layout=True)
-    for i, (label, g) in enumerate(_series(points)):
+    for i, (label, g) in enumerate(_series(points, ("policy", *SETUP))):
         x, y = 1.0 / g["tpot_p50"].to_numpy(float), _per_gpu(g)
         ok = g["sustainable"].to_numpy(bool) if "sustainable" in g.columns else np.ones(len(g), bool)
         ax.plot(x, y, "-", color=f"C{i}", lw=1, alpha=0.6)
@@ -115,15 +138,14 @@ def pareto_figure(points: pd.DataFrame) -> Figure:
     handles.append(Line2D([], [], marker="o", mfc="none", color="grey", ls="none"))
     labels.append("unsustainable run")
     ax.legend(handles, labels, fontsize=8)
-    ax.set_title(f"throughput vs interactivity: {setup_text(points) or 'several setups'}; {_slo_title(points)}",
-                 fontsize=10)
+    ax.set_title(f"throughput vs interactivity: {setup_text(points) or 'several setups'}", fontsize=10)
     return fig
 
 
 def _rate_axis(ax: plt.Axes) -> None:
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(lambda v, _: f"{v:g}" if f"{v:.1g}"[0] in "25" else "")
+    ax.xaxis.set_minor_formatter(lambda v, _: f"{v:g}" if f"{v:.1g}"[0] in "235" else "")
     ax.set_xlabel("offered rate (requests/s, log scale)")
     ax.grid(True, which="both", alpha=0.3)
 
@@ -162,6 +184,7 @@ def attainment_figure(points: pd.DataFrame) -> Figure:
                   ["SLO met", "SLO missed"], fontsize=8, loc="lower right")
     _rate_axis(ax)
     what = "SLO attainment" if has_share else "SLO met or missed (a percentile SLO has no per-request share)"
-    ax.set_title(textwrap.fill(f"{what} vs rate: {setup_text(points) or 'several setups'}; "
-                               f"{_slo_title(points)}", 100), fontsize=10)
+    fig.suptitle(textwrap.fill(f"{what} vs rate: {setup_text(points) or 'several setups'}; "
+                               f"{_slo_title(points)}", 90), fontsize=10)
+    _slo_footnote(fig, points)
     return fig

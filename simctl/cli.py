@@ -23,12 +23,13 @@ from simctl.plot_cmd import plot
 from simctl.policy_options import with_policy_options
 from simctl.prefill_bench_cmd import prefill_bench
 from simctl.query_set_cmd import query_set_cmd
+from simctl.sweep_cmd import sweep
 from simctl.usage_errors import error_types, fail, given_value, note_replaced, usage_message, warn_all
 
 DEFAULT_NUM_REQUESTS = 1000
 DEFAULT_QPS = 0.5
 COMMANDS = ("run", "capacity", "real", "validate", "profile", "fit", "prefill-bench", "query-set", "plot",
-            "list")
+            "sweep", "list")
 
 
 _USAGE_ERRORS, _ABORTS = error_types()
@@ -259,6 +260,7 @@ app.command()(with_policy_options(capacity))
 app.command("prefill-bench")(prefill_bench)
 app.command("query-set")(query_set_cmd)
 app.command("plot")(plot)
+app.command("sweep")(sweep)
 
 
 @app.command("list")
