@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from simctl.cluster_options import with_cluster_options
 from simctl.display import fmt
+from simctl.goodput_cmd import goodput_command
 from simctl.options import Arrival, Cost, Cv, Gpu, Model, Scale, Seed, Tp, Trace
 from simctl.usage_errors import note_replaced, warn_all
 
@@ -24,6 +26,7 @@ SLO_HELP = ("SLO limits, key=seconds, comma-separated or repeated: p50/p90/p99 o
             "model/GPU/TP), printed.")
 
 
+@with_cluster_options(goodput=True)
 def capacity(
     policy: Annotated[str, typer.Option(help="One policy or a comma-separated list to compare.")] = "vllm,sarathi",
     trace: Trace = "sharegpt",
@@ -50,6 +53,8 @@ def capacity(
                                                 "[default: one per core].")] = None,
     out: Annotated[Path | None, typer.Option(help="Folder for capacity.json, probes.parquet and capacity.png.")
                    ] = None,
+    cluster: Any = None,  # --replicas ... --kv-link-gbps and --goodput (simctl.cluster_options)
+    goodput: bool = False,
 ) -> None:
     """Find the highest request rate each policy sustains within the SLOs (bisection over QPS).
 
@@ -67,6 +72,8 @@ def capacity(
                          scale=scale, cost=cost)
                for p in policies]
     given = parse_slo(slo or [], attainment, max_sched_delay_p50)  # also checks --attainment and the delay
+    if goodput or cluster.is_cluster:  # a deployment's rate per GPU (simctl.goodput_cmd)
+        return goodput_command(configs, cluster, given, bool(slo), start_qps, seeds, out)
     CapacityConfig(configs, {"given": given}, start_qps, workers, seeds).validate()  # before any cost model
     if slo:
         slos, origin = {"given": given}, "given (--slo)"

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,6 +17,7 @@ from rich.table import Table
 from common.errors import InputError
 from policies.registry import POLICIES
 from simctl.capacity_cmd import capacity
+from simctl.cluster_options import run_cluster_command, with_cluster_options
 from simctl.display import print_summary, progress_bar
 from simctl.options import Arrival, Cost, Cv, Gpu, Model, Policy, Scale, Seed, Tp, Trace
 from simctl.plot_cmd import plot
@@ -45,6 +46,7 @@ app = typer.Typer(
 
 @app.command()
 @with_policy_options
+@with_cluster_options(slo=True)
 def run(
     policy: Policy = "sarathi",
     trace: Trace = "arxiv",
@@ -69,6 +71,8 @@ def run(
                                           "(timeline.parquet in --out, for `simctl plot timeline`).")] = 0,
     trace_events: Annotated[Path | None, typer.Option(help="Write the iterations as a Chrome/Perfetto trace "
                                                       "(JSON trace events) to this file.")] = None,
+    cluster: Any = None,  # --replicas, --router, --prefill-instances, ... (simctl.cluster_options)
+    slo: Any = None,  # --slo, --attainment: the SLO (simctl.cluster_options)
 ) -> None:
     """Simulate one serving replica and print its latency and throughput summary.
 
@@ -76,6 +80,7 @@ def run(
     """
     from dataclasses import replace
 
+    from sim.goodput import with_attainment
     from sim.output import RUN_FILES, TIMELINE_FILE, check_out_dir, json_text, write_run
     from sim.run import RunConfig
     from sim.run import run as run_sim
@@ -93,6 +98,10 @@ def run(
         rows = len(build_trace(trace, None, qps, seed, arrival=arrival, cv=cv))
         config = replace(config, num_requests=rows)
         config.validate()
+    cluster.validate(config.policy)
+    if cluster.is_cluster:
+        return run_cluster_command(config, cluster, out, as_json, {"timeline": timeline,
+                                                                   "trace-events": trace_events}, slo)
     check_timeline(timeline)
     if timeline and out is None:
         raise InputError("--timeline needs --out (it writes timeline.parquet there)")
@@ -102,6 +111,7 @@ def run(
         check_trace_path(trace_events)
     with progress_bar(f"{config.policy}: requests arrived") as report:
         result = run_sim(config, progress=report, timeline=timeline)
+    result.summary = with_attainment(result.summary, result.result.requests, slo)
     warn_all(result.summary.get("warnings", []))
     if out is not None:
         note_replaced(out, (*RUN_FILES, TIMELINE_FILE))

@@ -29,35 +29,59 @@ OPTIONS: dict[str, tuple[Any, Any, str]] = {  # name: (type, default, help)
 }
 
 
-def with_cluster_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Give `command` the cluster options; it receives them as `cluster` (a ClusterConfig)."""
-    signature = inspect.signature(command)
-    hints = get_type_hints(command, include_extras=True)
-    params = [p.replace(annotation=hints[p.name]) for p in signature.parameters.values() if p.name != "cluster"]
-    annotations = {p.name: p.annotation for p in params}
-    for name, (kind, default, text) in OPTIONS.items():
-        annotation = Annotated[kind, typer.Option(help=text)]
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                        annotation=annotation))
-        annotations[name] = annotation
-
-    @functools.wraps(command)
-    def wrapper(**kwargs: Any) -> Any:
-        from sim.cluster_run import ClusterConfig
-
-        cluster = ClusterConfig(**{n: kwargs.pop(n) for n in OPTIONS})
-        return command(**kwargs, cluster=cluster)
-
-    wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = annotations
-    return wrapper
+SLO_OPTIONS: dict[str, tuple[Any, Any, str]] = {
+    "slo": (list[str] | None, None, ("SLO limits, KEY=SECONDS[,KEY=SECONDS] (sim/slo.py's grammar, as `capacity "
+            "--slo`): per-request ttft, tbt, tpot, e2e (the summary's slo_attainment is the share of requests "
+            "meeting all of them) or percentiles such as p99_tbt; slo_met says whether the run meets them.")),
+    "attainment": (float | None, None, ("Share of requests that must meet the per-request --slo limits "
+                   "[default: 0.9].")),
+}
+GOODPUT_OPTION = (bool, False, ("Goodput (DistServe): the highest rate meeting --slo on the deployment the "
+                  "cluster options describe, per GPU it uses; writes goodput.json to --out."))
 
 
-def run_cluster_command(config: Any, cluster: Any, out: Path | None, as_json: bool, unsupported: dict[str, Any]
-                        ) -> None:
+def with_cluster_options(slo: bool = False, goodput: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the cluster options, received as `cluster` (a ClusterConfig); with `slo`, also --slo and
+    --attainment, received as `slo` (an SLO, or None); with `goodput`, the --goodput flag."""
+    extra = {**(SLO_OPTIONS if slo else {}), **({"goodput": GOODPUT_OPTION} if goodput else {})}
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command)
+        hints = get_type_hints(command, include_extras=True)
+        own = ("cluster", *extra)  # what this decorator gives the command
+        params = [p.replace(annotation=hints[p.name]) for p in signature.parameters.values() if p.name not in own]
+        annotations = {p.name: p.annotation for p in params}
+        for name, (kind, default, text) in {**OPTIONS, **extra}.items():
+            option = typer.Option(help=text, metavar="KEY=S[,KEY=S]") if name == "slo" else typer.Option(help=text)
+            annotation = Annotated[kind, option]
+            params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                            annotation=annotation))
+            annotations[name] = annotation
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> Any:
+            from sim.cluster_run import ClusterConfig
+            from sim.slo import parse_slo
+
+            cluster = ClusterConfig(**{n: kwargs.pop(n) for n in OPTIONS})
+            if slo:
+                limits, share = kwargs.pop("slo"), kwargs.pop("attainment")
+                kwargs["slo"] = parse_slo(limits, share) if limits or share is not None else None
+            return command(**kwargs, cluster=cluster)
+
+        wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = annotations
+        return wrapper
+
+    return decorate
+
+
+def run_cluster_command(config: Any, cluster: Any, out: Path | None, as_json: bool, unsupported: dict[str, Any],
+                        slo: Any = None) -> None:
     """`simctl run` for a cluster: summary.json, requests.parquet, iterations.parquet (with pool and replica
     columns) and replicas.parquet in --out."""
     from sim.cluster_run import CLUSTER_RUN_FILES, run_cluster, write_cluster_run
+    from sim.goodput import with_attainment
     from sim.output import check_out_dir, json_text
     from simctl.display import print_summary, progress_bar
     from simctl.usage_errors import note_replaced, warn_all
@@ -69,6 +93,7 @@ def run_cluster_command(config: Any, cluster: Any, out: Path | None, as_json: bo
         check_out_dir(out, CLUSTER_RUN_FILES)
     with progress_bar(f"{config.policy} cluster: requests arrived") as report:
         result = run_cluster(config, cluster, progress=report)
+    result.summary = with_attainment(result.summary, result.result.requests, slo)
     warn_all(result.summary.get("warnings", []))
     if out is not None:
         note_replaced(out, CLUSTER_RUN_FILES)

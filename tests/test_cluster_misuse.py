@@ -75,3 +75,22 @@ def test_cluster_run_writes_replicas_table(tmp_path: Path) -> None:
     assert list(replicas["replica"]) == [0, 1, 2] and replicas["requests"].sum() == 20
     assert summary["completed"] == 20 and len(summary["replica_metrics"]) == 3 and summary["gpus"] == 3
     assert set(pd.read_parquet(tmp_path / "o" / "requests.parquet")["replica"]) <= {0, 1, 2}
+
+
+GOODPUT_CASES = {
+    "goodput without an SLO": (("capacity", "--policy", "vllm", "--trace", "sharegpt", "--num-requests", "100",
+                                "--goodput"), "needs --slo"),
+    "cluster capacity without an SLO": (("capacity", "--policy", "vllm", "--trace", "sharegpt", "--num-requests",
+                                         "100", "--replicas", "2"), "needs --slo"),
+    "attainment without per-request limits": ((*BASE, "--slo", "p99_tbt=0.1", "--attainment", "0.9"),
+                                              "--attainment applies to per-request"),
+    "bad SLO key": ((*BASE, "--slo", "ttft=1,speed=2"), "unknown key 'speed'"),
+}
+
+
+@pytest.mark.parametrize("case", list(GOODPUT_CASES))
+def test_bad_goodput_input_is_one_line_exit_2(case: str) -> None:
+    args, words = GOODPUT_CASES[case]
+    res = simctl(*args)
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert res.stderr.count("\n") == 1 and words in res.stderr, res.stderr
