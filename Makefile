@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: run test bench bench-speed bench-validate lint clean
+.PHONY: run test bench bench-speed bench-validate lint notebooks clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ bench-speed: $(STAMP)
 # real runs on this machine's CPU against the simulator (wants a quiet machine)
 bench-validate: $(STAMP)
 	$(PY) bench/validate.py
+
+# execute every notebook top to bottom in a Jupyter kernel, outputs saved in place (capacity_vs_slo: minutes)
+notebooks: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[notebooks]'
+	for nb in notebooks/*.ipynb; do $(PY) -c "import sys, nbclient, nbformat; nb = nbformat.read(sys.argv[1], 4); \
+	    nbclient.NotebookClient(nb, timeout=900, kernel_name='python3', resources={'metadata': {'path': '.'}}).execute(); \
+	    nbformat.write(nb, sys.argv[1])" "$$nb" || exit 1; done
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
