@@ -4,7 +4,7 @@ The replica loop (`serving.loop`), the same for the simulator, the real engine a
 
     policy.add(seq)                      # for every arrival, in arrival order
     plan = policy.schedule()             # None: nothing can run until something arrives
-    extra = policy.extend(plan, limit)   # optional: repeat a decode-only plan `extra` more times
+    extra = policy.extend(plan, limit)   # optional: repeat it `extra` more times (decode-only, or `chunk_repeats`)
     ... execute; advance each seq by its new tokens (Seq.advance) ...
     policy.finish(seq)                   # for every sequence that sampled its last output token
     policy.release(seq)                  # a sequence leaves unfinished (hand-off to another instance)
@@ -112,13 +112,20 @@ class Policy(ABC):
         """Decide the next iteration, allocating the KV it needs."""
 
     def extend(self, plan: BatchPlan, limit: int) -> int:
-        """Allow a decode-only plan to repeat up to `limit` more times, allocating KV for it.
+        """Allow a decode-only plan, or one `chunk_repeats` allows, to repeat up to `limit` more times,
+        allocating KV for its decodes.
 
         Valid only while nothing arrives or finishes: the policy would then schedule the very same batch
         again (its waiting queue stays blocked and KV only gets scarcer). Returns how many extra repeats the
         KV allows; the default suits policies whose only repeat-breaking event is KV running out.
         """
-        return max(self.kv.grow_common(plan.seqs, limit + 1) - 1, 0)
+        decodes = plan.seqs if plan.decode_only else plan.seqs[:plan.decode_tokens]
+        return max(self.kv.grow_common(decodes, limit + 1) - 1, 0)
+
+    def chunk_repeats(self, plan: BatchPlan) -> int:
+        """How many more times the policy would schedule this plan with prefill chunks again, each chunk one
+        chunk further into its prompt, if nothing arrived or finished and KV sufficed (0: it would not)."""
+        return 0
 
     def finish(self, seq: Seq) -> None:
         """The sequence sampled its last token: release it."""

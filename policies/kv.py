@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-import numpy as np
-
 from policies.seq import Seq
 
 
@@ -57,6 +55,12 @@ class KVManager(ABC):
         if k > 0:
             self.grow_all(seqs, k)
         return k
+
+    def used_while_growing(self, seqs: list[Seq], k: int) -> list[int]:
+        """Token slots held during each of the next k iterations in which every sequence (grown for the first
+        of them already) caches one more token, as stepping would see them: read before a stretch grows
+        them all at once."""
+        return [self.used] * k
 
     @abstractmethod
     def max_common_growth(self, seqs: list[Seq], limit: int) -> int:
@@ -120,46 +124,65 @@ class PagedKV(KVManager):
         self.free_blocks -= len(short)
         return True
 
-    def _new_blocks(self, seqs: list[Seq]):
-        """A function of k: the blocks each sequence lacks to cache k more tokens (from the free slots it
-        already holds in its last block)."""
-        held, bs = self.held, self.block_size
-        slack = np.array([held[s.id] - s.computed for s in seqs], dtype=np.int64)
-        return lambda k: -(-np.maximum(k - slack, 0) // bs)
+    def _slack(self, seqs: list[Seq]) -> list[int]:
+        """Token slots each sequence holds beyond its cached tokens (free slots of its last block)."""
+        held = self.held
+        return [held[s.id] - s.computed for s in seqs]
 
-    def _allocate(self, seqs: list[Seq], new: np.ndarray) -> None:
-        total = int(new.sum())
-        assert total <= self.free_blocks, "growth beyond the free blocks"
-        held, bs = self.held, self.block_size
-        for i, n in zip(np.flatnonzero(new).tolist(), new[new > 0].tolist()):
-            held[seqs[i].id] += n * bs
-        self.free_blocks -= total
+    def _need(self, slack: list[int], k: int) -> int:
+        """Blocks the sequences with these slacks lack, all together, to cache k more tokens each."""
+        bs = self.block_size
+        return sum(-((sl - k) // bs) for sl in slack if sl < k)  # ceil((k - sl) / bs) where positive
 
-    def _largest_fit(self, new_blocks, limit: int) -> int:
+    def _largest_fit(self, slack: list[int], limit: int) -> int:
         """Largest k <= limit whose new blocks fit in the free ones (binary search; need(k) grows with k)."""
-        if int(new_blocks(limit).sum()) <= self.free_blocks:
+        if self._need(slack, limit) <= self.free_blocks:
             return limit
         lo, hi = 0, limit  # lo fits, hi does not
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if int(new_blocks(mid).sum()) <= self.free_blocks:
+            if self._need(slack, mid) <= self.free_blocks:
                 lo = mid
             else:
                 hi = mid
         return lo
 
+    def _allocate(self, seqs: list[Seq], slack: list[int], k: int) -> None:
+        held, bs = self.held, self.block_size
+        total = 0
+        for s, sl in zip(seqs, slack):
+            if sl < k:
+                n = -((sl - k) // bs)
+                held[s.id] += n * bs
+                total += n
+        assert total <= self.free_blocks, "growth beyond the free blocks"
+        self.free_blocks -= total
+
     def grow_all(self, seqs: list[Seq], steps: int) -> None:
-        self._allocate(seqs, self._new_blocks(seqs)(steps))
+        self._allocate(seqs, self._slack(seqs), steps)
 
     def max_common_growth(self, seqs: list[Seq], limit: int) -> int:
-        return self._largest_fit(self._new_blocks(seqs), limit)
+        return self._largest_fit(self._slack(seqs), limit)
 
     def grow_common(self, seqs: list[Seq], limit: int) -> int:
-        new_blocks = self._new_blocks(seqs)  # one pass over the sequences for both the search and the growth
-        k = self._largest_fit(new_blocks, limit)
+        slack = self._slack(seqs)  # one pass over the sequences for both the search and the growth
+        k = self._largest_fit(slack, limit)
         if k > 0:
-            self._allocate(seqs, new_blocks(k))
+            self._allocate(seqs, slack, k)
         return k
+
+    def used_while_growing(self, seqs: list[Seq], k: int) -> list[int]:
+        bs = self.block_size
+        first_needed = [0] * k  # blocks first needed at step j
+        for sl in self._slack(seqs):  # step j caches token computed + j + 1: new blocks at j = sl, sl + bs, ...
+            if sl < k:
+                for j in range(sl, k, bs):
+                    first_needed[j] += 1
+        used, out = self.used, []
+        for n in first_needed:
+            used += n * bs
+            out.append(used)
+        return out
 
     def free(self, seq: Seq) -> None:
         self.free_blocks += self.held.pop(seq.id) // self.block_size

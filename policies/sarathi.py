@@ -67,6 +67,18 @@ class SarathiServe(Policy):
             self._admit(self.waiting[0])
         return seqs, chunks
 
+    def chunk_repeats(self, plan: BatchPlan) -> int:
+        """A plan whose one prefill is a mid-prompt chunk repeats: the chunk took all the budget its decodes
+        left (a chunk short of it is the prompt's last), so the next iteration has the same decodes (lines
+        6-8), gives the same ongoing prompt, the first running sequence in prefill, the same chunk (lines
+        9-12) and has no budget left to admit anyone (lines 13-20), up to the prompt's last chunk, which
+        samples a token."""
+        nd = plan.decode_tokens
+        if len(plan.seqs) != nd + 1:
+            return 0
+        # chunks j = 0, 1, ... of c tokens stay mid-prompt while (j + 1) c < the prompt's remaining tokens
+        return max((plan.seqs[nd].prefill_remaining - 1) // plan.num_new[nd] - 1, 0)
+
     def schedule(self) -> BatchPlan | None:
         if not self.coalesce:
             seqs, chunks = self._prefill_chunks(0)

@@ -5,6 +5,8 @@ bookkeeping exists once."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from policies.base import Policy
@@ -54,17 +56,22 @@ def apply_iteration(policy: Policy, records: Records, plan: BatchPlan, start: fl
     return finished
 
 
-def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: float, ends: np.ndarray) -> list[Seq]:
-    """Apply `len(ends)` back-to-back repeats of a decode-only plan (the i-th ends at `ends[i]`): the same
-    outcome as `apply_iteration` once per repeat, with the bookkeeping batched."""
+def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: float, ends: np.ndarray,
+                  kv_used: list[int] | None = None) -> list[Seq]:
+    """Apply `len(ends)` back-to-back repeats of a plan (the i-th ends at `ends[i]`): the same outcome as
+    `apply_iteration` once per repeat, with the bookkeeping batched. A decode-only plan is recorded as one
+    iteration row with a count; a plan with mid-prompt chunks (`kv_used`: the KV held during each repeat) as
+    one row per repeat, as stepping records it."""
     k = len(ends)
     first_end, last_end = float(ends[0]), float(ends[-1])
     prev_token: dict[float, int] = {}
     finished: list[Seq] = []
     later = 0  # rows whose previous token came before `start` (as in apply_iteration)
-    steps = ends[1:] - ends[:-1]  # every row's gaps after its first
+    nd = plan.decode_tokens
+    decodes = plan.seqs if kv_used is None else plan.seqs[:nd]
+    steps = ends[1:] - ends[:-1]  # every decode's gaps after its first
     inner = float(steps.max()) if k > 1 else 0.0
-    for s in plan.seqs:  # k decode steps, each samples a token
+    for s in decodes:  # k decode steps, each samples a token
         s.computed += k
         s.generated += k
         t = s.last_token_s
@@ -76,16 +83,29 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
         if s.generated == s.output_tokens:
             s.completion_s = last_end
             finished.append(s)
-    records.gaps.extend(steps, len(plan.seqs))  # later steps: every row waited one iteration
-    _close(policy, records, plan, start, last_end, k, prev_token, len(plan.seqs) - later, finished, first_end)
+    rows = None
+    if kv_used is None:  # later steps: every decode row waited one iteration
+        records.gaps.extend(steps, len(decodes))
+    else:
+        for s, q in zip(plan.seqs[nd:], plan.num_new[nd:]):  # k chunks, none reaching the prompt's last token
+            if s.first_scheduled_s < 0:
+                s.first_scheduled_s = start
+            s.computed += k * q
+        if decodes:  # binned one by one, as stepping these iterations did
+            for gap in steps.tolist():
+                records.gaps.add(gap, len(decodes))
+        t = ends.tolist()
+        rows = zip([start] + t[:-1], t, kv_used)
+    _close(policy, records, plan, start, last_end, k, prev_token, len(decodes) - later, finished, first_end, rows)
     return finished
 
 
 def _close(policy: Policy, records: Records, plan: BatchPlan, start: float, end: float, k: int,
-           prev_token: dict[float, int], consecutive: int, finished: list[Seq], first_end: float) -> None:
+           prev_token: dict[float, int], consecutive: int, finished: list[Seq], first_end: float,
+           rows: Iterable[tuple[float, float, int]] | None = None) -> None:
     """Record the TBT gaps ending at the first of `k` iterations (`consecutive` rows had their previous token
     at `start`, the others at the times `prev_token` counts), release the finished sequences and log one
-    iteration row (`k` iterations from `start` to `end`)."""
+    iteration row (`k` iterations from `start` to `end`), or `rows` (start, end and KV held of each)."""
     gaps = records.gaps
     if consecutive:
         gaps.add(first_end - start, consecutive)
@@ -94,5 +114,10 @@ def _close(policy: Policy, records: Records, plan: BatchPlan, start: float, end:
     kv_used = policy.kv.used
     for s in finished:
         policy.finish(s)
-    records.iterations.add(start, end - start, k, plan.prefill_tokens, plan.decode_tokens, len(plan.seqs),
-                           plan.linear_tokens, kv_used)
+    log = records.iterations
+    if rows is None:
+        log.add(start, end - start, k, plan.prefill_tokens, plan.decode_tokens, len(plan.seqs), plan.linear_tokens,
+                kv_used)
+        return
+    for a, b, kv in rows:
+        log.add(a, b - a, 1, plan.prefill_tokens, plan.decode_tokens, len(plan.seqs), plan.linear_tokens, kv)

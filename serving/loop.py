@@ -13,10 +13,11 @@ environment for the simulator (`sim.replica`), sleeping on the monotonic clock f
 (`serving.realtime`), nothing at all for the replay of a real run's log. As in SimPy's own real-time
 environment, only how time advances differs; the loop, the policy and the bookkeeping are the same objects.
 
-Decode stretches: a backend that can price `k` repeats of a decode-only plan at once (`stretch_times`) lets
-the loop run such a plan as one stretch until the next request is due in the inbox, a sequence finishes or KV
-runs out (the waiting queue of every policy stays blocked while decodes only grow). Per-token outcomes are
-identical to stepping one iteration at a time; only the bookkeeping is batched.
+Stretches: a backend that can price `k` repeats of a plan at once (`stretch_times`) lets the loop run a
+decode-only plan, or one the policy says it would repeat with its prefill chunks one chunk further
+(`chunk_repeats`: Sarathi's long prompts), as one stretch until the next request is due in the inbox, a
+sequence finishes or KV runs out (the waiting queue of every policy stays blocked while decodes only grow).
+Per-token outcomes are identical to stepping one iteration at a time; only the bookkeeping is batched.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class Backend(Protocol):
         """Execute (or price) `plan`, begun at `start`; return the time its tokens exist."""
 
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray | None:
-        """Durations of `k` back-to-back repeats of a decode-only plan, or None: one iteration at a time."""
+        """Durations of `k` back-to-back repeats of a plan (`CostModel.stretch_times`; a fresh array, which the
+        loop turns into end times in place), or None: one iteration at a time."""
 
     def release(self, finished: list[Seq]) -> None:
         """The sequences sampled their last token and left the policy: free what the backend holds for them."""
@@ -71,7 +73,7 @@ class Replica:
     max_waiting: int | None = None  # give up (overload) once this many requests wait
     records: Records = field(default_factory=Records)
     aborted: bool = False
-    # A router may push a request while a decode stretch runs (a cluster's replica): the stretch's KV is then
+    # A router may push a request while a stretch runs (a cluster's replica): the stretch's KV is then
     # allocated when it ends, and `stretch` holds its iteration ends meanwhile, so that a driver can resume the
     # loop early, at the push, to cut it (`_cut`).
     interruptible: bool = False
@@ -98,12 +100,13 @@ class Replica:
                     return
                 yield now
                 continue
-            ends = self._stretch(plan, now) if plan.decode_only else None
-            if ends is None:
+            stretch = self._stretch(plan, now)
+            if stretch is None:
                 end = backend.run(plan, now)
                 yield end
                 finished = apply_iteration(policy, records, plan, now, end)
             else:
+                ends, kv_used = stretch
                 end = float(ends[-1])
                 if self.interruptible:
                     self.stretch = ends
@@ -112,26 +115,44 @@ class Replica:
                     end = float(ends[-1])
                 else:
                     yield end
-                finished = apply_stretch(policy, records, plan, now, ends)
+                if kv_used is not None:
+                    kv_used = kv_used[:len(ends)]
+                finished = apply_stretch(policy, records, plan, now, ends, kv_used)
             if finished:
                 backend.release(finished)
             now = end
 
-    def _stretch(self, plan: BatchPlan, now: float) -> np.ndarray | None:
-        """End times of the identical decode iterations this plan can run back to back (None: just one)."""
-        extra = min(min([s.output_tokens - s.generated for s in plan.seqs]) - 1, MAX_STRETCH - 1)
+    def _stretch(self, plan: BatchPlan, now: float) -> tuple[np.ndarray, list[int] | None] | None:
+        """End times of the iterations this plan can run back to back (None: just one), and for a plan with
+        prefill chunks the KV each of them holds (None for a decode-only plan, recorded as one row)."""
+        if plan.decode_only:
+            decodes, extra = plan.seqs, MAX_STRETCH - 1
+        else:
+            extra = self.policy.chunk_repeats(plan)
+            if extra <= 0:
+                return None
+            decodes, extra = plan.seqs[:plan.decode_tokens], min(extra, MAX_STRETCH - 1)
+        if decodes:  # until the first decode samples its last token
+            extra = min(extra, min([s.output_tokens - s.generated for s in decodes]) - 1)
         if extra <= 0:
             return None
         durations = self.backend.stretch_times(plan, extra + 1)
         if durations is None:
             return None
-        ends = np.cumsum(np.concatenate(([now], durations)))[1:]  # sequential adds, as stepping does
+        durations[0] += now  # the first repeat starts now: then sequential adds, as stepping does
+        ends = np.cumsum(durations)
         # stop at the iteration that ends at or after the next arrival: the policy decides again after it
         extra = min(extra, int(np.searchsorted(ends, self.inbox.next_time, side="left")))
-        if extra > 0:  # an interruptible stretch only asks how far KV allows; `_cut` allocates
-            extra = (max(self.policy.kv.max_common_growth(plan.seqs, extra + 1) - 1, 0) if self.interruptible
-                     else self.policy.extend(plan, extra))
-        return ends[:extra + 1] if extra > 0 else None
+        if extra <= 0:
+            return None
+        kv_used = None if plan.decode_only else self.policy.kv.used_while_growing(decodes, extra + 1)
+        if self.interruptible:  # only asks how far KV allows; `_cut` allocates
+            extra = max(self.policy.kv.max_common_growth(decodes, extra + 1) - 1, 0)
+        else:
+            extra = self.policy.extend(plan, extra)
+        if extra <= 0:
+            return None
+        return ends[:extra + 1], kv_used[:extra + 1] if kv_used is not None else None
 
     def _cut(self, plan: BatchPlan, ends: np.ndarray) -> Generator[float, None, np.ndarray]:
         """End an interruptible stretch: if a request was pushed while it ran (the driver then resumed the

@@ -30,13 +30,13 @@ class CostBackend:
 
     def __init__(self, cost: CostModel, fast: bool = True) -> None:
         self.cost = cost
-        self.fast = fast  # price decode stretches in closed form (identical results, fewer steps)
+        self.fast = fast  # price stretches in closed form (identical results, fewer steps)
 
     def run(self, plan: BatchPlan, start: float) -> float:
         return start + self.cost.iteration_time(plan)
 
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray | None:
-        return self.cost.decode_stretch_times(plan, k) if self.fast else None
+        return self.cost.stretch_times(plan, k) if self.fast else None
 
     def release(self, finished: list[Seq]) -> None:
         pass  # a priced iteration holds nothing beyond the policy's KV accounting

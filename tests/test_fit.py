@@ -403,17 +403,17 @@ def test_fitted_sees_padding_and_tiles(fitted):
 def test_decode_stretch_equals_repeated_iteration_time(fitted):
     plan = BatchPlan([], [1] * 37, Layout.PACKED, 37, 37, decode_rows=37, decode_kv=37 * 900)
     k = 500
-    fast = fitted.decode_stretch_times(plan, k)
+    fast = fitted.stretch_times(plan, k)
     slow = [fitted.iteration_time(dataclasses.replace(plan, decode_kv=plan.decode_kv + j * 37))
             for j in range(k)]
     np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=0)
-    assert len(fitted.decode_stretch_times(plan, 0)) == 0
+    assert len(fitted.stretch_times(plan, 0)) == 0
     # decode rows of mixed contexts, advanced token by token: the padding to the longest row stays the same
     seqs = [seq(10, c, 1, i) for i, c in enumerate((50, 400, 1200, 90))]
     for s in seqs:
         s.prefill_end = s.computed
     first = packed(seqs, [1] * 4)
-    fast = fitted.decode_stretch_times(first, k)
+    fast = fitted.stretch_times(first, k)
     pads, slow = set(), []
     for _ in range(k):  # priced as the simulator would, one iteration at a time
         plan = packed(seqs, [1] * 4)

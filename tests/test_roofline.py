@@ -179,14 +179,14 @@ def test_kv_heads_replicate_when_tp_exceeds_them():
 def test_decode_stretch_matches_stepping(rf):
     for rows, ctx, k in ((1, 1, 1), (32, 1024, 500), (200, 3000, 37)):
         plan = decode_plan(rows, ctx)
-        fast = rf.decode_stretch_times(plan, k)
+        fast = rf.stretch_times(plan, k)
         slow = np.array([rf.iteration_time(dataclasses.replace(plan, decode_kv=plan.decode_kv + j * rows))
                          for j in range(k)])
-        generic = CostModel.decode_stretch_times(rf, plan, k)
+        generic = CostModel.stretch_times(rf, plan, k)
         assert fast.shape == (k,)
         np.testing.assert_allclose(fast, slow, rtol=1e-12)
         np.testing.assert_allclose(fast, generic, rtol=1e-12)
-    assert rf.decode_stretch_times(decode_plan(4, 10), 0).shape == (0,)
+    assert rf.stretch_times(decode_plan(4, 10), 0).shape == (0,)
 
 
 @settings(max_examples=60, deadline=None)
@@ -194,7 +194,7 @@ def test_decode_stretch_matches_stepping(rf):
 def test_decode_stretch_property(rows, ctx, k, tp):
     rf = Roofline("llama-2-13b", "h100", tp=tp)
     plan = padded_decode([], rows, ctx)
-    fast = rf.decode_stretch_times(plan, k)
+    fast = rf.stretch_times(plan, k)
     slow = [rf.iteration_time(dataclasses.replace(plan, decode_kv=plan.decode_kv + j * rows)) for j in range(k)]
     np.testing.assert_allclose(fast, slow, rtol=1e-12)
 

@@ -21,14 +21,18 @@ class CostModel(ABC):
     def iteration_time(self, plan: BatchPlan) -> float:
         """Seconds to execute the plan."""
 
-    def decode_stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
-        """Durations of `k` back-to-back repeats of a decode-only plan.
+    def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
+        """Durations of `k` back-to-back repeats of a plan whose sequences keep their roles (a stretch: decodes
+        that go on decoding, and a prompt's chunks that go on being mid-prompt chunks of the same size).
 
-        Repeat j (from 0) is the same batch with every decode row holding j more KV tokens. Implementations
-        with a closed form override this; the generic one prices each repeat.
+        Repeat j (from 0) is the same batch with every decode row holding j more KV tokens and every prefill
+        segment j of its chunks further into its prompt (context + j x q). Implementations with a closed form
+        override this; the generic one prices each repeat.
         """
         return np.array([
-            self.iteration_time(dataclasses.replace(plan, decode_kv=plan.decode_kv + j * plan.decode_rows))
+            self.iteration_time(dataclasses.replace(
+                plan, decode_kv=plan.decode_kv + j * plan.decode_rows,
+                prefill_c=[c + j * q for q, c in zip(plan.prefill_q, plan.prefill_c)]))
             for j in range(k)
         ])
 
@@ -44,5 +48,5 @@ class ScaledCost(CostModel):
     def iteration_time(self, plan: BatchPlan) -> float:
         return self.factor * self.base.iteration_time(plan)
 
-    def decode_stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
-        return self.factor * self.base.decode_stretch_times(plan, k)
+    def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
+        return self.factor * self.base.stretch_times(plan, k)

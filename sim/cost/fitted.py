@@ -62,8 +62,9 @@ Why this form:
 
 All coefficients are >= 0 and the curves non-decreasing, so the time never decreases when a field of the
 plan grows (tile rounding is a step, never a drop). Along a decode stretch every row gains one KV token: the
-mean KV length grows by one per repeat and decode_pad_kv stays the same, so `decode_stretch_times` is a
-vectorised closed form (the decode curve evaluated at k points).
+mean KV length grows by one per repeat and decode_pad_kv stays the same, so `stretch_times` is a vectorised
+closed form (the decode curve evaluated at k points); a stretch of a prompt's chunks (a few repeats) is priced
+repeat by repeat.
 
 KV capacity: the model carries the model shape and dtype it was fitted for, hence `kv_bytes_per_token` and
 `weight_bytes`, and the device memory when the profile recorded it (`memory_bytes`, null otherwise, e.g. on
@@ -235,9 +236,10 @@ class Fitted(CurveTables, CostModel):
     def tiled(self, n: int) -> int:
         return tiled(n, self.tile)
 
-    def _fixed(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
+    def _fixed(self, plan: BatchPlan, terms: dict[str, float] | None = None, repeat: int = 0) -> float:
         """The formula, written once: everything but the decode rows' KV curve (the one term a decode stretch
-        changes), summed in one fixed order. `terms`, if given, receives each term (`breakdown`)."""
+        changes), summed in one fixed order. `terms`, if given, receives each term (`breakdown`). `repeat` j
+        prices a stretch's repeat j: each prefill segment j chunks further into its prompt."""
         t = self._ovh
         linear = lm_head = prefill = pad = 0.0
         T, r = plan.linear_tokens, plan.sampled_tokens
@@ -252,6 +254,7 @@ class Fitted(CurveTables, CostModel):
             kv = 0
             full = 2 if plan.dense_attention else 1
             for q, c in zip(plan.prefill_q, plan.prefill_c):
+                c += repeat * q
                 units2 += q * (2 * c + full * q)
                 kv += c + q
             prefill = self._pa_unit * (0.5 * units2) + self._pa_kv * kv + self._pa_seg * len(plan.prefill_q)
@@ -271,10 +274,15 @@ class Fitted(CurveTables, CostModel):
             return self._fixed(plan)
         return self._fixed(plan) + rows * self._dec(plan.decode_kv / rows)
 
-    def decode_stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
+    def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
         if k <= 0:
             return np.empty(0)
         rows = plan.decode_rows
+        if plan.prefill_q:  # a prompt's chunks: a few repeats, each priced as its iteration would be
+            if rows <= 0:
+                return np.array([self._fixed(plan, repeat=j) for j in range(k)])
+            return np.array([self._fixed(plan, repeat=j) + rows * self._dec((plan.decode_kv + j * rows) / rows)
+                             for j in range(k)])
         fixed = self._fixed(plan)
         if rows <= 0:
             return np.full(k, fixed)

@@ -155,10 +155,11 @@ class Roofline(CostModel):
         """Rows a GEMM over `n` rows pays for: n up to one tile, else n rounded up to the tile."""
         return tiled(n, self.tile)
 
-    def _fixed(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
-        """The formula, written once: everything but decode attention (the one term a decode stretch
-        changes, `decode_kv * _dkv`), summed in one fixed order so a stretch prices as stepping does.
-        `terms`, if given, receives each term (`breakdown`); the hot path passes none."""
+    def _fixed(self, plan: BatchPlan, terms: dict[str, float] | None = None, repeat: int = 0) -> float:
+        """The formula, written once: everything but decode attention (`decode_kv * _dkv`), summed in one fixed
+        order so a stretch prices as stepping does. `terms`, if given, receives each term (`breakdown`); the
+        hot path passes none. `repeat` j prices a stretch's repeat j: each prefill segment j chunks further
+        into its prompt."""
         t = self.overhead_s
         linear = allreduce = lm_head = attention = 0.0
         T, r = plan.linear_tokens, plan.sampled_tokens
@@ -177,6 +178,7 @@ class Roofline(CostModel):
             pc, pm = self._pa_c, self._pa_m
             half = 1.0 if plan.dense_attention else 0.5  # a dense block computes the upper triangle too
             for q, ctx in zip(plan.prefill_q, plan.prefill_c):
+                ctx += repeat * q
                 c = pc * q * (ctx + half * q)
                 m = pm * (ctx + q)
                 a = math.sqrt(c * c + m * m)
@@ -190,11 +192,14 @@ class Roofline(CostModel):
     def iteration_time(self, plan: BatchPlan) -> float:
         return self._fixed(plan) + plan.decode_kv * self._dkv
 
-    def decode_stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
+    def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
         if k <= 0:
             return np.empty(0)
-        kv = plan.decode_kv + np.arange(k, dtype=np.int64) * plan.decode_rows
-        return self._fixed(plan) + kv * self._dkv
+        rows, dkv = plan.decode_rows, self._dkv
+        if plan.prefill_q:  # a prompt's chunks: a few repeats, each priced as its iteration would be
+            return np.array([self._fixed(plan, repeat=j) + (plan.decode_kv + j * rows) * dkv for j in range(k)])
+        kv = plan.decode_kv + np.arange(k, dtype=np.int64) * rows  # decodes alone: only their KV term grows
+        return self._fixed(plan) + kv * dkv
 
     def breakdown(self, plan: BatchPlan) -> dict[str, float]:
         """The terms of `iteration_time(plan)` in seconds (for reports and tests; not on the hot path)."""
