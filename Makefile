@@ -23,6 +23,7 @@ bench: bench-speed bench-validate
 
 bench-speed: $(STAMP)
 	$(PY) bench/sim_speed.py
+	$(PY) bench/cluster_speed.py
 
 # real runs on this machine's CPU against the simulator (wants a quiet machine)
 bench-validate: $(STAMP)

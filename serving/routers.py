@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from common.errors import InputError
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built for every replica at every arrival, and frozen init costs 2x
 class ReplicaView:
     queued: int  # routed here and not yet admitted (waiting, arrived with KV, or not yet taken from the inbox)
     outstanding: int  # routed here and not yet finished (or handed on to another pool)

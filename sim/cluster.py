@@ -47,16 +47,17 @@ class Member:
         self.inbox = RoutedInbox()
         self.replica = Replica(policy, _Backend(cost, fast, self, on_release), RoutedTime(self.inbox),
                                self.inbox, max_waiting=max_waiting, interruptible=True)
+        self.policy = policy
         self.released = 0  # requests that left it (finished, or prefilled and handed on)
         self.wake: simpy.Event | None = None  # set while it waits for a push
         self.cutting = False  # a push has resumed it early to cut its stretch
         self.process: simpy.Process | None = None
         self.seqs: list[Seq] = []  # every request pushed here (a prefill instance's copies)
 
-    def view(self) -> ReplicaView:
-        p = self.replica.policy
-        return ReplicaView(queued=len(p.waiting) + len(p.arrived_with_kv) + self.inbox.pending,
-                           outstanding=self.inbox.pushed - self.released, kv_used=p.kv.used)
+    def view(self) -> ReplicaView:  # every replica's, at every arrival: kept to plain reads
+        p, inbox = self.policy, self.inbox
+        return ReplicaView(len(p.waiting) + len(p.arrived_with_kv) + inbox.pending, inbox.pushed - self.released,
+                           p.kv.used)
 
     def push(self, seq: Seq, due: float) -> None:
         self.inbox.push_due(seq, due)
