@@ -124,60 +124,62 @@ class PagedKV(KVManager):
         self.free_blocks -= len(short)
         return True
 
-    def _slack(self, seqs: list[Seq]) -> list[int]:
-        """Token slots each sequence holds beyond its cached tokens (free slots of its last block)."""
+    def _short(self, seqs: list[Seq], limit: int) -> list[tuple[int, int]]:
+        """(id, free slots of its last block) of the sequences with fewer than `limit` such slots: the only
+        ones that lack blocks to cache up to `limit` more tokens."""
         held = self.held
-        return [held[s.id] - s.computed for s in seqs]
+        return [(s.id, slack) for s in seqs if (slack := held[s.id] - s.computed) < limit]
 
-    def _need(self, slack: list[int], k: int) -> int:
-        """Blocks the sequences with these slacks lack, all together, to cache k more tokens each."""
+    def _need(self, short: list[tuple[int, int]], k: int) -> int:
+        """Blocks these sequences lack, all together, to cache k more tokens each."""
         bs = self.block_size
-        return sum(-((sl - k) // bs) for sl in slack if sl < k)  # ceil((k - sl) / bs) where positive
+        return sum(-((slack - k) // bs) for _, slack in short if slack < k)  # ceil((k - slack) / bs) if > 0
 
-    def _largest_fit(self, slack: list[int], limit: int) -> int:
+    def _largest_fit(self, short: list[tuple[int, int]], limit: int) -> int:
         """Largest k <= limit whose new blocks fit in the free ones (binary search; need(k) grows with k)."""
-        if self._need(slack, limit) <= self.free_blocks:
+        if self._need(short, limit) <= self.free_blocks:
             return limit
         lo, hi = 0, limit  # lo fits, hi does not
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self._need(slack, mid) <= self.free_blocks:
+            if self._need(short, mid) <= self.free_blocks:
                 lo = mid
             else:
                 hi = mid
         return lo
 
-    def _allocate(self, seqs: list[Seq], slack: list[int], k: int) -> None:
+    def _allocate(self, short: list[tuple[int, int]], k: int) -> None:
         held, bs = self.held, self.block_size
         total = 0
-        for s, sl in zip(seqs, slack):
-            if sl < k:
-                n = -((sl - k) // bs)
-                held[s.id] += n * bs
+        for i, slack in short:
+            if slack < k:
+                n = -((slack - k) // bs)
+                held[i] += n * bs
                 total += n
         assert total <= self.free_blocks, "growth beyond the free blocks"
         self.free_blocks -= total
 
     def grow_all(self, seqs: list[Seq], steps: int) -> None:
-        self._allocate(seqs, self._slack(seqs), steps)
+        self._allocate(self._short(seqs, steps), steps)
 
     def max_common_growth(self, seqs: list[Seq], limit: int) -> int:
-        return self._largest_fit(self._slack(seqs), limit)
+        return self._largest_fit(self._short(seqs, limit), limit)
 
     def grow_common(self, seqs: list[Seq], limit: int) -> int:
-        slack = self._slack(seqs)  # one pass over the sequences for both the search and the growth
-        k = self._largest_fit(slack, limit)
+        short = self._short(seqs, limit)  # one pass over the sequences for both the search and the growth
+        k = self._largest_fit(short, limit)
         if k > 0:
-            self._allocate(seqs, slack, k)
+            self._allocate(short, k)
         return k
 
     def used_while_growing(self, seqs: list[Seq], k: int) -> list[int]:
         bs = self.block_size
         first_needed = [0] * k  # blocks first needed at step j
-        for sl in self._slack(seqs):  # step j caches token computed + j + 1: new blocks at j = sl, sl + bs, ...
-            if sl < k:
-                for j in range(sl, k, bs):
-                    first_needed[j] += 1
+        # step j caches token computed + j + 1: a sequence with `slack` free slots needs new blocks at
+        # j = slack, slack + bs, ...
+        for _, slack in self._short(seqs, k):
+            for j in range(slack, k, bs):
+                first_needed[j] += 1
         used, out = self.used, []
         for n in first_needed:
             used += n * bs

@@ -71,6 +71,7 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
     decodes = plan.seqs if kv_used is None else plan.seqs[:nd]
     steps = ends[1:] - ends[:-1]  # every decode's gaps after its first
     inner = float(steps.max()) if k > 1 else 0.0
+    lead = max(first_end - start, inner)  # the longest gap of a row whose previous token came at `start`
     for s in decodes:  # k decode steps, each samples a token
         s.computed += k
         s.generated += k
@@ -78,7 +79,11 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
         if t != start:
             prev_token[t] = prev_token.get(t, 0) + 1
             later += 1
-        s.max_gap_s = max(s.max_gap_s, first_end - t, inner)
+            gap = max(first_end - t, inner)
+        else:
+            gap = lead
+        if gap > s.max_gap_s:  # noqa: PLR1730 - a compare costs less than max() in this per-row loop
+            s.max_gap_s = gap
         s.last_token_s = last_end
         if s.generated == s.output_tokens:
             s.completion_s = last_end

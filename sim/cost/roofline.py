@@ -155,13 +155,22 @@ class Roofline(CostModel):
         """Rows a GEMM over `n` rows pays for: n up to one tile, else n rounded up to the tile."""
         return tiled(n, self.tile)
 
-    def _fixed(self, plan: BatchPlan, terms: dict[str, float] | None = None, repeat: int = 0) -> float:
+    def _fixed(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
         """The formula, written once: everything but decode attention (`decode_kv * _dkv`), summed in one fixed
         order so a stretch prices as stepping does. `terms`, if given, receives each term (`breakdown`); the
-        hot path passes none. `repeat` j prices a stretch's repeat j: each prefill segment j chunks further
-        into its prompt."""
+        hot path passes none."""
+        t = self._dense(plan, terms)
+        attention = 0.0
+        if plan.prefill_q:
+            t, attention = self._prefill_attention(plan, t)
+        if terms is not None:
+            terms["prefill_attention"] = attention
+        return t
+
+    def _dense(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
+        """The overhead, the linear layers (and their all-reduces) and the LM head, summed in that order."""
         t = self.overhead_s
-        linear = allreduce = lm_head = attention = 0.0
+        linear = allreduce = lm_head = 0.0
         T, r = plan.linear_tokens, plan.sampled_tokens
         if T > 0:
             c = self._lin_c * tiled(T, self.tile)
@@ -174,20 +183,24 @@ class Roofline(CostModel):
             c = self._lm_c * tiled(r, self.tile)
             lm_head = math.sqrt(c * c + self._lm_m * self._lm_m)
             t += lm_head
-        if plan.prefill_q:
-            pc, pm = self._pa_c, self._pa_m
-            half = 1.0 if plan.dense_attention else 0.5  # a dense block computes the upper triangle too
-            for q, ctx in zip(plan.prefill_q, plan.prefill_c):
-                ctx += repeat * q
-                c = pc * q * (ctx + half * q)
-                m = pm * (ctx + q)
-                a = math.sqrt(c * c + m * m)
-                t += a
-                attention += a
         if terms is not None:
-            terms.update(overhead=self.overhead_s, linear=linear, allreduce=allreduce, lm_head=lm_head,
-                         prefill_attention=attention)
+            terms.update(overhead=self.overhead_s, linear=linear, allreduce=allreduce, lm_head=lm_head)
         return t
+
+    def _prefill_attention(self, plan: BatchPlan, t: float, repeat: int = 0) -> tuple[float, float]:
+        """`t` plus each prefill segment's attention, added one by one, and their sum; `repeat` j prices a
+        stretch's repeat j, each segment j chunks further into its prompt."""
+        pc, pm = self._pa_c, self._pa_m
+        half = 1.0 if plan.dense_attention else 0.5  # a dense block computes the upper triangle too
+        attention = 0.0
+        for q, ctx in zip(plan.prefill_q, plan.prefill_c):
+            ctx += repeat * q
+            c = pc * q * (ctx + half * q)
+            m = pm * (ctx + q)
+            a = math.sqrt(c * c + m * m)
+            t += a
+            attention += a
+        return t, attention
 
     def iteration_time(self, plan: BatchPlan) -> float:
         return self._fixed(plan) + plan.decode_kv * self._dkv
@@ -195,11 +208,15 @@ class Roofline(CostModel):
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
         if k <= 0:
             return np.empty(0)
-        rows, dkv = plan.decode_rows, self._dkv
-        if plan.prefill_q:  # a prompt's chunks: a few repeats, each priced as its iteration would be
-            return np.array([self._fixed(plan, repeat=j) + (plan.decode_kv + j * rows) * dkv for j in range(k)])
-        kv = plan.decode_kv + np.arange(k, dtype=np.int64) * rows  # decodes alone: only their KV term grows
-        return self._fixed(plan) + kv * dkv
+        rows, dkv, kv0 = plan.decode_rows, self._dkv, plan.decode_kv
+        if plan.prefill_q:  # a prompt's chunks: each repeat priced as its iteration, the dense terms once
+            dense = self._dense(plan)
+            return np.array([self._prefill_attention(plan, dense, j)[0] + (kv0 + j * rows) * dkv for j in range(k)])
+        # decodes alone: only their KV term grows, by `rows` tokens a repeat
+        kv = np.arange(kv0, kv0 + k * rows, rows, dtype=np.int64) if rows else np.full(k, kv0, dtype=np.int64)
+        times = kv * dkv
+        times += self._fixed(plan)  # fixed + kv x dkv, as iteration_time sums them
+        return times
 
     def breakdown(self, plan: BatchPlan) -> dict[str, float]:
         """The terms of `iteration_time(plan)` in seconds (for reports and tests; not on the hot path)."""
