@@ -140,9 +140,9 @@ class Replica:
         if durations is None:
             return None
         durations[0] += now  # the first repeat starts now: then sequential adds, as stepping does
-        ends = np.cumsum(durations)
+        ends = durations.cumsum()
         # stop at the iteration that ends at or after the next arrival: the policy decides again after it
-        extra = min(extra, int(np.searchsorted(ends, self.inbox.next_time, side="left")))
+        extra = min(extra, int(ends.searchsorted(self.inbox.next_time, side="left")))
         if extra <= 0:
             return None
         kv_used = None if plan.decode_only else self.policy.kv.used_while_growing(decodes, extra + 1)
