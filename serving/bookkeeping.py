@@ -100,7 +100,7 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
             for gap in steps.tolist():
                 records.gaps.add(gap, len(decodes))
         t = ends.tolist()
-        rows = zip([start] + t[:-1], t, kv_used)
+        rows = zip([start] + t[:-1], t, kv_used, strict=True)
     _close(policy, records, plan, start, last_end, k, prev_token, len(decodes) - later, finished, first_end, rows)
     return finished
 

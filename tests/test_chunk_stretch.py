@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import simpy
 from conftest import AffineCost
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,7 +19,10 @@ import serving.loop
 from policies.kv import PagedKV
 from policies.plan import hybrid
 from policies.registry import make_policy
+from policies.sarathi import SarathiServe
 from policies.seq import Phase, Seq
+from serving.routers import make_router
+from sim.cluster import Cluster, Member, Pool
 from sim.cost.base import ScaledCost
 from sim.cost.fitted import Fitted
 from sim.cost.roofline import Roofline
@@ -164,3 +168,37 @@ def test_a_long_prompt_beside_decodes_is_one_stretch(monkeypatch) -> None:
     assert chunk_stretches == [(8, 5, True)]
     monkeypatch.setattr(serving.loop, "apply_stretch", apply)
     _assert_identical(stretched, _run("sarathi", requests, 100_000, None, "mistral", False)[0])
+
+
+def _cluster(requests: list[Request], replicas: int) -> tuple[list[Seq], list[pd.DataFrame]]:
+    """Serve on `replicas` sarathi replicas behind a round-robin router: a cluster's stretches are cut by
+    pushes while they run (`Replica.interruptible`)."""
+    cluster = Cluster(simpy.Environment(), None, 0)
+    cluster.entry = Pool("replicas", [
+        Member(i, make_policy("sarathi", 40_000, 3072, {"token_budget": 128}), COSTS["mistral"], True, None,
+               cluster.on_release) for i in range(replicas)], make_router("round-robin"))
+    seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests]
+    cluster.run(seqs)
+    return seqs, [m.replica.records.iterations.frame() for m in cluster.members]
+
+
+def test_a_cluster_s_chunk_stretches_cut_by_pushes_are_bit_identical(monkeypatch) -> None:
+    rng = np.random.default_rng(3)
+    requests = [Request(i, float(t), int(p), int(o)) for i, (t, p, o) in enumerate(zip(
+        np.cumsum(rng.exponential(0.05, 60)), rng.integers(1, 3000, 60), rng.integers(1, 80, 60)))]
+    calls = []
+    apply = serving.loop.apply_stretch
+
+    def counting(policy, records, plan, start, ends, kv_used=None):
+        calls.append(kv_used is not None)
+        return apply(policy, records, plan, start, ends, kv_used)
+
+    monkeypatch.setattr(serving.loop, "apply_stretch", counting)
+    seqs, logs = _cluster(requests, 2)
+    assert sum(calls) > 10  # chunk stretches ran
+    monkeypatch.setattr(SarathiServe, "chunk_repeats", lambda self, plan: 0)
+    stepped, stepped_logs = _cluster(requests, 2)
+    times = ("first_scheduled_s", "first_token_s", "completion_s", "max_gap_s", "generated", "preemptions")
+    assert [[getattr(s, a) for a in times] for s in seqs] == [[getattr(s, a) for a in times] for s in stepped]
+    for a, b in zip(logs, stepped_logs):
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
