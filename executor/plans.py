@@ -80,6 +80,7 @@ class PlanExecutor:
         self.prompt_len = {rid: len(p) for rid, p in prompts.items()}
         self.slots = SlotPool(executor.slots, executor.move_slot)
         self.rows: list[tuple[Seq, int]] | None = None  # the running padded batch: (seq, slot) per row
+        self.batch_rows = 0  # rows that batch has once all its prefill groups have run
         dev = executor.device
         self.sync: Callable[[], None] = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
 
@@ -144,8 +145,9 @@ class PlanExecutor:
 
     def _keep_rows(self, plan: BatchPlan, segs: list[Segment]) -> None:
         """A request-level batch's prefill (a group of it): its rows stay until the whole batch finishes."""
-        if plan.keep_finished_rows:
+        if plan.batch_rows:
             self.rows = (self.rows or []) + [(s, g.slot) for s, g in zip(plan.seqs, segs)]
+            self.batch_rows = plan.batch_rows
 
     def release(self, finished: list[Seq]) -> None:
         """Give back the KV slots of finished requests (a padded batch's, once all its rows have finished)."""
@@ -154,7 +156,8 @@ class PlanExecutor:
         for s in finished:
             if s.id not in in_batch:
                 self.slots.release(s)
-        if rows is not None and all(s.completion_s >= 0 for s, _ in rows):
+        # the batch ends once all its rows are in (`pd` prefills it in groups) and all have finished
+        if rows is not None and len(rows) == self.batch_rows and all(s.completion_s >= 0 for s, _ in rows):
             for s, _ in sorted(rows, key=lambda row: -row[1]):  # highest row first: nothing moves
                 self.slots.release(s)
             self.rows = None

@@ -62,7 +62,7 @@ class FasterTransformer(Policy):
             self.kv_len = 0
         if self.groups:
             plan = self._prefill(self.groups.pop(0))
-            plan.keep_finished_rows = True
+            plan.batch_rows = len(self.batch)
             self.kv_len = max(self.kv_len, plan.row_len)  # every row's KV is padded to the longest prompt
             return plan
         self.kv_len += 1

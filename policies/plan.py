@@ -50,9 +50,9 @@ class BatchPlan:
     # padded batches, Prepacking's bins) rather than by a causal kernel that skips the upper triangle
     dense_attention: bool = False
     bins: list[list[int]] = field(default_factory=list)  # BINPACKED: indices into `seqs`, one list per row
-    # a request-level batch's prefill (FasterTransformer and its kin): these rows stay in the batch, computed
-    # even once finished, until all of the batch has finished
-    keep_finished_rows: bool = False
+    # a request-level batch's prefill, or one group of it (FasterTransformer and its kin): the whole batch has
+    # this many rows, and they stay in it, computed even once finished, until all of them have finished
+    batch_rows: int = 0
 
     @property
     def decode_only(self) -> bool:

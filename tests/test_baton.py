@@ -155,7 +155,7 @@ def test_pd_prefills_similar_lengths_apart_then_decodes_the_batch_out() -> None:
     seqs = add(policy, (40, 3), (5, 6), (30, 2), (8, 2))
     prefills = [step(policy), step(policy)]
     assert [[s.id for s in p.seqs] for p in prefills] == [[1, 3], [2, 0]]  # by length: (5, 8), (30, 40)
-    assert [p.row_len for p in prefills] == [8, 40] and all(p.keep_finished_rows for p in prefills)
+    assert [p.row_len for p in prefills] == [8, 40] and all(p.batch_rows == 4 for p in prefills)
     decode = step(policy)
     assert decode.rows == 4 and decode.kv_len == 41  # combined: KV end-aligned to the longest prompt
     while not policy.idle:

@@ -85,14 +85,16 @@ def serve(model, policy_name: str, requests: list[Request], on_iteration=None, k
     return engine, engine.serve(requests, on_iteration=on_iteration), size
 
 
-def check_run(out, requests: list[Request], alone) -> None:
+def check_run(out, requests: list[Request], alone, late: bool = False) -> None:
+    """`late`: responses may return after their last token (hf-padded --early-return 0)."""
     assert not out.aborted
     by_id = {s.id: s for s in out.seqs}
     for r in requests:
         s = by_id[r.id]
         assert s.generated == r.output_tokens and len(out.tokens[r.id]) == r.output_tokens
         assert out.tokens[r.id] == alone(r), f"request {r.id}: tokens differ from its run alone"
-        assert s.arrival_s <= s.first_scheduled_s <= s.first_token_s <= s.last_token_s == s.completion_s
+        assert s.arrival_s <= s.first_scheduled_s <= s.first_token_s <= s.last_token_s <= s.completion_s
+        assert s.last_token_s == s.completion_s or late, "a response returned after its last token"
     frame = out.iterations.frame()
     assert (frame["count"] == 1).all() and len(frame) == len(out.forward_s)
     assert (frame["start_s"].diff().dropna() > 0).all() and (frame["duration_s"] > 0).all()
@@ -105,7 +107,7 @@ def check_run(out, requests: list[Request], alone) -> None:
                                                      for n, o in CASES])
 def test_every_policy_gives_each_request_its_tokens_alone(model, alone, name, options) -> None:
     engine, out, size = serve(model, name, REQUESTS, **options)
-    check_run(out, REQUESTS, alone)
+    check_run(out, REQUESTS, alone, late=options.get("early_return") == 0)
     assert out.iterations.frame()["batch_size"].max() > 1, "nothing was batched: the test proves little"
     assert out.peak_slots <= size.kv_slots and not engine.executor.slots.of, "every slot is given back"
     # requests finished below others, whose KV moved down (request-level batching frees a whole batch at once)
@@ -175,6 +177,17 @@ def test_baton_runs_the_padded_insertion_and_the_batch_width(model, alone, monke
         assert calls[3] == (2, 20, 6 + 20) and frame["linear_tokens"][3] == 40
     else:  # prefilled alone, then embedded: one token per query over max(6, 20) + 1 columns
         assert calls[3] == (1, 20, None) and calls[4] == (2, 1, 21)
+
+
+def test_pd_batch_whose_first_group_finishes_at_its_prefill_keeps_its_rows(model, alone) -> None:
+    """pd prefills a batch in groups; a group done at its prefill (one-token outputs) must not end the batch
+    in the engine before the other groups have run (regression: the decode then found too few rows)."""
+    requests = [Request(i, 0.0, p, o) for i, (p, o) in enumerate([(5, 1), (30, 4), (10, 3), (7, 1)])]
+    engine, out, _ = serve(model, "pd", requests, prefill_batch_size=2)
+    check_run(out, requests, alone)
+    frame = out.iterations.frame()
+    assert (frame["linear_tokens"][frame["prefill_tokens"] == 0] == 4).all()  # decodes run all four rows
+    assert not engine.executor.slots.of
 
 
 @pytest.mark.parametrize("dense", [True, False], ids=["dense", "varlen"])
