@@ -2,8 +2,10 @@
 
 A router sees one `ReplicaView` per replica, built at that instant from what exists then (requests queued and
 outstanding, KV held), never from what a replica will do later (a decode stretch in progress allocates its
-later iterations' KV only when they are applied). Routers are pure decision logic: no clock, no SimPy. Ties go
-to the lowest index, so the same trace and seed route the same way.
+later iterations' KV only when they are applied). Routers are pure decision logic: no clock, no SimPy. Ties on
+the queue or the KV go to the replica with fewer outstanding requests (empty queues are the common case: a
+plain lowest-index tie-break piled requests onto replica 0), then to the lowest index, so the same trace and
+seed route the same way.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class RoundRobin:
         return i
 
 
-def _least(key: Callable[[ReplicaView], int]) -> Callable[[Sequence[ReplicaView]], int]:
+def _least(key: Callable[[ReplicaView], object]) -> Callable[[Sequence[ReplicaView]], int]:
     def choose(views: Sequence[ReplicaView]) -> int:
         return min(range(len(views)), key=lambda i: key(views[i]))  # min keeps the first of equals
     return choose
@@ -44,8 +46,8 @@ Router = Callable[[Sequence[ReplicaView]], int]
 ROUTERS: dict[str, Callable[[], Router]] = {
     "round-robin": RoundRobin,
     "least-outstanding": lambda: _least(lambda v: v.outstanding),
-    "least-kv": lambda: _least(lambda v: v.kv_used),
-    "shortest-queue": lambda: _least(lambda v: v.queued),
+    "least-kv": lambda: _least(lambda v: (v.kv_used, v.outstanding)),
+    "shortest-queue": lambda: _least(lambda v: (v.queued, v.outstanding)),
 }
 
 

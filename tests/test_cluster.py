@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from policies.registry import POLICIES, make_policy
 from policies.seq import Seq
-from serving.routers import ROUTERS, make_router
+from serving.routers import ROUTERS, ReplicaView, make_router
 from sim.cluster import Cluster, Member, Pool
 from sim.cluster_run import ClusterConfig, run_cluster
 from sim.gpus import get_gpu
@@ -144,3 +144,12 @@ def test_same_seed_same_results() -> None:
         a, b = run_cluster(config, cc), run_cluster(config, cc)
         assert a.result.requests.equals(b.result.requests) and a.replicas.equals(b.replicas)
         assert a.iterations.equals(b.iterations)
+
+
+def test_queue_and_kv_routers_break_ties_by_outstanding_requests() -> None:
+    """Empty queues (or equal KV) are the common case: the tie goes to the replica with fewer outstanding
+    requests, not always to replica 0, and then to the lowest index."""
+    views = [ReplicaView(0, 5, 100), ReplicaView(0, 2, 100), ReplicaView(0, 2, 100), ReplicaView(1, 0, 300)]
+    assert make_router("shortest-queue")(views) == 1
+    assert make_router("least-kv")(views) == 1
+    assert make_router("least-outstanding")(views) == 3
