@@ -119,7 +119,7 @@ def run_cluster(config: RunConfig, cc: ClusterConfig, progress: Progress | None 
         cluster.entry = _pool("replicas", cc.replicas, config.gpu, serving, serving.check_fits(config, requests),
                               config, cc.router, cluster)
         deployments = (serving,)
-    seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests]
+    seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority) for r in requests]
     cluster.run(seqs, progress)
     result, summary = _summarise(config, cc, cluster, seqs, serving.kv_capacity, time.perf_counter() - t0)
     summary["arrivals_from_file"] = has_arrival_times(config.trace)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,8 @@ import pandas as pd
 
 from common.errors import InputError
 from sim.capacity import _quiet_worker, find_capacity  # capacity's pool workers: signals are the parent's
+from sim.cluster_run import run_cluster
+from sim.goodput import find_goodput
 from sim.output import atomic_write, json_text, write_files
 from sim.run import run
 from sim.slo import SLO
@@ -39,16 +41,21 @@ def compute_point(point: SweepPoint) -> dict[str, Any]:
     """A point's record: its table rows (and, for a capacity point, every probe), JSON-ready."""
     labels = point.labels
     if point.mode == "run":
-        r = run(point.config)
+        r = run_cluster(point.config, point.cluster) if point.cluster.is_cluster else run(point.config)
         summary = {k: v for k, v in r.summary.items() if k not in ("warnings", "options")}
         judged = [{"slo": name, "slo_text": slo.describe(), **_judged(summary, slo, r.result.requests)}
                   for name, slo in point.slos.items()] or [{"slo": None}]
         rows = [{**summary, **labels, "mode": "run", **j} for j in judged]
         return {"key": point.key, "rows": rows, "probes": [], "warnings": r.summary.get("warnings", [])}
     (name, slo), = point.slos.items()
-    found = find_capacity(point.config, slo, point.start_qps)
+    per_gpu = {}
+    if point.cluster.is_cluster:  # the deployment's rate, and per GPU (DistServe's goodput)
+        g = find_goodput(replace(point.config, qps=point.start_qps), point.cluster, slo, point.start_qps)
+        found, per_gpu = g.search, {"gpus": g.gpus, "capacity_qps_per_gpu": g.per_gpu}
+    else:
+        found = find_capacity(point.config, slo, point.start_qps)
     at = found.at_capacity or {}
-    row = {**labels, "mode": "capacity", "slo": name, "slo_text": slo.describe(), "capacity_qps": found.qps,
+    row = {**labels, "mode": "capacity", "slo": name, "slo_text": slo.describe(), "capacity_qps": found.qps, **per_gpu,
            "problem": found.problem, "probes": len(found.probes), **{k: at.get(k) for k in AT_CAPACITY}}
     probes = [{**{k: v for k, v in p.items() if k not in ("warnings", "options")}, **labels, "slo": name,
                **({"attainment": slo.attainment} if slo.per_request else {})}

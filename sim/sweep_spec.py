@@ -9,6 +9,8 @@ policy = ["vllm", "sarathi"]
 trace = ["sharegpt", "arxiv"]
 qps = [0.5, 1.0, 2.0]        # run mode only
 token_budget = [512, 2048]   # a policy setting: applied to the policies that take it, ignored by the others
+replicas = [1, 4]            # replicas behind a router (`router = [...]`, default round-robin); a capacity
+                             # point then reports the rate per GPU too
 [slo]                        # named SLOs in simctl's --slo grammar; a run point is judged against each
 strict = "p99_tbt=0.1"
 relaxed = "p99_tbt=0.5"
@@ -33,6 +35,7 @@ from typing import Any
 from common.errors import InputError
 from policies.registry import setting_names
 from sim.capacity import check_probe_requests, check_start_qps
+from sim.cluster_run import ClusterConfig
 from sim.gpus import get_gpu
 from sim.models import get_model
 from sim.run import RunConfig
@@ -40,6 +43,7 @@ from sim.slo import SLO, parse_slo
 
 MODES = ("run", "capacity")
 RUN_FIELDS = ("policy", "trace", "model", "gpu", "tp", "qps")  # grid fields that are RunConfig fields
+CLUSTER_FIELDS = ("replicas", "router")  # grid fields that are ClusterConfig fields
 TOP_FIELDS = {"mode": str, "num_requests": int, "seeds": list, "start_qps": (int, float), "arrival": str,
               "cv": (int, float), "scale": (int, float), "cost": str, "attainment": (int, float),
               "max_sched_delay_p50": (int, float), "grid": dict, "slo": dict}
@@ -54,12 +58,15 @@ class SweepPoint:
     slos: dict[str, SLO]  # run mode: every SLO of the file; capacity mode: the one searched
     start_qps: float
     labels: dict[str, Any] = field(default_factory=dict)  # the grid values that name it in the table
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # one replica: `sim.run.run`
 
     @property
     def key(self) -> str:
         full = {"format": POINT_FORMAT, "mode": self.mode,
                 "config": {k: v for k, v in asdict(self.config).items() if k != "fast"},
                 "slos": {name: slo.to_dict() for name, slo in self.slos.items()}, "start_qps": self.start_qps}
+        if self.cluster.is_cluster:  # (single-replica points keep the keys they had before clusters)
+            full["cluster"] = asdict(self.cluster)
         text = json.dumps(full, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
@@ -122,10 +129,10 @@ def sweep_points(spec: dict[str, Any]) -> list[SweepPoint]:
         raise InputError(f"sweep file: mode {mode!r}; give one of {', '.join(MODES)}")
     options = setting_names()
     grid = spec.get("grid", {})
-    unknown = sorted(set(grid) - set(RUN_FIELDS) - set(options))
+    unknown = sorted(set(grid) - set(RUN_FIELDS) - set(CLUSTER_FIELDS) - set(options))
     if unknown:
-        raise InputError(f"sweep grid: unknown field {unknown[0]!r}; known: {', '.join((*RUN_FIELDS, *options))} "
-                         "(replicas is not available yet)")
+        raise InputError(f"sweep grid: unknown field {unknown[0]!r}; known: "
+                         f"{', '.join((*RUN_FIELDS, *CLUSTER_FIELDS, *options))}")
     if not grid:
         raise InputError("sweep file: the grid is empty; give [grid] with at least policy = [...]")
     if (mode == "run") != ("qps" in grid):
@@ -147,13 +154,15 @@ def sweep_points(spec: dict[str, Any]) -> list[SweepPoint]:
         policy = chosen.get("policy", DEFAULTS.policy)
         takes = {k: v for k, v in chosen.items() if k in options and policy in options[k]}
         run_fields = {k: v for k, v in chosen.items() if k in RUN_FIELDS}
+        cluster = ClusterConfig(**{k: v for k, v in chosen.items() if k in CLUSTER_FIELDS})
         for seed in seeds:
             config = replace(DEFAULTS, **base, **run_fields, seed=seed, options=takes)
             labels = {**{k: getattr(config, k) for k in ("policy", "trace", "model", "gpu", "tp", "seed")},
+                      **{k: getattr(cluster, k) for k in CLUSTER_FIELDS if k in grid},
                       **{k: takes.get(k) for k in options if k in grid},
                       "variant": " ".join([policy, *(f"{k}={v}" for k, v in takes.items())])}
             for slo_set in ([slos] if mode == "run" else [{n: s} for n, s in slos.items()]):
-                point = SweepPoint(mode, config, slo_set, start_qps, labels)
+                point = SweepPoint(mode, config, slo_set, start_qps, labels, cluster)
                 points.setdefault(point.key, point)
     checked: set[tuple[str, str]] = set()
     for point in points.values():
@@ -170,6 +179,7 @@ def _validate(point: SweepPoint, checked: set[tuple[str, str]]) -> None:
             c = replace(c, qps=point.start_qps)
             check_probe_requests(c.num_requests)
         c.validate()
+        point.cluster.validate(c.policy)
         if (c.model, c.gpu) not in checked:
             get_model(c.model), get_gpu(c.gpu)
             checked.add((c.model, c.gpu))

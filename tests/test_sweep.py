@@ -121,6 +121,8 @@ def test_capacity_points_and_their_plot(tmp_path: Path, capsys: pytest.CaptureFi
 @pytest.mark.parametrize(("text", "words"), [
     ('mode = "run"\ncolour = 1\n[grid]\nqps = [1]\n', "unknown field 'colour'"),
     ('[grid]\npolicy = ["vllm"]\nreplica = [2]\nqps = [1]\n', "unknown field 'replica'"),
+    ('[grid]\npolicy = ["vllm"]\nreplicas = [0]\nqps = [1]\n', "--replicas must be an integer from 1"),
+    ('[grid]\npolicy = ["vllm"]\nrouter = ["random"]\nqps = [1]\n', "unknown --router 'random'"),
     ("[grid]\n", "grid is empty"),
     ('[grid]\npolicy = []\nqps = [1]\n', "empty list"),
     ('[grid]\npolicy = ["vllm"]\n', "needs grid.qps"),
@@ -164,3 +166,21 @@ def test_ray_gives_the_table_of_one_process(tmp_path: Path) -> None:
     on_ray = run_sweep(points, tmp_path / "ray", ray_address="local")
     assert on_ray.reused == 0
     pd.testing.assert_frame_equal(comparable(local.table), comparable(on_ray.table))
+
+
+def test_replicas_and_routers_are_grid_fields(tmp_path: Path) -> None:
+    """A point with replicas runs the cluster (one replica gives the single-replica results; more replicas
+    serve the same rate with lower latency); a capacity point reports its rate per GPU too."""
+    spec = {"mode": "run", "num_requests": 120, "grid": {"policy": ["vllm"], "trace": ["sharegpt"], "qps": [3.0],
+                                                         "replicas": [1, 2], "router": ["round-robin"]}}
+    points = sweep_points(spec)
+    assert sorted(p.cluster.replicas for p in points) == [1, 2] and all(p.labels["router"] for p in points)
+    table = run_sweep(points, tmp_path / "run").table.set_index("replicas")
+    assert table.loc[2, "e2e_p50"] < table.loc[1, "e2e_p50"]
+    alone = run_sweep(sweep_points({**spec, "grid": {k: v for k, v in spec["grid"].items()
+                                                     if k not in ("replicas", "router")}}), tmp_path / "one").table
+    assert table.loc[1, "e2e_p50"] == alone["e2e_p50"].iloc[0]
+    cap = {"mode": "capacity", "num_requests": 100, "slo": {"loose": "p99_tbt=0.5"},
+           "grid": {"policy": ["vllm"], "trace": ["sharegpt"], "replicas": [2]}}
+    row = run_sweep(sweep_points(cap), tmp_path / "cap").table.iloc[0]
+    assert row["gpus"] == 2 and row["capacity_qps_per_gpu"] == pytest.approx(row["capacity_qps"] / 2)
