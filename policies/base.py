@@ -124,7 +124,8 @@ class Policy(ABC):
 
     def chunk_repeats(self, plan: BatchPlan) -> int:
         """How many more times the policy would schedule this plan with prefill chunks again, each chunk one
-        chunk further into its prompt, if nothing arrived or finished and KV sufficed (0: it would not)."""
+        chunk further into its prompt, if nothing finished, KV sufficed and no request arrived but fresh ones,
+        which must only wait meanwhile (0: it would not)."""
         return 0
 
     def finish(self, seq: Seq) -> None:

@@ -71,8 +71,8 @@ class SarathiServe(Policy):
         """A plan whose one prefill is a mid-prompt chunk repeats: the chunk took all the budget its decodes
         left (a chunk short of it is the prompt's last), so the next iteration has the same decodes (lines
         6-8), gives the same ongoing prompt, the first running sequence in prefill, the same chunk (lines
-        9-12) and has no budget left to admit anyone (lines 13-20), up to the prompt's last chunk, which
-        samples a token."""
+        9-12) and has no budget left to admit anyone (lines 13-20: a fresh arrival waits), up to the
+        prompt's last chunk, which samples a token."""
         nd = plan.decode_tokens
         if len(plan.seqs) != nd + 1:
             return 0

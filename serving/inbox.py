@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from policies.seq import Seq
 
 
@@ -26,6 +28,14 @@ class Inbox:
     @property
     def next_time(self) -> float:
         return self._seqs[self._next].arrival_s if self._next < len(self._seqs) else float("inf")
+
+    def due_by(self, until: float) -> Iterator[Seq]:
+        """The requests not yet handed over that are due by `until`, in order (nothing is taken)."""
+        seqs = self._seqs
+        for i in range(self._next, len(seqs)):
+            if seqs[i].arrival_s > until:
+                return
+            yield seqs[i]
 
     def pop_due(self, now: float) -> list[Seq]:
         start = self._next

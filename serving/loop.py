@@ -141,8 +141,10 @@ class Replica:
             return None
         durations[0] += now  # the first repeat starts now: then sequential adds, as stepping does
         ends = durations.cumsum()
-        # stop at the iteration that ends at or after the next arrival: the policy decides again after it
-        extra = min(extra, int(ends.searchsorted(self.inbox.next_time, side="left")))
+        # stop at the iteration that ends at or after the next arrival that matters: the policy decides again
+        # after it
+        due = self.inbox.next_time if plan.decode_only or self.interruptible else self._arrival_that_stops(ends)
+        extra = min(extra, int(ends.searchsorted(due, side="left")))
         if extra <= 0:
             return None
         kv_used = None if plan.decode_only else self.policy.kv.used_while_growing(decodes, extra + 1)
@@ -153,6 +155,17 @@ class Replica:
         if extra <= 0:
             return None
         return ends[:extra + 1], kv_used[:extra + 1] if kv_used is not None else None
+
+    def _arrival_that_stops(self, ends: np.ndarray) -> float:
+        """When a chunk stretch must stop for an arrival. Fresh requests only wait while it runs (its policy has
+        no budget left to admit them: `chunk_repeats`) and are handed over when it ends, in order, seeing the
+        same queue as stepping would; it stops for one that arrives with its KV (which may join the decodes),
+        or for the one that makes the run give up (`max_waiting`)."""
+        room = float("inf") if self.max_waiting is None else self.max_waiting - len(self.policy.waiting)
+        for n, seq in enumerate(self.inbox.due_by(float(ends[-1]))):
+            if not seq.in_prefill or n >= room:
+                return seq.arrival_s
+        return float("inf")
 
     def _cut(self, plan: BatchPlan, ends: np.ndarray) -> Generator[float, None, np.ndarray]:
         """End an interruptible stretch: if a request was pushed while it ran (the driver then resumed the

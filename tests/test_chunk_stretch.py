@@ -21,11 +21,14 @@ from policies.plan import hybrid
 from policies.registry import make_policy
 from policies.sarathi import SarathiServe
 from policies.seq import Phase, Seq
+from serving.inbox import Inbox
+from serving.loop import Replica
 from serving.routers import make_router
 from sim.cluster import Cluster, Member, Pool
 from sim.cost.base import ScaledCost
 from sim.cost.fitted import Fitted
 from sim.cost.roofline import Roofline
+from sim.replica import CostBackend, SimulatedTime
 from sim.simulate import simulate
 from traces.request import Request
 
@@ -126,11 +129,12 @@ def _requests(draw: st.DrawFn) -> list[Request]:
     return [Request(i, float(a), p, o) for i, (a, p, o) in enumerate(zip(np.cumsum(gaps), prompts, outputs))]
 
 
-def _run(name: str, requests: list[Request], capacity: int, budget: int | None, cost: str, chunks: bool):
+def _run(name: str, requests: list[Request], capacity: int, budget: int | None, cost: str, chunks: bool,
+         give_up: int | None = None):
     policy = make_policy(name, capacity, 3072, {"token_budget": budget})
     if not chunks:
         policy.chunk_repeats = lambda plan: 0  # step every chunk; decode stretches stay as they are
-    return simulate(list(requests), policy, COSTS[cost], fast=True), policy
+    return simulate(list(requests), policy, COSTS[cost], fast=True, max_waiting=give_up), policy
 
 
 def _assert_identical(a, b) -> None:
@@ -143,13 +147,43 @@ def _assert_identical(a, b) -> None:
 @settings(max_examples=40, deadline=None)
 @given(data=st.data(), name=st.sampled_from(["sarathi", "sarathi-chunked-only"]),
        budget=st.sampled_from([None, 32, 128]), cost=st.sampled_from(list(COSTS)),
-       spare=st.sampled_from([0, 40, 100_000]))
-def test_chunk_stretches_are_bit_identical_to_stepping(data, name, budget, cost, spare) -> None:
+       spare=st.sampled_from([0, 40, 100_000]), give_up=st.sampled_from([None, None, 1, 3]))
+def test_chunk_stretches_are_bit_identical_to_stepping(data, name, budget, cost, spare, give_up) -> None:
+    # fresh requests arriving during a chunk stretch only wait; `give_up`: the run stops once that many more
+    # wait, at the same iteration either way
     requests = _requests(data.draw)
     capacity = 3072 + 64 + spare  # tight: preemptions among the chunks; or plenty
-    (stretched, policy), (stepped, _) = (_run(name, requests, capacity, budget, cost, c) for c in (True, False))
+    (stretched, policy), (stepped, _) = (_run(name, requests, capacity, budget, cost, c, give_up)
+                                         for c in (True, False))
     _assert_identical(stretched, stepped)
-    assert policy.kv.used == 0 and policy.idle
+    assert stretched.aborted or (policy.kv.used == 0 and policy.idle)
+
+
+def _serve_with_kv_arrivals(chunks: bool) -> tuple[list[Seq], pd.DataFrame]:
+    """Fresh and prefilled requests (arriving with their KV, as on a disaggregated decode instance) on one
+    replica: a prefilled arrival may join the decodes, so it stops a chunk stretch."""
+    policy = make_policy("sarathi", 100_000, 3072, {"token_budget": 256})
+    if not chunks:
+        policy.chunk_repeats = lambda plan: 0
+    seqs = []
+    for i in range(40):
+        s = Seq(i, 0.03 * i, 2900 if i % 5 == 0 else 40, 30)
+        if i % 3 == 1:  # prefilled elsewhere: KV cached, first token sampled at arrival
+            s.computed, s.generated = s.prompt_tokens, 1
+            s.first_scheduled_s = s.first_token_s = s.last_token_s = s.arrival_s
+        seqs.append(s)
+    replica = Replica(policy, CostBackend(COSTS["mistral"]), SimulatedTime(), Inbox(seqs))
+    for _ in replica.serve():  # a lone replica: its waits need no driver
+        pass
+    return seqs, replica.records.iterations.frame()
+
+
+def test_a_request_arriving_with_its_kv_stops_a_chunk_stretch() -> None:
+    seqs, log = _serve_with_kv_arrivals(True)
+    stepped, stepped_log = _serve_with_kv_arrivals(False)
+    times = ("first_scheduled_s", "first_token_s", "completion_s", "max_gap_s", "generated", "preemptions")
+    assert [[getattr(s, a) for a in times] for s in seqs] == [[getattr(s, a) for a in times] for s in stepped]
+    pd.testing.assert_frame_equal(log, stepped_log, check_exact=True)
 
 
 def test_a_long_prompt_beside_decodes_is_one_stretch(monkeypatch) -> None:
