@@ -89,7 +89,8 @@ class Replica:
             if inbox.next_time <= now:
                 for seq in inbox.pop_due(now):
                     policy.add(seq)
-                    records.queue_at_arrival.append(len(policy.waiting))
+                    # queued: waiting for a prefill, or arrived with its KV and waiting for a slot
+                    records.queue_at_arrival.append(len(policy.waiting) + len(policy.arrived_with_kv))
                 if self.max_waiting is not None and len(policy.waiting) > self.max_waiting:
                     self.aborted = True
                     return

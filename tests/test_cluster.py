@@ -153,3 +153,13 @@ def test_queue_and_kv_routers_break_ties_by_outstanding_requests() -> None:
     assert make_router("shortest-queue")(views) == 1
     assert make_router("least-kv")(views) == 1
     assert make_router("least-outstanding")(views) == 3
+
+
+def test_a_decode_instance_counts_requests_that_wait_with_their_kv() -> None:
+    """A decode instance's queue is the requests that arrived with their KV and wait for a slot (a backlog of
+    decodes behind a small batch), not only those waiting for a prefill (none ever do there)."""
+    config = RunConfig(policy="vllm", trace="sharegpt", qps=4.0, num_requests=100, seed=1,
+                       options={"max_batch_size": 2})
+    r = run_cluster(config, ClusterConfig(prefill_instances=2, decode_instances=1, kv_link_gbps=100.0))
+    decode = r.replicas[r.replicas["pool"] == "decode"].iloc[0]
+    assert decode["queue_max"] > 2 and decode["queue_mean"] > 0
