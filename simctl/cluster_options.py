@@ -118,6 +118,9 @@ def print_cluster(summary: dict[str, Any]) -> None:
     Console().print(table)
     link = summary.get("kv_link")
     if link:
+        def ms(v: float | None) -> str:
+            return "-" if v is None else f"{v * 1e3:.1f} ms"
+
         Console().print(f"KV link {link['gbps']:g} Gbit/s: {link['transfers']} transfers, utilisation "
-                        f"{link['utilisation']:.3f}, transfer P50 {link['transfer_s_p50']} s, P99 "
-                        f"{link['transfer_s_p99']} s (waiting for the link P99 {link['wait_s_p99']} s)")
+                        f"{link['utilisation']:.3f}, transfer P50 {ms(link['transfer_s_p50'])}, P99 "
+                        f"{ms(link['transfer_s_p99'])} (waiting for the link P99 {ms(link['wait_s_p99'])})")
