@@ -154,6 +154,10 @@ class Policy(ABC):
             self.waiting.popleft()
         else:
             self.waiting.remove(seq)
+        self._run(seq)
+
+    def _run(self, seq: Seq) -> None:
+        """A sequence taken off a queue gets its KV and joins the running ones."""
         self.kv.admit(seq)
         seq.phase = Phase.RUNNING
         self.running.append(seq)
@@ -163,10 +167,7 @@ class Policy(ABC):
         they join the running decodes without a prefill."""
         queue = self.arrived_with_kv
         while queue and len(self.running) < self.max_batch_size and self.kv.can_admit(queue[0]):
-            seq = queue.popleft()
-            self.kv.admit(seq)
-            seq.phase = Phase.RUNNING
-            self.running.append(seq)
+            self._run(queue.popleft())
 
     def _preempt(self, victim: Seq) -> None:
         """Preemption by recompute (vLLM's default for single-sequence requests): drop the KV, requeue first."""

@@ -88,41 +88,33 @@ class Baton(Policy):
             self.start[s.id] = width - n
         self.kv.width = width
 
-    def _join(self, seq: Seq) -> None:
-        if seq in self.waiting:
-            self._admit(seq)
-        else:
-            self.arrived_with_kv.remove(seq)
-            self.kv.admit(seq)
-            seq.phase = Phase.RUNNING
-            self.running.append(seq)
-
-    def _rejoining(self) -> list[Seq]:
-        """Queries that have their KV (moved to host, or prefilled elsewhere) and fit back in, in order."""
-        out: list[Seq] = []
-        for s in self.arrived_with_kv:
-            rows = len(self.running) + len(out) + 1
-            if rows > self.max_batch_size or not self._fits(rows, max(self.kv.width, s.computed)):
-                break
-            out.append(s)
-        return out
+    def _rejoin(self) -> None:
+        """Queries that have their KV (moved to host, or prefilled elsewhere) come back in order while they fit,
+        embedded end-aligned."""
+        queue, back = self.arrived_with_kv, []
+        while queue and len(self.running) < self.max_batch_size and self._fits(
+                len(self.running) + 1, max([self.kv.width, queue[0].computed, *(s.computed for s in back)])):
+            back.append(queue.popleft())
+            self._run(back[-1])
+        self._embed(back, [s.computed for s in back])
 
     def _widened(self, width: int, longest: int) -> int:
         """A batch's width once newcomers of at most `longest` prompt tokens are in: every row gains them."""
         return width + longest
 
-    def _queue(self) -> list[Seq]:
-        """Waiting queries in the order they get rows: by arrival, or by priority (then arrival) when
-        preempting."""
-        if self.settings.preempt:
-            return sorted(self.waiting, key=lambda s: (-s.priority, s.arrival_s, s.id))
-        return list(self.waiting)
+    @staticmethod
+    def _rank(s: Seq) -> tuple[int, float, int]:
+        """Preemptive scheduling's order of waiting queries: priority first, then arrival."""
+        return -s.priority, s.arrival_s, s.id
 
     def _newcomers(self) -> list[Seq]:
-        """Waiting queries for the free rows, in queue order, while the widened batch fits in memory."""
+        """Waiting queries for the free rows, by arrival (by priority when preempting), while the widened
+        batch fits in memory."""
+        if len(self.running) >= self.max_batch_size:  # nothing to scan: no row is free
+            return []
         out: list[Seq] = []
         longest = 0
-        for s in self._queue():
+        for s in sorted(self.waiting, key=self._rank) if self.settings.preempt else self.waiting:
             rows = len(self.running) + len(out) + 1
             if rows > self.max_batch_size:
                 break
@@ -147,7 +139,7 @@ class Baton(Policy):
         lowest-priority running one (the newest of those) if its priority is higher and it fits in its place."""
         if not self.waiting or len(self.running) < self.max_batch_size:
             return []
-        best = self._queue()[0]
+        best = min(self.waiting, key=self._rank)
         victim = min(reversed(self.running), key=lambda s: s.priority)
         if best.priority <= victim.priority:
             return []
@@ -171,16 +163,13 @@ class Baton(Policy):
 
     def schedule(self) -> BatchPlan | None:
         self._trim()
-        rejoining = self._rejoining()
-        for s in rejoining:
-            self._join(s)
-        self._embed(rejoining, [s.computed for s in rejoining])
+        self._rejoin()
         newcomers = self._preempting() if self.settings.preempt else []
         if not newcomers and not self.arrived_with_kv:  # queries moved to host come back before any new one
             newcomers = self._newcomers()
         if newcomers:
             for s in newcomers:
-                self._join(s)
+                self._admit(s)
             return self._insert(newcomers)
         if not self.running:
             return None
