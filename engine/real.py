@@ -46,7 +46,7 @@ from executor.runtime import default_threads
 from policies.base import Policy
 from policies.registry import make_policy, max_admissible_tokens, policy_class
 from serving.loop import overload_limit
-from traces.build import SEQ_LEN_ALIGN, build_trace, check_scale, has_arrival_times, is_profile
+from traces.build import aligned, build_trace, check_scale, has_arrival_times, is_profile
 from traces.request import Request
 
 DEFAULT_NUM_REQUESTS = 100  # for a length profile when none is given (a trace file: every row)
@@ -132,19 +132,20 @@ def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: in
     spec = get_model(config.model)
     longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
     need = longest.prompt_tokens + longest.output_tokens
-    max_seq_len = math.ceil(need / SEQ_LEN_ALIGN) * SEQ_LEN_ALIGN
+    max_seq_len = aligned(need)
     spec.check_context(requests, config.scale)
     max_seq_len = min(max_seq_len, spec.max_position)
     slot_tokens = max_seq_len
     if policy_class(config.policy).padded_batches:  # padded decodes read prompt-pad + steps columns
         wide = max(r.prompt_tokens for r in requests) + max(r.output_tokens for r in requests)
-        slot_tokens = max(slot_tokens, math.ceil(wide / SEQ_LEN_ALIGN) * SEQ_LEN_ALIGN)
+        slot_tokens = max(slot_tokens, aligned(wide))
     batch = make_policy(config.policy, max_seq_len, max_seq_len, config.options).max_batch_size
     slots = min(len(requests), batch)
     capped = False
-    if policy_class(config.policy).widening_kv:  # Baton: a row may read up to the whole capacity's width
-        while slots > 1 and slots * slots * max_seq_len * kv_bytes_per_token > budget_bytes:
-            slots, batch, capped = slots - 1, slots - 1, True
+    if policy_class(config.policy).widening_kv:  # Baton: a row may read up to the whole capacity's width,
+        fit = max(1, math.isqrt(budget_bytes // (max_seq_len * kv_bytes_per_token)))  # so slots^2 x max_seq_len
+        if fit < slots:
+            slots, batch, capped = fit, fit, True
         slot_tokens = slots * max_seq_len
     fit = budget_bytes // (slot_tokens * kv_bytes_per_token)
     if fit < slots:

@@ -14,7 +14,6 @@ each range (seeded), in a random order:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,9 +23,8 @@ from policies.registry import make_policy, max_admissible_tokens
 from sim.cost.base import CostModel
 from sim.metrics import summarize
 from sim.simulate import simulate
+from traces.build import aligned
 from traces.request import Request
-
-SEQ_LEN_ALIGN = 16  # max_seq_len: the longest query rounded up, as for a trace file
 
 
 @dataclass(frozen=True)
@@ -61,19 +59,14 @@ def query_set(name: str, seed: int = 0, scale: float = 1.0) -> list[Request]:
         raise InputError(f"unknown query set {name!r}; known: {', '.join(QUERY_SETS)}") from None
 
 
-def max_seq_len(requests: list[Request]) -> int:
-    longest = max(r.prompt_tokens + r.output_tokens for r in requests)
-    return math.ceil(longest / SEQ_LEN_ALIGN) * SEQ_LEN_ALIGN
-
-
 def completion_time(policy: str, requests: list[Request], batch_size: int, cost: CostModel, kv_capacity: int
                     ) -> dict[str, float | int]:
     """Serve the whole set with `policy` at `batch_size` (simulated): the time to complete every query, and
     how the KV was used."""
-    longest = max_seq_len(requests)
     need = max(r.prompt_tokens + r.output_tokens for r in requests)
-    if need > max_admissible_tokens(policy, kv_capacity, longest):
+    max_seq_len = aligned(need)  # as for a trace file
+    if need > max_admissible_tokens(policy, kv_capacity, max_seq_len):
         raise InputError(f"{policy}: a query of {need} tokens does not fit the {kv_capacity}-token KV cache")
-    engine = make_policy(policy, kv_capacity, longest, {"max_batch_size": batch_size})
+    engine = make_policy(policy, kv_capacity, max_seq_len, {"max_batch_size": batch_size})
     s = summarize(simulate(requests, engine, cost))
     return {"completion_s": s["makespan_s"], "kv_peak_tokens": s["kv_peak_tokens"], "iterations": s["iterations"]}

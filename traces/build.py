@@ -160,6 +160,11 @@ def build_trace(
     return [replace(r, priority=k) for r, k in zip(requests, priority, strict=True)] if priority else requests
 
 
+def aligned(tokens: float) -> int:
+    """`tokens` rounded up to a multiple of ``SEQ_LEN_ALIGN``: how a max sequence length is sized."""
+    return math.ceil(tokens / SEQ_LEN_ALIGN) * SEQ_LEN_ALIGN
+
+
 def trace_max_total_tokens(trace: str | os.PathLike[str], requests: Sequence[Request], scale: float = 1.0) -> int:
     """Max sequence length (prompt + output) a run of this trace needs.
 
@@ -171,9 +176,8 @@ def trace_max_total_tokens(trace: str | os.PathLike[str], requests: Sequence[Req
         cap = get_profile(str(trace)).max_total_tokens
         if scale == 1.0:
             return cap
-        return max([math.ceil(cap * scale / SEQ_LEN_ALIGN) * SEQ_LEN_ALIGN,
+        return max([aligned(cap * scale),
                     *(r.prompt_tokens + r.output_tokens for r in requests)])
     if not requests:
         raise InputError("cannot size the max sequence length of an empty trace")
-    longest = max(r.prompt_tokens + r.output_tokens for r in requests)
-    return math.ceil(longest / SEQ_LEN_ALIGN) * SEQ_LEN_ALIGN
+    return aligned(max(r.prompt_tokens + r.output_tokens for r in requests))
