@@ -16,6 +16,7 @@ from typing import Any
 
 from common.checks import is_int
 from common.errors import InputError
+from common.files import read_text
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "yi")
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "YiForCausalLM")
@@ -30,12 +31,9 @@ def is_config_path(name: str) -> bool:
 
 
 def _read(path: Path) -> dict[str, Any]:
+    text = read_text(path, f"--model {path}")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"--model {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"--model {path}: cannot read it ({e})") from None
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"--model {path}: not valid JSON ({e})") from None
     if not isinstance(data, dict):

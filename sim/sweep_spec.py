@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
+from common.files import read_text
 from policies.registry import setting_names
 from sim.capacity import check_probe_requests, check_start_qps
 from sim.cluster_run import ClusterConfig
@@ -89,12 +90,9 @@ def _check_type(where: str, value: Any, kind: type | tuple[type, ...]) -> None:
 
 
 def read_sweep(path: Path) -> dict[str, Any]:
+    text = read_text(path, f"sweep file {path}")
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"sweep file {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"sweep file {path}: cannot read it ({e})") from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"sweep file {path}: not valid TOML ({e})") from None
 
