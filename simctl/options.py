@@ -1,4 +1,5 @@
-"""Options shared by the commands that simulate (typer annotations), in one place for every command module."""
+"""Options shared by the commands that simulate (typer annotations) and the parsing of list options, in one place
+for every command module."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from common.errors import InputError
 from policies.registry import POLICIES
 
 Policy = Annotated[str, typer.Option(help=f"Scheduler: {', '.join(POLICIES)} (see `simctl list`).")]
@@ -24,3 +26,21 @@ Cost = Annotated[str | None, typer.Option(help="A fitted cost_model.json (from `
                                           "roofline, or a roofline_calibration.json (`simctl fit "
                                           "--roofline-gpu`) to apply measured efficiencies to --gpu's specs; "
                                           "--gpu cpu uses the shipped CPU fit by default.")]
+
+
+def comma_list(text: str, what: str) -> list[str]:
+    """The items of a comma-separated option value (`--policy a,b`); InputError if there are none."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise InputError(f"--{what}: give at least one value")
+    return items
+
+
+def batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(t) for t in comma_list(text, "batch-size")]
+    except ValueError:
+        raise InputError(f"--batch-size {text!r}: comma-separated integers, e.g. 8,16,32") from None
+    if min(sizes) < 1:
+        raise InputError(f"--batch-size {text!r}: every batch size must be >= 1")
+    return sizes

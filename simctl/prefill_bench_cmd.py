@@ -12,25 +12,9 @@ from typing import Annotated
 import typer
 
 from common.errors import InputError
+from simctl.options import batch_sizes, comma_list
 
 FILES = ("prefill_bench.parquet", "summary.json")
-
-
-def _csv(text: str, what: str) -> list[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise InputError(f"--{what}: give at least one value")
-    return items
-
-
-def _batch_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(t) for t in _csv(text, "batch-size")]
-    except ValueError:
-        raise InputError(f"--batch-size {text!r}: comma-separated integers, e.g. 8,16,32") from None
-    if min(sizes) < 1:
-        raise InputError(f"--batch-size {text!r}: every batch size must be >= 1")
-    return sizes
 
 
 def prefill_bench(
@@ -76,10 +60,10 @@ def prefill_bench(
     from sim.run import cost_model
     from simctl.usage_errors import warn_all
 
-    policies = _csv(policy, "policy")
+    policies = comma_list(policy, "policy")
     for p in policies:
         policy_class(p)
-    sizes = _batch_sizes(batch_size)
+    sizes = batch_sizes(batch_size)
     if prompts < 1 or real_batches < 1 or repeats < 1:
         raise InputError("--prompts, --real-batches and --repeats must be >= 1")
     if not scale > 0:
@@ -90,7 +74,7 @@ def prefill_bench(
     price, _, label, warnings = cost_model(cost, spec, g, 1)
     warn_all(warnings)
     rows, profiles = [], {}
-    for name in _csv(lengths, "lengths"):
+    for name in comma_list(lengths, "lengths"):
         pool = prompt_lengths(name, prompts, seed, scale)
         if pool.max() > spec.max_position:
             raise InputError(f"--lengths {name}: prompts up to {pool.max()} tokens exceed {spec.name}'s context "

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from common.errors import InputError
-from simctl.prefill_bench_cmd import _batch_sizes, _csv
+from simctl.options import batch_sizes, comma_list
 
 FILES = ("query_set.parquet", "summary.json")
 
@@ -85,10 +85,10 @@ def query_set_cmd(
     from sim.run import cost_model
     from simctl.usage_errors import warn_all
 
-    policies = _csv(policy, "policy")
+    policies = comma_list(policy, "policy")
     for p in policies:
         policy_class(p)
-    sizes = _batch_sizes(batch_size)
+    sizes = batch_sizes(batch_size)
     if not scale > 0:
         raise InputError(f"--scale must be > 0, got {scale}")
     if repeats < 1:
