@@ -84,7 +84,11 @@ def test_prepacking_never_costs_more_than_full_batching(lengths: list[int], name
     assert cost.iteration_time(packed) <= cost.iteration_time(full)
     if len(packed.bins) == len(seqs):  # no two prompts share a row: the same work
         assert cost.iteration_time(packed) == cost.iteration_time(full)
-    assert cost.iteration_time(binpacked_prefill(seqs, bins, varlen=True)) <= cost.iteration_time(packed)
+    # varlen: the same rows through the linear layers and no more attention work (its price may still be
+    # higher: a fitted model charges per attention segment, and varlen has one per prompt, not per row)
+    varlen = plan_features(binpacked_prefill(seqs, bins, varlen=True))
+    assert varlen["linear_tokens"] == packed.linear_tokens
+    assert varlen["attn_units"] <= plan_features(packed)["attn_units"]
 
 
 def test_no_shared_row_prices_as_full_batching_and_packing_saves() -> None:
