@@ -29,6 +29,7 @@ from simpy.events import URGENT
 
 from policies.base import Policy
 from policies.seq import Seq
+from serving.handoff import arrive_with_kv, needs_decode_instance, prefill_copy
 from serving.loop import Replica
 from serving.routed import HELD, RoutedInbox, RoutedTime
 from serving.routers import ReplicaView, Router
@@ -169,9 +170,9 @@ class Cluster:
             at(self.env, seq.arrival_s, lambda _: self._arrive(seq))
 
     def _arrive(self, seq: Seq) -> None:
-        if self.decode is not None and seq.output_tokens > 1:  # the prefill instance serves up to token 1
+        if self.decode is not None and needs_decode_instance(seq):
             self.originals[seq.id] = seq
-            seq = Seq(seq.id, seq.arrival_s, seq.prompt_tokens, 1)
+            seq = prefill_copy(seq)
         self.entry.route(seq, seq.arrival_s)
         self.arrived += 1
         self._next_arrival()
@@ -185,10 +186,7 @@ class Cluster:
             if seq is None:
                 continue  # one output token: it finished on the prefill instance
             ready = copy.completion_s
-            seq.first_scheduled_s, seq.preemptions = copy.first_scheduled_s, copy.preemptions
             self.prefill_done[seq.id] = ready
-            seq.computed = seq.prompt_tokens  # its KV (the prompt's) moves; token 1 is sampled
-            seq.generated = 1
             end = self.link.transfer(ready, kv_transfer_bytes(self.kv_bytes_per_token, seq.prompt_tokens))
-            seq.first_token_s = seq.last_token_s = end
+            arrive_with_kv(seq, copy, end)
             at(self.env, end, lambda _, seq=seq, end=end: self.decode.route(seq, end))

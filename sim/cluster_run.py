@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,14 @@ import simpy
 
 from common.checks import is_int, is_number
 from common.errors import InputError
+from policies.base import Policy
 from policies.registry import make_policy, policy_class
 from policies.seq import Seq
 from serving.loop import overload_limit
 from serving.records import GapHistogram, IterationLog, request_frame
 from serving.routers import check_router, make_router
 from sim.cluster import Cluster, Member, Pool
+from sim.cost.base import CostModel
 from sim.kv_link import KVLink
 from sim.metrics import summarize
 from sim.models import get_model
@@ -91,12 +94,18 @@ class ClusterConfig:
                              "prefilled itself; use an iteration-level policy (orca, vllm, sarathi)")
 
 
+def make_pool(name: str, count: int, gpu: str, cost: CostModel, new_policy: Callable[[], Policy], router: str,
+              cluster: Cluster, max_waiting: int | None, fast: bool = True) -> Pool:
+    """`count` replicas, each with a policy of its own from `new_policy`, priced by `cost`."""
+    members = [Member(i, new_policy(), cost, fast, max_waiting, cluster.on_release) for i in range(count)]
+    return Pool(name, members, make_router(router), gpu)
+
+
 def _pool(name: str, count: int, gpu: str, d: Deployment, max_seq_len: int, config: RunConfig, router: str,
           cluster: Cluster) -> Pool:
-    members = [Member(i, make_policy(config.policy, d.kv_capacity, max_seq_len, config.options), d.cost,
-                      config.fast, overload_limit(config.num_requests), cluster.on_release)
-               for i in range(count)]
-    return Pool(name, members, make_router(router), gpu)
+    return make_pool(name, count, gpu, d.cost,
+                     lambda: make_policy(config.policy, d.kv_capacity, max_seq_len, config.options), router, cluster,
+                     overload_limit(config.num_requests), config.fast)
 
 
 def run_cluster(config: RunConfig, cc: ClusterConfig, progress: Progress | None = None) -> ClusterRun:
@@ -139,35 +148,61 @@ def _merged(logs: list[IterationLog]) -> IterationLog:
     return out
 
 
-def _member_result(m: Member, aborted: bool, kv_capacity: int) -> SimResult:
-    r = m.replica.records
-    return SimResult(requests=request_frame(m.seqs), iterations=r.iterations, gaps=r.gaps,
-                     queue_at_arrival=r.queue_lengths(), aborted=aborted, kv_capacity=kv_capacity, wall_s=0.0)
+@dataclass
+class MemberRecords:
+    """What the cluster's summary reads of one replica: a simulated member's, or a real engine's."""
+
+    pool: str  # "replicas" (colocated), "prefill" or "decode"
+    index: int
+    gpu: str
+    iterations: IterationLog
+    gaps: GapHistogram
+    queue: np.ndarray  # the waiting queue each request met on arrival
+    seqs: list[Seq]  # every request it served (a prefill instance's copies)
+    aborted: bool
+    kv_capacity: int
+
+    @classmethod
+    def of(cls, pool: Pool, m: Member) -> MemberRecords:
+        r = m.replica.records
+        return cls(pool.name, m.index, pool.gpu, r.iterations, r.gaps, r.queue_lengths(), m.seqs, m.replica.aborted,
+                   m.replica.policy.kv.capacity)
+
+    def result(self) -> SimResult:
+        return SimResult(requests=request_frame(self.seqs), iterations=self.iterations, gaps=self.gaps,
+                         queue_at_arrival=self.queue, aborted=self.aborted, kv_capacity=self.kv_capacity,
+                         wall_s=0.0)
 
 
 def _summarise(config: RunConfig, cc: ClusterConfig, cluster: Cluster, seqs: list[Seq], kv_capacity: int,
                wall_s: float) -> tuple[SimResult, dict[str, Any]]:
-    pools = [p for p in (cluster.entry, cluster.decode) if p is not None]
-    members = [(p, m) for p in pools for m in p.members]
+    members = [MemberRecords.of(p, m) for p in (cluster.entry, cluster.decode) if p is not None for m in p.members]
+    head = {**{k: v for k, v in asdict(config).items() if k not in ("fast", "options")}, **asdict(cc)}
+    return summarise_cluster(head, members, seqs, cluster.link, cluster.aborted, kv_capacity, wall_s, config.tp)
+
+
+def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: list[Seq], link: KVLink | None,
+                      aborted: bool, kv_capacity: int, wall_s: float, tp: int = 1
+                      ) -> tuple[SimResult, dict[str, Any]]:
+    """The cluster's records (every request, token gap and iteration) and summary: `head` (its configuration),
+    the single-run metrics over all of it, and per replica, per pool and for the link."""
     gaps = GapHistogram()
-    for _, m in members:
-        gaps.merge(m.replica.records.gaps)
+    for m in members:
+        gaps.merge(m.gaps)
     requests = request_frame(seqs)
-    _request_columns(requests, cluster, seqs)
-    result = SimResult(requests=requests, iterations=_merged([m.replica.records.iterations for _, m in members]),
-                       gaps=gaps, queue_at_arrival=np.concatenate([m.replica.records.queue_lengths()
-                                                                   for m in cluster.entry.members]),
-                       aborted=cluster.aborted, kv_capacity=kv_capacity, wall_s=wall_s)
-    summary = {**{k: v for k, v in asdict(config).items() if k not in ("fast", "options")}, **asdict(cc),
-               **summarize(result)}
+    _request_columns(requests, members, seqs)
+    entry = [m for m in members if m.pool != "decode"]
+    result = SimResult(requests=requests, iterations=_merged([m.iterations for m in members]), gaps=gaps,
+                       queue_at_arrival=np.concatenate([m.queue for m in entry]), aborted=aborted,
+                       kv_capacity=kv_capacity, wall_s=wall_s)
+    summary = {**head, **summarize(result)}
     span = summary["makespan_s"]
     rows = []
-    for p, m in members:
-        s = summarize(_member_result(m, m.replica.aborted, m.replica.policy.kv.capacity))
-        its = m.replica.records.iterations
-        busy = float(np.frombuffer(its.duration, dtype=np.float64).sum())
-        q = m.replica.records.queue_lengths()
-        rows.append({"pool": p.name, "replica": m.index, "gpu": p.gpu, "requests": s["num_requests"],
+    for m in members:
+        s = summarize(m.result())
+        busy = float(np.frombuffer(m.iterations.duration, dtype=np.float64).sum())
+        q = m.queue
+        rows.append({"pool": m.pool, "replica": m.index, "gpu": m.gpu, "requests": s["num_requests"],
                      "completed": s["completed"], "busy_s": busy, "utilisation": busy / span if span > 0 else 0.0,
                      "queue_mean": float(q.mean()) if len(q) else 0.0, "queue_max": int(q.max()) if len(q) else 0,
                      "kv_peak_tokens": s["kv_peak_tokens"], "kv_capacity_tokens": s["kv_capacity_tokens"],
@@ -177,34 +212,37 @@ def _summarise(config: RunConfig, cc: ClusterConfig, cluster: Cluster, seqs: lis
     if len(rows) > 1 and unsustainable:  # one replica: the run's own verdict, as `sim.run`'s
         summary["sustainable"] = False
         summary["unsustainable_reason"] = "; ".join(unsustainable)
-    summary["gpus"] = len(members) * config.tp
-    summary["pools"] = {p.name: _pool_summary(p.name, p.gpu, [r for r in rows if r["pool"] == p.name])
-                        for p in pools}
-    if cluster.link is not None:
-        summary["kv_link"] = _link_summary(cluster.link, span)
+    summary["gpus"] = len(members) * tp
+    pools = dict.fromkeys(m.pool for m in members)
+    summary["pools"] = {name: _pool_summary(name, next(m.gpu for m in members if m.pool == name),
+                                            [r for r in rows if r["pool"] == name]) for name in pools}
+    if link is not None:
+        summary["kv_link"] = _link_summary(link, span)
     summary["replica_metrics"] = rows
     return result, summary
 
 
-def _request_columns(frame: pd.DataFrame, cluster: Cluster, seqs: list[Seq]) -> None:
+def _request_columns(frame: pd.DataFrame, members: list[MemberRecords], seqs: list[Seq]) -> None:
     """Where each request ran: its replica, or its prefill and decode instances and when its prefill ended."""
     index = {s.id: i for i, s in enumerate(seqs)}
 
-    def placed(pool: Pool | None) -> np.ndarray:
+    def placed(pool: str) -> np.ndarray:
         where = np.full(len(seqs), -1, dtype=np.int64)
-        for m in pool.members if pool else ():
-            where[[index[s.id] for s in m.seqs]] = m.index
+        for m in members:
+            if m.pool == pool:
+                where[[index[s.id] for s in m.seqs]] = m.index
         return where
 
-    if cluster.decode is None:
-        frame["replica"] = placed(cluster.entry)
+    if all(m.pool == "replicas" for m in members):
+        frame["replica"] = placed("replicas")
         return
-    frame["prefill_replica"] = placed(cluster.entry)
-    frame["decode_replica"] = placed(cluster.decode)
+    frame["prefill_replica"] = placed("prefill")
+    frame["decode_replica"] = placed("decode")
     done = np.full(len(seqs), -1.0)
-    for m in cluster.entry.members:
-        for s in m.seqs:
-            done[index[s.id]] = s.completion_s
+    for m in members:
+        if m.pool == "prefill":
+            for s in m.seqs:
+                done[index[s.id]] = s.completion_s
     frame["prefill_done_s"] = done
 
 

@@ -30,8 +30,12 @@ class KVLink:
         """Send `nbytes` ready at `ready` (calls come in order of `ready`); return when they have arrived."""
         start = max(ready, self.free_at)
         end = self.free_at = start + nbytes / self.bytes_per_s
+        self.record(ready, start, end, nbytes)
+        return end
+
+    def record(self, ready: float, start: float, end: float, nbytes: int) -> None:
+        """Log a transfer (one this link priced, or one a real link measured)."""
         self.ready.append(ready)
         self.start.append(start)
         self.end.append(end)
         self.bytes += nbytes
-        return end
