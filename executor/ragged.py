@@ -394,6 +394,15 @@ class RaggedExecutor:
         with torch.inference_mode():
             self.kv[:, :, dst, :, :positions] = self.kv[:, :, src, :, :positions]
 
+    def slot_kv(self, slot: int, positions: int) -> torch.Tensor:
+        """A view of the first `positions` KV positions of `slot`: `[layer, 2, kv_head, position, head_dim]`."""
+        return self.kv[:, :, slot, :, :positions]
+
+    def load_slot(self, slot: int, kv: torch.Tensor) -> None:
+        """Write a request's KV (`slot_kv`'s layout, from another executor) into `slot` from position 0."""
+        with torch.inference_mode():
+            self.kv[:, :, slot, :, :kv.shape[3]] = kv
+
     def clear(self) -> None:
         """Zero the slab (not needed for correctness: a segment only reads positions below c + q)."""
         with torch.inference_mode():
