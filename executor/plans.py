@@ -19,7 +19,9 @@ KV slots (`SlotPool`): a request takes a row of the slab when it first appears i
 when it finishes (rows of a padded batch: when the whole batch has finished, as FasterTransformer keeps them);
 the rows held are kept packed (the highest moves into a freed one) so decode steps read one view of the slab.
 A request preempted by recompute keeps its slot and re-prefills into it from position 0 with prompt +
-generated ids, so its later tokens are the ones it would have produced anyway.
+generated ids, so its later tokens are the ones it would have produced anyway. A request prefilled by
+another engine (disaggregated serving, `engine.disagg`) arrives with its first token and its prompt's KV,
+which is written into the slot it takes when first scheduled (`arrive_with_kv`).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class PlanExecutor:
         self.ids = {rid: list(p) for rid, p in prompts.items()}  # prompt + generated, per request id
         self.prompt_len = {rid: len(p) for rid, p in prompts.items()}
         self.slots = SlotPool(executor.slots, executor.move_slot)
+        self.incoming: dict[int, torch.Tensor] = {}  # request id -> KV it arrived with, loaded into its first slot
         self.rows: list[tuple[Seq, int]] | None = None  # the running padded batch: (seq, slot) per row
         self.batch_rows = 0  # rows that batch has once all its prefill groups have run
         dev = executor.device
@@ -87,6 +90,19 @@ class PlanExecutor:
     def tokens(self, seq_id: int) -> list[int]:
         """The request's generated token ids so far."""
         return self.ids[seq_id][self.prompt_len[seq_id]:]
+
+    def arrive_with_kv(self, seq_id: int, token: int, kv: torch.Tensor) -> None:
+        """A request prefilled elsewhere: its first token, and its prompt's KV (`RaggedExecutor.slot_kv`'s
+        layout), which goes into the slot it takes when first scheduled."""
+        self.ids[seq_id].append(token)
+        self.incoming[seq_id] = kv
+
+    def _slot(self, seq: Seq) -> int:
+        slot = self.slots.get(seq)
+        kv = self.incoming.pop(seq.id, None)
+        if kv is not None:
+            self.executor.load_slot(slot, kv)
+        return slot
 
     def execute(self, plan: BatchPlan) -> list[tuple[Seq, int]]:
         """Run `plan` as one forward (synchronized); return the rows that sampled: (sequence, greedy token)."""
@@ -102,7 +118,7 @@ class PlanExecutor:
         if c + q > len(ids):
             raise RuntimeError(f"request {s.id}: plan asks for tokens {c}..{c + q - 1} but only {len(ids)} "
                                "are known")
-        return Segment(self.slots.get(s), ids[c:c + q], c, c + q == len(ids) if sample is None else sample)
+        return Segment(self._slot(s), ids[c:c + q], c, c + q == len(ids) if sample is None else sample)
 
     def _forward(self, plan: BatchPlan) -> tuple[list[Seq], torch.Tensor]:
         """The forward of `plan`: the sequences that sample, in order, and their logits."""
