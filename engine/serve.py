@@ -14,7 +14,7 @@ token stamp to token stamp and so include everything.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,10 +65,12 @@ class TorchBackend:
     end stamped on the real-time clock once the sampled tokens exist."""
 
     def __init__(self, executor: Executor, time: RealTime,
-                 on_iteration: Callable[[BatchPlan, float, float, float], None] | None = None) -> None:
+                 on_iteration: Callable[[BatchPlan, float, float, float], None] | None = None,
+                 on_release: Callable[[list[Seq]], None] | None = None) -> None:
         self.executor = executor
         self.time = time
         self.on_iteration = on_iteration
+        self.on_release = on_release  # sees finished sequences while they still hold their KV
         self.forward_s: list[float] = []
         self.sampled: list[Seq] = []  # the last iteration's sampling sequences, checked after bookkeeping
 
@@ -93,6 +95,8 @@ class TorchBackend:
                 raise RuntimeError(f"request {s.id}: {n} tokens generated but the policy counts {s.generated}")
 
     def release(self, finished: list[Seq]) -> None:
+        if self.on_release is not None:
+            self.on_release(finished)
         self.executor.release(finished)
 
 
@@ -115,16 +119,24 @@ class Engine:
 
         `on_iteration(plan, start, end, forward_s)`, if given, sees every executed plan before its bookkeeping
         (e.g. to price it with a cost model next to its measured time)."""
-        missing = [r.id for r in requests if len(self.prompts.get(r.id, ())) != r.prompt_tokens]
+        seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority) for r in requests]
+        self.time.start()
+        return self.run(seqs, Inbox(seqs), self.time.drive, max_waiting, on_iteration)
+
+    def run(self, seqs: list[Seq], inbox: Inbox, drive: Callable[[Generator[float, None, None]], None],
+            max_waiting: int | None = None,
+            on_iteration: Callable[[BatchPlan, float, float, float], None] | None = None) -> EngineResult:
+        """Serve what reaches `inbox` on the started clock, `drive` letting real time pass between the loop's
+        steps (`RealTime.drive`: sleeping until known arrivals; a disaggregated decode instance: waiting for
+        KV from its prefill instance). `seqs`: every request the inbox will hand over (the records')."""
+        missing = [s.id for s in seqs if len(self.prompts.get(s.id, ())) != s.prompt_tokens]
         if missing:
             raise ValueError(f"requests {missing[:5]} have no prompt ids of their prompt length")
-        seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority) for r in requests]
         backend = self.backend
         backend.on_iteration = on_iteration
-        replica = Replica(self.policy, backend, self.time, Inbox(seqs), max_waiting=max_waiting)
-        self.time.start()
+        replica = Replica(self.policy, backend, self.time, inbox, max_waiting=max_waiting)
         with torch.inference_mode():
-            self.time.drive(replica.serve())
+            drive(replica.serve())
             backend._check_counts()
         records = replica.records
         return EngineResult(

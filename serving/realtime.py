@@ -16,8 +16,9 @@ class RealTime:
         self.sleep = sleep
         self.t0 = clock()
 
-    def start(self) -> None:
-        self.t0 = self.clock()
+    def start(self, at: float | None = None) -> None:
+        """Time 0 is now, or the clock's reading `at` (processes sharing a monotonic clock share a start)."""
+        self.t0 = self.clock() if at is None else at
 
     def read(self) -> float:
         return self.clock() - self.t0
