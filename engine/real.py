@@ -19,8 +19,11 @@ the whole KV capacity, kv_slots x max_seq_len, since its batch's rows widen with
 Enough: every policy here admits a new request only from the head of its waiting queue, where preempted
 requests return, so requests holding a slot (running or preempted) never outnumber the max batch size. The KV
 capacity handed to the policy is `kv_slots x max_seq_len` unless given. If the slab would exceed the memory
-budget (CPU: 1 GiB; cuda: half the free memory after the weights), fewer slots are used and the policy's max
-batch size is lowered to match (recorded as `max_batch_size`, with `max_batch_size_capped: true`).
+budget (CPU: 1 GiB; cuda: half the free memory after the weights; or `kv_budget_bytes` given), fewer slots are
+used and the policy's max batch size is lowered to match (recorded as `max_batch_size`, with
+`max_batch_size_capped: true`). `probe_device` measures a device's budget in a child, as a run would: `simctl
+validate` hands it to every real run and sizes their twins with it, so sizing does not drift with the free
+memory between runs.
 
 `twin_inputs(summary)` rebuilds, from a real run's summary, the same Request list and the same policy
 (capacity, max_seq_len, every setting) for `sim.simulate.simulate`, to put prediction and
@@ -70,6 +73,7 @@ class RealConfig:
     threads: int | None = None  # CPU threads [default: every core, executor.runtime.default_threads]
     options: dict[str, Any] = field(default_factory=dict)  # the policy's settings given (its Settings fields)
     kv_capacity: int | None = None  # KV token slots the policy may use [default: kv_slots x max_seq_len]
+    kv_budget_bytes: int | None = None  # the KV slab's memory budget [default: device_kv_budget]
     arrival: str = "poisson"
     cv: float = 1.0
 
@@ -97,6 +101,8 @@ class RealConfig:
             raise InputError(f"--threads must be an integer >= 1, got {self.threads!r}")
         if self.kv_capacity is not None and (not is_int(self.kv_capacity) or self.kv_capacity < 1):
             raise InputError(f"--kv-capacity must be an integer >= 1 (token slots), got {self.kv_capacity!r}")
+        if self.kv_budget_bytes is not None and (not is_int(self.kv_budget_bytes) or self.kv_budget_bytes < 1):
+            raise InputError(f"kv_budget_bytes must be an integer >= 1, got {self.kv_budget_bytes!r}")
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,37 @@ def _device_name(device: Any) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
+def device_kv_budget(device: Any) -> int:
+    """The KV slab's memory budget on a torch `device` whose model is built: CPU_KV_BYTES on the CPU, on cuda
+    GPU_KV_SHARE of the free memory."""
+    import torch
+
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * GPU_KV_SHARE)
+    return CPU_KV_BYTES
+
+
+@dataclass(frozen=True)
+class DeviceProbe:
+    """A device as a real run of a config finds it."""
+
+    device: str  # torch's name: cpu, cuda, cuda:N
+    device_name: str
+    kv_budget_bytes: int  # device_kv_budget once the config's model is built there
+
+
+def measure_device(config: RealConfig) -> DeviceProbe:
+    """Build `config`'s model on its device and measure it (in the probing child); InputError for cuda
+    missing."""
+    from executor.model import build_model, resolve_device
+    from sim.models import get_model
+
+    device = resolve_device(config.device)
+    build_model(get_model(config.model), device, config.dtype, config.seed)
+    return DeviceProbe(str(device), _device_name(device), device_kv_budget(device))
+
+
 def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     """Serve `config` in this process and return its records and summary (nothing written)."""
     t_total = time.perf_counter()
@@ -203,11 +240,7 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     spec = get_model(config.model)
     model = build_model(spec, device, config.dtype, config.seed)
     kv_bpt = spec.kv_bytes_per_token(model.dtype.itemsize)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        budget = int(free * GPU_KV_SHARE)
-    else:
-        budget = CPU_KV_BYTES
+    budget = config.kv_budget_bytes if config.kv_budget_bytes is not None else device_kv_budget(device)
     size = size_run(config, requests, kv_bpt, budget)
     policy = sized_policy(config, size)
     executor = RaggedExecutor(model, size.kv_slots, size.kv_slot_tokens)
@@ -237,6 +270,7 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
         "max_seq_len": size.max_seq_len,
         "kv_slots": size.kv_slots,
         "kv_slot_tokens": size.kv_slot_tokens,
+        "kv_budget_bytes": budget,
         "kv_slab_bytes": int(executor.kv.numel() * executor.kv.element_size()),
         "kv_slots_peak": out.peak_slots,
         **policy.settings.as_dict(),  # every setting of the policy, given or default
@@ -258,21 +292,53 @@ def write_real(run: RealRun, out: str | Path) -> None:
 # ---- the child process ---------------------------------------------------------------------------------------
 
 
-def worker_command(config: RealConfig, out: Path | None, result_path: Path) -> list[str]:
+def worker_command(config: RealConfig, out: Path | None, result_path: Path, probe: bool = False) -> list[str]:
     return [sys.executable, "-m", "engine.worker", "--config", json.dumps(asdict(config)),
-            "--result", str(result_path)] + (["--out", str(out)] if out is not None else [])
+            "--result", str(result_path)] + (["--out", str(out)] if out is not None else []) + (
+            ["--probe"] if probe else [])
+
+
+def _run_worker(config: RealConfig, out: Path | None = None, probe: bool = False) -> dict[str, Any]:
+    """Run the worker child on `config` and return its "done" message; InputError for its input errors,
+    RuntimeError (with the end of its output) if it crashed."""
+    from executor.runtime import worker_env
+
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile(mode="w+", encoding="utf-8",
+                                                                     errors="replace") as err:
+        result_path = Path(tmp) / "result.json"
+        proc = subprocess.run(worker_command(config, out, result_path, probe), env=worker_env(config.threads),
+                              cwd=str(_ROOT), stdin=subprocess.DEVNULL, stdout=err, stderr=err, check=False)
+        msg = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else None
+        if msg is not None and msg.get("event") == "error" and msg.get("input"):
+            raise InputError(msg["message"])
+        if proc.returncode != 0 or msg is None or msg.get("event") != "done":
+            err.seek(0)
+            tail = err.read()[-4000:]
+            what = msg["message"] if msg else f"exit code {proc.returncode}"
+            raise RuntimeError(f"real-execution worker failed ({what}); its output ends with:\n{tail}")
+    return msg
+
+
+def probe_device(config: RealConfig) -> DeviceProbe:
+    """The device of `config` as its real runs will find it: on cuda measured in a child (as `real_main` runs,
+    so that this process never holds a CUDA context); InputError if cuda is missing."""
+    from executor.runtime import cpu_name
+
+    if str(config.device).lower() == "cpu":
+        return DeviceProbe("cpu", cpu_name(), CPU_KV_BYTES)
+    threads = config.threads if config.threads is not None else default_threads()
+    return DeviceProbe(**_run_worker(replace(config, threads=threads), probe=True)["probe"])
 
 
 def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = "tiny", device: str = "cpu",
               qps: float | None = None, num_requests: int | None = None, out: str | Path | None = None,
               scale: float = 1.0, seed: int = 0, dtype: str = "float32", threads: int | None = None,
               options: dict[str, Any] | None = None, kv_capacity: int | None = None,
-              arrival: str = "poisson", cv: float = 1.0) -> dict[str, Any]:
+              arrival: str = "poisson", cv: float = 1.0, kv_budget_bytes: int | None = None) -> dict[str, Any]:
     """What `simctl real` does: validate, serve in a child process with OMP_WAIT_POLICY=PASSIVE and the
     thread count set, write `out/{summary.json, requests.parquet, iterations.parquet}` (if `out`), and
     return the summary. InputError for bad options (also those only the child can check, e.g. cuda
     missing); RuntimeError, with the end of the child's stderr, if the child crashed."""
-    from executor.runtime import worker_env
     from sim.output import RUN_FILES, check_out_dir
 
     if qps is None and (not str(trace).strip() or not has_arrival_times(trace)):
@@ -280,7 +346,7 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     config = RealConfig(policy=policy, trace=trace, model=model, device=device, qps=qps,
                         num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests,
                         scale=scale, seed=seed, dtype=dtype, threads=threads, options=dict(options or {}),
-                        kv_capacity=kv_capacity, arrival=arrival, cv=cv)
+                        kv_capacity=kv_capacity, arrival=arrival, cv=cv, kv_budget_bytes=kv_budget_bytes)
     config.validate()
     config = resolved(config, num_requests is not None)
     config.validate()
@@ -296,20 +362,7 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     out_path = None
     if out is not None:
         out_path = check_out_dir(Path(out), RUN_FILES)
-    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile(mode="w+", encoding="utf-8",
-                                                                     errors="replace") as err:
-        result_path = Path(tmp) / "result.json"
-        proc = subprocess.run(worker_command(config, out_path, result_path), env=worker_env(config.threads),
-                              cwd=str(_ROOT), stdin=subprocess.DEVNULL, stdout=err, stderr=err, check=False)
-        msg = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else None
-        if msg is not None and msg.get("event") == "error" and msg.get("input"):
-            raise InputError(msg["message"])
-        if proc.returncode != 0 or msg is None or msg.get("event") != "done":
-            err.seek(0)
-            tail = err.read()[-4000:]
-            what = msg["message"] if msg else f"exit code {proc.returncode}"
-            raise RuntimeError(f"real-execution worker failed ({what}); its output ends with:\n{tail}")
-    return msg["summary"]
+    return _run_worker(config, out_path)["summary"]
 
 
 # ---- the simulator's twin of a real run -----------------------------------------------------------------------

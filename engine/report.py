@@ -145,7 +145,8 @@ def markdown(report: ValidationReport) -> str:
     lines = [
         "# Simulator validation against real execution",
         "",
-        (f"{c['model']} on this CPU ({c['threads'] or 'all'} thread(s), {c['dtype']}), trace {c['trace']} x "
+        (f"{c['model']} on {c.get('device_name') or 'this CPU'} ({c.get('device', 'cpu')}, {c['dtype']}, "
+         f"{c['threads'] or 'all'} CPU thread(s)), trace {c['trace']} x "
          f"{c['scale']:g} (lengths), {c['num_requests']} requests, seed {c['seed']}; cost model `{c['cost']}`."),
         (f"Capacity SLO: {c['slo_text']}. Loads are fractions of the simulated capacity. Errors are "
          "(predicted - measured) / measured"

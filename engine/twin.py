@@ -1,6 +1,6 @@
-"""The simulator's twin of a real CPU run: the setup every run of a validation shares, the summary a real
-run at a rate would record (its requests and KV sizing) without running it, its simulation, and the cost
-model it is priced with."""
+"""The simulator's twin of a real run: the setup every run of a validation shares, the summary a real run at a
+rate would record (its requests and KV sizing) without running it, its simulation, and the cost model it is
+priced with."""
 
 from __future__ import annotations
 
@@ -27,13 +27,15 @@ class Setup:
     seed: int = 0
     threads: int | None = None
     dtype: str = "float32"
+    device: str = "cpu"
+    kv_budget_bytes: int | None = None  # the KV slab budget of every run (None: the CPU's); probed on cuda
 
     def real_config(self, policy: str, qps: float) -> Any:
         from engine.real import RealConfig
 
-        return RealConfig(policy=policy, trace=self.trace, model=self.model, device="cpu", qps=qps,
+        return RealConfig(policy=policy, trace=self.trace, model=self.model, device=self.device, qps=qps,
                           num_requests=self.num_requests, scale=self.scale, seed=self.seed, dtype=self.dtype,
-                          threads=self.threads)
+                          threads=self.threads, kv_budget_bytes=self.kv_budget_bytes)
 
 
 
@@ -44,8 +46,8 @@ def real_dirs(run_dir: Path, repeats: int) -> list[Path]:
 
 
 def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
-    """The summary fields `engine.real.twin_inputs` reads, as a real CPU run of `policy` at `qps` would
-    record them (its requests and its KV sizing), without running it."""
+    """The summary fields `engine.real.twin_inputs` reads, as a real run of `policy` at `qps` would record them
+    (its requests and its KV sizing on the setup's budget), without running it."""
     from engine.real import CPU_KV_BYTES, size_run, sized_policy
     from sim.cost.fitted import dtype_bytes_of
     from sim.models import get_model
@@ -55,7 +57,10 @@ def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
     requests = build_trace(config.trace, config.num_requests, qps, config.seed, arrival=config.arrival,
                            cv=config.cv, scale=config.scale)
     spec = get_model(config.model)
-    size = size_run(config, requests, spec.kv_bytes_per_token(dtype_bytes_of(config.dtype)), CPU_KV_BYTES)
+    if setup.kv_budget_bytes is None and setup.device != "cpu":
+        raise ValueError("a cuda setup sizes its runs on the budget engine.real.probe_device measured")
+    budget = CPU_KV_BYTES if setup.kv_budget_bytes is None else setup.kv_budget_bytes
+    size = size_run(config, requests, spec.kv_bytes_per_token(dtype_bytes_of(config.dtype)), budget)
     probe = sized_policy(config, size)
     return {**asdict(config), "kv_capacity_tokens": size.kv_capacity, "max_seq_len": size.max_seq_len,
             **probe.settings.as_dict()}
@@ -105,5 +110,5 @@ def cost_name(cost: Any) -> str:
 
 def cost_meta(cost: Any) -> dict[str, Any]:
     meta = getattr(cost, "meta", None) or {}
-    return {k: meta.get(k) for k in ("device_name", "threads", "date", "grid")}
+    return {k: meta.get(k) for k in ("device", "device_name", "dtype", "threads", "date", "grid")}
 

@@ -1,4 +1,4 @@
-"""`simctl validate`: check the simulator against real execution on this machine.
+"""`simctl validate`: check the simulator against real execution on this machine's CPU or GPU.
 
     report = validate_main(["sarathi", "vllm"], "sharegpt", [0.5, 0.7], cost="cost_model.json", out="out/val")
 
@@ -7,7 +7,7 @@ For each policy:
 1. **Simulated capacity on the twin setup.** The highest QPS whose *simulated* run meets the SLO (default:
    sustainable and median scheduling delay <= 2 s; optionally P99 TBT), by bisection over QPS. Every probe
    is the run a real run at that rate would be: the same request generator (`traces.build_trace`:
-   trace, count, seed, scaled lengths), the same KV sizing (`engine.real.size_run` with the CPU slab budget),
+   trace, count, seed, scaled lengths), the same KV sizing (`engine.real.size_run` on the real runs' slab budget),
    the policy rebuilt by `engine.real.twin_inputs`, priced by the fitted cost model.
 2. **Loads.** For each load (a fraction of that capacity) `repeats` real runs (`engine.real.real_main`, a
    child process each) and the simulator on the identical requests (`twin_inputs(summary)`): signed errors
@@ -45,7 +45,14 @@ simulated vLLM meets the SLO at 5e11 QPS): the capacity would not exist. With 30
 capacity is within ~20% of its saturation throughput, and `--policy all --loads 0.5,0.7` takes ~4 minutes
 here (each real run: ~4 s of child start-up plus 300 / QPS seconds).
 
-CPU only (the real run's KV sizing on cuda depends on the free device memory at run time).
+Devices (`device`, `dtype`): the real runs run on the CPU or a CUDA device, in a dtype; the cost model must
+have been profiled on that device in that dtype (`sim.cost.provenance.check_fitted_run`: the kind of device
+and the dtype are checked before anything runs, a GPU's name once it is probed). On the CPU the KV slab budget
+is `engine.real.CPU_KV_BYTES`; on cuda it depends on the free device memory, so it is measured once, in a
+child that builds the model as a real run does (`engine.real.probe_device`, which also fails for cuda
+missing), and handed to every real run: the twins and the simulated capacities are sized on the budget the
+real runs use, whatever the free memory does between runs. The device, its name and the dtype are recorded
+in validation.json (`config`) and the report.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +96,7 @@ from engine.twin import (
 )
 from sim.capacity import SLO, CapacityResult, check_probe_requests, search_qps
 from sim.cost.base import ScaledCost
+from sim.cost.provenance import check_fitted_run, fitted_dtype
 
 DEFAULT_LOADS = (0.5, 0.7)
 DEFAULT_SLO = SLO()  # sustainable, median scheduling delay <= 2 s
@@ -123,8 +131,9 @@ def bracket(result: CapacityResult) -> tuple[float, float | None]:
 # ---- validation ------------------------------------------------------------------------------------------
 
 
-def _check_inputs(policies: list[str], loads: list[float], cost: str | Path, out: str | Path, setup: Setup,
-                  slo: SLO) -> tuple[list[str], list[float], Any]:
+def _check_inputs(policies: list[str], loads: list[float], fitted: Any, out: str | Path,
+                  setup: Setup) -> tuple[list[str], list[float]]:
+    """Every check that needs neither the device nor torch; the policies and loads, normalised."""
     from common.checks import is_number
     from policies.registry import POLICIES
     from sim.output import check_out_dir
@@ -151,17 +160,12 @@ def _check_inputs(policies: list[str], loads: list[float], cost: str | Path, out
     if len(set(loads)) != len(loads):
         raise InputError(f"a load is listed twice: {', '.join(f'{v:g}' for v in loads)}")
     loads = [float(v) for v in loads]
-    fitted = load_cost(cost, setup.model)
-    device = str(getattr(fitted, "meta", {}).get("device", "cpu")).lower()
-    if device != "cpu":
-        raise InputError(f"the cost model {cost} was profiled on {device!r}; validation runs the model on this "
-                         "machine's CPU: give a CPU profile's fit")
     for p in names:
         setup.real_config(p, 1.0).validate()
-        twin_summary(setup, p, 1.0)  # sizing: every request fits the model and the KV slab
+    check_fitted_run(getattr(fitted, "meta", {}), setup.device, None, setup.dtype)
     check_out_dir(Path(out), VALIDATION_FILES, VALIDATION_DIRS)
     check_probe_requests(setup.num_requests)
-    return names, loads, fitted
+    return names, loads
 
 
 def _remove_earlier(out: Path, say: Callable[[str], None]) -> None:
@@ -195,36 +199,46 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
                   cost: str | Path | Any = None, out: str | Path = "out/validate", model: str = "tiny",
                   scale: float = DEFAULT_SCALE, num_requests: int = DEFAULT_NUM_REQUESTS, seed: int = 0,
                   threads: int | None = None, slo: SLO = DEFAULT_SLO, capacity: bool = False,
-                  quiet_wait_s: float = 0.0, repeats: int = 1,
+                  quiet_wait_s: float = 0.0, repeats: int = 1, device: str = "cpu", dtype: str | None = None,
                   log: Callable[[str], None] | None = None) -> ValidationReport:
-    """Validate the simulator with `cost` (a fitted cost_model.json of this CPU, or a `CostModel`) against real
-    runs on this CPU (see the module docstring) and write
+    """Validate the simulator with `cost` (a fitted cost_model.json of `device`, or a `CostModel`) against real
+    runs on `device` (cpu, cuda, cuda:N; see the module docstring) and write
     validation.{csv,md,png,json} and the runs' folders into `out`. `policies` may contain "all". `threads`:
-    the real runs' CPU threads [default: those the cost model was profiled with, else every core]. `repeats`:
+    the real runs' CPU threads [default: those the cost model was profiled with, else every core]. `dtype`: the
+    real runs' [default: the one the cost model was profiled in, else float32; another is refused]. `repeats`:
     real runs per policy and load (measured metrics are their medians; capacity probes run once). `log`
     receives one line per step. `quiet_wait_s`: before each real run, wait up to this long for a second in
     which other processes use at most 15% of the machine (a shared machine's load slows the real run, not
     the simulation); the other processes' share during each run is reported either way. InputError for bad
     input (before anything runs); RuntimeError if a real run crashed."""
     from common.checks import is_number
-    from engine.real import real_main
+    from engine.real import probe_device, real_main
 
     say = log or (lambda _msg: None)
     if not (is_number(quiet_wait_s) and 0 <= quiet_wait_s < math.inf):
         raise InputError(f"--quiet-wait must be a number of seconds >= 0, got {quiet_wait_s!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
         raise InputError(f"--repeats must be an integer from 1 to {MAX_REPEATS}, got {repeats!r}")
-    setup = Setup(trace=trace, model=model, num_requests=num_requests, scale=scale, seed=seed, threads=threads)
-    names, loads, fitted = _check_inputs(policies, loads, cost, out, setup, slo)
-    profiled_threads = cost_meta(fitted)["threads"]
-    if threads is None and isinstance(profiled_threads, int):
-        setup = Setup(trace=trace, model=model, num_requests=num_requests, scale=scale, seed=seed,
-                      threads=profiled_threads)
+    fitted = load_cost(cost, model)
+    fit = cost_meta(fitted)
+    if threads is None and isinstance(fit["threads"], int):
+        threads = fit["threads"]
+    setup = Setup(trace=trace, model=model, num_requests=num_requests, scale=scale, seed=seed, threads=threads,
+                  dtype=dtype if dtype is not None else fitted_dtype(fit) or "float32", device=str(device))
+    names, loads = _check_inputs(policies, loads, fitted, out, setup)
+    # the device as the real runs will find it (on cuda: a child builds the model; cuda missing fails here)
+    probe = probe_device(setup.real_config(names[0], 1.0))
+    check_fitted_run(getattr(fitted, "meta", {}), probe.device, probe.device_name, setup.dtype)
+    setup = replace(setup, device=probe.device, kv_budget_bytes=probe.kv_budget_bytes)
+    say(f"real runs on {probe.device_name} ({probe.device}, {setup.dtype}), KV slab budget "
+        f"{probe.kv_budget_bytes / 2**30:.3g} GiB")
+    for p in names:
+        twin_summary(setup, p, 1.0)  # sizing: every request fits the model and the KV slab
     t_start = time.perf_counter()
     config: dict[str, Any] = {
-        "policies": names, "loads": loads, "cost": cost_name(cost), **asdict(setup), "device": "cpu",
-        "slo": slo.to_dict(), "slo_text": slo.describe(), "capacity": capacity, "repeats": repeats,
-        "cost_model_fit": cost_meta(fitted),
+        "policies": names, "loads": loads, "cost": cost_name(cost), **asdict(setup),
+        "device_name": probe.device_name, "slo": slo.to_dict(), "slo_text": slo.describe(), "capacity": capacity,
+        "repeats": repeats, "cost_model_fit": fit,
         "loadavg_start": loadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     rows: list[dict[str, Any]] = []
@@ -241,7 +255,8 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
                     "running anyway")
         meter.start()
         s = real_main(trace=setup.trace, model=setup.model, num_requests=setup.num_requests, scale=setup.scale,
-                      seed=setup.seed, dtype=setup.dtype, threads=setup.threads, **kw)
+                      seed=setup.seed, dtype=setup.dtype, threads=setup.threads, device=setup.device,
+                      kv_budget_bytes=setup.kv_budget_bytes, **kw)
         return s, meter.stop()
 
     out = Path(out)
@@ -407,7 +422,9 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
     _remove_earlier(out, say)
     slo = SLO.from_dict(c["slo"])
     setup = Setup(trace=c["trace"], model=c["model"], num_requests=c["num_requests"], scale=c["scale"],
-                  seed=c["seed"], threads=c["threads"], dtype=c["dtype"])
+                  seed=c["seed"], threads=c["threads"], dtype=c["dtype"], device=c.get("device", "cpu"),
+                  kv_budget_bytes=c.get("kv_budget_bytes"))
+    check_fitted_run(getattr(fitted, "meta", {}), setup.device, c.get("device_name"), setup.dtype)
     caps: dict[str, dict[str, Any]] = {}
     for policy, was in old.capacity.items():
         sim_cap = search_qps(lambda q, p=policy: simulate_twin(twin_summary(setup, p, q), fitted)[0], slo,

@@ -1,9 +1,10 @@
-"""The real-execution child process: `python -m engine.worker --config JSON --result PATH [--out DIR]`.
+"""The real-execution child process: `python -m engine.worker --config JSON --result PATH [--out DIR | --probe]`.
 
 `engine.real.real_main` starts it with OMP_WAIT_POLICY=PASSIVE and OMP_NUM_THREADS / MKL_NUM_THREADS set
 (OpenMP reads them once, when torch starts it). It serves the run (`engine.real.run_real`), writes the output
 folder if asked, and leaves one JSON object in the result file:
   {"event": "done", "summary": {...}}
+  {"event": "done", "probe": {...}}    with --probe: the device as the run would find it (`engine.real.DeviceProbe`)
   {"event": "error", "input": true|false, "message": "..."}     then exit 2 (input) or 1
 Everything it prints goes to the parent's captured stderr.
 """
@@ -28,14 +29,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--result", required=True, type=Path)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--probe", action="store_true")
     args = parser.parse_args(argv)
 
     from common.errors import InputError
 
     try:
-        from engine.real import RealConfig, run_real, write_real
+        from dataclasses import asdict
 
-        run = run_real(RealConfig(**json.loads(args.config)), threads_env=True)
+        from engine.real import RealConfig, measure_device, run_real, write_real
+
+        config = RealConfig(**json.loads(args.config))
+        if args.probe:
+            _write(args.result, {"event": "done", "probe": asdict(measure_device(config))})
+            return 0
+        run = run_real(config, threads_env=True)
         if args.out is not None:
             write_real(run, args.out)
         _write(args.result, {"event": "done", "summary": run.summary})

@@ -179,8 +179,13 @@ def validate(
     trace: Trace = "sharegpt",
     loads: Annotated[str, typer.Option(help="Loads as fractions of each policy's simulated capacity.")
                      ] = "0.5,0.7",
-    cost: Annotated[str | None, typer.Option(help="The fitted cost_model.json of this device [default: the "
-                                             "shipped CPU fit].")] = None,
+    cost: Annotated[str | None, typer.Option(help="The fitted cost_model.json of --device in --dtype [default: "
+                                             "the shipped CPU fit].")] = None,
+    device: Annotated[str, typer.Option(help="Where the real runs run: cpu, cuda or cuda:N. A fitted cost model "
+                                        "prices only the device it was profiled on: another is refused.")
+                      ] = "cpu",
+    dtype: Annotated[str | None, typer.Option(help="float32, float16 or bfloat16 [default: the dtype the cost "
+                                              "model was profiled in; another is refused].")] = None,
     model: Annotated[str, typer.Option(help="Model shape (the one the cost model was fitted for).")] = "tiny",
     scale: Annotated[float, typer.Option(help="Multiply prompt and output lengths (CPU-sized runs).")] = 0.05,
     num_requests: Annotated[int, typer.Option(help="Requests per run.")] = 300,
@@ -196,7 +201,8 @@ def validate(
 ) -> None:
     """Run real and simulated side by side on identical requests and report the prediction errors.
 
-    Example: simctl validate --policy vllm,sarathi --loads 0.5,0.7 --out out/validate
+    Example: simctl validate --policy vllm,sarathi --loads 0.5,0.7 --out out/validate; on a GPU, with a fit of
+    its profile: simctl validate --device cuda --cost profiles/gpu/cost_model.json --out out/validate-gpu
     """
     from engine.report import markdown
     from engine.validate import validate_main
@@ -214,7 +220,8 @@ def validate(
         report = validate_main([p.strip() for p in policy.split(",") if p.strip()], trace=trace,
                                loads=fractions, cost=cost_path, out=out, model=model, scale=scale,
                                num_requests=num_requests, seed=seed, threads=threads, capacity=capacity,
-                               repeats=repeats, log=lambda line: print(line, file=sys.stderr))
+                               repeats=repeats, device=device, dtype=dtype,
+                               log=lambda line: print(line, file=sys.stderr))
     except RuntimeError as e:
         raise InputError(f"a real run failed: {e}") from None
     print(markdown(report))

@@ -106,6 +106,26 @@ def test_validate_end_to_end(validated):
     assert "Run-to-run spread" in md
 
 
+def test_validate_records_the_device_and_sizes_twins_as_the_real_runs(validated):
+    """The default device and dtype (cpu, float32: the hand-made model records no dtype) reach the real runs
+    and the records; each twin has its real run's KV sizing."""
+    from engine.real import CPU_KV_BYTES
+    from executor.runtime import cpu_name
+
+    _, out = validated
+    c = json.loads((out / "validation.json").read_text())["config"]
+    assert (c["device"], c["device_name"], c["dtype"], c["kv_budget_bytes"]) == ("cpu", cpu_name(), "float32",
+                                                                                CPU_KV_BYTES)
+    assert f"on {cpu_name()} (cpu, float32, 1 CPU thread(s))" in (out / "validation.md").read_text()
+    run = out / "runs" / "sarathi" / "load_0.5"
+    sim = json.loads((run / "sim" / "summary.json").read_text())
+    for d in ("real", "real_2"):
+        real = json.loads((run / d / "summary.json").read_text())
+        assert (real["device"], real["dtype"], real["kv_budget_bytes"]) == ("cpu", "float32", CPU_KV_BYTES)
+        for k in ("kv_capacity_tokens", "max_seq_len", "max_batch_size"):
+            assert sim[k] == real[k], k
+
+
 def test_rescore_reuses_the_real_runs(validated, cost, tmp_path):
     """Scoring the same cost model again from the recorded real runs reproduces the report exactly."""
     report, out = validated

@@ -33,6 +33,35 @@ def check_fitted_device(meta: dict[str, Any], gpu: str) -> None:
                          "that to estimate another GPU")
 
 
+def fitted_dtype(meta: dict[str, Any]) -> str | None:
+    """The dtype a fitted model's profile ran in, as `--dtype` spells it (None: not recorded)."""
+    dtype = meta.get("dtype")
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def check_fitted_run(meta: dict[str, Any], device: str, device_name: str | None, dtype: str) -> None:
+    """InputError unless a fitted model profiled as `meta` says may price real runs on the torch `device` (cpu,
+    cuda, cuda:N) named `device_name` (None: not known yet, so only the kind of device is checked) in `dtype`.
+    CPUs are one device, as for `check_fitted_device` (their threads are the validation's to match). Another
+    dtype is refused, not warned about: its kernels and the bytes they move differ, and a fit has no dtype term
+    to carry its times across, so the errors would measure the dtype, not the simulator."""
+    fit_device = str(meta.get("device", "cpu")).lower()
+    fit_name = meta.get("device_name") or fit_device
+    fit_dtype = fitted_dtype(meta)
+    how = (f"profile that device (simctl profile --device {device} --dtype {dtype}; simctl fit) and give the fit "
+           "as --cost")
+    if (fit_device == "cpu") != (device.lower() == "cpu"):
+        raise InputError(f"the cost model was profiled on {fit_name} ({fit_device}) and prices only that device, "
+                         f"not --device {device}: give --device {'cpu' if fit_device == 'cpu' else 'cuda'}, or {how}")
+    names = (str(meta.get("device_name") or "").strip().lower(), (device_name or "").strip().lower())
+    if fit_device != "cpu" and all(names) and names[0] != names[1]:
+        raise InputError(f"the cost model was profiled on {fit_name}, but --device {device} is {device_name}: a "
+                         f"fitted model prices only the device it was profiled on; {how}")
+    if fit_dtype is not None and fit_dtype != dtype:
+        raise InputError(f"the cost model was profiled in {fit_dtype}, not --dtype {dtype}: its times are that "
+                         f"dtype's; give --dtype {fit_dtype}, or {how}")
+
+
 def calibration_warnings(path: str | Path, model: str, gpu: str) -> list[str]:
     """What applying the roofline calibration at `path` to `model` on `gpu` assumes, one warning each;
     InputError when it cannot hold (a CPU's efficiencies for a GPU, or the reverse)."""

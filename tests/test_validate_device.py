@@ -1,0 +1,254 @@
+"""`simctl validate --device / --dtype`: the real runs' device and dtype reach every real run, the twins are
+sized on the KV budget those runs use, a cost model fitted on another device or in another dtype is refused
+before anything runs (one line, exit 2 from the CLI), and a tiny validation runs on cuda where there is one."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from common.errors import InputError
+from sim.cost.provenance import check_fitted_run
+
+SIMCTL = Path(sys.executable).parent / "simctl"
+SHIPPED_FIT = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu" / "cost_model.json"
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def simctl(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SIMCTL), *map(str, args)], check=False, capture_output=True, text=True, timeout=300)
+
+
+def one_line_error(res: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("simctl: error: "), res.stderr
+    for w in words:
+        assert w in res.stderr, (w, res.stderr)
+
+
+# ---- which fitted model may price which real runs (no torch) -----------------------------------------------
+
+
+@pytest.mark.parametrize("meta, device, name, dtype, match", [
+    ({"device": "cpu", "device_name": "AMD EPYC", "dtype": "float32"}, "cuda", None, "float32",
+     r"profiled on AMD EPYC \(cpu\) and prices only that device, not --device cuda: give --device cpu"),
+    ({"device": "cuda", "device_name": H100, "dtype": "bfloat16"}, "cpu", None, "bfloat16",
+     "not --device cpu: give --device cuda"),
+    ({"device": "cuda", "device_name": H100, "dtype": "bfloat16"}, "cuda:1", "NVIDIA A100-SXM4-80GB", "bfloat16",
+     f"profiled on {H100}, but --device cuda:1 is NVIDIA A100-SXM4-80GB"),
+    ({"device": "cuda", "device_name": H100, "dtype": "bfloat16"}, "cuda", H100, "float16",
+     "profiled in bfloat16, not --dtype float16"),
+    ({"device": "cpu", "dtype": "torch.float32"}, "cpu", "AMD EPYC", "bfloat16", "profiled in float32, not --dtype"),
+])
+def test_a_fit_of_another_device_or_dtype_is_refused(meta, device, name, dtype, match):
+    with pytest.raises(InputError, match=match):
+        check_fitted_run(meta, device, name, dtype)
+
+
+@pytest.mark.parametrize("meta, device, name, dtype", [
+    ({"device": "cpu", "device_name": "AMD EPYC", "dtype": "float32"}, "cpu", "Intel Xeon", "float32"),  # CPUs: one
+    ({"device": "cuda:0", "device_name": H100, "dtype": "torch.bfloat16"}, "cuda", f" {H100.lower()}", "bfloat16"),
+    ({"device": "cuda", "device_name": H100, "dtype": "bfloat16"}, "cuda", None, "bfloat16"),  # name not probed yet
+    ({"device": "cpu"}, "cpu", None, "float16"),  # a hand-made model that records no dtype
+    ({}, "cpu", None, "float32"),
+])
+def test_a_fit_of_the_same_device_and_dtype_is_accepted(meta, device, name, dtype):
+    check_fitted_run(meta, device, name, dtype)
+
+
+# ---- the CLI's refusals: one line, exit 2, nothing run or written -------------------------------------------
+
+
+def test_validate_on_cuda_with_the_shipped_cpu_fit_is_refused(tmp_path):
+    """Refused before the device is probed or anything real runs, with or without a GPU."""
+    out = tmp_path / "val"
+    one_line_error(simctl("validate", "--policy", "vllm", "--device", "cuda", "--out", out),
+                   "AMD EPYC (cpu)", "not --device cuda", "simctl profile --device cuda")
+    assert not out.exists()
+
+
+def test_validate_in_another_dtype_than_the_fit_is_refused(tmp_path):
+    out = tmp_path / "val"
+    one_line_error(simctl("validate", "--policy", "vllm", "--dtype", "bfloat16", "--out", out),
+                   "profiled in float32, not --dtype bfloat16")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option, value, words", [
+    ("--device", "tpu", ("--device 'tpu' not supported",)),
+    ("--dtype", "int8", ("--dtype 'int8' not supported",)),
+])
+def test_validate_refuses_an_unknown_device_or_dtype(tmp_path, option, value, words):
+    out = tmp_path / "val"
+    one_line_error(simctl("validate", "--policy", "vllm", option, value, "--out", out), *words)
+    assert not out.exists()
+
+
+def test_validate_on_cuda_without_cuda_is_one_line(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    fit = json.loads(SHIPPED_FIT.read_text(encoding="utf-8"))
+    fit["meta"].update(device="cuda", device_name=H100)
+    cost = tmp_path / "cost_model.json"
+    cost.write_text(json.dumps(fit), encoding="utf-8")
+    out = tmp_path / "val"
+    one_line_error(simctl("validate", "--policy", "vllm", "--device", "cuda", "--cost", cost, "--out", out),
+                   "--device cuda: cuda requested but not available")
+    assert not out.exists()
+
+
+# ---- the plumbing, with the real runs stubbed out --------------------------------------------------------------
+
+
+class RealRunStarted(Exception):
+    pass
+
+
+def stub_cost(meta):
+    from sim.cost.base import CostModel
+
+    class StubCost(CostModel):
+        """Tiny-2l, roughly (as tests/test_validate.py's), for a capacity search in milliseconds."""
+
+        def __init__(self) -> None:
+            self.meta = meta
+
+        def iteration_time(self, plan):
+            return 1.5e-3 + 3e-5 * plan.linear_tokens + 1.5e-7 * plan.decode_kv
+
+        def breakdown(self, plan):
+            return {"all": self.iteration_time(plan)}
+
+    return StubCost()
+
+
+@pytest.fixture
+def real_runs(monkeypatch):
+    """The keyword arguments of every real run validate_main starts (the first one stops it)."""
+    import engine.real
+
+    calls: list[dict] = []
+
+    def no_real_run(**kw):
+        calls.append(kw)
+        raise RealRunStarted
+
+    monkeypatch.setattr(engine.real, "real_main", no_real_run)
+    return calls
+
+
+ARGS = {"policies": ["vllm"], "trace": "sharegpt", "loads": [0.5], "model": "tiny-2l", "scale": 0.05,
+        "num_requests": 100}
+
+
+def test_cpu_float32_reaches_the_real_runs_as_before(real_runs, tmp_path):
+    from engine.real import CPU_KV_BYTES
+    from engine.validate import validate_main
+
+    cost = stub_cost({"device": "cpu", "device_name": "AMD EPYC", "dtype": "float32", "threads": 1})
+    with pytest.raises(RealRunStarted):
+        validate_main(**ARGS, cost=cost, out=tmp_path / "val", device="cpu")
+    kw = real_runs[0]
+    assert (kw["device"], kw["dtype"], kw["threads"], kw["kv_budget_bytes"]) == ("cpu", "float32", 1, CPU_KV_BYTES)
+
+
+def test_cuda_plumbing_and_sizing_on_the_probed_budget(real_runs, monkeypatch, tmp_path):
+    """On cuda the device is probed once; every real run gets its KV budget, so the twins (and the simulated
+    capacity) are sized as the real runs will be, here with the batch capped by a small budget. The dtype
+    defaults to the fit's."""
+    import engine.real
+    from engine.real import DeviceProbe
+    from engine.twin import Setup, twin_summary
+    from engine.validate import validate_main
+    from sim.models import get_model
+
+    budget = 20 * 2**20  # tiny-2l in bfloat16: 1 KiB per token, slots of 416 tokens: 49 fit, not 100
+    probed: list = []
+
+    def probe(config):
+        probed.append(config)
+        return DeviceProbe("cuda", H100, budget)
+
+    monkeypatch.setattr(engine.real, "probe_device", probe)
+    cost = stub_cost({"device": "cuda", "device_name": H100, "dtype": "bfloat16", "threads": 4})
+    said: list[str] = []
+    with pytest.raises(RealRunStarted):
+        validate_main(**ARGS, cost=cost, out=tmp_path / "val", device="cuda", log=said.append)
+    assert len(probed) == 1 and (probed[0].device, probed[0].dtype) == ("cuda", "bfloat16")
+    kw = real_runs[0]
+    assert (kw["device"], kw["dtype"], kw["threads"], kw["kv_budget_bytes"]) == ("cuda", "bfloat16", 4, budget)
+    assert any(H100 in line and "bfloat16" in line for line in said), said
+
+    setup = Setup(trace="sharegpt", model="tiny-2l", num_requests=100, scale=0.05, threads=4, dtype="bfloat16",
+                  device="cuda", kv_budget_bytes=budget)
+    capped = twin_summary(setup, "vllm", kw["qps"])
+    assert capped["max_batch_size"] < 128 and capped["kv_budget_bytes"] == budget
+    roomy = twin_summary(replace(setup, kv_budget_bytes=1 << 40), "vllm", kw["qps"])
+    assert roomy["max_batch_size"] == 128 and roomy["kv_capacity_tokens"] > capped["kv_capacity_tokens"]
+    # the real run's own sizing, from its config as real_main builds it: the twin's
+    config = engine.real.RealConfig(policy="vllm", **{k: v for k, v in kw.items() if k not in ("policy", "out")})
+    requests = engine.real.build_trace("sharegpt", 100, kw["qps"], 0, scale=0.05)
+    real = engine.real.size_run(config, requests, get_model("tiny-2l").kv_bytes_per_token(2),
+                                config.kv_budget_bytes)
+    assert (real.kv_capacity, real.max_batch_size) == (capped["kv_capacity_tokens"], capped["max_batch_size"])
+
+
+def test_a_probed_gpu_other_than_the_fits_is_refused_before_any_real_run(real_runs, monkeypatch, tmp_path):
+    import engine.real
+    from engine.real import DeviceProbe
+    from engine.validate import validate_main
+
+    monkeypatch.setattr(engine.real, "probe_device", lambda config: DeviceProbe("cuda", "NVIDIA A100", 1 << 30))
+    cost = stub_cost({"device": "cuda", "device_name": H100, "dtype": "bfloat16"})
+    with pytest.raises(InputError, match=f"profiled on {H100}, but --device cuda is NVIDIA A100"):
+        validate_main(**ARGS, cost=cost, out=tmp_path / "val", device="cuda")
+    assert not real_runs and not (tmp_path / "val").exists()
+
+
+# ---- on a GPU ----------------------------------------------------------------------------------------------------
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA device")
+def test_a_tiny_validation_on_cuda(tmp_path):
+    """One policy, one load, one real run on the GPU against its twin: the device, its name and the dtype are
+    recorded, the real run used the probed budget and the twin its sizing."""
+    import torch
+
+    from engine.report import METRICS
+    from engine.validate import validate_main
+    from sim.capacity import SLO
+
+    name = torch.cuda.get_device_name(0)
+    cost = stub_cost({"device": "cuda", "device_name": name, "dtype": "bfloat16", "threads": 2})
+    out = tmp_path / "val"
+    report = validate_main(["sarathi"], "sharegpt", [0.5], cost=cost, out=out, model="tiny-2l", scale=0.02,
+                           num_requests=100, slo=SLO({"p50_ttft": 0.004}), device="cuda")
+    c = json.loads((out / "validation.json").read_text())["config"]
+    assert (c["device"], c["device_name"], c["dtype"]) == ("cuda", name, "bfloat16")
+    assert name in (out / "validation.md").read_text()
+    real = json.loads((out / "runs" / "sarathi" / "load_0.5" / "real" / "summary.json").read_text())
+    assert (real["device"], real["device_name"], real["dtype"]) == ("cuda", name, "bfloat16")
+    assert real["kv_budget_bytes"] == c["kv_budget_bytes"] > 0
+    sim = json.loads((out / "runs" / "sarathi" / "load_0.5" / "sim" / "summary.json").read_text())
+    for k in ("kv_capacity_tokens", "max_seq_len", "max_batch_size"):
+        assert sim[k] == real[k], k
+    row = report.rows[0]
+    assert row["identical_requests"] and row["real_completed"] == row["sim_completed"] == 100
+    for m in METRICS:
+        assert row[f"{m}_real"] is not None and math.isfinite(row[f"{m}_real"]) and row[f"{m}_real"] > 0
+    assert report.evidence[0]["replay_matched"] == report.evidence[0]["iterations"]
