@@ -24,13 +24,14 @@ from typing import Any
 from common.errors import InputError
 from executor.model import DTYPES
 from executor.runtime import default_threads, worker_env
-from profiler.workloads import COLUMNS, GRID_NAMES
+from profiler.workloads import COLUMNS, GRID_NAMES, PROTOCOLS
 
 PROFILE_FILES = ("profile.csv", "meta.json")
 _ROOT = Path(__file__).resolve().parents[1]
 
 
-def _check_inputs(model_name: str, device: str, dtype: str, threads: int | None, grid: str) -> tuple[Any, str, int]:
+def _check_inputs(model_name: str, device: str, dtype: str, threads: int | None, grid: str,
+                  protocol: str) -> tuple[Any, str, int]:
     from sim.models import get_model
 
     spec = get_model(model_name)  # InputError for an unknown model
@@ -53,6 +54,8 @@ def _check_inputs(model_name: str, device: str, dtype: str, threads: int | None,
         raise InputError(f"threads must be a positive integer, got {threads!r}")
     if grid not in GRID_NAMES:
         raise InputError(f"grid {grid!r} unknown; choose one of {', '.join(GRID_NAMES)}")
+    if protocol not in PROTOCOLS:
+        raise InputError(f"shape protocol {protocol!r} unknown; choose one of {', '.join(PROTOCOLS)}")
     if dev == "cpu":
         dtype_bytes = 4 if dtype == "float32" else 2
         try:
@@ -78,19 +81,20 @@ def _write_files(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
                       "meta.json": lambda p: p.write_text(meta_text, encoding="utf-8")}, "the profile")
 
 
-def worker_command(model_name: str, device: str, dtype: str, threads: int, grid: str, seed: int) -> list[str]:
+def worker_command(model_name: str, device: str, dtype: str, threads: int, grid: str, seed: int,
+                   protocol: str) -> list[str]:
     return [sys.executable, "-m", "profiler.worker", "--model", model_name, "--device", device, "--dtype", dtype,
-            "--threads", str(threads), "--grid", grid, "--seed", str(seed)]
+            "--threads", str(threads), "--grid", grid, "--seed", str(seed), "--protocol", protocol]
 
 
-def run_worker(model_name: str, device: str, dtype: str, threads: int, grid: str, seed: int,
+def run_worker(model_name: str, device: str, dtype: str, threads: int, grid: str, seed: int, protocol: str,
                on_event: Callable[[dict[str, Any]], None]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run the worker to completion; returns (rows, meta). `on_event` sees every protocol message."""
     rows: list[dict[str, Any]] = []
     meta: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
-        proc = subprocess.Popen(worker_command(model_name, device, dtype, threads, grid, seed),
+        proc = subprocess.Popen(worker_command(model_name, device, dtype, threads, grid, seed, protocol),
                                 env=worker_env(threads), cwd=str(_ROOT), stdout=subprocess.PIPE, stderr=err,
                                 stdin=subprocess.DEVNULL, text=True, encoding="utf-8")
         try:
@@ -126,19 +130,21 @@ def run_worker(model_name: str, device: str, dtype: str, threads: int, grid: str
 
 
 def profile(model_name: str, device: str, dtype: str, threads: int | None, quick: bool, out_dir: str | Path,
-            progress: bool = True, *, grid: str | None = None, seed: int = 0) -> Path:
+            progress: bool = True, *, grid: str | None = None, seed: int = 0, protocol: str = "served") -> Path:
     """Profile `model_name` (a catalogue shape built with random weights) on `device` and write
     `out_dir/profile.csv` and `out_dir/meta.json`; returns `out_dir`.
 
     threads: CPU threads of the timing process (default: `default_threads()`).
     quick: the `quick` grid (under a minute for `tiny` on a CPU) instead of `full`.
     grid: overrides `quick`: "full", "quick" or "test" (a few shapes, for tests).
+    protocol: how a shape's repetitions run (`profiler.workloads.ShapeProtocol`): "served" (contexts and slab
+    rows vary from call to call, as in serving) or "fixed" (the same shape every call).
     Raises InputError for an unknown model, dtype or device, cuda requested but missing, or a bad out_dir.
     """
     from sim.output import check_out_dir
 
     grid = grid if grid is not None else ("quick" if quick else "full")
-    spec, dev, threads = _check_inputs(model_name, device, dtype, threads, grid)
+    spec, dev, threads = _check_inputs(model_name, device, dtype, threads, grid, protocol)
     out = check_out_dir(Path(out_dir))
 
     if progress:
@@ -159,8 +165,8 @@ def profile(model_name: str, device: str, dtype: str, threads: int | None, quick
                 bar.update(task, description=f"{spec.name} on {dev}: done in {msg['meta']['wall_s']:.0f} s")
 
         with bar:
-            rows, meta = run_worker(spec.name, dev, dtype, threads, grid, seed, on_event)
+            rows, meta = run_worker(spec.name, dev, dtype, threads, grid, seed, protocol, on_event)
     else:
-        rows, meta = run_worker(spec.name, dev, dtype, threads, grid, seed, lambda msg: None)
+        rows, meta = run_worker(spec.name, dev, dtype, threads, grid, seed, protocol, lambda msg: None)
     _write_files(out, rows, meta)
     return out

@@ -32,31 +32,36 @@ def _is_cuda(device: Any) -> bool:
     return str(getattr(device, "type", device)).startswith("cuda")
 
 
-def time_fn(fn: Callable[[], Any], warmup: int, reps: int, device: Any = "cpu") -> list[float]:
-    """Seconds taken by each of `reps` calls of `fn`, after `warmup` untimed calls."""
+def time_fn(fn: Callable[..., Any], warmup: int, reps: int, device: Any = "cpu",
+            setup: Callable[[], Any] | None = None) -> list[float]:
+    """Seconds taken by each of `reps` calls of `fn`, after `warmup` untimed calls. With `setup`, each call
+    (warm-ups too) is `fn(setup())`, `setup` untimed: the profiler's next repetition of a shape."""
     if reps < 1 or warmup < 0:
         raise ValueError(f"need reps >= 1 and warmup >= 0, got {reps}, {warmup}")
+    args: Callable[[], tuple[Any, ...]] = (lambda: (setup(),)) if setup is not None else tuple
     if _is_cuda(device):
         import torch
 
         for _ in range(warmup):
-            fn()
+            fn(*args())
         torch.cuda.synchronize(device)
         times = []
         for _ in range(reps):
+            a = args()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            fn(*a)
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) / 1e3)  # ms -> s
         return times
     for _ in range(warmup):
-        fn()
+        fn(*args())
     times = []
     for _ in range(reps):
+        a = args()
         t0 = time.perf_counter()
-        fn()
+        fn(*a)
         times.append(time.perf_counter() - t0)
     return times
 

@@ -31,6 +31,15 @@ How a shape is timed (the measurement is the limit of the fit, so it is built fo
   estimator that kept only the faster half of the blocks made real runs 5-10% slower than their repriced
   iterations (simctl issue 4). A shape with no quiet block at all uses its least contended third of blocks
   and is listed in meta.json (`timing.shapes_without_quiet_block`): re-profile on a quieter machine.
+- Served shapes (`profiler.workloads.ShapeProtocol`, `--protocol served`, the default). Serving never runs
+  the same iteration twice: contexts grow by a token a step and requests sit in whichever slab rows they hold.
+  A profile that repeats one shape in the same rows lets every cache keyed on it stay warm (on an H100,
+  SDPA's cuDNN backend built a new plan per KV length: 124-127 ms a decode step in serving vs 31-42 ms
+  with the context fixed, simctl issue 11). So each call of a shape, warm-ups included, moves every cached
+  context by a different few tokens (0, +1, -1, +2, -2, ...: symmetric around the shape, whose features
+  the row keeps) and its segments one slab row further, on a slab longer and wider than the shape. The
+  executor sees each call's segments only when it runs them (`time_fn`'s untimed `setup`). `--protocol
+  fixed` times the same shape every call, to see what the caches give.
 - Warm-up and slabs. The first call of a shape after others ran is 3-5% slower (caches, a fresh KV slab's
   first touch), so each visit starts with an untimed call -- except visits of long shapes (>= 20 ms) whose
   executor was kept from the previous visit (executors are kept, smallest KV slabs first, within 2 GiB on
@@ -63,6 +72,7 @@ import numpy as np
 
 from common.errors import InputError
 from executor.runtime import cpu_name
+from profiler.workloads import PROTOCOLS, Shape, ShapeProtocol
 
 QUIET_SHARE = 0.05  # a block is quiet if other processes used at most this share of the machine's CPU
 DEFAULT_CPU_KV_BYTES = 512 * 2 ** 20  # KV slab cap per shape on the CPU (a shared machine)
@@ -132,7 +142,7 @@ def _load() -> list[float] | None:
 
 class Worker:
     def __init__(self, model: str, device: str, dtype: str, threads: int, grid: str, seed: int,
-                 out: TextIO) -> None:
+                 out: TextIO, protocol: str = "served") -> None:
         import torch
 
         from executor.model import resolve_device, torch_dtype
@@ -146,6 +156,7 @@ class Worker:
         self.threads = threads
         self.grid_name = grid
         self.seed = seed
+        self.protocol = ShapeProtocol(protocol)
         torch.set_num_threads(threads)
         self.gen = torch.Generator().manual_seed(seed)
 
@@ -161,24 +172,28 @@ class Worker:
             return int(free * GPU_KV_SHARE) // kv_bytes_per_token
         return DEFAULT_CPU_KV_BYTES // kv_bytes_per_token
 
-    def _segments(self, shape: Any) -> list[Any]:
+    def _tokens(self, shape: Shape) -> list[Any]:
+        """Random token ids for each segment of `shape` (drawn once per shape; every call reuses them)."""
         import torch
 
-        from executor.ragged import Segment
-
-        return [Segment(i, torch.randint(0, self.spec.vocab_size, (s.q,), generator=self.gen), s.c, s.sample)
-                for i, s in enumerate(shape.segs)]
+        return [torch.randint(0, self.spec.vocab_size, (s.q,), generator=self.gen) for s in shape.segs]
 
     @staticmethod
-    def _call(executor: Any, shape: Any, segs: list[Any]) -> Any:
+    def _segments(shape: Shape, tokens: list[Any], base: int = 0) -> list[Any]:
+        """The executor's segments for one call of `shape`, in slab rows base, base + 1, ..."""
+        from executor.ragged import Segment
+
+        return [Segment(base + i, t, s.c, s.sample) for i, (s, t) in enumerate(zip(shape.segs, tokens))]
+
+    @staticmethod
+    def _run(executor: Any, shape: Shape, segs: list[Any]) -> Any:
         """The timed call: one iteration of `shape` on `executor`."""
         if shape.bins:
-            rows = [[segs[i] for i in row] for row in shape.bins]
-            return lambda: executor.run_binpacked(rows, shape.length)
+            return executor.run_binpacked([[segs[i] for i in row] for row in shape.bins], shape.length)
         if shape.padded:
             dense = shape.dense or shape.kind == "padded_insertion"
-            return lambda: executor.run_padded(segs, length=shape.length, kv_len=shape.kv_len, dense=dense)
-        return lambda: executor.run(segs)
+            return executor.run_padded(segs, length=shape.length, kv_len=shape.kv_len, dense=dense)
+        return executor.run(segs)
 
     def _measure(self, grid: Any, model: Any, executor_cls: Any, monitor: Any, deadline: float
                  ) -> list[list[Block]]:
@@ -189,7 +204,9 @@ class Worker:
 
         n = len(grid.shapes)
         blocks: list[list[Block]] = [[] for _ in range(n)]
-        segments = [self._segments(shape) for shape in grid.shapes]
+        runs = grid.repetitions()
+        tokens = [self._tokens(shape) for shape in grid.shapes]
+        calls = [0] * n  # calls of each shape so far, warm-ups included: the next is runs[i].call(calls[i])
         per_block = [1] * n
         n_blocks = [grid.passes] * n  # blocks a shape gets: `passes`, fewer for shapes of fewer repetitions
         cost = [0.0] * n  # seconds a visit takes (warm-up + block), from the first visit
@@ -201,34 +218,41 @@ class Worker:
         # the next ones; a freshly allocated slab's first call is 3-4% slower).
         kept: dict[int, Any] = {}
         allowance = self._keep_bytes()
-        for i in sorted(range(n), key=lambda i: grid.shapes[i].kv_tokens):
-            need = grid.shapes[i].kv_tokens * self._kv_bpt
+        for i in sorted(range(n), key=lambda i: runs[i].kv_tokens):
+            need = runs[i].kv_tokens * self._kv_bpt
             if need > allowance:
                 break
             kept[i] = None
             allowance -= need
 
         def visit(i: int, first: bool) -> None:
-            shape = grid.shapes[i]
             start = time.perf_counter()
             executor = kept.get(i)
             fresh = executor is None
             if fresh:
-                executor = executor_cls(model, shape.slots, shape.max_len)
+                executor = executor_cls(model, *runs[i].slab)
                 if i in kept:
                     kept[i] = executor
-            fn = self._call(executor, shape, segments[i])
+
+            def next_call() -> tuple[Shape, list[Any]]:  # untimed: the shape and segments of the next call
+                shape, base = runs[i].call(calls[i])
+                calls[i] += 1
+                return shape, self._segments(shape, tokens[i], base)
+
+            def fn(call: tuple[Shape, list[Any]]) -> Any:
+                return self._run(executor, *call)
+
             gc.disable()  # no collector pauses inside timed calls (as timeit does)
             try:
                 if first:  # the warm-up call, timed, sizes the repetitions and the blocks
-                    est = time_fn(fn, max(grid.warmup - 1, 0), 1, self.device)
+                    est = time_fn(fn, max(grid.warmup - 1, 0), 1, self.device, next_call)
                     reps = adaptive_reps(est[0], grid.budget_s, grid.min_reps, grid.max_reps)
                     n_blocks[i] = max(1, min(grid.passes, reps))
                     per_block[i] = max(1, round(reps / n_blocks[i]))
                 elif grid.warmup and (fresh or np.median(blocks[i][-1].times) < WARM_ALWAYS_S):
-                    time_fn(fn, grid.warmup - 1, 1, self.device)
+                    time_fn(fn, grid.warmup - 1, 1, self.device, next_call)
                 r0, w0 = monitor.read(), time.perf_counter()
-                times = time_fn(fn, 0, per_block[i], self.device)
+                times = time_fn(fn, 0, per_block[i], self.device, next_call)
                 wall = time.perf_counter() - w0
                 r1 = monitor.read()
             finally:
@@ -303,14 +327,15 @@ class Worker:
         probe = RaggedExecutor(model, 1, 1)
         kv_bpt = self._kv_bpt = probe.kv_bytes_per_token
         del probe
-        grid = build_grid(self.grid_name, self.spec.max_position, self._kv_budget_tokens(kv_bpt), self.seed)
+        grid = build_grid(self.grid_name, self.spec.max_position, self._kv_budget_tokens(kv_bpt), self.seed,
+                          self.protocol)
         self.emit(event="start", shapes=len(grid.shapes), total=len(grid.shapes) * grid.passes,
                   skipped=grid.skipped)
 
         # Warm up the whole stack (thread pool start, allocator, first-call dispatch) before any shape.
-        warm = min(128, self.spec.max_position)
-        ex = RaggedExecutor(model, 1, warm)
-        segs = self._segments(prefill(warm))
+        warm = prefill(min(128, self.spec.max_position))
+        ex = RaggedExecutor(model, 1, warm.max_len)
+        segs = self._segments(warm, self._tokens(warm))
         t0 = time.perf_counter()
         while True:
             ex.run(segs)
@@ -349,6 +374,7 @@ class Worker:
             "max_reps": grid.max_reps,
             "rep_budget_s": grid.budget_s,
             "passes": grid.passes,
+            "shape_protocol": grid.protocol_meta(),
             "max_wall_s": grid.max_wall_s if math.isfinite(grid.max_wall_s) else None,
             "timing": timing,
             "attn_implementation": ATTN_IMPLEMENTATION,
@@ -377,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--grid", default="full")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--protocol", default="served", choices=PROTOCOLS)
     args = p.parse_args(argv)
 
     # Keep the protocol stream clean: the original stdout is ours; anything else goes to stderr.
@@ -390,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if is_input else 1
 
     try:
-        Worker(args.model, args.device, args.dtype, args.threads, args.grid, args.seed, out).run()
+        Worker(args.model, args.device, args.dtype, args.threads, args.grid, args.seed, out, args.protocol).run()
     except InputError as e:
         return fail(e, True)
     except Exception as e:  # noqa: BLE001 -- a bug or a device failure: report it, traceback on stderr

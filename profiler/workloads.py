@@ -42,13 +42,17 @@ slab would exceed the memory budget the caller gives. What the full grid is for 
   and bin-packed (Prepacking), ragged vs padded decode steps, and Baton's padded insertions (running rows
   padded to a newcomer's prompt over a wide batch).
 
-How each shape is timed (sweeps, quiet blocks, the estimate) is `profiler/worker.py`'s docstring.
+How a shape's repetitions run is a `ShapeProtocol`: `served` (the default) moves every cached context by a
+few tokens from call to call, symmetric around the shape, and its segments over the slab's rows, as serving
+does (no cache keyed on the shape stays warm); `fixed` repeats the shape. Either way the row's features are
+the nominal shape's. How each shape is timed (sweeps, quiet blocks, the estimate) is `profiler/worker.py`'s
+docstring.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -117,8 +121,17 @@ class Shape:
 
     @property
     def kv_tokens(self) -> int:
-        """Token positions of the KV slab an executor for this shape allocates."""
+        """Token positions of the KV slab this shape needs (the slab a protocol uses may add to it:
+        `Repetitions.slab`)."""
         return self.slots * self.max_len
+
+    def shifted(self, offset: int) -> Shape:
+        """This shape with every cached context (c > 0) and the padded KV width `offset` tokens further: one
+        repetition of the served protocol (`ShapeProtocol`); fresh prompts (c = 0) stay as they are."""
+        if offset == 0:
+            return self
+        segs = tuple(replace(s, c=s.c + offset) if s.c else s for s in self.segs)
+        return replace(self, segs=segs, kv_len=self.kv_len + offset if self.kv_len else self.kv_len)
 
     def plan(self) -> BatchPlan:
         """The batch this shape is, built by the policies' plan builders (a request stands in for each
@@ -249,6 +262,92 @@ def prompt_sets(batches: list[int], lo: int, hi: int, seed: int) -> list[list[in
     return [sorted(rng.integers(lo, hi + 1, size=b).tolist(), reverse=True) for b in batches]
 
 
+# ---- how a shape's repetitions run -------------------------------------------------------------------------
+
+PROTOCOLS = ("served", "fixed")
+
+
+@dataclass(frozen=True, slots=True)
+class Repetitions:
+    """The calls that time one shape: call j runs `shape.shifted(offset(j))` with its segments in the slab rows
+    base(j) .. base(j) + slots - 1 (packed, in segment order, as the engine's `SlotPool` keeps them), on a
+    slab of `slab` = (rows, positions) that holds every call."""
+
+    shape: Shape
+    radius: int  # contexts move within [c - radius, c + radius]
+    spare_slots: int  # slab rows beyond the shape's: the first segment's row cycles through 0..spare_slots
+
+    def offset(self, j: int) -> int:
+        """0, +1, -1, +2, -2, ..., +radius, -radius, then again: no KV length repeats within 2 radius + 1
+        calls, and every odd-length run of calls from the start is symmetric around the nominal shape (an
+        even one is half a token above it)."""
+        k = j % (2 * self.radius + 1)
+        return (k + 1) // 2 if k % 2 else -(k // 2)
+
+    def call(self, j: int) -> tuple[Shape, int]:
+        """Call j's shape and the slab row of its first segment."""
+        return self.shape.shifted(self.offset(j)), j % (self.spare_slots + 1)
+
+    @property
+    def slab(self) -> tuple[int, int]:
+        return self.shape.slots + self.spare_slots, self.shape.shifted(self.radius).max_len
+
+    @property
+    def kv_tokens(self) -> int:
+        slots, max_len = self.slab
+        return slots * max_len
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeProtocol:
+    """How a shape's repetitions are laid out. `served` (the default) varies them as serving does, so that no
+    cache keyed on a shape (an attention plan cache keyed on the KV length, a tensor left hot in a CPU cache by
+    the previous call) flatters the profile: every cached context moves by a few tokens from call to call
+    (`Repetitions.offset`), within `max_offset` tokens and `offset_share` of the shortest cached context and
+    within the model's positions, and the segments' slab rows move by one each call over `spare_slots` extra
+    rows; the slab is longer than the shape's KV, as the engine's slab is (so a decode reads a strided view of
+    it). The offsets are symmetric around the shape, and time is close to linear in a few tokens of
+    context, so the median repetition (`time_s`) is the nominal shape's time and the recorded features
+    stay the nominal shape's, which are those of the mean call too (every feature is linear in the
+    contexts). `fixed` times the same shape in the same rows every call (the profiler before issue 11), to
+    see what the caches give."""
+
+    name: Literal["served", "fixed"] = "served"
+    max_offset: int = 32
+    offset_share: float = 0.125
+    spare_slots: int = 3
+
+    def __post_init__(self) -> None:
+        if self.name not in PROTOCOLS:
+            raise ValueError(f"unknown shape protocol {self.name!r}; choose one of {', '.join(PROTOCOLS)}")
+
+    def repetitions(self, shape: Shape, max_position: int, max_kv_tokens: int | None = None) -> Repetitions:
+        """`shape`'s calls, within the model's positions and a slab of at most `max_kv_tokens` (the grid's
+        budget, which `shape` fits): where the budget is tight the radius shrinks first, then the spare rows,
+        so a shape the fixed protocol times is timed here too (`meta.json` lists the ones left unvaried)."""
+        if self.name == "fixed":
+            return Repetitions(shape, 0, 0)
+        cached = [s.c for s in shape.segs if s.c]
+        radius = min(self.max_offset, int(min(cached) * self.offset_share),
+                     max_position - shape.max_len) if cached else 0
+        spare = self.spare_slots
+        if max_kv_tokens is not None:
+            radius = min(radius, max_kv_tokens // shape.slots - shape.max_len)
+            spare = min(spare, max_kv_tokens // shape.shifted(max(radius, 0)).max_len - shape.slots)
+        return Repetitions(shape, max(radius, 0), max(spare, 0))
+
+    def meta(self) -> dict[str, object]:
+        """What meta.json records (`shape_protocol`)."""
+        if self.name == "fixed":
+            return {"name": "fixed", "description": "every repetition runs the same shape in the same slab rows"}
+        return {"name": self.name, "max_offset": self.max_offset, "offset_share": self.offset_share,
+                "spare_slots": self.spare_slots,
+                "description": "call j moves every cached context (c > 0) and padded KV width by 0, +1, -1, "
+                               "+2, -2, ... up to min(max_offset, offset_share x the shortest cached context, "
+                               "positions left) tokens, then repeats; its segments take slab rows b .. b + n - "
+                               "1 with b = j mod (spare_slots + 1); features are the nominal shape's"}
+
+
 @dataclass(slots=True)
 class Grid:
     name: str
@@ -262,6 +361,22 @@ class Grid:
     max_wall_s: float = math.inf  # ...until they have them or the worker has run this long
     skipped: list[str] = field(default_factory=list)
     prompt_sets: list[list[int]] = field(default_factory=list)
+    protocol: ShapeProtocol = ShapeProtocol()
+    max_position: int = 0
+    max_kv_tokens: int | None = None
+
+    def repetitions(self) -> list[Repetitions]:
+        """Each shape's calls under the grid's protocol, in shape order."""
+        return [self.protocol.repetitions(s, self.max_position, self.max_kv_tokens) for s in self.shapes]
+
+    def protocol_meta(self) -> dict[str, object]:
+        """meta.json's `shape_protocol`: the protocol and, when served, the shapes on cached context whose KV
+        lengths stayed fixed (at the model's last position, or a slab at the memory budget)."""
+        meta = self.protocol.meta()
+        if self.protocol.name == "served":
+            meta["unvaried_shapes"] = [r.shape.label() for r in self.repetitions()
+                                       if r.radius == 0 and any(s.c for s in r.shape.segs)]
+        return meta
 
 
 def _dense_prefill(max_t: int) -> list[int]:
@@ -269,8 +384,10 @@ def _dense_prefill(max_t: int) -> list[int]:
     return [t for t in dense if t <= max_t]
 
 
-def build_grid(name: str, max_position: int, max_kv_tokens: int | None = None, seed: int = 0) -> Grid:
-    """The shapes of grid `name`, with positions capped at `max_position` and KV slabs at `max_kv_tokens`."""
+def build_grid(name: str, max_position: int, max_kv_tokens: int | None = None, seed: int = 0,
+               protocol: ShapeProtocol = ShapeProtocol()) -> Grid:
+    """The shapes of grid `name`, with positions capped at `max_position` and KV slabs at `max_kv_tokens`;
+    `protocol` says how their repetitions run (the shapes do not depend on it)."""
     if name not in GRID_NAMES:
         raise ValueError(f"unknown grid {name!r}; choose one of {', '.join(GRID_NAMES)}")
     top = min(max_position, 2048)  # longest sequence profiled
@@ -331,6 +448,7 @@ def build_grid(name: str, max_position: int, max_kv_tokens: int | None = None, s
         # contexts spread from kv/8 to kv-1: the padded step reads b x kv columns, the ragged one masks them
         contexts = spread(b, kv)
         grid.shapes += [padded_decode(contexts, kv), decode_mixed(contexts), padded_decode([kv - 1] * b, kv)]
+    grid.protocol, grid.max_position, grid.max_kv_tokens = protocol, max_position, max_kv_tokens
     kept = []
     for s in grid.shapes:
         if s.max_len > max_position or (max_kv_tokens is not None and s.kv_tokens > max_kv_tokens):

@@ -236,6 +236,10 @@ def profile(
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
     threads: Annotated[int | None, typer.Option(help="CPU threads [default: every core available].")] = None,
     quick: Annotated[bool, typer.Option(help="A coarse grid (about a minute on a CPU).")] = False,
+    protocol: Annotated[str, typer.Option(help="served: a shape's repetitions move its cached contexts by a few "
+                                          "tokens and its KV slab rows, as serving does, so no per-shape "
+                                          "cache flatters it; fixed: the same shape every repetition.")
+                        ] = "served",
 ) -> None:
     """Time real prefill, decode, hybrid and padded iterations of a model on this device.
 
@@ -245,7 +249,7 @@ def profile(
     from profiler.profile import profile as run_profile
 
     try:
-        path = run_profile(model, device, dtype, threads, quick, out)
+        path = run_profile(model, device, dtype, threads, quick, out, protocol=protocol)
     except RuntimeError as e:  # the timing child crashed: its last words are in the message
         raise InputError(f"profiling failed: {e}") from None
     Console().print(escape(f"wrote {path}/profile.csv and meta.json; next: simctl fit {path}"))
