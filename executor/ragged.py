@@ -47,10 +47,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from common.errors import InputError
+from executor.config import DEFAULT_CONFIG, ExecutorConfig
 
 ATTN_IMPLEMENTATION = "simctl_ragged"
 BATCH_KWARG = "simctl_batch"  # the model-forward keyword that carries the layout to the attention function
@@ -91,9 +96,19 @@ class _Prefill:
     mask: torch.Tensor | None  # [1, 1, q, c + q] additive; None: c == 0, plain causal
 
 
+@dataclass(frozen=True, slots=True)
+class _Attention:
+    """How an executor calls SDPA (`_sdpa`): the kernels it allows and its grouped-query layout."""
+
+    backends: tuple[SDPBackend, ...]
+    groups: int  # G = query heads per KV head
+    gqa_causal: bool  # a causal grouped-query call runs as one enable_gqa kernel (else one per query head of a group)
+
+
 @dataclass(slots=True)
 class _Batch:
     kv: torch.Tensor
+    attn: _Attention
     padded: bool
     write_slot: torch.Tensor  # ragged: [T]; padded: [B, 1]
     write_pos: torch.Tensor  # ragged: [T]; padded: [B, L]
@@ -109,11 +124,42 @@ class _Batch:
     spans: list[tuple[int, int, int]] | None = None  # varlen bin-packed: (row, start, q) of each prompt
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
-          scale: float) -> torch.Tensor:
-    """SDPA with grouped-query heads: K/V heads are shared by num_heads / num_kv_heads query heads."""
+_BACKEND = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}
+_BACKEND_NAME = {b: name for name, b in _BACKEND.items()}
+_kernels_seen: dict[str, str] | None = None  # while `attention_kernels` runs: kind of call -> kernel chosen
+
+
+def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
+          scale: float, gqa: bool, kind: str, layout: str) -> torch.Tensor:
+    if _kernels_seen is not None:
+        kind += "_masked" if mask is not None else "_causal" if is_causal else ""
+        chosen = SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, is_causal, scale=scale, enable_gqa=gqa))
+        _kernels_seen.setdefault(kind, _BACKEND_NAME.get(chosen, chosen.name.lower()) + layout)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                          enable_gqa=q.shape[-3] != k.shape[-3])
+                                          enable_gqa=gqa)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
+          scale: float, attn: _Attention, kind: str) -> torch.Tensor:
+    """SDPA of q `[B, H, L, D]` against k, v `[B, KVH, K, D]`, where the G = H / KVH query heads h = j G + g
+    share K/V head j, without repeating K/V heads. A non-causal call folds each group's G heads into the query
+    axis, `[B, KVH, G L, D]` (`mask` comes folded: query axis 1, or G L as `_fold`), so every kernel that
+    takes plain heads runs it: the memory-efficient one, the only fused CUDA kernel that takes a mask, does
+    not take grouped heads. A causal call cannot fold (each head's diagonal would shift): one enable_gqa
+    call where the allowed kernels run one, else one call per head of a group."""
+    G = attn.groups
+    if G == 1:
+        return _call(q, k, v, mask, is_causal, scale, False, kind, "")
+    B, H, L, D = q.shape
+    if not is_causal:
+        return _call(q.reshape(B, H // G, G * L, D), k, v, mask, False, scale, False, kind, " (folded)"
+                     ).view(B, H, L, D)
+    if attn.gqa_causal:
+        return _call(q, k, v, None, True, scale, True, kind, " (enable_gqa)")
+    qg = q.unflatten(1, (H // G, G))
+    return torch.stack([_call(qg[:, :, g], k, v, None, True, scale, False, kind, " (per group)")
+                        for g in range(G)], 2).flatten(1, 2)
 
 
 def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -133,19 +179,19 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         kc[batch.write_slot, :, batch.write_pos] = key.transpose(1, 2).reshape(B * L, KVH, D)[batch.real]
         vc[batch.write_slot, :, batch.write_pos] = value.transpose(1, 2).reshape(B * L, KVH, D)[batch.real]
         if batch.spans is None:  # one dense-masked L x L block per row
-            return _sdpa(query, key, value, batch.mask, False, scale).transpose(1, 2), None
+            return _sdpa(query, key, value, batch.mask, False, scale, batch.attn, "binpacked").transpose(1, 2), None
         out = query.new_zeros(query.shape)  # varlen: causal attention within each prompt; pads give zeros
         for b, start, q in batch.spans:
             part = slice(start, start + q)
             out[b:b + 1, :, part] = _sdpa(query[b:b + 1, :, part], key[b:b + 1, :, part], value[b:b + 1, :, part],
-                                          None, True, scale)
+                                          None, True, scale, batch.attn, "binpacked")
         return out.transpose(1, 2), None
     if batch.padded:
         kc[batch.write_slot, :, batch.write_pos] = key.transpose(1, 2)  # [B, L, KVH, D]
         vc[batch.write_slot, :, batch.write_pos] = value.transpose(1, 2)
         k = kc[batch.slots, :, :batch.kmax]
         v = vc[batch.slots, :, :batch.kmax]
-        return _sdpa(query, k, v, batch.mask, batch.is_causal, scale).transpose(1, 2), None
+        return _sdpa(query, k, v, batch.mask, batch.is_causal, scale, batch.attn, "padded").transpose(1, 2), None
 
     q0 = query[0]  # [H, T, D]
     kc[batch.write_slot, :, batch.write_pos] = key[0].transpose(0, 1)  # [T, KVH, D]
@@ -156,13 +202,15 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         qd = q0[:, d.tokens].transpose(0, 1).unsqueeze(2)  # [n, H, 1, D]
         if d.rows is not None:  # holes get a zero query (finite output, dropped)
             qd = qd.new_zeros(d.slots.stop - d.slots.start, *qd.shape[1:]).index_copy_(0, d.rows, qd)
-        o = _sdpa(qd, kc[d.slots, :, :d.kmax], vc[d.slots, :, :d.kmax], d.mask, False, scale)[:, :, 0]
+        o = _sdpa(qd, kc[d.slots, :, :d.kmax], vc[d.slots, :, :d.kmax], d.mask, False, scale, batch.attn,
+                  "decode")[:, :, 0]
         out[d.tokens] = o if d.rows is None else o.index_select(0, d.rows)
     for p in batch.prefills:
         qp = q0[:, p.start:p.start + p.q].unsqueeze(0)  # [1, H, q, D]
         k = kc[p.slot:p.slot + 1, :, :p.cached + p.q]
         v = vc[p.slot:p.slot + 1, :, :p.cached + p.q]
-        out[p.start:p.start + p.q] = _sdpa(qp, k, v, p.mask, p.mask is None, scale)[0].transpose(0, 1)
+        out[p.start:p.start + p.q] = _sdpa(qp, k, v, p.mask, p.mask is None, scale, batch.attn,
+                                           "prefill")[0].transpose(0, 1)
     return out.unsqueeze(0), None
 
 
@@ -191,11 +239,30 @@ def _additive(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, float("-inf"))
 
 
+@cache
+def _attention(backends: tuple[str, ...], device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int,
+               head_dim: int) -> _Attention:
+    """The attention layout of a model on `device`: whether the allowed kernels run a causal grouped-query
+    call as one enable_gqa call (tried once on a small one)."""
+    chosen = tuple(_BACKEND[b] for b in backends)
+    gqa_causal = heads == kv_heads
+    if not gqa_causal:
+        q = torch.zeros(1, heads, 8, head_dim, dtype=dtype, device=device)
+        kv = torch.zeros(1, kv_heads, 8, head_dim, dtype=dtype, device=device)
+        try:
+            with torch.inference_mode(), sdpa_kernel(list(chosen)):
+                F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
+            gqa_causal = True
+        except RuntimeError:  # "No available kernel": e.g. fp32 on CUDA, where flash does not run
+            pass
+    return _Attention(chosen, heads // kv_heads, gqa_causal)
+
+
 class RaggedExecutor:
     """Executes iterations of `model` (built by `executor.model.build_model`) over a KV slab of `slots`
     request rows of `max_len` positions each."""
 
-    def __init__(self, model: Any, slots: int, max_len: int) -> None:
+    def __init__(self, model: Any, slots: int, max_len: int, config: ExecutorConfig = DEFAULT_CONFIG) -> None:
         cfg = model.config
         if cfg._attn_implementation != ATTN_IMPLEMENTATION:
             raise ValueError(f"model must use attn_implementation={ATTN_IMPLEMENTATION!r} "
@@ -207,7 +274,10 @@ class RaggedExecutor:
         self.dtype = model.dtype
         self.slots = int(slots)
         self.max_len = int(max_len)
+        self.config = config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.attn = _attention(config.backends(self.device.type), self.device, self.dtype, cfg.num_attention_heads,
+                               cfg.num_key_value_heads, head_dim)
         with torch.inference_mode():
             self.kv = torch.zeros(cfg.num_hidden_layers, 2, self.slots, cfg.num_key_value_heads, self.max_len,
                                   head_dim, dtype=self.dtype, device=self.device)
@@ -234,6 +304,12 @@ class RaggedExecutor:
             if end > self.max_len:
                 raise ValueError(f"segment of slot {s.slot} reaches position {end} > max_len {self.max_len}")
 
+    def _fold(self, mask: torch.Tensor) -> torch.Tensor:
+        """A mask `[B, 1, L, K]` for the folded query axis of `_sdpa`: each group's G heads, L rows each (a
+        mask with one query row broadcasts as it is). G times the memory: built once per iteration."""
+        G = self.attn.groups
+        return mask if G == 1 or mask.shape[-2] == 1 else mask.repeat(1, 1, G, 1)
+
     def _token_tensor(self, segments: Sequence[Segment]) -> torch.Tensor:
         parts = [torch.as_tensor(s.tokens, dtype=torch.long).reshape(-1) for s in segments]
         return torch.cat(parts).to(self.device, non_blocking=True)
@@ -252,7 +328,7 @@ class RaggedExecutor:
             if s.sample:
                 sampled.append(t - 1)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
-        batch = _Batch(self.kv, False, torch.tensor(write_slot, dtype=torch.long, device=dev), pos)
+        batch = _Batch(self.kv, self.attn, False, torch.tensor(write_slot, dtype=torch.long, device=dev), pos)
 
         rows = sorted((i for i, s in enumerate(segments) if s.q == 1), key=lambda i: segments[i].slot)
         if rows:
@@ -275,7 +351,7 @@ class RaggedExecutor:
                 mask = None
                 if s.cached:
                     blocked = torch.ones(s.q, s.cached + s.q, dtype=torch.bool, device=dev).triu_(s.cached + 1)
-                    mask = _additive(blocked, self.dtype)[None, None]
+                    mask = self._fold(_additive(blocked, self.dtype)[None, None])
                 batch.prefills.append(_Prefill(starts[i], s.q, s.slot, s.cached, mask))
         kwargs = {"input_ids": self._token_tensor(segments)[None], "position_ids": pos[None],
                   BATCH_KWARG: batch}
@@ -311,13 +387,13 @@ class RaggedExecutor:
                     sampled.append((b, end - 1))
                 spans.append((b, start, s.q))
                 start = end
-        batch = _Batch(self.kv, True, torch.tensor(write_slot, dtype=torch.long, device=dev),
+        batch = _Batch(self.kv, self.attn, True, torch.tensor(write_slot, dtype=torch.long, device=dev),
                        torch.tensor(write_pos, dtype=torch.long, device=dev),
                        real=torch.tensor(real, dtype=torch.long, device=dev))
         if dense:
             cols = torch.arange(L)
             blocked = (owner[:, :, None] != owner[:, None, :]) | (cols[None, None, :] > cols[None, :, None])
-            batch.mask = _additive(blocked.to(dev), self.dtype)[:, None]
+            batch.mask = self._fold(_additive(blocked.to(dev), self.dtype)[:, None])
         else:
             batch.spans = spans
         kwargs = {"input_ids": ids.to(dev, non_blocking=True), "position_ids": pos.to(dev), BATCH_KWARG: batch}
@@ -342,7 +418,7 @@ class RaggedExecutor:
                 raise ValueError(f"kv_len {kv_len} outside {kmax}..{self.max_len}")
             kmax = int(kv_len)
         slots = [s.slot for s in segments]
-        batch = _Batch(self.kv, True, torch.tensor(slots, dtype=torch.long, device=dev)[:, None], pos,
+        batch = _Batch(self.kv, self.attn, True, torch.tensor(slots, dtype=torch.long, device=dev)[:, None], pos,
                        slots=_as_index(slots, dev), kmax=kmax)
         if all(s.cached == 0 for s in segments) and kmax == L and not dense:
             batch.is_causal = True  # right padding: real queries only ever see real keys
@@ -350,7 +426,7 @@ class RaggedExecutor:
             pass  # one new token per row, every row sees all kmax columns
         else:
             blocked = torch.arange(kmax, device=dev)[None, None, :] > pos[:, :, None]  # [B, L, kmax]
-            batch.mask = _additive(blocked, self.dtype)[:, None]
+            batch.mask = self._fold(_additive(blocked, self.dtype)[:, None])
         ids = torch.zeros(B, L, dtype=torch.long)
         for i, s in enumerate(segments):
             ids[i, :s.q] = torch.as_tensor(s.tokens, dtype=torch.long).reshape(-1)
@@ -360,7 +436,8 @@ class RaggedExecutor:
 
     # ---- execution ----------------------------------------------------------------------------------
     def _forward(self, kwargs: dict[str, Any]) -> torch.Tensor:
-        return self.model.model(use_cache=False, **kwargs).last_hidden_state
+        with sdpa_kernel(list(self.attn.backends)):
+            return self.model.model(use_cache=False, **kwargs).last_hidden_state
 
     def run(self, segments: Sequence[Segment]) -> torch.Tensor:
         """One ragged iteration; returns the logits `[n_sampled, vocab]` of the last token of each sampled
@@ -407,3 +484,34 @@ class RaggedExecutor:
         """Zero the slab (not needed for correctness: a segment only reads positions below c + q)."""
         with torch.inference_mode():
             self.kv.zero_()
+
+
+def attention_kernels(model: Any, config: ExecutorConfig = DEFAULT_CONFIG) -> dict[str, str]:
+    """The SDPA kernel each kind of attention call runs under `config` on `model`'s device, dtype and heads,
+    e.g. {"decode_masked": "efficient (folded)", ...}, for meta.json and summary.json: small iterations of every
+    kind (prompts, decode rows of one and of mixed lengths, a chunk on cached context, padded and bin-packed
+    batches) run through the executor while `_call` notes torch's choice (`torch._fused_sdp_choice`) for
+    each kind. InputError when the configuration has no kernel for one."""
+    global _kernels_seen
+    ex = RaggedExecutor(model, 4, 16, config)
+    one = [0]
+    seen: dict[str, str] = {}
+    _kernels_seen = seen
+    try:
+        ex.run([Segment(0, [0] * 5), Segment(1, [0] * 3)])  # prompts
+        ex.run([Segment(0, one, 5), Segment(1, one, 3), Segment(2, [0] * 2, 4)])  # mixed decodes, a chunk
+        ex.run([Segment(0, one, 6), Segment(1, one, 6)])  # decode rows of one length
+        ex.run_padded([Segment(0, [0] * 3), Segment(1, [0] * 2)])  # a padded prefill
+        ex.run_padded([Segment(0, one, 7), Segment(1, one, 7)], length=1)  # a padded decode of one length
+        ex.run_padded([Segment(0, [0] * 2, 8), Segment(1, one, 4)])  # padded rows under a mask
+        for dense in (True, False):
+            ex.run_binpacked([[Segment(2, [0] * 2), Segment(3, [0] * 3)]], 6, dense=dense)
+    except RuntimeError as e:
+        kind = next(reversed(seen), "some") if seen else "some"
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise InputError(f"--attention {config.attention} ({', '.join(config.backends(ex.device.type))}) has no "
+                         f"kernel for {kind} attention on {ex.device} in {str(ex.dtype).removeprefix('torch.')}: "
+                         f"{first}") from None
+    finally:
+        _kernels_seen = None
+    return dict(sorted(seen.items()))
