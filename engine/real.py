@@ -45,6 +45,7 @@ from typing import Any
 
 from common.checks import is_int
 from common.errors import InputError
+from executor.config import ExecutorConfig
 from executor.runtime import default_threads
 from policies.base import Policy
 from policies.registry import make_policy, max_admissible_tokens, policy_class
@@ -76,6 +77,18 @@ class RealConfig:
     kv_budget_bytes: int | None = None  # the KV slab's memory budget [default: device_kv_budget]
     arrival: str = "poisson"
     cv: float = 1.0
+    attention: str = "auto"  # SDPA kernels (executor.config.ATTENTION)
+    prefill_instances: int | None = None  # both 1: disaggregated prefill and decode (engine.disagg)
+    decode_instances: int | None = None
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_instances is not None or self.decode_instances is not None
+
+    @property
+    def executor(self) -> ExecutorConfig:
+        """The executor configuration of the run (as the profiler's: a fit prices only runs made with its own)."""
+        return ExecutorConfig(attention=self.attention)
 
     def validate(self) -> None:
         """Check every option that needs neither torch nor the trace's lengths (InputError, as the CLI
@@ -97,12 +110,27 @@ class RealConfig:
             raise InputError(f"--device {self.device!r} not supported; choose cpu or cuda")
         if self.dtype not in DTYPES:
             raise InputError(f"--dtype {self.dtype!r} not supported; choose one of {', '.join(DTYPES)}")
+        self.executor.validate(self.device)
         if self.threads is not None and (not is_int(self.threads) or self.threads < 1):
             raise InputError(f"--threads must be an integer >= 1, got {self.threads!r}")
         if self.kv_capacity is not None and (not is_int(self.kv_capacity) or self.kv_capacity < 1):
             raise InputError(f"--kv-capacity must be an integer >= 1 (token slots), got {self.kv_capacity!r}")
         if self.kv_budget_bytes is not None and (not is_int(self.kv_budget_bytes) or self.kv_budget_bytes < 1):
             raise InputError(f"kv_budget_bytes must be an integer >= 1, got {self.kv_budget_bytes!r}")
+        if self.disaggregated:
+            self._check_disaggregated()
+
+    def _check_disaggregated(self) -> None:
+        from sim.cluster_run import check_disaggregable, check_instances
+
+        check_instances(prefill_instances=self.prefill_instances, decode_instances=self.decode_instances)
+        if (self.prefill_instances, self.decode_instances) != (1, 1):
+            raise InputError("real disaggregated serving runs one prefill and one decode instance "
+                             "(--prefill-instances 1 --decode-instances 1): each is a process with its own model")
+        if str(self.device).lower() != "cpu":
+            raise InputError("real disaggregated serving runs on the CPU (--device cpu): its two instances would "
+                             "share one GPU")
+        check_disaggregable(self.policy)
 
 
 @dataclass(frozen=True)
@@ -177,6 +205,9 @@ class RealRun:
     summary: dict[str, Any]
     result: Any  # sim.simulate.SimResult: the records in the simulator's form
     engine: Any  # engine.serve.EngineResult: tokens, per-iteration forward times
+    # a disaggregated run's (engine.disagg): iteration rows with pool and replica columns, one row per instance
+    iterations: Any = None
+    replicas: Any = None
 
 
 def _device_name(device: Any) -> str:
@@ -228,9 +259,8 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     import torch
     import transformers
 
-    from engine.serve import Engine, prompt_ids, warm_up
     from executor.model import build_model, resolve_device
-    from executor.ragged import RaggedExecutor
+    from executor.ragged import attention_kernels
     from sim.metrics import summarize
     from sim.models import get_model
 
@@ -239,20 +269,23 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     device = resolve_device(config.device)
     spec = get_model(config.model)
     model = build_model(spec, device, config.dtype, config.seed)
+    kernels = attention_kernels(model, config.executor)  # InputError, before serving, if a kind has none
     kv_bpt = spec.kv_bytes_per_token(model.dtype.itemsize)
     budget = config.kv_budget_bytes if config.kv_budget_bytes is not None else device_kv_budget(device)
     size = size_run(config, requests, kv_bpt, budget)
-    policy = sized_policy(config, size)
-    executor = RaggedExecutor(model, size.kv_slots, size.kv_slot_tokens)
-    prompts = {r.id: prompt_ids(r.id, r.prompt_tokens, spec.vocab_size, config.seed) for r in requests}
-    warm_s = warm_up(executor, spec.vocab_size, padded=policy.padded_batches or policy.widening_kv,
-                     seed=config.seed)
-    engine = Engine(policy, executor, prompts)
-    out = engine.serve(requests, max_waiting=overload_limit(len(requests)))
-    result = out.sim_result(policy.kv.capacity)
+    if config.disaggregated:  # this process is the decode instance; the prefill instance is its child
+        from engine.disagg import run_disaggregated
 
-    summary: dict[str, Any] = {"mode": "real", **{k: v for k, v in asdict(config).items() if k != "options"},
-                               **summarize(result)}
+        run, engine, warm_s, fields = run_disaggregated(config, size, requests, model)
+        summary, out = run.summary, run.engine
+    else:
+        engine, warm_s = build_engine(config, requests, size, model)
+        out = engine.serve(requests, max_waiting=overload_limit(len(requests)))
+        result = out.sim_result(engine.policy.kv.capacity)
+        summary = {"mode": "real", **{k: v for k, v in asdict(config).items() if k != "options"},
+                   **summarize(result)}
+        run, fields = RealRun(config, requests, summary, result, out), {}
+    slab = engine.executor.executor.kv
     summary.update({
         "arrivals_from_file": has_arrival_times(config.trace),
         "gpu": "cpu" if device.type == "cpu" else None,  # the catalogue device to simulate it with, if any
@@ -260,6 +293,8 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
         "device": str(device),
         "device_name": _device_name(device),
         "dtype": config.dtype,
+        "executor_config": config.executor.record(str(device)),
+        "attention_kernels": kernels,
         "threads": torch.get_num_threads(),
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
@@ -271,22 +306,43 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
         "kv_slots": size.kv_slots,
         "kv_slot_tokens": size.kv_slot_tokens,
         "kv_budget_bytes": budget,
-        "kv_slab_bytes": int(executor.kv.numel() * executor.kv.element_size()),
+        "kv_slab_bytes": int(slab.numel() * slab.element_size()),  # per instance
         "kv_slots_peak": out.peak_slots,
-        **policy.settings.as_dict(),  # every setting of the policy, given or default
+        **engine.policy.settings.as_dict(),  # every setting of the policy, given or default
         "max_batch_size_capped": size.max_batch_size_capped,
         "warmup_s": warm_s,
         "forward_s_total": float(out.forward_s.sum()),
+        **fields,
         "real_wall_s": time.perf_counter() - t_total,
     })
-    return RealRun(config, requests, summary, result, out)
+    return run
+
+
+def build_engine(config: RealConfig, requests: list[Request], size: Sizing, model: Any) -> tuple[Any, float]:
+    """The engine of a run on a built `model`: its slab, policy and prompts, warmed up (and the seconds that
+    took)."""
+    from engine.serve import Engine, prompt_ids, warm_up
+    from executor.ragged import RaggedExecutor
+    from sim.models import get_model
+
+    vocab = get_model(config.model).vocab_size
+    executor = RaggedExecutor(model, size.kv_slots, size.kv_slot_tokens, config.executor)
+    policy = sized_policy(config, size)
+    prompts = {r.id: prompt_ids(r.id, r.prompt_tokens, vocab, config.seed) for r in requests}
+    warm_s = warm_up(executor, vocab, padded=policy.padded_batches or policy.widening_kv, seed=config.seed)
+    return Engine(policy, executor, prompts), warm_s
 
 
 def write_real(run: RealRun, out: str | Path) -> None:
-    """summary.json, requests.parquet and iterations.parquet, as `simctl run` writes them."""
+    """summary.json, requests.parquet and iterations.parquet, as `simctl run` writes them (and replicas.parquet
+    for a disaggregated run, as a simulated cluster's)."""
+    from sim.cluster_run import write_cluster_files
     from sim.output import write_run
 
-    write_run(Path(out), run.summary, run.result.requests, run.result.iterations.frame())
+    if run.replicas is not None:
+        write_cluster_files(Path(out), run.summary, run.result.requests, run.iterations, run.replicas)
+    else:
+        write_run(Path(out), run.summary, run.result.requests, run.result.iterations.frame())
 
 
 # ---- the child process ---------------------------------------------------------------------------------------
@@ -334,11 +390,14 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
               qps: float | None = None, num_requests: int | None = None, out: str | Path | None = None,
               scale: float = 1.0, seed: int = 0, dtype: str = "float32", threads: int | None = None,
               options: dict[str, Any] | None = None, kv_capacity: int | None = None,
-              arrival: str = "poisson", cv: float = 1.0, kv_budget_bytes: int | None = None) -> dict[str, Any]:
+              attention: str = "auto", arrival: str = "poisson", cv: float = 1.0, kv_budget_bytes: int | None = None,
+              prefill_instances: int | None = None, decode_instances: int | None = None) -> dict[str, Any]:
     """What `simctl real` does: validate, serve in a child process with OMP_WAIT_POLICY=PASSIVE and the
-    thread count set, write `out/{summary.json, requests.parquet, iterations.parquet}` (if `out`), and
+    thread count set, write `out/{summary.json, requests.parquet, iterations.parquet}` (if `out`; and
+    replicas.parquet for a disaggregated run, whose child starts the prefill instance as its own child), and
     return the summary. InputError for bad options (also those only the child can check, e.g. cuda
     missing); RuntimeError, with the end of the child's stderr, if the child crashed."""
+    from sim.cluster_run import CLUSTER_RUN_FILES
     from sim.output import RUN_FILES, check_out_dir
 
     if qps is None and (not str(trace).strip() or not has_arrival_times(trace)):
@@ -346,12 +405,13 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     config = RealConfig(policy=policy, trace=trace, model=model, device=device, qps=qps,
                         num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests,
                         scale=scale, seed=seed, dtype=dtype, threads=threads, options=dict(options or {}),
-                        kv_capacity=kv_capacity, arrival=arrival, cv=cv, kv_budget_bytes=kv_budget_bytes)
+                        kv_capacity=kv_capacity, attention=attention, arrival=arrival, cv=cv, kv_budget_bytes=kv_budget_bytes,
+                        prefill_instances=prefill_instances, decode_instances=decode_instances)
     config.validate()
     config = resolved(config, num_requests is not None)
     config.validate()
-    if config.threads is None:
-        config = replace(config, threads=default_threads())
+    if config.threads is None:  # a disaggregated run's instances share the cores
+        config = replace(config, threads=max(1, default_threads() // (2 if config.disaggregated else 1)))
     # sizing errors (a request longer than the model or the KV capacity) before starting torch
     from sim.models import get_model
 
@@ -361,7 +421,7 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     size_run(config, requests, spec.kv_bytes_per_token(4 if config.dtype == "float32" else 2), 1 << 62)
     out_path = None
     if out is not None:
-        out_path = check_out_dir(Path(out), RUN_FILES)
+        out_path = check_out_dir(Path(out), CLUSTER_RUN_FILES if config.disaggregated else RUN_FILES)
     return _run_worker(config, out_path)["summary"]
 
 

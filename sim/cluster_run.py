@@ -68,10 +68,8 @@ class ClusterConfig:
         return self.disaggregated or self.replicas != 1
 
     def validate(self, policy: str) -> None:
-        for name, v in (("replicas", self.replicas), ("prefill-instances", self.prefill_instances),
-                        ("decode-instances", self.decode_instances)):
-            if v is not None and (not is_int(v) or not 1 <= v <= MAX_INSTANCES):
-                raise InputError(f"--{name} must be an integer from 1 to {MAX_INSTANCES}, got {v!r}")
+        check_instances(replicas=self.replicas, prefill_instances=self.prefill_instances,
+                        decode_instances=self.decode_instances)
         check_router(self.router)
         if not self.disaggregated:
             for name, v in (("prefill-gpu", self.prefill_gpu), ("decode-gpu", self.decode_gpu),
@@ -89,9 +87,20 @@ class ClusterConfig:
         gbps = self.kv_link_gbps
         if not is_number(gbps) or not (gbps > 0 and math.isfinite(gbps)):
             raise InputError(f"--kv-link-gbps must be a finite number > 0 (gigabits per second), got {gbps!r}")
-        if policy_class(policy).padded_batches:
-            raise InputError(f"{policy} cannot serve disaggregated: its padded batches admit only requests it "
-                             "prefilled itself; use an iteration-level policy (orca, vllm, sarathi)")
+        check_disaggregable(policy)
+
+
+def check_instances(**counts: int | None) -> None:
+    """Instance counts (replicas=..., prefill_instances=...) given are integers from 1 to MAX_INSTANCES."""
+    for name, v in counts.items():
+        if v is not None and (not is_int(v) or not 1 <= v <= MAX_INSTANCES):
+            raise InputError(f"--{name.replace('_', '-')} must be an integer from 1 to {MAX_INSTANCES}, got {v!r}")
+
+
+def check_disaggregable(policy: str) -> None:
+    if policy_class(policy).padded_batches:
+        raise InputError(f"{policy} cannot serve disaggregated: its padded batches admit only requests it "
+                         "prefilled itself; use an iteration-level policy (orca, vllm, sarathi)")
 
 
 def make_pool(name: str, count: int, gpu: str, cost: CostModel, new_policy: Callable[[], Policy], router: str,
@@ -130,12 +139,15 @@ def run_cluster(config: RunConfig, cc: ClusterConfig, progress: Progress | None 
         deployments = (serving,)
     seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority) for r in requests]
     cluster.run(seqs, progress)
-    result, summary = _summarise(config, cc, cluster, seqs, serving.kv_capacity, time.perf_counter() - t0)
+    members = [MemberRecords.of(p, m) for p in (cluster.entry, cluster.decode) if p is not None for m in p.members]
+    head = {**{k: v for k, v in asdict(config).items() if k not in ("fast", "options")}, **asdict(cc)}
+    result, summary = summarise_cluster(head, members, seqs, cluster.link, cluster.aborted, serving.kv_capacity,
+                                        time.perf_counter() - t0, config.tp)
     summary["arrivals_from_file"] = has_arrival_times(config.trace)
     summary["cost_model"] = serving.cost_label
     summary["warnings"] = sorted({w for d in deployments for w in d.warnings})
     summary.update(cluster.entry.members[0].replica.policy.settings.as_dict())
-    return ClusterRun(config, result, summary, iterations=iterations_frame(cluster),
+    return ClusterRun(config, result, summary, iterations=iterations_frame(members),
                       replicas=pd.DataFrame(summary["replica_metrics"]), cluster=cluster)
 
 
@@ -172,13 +184,6 @@ class MemberRecords:
         return SimResult(requests=request_frame(self.seqs), iterations=self.iterations, gaps=self.gaps,
                          queue_at_arrival=self.queue, aborted=self.aborted, kv_capacity=self.kv_capacity,
                          wall_s=0.0)
-
-
-def _summarise(config: RunConfig, cc: ClusterConfig, cluster: Cluster, seqs: list[Seq], kv_capacity: int,
-               wall_s: float) -> tuple[SimResult, dict[str, Any]]:
-    members = [MemberRecords.of(p, m) for p in (cluster.entry, cluster.decode) if p is not None for m in p.members]
-    head = {**{k: v for k, v in asdict(config).items() if k not in ("fast", "options")}, **asdict(cc)}
-    return summarise_cluster(head, members, seqs, cluster.link, cluster.aborted, kv_capacity, wall_s, config.tp)
 
 
 def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: list[Seq], link: KVLink | None,
@@ -267,15 +272,14 @@ def _link_summary(link: KVLink, span: float) -> dict[str, Any]:
             "transfer_s_p99": pct(took, 99), "wait_s_p50": pct(waited, 50), "wait_s_p99": pct(waited, 99)}
 
 
-def iterations_frame(cluster: Cluster) -> pd.DataFrame:
+def iterations_frame(members: list[MemberRecords]) -> pd.DataFrame:
     """Every replica's iteration rows, with the pool and replica that ran them."""
     frames = []
-    for p in (cluster.entry, cluster.decode):
-        for m in p.members if p else ():
-            f = m.replica.records.iterations.frame()
-            f.insert(0, "replica", m.index)
-            f.insert(0, "pool", p.name)
-            frames.append(f)
+    for m in members:
+        f = m.iterations.frame()
+        f.insert(0, "replica", m.index)
+        f.insert(0, "pool", m.pool)
+        frames.append(f)
     return pd.concat(frames, ignore_index=True)
 
 
@@ -283,11 +287,16 @@ CLUSTER_RUN_FILES = ("requests.parquet", "iterations.parquet", "replicas.parquet
 
 
 def write_cluster_run(out: Path, run: ClusterRun) -> None:
-    """The cluster run's files into `out`, all or none (summary.json renamed last)."""
-    summary_text = json_text(run.summary)
+    write_cluster_files(out, run.summary, run.result.requests, run.iterations, run.replicas)
+
+
+def write_cluster_files(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterations: pd.DataFrame,
+                        replicas: pd.DataFrame) -> None:
+    """A cluster run's files into `out` (a simulated or a real one), all or none (summary.json renamed last)."""
+    summary_text = json_text(summary)
     write_files(Path(out), {
-        "requests.parquet": lambda p: run.result.requests.to_parquet(p, index=False),
-        "iterations.parquet": lambda p: run.iterations.to_parquet(p, index=False),
-        "replicas.parquet": lambda p: run.replicas.to_parquet(p, index=False),
+        "requests.parquet": lambda p: requests.to_parquet(p, index=False),
+        "iterations.parquet": lambda p: iterations.to_parquet(p, index=False),
+        "replicas.parquet": lambda p: replicas.to_parquet(p, index=False),
         "summary.json": lambda p: p.write_text(summary_text, encoding="utf-8"),
     }, "the run's files")

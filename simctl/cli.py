@@ -17,7 +17,7 @@ from rich.table import Table
 from common.errors import InputError
 from policies.registry import POLICIES
 from simctl.capacity_cmd import capacity
-from simctl.cluster_options import run_cluster_command, with_cluster_options
+from simctl.cluster_options import print_cluster, run_cluster_command, with_cluster_options
 from simctl.display import print_summary, progress_bar
 from simctl.options import Arrival, Cost, Cv, Gpu, Model, Policy, Scale, Seed, Tp, Trace
 from simctl.plot_cmd import plot
@@ -149,14 +149,23 @@ def real(
                                                     "enough for every request at once].")] = None,
     arrival: Arrival = "poisson",
     cv: Cv = 1.0,
+    prefill_instances: Annotated[int | None, typer.Option(help=(
+        "Disaggregated serving (with --decode-instances 1): 1 prefill instance, a process with its own model "
+        "and KV that only prefills, then hands each request's KV through shared memory to the decode instance; "
+        "--threads is then per instance [default: half the cores]."))] = None,
+    decode_instances: Annotated[int | None, typer.Option(help=(
+        "Disaggregated serving (with --prefill-instances 1): 1 decode instance, which admits requests whose KV "
+        "has arrived and never prefills them."))] = None,
     out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet and "
-                                                "iterations.parquet (as `simctl run`).")] = None,
+                                                "iterations.parquet (as `simctl run`; and replicas.parquet when "
+                                                "disaggregated).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
 ) -> None:
     """Serve a trace in real time on a real model, driven by the same policy objects as the simulator.
 
     Timestamps are measured; the outputs have the simulator's format, so predictions can be checked.
     Example: simctl real --policy vllm --trace sharegpt --scale 0.05 --qps 4 --num-requests 50 --out out/real
+    Disaggregated: simctl real --policy vllm --qps 4 --prefill-instances 1 --decode-instances 1 --out out/real-pd
     """
     from engine.real import real_main
     from sim.output import json_text
@@ -164,13 +173,16 @@ def real(
     try:
         summary = real_main(policy=policy, trace=trace, model=model, device=device, qps=qps,
                             num_requests=num_requests, out=out, scale=scale, seed=seed, dtype=dtype,
-                            threads=threads, options=options, kv_capacity=kv_capacity, arrival=arrival, cv=cv)
+                            threads=threads, options=options, kv_capacity=kv_capacity, arrival=arrival, cv=cv,
+                            prefill_instances=prefill_instances, decode_instances=decode_instances)
     except RuntimeError as e:  # the serving child crashed: its last words are in the message
         raise InputError(f"real execution failed: {e}") from None
     if as_json:
         sys.stdout.write(json_text(summary))
     else:
         print_summary(summary)
+        if "replica_metrics" in summary:
+            print_cluster(summary)
 
 
 @app.command()
