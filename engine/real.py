@@ -87,7 +87,7 @@ class RealConfig:
 
     @property
     def executor(self) -> ExecutorConfig:
-        """The executor configuration of the run (as the profiler's: a fit prices only runs made with its own)."""
+        """The run's executor configuration (a fit prices only runs made with the one it was profiled with)."""
         return ExecutorConfig(attention=self.attention)
 
     def validate(self) -> None:
@@ -389,8 +389,8 @@ def probe_device(config: RealConfig) -> DeviceProbe:
 def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = "tiny", device: str = "cpu",
               qps: float | None = None, num_requests: int | None = None, out: str | Path | None = None,
               scale: float = 1.0, seed: int = 0, dtype: str = "float32", threads: int | None = None,
-              options: dict[str, Any] | None = None, kv_capacity: int | None = None,
-              attention: str = "auto", arrival: str = "poisson", cv: float = 1.0, kv_budget_bytes: int | None = None,
+              options: dict[str, Any] | None = None, kv_capacity: int | None = None, attention: str = "auto",
+              arrival: str = "poisson", cv: float = 1.0, kv_budget_bytes: int | None = None,
               prefill_instances: int | None = None, decode_instances: int | None = None) -> dict[str, Any]:
     """What `simctl real` does: validate, serve in a child process with OMP_WAIT_POLICY=PASSIVE and the
     thread count set, write `out/{summary.json, requests.parquet, iterations.parquet}` (if `out`; and
@@ -405,7 +405,8 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     config = RealConfig(policy=policy, trace=trace, model=model, device=device, qps=qps,
                         num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests,
                         scale=scale, seed=seed, dtype=dtype, threads=threads, options=dict(options or {}),
-                        kv_capacity=kv_capacity, attention=attention, arrival=arrival, cv=cv, kv_budget_bytes=kv_budget_bytes,
+                        kv_capacity=kv_capacity, attention=attention, arrival=arrival, cv=cv,
+                        kv_budget_bytes=kv_budget_bytes,
                         prefill_instances=prefill_instances, decode_instances=decode_instances)
     config.validate()
     config = resolved(config, num_requests is not None)
