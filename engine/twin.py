@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
+from executor.config import DEFAULT_CONFIG, ExecutorConfig, check_same
 from serving.loop import overload_limit
 
 DEFAULT_TRACE = "sharegpt"
@@ -29,13 +30,14 @@ class Setup:
     dtype: str = "float32"
     device: str = "cpu"
     kv_budget_bytes: int | None = None  # the KV slab budget of every run (None: the CPU's); probed on cuda
+    attention: str = "auto"  # the runs' SDPA kernels (executor.config.ATTENTION)
 
     def real_config(self, policy: str, qps: float) -> Any:
         from engine.real import RealConfig
 
         return RealConfig(policy=policy, trace=self.trace, model=self.model, device=self.device, qps=qps,
                           num_requests=self.num_requests, scale=self.scale, seed=self.seed, dtype=self.dtype,
-                          threads=self.threads, kv_budget_bytes=self.kv_budget_bytes)
+                          threads=self.threads, kv_budget_bytes=self.kv_budget_bytes, attention=self.attention)
 
 
 
@@ -63,8 +65,23 @@ def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
     size = size_run(config, requests, spec.kv_bytes_per_token(dtype_bytes_of(config.dtype)), budget)
     probe = sized_policy(config, size)
     return {**asdict(config), "kv_capacity_tokens": size.kv_capacity, "max_seq_len": size.max_seq_len,
-            **probe.settings.as_dict()}
+            "executor_config": config.executor.record(config.device), **probe.settings.as_dict()}
 
+
+
+def fitted_executor(cost: Any) -> ExecutorConfig:
+    """The executor configuration a fitted `cost` was profiled with (the default for a cost model without a
+    profile)."""
+    meta = getattr(cost, "meta", None)
+    return ExecutorConfig.of_record(meta) if meta else DEFAULT_CONFIG
+
+
+def check_executor(cost: Any, run: dict[str, Any]) -> None:
+    """InputError when `run` (a real run's summary, or `twin_summary`'s) was made with another executor
+    configuration than the fitted `cost` was profiled with: its times are another executor's."""
+    meta = getattr(cost, "meta", None)
+    if meta:
+        check_same(meta, run)
 
 
 def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], Any]:
@@ -74,6 +91,7 @@ def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], A
     from sim.metrics import summarize
     from sim.simulate import simulate
 
+    check_executor(cost, summary)
     requests, policy = twin_inputs(summary)
     result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)))
     keep = ("policy", "trace", "model", "qps", "scale", "seed", "arrival", "cv", "max_seq_len")

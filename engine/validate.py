@@ -87,8 +87,10 @@ from engine.twin import (
     DEFAULT_SCALE,
     DEFAULT_TRACE,
     Setup,
+    check_executor,
     cost_meta,
     cost_name,
+    fitted_executor,
     load_cost,
     real_dirs,
     simulate_twin,
@@ -200,12 +202,13 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
                   scale: float = DEFAULT_SCALE, num_requests: int = DEFAULT_NUM_REQUESTS, seed: int = 0,
                   threads: int | None = None, slo: SLO = DEFAULT_SLO, capacity: bool = False,
                   quiet_wait_s: float = 0.0, repeats: int = 1, device: str = "cpu", dtype: str | None = None,
-                  log: Callable[[str], None] | None = None) -> ValidationReport:
+                  attention: str | None = None, log: Callable[[str], None] | None = None) -> ValidationReport:
     """Validate the simulator with `cost` (a fitted cost_model.json of `device`, or a `CostModel`) against real
     runs on `device` (cpu, cuda, cuda:N; see the module docstring) and write
     validation.{csv,md,png,json} and the runs' folders into `out`. `policies` may contain "all". `threads`:
     the real runs' CPU threads [default: those the cost model was profiled with, else every core]. `dtype`: the
-    real runs' [default: the one the cost model was profiled in, else float32; another is refused]. `repeats`:
+    real runs' [default: the one the cost model was profiled in, else float32; another is refused], and so is
+    `attention` (`executor.config.ATTENTION`) [default: the cost model's, else auto]. `repeats`:
     real runs per policy and load (measured metrics are their medians; capacity probes run once). `log`
     receives one line per step. `quiet_wait_s`: before each real run, wait up to this long for a second in
     which other processes use at most 15% of the machine (a shared machine's load slows the real run, not
@@ -224,8 +227,11 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
     if threads is None and isinstance(fit["threads"], int):
         threads = fit["threads"]
     setup = Setup(trace=trace, model=model, num_requests=num_requests, scale=scale, seed=seed, threads=threads,
-                  dtype=dtype if dtype is not None else fitted_dtype(fit) or "float32", device=str(device))
+                  dtype=dtype if dtype is not None else fitted_dtype(fit) or "float32", device=str(device),
+                  attention=attention if attention is not None else fitted_executor(fitted).attention)
     names, loads = _check_inputs(policies, loads, fitted, out, setup)
+    runs = setup.real_config(names[0], 1.0)
+    check_executor(fitted, {"device": runs.device, "executor_config": runs.executor.record(runs.device)})
     # the device as the real runs will find it (on cuda: a child builds the model; cuda missing fails here)
     probe = probe_device(setup.real_config(names[0], 1.0))
     check_fitted_run(getattr(fitted, "meta", {}), probe.device, probe.device_name, setup.dtype)
@@ -256,7 +262,7 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
         meter.start()
         s = real_main(trace=setup.trace, model=setup.model, num_requests=setup.num_requests, scale=setup.scale,
                       seed=setup.seed, dtype=setup.dtype, threads=setup.threads, device=setup.device,
-                      kv_budget_bytes=setup.kv_budget_bytes, **kw)
+                      kv_budget_bytes=setup.kv_budget_bytes, attention=setup.attention, **kw)
         return s, meter.stop()
 
     out = Path(out)
@@ -421,9 +427,10 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
     check_out_dir(out, VALIDATION_FILES, VALIDATION_DIRS)
     _remove_earlier(out, say)
     slo = SLO.from_dict(c["slo"])
+    # a validation from before executor configurations were recorded let torch pick its kernels: "any"
     setup = Setup(trace=c["trace"], model=c["model"], num_requests=c["num_requests"], scale=c["scale"],
                   seed=c["seed"], threads=c["threads"], dtype=c["dtype"], device=c.get("device", "cpu"),
-                  kv_budget_bytes=c.get("kv_budget_bytes"))
+                  kv_budget_bytes=c.get("kv_budget_bytes"), attention=c.get("attention", "any"))
     check_fitted_run(getattr(fitted, "meta", {}), setup.device, c.get("device_name"), setup.dtype)
     caps: dict[str, dict[str, Any]] = {}
     for policy, was in old.capacity.items():

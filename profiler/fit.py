@@ -53,6 +53,7 @@ import pandas as pd
 from scipy.optimize import nnls
 
 from common.errors import InputError
+from executor.config import ExecutorConfig
 from profiler.fit_figure import fit_figure
 from profiler.fit_results import ErrorStats, FitReport, RooflineCalibration
 from profiler.fit_roofline import calibrate_roofline
@@ -307,9 +308,12 @@ def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout:
         "errors": {"holdout": {k: s.to_json() for k, s in ho.items()},
                    "train": {k: s.to_json() for k, s in tr.items()}},
     }
+    # the executor whose times these are (`ExecutorConfig.of_record` reads a profile from before it was recorded)
+    executor = ExecutorConfig.of_record(meta).record(str(meta.get("device", "cpu")))
     fitted = Fitted(coef, tile, cf.curves, model=meta["model"], model_shape=meta["model_shape"],
                     dtype_bytes=dtype_bytes_of(meta["dtype"]), memory_bytes=mem,
-                    meta={k: v for k, v in meta.items() if k not in ("model", "model_shape")}, fit=fit_info)
+                    meta={**{k: v for k, v in meta.items() if k not in ("model", "model_shape")},
+                          "executor_config": executor}, fit=fit_info)
     cost_path = out_dir / COST_MODEL_FILE
     report = FitReport(profile_dir, meta["model"], device, tile, coef, cf.curves, cf.stderr, ho, tr,
                        tile_errors, not_covered, len(df), int(train.sum()), int(held.sum()), cost_path)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
+from executor.config import ExecutorConfig
 from executor.model import DTYPES
 from executor.runtime import default_threads, worker_env
 from profiler.workloads import COLUMNS, GRID_NAMES, PROTOCOLS
@@ -82,19 +83,21 @@ def _write_files(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
 
 
 def worker_command(model_name: str, device: str, dtype: str, threads: int, grid: str, seed: int,
-                   protocol: str) -> list[str]:
+                   protocol: str, attention: str) -> list[str]:
     return [sys.executable, "-m", "profiler.worker", "--model", model_name, "--device", device, "--dtype", dtype,
-            "--threads", str(threads), "--grid", grid, "--seed", str(seed), "--protocol", protocol]
+            "--threads", str(threads), "--grid", grid, "--seed", str(seed), "--protocol", protocol,
+            "--attention", attention]
 
 
 def run_worker(model_name: str, device: str, dtype: str, threads: int, grid: str, seed: int, protocol: str,
-               on_event: Callable[[dict[str, Any]], None]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+               attention: str, on_event: Callable[[dict[str, Any]], None]
+               ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run the worker to completion; returns (rows, meta). `on_event` sees every protocol message."""
     rows: list[dict[str, Any]] = []
     meta: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
-        proc = subprocess.Popen(worker_command(model_name, device, dtype, threads, grid, seed, protocol),
+        proc = subprocess.Popen(worker_command(model_name, device, dtype, threads, grid, seed, protocol, attention),
                                 env=worker_env(threads), cwd=str(_ROOT), stdout=subprocess.PIPE, stderr=err,
                                 stdin=subprocess.DEVNULL, text=True, encoding="utf-8")
         try:
@@ -130,7 +133,8 @@ def run_worker(model_name: str, device: str, dtype: str, threads: int, grid: str
 
 
 def profile(model_name: str, device: str, dtype: str, threads: int | None, quick: bool, out_dir: str | Path,
-            progress: bool = True, *, grid: str | None = None, seed: int = 0, protocol: str = "served") -> Path:
+            progress: bool = True, *, grid: str | None = None, seed: int = 0, protocol: str = "served",
+            attention: str = "auto") -> Path:
     """Profile `model_name` (a catalogue shape built with random weights) on `device` and write
     `out_dir/profile.csv` and `out_dir/meta.json`; returns `out_dir`.
 
@@ -139,12 +143,15 @@ def profile(model_name: str, device: str, dtype: str, threads: int | None, quick
     grid: overrides `quick`: "full", "quick" or "test" (a few shapes, for tests).
     protocol: how a shape's repetitions run (`profiler.workloads.ShapeProtocol`): "served" (contexts and slab
     rows vary from call to call, as in serving) or "fixed" (the same shape every call).
+    attention: the SDPA kernels (`executor.config.ATTENTION`), recorded in meta.json with those each kind of
+    call ran.
     Raises InputError for an unknown model, dtype or device, cuda requested but missing, or a bad out_dir.
     """
     from sim.output import check_out_dir
 
     grid = grid if grid is not None else ("quick" if quick else "full")
     spec, dev, threads = _check_inputs(model_name, device, dtype, threads, grid, protocol)
+    ExecutorConfig(attention).validate(dev)
     out = check_out_dir(Path(out_dir))
 
     if progress:
@@ -165,8 +172,9 @@ def profile(model_name: str, device: str, dtype: str, threads: int | None, quick
                 bar.update(task, description=f"{spec.name} on {dev}: done in {msg['meta']['wall_s']:.0f} s")
 
         with bar:
-            rows, meta = run_worker(spec.name, dev, dtype, threads, grid, seed, protocol, on_event)
+            rows, meta = run_worker(spec.name, dev, dtype, threads, grid, seed, protocol, attention, on_event)
     else:
-        rows, meta = run_worker(spec.name, dev, dtype, threads, grid, seed, protocol, lambda msg: None)
+        rows, meta = run_worker(spec.name, dev, dtype, threads, grid, seed, protocol, attention,
+                                lambda msg: None)
     _write_files(out, rows, meta)
     return out

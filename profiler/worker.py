@@ -66,6 +66,7 @@ import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any, TextIO
 
 import numpy as np
@@ -142,9 +143,10 @@ def _load() -> list[float] | None:
 
 class Worker:
     def __init__(self, model: str, device: str, dtype: str, threads: int, grid: str, seed: int,
-                 out: TextIO, protocol: str = "served") -> None:
+                 out: TextIO, protocol: str = "served", attention: str = "auto") -> None:
         import torch
 
+        from executor.config import ExecutorConfig
         from executor.model import resolve_device, torch_dtype
         from sim.models import get_model
 
@@ -157,6 +159,8 @@ class Worker:
         self.grid_name = grid
         self.seed = seed
         self.protocol = ShapeProtocol(protocol)
+        self.executor_config = ExecutorConfig(attention)
+        self.executor_config.validate(str(self.device))
         torch.set_num_threads(threads)
         self.gen = torch.Generator().manual_seed(seed)
 
@@ -316,7 +320,7 @@ class Worker:
         import transformers
 
         from executor.model import build_model
-        from executor.ragged import ATTN_IMPLEMENTATION, RaggedExecutor
+        from executor.ragged import ATTN_IMPLEMENTATION, RaggedExecutor, attention_kernels
         from profiler.timing import CpuMonitor
         from profiler.workloads import build_grid, prefill
 
@@ -324,7 +328,9 @@ class Worker:
         load_start = _load()
         model = build_model(self.spec, self.device, self.dtype, self.seed)
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        probe = RaggedExecutor(model, 1, 1)
+        kernels = attention_kernels(model, self.executor_config)  # InputError if a kind has no kernel
+        executor_cls = partial(RaggedExecutor, config=self.executor_config)
+        probe = executor_cls(model, 1, 1)
         kv_bpt = self._kv_bpt = probe.kv_bytes_per_token
         del probe
         grid = build_grid(self.grid_name, self.spec.max_position, self._kv_budget_tokens(kv_bpt), self.seed,
@@ -334,7 +340,7 @@ class Worker:
 
         # Warm up the whole stack (thread pool start, allocator, first-call dispatch) before any shape.
         warm = prefill(min(128, self.spec.max_position))
-        ex = RaggedExecutor(model, 1, warm.max_len)
+        ex = executor_cls(model, 1, warm.max_len)
         segs = self._segments(warm, self._tokens(warm))
         t0 = time.perf_counter()
         while True:
@@ -346,7 +352,7 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         monitor = CpuMonitor()
-        blocks = self._measure(grid, model, RaggedExecutor, monitor, deadline=t_start + grid.max_wall_s)
+        blocks = self._measure(grid, model, executor_cls, monitor, deadline=t_start + grid.max_wall_s)
         rows, timing = summarize_blocks(blocks, grid, monitor)
         for i, shape in enumerate(grid.shapes):
             self.emit(event="row", index=i, label=shape.label(), row={**shape.features(), **rows[i]})
@@ -378,6 +384,8 @@ class Worker:
             "max_wall_s": grid.max_wall_s if math.isfinite(grid.max_wall_s) else None,
             "timing": timing,
             "attn_implementation": ATTN_IMPLEMENTATION,
+            "executor_config": self.executor_config.record(str(self.device)),
+            "attention_kernels": kernels,
             "executor": "ragged [1, T] forward over a per-layer KV slab, per-segment SDPA; padded kinds run a "
                         "real [B, L] batch; LM head on sampled rows only",
             "kv_bytes_per_token": kv_bpt,
@@ -404,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grid", default="full")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--protocol", default="served", choices=PROTOCOLS)
+    p.add_argument("--attention", default="auto")
     args = p.parse_args(argv)
 
     # Keep the protocol stream clean: the original stdout is ours; anything else goes to stderr.
@@ -417,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if is_input else 1
 
     try:
-        Worker(args.model, args.device, args.dtype, args.threads, args.grid, args.seed, out, args.protocol).run()
+        Worker(args.model, args.device, args.dtype, args.threads, args.grid, args.seed, out, args.protocol,
+               args.attention).run()
     except InputError as e:
         return fail(e, True)
     except Exception as e:  # noqa: BLE001 -- a bug or a device failure: report it, traceback on stderr

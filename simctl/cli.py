@@ -19,7 +19,20 @@ from policies.registry import POLICIES
 from simctl.capacity_cmd import capacity
 from simctl.cluster_options import print_cluster, run_cluster_command, with_cluster_options
 from simctl.display import print_summary, progress_bar
-from simctl.options import Arrival, Cost, Cv, Gpu, Model, Policy, Scale, Seed, Tp, Trace
+from simctl.options import (
+    ATTENTION_HELP,
+    Arrival,
+    Attention,
+    Cost,
+    Cv,
+    Gpu,
+    Model,
+    Policy,
+    Scale,
+    Seed,
+    Tp,
+    Trace,
+)
 from simctl.plot_cmd import plot
 from simctl.policy_options import with_policy_options
 from simctl.prefill_bench_cmd import prefill_bench
@@ -147,6 +160,7 @@ def real(
     options: dict | None = None,  # the policies' settings: generated options (simctl.policy_options)
     kv_capacity: Annotated[int | None, typer.Option(help="KV token slots given to the policy [default: "
                                                     "enough for every request at once].")] = None,
+    attention: Attention = "auto",
     arrival: Arrival = "poisson",
     cv: Cv = 1.0,
     prefill_instances: Annotated[int | None, typer.Option(help=(
@@ -173,7 +187,8 @@ def real(
     try:
         summary = real_main(policy=policy, trace=trace, model=model, device=device, qps=qps,
                             num_requests=num_requests, out=out, scale=scale, seed=seed, dtype=dtype,
-                            threads=threads, options=options, kv_capacity=kv_capacity, arrival=arrival, cv=cv,
+                            threads=threads, options=options, kv_capacity=kv_capacity, attention=attention,
+                            arrival=arrival, cv=cv,
                             prefill_instances=prefill_instances, decode_instances=decode_instances)
     except RuntimeError as e:  # the serving child crashed: its last words are in the message
         raise InputError(f"real execution failed: {e}") from None
@@ -198,6 +213,8 @@ def validate(
                       ] = "cpu",
     dtype: Annotated[str | None, typer.Option(help="float32, float16 or bfloat16 [default: the dtype the cost "
                                               "model was profiled in; another is refused].")] = None,
+    attention: Annotated[str | None, typer.Option(help=f"{ATTENTION_HELP} [default: the kernels the cost model "
+                                                  "was profiled with; others are refused].")] = None,
     model: Annotated[str, typer.Option(help="Model shape (the one the cost model was fitted for).")] = "tiny",
     scale: Annotated[float, typer.Option(help="Multiply prompt and output lengths (CPU-sized runs).")] = 0.05,
     num_requests: Annotated[int, typer.Option(help="Requests per run.")] = 300,
@@ -232,7 +249,7 @@ def validate(
         report = validate_main([p.strip() for p in policy.split(",") if p.strip()], trace=trace,
                                loads=fractions, cost=cost_path, out=out, model=model, scale=scale,
                                num_requests=num_requests, seed=seed, threads=threads, capacity=capacity,
-                               repeats=repeats, device=device, dtype=dtype,
+                               repeats=repeats, device=device, dtype=dtype, attention=attention,
                                log=lambda line: print(line, file=sys.stderr))
     except RuntimeError as e:
         raise InputError(f"a real run failed: {e}") from None
@@ -252,6 +269,7 @@ def profile(
                                           "tokens and its KV slab rows, as serving does, so no per-shape "
                                           "cache flatters it; fixed: the same shape every repetition.")
                         ] = "served",
+    attention: Attention = "auto",
 ) -> None:
     """Time real prefill, decode, hybrid and padded iterations of a model on this device.
 
@@ -261,7 +279,7 @@ def profile(
     from profiler.profile import profile as run_profile
 
     try:
-        path = run_profile(model, device, dtype, threads, quick, out, protocol=protocol)
+        path = run_profile(model, device, dtype, threads, quick, out, protocol=protocol, attention=attention)
     except RuntimeError as e:  # the timing child crashed: its last words are in the message
         raise InputError(f"profiling failed: {e}") from None
     Console().print(escape(f"wrote {path}/profile.csv and meta.json; next: simctl fit {path}"))

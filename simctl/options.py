@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from common.errors import InputError
+from executor.config import ATTENTION
 from policies.registry import POLICIES
 
 Policy = Annotated[str, typer.Option(help=f"Scheduler: {', '.join(POLICIES)} (see `simctl list`).")]
@@ -26,6 +27,10 @@ Cost = Annotated[str | None, typer.Option(help="A fitted cost_model.json (from `
                                           "roofline, or a roofline_calibration.json (`simctl fit "
                                           "--roofline-gpu`) to apply measured efficiencies to --gpu's specs; "
                                           "--gpu cpu uses the shipped CPU fit by default.")]
+ATTENTION_HELP = ("SDPA kernels of the attention: " + "; ".join(f"{k}: {v}" for k, v in ATTENTION.items())
+                  + ". cuDNN re-plans for every new KV length, which serving meets every step. A fit prices only "
+                  "runs made with the kernels it was profiled with.")
+Attention = Annotated[str, typer.Option(help=ATTENTION_HELP)]
 
 
 def comma_list(text: str, what: str) -> list[str]:

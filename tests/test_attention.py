@@ -8,7 +8,12 @@ The CUDA tests skip without a GPU."""
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -242,3 +247,60 @@ def test_cuda_decode_step_costs_the_same_when_contexts_grow():
     fixed = min(timed([300] * 50) for _ in range(3))
     growing = min(timed(range(300 + 50 * r, 350 + 50 * r)) for r in range(3))
     assert growing < 1.5 * fixed, (growing, fixed)
+
+
+# ---- one executor configuration for the profile, its fit and the real runs it prices ------------------------
+
+
+SHIPPED_CPU_PROFILE = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu"
+SIMCTL = Path(sys.executable).parent / "simctl"
+
+
+def simctl_error(*args: str, cwd: Path) -> str:
+    """The one line a refused command writes on stderr (exit 2)."""
+    res = subprocess.run([str(SIMCTL), *args], capture_output=True, text=True, cwd=cwd, timeout=300, check=False)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith("simctl: error: "), res
+    return res.stderr
+
+
+def test_a_fit_records_its_profiles_executor_and_the_twin_refuses_another(tmp_path):
+    from engine.twin import Setup, check_executor, twin_summary
+    from profiler.fit import fit_profile
+    from sim.cost.fitted import Fitted
+
+    profile = tmp_path / "cpu"
+    shutil.copytree(SHIPPED_CPU_PROFILE, profile)
+    assert "executor_config" not in json.loads((profile / "meta.json").read_text())  # made before it existed
+    report = fit_profile(profile, plot=False)
+    fitted = Fitted.load(report.cost_model_path)
+    assert fitted.meta["executor_config"] == {"attention": "any", "eager": True,
+                                              "attention_backends": ["flash", "math"]}
+    check_executor(fitted, twin_summary(Setup(), "vllm", 1.0))  # auto runs the kernels `any` ran on a CPU
+    with pytest.raises(InputError, match="profiled with --attention any .* the real run uses --attention math"):
+        check_executor(fitted, twin_summary(Setup(attention="math"), "vllm", 1.0))
+
+
+def test_validate_refuses_real_runs_with_other_kernels_than_the_fits(tmp_path):
+    from engine.validate import validate_main
+
+    with pytest.raises(InputError, match="--attention math"):
+        validate_main(["vllm"], cost=SHIPPED_CPU_PROFILE / "cost_model.json", out=tmp_path / "v", attention="math")
+    assert not (tmp_path / "v").exists()
+    err = simctl_error("validate", "--policy", "vllm", "--attention", "math", "--out", "v", cwd=tmp_path)
+    assert "profiled with --attention any (flash, math)" in err and not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize("command, words", [
+    (("real", "--attention", "cudnn"), "--attention 'cudnn' unknown; choose one of auto, flash, efficient, math, any"),
+    (("profile", "--out", "p", "--attention", "efficient"), "--attention efficient: the memory-efficient kernel"),
+    (("validate", "--attention", "fast"), "--attention 'fast' unknown"),
+])
+def test_bad_attention_is_one_line(tmp_path, command, words):
+    assert words in simctl_error(*command, cwd=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_teaches_the_attention_choices():
+    res = subprocess.run([str(SIMCTL), "real", "--help"], capture_output=True, text=True, timeout=60, check=True)
+    flat = " ".join(res.stdout.split())
+    assert "never cuDNN" in flat and "re-plans for every new KV length" in flat and "[default: auto]" in flat

@@ -267,6 +267,8 @@ def test_real_run_writes_the_simulators_files(tmp_path) -> None:
     assert summary["threads"] == 1 and summary["child_process"] is True
     for key in ("device", "device_name", "dtype", "torch_version", "scale", "max_seq_len", "kv_slots"):
         assert summary[key] is not None
+    assert summary["executor_config"] == {"attention": "auto", "eager": True, "attention_backends": ["flash", "math"]}
+    assert summary["attention_kernels"]["decode_masked"] == "flash (folded)"
     sim = run(RunConfig(policy="vllm", trace="sharegpt", num_requests=5, qps=1.0))
     write_run(tmp_path / "sim", sim.summary, sim.result.requests, sim.result.iterations.frame())
     for name in ("requests.parquet", "iterations.parquet"):

@@ -218,6 +218,7 @@ def test_profile_writes_a_well_formed_profile(tmp_path):
     assert padded["linear_tokens"] >= packed["linear_tokens"]  # pads are computed
     meta = json.loads((out / "meta.json").read_text())
     assert meta["OMP_WAIT_POLICY"] == "PASSIVE" and meta["threads"] == 1
+    assert meta["executor_config"]["attention"] == "auto" and meta["attention_kernels"]["decode"] == "flash (folded)"
     timing = meta["timing"]
     assert timing["blocks"] >= len(frame) and 0 <= timing["quiet_blocks"] <= timing["blocks"]
     assert 0 <= timing["foreign_cpu_share"] <= 1 and isinstance(timing["shapes_without_quiet_block"], list)
