@@ -44,14 +44,13 @@ import pandas as pd
 import torch
 import torch.multiprocessing as mp
 
-from engine.real import RealConfig, RealRun, Sizing, build_engine
 from engine.serve import Engine, EngineResult
+from engine.setup import RealConfig, RealRun, Sizing, build_engine
 from policies.seq import Seq
 from serving.handoff import arrive_with_kv, needs_decode_instance, prefill_copy
 from serving.inbox import Inbox
 from serving.loop import overload_limit
 from serving.routed import HELD, RoutedInbox
-from traces.build import build_trace
 from traces.request import Request
 
 HANDOFF_SLOTS = 8  # requests whose KV may sit in the hand-over buffer at once
@@ -89,8 +88,7 @@ class _Sender:
         """Take the decode side's messages (freed slots) for up to `timeout` seconds (None: until one comes)."""
         if self.conn.poll(timeout):
             while True:
-                kind, slot = self.conn.recv()  # EOFError: the decode side is gone, and so is this run
-                assert kind == "free"
+                _, slot = self.conn.recv()  # ("free", slot); EOFError: the decode side, and this run, are gone
                 self.free.append(slot)
                 if not self.conn.poll():
                     return
@@ -117,21 +115,20 @@ class _Sender:
             self.conn.send(("kv", copy, token, slot, kv.shape[3], start))
 
 
-def prefill_instance(config: dict[str, Any], size: dict[str, Any], handoff: torch.Tensor, conn: Any) -> None:
+def prefill_instance(config: RealConfig, size: Sizing, requests: list[Request], handoff: torch.Tensor,
+                     conn: Any) -> None:
     """The prefill instance's process: build, warm up, report ready, start at the shared instant, serve every
     request's copy, send its records."""
     try:
-        cfg, sz = RealConfig(**config), Sizing(**size)
-        requests = build_trace(cfg.trace, cfg.num_requests, cfg.qps, cfg.seed, arrival=cfg.arrival, cv=cfg.cv,
-                               scale=cfg.scale)
-        engine, warm_s = build_instance(cfg, requests, sz)
-        sender = _Sender(conn, handoff, engine, {r.id for r in requests if r.output_tokens > 1})
+        engine, warm_s = build_instance(config, requests, size)
+        seqs = _seqs(requests)
+        sender = _Sender(conn, handoff, engine, {s.id for s in seqs if needs_decode_instance(s)})
         engine.backend.on_release = sender
         engine.time.sleep = sender.sleep
         conn.send(("ready", warm_s))
         _, t0 = conn.recv()  # ("start", the shared clock reading of time 0)
         engine.time.start(at=t0)
-        copies = [prefill_copy(s) for s in _seqs(requests)]
+        copies = [prefill_copy(s) for s in seqs]
         out = engine.run(copies, Inbox(copies), engine.time.drive, overload_limit(len(copies)))
         conn.send(("done", {"result": out, "warmup_s": warm_s, "handoff_wait_s": sender.wait_s,
                             "kv_used_at_end": engine.policy.kv.used}))
@@ -238,7 +235,7 @@ def run_disaggregated(config: RealConfig, size: Sizing, requests: list[Request],
     handoff = torch.zeros(shape, dtype=dtype).share_memory_()
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
-    child = ctx.Process(target=prefill_instance, args=(asdict(config), asdict(size), handoff, child_conn),
+    child = ctx.Process(target=prefill_instance, args=(config, size, requests, handoff, child_conn),
                         name="simctl-prefill", daemon=True)
     child.start()
     child_conn.close()

@@ -11,19 +11,7 @@ them once when torch starts it, so they cannot be set from inside a running proc
 in the calling process (tests, notebooks), where those variables are whatever the process started with; both
 record what was in effect.
 
-Sizing (`size_run`): lengths are the trace's times `scale` (rounded, at least 1). `max_seq_len` = the
-longest scaled request rounded up to 16 (what Orca/FasterTransformer reserve and vLLM's per-iteration cap);
-the slab has `kv_slots` = min(requests, max batch size) rows of `kv_slot_tokens` = max_seq_len positions
-(FasterTransformer: longest prompt + longest output, since its padded decodes read that many columns; Baton:
-the whole KV capacity, kv_slots x max_seq_len, since its batch's rows widen with placeholder columns).
-Enough: every policy here admits a new request only from the head of its waiting queue, where preempted
-requests return, so requests holding a slot (running or preempted) never outnumber the max batch size. The KV
-capacity handed to the policy is `kv_slots x max_seq_len` unless given. If the slab would exceed the memory
-budget (CPU: 1 GiB; cuda: half the free memory after the weights; or `kv_budget_bytes` given), fewer slots are
-used and the policy's max batch size is lowered to match (recorded as `max_batch_size`, with
-`max_batch_size_capped: true`). `probe_device` measures a device's budget in a child, as a run would: `simctl
-validate` hands it to every real run and sizes their twins with it, so sizing does not drift with the free
-memory between runs.
+The configuration, the sizing of the slab and the engine's construction are `engine.setup`'s.
 
 `twin_inputs(summary)` rebuilds, from a real run's summary, the same Request list and the same policy
 (capacity, max_seq_len, every setting) for `sim.simulate.simulate`, to put prediction and
@@ -33,181 +21,28 @@ measurement side by side.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from common.checks import is_int
 from common.errors import InputError
-from executor.config import ExecutorConfig
+from engine.setup import DEFAULT_NUM_REQUESTS, RealConfig, RealRun, build_engine, resolved, size_run
 from executor.runtime import default_threads
 from policies.base import Policy
-from policies.registry import make_policy, max_admissible_tokens, policy_class
+from policies.registry import make_policy, policy_class
 from serving.loop import overload_limit
-from traces.build import aligned, build_trace, check_scale, has_arrival_times, is_profile
+from traces.build import build_trace, has_arrival_times
 from traces.request import Request
 
-DEFAULT_NUM_REQUESTS = 100  # for a length profile when none is given (a trace file: every row)
 DEFAULT_QPS = 1.0  # for generated arrivals when none is given
 CPU_KV_BYTES = 1 << 30  # slab budget on the CPU
 GPU_KV_SHARE = 0.5  # share of the free device memory (after the weights) the slab may take
 _ROOT = Path(__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True)
-class RealConfig:
-    policy: str = "sarathi"
-    trace: str = "sharegpt"  # a length profile or a trace file
-    model: str = "tiny"
-    device: str = "cpu"
-    qps: float | None = 1.0  # None: a trace file's own arrival times (as sim.run.RunConfig)
-    num_requests: int = DEFAULT_NUM_REQUESTS
-    scale: float = 1.0  # prompt and output lengths multiplied by this (rounded, >= 1)
-    seed: int = 0  # trace lengths/arrivals, prompt ids and model weights
-    dtype: str = "float32"
-    threads: int | None = None  # CPU threads [default: every core, executor.runtime.default_threads]
-    options: dict[str, Any] = field(default_factory=dict)  # the policy's settings given (its Settings fields)
-    kv_capacity: int | None = None  # KV token slots the policy may use [default: kv_slots x max_seq_len]
-    kv_budget_bytes: int | None = None  # the KV slab's memory budget [default: device_kv_budget]
-    arrival: str = "poisson"
-    cv: float = 1.0
-    attention: str = "auto"  # SDPA kernels (executor.config.ATTENTION)
-    prefill_instances: int | None = None  # both 1: disaggregated prefill and decode (engine.disagg)
-    decode_instances: int | None = None
-
-    @property
-    def disaggregated(self) -> bool:
-        return self.prefill_instances is not None or self.decode_instances is not None
-
-    @property
-    def executor(self) -> ExecutorConfig:
-        """The run's executor configuration (a fit prices only runs made with the one it was profiled with)."""
-        return ExecutorConfig(attention=self.attention)
-
-    def validate(self) -> None:
-        """Check every option that needs neither torch nor the trace's lengths (InputError, as the CLI
-        spells the option)."""
-        from executor.model import DEVICES, DTYPES
-        from sim.models import get_model
-        from sim.run import RunConfig
-
-        RunConfig(policy=self.policy, trace=self.trace, model=self.model, qps=self.qps,
-                  num_requests=self.num_requests, seed=self.seed, options=self.options, arrival=self.arrival,
-                  cv=self.cv).validate()
-        spec = get_model(self.model)
-        if spec.mlp != "gated":
-            raise InputError(f"--model {spec.name}: only gated (SwiGLU, Llama-style) shapes can be built "
-                             "for real execution")
-        check_scale(self.scale)
-        dev = str(self.device).lower()
-        if dev not in DEVICES and not dev.startswith("cuda:"):
-            raise InputError(f"--device {self.device!r} not supported; choose cpu or cuda")
-        if self.dtype not in DTYPES:
-            raise InputError(f"--dtype {self.dtype!r} not supported; choose one of {', '.join(DTYPES)}")
-        self.executor.validate(self.device)
-        if self.threads is not None and (not is_int(self.threads) or self.threads < 1):
-            raise InputError(f"--threads must be an integer >= 1, got {self.threads!r}")
-        if self.kv_capacity is not None and (not is_int(self.kv_capacity) or self.kv_capacity < 1):
-            raise InputError(f"--kv-capacity must be an integer >= 1 (token slots), got {self.kv_capacity!r}")
-        if self.kv_budget_bytes is not None and (not is_int(self.kv_budget_bytes) or self.kv_budget_bytes < 1):
-            raise InputError(f"kv_budget_bytes must be an integer >= 1, got {self.kv_budget_bytes!r}")
-        if self.disaggregated:
-            self._check_disaggregated()
-
-    def _check_disaggregated(self) -> None:
-        from sim.cluster_run import check_disaggregable, check_instances
-
-        check_instances(prefill_instances=self.prefill_instances, decode_instances=self.decode_instances)
-        if (self.prefill_instances, self.decode_instances) != (1, 1):
-            raise InputError("real disaggregated serving runs one prefill and one decode instance "
-                             "(--prefill-instances 1 --decode-instances 1): each is a process with its own model")
-        if str(self.device).lower() != "cpu":
-            raise InputError("real disaggregated serving runs on the CPU (--device cpu): its two instances would "
-                             "share one GPU")
-        check_disaggregable(self.policy)
-
-
-@dataclass(frozen=True)
-class Sizing:
-    max_seq_len: int
-    kv_slots: int
-    kv_slot_tokens: int
-    kv_capacity: int
-    max_batch_size: int
-    max_batch_size_capped: bool
-
-
-
-def resolved(config: RealConfig, num_requests_given: bool = True) -> RealConfig:
-    """`config` with num_requests filled in for a trace file given without one (every row)."""
-    if not num_requests_given and not is_profile(config.trace):
-        rows = len(build_trace(config.trace, None, config.qps, config.seed, arrival=config.arrival, cv=config.cv))
-        return replace(config, num_requests=rows)
-    return config
-
-
-def sized_policy(config: RealConfig, size: Sizing) -> Policy:
-    """The policy of a real run, on its KV capacity and with its (possibly capped) batch size."""
-    return make_policy(config.policy, size.kv_capacity, size.max_seq_len,
-                       {**config.options, "max_batch_size": size.max_batch_size})
-
-
-def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: int, budget_bytes: int) -> Sizing:
-    """Slab shape, KV capacity and batch size of a run (see the module docstring); InputError if a request
-    cannot run."""
-    from sim.models import get_model
-
-    spec = get_model(config.model)
-    longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
-    need = longest.prompt_tokens + longest.output_tokens
-    max_seq_len = aligned(need)
-    spec.check_context(requests, config.scale)
-    max_seq_len = min(max_seq_len, spec.max_position)
-    slot_tokens = max_seq_len
-    if policy_class(config.policy).padded_batches:  # padded decodes read prompt-pad + steps columns
-        wide = max(r.prompt_tokens for r in requests) + max(r.output_tokens for r in requests)
-        slot_tokens = max(slot_tokens, aligned(wide))
-    batch = make_policy(config.policy, max_seq_len, max_seq_len, config.options).max_batch_size
-    slots = min(len(requests), batch)
-    capped = False
-    if policy_class(config.policy).widening_kv:  # Baton: a row may read up to the whole capacity's width,
-        fit = max(1, math.isqrt(budget_bytes // (max_seq_len * kv_bytes_per_token)))  # so slots^2 x max_seq_len
-        if fit < slots:
-            slots, batch, capped = fit, fit, True
-        slot_tokens = slots * max_seq_len
-    fit = budget_bytes // (slot_tokens * kv_bytes_per_token)
-    if fit < slots:
-        if fit < 1:
-            raise InputError(f"one KV slot of {slot_tokens} tokens ({slot_tokens * kv_bytes_per_token} bytes) "
-                             f"exceeds the memory budget of {budget_bytes} bytes; lower --scale")
-        slots, batch, capped = fit, fit, True
-    capacity = slots * max_seq_len if config.kv_capacity is None else int(config.kv_capacity)
-    if policy_class(config.policy).widening_kv and capacity > slot_tokens:
-        raise InputError(f"--kv-capacity {capacity}: {config.policy}'s batch may widen to its whole KV capacity, "
-                         f"but the slab holds {slot_tokens} positions per row; give at most {slot_tokens}")
-    fits = max_admissible_tokens(config.policy, capacity, max_seq_len)
-    if need > fits:
-        raise InputError(f"request {longest.id} needs {need} tokens of KV cache but {config.policy} can hold at "
-                         f"most {fits} for one request with {capacity} KV slots; raise --kv-capacity")
-    return Sizing(max_seq_len, slots, slot_tokens, capacity, batch, capped)
-
-
-@dataclass
-class RealRun:
-    config: RealConfig
-    requests: list[Request]  # exactly what was served (scaled lengths, arrivals in seconds from the start)
-    summary: dict[str, Any]
-    result: Any  # sim.simulate.SimResult: the records in the simulator's form
-    engine: Any  # engine.serve.EngineResult: tokens, per-iteration forward times
-    # a disaggregated run's (engine.disagg): iteration rows with pool and replica columns, one row per instance
-    iterations: Any = None
-    replicas: Any = None
 
 
 def _device_name(device: Any) -> str:
@@ -316,21 +151,6 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
         "real_wall_s": time.perf_counter() - t_total,
     })
     return run
-
-
-def build_engine(config: RealConfig, requests: list[Request], size: Sizing, model: Any) -> tuple[Any, float]:
-    """The engine of a run on a built `model`: its slab, policy and prompts, warmed up (and the seconds that
-    took)."""
-    from engine.serve import Engine, prompt_ids, warm_up
-    from executor.ragged import RaggedExecutor
-    from sim.models import get_model
-
-    vocab = get_model(config.model).vocab_size
-    executor = RaggedExecutor(model, size.kv_slots, size.kv_slot_tokens, config.executor)
-    policy = sized_policy(config, size)
-    prompts = {r.id: prompt_ids(r.id, r.prompt_tokens, vocab, config.seed) for r in requests}
-    warm_s = warm_up(executor, vocab, padded=policy.padded_batches or policy.widening_kv, seed=config.seed)
-    return Engine(policy, executor, prompts), warm_s
 
 
 def write_real(run: RealRun, out: str | Path) -> None:

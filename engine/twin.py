@@ -50,7 +50,8 @@ def real_dirs(run_dir: Path, repeats: int) -> list[Path]:
 def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
     """The summary fields `engine.real.twin_inputs` reads, as a real run of `policy` at `qps` would record them
     (its requests and its KV sizing on the setup's budget), without running it."""
-    from engine.real import CPU_KV_BYTES, size_run, sized_policy
+    from engine.real import CPU_KV_BYTES
+    from engine.setup import size_run, sized_policy
     from sim.cost.fitted import dtype_bytes_of
     from sim.models import get_model
     from traces import build_trace

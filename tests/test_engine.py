@@ -13,8 +13,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from common.errors import InputError
-from engine.real import RealConfig, real_main, run_real, size_run, sized_policy, twin_inputs, write_real
+from engine.real import real_main, run_real, twin_inputs, write_real
 from engine.serve import Engine, generate_alone, prompt_ids
+from engine.setup import RealConfig, size_run, sized_policy
 from executor.model import build_model
 from executor.plans import SlotPool
 from executor.ragged import RaggedExecutor, Segment

@@ -1,0 +1,132 @@
+"""Real disaggregated serving (engine.disagg, issue 10): a prefill engine process and a decode engine process
+give every request exactly the greedy tokens it gets alone, each request finishes once with its output tokens,
+KV returns to zero in both instances, and the run's records have the simulated cluster's form. Misuse: one
+line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from engine.disagg import run_disaggregated
+from engine.serve import generate_alone, prompt_ids
+from engine.setup import RealConfig, size_run
+from executor.model import build_model
+from executor.ragged import RaggedExecutor
+from sim.models import get_model
+from traces.request import Request
+
+MODEL = "tiny-2l"
+SPEC = get_model(MODEL)
+SEED = 0
+SIMCTL = Path(sys.executable).parent / "simctl"
+# A burst of six (they batch on the prefill instance and reach the decode instance together), then four a few
+# milliseconds apart; one request of a single output token, which never leaves its prefill instance.
+LENGTHS = [(37, 9), (5, 14), (70, 3), (1, 8), (22, 1), (48, 12), (13, 6), (64, 10), (9, 2), (30, 11)]
+REQUESTS = [Request(i, 0.0 if i < 6 else 0.004 * (i - 5), p, o) for i, (p, o) in enumerate(LENGTHS)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(SPEC, "cpu", "float32", SEED)
+
+
+@pytest.fixture(scope="module")
+def alone(model):
+    executor = RaggedExecutor(model, 1, 256)
+    return {r.id: generate_alone(executor, prompt_ids(r.id, r.prompt_tokens, SPEC.vocab_size, SEED), r.output_tokens)
+            for r in REQUESTS}
+
+
+def serve_pd(model, policy: str, kv_capacity: int | None = None, **options):
+    config = RealConfig(policy=policy, model=MODEL, seed=SEED, options=options, kv_capacity=kv_capacity, threads=1,
+                        prefill_instances=1, decode_instances=1)
+    config.validate()
+    size = size_run(config, REQUESTS, SPEC.kv_bytes_per_token(4), 1 << 30)
+    run, _, _, fields = run_disaggregated(config, size, REQUESTS, model)
+    return run, fields, size
+
+
+@pytest.mark.parametrize("policy,kv_capacity,options", [
+    ("vllm", None, {}),
+    ("sarathi", None, {"token_budget": 16}),  # prompts chunked on the prefill instance
+    ("vllm", 112, {}),  # KV for about two requests: both instances queue, the decode instance preempts
+])
+def test_each_request_gets_its_tokens_alone_once_and_kv_returns(model, alone, policy, kv_capacity, options) -> None:
+    run, fields, size = serve_pd(model, policy, kv_capacity, **options)
+    s, req = run.summary, run.result.requests.set_index("request_id")
+    assert not run.result.aborted and s["completed"] == len(REQUESTS)
+    for r in REQUESTS:
+        assert run.engine.tokens[r.id] == alone[r.id], f"request {r.id}: tokens differ from its run alone"
+        row = req.loc[r.id]
+        assert row["generated_tokens"] == row["output_tokens"] == r.output_tokens
+        assert (row["arrival_s"] <= row["first_scheduled_s"] <= row["prefill_done_s"] <= row["first_token_s"]
+                <= row["completion_s"])
+        assert row["prefill_replica"] == 0 and row["decode_replica"] == (0 if r.output_tokens > 1 else -1)
+    assert fields["kv_used_at_end"] == {"prefill": 0, "decode": 0}
+    for pool in ("prefill", "decode"):
+        assert 0 < s["pools"][pool]["kv_peak_tokens"] <= size.kv_capacity
+    crossing = [r for r in REQUESTS if r.output_tokens > 1]
+    link = s["kv_link"]
+    assert link["transfers"] == len(crossing)
+    assert link["bytes"] == sum(r.prompt_tokens for r in crossing) * SPEC.kv_bytes_per_token(4)
+    assert link["wait_s_p50"] >= 0 and link["transfer_s_p50"] > 0
+    # every output token but each request's first is a decode row of the decode instance
+    its = run.iterations
+    decode_its = its[its["pool"] == "decode"]
+    preempted = int(req["preemptions"].sum())
+    assert decode_its["decode_tokens"].sum() == sum(r.output_tokens - 1 for r in crossing) - preempted
+    assert (its[its["pool"] == "prefill"]["decode_tokens"] == 0).all()
+    if kv_capacity is not None:
+        assert preempted > 0, "the small KV capacity was meant to force preemptions"
+
+
+def simctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SIMCTL), *args], check=False, capture_output=True, text=True, timeout=300)
+
+
+def test_simctl_real_pd_writes_the_clusters_files(tmp_path: Path) -> None:
+    out = tmp_path / "pd"
+    res = simctl("real", "--policy", "vllm", "--model", MODEL, "--qps", "20", "--num-requests", "12",
+                 "--prefill-instances", "1", "--decode-instances", "1", "--out", str(out), "--json")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mode"] == "real" and summary["completed"] == 12 and summary["threads"] == 1
+    assert set(summary["pools"]) == {"prefill", "decode"} and summary["kv_link"]["transfers"] > 0
+    replicas = pd.read_parquet(out / "replicas.parquet")
+    assert list(replicas["pool"]) == ["prefill", "decode"]
+    assert set(pd.read_parquet(out / "iterations.parquet")["pool"]) == {"prefill", "decode"}
+
+
+PD = ("--prefill-instances", "1", "--decode-instances", "1")
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--prefill-instances", "2", "--decode-instances", "1"), "one prefill and one decode instance"),
+    (("--prefill-instances", "1"), "one prefill and one decode instance"),
+    (("--prefill-instances", "0", "--decode-instances", "1"), "--prefill-instances must be an integer from 1"),
+    ((*PD, "--policy", "faster-transformer"), "cannot serve disaggregated"),
+    ((*PD, "--device", "cuda"), "runs on the CPU"),
+])
+def test_bad_real_pd_input_is_one_line_exit_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    out = tmp_path / "out"
+    res = simctl("real", "--num-requests", "5", *args, "--out", str(out))
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
+    assert not out.exists()
