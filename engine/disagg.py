@@ -16,7 +16,8 @@ replica loop (`engine.serve.Engine`), as the simulated cluster runs them (`sim.c
   (what the simulated cluster stamps at the link transfer's end): so the transfer does not wait for the decode
   engine's iteration to end, as an asynchronous KV connector does. The decode loop takes what arrived at the
   top of each iteration (a `RoutedInbox`), and the KV goes into the request's slab slot when it is first
-  scheduled (`PlanExecutor.arrive_with_kv`).
+  scheduled (`PlanExecutor.arrive_with_kv`). The requests table's `kv_taken_s` says when the decode loop was
+  handed each request (at the top of its next iteration, at or after the KV's arrival).
 
 Both processes read the same monotonic clock and start it at the same instant, once both have warmed up. The
 "link" is measured, not priced: per request, ready (the prefill's first token), start (its copy into the
@@ -182,6 +183,7 @@ class _DecodeDriver:
     def __init__(self, receiver: _Receiver, engine: Engine, inbox: RoutedInbox, originals: dict[int, Seq]) -> None:
         self.receiver, self.engine, self.inbox, self.originals = receiver, engine, inbox, originals
         self.seqs: list[Seq] = []  # the requests the decode instance received, in order
+        self.taken: dict[int, float] = {}  # request id -> when the decode loop was handed it
         self.transfers: list[tuple[float, float, float, int]] = []  # ready, start, end, positions
         self.done: dict[str, Any] | None = None
 
@@ -195,7 +197,11 @@ class _DecodeDriver:
         seq = self.originals[item.copy.id]
         arrive_with_kv(seq, item.copy, item.received_s)
         self.engine.executor.arrive_with_kv(seq.id, item.token, item.kv)
-        self.inbox.push_due(seq, item.received_s)
+        # due when the loop can see it (now), not when its KV arrived: the loop reads the clock after this push,
+        # so the replay of its log (`engine.replay`, from `kv_taken_s`) hands it over exactly when it did
+        taken = self.engine.time.read()
+        self.inbox.push_due(seq, taken)
+        self.taken[seq.id] = taken
         self.seqs.append(seq)
         self.transfers.append((item.copy.completion_s, item.start_s, item.received_s, item.kv.shape[3]))
 
@@ -291,6 +297,7 @@ def run_disaggregated(config: RealConfig, size: Sizing, requests: list[Request],
     head = {"mode": "real", **{k: v for k, v in asdict(config).items() if k != "options"}}
     result, summary = summarise_cluster(head, members, seqs, link, prefilled.aborted or decoded.aborted,
                                         size.kv_capacity, wall)
+    result.requests["kv_taken_s"] = [driver.taken.get(s.id, -1.0) for s in seqs]
     engine_result = EngineResult(seqs=seqs, iterations=result.iterations, gaps=result.gaps,
                                  queue_at_arrival=result.queue_at_arrival, aborted=result.aborted, wall_s=wall,
                                  tokens=tokens, forward_s=np.concatenate([prefilled.forward_s, decoded.forward_s]),

@@ -33,16 +33,41 @@ def _kind(plan: Any) -> str:
 
 
 
-def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any) -> Replay:
-    """Re-plan the real run's iterations and price each plan (see the module docstring, point 4)."""
+def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any,
+                requests: pd.DataFrame | None = None) -> Replay:
+    """Re-plan the real run's iterations and price each plan (see the module docstring, point 4). A
+    disaggregated run (`requests`: its requests table) is replayed pool by pool: the prefill instance's copies
+    at their arrivals, then the decode instance's requests when its loop took them (`kv_taken_s`), with their
+    prompts cached and their first token at their KV's arrival; its frame gets a `pool` column."""
     from engine.real import twin_inputs
-    from policies.plan import Layout
     from policies.seq import Seq
+    from serving.handoff import arrive_with_kv, needs_decode_instance, prefill_copy
+
+    reqs, policy = twin_inputs(summary)
+    seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority) for r in reqs]
+    if not summary.get("prefill_instances"):
+        return _replay(seqs, policy, iterations, cost)
+    pools = iterations["pool"]
+    prefill = _replay([prefill_copy(s) for s in seqs], policy, iterations[pools == "prefill"], cost)
+    by_id = requests.set_index("request_id")
+    taken, arrived = by_id["kv_taken_s"], by_id["first_token_s"]
+    crossed = sorted((s for s in seqs if needs_decode_instance(s) and taken[s.id] >= 0), key=lambda s: taken[s.id])
+    for s in crossed:
+        arrive_with_kv(s, prefill_copy(s), float(arrived[s.id]))
+        s.arrival_s = float(taken[s.id])  # due when the decode loop was handed it
+    decode = _replay(crossed, twin_inputs(summary)[1], iterations[pools == "decode"], cost)
+    decode.gaps.merge(prefill.gaps)
+    frame = pd.concat([prefill.frame.assign(pool="prefill"), decode.frame.assign(pool="decode")], ignore_index=True)
+    return Replay(frame, decode.gaps, prefill.matched + decode.matched, prefill.total + decode.total,
+                  prefill.between_s + decode.between_s, prefill.between_n + decode.between_n)
+
+
+def _replay(seqs: list[Any], policy: Any, iterations: pd.DataFrame, cost: Any) -> Replay:
+    from policies.plan import Layout
     from serving.inbox import Inbox
     from serving.loop import Replica
     from serving.replay import LoggedRun
 
-    requests, policy = twin_inputs(summary)
     rows: list[dict[str, Any]] = []
 
     def price(plan: Any, start: float, real_s: float) -> None:
@@ -57,7 +82,7 @@ def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any) ->
                      "decode_ctx_max": max(ctx, default=0), **{f"term_{k}_s": v for k, v in terms.items()}})
 
     log = LoggedRun(iterations, price)
-    inbox = Inbox([Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority) for r in requests])
+    inbox = Inbox(seqs)
     replica = Replica(policy, log, log, inbox)
     log.watch(policy, inbox)
     log.drive(replica.serve())

@@ -14,6 +14,7 @@ from serving.loop import overload_limit
 
 DEFAULT_TRACE = "sharegpt"
 DEFAULT_SCALE = 0.05  # sharegpt x 0.05: median prompt ~80 tokens, output ~20; a real run takes ~10-30 s here
+DEFAULT_LINK_GBPS = 1.0  # this VM's shared-memory hand-over, measured: 0.7-2.7 Gbit/s effective per transfer
 DEFAULT_NUM_REQUESTS = 300  # see the module docstring: fewer, and the default SLO never binds
 
 
@@ -31,13 +32,17 @@ class Setup:
     device: str = "cpu"
     kv_budget_bytes: int | None = None  # the KV slab budget of every run (None: the CPU's); probed on cuda
     attention: str = "auto"  # the runs' SDPA kernels (executor.config.ATTENTION)
+    prefill_instances: int | None = None  # both 1: real disaggregated runs (engine.disagg), a cluster twin
+    decode_instances: int | None = None
+    kv_link_gbps: float = DEFAULT_LINK_GBPS  # the twin's link before a real run has measured one
 
     def real_config(self, policy: str, qps: float) -> Any:
         from engine.real import RealConfig
 
         return RealConfig(policy=policy, trace=self.trace, model=self.model, device=self.device, qps=qps,
                           num_requests=self.num_requests, scale=self.scale, seed=self.seed, dtype=self.dtype,
-                          threads=self.threads, kv_budget_bytes=self.kv_budget_bytes, attention=self.attention)
+                          threads=self.threads, kv_budget_bytes=self.kv_budget_bytes, attention=self.attention,
+                          prefill_instances=self.prefill_instances, decode_instances=self.decode_instances)
 
 
 
@@ -65,8 +70,11 @@ def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
     budget = CPU_KV_BYTES if setup.kv_budget_bytes is None else setup.kv_budget_bytes
     size = size_run(config, requests, spec.kv_bytes_per_token(dtype_bytes_of(config.dtype)), budget)
     probe = sized_policy(config, size)
-    return {**asdict(config), "kv_capacity_tokens": size.kv_capacity, "max_seq_len": size.max_seq_len,
-            "executor_config": config.executor.record(config.device), **probe.settings.as_dict()}
+    summary = {**asdict(config), "kv_capacity_tokens": size.kv_capacity, "max_seq_len": size.max_seq_len,
+               "executor_config": config.executor.record(config.device), **probe.settings.as_dict()}
+    if config.disaggregated:
+        summary["kv_link"] = {"gbps": setup.kv_link_gbps}
+    return summary
 
 
 
@@ -89,15 +97,25 @@ def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], A
     """The simulator's prediction of the run `summary` describes (a real run's, or `twin_summary`'s):
     (its summary, its SimResult)."""
     from engine.real import twin_inputs
+    from sim.cost.fitted import dtype_bytes_of
     from sim.metrics import summarize
     from sim.simulate import simulate
 
     check_executor(cost, summary)
     requests, policy = twin_inputs(summary)
-    result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)))
     keep = ("policy", "trace", "model", "qps", "scale", "seed", "arrival", "cv", "max_seq_len")
-    s = {"mode": "sim", **{k: summary.get(k) for k in keep}, **policy.settings.as_dict(), **summarize(result)}
-    return s, result
+    head = {"mode": "sim", **{k: summary.get(k) for k in keep}, **policy.settings.as_dict()}
+    if summary.get("prefill_instances"):  # a disaggregated run: the cluster, its link as the real one measured
+        from sim.cluster_run import simulate_disaggregated
+        from sim.models import get_model
+
+        spec = get_model(summary["model"])
+        result, s = simulate_disaggregated(requests, lambda: twin_inputs(summary)[1], cost,
+                                           summary.get("kv_link", {}).get("gbps", DEFAULT_LINK_GBPS),
+                                           spec.kv_bytes_per_token(dtype_bytes_of(summary["dtype"])), head)
+        return s, result
+    result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)))
+    return {**head, **summarize(result)}, result
 
 
 

@@ -202,7 +202,8 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
                   scale: float = DEFAULT_SCALE, num_requests: int = DEFAULT_NUM_REQUESTS, seed: int = 0,
                   threads: int | None = None, slo: SLO = DEFAULT_SLO, capacity: bool = False,
                   quiet_wait_s: float = 0.0, repeats: int = 1, device: str = "cpu", dtype: str | None = None,
-                  attention: str | None = None, log: Callable[[str], None] | None = None) -> ValidationReport:
+                  attention: str | None = None, prefill_instances: int | None = None,
+                  decode_instances: int | None = None, log: Callable[[str], None] | None = None) -> ValidationReport:
     """Validate the simulator with `cost` (a fitted cost_model.json of `device`, or a `CostModel`) against real
     runs on `device` (cpu, cuda, cuda:N; see the module docstring) and write
     validation.{csv,md,png,json} and the runs' folders into `out`. `policies` may contain "all". `threads`:
@@ -213,9 +214,13 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
     receives one line per step. `quiet_wait_s`: before each real run, wait up to this long for a second in
     which other processes use at most 15% of the machine (a shared machine's load slows the real run, not
     the simulation); the other processes' share during each run is reported either way. InputError for bad
-    input (before anything runs); RuntimeError if a real run crashed."""
+    input (before anything runs); RuntimeError if a real run crashed. `prefill_instances` and
+    `decode_instances` (both 1): real disaggregated runs (`engine.disagg`, `threads` per instance) against the
+    simulated cluster, its link as each real run measured it (`DEFAULT_LINK_GBPS` for the capacity search);
+    each pool's iterations are replayed apart."""
     from common.checks import is_number
     from engine.real import probe_device, real_main
+    from executor.runtime import default_threads
 
     say = log or (lambda _msg: None)
     if not (is_number(quiet_wait_s) and 0 <= quiet_wait_s < math.inf):
@@ -228,7 +233,13 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
         threads = fit["threads"]
     setup = Setup(trace=trace, model=model, num_requests=num_requests, scale=scale, seed=seed, threads=threads,
                   dtype=dtype if dtype is not None else fitted_dtype(fit) or "float32", device=str(device),
-                  attention=attention if attention is not None else fitted_executor(fitted).attention)
+                  attention=attention if attention is not None else fitted_executor(fitted).attention,
+                  prefill_instances=prefill_instances, decode_instances=decode_instances)
+    pair = setup.real_config(policies[0] if policies else "vllm", 1.0)
+    if pair.disaggregated and setup.threads is not None and 2 * setup.threads > default_threads():
+        raise InputError(f"a disaggregated validation runs two instances of {setup.threads} thread(s) each (the "
+                         f"cost model's) on {default_threads()} core(s): give --threads, and a cost model profiled "
+                         "with that many (simctl profile --threads N)")
     names, loads = _check_inputs(policies, loads, fitted, out, setup)
     runs = setup.real_config(names[0], 1.0)
     check_executor(fitted, {"device": runs.device, "executor_config": runs.executor.record(runs.device)})
@@ -262,7 +273,8 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
         meter.start()
         s = real_main(trace=setup.trace, model=setup.model, num_requests=setup.num_requests, scale=setup.scale,
                       seed=setup.seed, dtype=setup.dtype, threads=setup.threads, device=setup.device,
-                      kv_budget_bytes=setup.kv_budget_bytes, attention=setup.attention, **kw)
+                      kv_budget_bytes=setup.kv_budget_bytes, attention=setup.attention,
+                      prefill_instances=setup.prefill_instances, decode_instances=setup.decode_instances, **kw)
         return s, meter.stop()
 
     out = Path(out)
@@ -361,7 +373,7 @@ def compare_run(policy: str, load: float, qps: float, sim_capacity: float, reals
     real_reqs = [pd.read_parquet(d / "requests.parquet") for d in reals]
     reps, tbt_matches = [], []
     for d, real in zip(reals, summaries):
-        rep = replay_real(real, pd.read_parquet(d / "iterations.parquet"), cost)
+        rep = replay_real(real, pd.read_parquet(d / "iterations.parquet"), cost, pd.read_parquet(d / "requests.parquet"))
         tbt_matches.append(rep.matched == rep.total and all(
             v is not None and real[k] is not None and math.isclose(v, real[k], rel_tol=1e-9)
             for v, k in zip(rep.gaps.percentiles((50, 99)), ("tbt_p50", "tbt_p99"))))

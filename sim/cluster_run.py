@@ -37,6 +37,7 @@ from sim.output import json_text, write_files
 from sim.run import Deployment, Run, RunConfig, deploy, trace_for
 from sim.simulate import Progress, SimResult
 from traces import has_arrival_times
+from traces.request import Request
 
 MAX_INSTANCES = 1024
 
@@ -184,6 +185,23 @@ class MemberRecords:
         return SimResult(requests=request_frame(self.seqs), iterations=self.iterations, gaps=self.gaps,
                          queue_at_arrival=self.queue, aborted=self.aborted, kv_capacity=self.kv_capacity,
                          wall_s=0.0)
+
+
+def simulate_disaggregated(requests: list[Request], new_policy: Callable[[], Policy], cost: CostModel,
+                           link_gbps: float, kv_bytes_per_token: int, head: dict[str, Any]
+                           ) -> tuple[SimResult, dict[str, Any]]:
+    """One prefill and one decode instance, each with a policy from `new_policy`, priced by `cost`, the KV
+    crossing a link of `link_gbps`: the simulated twin of a real disaggregated run (`engine.disagg`)."""
+    t0 = time.perf_counter()
+    cluster = Cluster(simpy.Environment(), KVLink(link_gbps), kv_bytes_per_token)
+    limit = overload_limit(len(requests))
+    cluster.entry = make_pool("prefill", 1, "", cost, new_policy, "round-robin", cluster, limit)
+    cluster.decode = make_pool("decode", 1, "", cost, new_policy, "round-robin", cluster, limit)
+    seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority) for r in requests]
+    cluster.run(seqs)
+    members = [MemberRecords.of(p, m) for p in (cluster.entry, cluster.decode) for m in p.members]
+    return summarise_cluster(head, members, seqs, cluster.link, cluster.aborted,
+                             cluster.decode.members[0].policy.kv.capacity, time.perf_counter() - t0)
 
 
 def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: list[Seq], link: KVLink | None,

@@ -225,13 +225,19 @@ def validate(
                         ] = False,
     repeats: Annotated[int, typer.Option(help="Real runs per policy and load; measured values are their "
                                          "medians (a shared machine's speed drifts from run to run).")] = 1,
+    prefill_instances: Annotated[int | None, typer.Option(help=(
+        "With --decode-instances 1: real disaggregated runs (simctl real --prefill-instances 1 "
+        "--decode-instances 1, --threads per instance) against the simulated cluster."))] = None,
+    decode_instances: Annotated[int | None, typer.Option(help="With --prefill-instances 1: see there.")] = None,
     out: Annotated[Path, typer.Option(help="Folder for validation.csv, .md, .png and the runs.")
                    ] = Path("out/validate"),
 ) -> None:
     """Run real and simulated side by side on identical requests and report the prediction errors.
 
     Example: simctl validate --policy vllm,sarathi --loads 0.5,0.7 --out out/validate; on a GPU, with a fit of
-    its profile: simctl validate --device cuda --cost profiles/gpu/cost_model.json --out out/validate-gpu
+    its profile: simctl validate --device cuda --cost profiles/gpu/cost_model.json --out out/validate-gpu;
+    disaggregated, with a fit profiled on one thread: simctl validate --policy vllm --prefill-instances 1
+    --decode-instances 1 --threads 1 --cost profiles/cpu1/cost_model.json --out out/validate-pd
     """
     from engine.report import markdown
     from engine.validate import validate_main
@@ -250,6 +256,7 @@ def validate(
                                loads=fractions, cost=cost_path, out=out, model=model, scale=scale,
                                num_requests=num_requests, seed=seed, threads=threads, capacity=capacity,
                                repeats=repeats, device=device, dtype=dtype, attention=attention,
+                               prefill_instances=prefill_instances, decode_instances=decode_instances,
                                log=lambda line: print(line, file=sys.stderr))
     except RuntimeError as e:
         raise InputError(f"a real run failed: {e}") from None

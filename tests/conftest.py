@@ -21,6 +21,19 @@ class AffineCost(CostModel):
                 + self.per_kv * plan.decode_kv)
 
 
+class TinyCost(AffineCost):
+    """A hand-made cost model of tiny-2l on one CPU thread (roughly what the profile of `tiny` gives, halved
+    for half the layers), for validations: they check the pipeline, not a fit (and so do not depend on the
+    fitted model's file format)."""
+
+    def __init__(self) -> None:
+        super().__init__(overhead=1.5e-3, per_token=3e-5, per_attn=1.5e-8, per_kv=1.5e-7)
+        self.meta = {"device": "cpu", "threads": 1}
+
+    def breakdown(self, plan: BatchPlan) -> dict[str, float]:
+        return {"all": self.iteration_time(plan)}
+
+
 def random_requests(n: int, qps: float, seed: int, max_prompt: int = 2000, max_output: int = 300
                     ) -> list[Request]:
     rng = np.random.default_rng(seed)

@@ -16,6 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from conftest import TinyCost
+
 from engine.disagg import run_disaggregated
 from engine.serve import generate_alone, prompt_ids
 from engine.setup import RealConfig, size_run
@@ -130,3 +132,34 @@ def test_bad_real_pd_input_is_one_line_exit_2(tmp_path: Path, args: tuple[str, .
     assert res.returncode == 2, (res.returncode, res.stderr)
     assert res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
     assert not out.exists()
+
+
+def test_validate_compares_a_real_pd_run_with_the_simulated_cluster(tmp_path: Path) -> None:
+    from engine.validate import validate_main
+    from sim.capacity import SLO
+
+    out = tmp_path / "val"
+    report = validate_main(["vllm"], "sharegpt", [0.5], cost=TinyCost(), out=out, model=MODEL, scale=0.02,
+                           num_requests=100, seed=0, threads=1, slo=SLO({"p50_ttft": 0.004}),
+                           prefill_instances=1, decode_instances=1)
+    row = report.rows[0]
+    assert row["identical_requests"] and row["real_completed"] == row["sim_completed"] == 100
+    matched, total = (int(v) for v in row["replay_matched"].split("/"))
+    assert matched == total > 0, "every iteration of both instances re-planned as the engines ran it"
+    assert report.evidence[0]["replay_tbt_matches"], "the replayed token gaps are the real run's"
+    real = json.loads((out / "runs/vllm/load_0.5/real/summary.json").read_text())
+    sim = json.loads((out / "runs/vllm/load_0.5/sim/summary.json").read_text())
+    assert set(real["pools"]) == set(sim["pools"]) == {"prefill", "decode"}
+    assert sim["kv_link"]["gbps"] == real["kv_link"]["gbps"]  # the twin's link is the one the real run measured
+    replay = pd.read_parquet(out / "runs/vllm/load_0.5/replay.parquet")
+    assert set(replay["pool"]) == {"prefill", "decode"}
+
+
+def test_validate_pd_refuses_threads_the_cores_cannot_hold(tmp_path: Path) -> None:
+    from common.errors import InputError
+    from engine.validate import validate_main
+    from executor.runtime import default_threads
+
+    with pytest.raises(InputError, match="two instances"):
+        validate_main(["vllm"], "sharegpt", [0.5], cost=TinyCost(), out=tmp_path / "val", model=MODEL,
+                      threads=default_threads(), prefill_instances=1, decode_instances=1)

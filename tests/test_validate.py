@@ -12,30 +12,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from conftest import TinyCost
+
 from common.errors import InputError
 from engine.report import METRICS
 from engine.validate import rescore, validate_main
-from policies.plan import BatchPlan
 from sim.capacity import SLO, search_qps
-from sim.cost.base import CostModel
 
 MODEL = "tiny-2l"
-
-
-class TinyCost(CostModel):
-    """A hand-made cost model of tiny-2l on one CPU thread (roughly what the profile of `tiny` gives, halved
-    for half the layers): the test checks the pipeline, not a fit (and so does not depend on the fitted
-    model's file format)."""
-
-    def __init__(self) -> None:
-        self.meta = {"device": "cpu", "threads": 1}
-
-    def iteration_time(self, plan: BatchPlan) -> float:
-        attn = sum(q * (c + q / 2) for q, c in zip(plan.prefill_q, plan.prefill_c))
-        return 1.5e-3 + 3e-5 * plan.linear_tokens + 1.5e-8 * attn + 1.5e-7 * plan.decode_kv
-
-    def breakdown(self, plan: BatchPlan) -> dict[str, float]:
-        return {"all": self.iteration_time(plan)}
 
 
 @pytest.fixture(scope="module")
