@@ -39,6 +39,16 @@ Each prompt gets the logits it gets alone.
 Only the last token of each segment with `sample=True` reaches the LM head: the final hidden states are
 gathered at those rows before `lm_head`.
 
+Kernels (`executor.config.ExecutorConfig`, given to the executor): every forward runs under
+`torch.nn.attention.sdpa_kernel` with the SDPA backends its `attention` setting allows (by default never
+cuDNN, whose plans are per KV length). Grouped-query heads (G = H / KVH query heads per K/V head) never use
+`enable_gqa` under a mask nor repeated K/V heads: a non-causal call (decode rows, chunks on cached context,
+padded and dense bin-packed rows) folds each group's G heads into the query axis, `[B, KVH, G x L, D]`
+against the group's K/V, its mask repeated G times along the query axis (once per iteration; a decode row's
+one-row mask broadcasts), so the memory-efficient kernel, the one fused CUDA kernel that takes a mask, runs
+it. A causal call (a prompt from position 0) runs as one enable_gqa call where an allowed kernel takes it
+(flash in 16-bit floats), else as G calls. `attention_kernels` records which kernel each kind of call got.
+
 Everything is device-agnostic (index tensors are built on the model's device); CPU fallback is never
 silent.
 """
