@@ -46,3 +46,49 @@ def random_requests(n: int, qps: float, seed: int, max_prompt: int = 2000, max_o
 @pytest.fixture
 def affine_cost() -> AffineCost:
     return AffineCost()
+
+
+# ---- the real engine's tests (test_engine, test_disagg): the tiny-2l model, one thread ---------------------------
+
+ENGINE_MODEL = "tiny-2l"
+ENGINE_SEED = 0
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One thread: no OpenMP team spinning in the test process (it has no OMP_WAIT_POLICY=PASSIVE)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model():
+    from executor.model import build_model
+    from sim.models import get_model
+
+    return build_model(get_model(ENGINE_MODEL), "cpu", "float32", ENGINE_SEED)
+
+
+@pytest.fixture(scope="module")
+def alone(model):
+    """Greedy tokens of a request run by itself (cached by prompt length, output length and id)."""
+    from engine.serve import generate_alone, prompt_ids
+    from executor.ragged import RaggedExecutor
+    from sim.models import get_model
+
+    vocab = get_model(ENGINE_MODEL).vocab_size
+    cache: dict[tuple[int, int, int], list[int]] = {}
+    executor = RaggedExecutor(model, 1, 256)
+
+    def tokens(r: Request) -> list[int]:
+        key = (r.id, r.prompt_tokens, r.output_tokens)
+        if key not in cache:
+            cache[key] = generate_alone(executor, prompt_ids(r.id, r.prompt_tokens, vocab, ENGINE_SEED),
+                                        r.output_tokens)
+        return cache[key]
+
+    return tokens

@@ -17,43 +17,15 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from conftest import TinyCost
+from test_engine import MODEL, REQUESTS, SEED, SPEC
 
 from engine.disagg import run_disaggregated
-from engine.serve import generate_alone, prompt_ids
 from engine.setup import RealConfig, size_run
-from executor.model import build_model
-from executor.ragged import RaggedExecutor
-from sim.models import get_model
-from traces.request import Request
 
-MODEL = "tiny-2l"
-SPEC = get_model(MODEL)
-SEED = 0
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SIMCTL = Path(sys.executable).parent / "simctl"
-# A burst of six (they batch on the prefill instance and reach the decode instance together), then four a few
-# milliseconds apart; one request of a single output token, which never leaves its prefill instance.
-LENGTHS = [(37, 9), (5, 14), (70, 3), (1, 8), (22, 1), (48, 12), (13, 6), (64, 10), (9, 2), (30, 11)]
-REQUESTS = [Request(i, 0.0 if i < 6 else 0.004 * (i - 5), p, o) for i, (p, o) in enumerate(LENGTHS)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return build_model(SPEC, "cpu", "float32", SEED)
-
-
-@pytest.fixture(scope="module")
-def alone(model):
-    executor = RaggedExecutor(model, 1, 256)
-    return {r.id: generate_alone(executor, prompt_ids(r.id, r.prompt_tokens, SPEC.vocab_size, SEED), r.output_tokens)
-            for r in REQUESTS}
+# test_engine's ten requests: a burst of six (they batch on the prefill instance and reach the decode instance
+# together), then four a few milliseconds apart; one of a single output token never leaves its prefill instance
 
 
 def serve_pd(model, policy: str, kv_capacity: int | None = None, **options):
@@ -75,7 +47,7 @@ def test_each_request_gets_its_tokens_alone_once_and_kv_returns(model, alone, po
     s, req = run.summary, run.result.requests.set_index("request_id")
     assert not run.result.aborted and s["completed"] == len(REQUESTS)
     for r in REQUESTS:
-        assert run.engine.tokens[r.id] == alone[r.id], f"request {r.id}: tokens differ from its run alone"
+        assert run.engine.tokens[r.id] == alone(r), f"request {r.id}: tokens differ from its run alone"
         row = req.loc[r.id]
         assert row["generated_tokens"] == row["output_tokens"] == r.output_tokens
         assert (row["arrival_s"] <= row["first_scheduled_s"] <= row["prefill_done_s"] <= row["first_token_s"]

@@ -12,11 +12,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from conftest import ENGINE_MODEL, ENGINE_SEED
+
 from common.errors import InputError
 from engine.real import real_main, run_real, twin_inputs, write_real
-from engine.serve import Engine, generate_alone, prompt_ids
+from engine.serve import Engine, prompt_ids
 from engine.setup import RealConfig, size_run, sized_policy
-from executor.model import build_model
 from executor.plans import SlotPool
 from executor.ragged import RaggedExecutor, Segment
 from policies.registry import POLICIES
@@ -26,39 +27,11 @@ from sim.run import RunConfig, run
 from traces import build_trace
 from traces.request import Request
 
-MODEL = "tiny-2l"
+MODEL, SEED = ENGINE_MODEL, ENGINE_SEED
 SPEC = get_model(MODEL)
-SEED = 0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One thread: no OpenMP team spinning in the test process (it has no OMP_WAIT_POLICY=PASSIVE)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return build_model(SPEC, "cpu", "float32", SEED)
-
-
-@pytest.fixture(scope="module")
-def alone(model):
-    """Greedy tokens of a request run by itself (cached by prompt length, output length and id)."""
-    cache: dict[tuple[int, int, int], list[int]] = {}
-    executor = RaggedExecutor(model, 1, 256)
-
-    def tokens(r: Request) -> list[int]:
-        key = (r.id, r.prompt_tokens, r.output_tokens)
-        if key not in cache:
-            cache[key] = generate_alone(executor, prompt_ids(r.id, r.prompt_tokens, SPEC.vocab_size, SEED),
-                                        r.output_tokens)
-        return cache[key]
-
-    return tokens
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # Ten requests: six arrive together (a burst that batches), four a few milliseconds apart (they join running
