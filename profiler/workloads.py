@@ -313,7 +313,9 @@ class ShapeProtocol:
     see what the caches give."""
 
     name: Literal["served", "fixed"] = "served"
-    max_offset: int = 32
+    # +-64 tokens: 129 KV lengths before one repeats, most of the calls of a shape (up to max_reps = 160 and a
+    # warm-up a block) where contexts allow it (an eighth of 512 tokens and up)
+    max_offset: int = 64
     offset_share: float = 0.125
     spare_slots: int = 3
 

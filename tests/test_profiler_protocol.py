@@ -62,13 +62,13 @@ def test_calls_vary_contexts_symmetrically_within_bounds():
 
 def test_decode_contexts_move_by_a_few_tokens():
     r = SERVED.repetitions(decode(32, 1024), 2048)
-    assert (r.radius, r.spare_slots, r.slab) == (32, 3, (35, 1025 + 32))
+    assert (r.radius, r.spare_slots, r.slab) == (64, 3, (35, 1025 + 64))
     assert [contexts(r.call(j)[0])[0] for j in range(5)] == [1024, 1025, 1023, 1026, 1022]
     assert SERVED.repetitions(decode(4, 40), 2048).radius == 5  # an eighth of the context at most
     assert SERVED.repetitions(decode(4, 2047), 2048).radius == 0  # at the model's last position
     assert SERVED.repetitions(prefill(512), 2048).radius == 0  # nothing cached: only the rows move
     hyb = SERVED.repetitions(hybrid(8, 512, 128, 0), 2048)  # the decodes move, the fresh chunk does not
-    assert hyb.radius == 32 and contexts(hyb.call(1)[0]) == [513] * 8 + [0]
+    assert hyb.radius == 64 and contexts(hyb.call(1)[0]) == [513] * 8 + [0]
 
 
 def test_slab_budget_shrinks_the_variation_not_the_grid():
@@ -78,8 +78,8 @@ def test_slab_budget_shrinks_the_variation_not_the_grid():
     assert SERVED.repetitions(shape, 2048, 64 * 1024).slab == (64, 1024)
     r = SERVED.repetitions(shape, 2048, 64 * 1040)
     assert (r.radius, r.spare_slots) == (16, 0)
-    r = SERVED.repetitions(shape, 2048, 66 * 1056)
-    assert (r.radius, r.spare_slots, r.slab) == (32, 2, (66, 1056))
+    r = SERVED.repetitions(shape, 2048, 66 * 1088)
+    assert (r.radius, r.spare_slots, r.slab) == (64, 2, (66, 1088))
     labels = [[s.label() for s in build_grid("full", 2048, 2 ** 17, protocol=p).shapes] for p in (SERVED, FIXED)]
     assert labels[0] == labels[1]
 
@@ -109,7 +109,7 @@ def test_fixed_protocol_repeats_the_shape():
     shape = hybrid(4, 256, 64, 1024)
     r = FIXED.repetitions(shape, 2048)
     assert r.slab == (shape.slots, shape.max_len) and {r.call(j) for j in range(5)} == {(shape, 0)}
-    assert FIXED.meta()["name"] == "fixed" and SERVED.meta()["max_offset"] == 32
+    assert FIXED.meta()["name"] == "fixed" and SERVED.meta()["max_offset"] == 64
     with pytest.raises(ValueError, match="unknown shape protocol"):
         ShapeProtocol("served-ish")
 
