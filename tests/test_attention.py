@@ -194,7 +194,7 @@ def test_cuda_folded_attention_matches_repeated_heads(dtype, setting):
     g = torch.Generator().manual_seed(0)
     chosen = tuple(ragged._BACKEND[b] for b in ExecutorConfig(setting).backends("cuda"))
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    attn = ragged._attention(ExecutorConfig(setting).backends("cuda"), torch.device("cuda"), dtype, 8, 2, 64)
+    attn = ragged._attention(ExecutorConfig(setting).backends("cuda"), torch.device("cuda"), dtype, 8, 2, 16)
     q, k, v, mask = random_case(g, 3, 2, 4, 5, 37, "cuda", dtype)
     with torch.inference_mode(), sdpa_kernel(list(chosen)):
         try:
