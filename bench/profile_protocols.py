@@ -3,10 +3,11 @@
 (`profiler.worker.Worker._measure`) under `fixed` and `served` (`profiler.workloads.ShapeProtocol`), in rounds
 that alternate the two so a spell of load hits both; per shape, the median of each protocol's quiet blocks
 (as the profile takes it) and served / fixed. A cache keyed on the shape (cuDNN's per-KV-length attention
-plans on an H100, simctl issue 11) shows as served / fixed >> 1.
+plans on an H100, simctl issue 11) shows as served / fixed >> 1 (`--attention any` lets torch pick cuDNN).
 
     .venv/bin/python bench/profile_protocols.py --model tiny --device cpu --threads 2 --rounds 10
     .venv/bin/python bench/profile_protocols.py --model mistral-7b --device cuda --dtype bfloat16 --rounds 4
+    .venv/bin/python bench/profile_protocols.py --model mistral-7b --device cuda --dtype bfloat16 --attention any
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import io
 import os
 import sys
 import time
+from functools import partial
 
 import numpy as np
 
+from executor.config import ATTENTION
 from executor.model import build_model
 from executor.ragged import RaggedExecutor
 from executor.runtime import default_threads
@@ -35,15 +38,17 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=default_threads())
     p.add_argument("--grid", default="quick", help="the grid whose shapes on cached context are timed")
     p.add_argument("--rounds", type=int, default=10, help="rounds, each timing every shape under both protocols")
+    p.add_argument("--attention", default="auto", choices=list(ATTENTION), help="the executor's SDPA kernels")
     args = p.parse_args()
     if os.environ.get("OMP_WAIT_POLICY") != "PASSIVE":
         print("note: run with OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=N, as the profiler does", file=sys.stderr)
 
-    workers = {name: Worker(args.model, args.device, args.dtype, args.threads, args.grid, 0, io.StringIO(), name)
-               for name in PROTOCOLS}
+    workers = {name: Worker(args.model, args.device, args.dtype, args.threads, args.grid, 0, io.StringIO(), name,
+                            args.attention) for name in PROTOCOLS}
     first = workers["served"]
     model = build_model(first.spec, first.device, first.dtype, seed=0)
-    kv_bpt = RaggedExecutor(model, 1, 1).kv_bytes_per_token
+    executor_cls = partial(RaggedExecutor, config=first.executor_config)
+    kv_bpt = executor_cls(model, 1, 1).kv_bytes_per_token
     grid = build_grid(args.grid, first.spec.max_position, first._kv_budget_tokens(kv_bpt))
     shapes = [s for s in grid.shapes if any(g.c for g in s.segs)]
     monitor = CpuMonitor()
@@ -56,12 +61,12 @@ def main() -> None:
             g = Grid("bench", shapes, warmup=1, min_reps=6, max_reps=40, budget_s=0.3, passes=3,
                      protocol=ShapeProtocol(name), max_position=first.spec.max_position,
                      max_kv_tokens=grid.max_kv_tokens)
-            for i, bs in enumerate(w._measure(g, model, RaggedExecutor, monitor, deadline=float("inf"))):
+            for i, bs in enumerate(w._measure(g, model, executor_cls, monitor, deadline=float("inf"))):
                 blocks[name][i] += bs
         print(f"round {r + 1}/{args.rounds}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
-    print(f"{args.model} on {first.device} ({args.dtype}, {args.threads} threads), grid {args.grid}, "
-          f"{args.rounds} rounds\n")
+    print(f"{args.model} on {first.device} ({args.dtype}, {args.threads} threads, attention {args.attention}), "
+          f"grid {args.grid}, {args.rounds} rounds\n")
     print("| shape | fixed ms | served ms | served / fixed | quiet blocks fixed / served |")
     print("|---|---:|---:|---:|---:|")
     ratios: dict[str, list[float]] = {}
