@@ -325,8 +325,9 @@ class ShapeProtocol:
 
     def repetitions(self, shape: Shape, max_position: int, max_kv_tokens: int | None = None) -> Repetitions:
         """`shape`'s calls, within the model's positions and a slab of at most `max_kv_tokens` (the grid's
-        budget, which `shape` fits): where the budget is tight the radius shrinks first, then the spare rows,
-        so a shape the fixed protocol times is timed here too (`meta.json` lists the ones left unvaried)."""
+        budget, which `shape` fits): where the budget is tight the spare rows give way first (the KV lengths
+        are what a cache keys on), then the radius, so a shape the fixed protocol times is timed here too
+        (`meta.json` lists the ones whose contexts stay fixed)."""
         if self.name == "fixed":
             return Repetitions(shape, 0, 0)
         cached = [s.c for s in shape.segs if s.c]

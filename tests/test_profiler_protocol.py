@@ -72,7 +72,7 @@ def test_decode_contexts_move_by_a_few_tokens():
 
 
 def test_slab_budget_shrinks_the_variation_not_the_grid():
-    """A shape whose nominal slab fills the budget is still timed: first its radius, then its spare rows give
+    """A shape whose nominal slab fills the budget is still timed: first its spare rows, then its radius give
     way; the grid's shapes do not depend on the protocol."""
     shape = decode(64, 1023)  # a slab of 64 x 1024 tokens
     assert SERVED.repetitions(shape, 2048, 64 * 1024).slab == (64, 1024)
