@@ -205,25 +205,27 @@ class _DecodeDriver:
         self.seqs.append(seq)
         self.transfers.append((item.copy.completion_s, item.start_s, item.received_s, item.kv.shape[3]))
 
+    def _drain(self) -> None:
+        while True:
+            try:
+                item = self.receiver.arrivals.get_nowait()
+            except queue.Empty:
+                return
+            self._take(item)
+
     def drive(self, loop: Any) -> None:
-        arrivals = self.receiver.arrivals
+        """The loop yields an iteration's end, which has passed when the backend returns it, or `HELD` when idle
+        (a routed inbox never knows the next arrival ahead): then wait for one, or end once the prefill instance
+        is done."""
         for until in loop:
-            while True:
-                try:
-                    while True:
-                        self._take(arrivals.get_nowait())
-                except queue.Empty:
-                    pass
-                if self.inbox.pending or (until < HELD and until <= self.engine.time.read()):
-                    break
-                if self.done is not None and until >= HELD:
+            self._drain()
+            if until < HELD:
+                continue
+            while not self.inbox.pending:
+                if self.done is not None:
                     loop.close()
                     return
-                timeout = None if until >= HELD else until - self.engine.time.read()
-                try:
-                    self._take(arrivals.get(timeout=timeout))
-                except queue.Empty:
-                    break
+                self._take(self.receiver.arrivals.get())
 
 
 def run_disaggregated(config: RealConfig, size: Sizing, requests: list[Request], model: Any

@@ -250,12 +250,15 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
 
 
 def twin_inputs(summary: dict[str, Any]) -> tuple[list[Request], Policy]:
-    """The Request list a real run served and a fresh policy configured as it was (KV capacity,
-    max_seq_len, every policy setting), from the run's summary: `sim.simulate.simulate(requests,
-    policy, cost)` then predicts the same run."""
+    """The Request list a real run served and a fresh policy configured as it was (`twin_policy`), from the
+    run's summary: `sim.simulate.simulate(requests, policy, cost)` then predicts the same run."""
     requests = build_trace(summary["trace"], summary["num_requests"], summary["qps"], summary["seed"],
                            arrival=summary["arrival"], cv=summary["cv"], scale=summary["scale"])
+    return requests, twin_policy(summary)
+
+
+def twin_policy(summary: dict[str, Any]) -> Policy:
+    """A fresh policy configured as the real run's was (KV capacity, max_seq_len, every policy setting)."""
     settings = policy_class(summary["policy"]).Settings.__dataclass_fields__
-    policy = make_policy(summary["policy"], summary["kv_capacity_tokens"], summary["max_seq_len"],
-                         {k: summary[k] for k in settings if k in summary})
-    return requests, policy
+    return make_policy(summary["policy"], summary["kv_capacity_tokens"], summary["max_seq_len"],
+                       {k: summary[k] for k in settings if k in summary})

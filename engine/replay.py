@@ -39,7 +39,7 @@ def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any,
     disaggregated run (`requests`: its requests table) is replayed pool by pool: the prefill instance's copies
     at their arrivals, then the decode instance's requests when its loop took them (`kv_taken_s`), with their
     prompts cached and their first token at their KV's arrival; its frame gets a `pool` column."""
-    from engine.real import twin_inputs
+    from engine.real import twin_inputs, twin_policy
     from policies.seq import Seq
     from serving.handoff import arrive_with_kv, needs_decode_instance, prefill_copy
 
@@ -55,7 +55,7 @@ def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any,
     for s in crossed:
         arrive_with_kv(s, prefill_copy(s), float(arrived[s.id]))
         s.arrival_s = float(taken[s.id])  # due when the decode loop was handed it
-    decode = _replay(crossed, twin_inputs(summary)[1], iterations[pools == "decode"], cost)
+    decode = _replay(crossed, twin_policy(summary), iterations[pools == "decode"], cost)
     decode.gaps.merge(prefill.gaps)
     frame = pd.concat([prefill.frame.assign(pool="prefill"), decode.frame.assign(pool="decode")], ignore_index=True)
     return Replay(frame, decode.gaps, prefill.matched + decode.matched, prefill.total + decode.total,

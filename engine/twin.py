@@ -96,7 +96,7 @@ def check_executor(cost: Any, run: dict[str, Any]) -> None:
 def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], Any]:
     """The simulator's prediction of the run `summary` describes (a real run's, or `twin_summary`'s):
     (its summary, its SimResult)."""
-    from engine.real import twin_inputs
+    from engine.real import twin_inputs, twin_policy
     from sim.cost.fitted import dtype_bytes_of
     from sim.metrics import summarize
     from sim.simulate import simulate
@@ -110,7 +110,7 @@ def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], A
         from sim.models import get_model
 
         spec = get_model(summary["model"])
-        result, s = simulate_disaggregated(requests, lambda: twin_inputs(summary)[1], cost,
+        result, s = simulate_disaggregated(requests, lambda: twin_policy(summary), cost,
                                            summary.get("kv_link", {}).get("gbps", DEFAULT_LINK_GBPS),
                                            spec.kv_bytes_per_token(dtype_bytes_of(summary["dtype"])), head)
         return s, result
