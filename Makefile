@@ -2,9 +2,10 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+VLLM   := $(VENV)/.vllm-installed
 PYTHON ?= python3
 
-.PHONY: run test bench bench-speed bench-validate lint notebooks clean
+.PHONY: run test vllm bench bench-speed bench-validate lint notebooks clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,10 +13,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,profile]'
 	touch $(STAMP)
 
+# the real vLLM engine (CPU build) for `--engine vllm` and its tests: tools/install_vllm.py says why not plain pip
+$(VLLM): $(STAMP) tools/install_vllm.py
+	$(PY) tools/install_vllm.py
+	touch $(VLLM)
+
+vllm: $(VLLM)
+
 run: $(STAMP)
 	$(VENV)/bin/simctl run --policy sarathi --trace arxiv
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM)
 	$(PY) -m pytest
 
 # both benchmarks: simulator speed (about a minute), then accuracy against real runs (about 15 minutes)
