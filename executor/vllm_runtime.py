@@ -87,9 +87,9 @@ class VLLMDeployment:
 
 def engine_args(model_dir: Path, deployment: VLLMDeployment) -> dict[str, Any]:
     """Keyword arguments of vLLM's `EngineArgs` / `AsyncEngineArgs` for `deployment`."""
-    args: dict[str, Any] = dict(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True,
-                                enforce_eager=True, max_model_len=deployment.max_model_len,
-                                dtype=deployment.dtype, seed=deployment.seed)
+    args: dict[str, Any] = {"model": str(model_dir), "load_format": "dummy", "skip_tokenizer_init": True,
+                            "enforce_eager": True, "max_model_len": deployment.max_model_len,
+                            "dtype": deployment.dtype, "seed": deployment.seed}
     for key in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"):
         value = getattr(deployment, key)
         if value is not None:
