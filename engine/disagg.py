@@ -70,7 +70,7 @@ def build_instance(config: RealConfig, requests: list[Request], size: Sizing) ->
 
 
 def _seqs(requests: list[Request]) -> list[Seq]:
-    return [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority) for r in requests]
+    return [Seq.of(r) for r in requests]
 
 
 # ---- the prefill instance (child process) ----------------------------------------------------------------------

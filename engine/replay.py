@@ -44,7 +44,7 @@ def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any,
     from serving.handoff import arrive_with_kv, needs_decode_instance, prefill_copy
 
     reqs, policy = twin_inputs(summary)
-    seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority) for r in reqs]
+    seqs = [Seq.of(r) for r in reqs]
     if not summary.get("prefill_instances"):
         return _replay(seqs, policy, iterations, cost)
     pools = iterations["pool"]

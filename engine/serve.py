@@ -119,7 +119,7 @@ class Engine:
 
         `on_iteration(plan, start, end, forward_s)`, if given, sees every executed plan before its bookkeeping
         (e.g. to price it with a cost model next to its measured time)."""
-        seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority) for r in requests]
+        seqs = [Seq.of(r) for r in requests]
         self.time.start()
         return self.run(seqs, Inbox(seqs), self.time.drive, max_waiting, on_iteration)
 

@@ -10,6 +10,10 @@ again before it decodes.
 from __future__ import annotations
 
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from traces.request import Request
 
 
 class Phase(Enum):
@@ -21,14 +25,17 @@ class Phase(Enum):
 class Seq:
     __slots__ = (
         "arrival_s", "completion_s", "computed", "first_scheduled_s", "first_token_s", "generated", "id",
-        "last_token_s", "max_gap_s", "output_tokens", "phase", "preemptions", "prefill_end", "priority",
-        "prompt_tokens",
+        "last_token_s", "max_gap_s", "output_tokens", "phase", "preemptions", "prefill_end", "prefix_group",
+        "prefix_tokens", "priority", "prompt_tokens",
     )
 
-    def __init__(self, id: int, arrival_s: float, prompt_tokens: int, output_tokens: int, priority: int = 0
-                 ) -> None:
+    def __init__(self, id: int, arrival_s: float, prompt_tokens: int, output_tokens: int, priority: int = 0,
+                 prefix_group: int = -1, prefix_tokens: int = 0) -> None:
         self.id = id
         self.priority = priority  # higher runs first where a policy honours it (Baton's preemption)
+        # prompt content for prefix caching, as `traces.request.Request` defines it
+        self.prefix_group = prefix_group
+        self.prefix_tokens = prefix_tokens
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
@@ -42,6 +49,11 @@ class Seq:
         self.completion_s = -1.0
         self.max_gap_s = 0.0  # the longest wait between two of its tokens (per-request TBT SLOs)
         self.preemptions = 0
+
+    @classmethod
+    def of(cls, r: Request) -> Seq:
+        """The run-time state of a request that has just arrived."""
+        return cls(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority, r.prefix_group, r.prefix_tokens)
 
     @property
     def known_tokens(self) -> int:

@@ -15,7 +15,7 @@ def needs_decode_instance(seq: Seq) -> bool:
 
 def prefill_copy(seq: Seq) -> Seq:
     """What a prefill instance serves for `seq`: its prompt, up to its first token."""
-    return Seq(seq.id, seq.arrival_s, seq.prompt_tokens, 1, seq.priority)
+    return Seq(seq.id, seq.arrival_s, seq.prompt_tokens, 1, seq.priority, seq.prefix_group, seq.prefix_tokens)
 
 
 def arrive_with_kv(seq: Seq, copy: Seq, received_s: float) -> None:

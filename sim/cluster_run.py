@@ -138,7 +138,7 @@ def run_cluster(config: RunConfig, cc: ClusterConfig, progress: Progress | None 
         cluster.entry = _pool("replicas", cc.replicas, config.gpu, serving, serving.check_fits(config, requests),
                               config, cc.router, cluster)
         deployments = (serving,)
-    seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority) for r in requests]
+    seqs = [Seq.of(r) for r in requests]
     cluster.run(seqs, progress)
     members = [MemberRecords.of(p, m) for p in (cluster.entry, cluster.decode) if p is not None for m in p.members]
     head = {**{k: v for k, v in asdict(config).items() if k not in ("fast", "options")}, **asdict(cc)}
@@ -197,7 +197,7 @@ def simulate_disaggregated(requests: list[Request], new_policy: Callable[[], Pol
     limit = overload_limit(len(requests))
     cluster.entry = make_pool("prefill", 1, "", cost, new_policy, "round-robin", cluster, limit)
     cluster.decode = make_pool("decode", 1, "", cost, new_policy, "round-robin", cluster, limit)
-    seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority) for r in requests]
+    seqs = [Seq.of(r) for r in requests]
     cluster.run(seqs)
     members = [MemberRecords.of(p, m) for p in (cluster.entry, cluster.decode) for m in p.members]
     return summarise_cluster(head, members, seqs, cluster.link, cluster.aborted,

@@ -48,7 +48,7 @@ def simulate(requests: list[Request], policy: Policy, cost: CostModel, fast: boo
     CostBackend that also records, e.g. sim.timeline's); `progress(arrived, total)` is called every few
     thousand events, if given."""
     t0 = time.perf_counter()
-    seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority) for r in requests]
+    seqs = [Seq.of(r) for r in requests]
     env = simpy.Environment()
     replica = Replica(policy, backend or CostBackend(cost, fast), SimulatedTime(), Inbox(seqs),
                       max_waiting=max_waiting)

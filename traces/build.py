@@ -127,6 +127,7 @@ def build_trace(
     rng = np.random.default_rng(seed)
 
     priority: list[int] = []
+    prefixes: list[tuple[int, int]] = []  # (prefix_group, prefix_tokens) per request, when the file gives them
     if isinstance(source, str):
         if num_requests is None:
             raise InputError(f"the number of requests is required for length profile {source!r}")
@@ -141,6 +142,8 @@ def build_trace(
         prompts, outputs = source.prompt_tokens[:n], source.output_tokens[:n]
         if source.priority is not None:
             priority = source.priority[:n].tolist()
+        if source.prefix_group is not None and source.prefix_tokens is not None:
+            prefixes = list(zip(source.prefix_group[:n].tolist(), source.prefix_tokens[:n].tolist()))
         if source.arrival_s is not None:
             if arrival != "poisson" or cv != 1.0:
                 raise InputError(f"trace file {source.path} gives its own arrival times: --arrival and --cv "
@@ -152,12 +155,18 @@ def build_trace(
     prompts, outputs = np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
     if scale != 1.0:
         prompts, outputs = scale_lengths(prompts, scale), scale_lengths(outputs, scale)
+        # a shared prefix scales with its prompt and stays within it (0 stays 0)
+        prefixes = [(g, min(int(t * scale + 0.5), p)) for (g, t), p in zip(prefixes, prompts.tolist())]
     arrivals = np.asarray(arrivals, dtype=np.float64)
     requests = [  # plain Python numbers (tolist), so that a Request holds no numpy scalar
         Request(i, a, p, o)
         for i, (a, p, o) in enumerate(zip(arrivals.tolist(), prompts.tolist(), outputs.tolist(), strict=True))
     ]
-    return [replace(r, priority=k) for r, k in zip(requests, priority, strict=True)] if priority else requests
+    if priority:
+        requests = [replace(r, priority=k) for r, k in zip(requests, priority, strict=True)]
+    if prefixes:
+        requests = [replace(r, prefix_group=g, prefix_tokens=t) for r, (g, t) in zip(requests, prefixes, strict=True)]
+    return requests
 
 
 def aligned(tokens: float) -> int:

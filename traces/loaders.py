@@ -11,6 +11,9 @@ Formats (chosen by extension, case-insensitive):
   skipped.
 - Both take an optional integer ``priority`` (CSV column, JSONL key; missing: 0): higher runs first where a
   policy honours priorities (Baton's preemption).
+- Both take the prompt's content for prefix caching, optional integers ``prefix_group`` (>= -1; missing: -1,
+  no shared prefix) and ``prefix_tokens`` (0..prompt tokens; missing: 0): the first ``prefix_tokens`` prompt
+  tokens are the same in every request of the same ``prefix_group`` >= 0, all others are the request's own.
 
 Lengths must be integers >= 1 (an integral float such as ``12.0`` is accepted, since pandas and many
 exporters write those); arrival times must be finite, >= 0 and non-decreasing. Any violation raises
@@ -35,6 +38,7 @@ from common.errors import InputError
 CSV_PROMPT, CSV_OUTPUT, CSV_ARRIVAL = "num_prefill_tokens", "num_decode_tokens", "arrived_at"
 JSON_PROMPT, JSON_OUTPUT, JSON_ARRIVAL = "prompt_tokens", "output_tokens", "arrival_s"
 PRIORITY = "priority"  # optional in both formats: an integer, higher runs first (default 0)
+PREFIX_GROUP, PREFIX_TOKENS = "prefix_group", "prefix_tokens"  # optional in both formats (default -1, 0)
 SUPPORTED_EXTENSIONS = (".csv", ".jsonl")
 # Guards the int64 conversion; no real request is anywhere near 2^31 tokens.
 MAX_TOKENS = 2**31 - 1
@@ -47,6 +51,8 @@ class LoadedTrace:
     output_tokens: np.ndarray  # int64, >= 1
     arrival_s: np.ndarray | None  # float64, non-decreasing, >= 0; None when the file has no arrivals
     priority: np.ndarray | None = None  # int64; None when the file gives none
+    prefix_group: np.ndarray | None = None  # int64, >= -1; None when the file gives none
+    prefix_tokens: np.ndarray | None = None  # int64, 0..prompt tokens; None when the file gives none
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -100,6 +106,16 @@ def _check_priority(path: Path, line: int, value: float) -> int:
     if not (math.isfinite(value) and value == math.floor(value) and abs(value) <= MAX_TOKENS):
         raise _fail(path, line, f"{PRIORITY} is {value}, expected an integer")
     return int(value)
+
+
+def _check_prefix(path: Path, line: int, group: float, tokens: float, prompt: int) -> tuple[int, int]:
+    """A row's prefix_group (an integer >= -1) and prefix_tokens (an integer from 0 to its prompt tokens)."""
+    if not (math.isfinite(group) and group == math.floor(group) and -1 <= group <= MAX_TOKENS):
+        raise _fail(path, line, f"{PREFIX_GROUP} is {group:g}, expected an integer >= -1 (-1: no shared prefix)")
+    if not (math.isfinite(tokens) and tokens == math.floor(tokens) and 0 <= tokens <= prompt):
+        raise _fail(path, line, f"{PREFIX_TOKENS} is {tokens:g}, expected an integer from 0 to the prompt's "
+                                f"{prompt} tokens")
+    return int(group), int(tokens)
 
 
 def _check_arrivals(path: Path, lines: np.ndarray, name: str, arrivals: np.ndarray) -> None:
@@ -206,7 +222,16 @@ def _load_csv(path: Path) -> LoadedTrace:
         for line, v in zip(lines.tolist(), values.tolist()):
             _check_priority(path, line, v)
         priority = values.astype(np.int64)
-    return LoadedTrace(path, columns[CSV_PROMPT], columns[CSV_OUTPUT], arrivals, priority)
+    groups = tokens = None
+    if PREFIX_GROUP in df.columns or PREFIX_TOKENS in df.columns:
+        n = len(df)
+        group_values = _numeric_column(path, df, PREFIX_GROUP) if PREFIX_GROUP in df.columns else np.full(n, -1.0)
+        token_values = _numeric_column(path, df, PREFIX_TOKENS) if PREFIX_TOKENS in df.columns else np.zeros(n)
+        for line, g, t, p in zip(lines.tolist(), group_values.tolist(), token_values.tolist(),
+                                 columns[CSV_PROMPT].tolist()):
+            _check_prefix(path, line, g, t, p)
+        groups, tokens = group_values.astype(np.int64), token_values.astype(np.int64)
+    return LoadedTrace(path, columns[CSV_PROMPT], columns[CSV_OUTPUT], arrivals, priority, groups, tokens)
 
 
 # ---------------------------------------------------------------- JSONL
@@ -250,6 +275,7 @@ def _load_jsonl(path: Path) -> LoadedTrace:
     outputs: list[int] = []
     arrivals: list[float] = []
     priority: list[int] = []
+    prefixes: list[tuple[int, int]] = []
     lines: list[int] = []
     with_arrivals: bool | None = None  # decided by the first record
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -279,6 +305,9 @@ def _load_jsonl(path: Path) -> LoadedTrace:
             arrivals.append(_json_number(path, lineno, obj, JSON_ARRIVAL))
         priority.append(_check_priority(path, lineno, _json_number(path, lineno, obj, PRIORITY))
                         if PRIORITY in obj else 0)
+        group = _json_number(path, lineno, obj, PREFIX_GROUP) if PREFIX_GROUP in obj else -1.0
+        tokens = _json_number(path, lineno, obj, PREFIX_TOKENS) if PREFIX_TOKENS in obj else 0.0
+        prefixes.append(_check_prefix(path, lineno, group, tokens, prompts[-1]))
         lines.append(lineno)
     if not lines:
         raise InputError(f"trace file {path}: empty file (expected one JSON object per line)")
@@ -286,5 +315,7 @@ def _load_jsonl(path: Path) -> LoadedTrace:
     if with_arrivals:
         arr = np.asarray(arrivals, dtype=np.float64)
         _check_arrivals(path, np.asarray(lines), JSON_ARRIVAL, arr)
+    shared = any(p != (-1, 0) for p in prefixes)
+    groups, tokens = (np.asarray(v, dtype=np.int64) for v in zip(*prefixes)) if shared else (None, None)
     return LoadedTrace(path, np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64), arr,
-                       np.asarray(priority, dtype=np.int64) if any(priority) else None)
+                       np.asarray(priority, dtype=np.int64) if any(priority) else None, groups, tokens)
