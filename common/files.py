@@ -1,10 +1,18 @@
-"""Reading a user's input file: its text, or one InputError saying why it cannot be had."""
+"""A user's paths and input files: a path relative to the user's working folder, made absolute before any
+child process starts; an input file's text, or one InputError saying why it cannot be had."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from common.errors import InputError
+
+
+def in_working_folder(path: str | os.PathLike[str]) -> str:
+    """`path` made absolute against the working folder of the user who gave it, so that a child process (a
+    real run, the profiler's timing child, a Ray worker in its own folder) finds the same file or folder."""
+    return os.path.abspath(os.path.expanduser(os.fspath(path)))
 
 
 def read_text(path: str | Path, what: str) -> str:

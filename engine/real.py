@@ -42,7 +42,6 @@ from traces.request import Request
 DEFAULT_QPS = 1.0  # for generated arrivals when none is given
 CPU_KV_BYTES = 1 << 30  # slab budget on the CPU
 GPU_KV_SHARE = 0.5  # share of the free device memory (after the weights) the slab may take
-_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _device_name(device: Any) -> str:
@@ -183,7 +182,7 @@ def _run_worker(config: RealConfig, out: Path | None = None, probe: bool = False
                                                                      errors="replace") as err:
         result_path = Path(tmp) / "result.json"
         proc = subprocess.run(worker_command(config, out, result_path, probe), env=worker_env(config.threads),
-                              cwd=str(_ROOT), stdin=subprocess.DEVNULL, stdout=err, stderr=err, check=False)
+                              stdin=subprocess.DEVNULL, stdout=err, stderr=err, check=False)
         msg = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else None
         if msg is not None and msg.get("event") == "error" and msg.get("input"):
             raise InputError(msg["message"])

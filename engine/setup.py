@@ -28,7 +28,8 @@ from common.errors import InputError
 from executor.config import ExecutorConfig
 from policies.base import Policy
 from policies.registry import make_policy, max_admissible_tokens, policy_class
-from traces.build import aligned, build_trace, check_scale, is_profile
+from sim.models import model_in_working_folder
+from traces.build import aligned, build_trace, check_scale, is_profile, trace_in_working_folder
 from traces.request import Request
 
 DEFAULT_NUM_REQUESTS = 100  # for a length profile when none is given (a trace file: every row)
@@ -54,6 +55,11 @@ class RealConfig:
     attention: str = "auto"  # SDPA kernels (executor.config.ATTENTION)
     prefill_instances: int | None = None  # both 1: disaggregated prefill and decode (engine.disagg)
     decode_instances: int | None = None
+
+    def __post_init__(self) -> None:
+        # the user's paths, absolute before the serving child (and a prefill instance's own child) reads them
+        object.__setattr__(self, "trace", trace_in_working_folder(self.trace))
+        object.__setattr__(self, "model", model_in_working_folder(self.model))
 
     @property
     def disaggregated(self) -> bool:

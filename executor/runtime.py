@@ -7,7 +7,9 @@ import os
 import platform
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parents[1]
+# The folder holding simctl's packages (the checkout, or site-packages when installed): a child started with
+# `python -m engine.worker` imports the simctl of this process wherever it runs, never the user's folder's.
+_PACKAGES = Path(__file__).resolve().parents[1]
 
 
 def default_threads() -> int:
@@ -23,7 +25,7 @@ def worker_env(threads: int) -> dict[str, str]:
     env.update(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                TOKENIZERS_PARALLELISM="false", TRANSFORMERS_OFFLINE="1", HF_HUB_OFFLINE="1")
     path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(_ROOT) + (os.pathsep + path if path else "")
+    env["PYTHONPATH"] = str(_PACKAGES) + (os.pathsep + path if path else "")
     return env
 
 

@@ -28,7 +28,6 @@ from executor.runtime import default_threads, worker_env
 from profiler.workloads import COLUMNS, GRID_NAMES, PROTOCOLS
 
 PROFILE_FILES = ("profile.csv", "meta.json")
-_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _check_inputs(model_name: str, device: str, dtype: str, threads: int | None, grid: str,
@@ -98,7 +97,7 @@ def run_worker(model_name: str, device: str, dtype: str, threads: int, grid: str
     error: dict[str, Any] | None = None
     with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
         proc = subprocess.Popen(worker_command(model_name, device, dtype, threads, grid, seed, protocol, attention),
-                                env=worker_env(threads), cwd=str(_ROOT), stdout=subprocess.PIPE, stderr=err,
+                                env=worker_env(threads), stdout=subprocess.PIPE, stderr=err,
                                 stdin=subprocess.DEVNULL, text=True, encoding="utf-8")
         try:
             assert proc.stdout is not None
@@ -147,9 +146,11 @@ def profile(model_name: str, device: str, dtype: str, threads: int | None, quick
     call ran.
     Raises InputError for an unknown model, dtype or device, cuda requested but missing, or a bad out_dir.
     """
+    from sim.models import model_in_working_folder
     from sim.output import check_out_dir
 
     grid = grid if grid is not None else ("quick" if quick else "full")
+    model_name = model_in_working_folder(model_name)  # the timing child finds the same config.json
     spec, dev, threads = _check_inputs(model_name, device, dtype, threads, grid, protocol)
     ExecutorConfig(attention).validate(dev)
     out = check_out_dir(Path(out_dir))

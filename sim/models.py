@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from common.errors import InputError
+from common.files import in_working_folder
 from sim.model_config import is_config_path, read_model_config
 from traces.request import Request
 
@@ -151,6 +152,13 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     ModelSpec("tiny-2l", 2, 256, 4, 2, 64, 688, 4096, 2048,
               description="tiny Llama-style CPU shape: 2 layers, d=256, GQA 4/2 heads, SwiGLU 688"),
 ]}
+
+
+def model_in_working_folder(name: str) -> str:
+    """A --model config.json path made absolute in the user's working folder; a catalogue name as it is."""
+    if isinstance(name, str) and name.lower() not in MODELS and is_config_path(name):
+        return in_working_folder(name)
+    return name
 
 
 def get_model(name: str) -> ModelSpec:

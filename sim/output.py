@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from common.errors import InputError
+from common.files import in_working_folder
 
 
 def _temp_in(folder: Path, name: str) -> Path:
@@ -64,7 +65,8 @@ def check_out_dir(out: Path, files: tuple[str, ...] = (), dirs: tuple[str, ...] 
     """Check, without creating anything, that `out` is (or can be made) a writable folder; raise InputError
     if not. Called before the run so that a bad path fails fast and a failed run leaves no trace. With
     `files` and `dirs` (the files and folders the command writes there), `out` must hold nothing else, so
-    that two commands' results never mix in one folder, and none of `files` may be a directory."""
+    that two commands' results never mix in one folder, and none of `files` may be a directory. Returns `out`
+    made absolute in the working folder, the path to hand a child process."""
     out = Path(out)
     if out.exists():
         if not out.is_dir():
@@ -82,7 +84,7 @@ def check_out_dir(out: Path, files: tuple[str, ...] = (), dirs: tuple[str, ...] 
             for name in files:
                 if (out / name).is_dir():
                     raise InputError(f"--out {out}: {name} is a directory")
-        return out
+        return Path(in_working_folder(out))
     parent = out.absolute().parent
     while not parent.exists():
         parent = parent.parent
@@ -92,7 +94,7 @@ def check_out_dir(out: Path, files: tuple[str, ...] = (), dirs: tuple[str, ...] 
         os.rmdir(tempfile.mkdtemp(prefix=".simctl-", dir=parent))
     except OSError as e:
         raise InputError(f"--out {out}: cannot create directory in {parent} ({_oserror_text(e)})") from None
-    return out
+    return Path(in_working_folder(out))
 
 
 def earlier_outputs(out: Path, files: tuple[str, ...]) -> list[str]:

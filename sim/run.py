@@ -12,6 +12,7 @@ import pandas as pd
 
 from common.checks import is_int, is_number
 from common.errors import InputError
+from common.files import in_working_folder
 from policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
 from serving.loop import overload_limit
 from sim.cost.base import CostModel
@@ -21,7 +22,7 @@ from sim.cost.provenance import calibration_warnings, check_fitted_device
 from sim.cost.roofline import Roofline
 from sim.gpus import GPUSpec, get_gpu
 from sim.metrics import summarize
-from sim.models import ModelSpec, get_model
+from sim.models import ModelSpec, get_model, model_in_working_folder
 from sim.simulate import Progress, SimResult, simulate
 from sim.timeline import TimelineBackend, check_timeline
 from traces import (
@@ -32,7 +33,7 @@ from traces import (
     is_profile,
     trace_max_total_tokens,
 )
-from traces.build import check_scale
+from traces.build import check_scale, trace_in_working_folder
 from traces.request import Request
 
 # Upper bounds that keep a run from exhausting memory or the float clock's resolution: at 1e9 s
@@ -57,6 +58,13 @@ class RunConfig:
     scale: float = 1.0  # prompt and output lengths multiplied by this (rounded, >= 1), as `simctl real --scale`
     fast: bool = True  # advance decode-only stretches in one step (identical results)
     cost: str | None = None  # a fitted cost_model.json; None: the roofline (or, for --gpu cpu, the shipped fit)
+
+    def __post_init__(self) -> None:
+        # the user's paths, absolute before a child process (a capacity worker, a Ray task) reads them
+        object.__setattr__(self, "trace", trace_in_working_folder(self.trace))
+        object.__setattr__(self, "model", model_in_working_folder(self.model))
+        if isinstance(self.cost, str) and self.cost.strip():
+            object.__setattr__(self, "cost", in_working_folder(self.cost))
 
     def validate(self) -> None:
         """Check the options that need no catalogue look-up or trace file; raise InputError naming the bad

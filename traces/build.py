@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import InputError
+from common.files import in_working_folder
 from traces.arrivals import gamma_arrivals, poisson_arrivals
 from traces.lengths import PROFILES, get_profile, sample_lengths
 from traces.loaders import SUPPORTED_EXTENSIONS, LoadedTrace, load_trace_file
@@ -62,6 +63,14 @@ def _looks_like_path(trace: str | os.PathLike[str]) -> bool:
         or Path(text).suffix.lower() in SUPPORTED_EXTENSIONS
         or Path(text).exists()
     )
+
+
+def trace_in_working_folder(trace: str) -> str:
+    """A trace file's path made absolute in the user's working folder; a length profile's name as it is."""
+    if isinstance(trace, str | os.PathLike) and str(trace).strip() and not is_profile(trace) \
+            and _looks_like_path(trace):
+        return in_working_folder(trace)
+    return trace
 
 
 def _resolve(trace: str | os.PathLike[str]) -> str | LoadedTrace:
