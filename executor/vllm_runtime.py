@@ -82,6 +82,7 @@ class VLLMDeployment:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool | None = None
+    block_size: int | None = None  # KV block tokens
     seed: int = 0
 
 
@@ -90,7 +91,7 @@ def engine_args(model_dir: Path, deployment: VLLMDeployment) -> dict[str, Any]:
     args: dict[str, Any] = {"model": str(model_dir), "load_format": "dummy", "skip_tokenizer_init": True,
                             "enforce_eager": True, "max_model_len": deployment.max_model_len,
                             "dtype": deployment.dtype, "seed": deployment.seed}
-    for key in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"):
+    for key in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "block_size"):
         value = getattr(deployment, key)
         if value is not None:
             args[key] = value

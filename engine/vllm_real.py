@@ -1,0 +1,287 @@
+"""`simctl real --engine vllm`: a simctl trace served by the installed vLLM (`AsyncLLM` in this process, its
+engine core a process of its own), written as simctl's own real runs are (`sim.output.write_run`, the
+summary of `sim.metrics.summarize`), so TTFT, TBT, TPOT and E2E are computed by the same code.
+
+    with VLLMServer("tiny", VLLMDeployment(max_model_len=2048)) as server:   # engine start: 20-35 s on a CPU
+        for requests in runs:
+            run = server.serve(requests)                                   # prefix cache reset before each
+
+Each request is submitted at its arrival time on the monotonic clock with deterministic random prompt ids
+(`traces.tokens.prompt_token_ids`: shared only within a prefix group) and asks for exactly its output length
+(greedy, EOS ignored); every request is checked to have got exactly that many tokens. What each engine step
+did and when every token came is recorded by a stat logger (`engine.vllm_steps`). The summary holds what a
+simulated twin needs: the trace's parameters as `simctl real` records them and the engine's own settings as
+vLLM resolved them (KV blocks, block size, batch limits, prefix caching), with `not_recorded` saying what vLLM
+does not expose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+import numpy as np
+
+from common.errors import InputError
+from engine.setup import RealConfig
+from engine.vllm_steps import StepLog, step_recorder
+from executor.vllm_runtime import VLLMDeployment, engine_args, require_vllm, set_vllm_env, vllm_model_dir
+from policies.seq import Seq
+from serving.records import request_frame
+from sim.models import get_model
+from sim.simulate import SimResult
+from traces.request import Request
+from traces.tokens import prompt_token_ids
+
+# vLLM's settings `simctl real --engine vllm` passes through (None: vLLM's default for the device)
+VLLM_SETTINGS = {
+    "max_num_seqs": "vLLM's max_num_seqs: requests running at once (--engine vllm; default: vLLM's)",
+    "max_num_batched_tokens": "vLLM's max_num_batched_tokens: tokens per engine step (--engine vllm; default: "
+                              "vLLM's)",
+    "enable_prefix_caching": "vLLM's automatic prefix caching, 0 or 1 (--engine vllm; default: vLLM's, on)",
+    "block_size": "vLLM's KV block size in tokens (--engine vllm; default: vLLM's for the device)",
+}
+# CPU threads of vLLM's engine core: read by vLLM when it starts its engine process (None: vLLM's default)
+THREAD_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+NOT_RECORDED = [
+    ("iterations duration_s is each step's model execution as vLLM's engine core times it (elapsed_ms); its "
+     "scheduling and output processing fall between rows and are not timed"),
+    "iterations kv_used_tokens are the KV blocks in use after each step (blocks x block_size), not during it",
+    "queue_at_arrival counts requests whose first scheduling had not yet reached this process",
+    "no forward times, attention kernels or per-iteration membership (vLLM exposes none of them per step)",
+]
+
+
+@dataclass
+class VLLMRun:
+    """One run's records in the simulator's form, and what only a vLLM run has."""
+
+    requests: list[Request]
+    result: SimResult
+    fields: dict[str, Any]  # prefix-cache counts, submission lag, rows ended at this process
+
+
+class VLLMServer:
+    """The installed vLLM on a catalogue model shape (random weights), started once and serving several runs
+    in a row: `serve(requests)` resets the prefix cache, then serves in real time. A context manager: the
+    engine process goes on leaving it."""
+
+    def __init__(self, model: str, deployment: VLLMDeployment, device: str = "cpu") -> None:
+        self.spec = get_model(model)
+        self.deployment = deployment
+        self.device = device
+        self.version = require_vllm()
+        self._logs: list[StepLog] = []  # the run in progress, fed by the engine's stat logger
+        self._stack = ExitStack()
+        self.llm: Any = None
+        self.engine_start_s = 0.0
+
+    def __enter__(self) -> Self:
+        set_vllm_env(self.device)
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._loop = asyncio.new_event_loop()
+        self._stack.callback(self._loop.close)
+        model_dir = self._stack.enter_context(vllm_model_dir(self.spec, self.deployment.dtype))
+        args = AsyncEngineArgs(**engine_args(model_dir, self.deployment), disable_log_stats=True,
+                               enable_logging_iteration_details=True)
+
+        async def start() -> Any:  # AsyncLLM starts its output handler on the running loop
+            return AsyncLLM.from_engine_args(args, stat_loggers=[step_recorder(self._logs)])
+
+        t0 = time.perf_counter()
+        try:
+            self.llm = self._loop.run_until_complete(start())
+        except ValueError as e:  # vLLM's checks of its settings (pydantic's ValidationError is one)
+            self._stack.close()
+            raise InputError(f"vLLM refused its settings: {str(e).strip().splitlines()[-1]}") from None
+        except BaseException:
+            self._stack.close()
+            raise
+        self._stack.callback(self._shutdown)
+        self.engine_start_s = time.perf_counter() - t0
+        return self
+
+    def _shutdown(self) -> None:
+        self.llm.shutdown()
+        self.llm = None  # collected now, not at interpreter exit, where its own shutdown fails
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def settings(self) -> dict[str, Any]:
+        """The engine's settings as vLLM resolved them: what a simulated twin must be configured with."""
+        config = self.llm.vllm_config
+        cache, sched = config.cache_config, config.scheduler_config
+        return {
+            "engine": "vllm",
+            "vllm_version": self.version,
+            "num_gpu_blocks": cache.num_gpu_blocks,
+            "block_size": cache.block_size,
+            "kv_cache_tokens": cache.num_gpu_blocks * cache.block_size,
+            "max_num_seqs": sched.max_num_seqs,
+            "max_num_batched_tokens": sched.max_num_batched_tokens,
+            "enable_chunked_prefill": sched.enable_chunked_prefill,
+            "long_prefill_token_threshold": sched.long_prefill_token_threshold,
+            "enable_prefix_caching": cache.enable_prefix_caching,
+            "max_model_len": config.model_config.max_model_len,
+            "dtype": str(config.model_config.dtype).removeprefix("torch."),
+            "enforce_eager": config.model_config.enforce_eager,
+            "engine_start_s": self.engine_start_s,
+            **{k: os.environ.get(k) for k in THREAD_ENV},
+        }
+
+    def check(self, requests: list[Request]) -> None:
+        """InputError, in one line, for a request this engine cannot serve."""
+        longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
+        need = longest.prompt_tokens + longest.output_tokens
+        settings = self.settings()
+        if need > settings["max_model_len"]:
+            raise InputError(f"request {longest.id} needs {need} tokens but vLLM's max_model_len is "
+                             f"{settings['max_model_len']}; lower --scale")
+        blocks = math.ceil(need / settings["block_size"])
+        if blocks > settings["num_gpu_blocks"]:
+            raise InputError(f"request {longest.id} needs {blocks} KV blocks of {settings['block_size']} tokens "
+                             f"but vLLM's cache holds {settings['num_gpu_blocks']}; lower --scale")
+
+    def serve(self, requests: list[Request], seed: int = 0) -> VLLMRun:
+        """Serve `requests` (sorted by arrival; arrival_s in seconds from now) in real time; RuntimeError if a
+        request did not get exactly its output tokens or the records do not add up."""
+        self.check(requests)
+        prompts = {r.id: prompt_token_ids(r, self.spec.vocab_size, seed) for r in requests}
+        settings = self.settings()
+        self._loop.run_until_complete(self.llm.reset_prefix_cache())
+        t0 = time.monotonic()
+        log = StepLog(t0, self.llm.output_processor.request_states, settings["block_size"],
+                      settings["num_gpu_blocks"])
+        self._logs[:] = [log]
+        try:
+            seqs, tokens, cached, lag = self._loop.run_until_complete(self._serve(requests, prompts, log))
+        finally:
+            self._logs.clear()
+        wall_s = time.monotonic() - t0
+        _check(requests, tokens, log)
+        frame = request_frame(seqs).assign(prefix_cached_tokens=np.asarray(cached, dtype=np.int64))
+        records = log.records
+        result = SimResult(requests=frame, iterations=records.iterations, gaps=records.gaps,
+                           queue_at_arrival=records.queue_lengths(), aborted=False,
+                           kv_capacity=settings["kv_cache_tokens"], wall_s=wall_s)
+        queries = log.prefix_queries
+        return VLLMRun(requests, result, {
+            "prefix_cache_queries": queries,
+            "prefix_cache_hits": log.prefix_hits,
+            "prefix_cache_hit_rate": log.prefix_hits / queries if queries else 0.0,
+            "submit_lag_max_s": lag,
+            "iteration_ends_from_client": log.ends_from_client,
+        })
+
+    async def _serve(self, requests: list[Request], prompts: dict[int, list[int]], log: StepLog
+                     ) -> tuple[list[Seq], list[int], list[int], float]:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        async def one(r: Request) -> tuple[Seq, int, int]:
+            params = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, detokenize=False, temperature=0.0,
+                                    output_kind=RequestOutputKind.FINAL_ONLY)
+            final = None
+            async for final in self.llm.generate({"prompt_token_ids": prompts[r.id]}, params,
+                                                 request_id=str(r.id)):
+                pass
+            return log.close(str(r.id), final.metrics), len(final.outputs[0].token_ids), final.num_cached_tokens
+
+        tasks, lag = [], 0.0
+        for r in requests:
+            wait = log.t0 + r.arrival_s - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            lag = max(lag, time.monotonic() - log.t0 - r.arrival_s)
+            log.open(Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority))
+            tasks.append(asyncio.ensure_future(one(r)))
+        done = await asyncio.gather(*tasks)
+        return [s for s, _, _ in done], [n for _, n, _ in done], [c for _, _, c in done], lag
+
+
+def _check(requests: list[Request], tokens: list[int], log: StepLog) -> None:
+    wrong = [(r.id, n, r.output_tokens) for r, n in zip(requests, tokens) if n != r.output_tokens]
+    if wrong:
+        raise RuntimeError("requests did not get exactly their output tokens (id, got, asked): " + str(wrong[:5]))
+    if log.skipped_tokens:
+        raise RuntimeError(f"{log.skipped_tokens} tokens came more than one per request and step: their times "
+                           "are unknown")
+    expected = sum(r.output_tokens for r in requests)
+    if log.generated != expected:
+        raise RuntimeError(f"vLLM's steps sampled {log.generated} tokens, the requests asked for {expected}")
+
+
+def run_summary(config: RealConfig, server: VLLMServer, run: VLLMRun, wall_s: float) -> dict[str, Any]:
+    """summary.json of a vLLM run: the trace's parameters as `simctl real` records them, the metrics of
+    `sim.metrics.summarize`, the engine's settings, and what could not be recorded."""
+    from executor.runtime import cpu_name
+    from sim.metrics import summarize
+    from traces.build import has_arrival_times
+
+    trace = {k: getattr(config, k) for k in ("trace", "model", "device", "qps", "num_requests", "scale", "seed",
+                                             "arrival", "cv")}
+    return {"mode": "real", **trace, **summarize(run.result), **server.settings(), **run.fields,
+            "arrivals_from_file": has_arrival_times(config.trace), "gpu": "cpu", "tp": 1,
+            "device_name": cpu_name(), "max_seq_len": server.settings()["max_model_len"],
+            "not_recorded": NOT_RECORDED, "real_wall_s": wall_s}
+
+
+def vllm_real_main(*, trace: str = "sharegpt", model: str = "tiny", qps: float | None = None,
+                   num_requests: int | None = None, out: str | Path | None = None, scale: float = 1.0,
+                   seed: int = 0, dtype: str = "float32", arrival: str = "poisson", cv: float = 1.0,
+                   settings: dict[str, int | None] | None = None) -> dict[str, Any]:
+    """What `simctl real --engine vllm` does: check the options and the trace, start vLLM, serve, write `out`
+    (summary.json, requests.parquet, iterations.parquet) if given, and return the summary. `settings`: vLLM's
+    own (VLLM_SETTINGS; None keeps vLLM's default). InputError in one line for what cannot run."""
+    from engine.real import DEFAULT_QPS
+    from engine.setup import DEFAULT_NUM_REQUESTS, resolved
+    from sim.output import RUN_FILES, check_out_dir, write_run
+    from traces.build import build_trace, has_arrival_times
+
+    t0 = time.perf_counter()
+    require_vllm()
+    if qps is None and (not str(trace).strip() or not has_arrival_times(trace)):
+        qps = DEFAULT_QPS
+    # the trace's options checked as `simctl real` checks them (its policy is only a placeholder here)
+    config = RealConfig(policy="vllm", trace=trace, model=model, qps=qps, scale=scale, seed=seed, dtype=dtype,
+                        arrival=arrival, cv=cv,
+                        num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests)
+    config.validate()
+    config = resolved(config, num_requests is not None)
+    deployment = _deployment(config, settings or {})
+    requests = build_trace(config.trace, config.num_requests, config.qps, config.seed, arrival=config.arrival,
+                           cv=config.cv, scale=config.scale)
+    get_model(config.model).check_context(requests, config.scale)
+    out_path = check_out_dir(Path(out), RUN_FILES) if out is not None else None
+    with VLLMServer(config.model, deployment) as server:
+        run = server.serve(requests, config.seed)
+        summary = run_summary(config, server, run, time.perf_counter() - t0)
+    if out_path is not None:
+        write_run(out_path, summary, run.result.requests, run.result.iterations.frame())
+    return summary
+
+
+def _deployment(config: RealConfig, settings: dict[str, int | None]) -> VLLMDeployment:
+    for name, value in settings.items():
+        if value is None:
+            continue
+        if name not in VLLM_SETTINGS:
+            raise InputError(f"--{name.replace('_', '-')} is not a vLLM setting simctl passes through")
+        if name == "enable_prefix_caching" and value not in (0, 1):
+            raise InputError(f"--enable-prefix-caching must be 0 or 1, got {value!r}")
+        if name != "enable_prefix_caching" and value < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+    given = {k: v for k, v in settings.items() if v is not None}
+    if "enable_prefix_caching" in given:
+        given["enable_prefix_caching"] = bool(given["enable_prefix_caching"])
+    return VLLMDeployment(max_model_len=get_model(config.model).max_position, dtype=config.dtype, seed=config.seed,
+                          **given)
