@@ -82,9 +82,11 @@ class Policy(ABC):
         return ReservedKV(capacity_tokens, max_seq_len) if cls.reserves_kv else PagedKV(capacity_tokens)
 
     @classmethod
-    def build(cls, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any]) -> Policy:
+    def build(cls, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any], gpu: str | None = None
+              ) -> Policy:
         """The policy on a deployment: `max_seq_len` is its max model length (what a reserving policy sets
-        aside per request); `options` are settings the user gave (None: the default)."""
+        aside per request); `options` are settings the user gave (None: the default); `gpu` the device's
+        catalogue name (`sim.gpus`, None: not known), for a policy whose defaults depend on it."""
         given = {k: v for k, v in options.items() if v is not None}
         return cls(cls.kv_manager(kv_capacity_tokens, max_seq_len), **given)
 
@@ -94,6 +96,10 @@ class Policy(ABC):
         if cls.reserves_kv:
             return max_seq_len if max_seq_len <= kv_capacity_tokens else 0
         return PagedKV(kv_capacity_tokens).max_request_tokens
+
+    def stats(self) -> dict[str, Any]:
+        """What the policy counted during the run, for the run's summary (most policies: nothing)."""
+        return {}
 
     def add(self, seq: Seq) -> None:
         """A new request; one whose prompt was prefilled elsewhere (a disaggregated prefill instance, a KV

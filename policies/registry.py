@@ -15,10 +15,11 @@ from policies.orca import Orca
 from policies.prepack import Prepack
 from policies.sarathi import ChunkedPrefillsOnly, HybridBatchingOnly, SarathiServe
 from policies.vllm import VLLM
+from policies.vllm_v1 import VLLMV1
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (FasterTransformer, Orca, VLLM, SarathiServe, HybridBatchingOnly, ChunkedPrefillsOnly, HFPadded,
+    for cls in (FasterTransformer, Orca, VLLM, VLLMV1, SarathiServe, HybridBatchingOnly, ChunkedPrefillsOnly, HFPadded,
                 LengthOrdered, Prepack, PD, Baton, BatonPD)
 }
 
@@ -50,10 +51,11 @@ def check_options(name: str, options: Mapping[str, Any]) -> None:
     cls.Settings(**{k: v for k, v in options.items() if v is not None}).validate()
 
 
-def make_policy(name: str, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any] | None = None
-                ) -> Policy:
-    """Build a policy with its KV manager on a deployment whose max model length is `max_seq_len`."""
-    return policy_class(name).build(kv_capacity_tokens, max_seq_len, options or {})
+def make_policy(name: str, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any] | None = None,
+                gpu: str | None = None) -> Policy:
+    """Build a policy with its KV manager on a deployment whose max model length is `max_seq_len`, on the
+    catalogue device `gpu` (None: not known; the defaults of a policy whose defaults depend on it)."""
+    return policy_class(name).build(kv_capacity_tokens, max_seq_len, options or {}, gpu)
 
 
 def max_admissible_tokens(name: str, kv_capacity_tokens: int, max_seq_len: int) -> int:

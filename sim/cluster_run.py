@@ -114,8 +114,8 @@ def make_pool(name: str, count: int, gpu: str, cost: CostModel, new_policy: Call
 def _pool(name: str, count: int, gpu: str, d: Deployment, max_seq_len: int, config: RunConfig, router: str,
           cluster: Cluster) -> Pool:
     return make_pool(name, count, gpu, d.cost,
-                     lambda: make_policy(config.policy, d.kv_capacity, max_seq_len, config.options), router, cluster,
-                     overload_limit(config.num_requests), config.fast)
+                     lambda: make_policy(config.policy, d.kv_capacity, max_seq_len, config.options, d.gpu.name),
+                     router, cluster, overload_limit(config.num_requests), config.fast)
 
 
 def run_cluster(config: RunConfig, cc: ClusterConfig, progress: Progress | None = None) -> ClusterRun:

@@ -196,7 +196,7 @@ def run(config: RunConfig, progress: Progress | None = None, timeline: int = 0) 
     d = deploy(config, config.gpu)
     cost, cost_label, warnings = d.cost, d.cost_label, d.warnings
     requests = trace_for(config)
-    policy = make_policy(config.policy, d.kv_capacity, d.check_fits(config, requests), config.options)
+    policy = make_policy(config.policy, d.kv_capacity, d.check_fits(config, requests), config.options, d.gpu.name)
     recorder = TimelineBackend(cost, config.fast, timeline) if timeline else None
     result = simulate(requests, policy, cost, fast=config.fast, max_waiting=overload_limit(config.num_requests),
                       progress=progress, backend=recorder)
@@ -205,4 +205,5 @@ def run(config: RunConfig, progress: Progress | None = None, timeline: int = 0) 
     summary["cost_model"] = cost_label
     summary["warnings"] = warnings
     summary.update(policy.settings.as_dict())  # every setting of the policy, given or default
+    summary.update(policy.stats())  # what the policy counted (vllm-v1: prefix-cache hits), if anything
     return Run(config, result, summary, recorder.frame() if recorder else None)

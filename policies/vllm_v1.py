@@ -1,0 +1,149 @@
+"""vLLM v1's scheduler as the installed vLLM 0.32 implements it (vllm/v1/core/sched/scheduler.py:
+`Scheduler.schedule`, FCFS, no speculative decoding, no KV connector, synchronous scheduling).
+
+There is no prefill or decode phase: every step has one token budget (`max_num_batched_tokens`). First the
+running requests, in the order they were admitted, each take min(tokens it has left to compute, budget left)
+tokens (capped by `long_prefill_token_threshold` when it is set and more than one request is running or
+waiting): a decode takes one, an ongoing prefill a chunk. A running request whose blocks cannot be allocated
+preempts the last running request (by recompute: its blocks freed, back at the front of the waiting queue)
+and retries, until it fits or preempts itself; the pass over the running requests stops there. Then, only if
+nobody was preempted this step, waiting requests are admitted in order while budget and `max_num_seqs` allow
+and KV fits their whole known sequence (`scheduler_reserve_full_isl`), prefix-cache hits counted; each takes
+the rest of its prompt up to the budget left (chunked prefill is always on). The first one that does not fit
+stops admission. Requests that arrived with their KV (a disaggregated decode instance) are admitted first, as
+vLLM drains its KV-holding waiting queue first. KV: `policies.prefix_kv.PrefixCachingKV`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from common.errors import InputError
+from policies.base import Policy, Settings, option
+from policies.plan import BatchPlan, packed
+from policies.prefix_kv import PrefixCachingKV
+from policies.seq import Phase, Seq
+
+# vLLM's defaults for an `LLM` engine where the user sets none (vllm/engine/arg_utils.py: get_batch_defaults,
+# UsageContext.LLM_CLASS; vllm/config/cache.py: DEFAULT_BLOCK_SIZE 16; vllm/platforms/cpu.py: block size 128),
+# by catalogue device: (max_num_batched_tokens, max_num_seqs, block_size). Other GPUs (A100 included: vLLM
+# excludes it from the larger defaults) take the Settings' defaults: 8192, 256, 16.
+DEVICE_DEFAULTS = {"h100": (16384, 1024, 16), "h200": (16384, 1024, 16), "cpu": (4096, 256, 128)}
+DEVICE_SETTINGS = ("max_num_batched_tokens", "max_batch_size", "block_size")
+
+
+class VLLMV1(Policy):
+    name = "vllm-v1"
+    summary = ("vLLM v1 (0.32): one token budget, running requests first then waiting FCFS, chunked prefill, "
+               "paged KV with prefix caching, preempt the last by recompute")
+
+    @dataclass(frozen=True)
+    class Settings(Settings):
+        max_batch_size: int = option(256, "max_num_seqs: most requests running at once (vLLM's default: 256; "
+                                          "1024 on h100/h200)")
+        max_num_batched_tokens: int = option(8192, "tokens per step, decodes and prefill chunks together "
+                                                   "(vLLM's default: 8192; 16384 on h100/h200, 4096 on cpu)")
+        block_size: int = option(16, "tokens per KV block (vLLM's default: 16; 128 on cpu)")
+        enable_prefix_caching: int = option(1, "1: automatic prefix caching (vLLM's default); 0: off",
+                                            minimum=0, maximum=1)
+        long_prefill_token_threshold: int = option(0, "most tokens one request computes in a step while others "
+                                                      "run or wait (0: no limit, vLLM's default)", minimum=0)
+
+    def __init__(self, kv: PrefixCachingKV, **options: int) -> None:
+        super().__init__(kv, **options)
+        s = self.settings
+        if s.max_num_batched_tokens < s.max_batch_size:  # vllm/config/scheduler.py refuses it too
+            raise InputError(f"--max-num-batched-tokens ({s.max_num_batched_tokens}) must be at least "
+                             f"max_num_seqs, --max-batch-size ({s.max_batch_size})")
+        self.kv: PrefixCachingKV = kv
+        self.budget = s.max_num_batched_tokens
+        self.threshold = s.long_prefill_token_threshold
+        # prefix-cache lookups at admission, in tokens, as vLLM's PrefixCacheStats counts them: fresh requests
+        # (its hit rate) apart from preempted ones coming back
+        self.queries = self.hits = self.preempted_queries = self.preempted_hits = 0
+
+    @classmethod
+    def build(cls, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any],
+              gpu: str | None = None) -> Policy:
+        given = {k: v for k, v in options.items() if v is not None}
+        device = dict(zip(DEVICE_SETTINGS, DEVICE_DEFAULTS.get(gpu or "", ())))
+        settings = cls.Settings(**{**device, **given})
+        settings.validate()  # before the KV manager divides by the block size
+        kv = PrefixCachingKV(kv_capacity_tokens, settings.block_size, bool(settings.enable_prefix_caching))
+        return cls(kv, **settings.as_dict())
+
+    @classmethod
+    def max_admissible_tokens(cls, kv_capacity_tokens: int, max_seq_len: int) -> int:
+        # whole blocks of the largest default block size: what fits whichever default applies
+        block = max(b for *_, b in DEVICE_DEFAULTS.values())
+        return kv_capacity_tokens // block * block
+
+    def stats(self) -> dict[str, Any]:
+        if not self.settings.enable_prefix_caching:
+            return {}
+        return {"prefix_cache_hit_rate": self.hits / self.queries if self.queries else 0.0,
+                "prefix_cache_hit_tokens": self.hits, "prefix_cache_queried_tokens": self.queries,
+                "prefix_cache_preempted_hit_tokens": self.preempted_hits,
+                "prefix_cache_preempted_queried_tokens": self.preempted_queries}
+
+    def _chunk(self, seq: Seq, budget: int, eligible: int) -> int:
+        """The tokens `seq` computes this step: what it has left, within the threshold and the budget."""
+        n = seq.known_tokens - seq.computed
+        if 0 < self.threshold < n and eligible > 1:
+            n = self.threshold
+        return min(n, budget)
+
+    def schedule(self) -> BatchPlan | None:
+        kv, running = self.kv, self.running
+        eligible = len(running) + len(self.waiting) + len(self.arrived_with_kv)
+        budget = self.budget
+        seqs: list[Seq] = []
+        num_new: list[int] = []
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            s = running[i]
+            n = self._chunk(s, budget, eligible)
+            while not kv.allocate(s, s.computed + n):
+                victim = running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is s:
+                    break
+            if s.phase is not Phase.RUNNING:  # it preempted itself: nobody after it is left to run
+                break
+            seqs.append(s)
+            num_new.append(n)
+            budget -= n
+            i += 1
+        if not preempted:
+            for queue in (self.arrived_with_kv, self.waiting):
+                while queue and budget > 0 and len(running) < self.max_batch_size:
+                    s = queue[0]
+                    hits = kv.lookup(s)
+                    if not kv.fits(s, hits):
+                        break
+                    if s.in_prefill:
+                        self._count(s, len(hits) * kv.block_size)
+                        s.computed = len(hits) * kv.block_size
+                    n = self._chunk(s, budget, eligible)
+                    queue.popleft()
+                    self._run(s)  # its hit blocks (and the cache it arrived with)
+                    allocated = kv.allocate(s, s.computed + n)
+                    assert allocated, "fits() counted the blocks of its whole sequence"
+                    seqs.append(s)
+                    num_new.append(n)
+                    budget -= n
+                if queue:  # FCFS: nobody behind a request that could not be admitted
+                    break
+        return packed(seqs, num_new) if seqs else None
+
+    def _count(self, seq: Seq, hit_tokens: int) -> None:
+        if seq.preemptions:
+            self.preempted_queries += seq.known_tokens
+            self.preempted_hits += hit_tokens
+        else:
+            self.queries += seq.known_tokens
+            self.hits += hit_tokens
