@@ -20,8 +20,8 @@ registry, the run/real/validate code and the CLI read these; adding a policy is 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import deque
-from collections.abc import Mapping
+from collections import Counter, deque
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -97,9 +97,14 @@ class Policy(ABC):
             return max_seq_len if max_seq_len <= kv_capacity_tokens else 0
         return PagedKV(kv_capacity_tokens).max_request_tokens
 
-    def stats(self) -> dict[str, Any]:
-        """What the policy counted during the run, for the run's summary (most policies: nothing)."""
+    def stats(self) -> dict[str, int]:
+        """What the policy counted during the run, additive over replicas (most policies: nothing)."""
         return {}
+
+    @classmethod
+    def summarise_stats(cls, totals: dict[str, int]) -> dict[str, Any]:
+        """The summary's entries for `stats()` summed over a run's replicas (e.g. rates derived from them)."""
+        return totals
 
     def add(self, seq: Seq) -> None:
         """A new request; one whose prompt was prefilled elsewhere (a disaggregated prefill instance, a KV
@@ -208,3 +213,11 @@ class Policy(ABC):
                 decodes.append(s)
                 i += 1
         return decodes
+
+
+def run_stats(policies: Sequence[Policy]) -> dict[str, Any]:
+    """What the policies of one run (one per replica, all of a kind) counted, for the run's summary."""
+    totals: Counter[str] = Counter()
+    for p in policies:
+        totals.update(p.stats())
+    return type(policies[0]).summarise_stats(dict(totals))

@@ -80,13 +80,20 @@ class VLLMV1(Policy):
         block = max(b for *_, b in DEVICE_DEFAULTS.values())
         return kv_capacity_tokens // block * block
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, int]:
         if not self.settings.enable_prefix_caching:
             return {}
-        return {"prefix_cache_hit_rate": self.hits / self.queries if self.queries else 0.0,
-                "prefix_cache_hit_tokens": self.hits, "prefix_cache_queried_tokens": self.queries,
+        return {"prefix_cache_hit_tokens": self.hits, "prefix_cache_queried_tokens": self.queries,
                 "prefix_cache_preempted_hit_tokens": self.preempted_hits,
                 "prefix_cache_preempted_queried_tokens": self.preempted_queries}
+
+    @classmethod
+    def summarise_stats(cls, totals: dict[str, int]) -> dict[str, Any]:
+        if not totals:
+            return {}
+        hits, queries = totals["prefix_cache_hit_tokens"], totals["prefix_cache_queried_tokens"]
+        # vLLM's hit rate: of fresh requests' tokens (preempted ones coming back are counted apart)
+        return {"prefix_cache_hit_rate": hits / queries if queries else 0.0, **totals}
 
     def _chunk(self, seq: Seq, budget: int, eligible: int) -> int:
         """The tokens `seq` computes this step: what it has left, within the threshold and the budget."""

@@ -22,7 +22,7 @@ import simpy
 
 from common.checks import is_int, is_number
 from common.errors import InputError
-from policies.base import Policy
+from policies.base import Policy, run_stats
 from policies.registry import make_policy, policy_class
 from policies.seq import Seq
 from serving.loop import overload_limit
@@ -148,6 +148,8 @@ def run_cluster(config: RunConfig, cc: ClusterConfig, progress: Progress | None 
     summary["cost_model"] = serving.cost_label
     summary["warnings"] = sorted({w for d in deployments for w in d.warnings})
     summary.update(cluster.entry.members[0].replica.policy.settings.as_dict())
+    summary.update(run_stats([m.replica.policy for p in (cluster.entry, cluster.decode) if p is not None
+                              for m in p.members]))
     return ClusterRun(config, result, summary, iterations=iterations_frame(members),
                       replicas=pd.DataFrame(summary["replica_metrics"]), cluster=cluster)
 

@@ -13,6 +13,7 @@ import pandas as pd
 from common.checks import is_int, is_number
 from common.errors import InputError
 from common.files import in_working_folder
+from policies.base import run_stats
 from policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
 from serving.loop import overload_limit
 from sim.cost.base import CostModel
@@ -205,5 +206,5 @@ def run(config: RunConfig, progress: Progress | None = None, timeline: int = 0) 
     summary["cost_model"] = cost_label
     summary["warnings"] = warnings
     summary.update(policy.settings.as_dict())  # every setting of the policy, given or default
-    summary.update(policy.stats())  # what the policy counted (vllm-v1: prefix-cache hits), if anything
+    summary.update(run_stats([policy]))  # what the policy counted (vllm-v1: prefix-cache hits), if anything
     return Run(config, result, summary, recorder.frame() if recorder else None)

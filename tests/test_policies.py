@@ -27,6 +27,7 @@ from policies.prepack import Prepack
 from policies.sarathi import ChunkedPrefillsOnly, HybridBatchingOnly, SarathiServe
 from policies.seq import Phase, Seq
 from policies.vllm import VLLM
+from policies.vllm_v1 import VLLMV1
 
 # ----------------------------------------------------------------------------------------------------------
 # the driver
@@ -638,6 +639,39 @@ def check_chunked_only(policy: ChunkedPrefillsOnly, steps: list[Step]) -> None:
             assert [r.seq for r in st_.rows] == [s for s in st_.running_before if s not in victims]
 
 
+def check_vllm_v1(policy: VLLMV1, steps: list[Step]) -> None:
+    """vLLM v1's step (vllm/v1/core/sched/scheduler.py): running requests first, in order, then waiting ones
+    FCFS unless someone was preempted, each taking what it has left within the threshold and the budget."""
+    kv, budget_of_step = policy.kv, policy.budget
+    for st_ in steps:
+        kept = [s for s in st_.running_before if s in st_.running_after]
+        victims = st_.running_before[len(kept):]
+        assert kept == st_.running_before[:len(kept)]  # the victims are the last running ones
+        eligible = len(st_.running_before) + len(st_.waiting_before)
+        budget = budget_of_step
+        # the plan lists decodes first: the scheduling order is the running order, then the waiting order
+        old = sorted((r for r in st_.rows if r.seq in st_.running_before), key=lambda r: kept.index(r.seq))
+        new = [r for r in st_.rows if r.seq not in st_.running_before]
+        assert [r.seq for r in old] == kept[:len(old)]
+        assert len(old) == len(kept) or budget_of_step == sum(r.q for r in old)  # stopped for the budget
+        for r in old + new:
+            left = r.remaining if r.prefill else 1
+            if 0 < policy.threshold < left and eligible > 1:
+                left = policy.threshold
+            assert r.q == min(left, budget)
+            budget -= r.q
+        if victims:  # no admission in a step that preempted; the victims wait first, in running order
+            assert not new and st_.waiting_after == victims + st_.waiting_before
+            continue
+        assert [r.seq for r in new] == st_.waiting_before[:len(new)]
+        assert st_.waiting_after == st_.waiting_before[len(new):]
+        for r in new:  # a prefix hit is whole blocks, never the last known token
+            assert r.computed % kv.block_size == 0 and r.computed < r.seq.prompt_tokens + r.seq.generated
+            assert r.computed == 0 or kv.caching
+        if st_.waiting_after and budget > 0 and len(st_.running_after) < policy.max_batch_size:
+            assert not st_.admittable_after  # FCFS: admission stopped at a head whose blocks do not fit
+
+
 # ----------------------------------------------------------------------------------------------------------
 # random workloads, all policies
 # ----------------------------------------------------------------------------------------------------------
@@ -651,7 +685,7 @@ REQUEST_LEVEL: dict[str, type[FasterTransformer]] = {
     "faster-transformer": FasterTransformer, "hf-padded": HFPadded, "length-ordered": LengthOrdered,
     "prepack": Prepack,
 }
-POLICY_NAMES = [*REQUEST_LEVEL, "orca", "vllm", *SARATHI]
+POLICY_NAMES = [*REQUEST_LEVEL, "orca", "vllm", "vllm-v1", *SARATHI]
 
 
 @dataclass
@@ -678,6 +712,17 @@ def cases(draw: st.DrawFn, name: str, extend: bool) -> Case:
         if name == "orca":
             return Case(Orca(kv, max_batch_size=batch), seqs, gaps, extend_cap, check_orca)
         return Case(REQUEST_LEVEL[name](kv, max_batch_size=batch), seqs, gaps, extend_cap, check_faster_transformer)
+    if name == "vllm-v1":
+        for s in seqs:  # a few shared prefixes
+            s.prefix_group = draw(st.integers(-1, 1))
+            s.prefix_tokens = draw(st.integers(0, s.prompt_tokens)) if s.prefix_group >= 0 else 0
+        block = draw(st.sampled_from([1, 4, 16]))
+        tokens = block * (-(-longest // block) + draw(st.integers(0, 12)))  # the largest request fits alone
+        v1 = VLLMV1.build(tokens, longest, {
+            "max_batch_size": batch, "block_size": block, "enable_prefix_caching": draw(st.sampled_from([0, 1, 1])),
+            "max_num_batched_tokens": batch + draw(st.integers(0, 64)),
+            "long_prefill_token_threshold": draw(st.sampled_from([0, 0, 1, 5]))})
+        return Case(v1, seqs, gaps, extend_cap, check_vllm_v1)
     blocks = -(-longest // 16)
     watermark = draw(st.sampled_from([0.0, 0.01, 0.1, 0.2]))
     nblocks = draw(st.integers(blocks, 3 * blocks + 2))
