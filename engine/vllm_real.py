@@ -76,6 +76,7 @@ class VLLMServer:
         self.spec = get_model(model)
         self.deployment = deployment
         self.device = device
+        set_vllm_env(device)  # before vLLM is first imported: its logging is set up then
         self.version = require_vllm()
         self._logs: list[StepLog] = []  # the run in progress, fed by the engine's stat logger
         self._stack = ExitStack()
@@ -83,12 +84,11 @@ class VLLMServer:
         self.engine_start_s = 0.0
 
     def __enter__(self) -> Self:
-        set_vllm_env(self.device)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._loop = asyncio.new_event_loop()
-        self._stack.callback(self._loop.close)
+        self._stack.callback(self._close_loop)
         model_dir = self._stack.enter_context(vllm_model_dir(self.spec, self.deployment.dtype))
         args = AsyncEngineArgs(**engine_args(model_dir, self.deployment), disable_log_stats=True,
                                enable_logging_iteration_details=True)
@@ -108,6 +108,14 @@ class VLLMServer:
         self._stack.callback(self._shutdown)
         self.engine_start_s = time.perf_counter() - t0
         return self
+
+    def _close_loop(self) -> None:
+        """Let the engine's tasks (output handler, socket reader) end before the loop closes, quietly."""
+        tasks = asyncio.all_tasks(self._loop)
+        for task in tasks:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self._loop.close()
 
     def _shutdown(self) -> None:
         self.llm.shutdown()
@@ -248,6 +256,7 @@ def vllm_real_main(*, trace: str = "sharegpt", model: str = "tiny", qps: float |
     from traces.build import build_trace, has_arrival_times
 
     t0 = time.perf_counter()
+    set_vllm_env("cpu")  # before vLLM is first imported: its logging is set up then
     require_vllm()
     if qps is None and (not str(trace).strip() or not has_arrival_times(trace)):
         qps = DEFAULT_QPS

@@ -48,8 +48,10 @@ def require_vllm() -> str:
 
 
 def set_vllm_env(device: str, kv_cache_gib: int = CPU_KV_CACHE_GIB) -> None:
-    """Environment vLLM reads once at import or engine start: quiet logs, the CPU KV cache size, offline."""
+    """Environment vLLM reads once at import or engine start: quiet logs on stderr, the CPU KV cache size,
+    offline."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the command's (--json)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if str(device).lower() == "cpu":

@@ -1,0 +1,135 @@
+"""`simctl real --engine vllm`: a simctl trace served by the installed vLLM gives every request exactly its output
+tokens and records, step by step, what simctl's own real mode records (one engine serves every run here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("vllm")
+
+from engine.setup import RealConfig
+from engine.vllm_real import VLLMServer, run_summary
+from executor.vllm_runtime import INSTALL_HINT, VLLMDeployment
+from simctl.cli import main
+from traces.request import Request
+from traces.tokens import prompt_token_ids
+
+SIMCTL = Path(sys.executable).parent / "simctl"
+SHARED = 256  # prefix tokens a group shares: two of vLLM's 128-token blocks on the CPU
+TWIN_FIELDS = ("engine", "vllm_version", "num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
+               "enable_prefix_caching", "long_prefill_token_threshold", "max_model_len", "dtype",
+               "prefix_cache_hit_rate", "trace", "qps", "num_requests", "scale", "seed", "arrival", "cv")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupedRequest(Request):
+    """A request whose prompt starts with its group's shared prefix (the fields traces.tokens honours)."""
+
+    prefix_group: int = -1
+    prefix_tokens: int = 0
+
+
+# 24 short requests over about half a second: prompts of 5 to 400 tokens, outputs of 1 to 12
+REQUESTS = [Request(i, 0.02 * i, 5 + (i * 37) % 400, 1 + (i * 5) % 12) for i in range(24)]
+# two prefix groups; each group's later requests arrive after its first has been prefilled
+GROUPED = [GroupedRequest(i, 0.1 * i, SHARED + 20 + i, 4, prefix_group=i % 2, prefix_tokens=SHARED)
+           for i in range(6)] + [Request(6, 0.65, SHARED + 30, 4)]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with VLLMServer("tiny", VLLMDeployment(max_model_len=2048)) as s:
+        yield s
+
+
+def test_every_request_gets_exactly_its_tokens_and_the_records_add_up(server) -> None:
+    run = server.serve(REQUESTS)
+    req, its = run.result.requests, run.result.iterations.frame()
+    assert (req["generated_tokens"] == req["output_tokens"]).all() and (req["completion_s"] > 0).all()
+    assert (req["arrival_s"] <= req["first_scheduled_s"]).all()
+    assert (req["first_scheduled_s"] <= req["first_token_s"]).all()
+    assert (req["first_token_s"] <= req["completion_s"]).all()
+    assert req["preemptions"].sum() == 0
+    # every prompt token prefilled once (none cached: ids are random), every later token one decode row
+    assert its["prefill_tokens"].sum() == req["prompt_tokens"].sum() and req["prefix_cached_tokens"].sum() == 0
+    assert its["decode_tokens"].sum() == req["output_tokens"].sum() - len(req)
+    assert run.result.gaps.total == req["output_tokens"].sum() - len(req)
+    assert (its["start_s"].diff().dropna() > 0).all() and (its["duration_s"] > 0).all()
+    assert its["batch_size"].max() > 1, "nothing was batched: the test proves little"
+    config = RealConfig(policy="vllm", trace="sharegpt", model="tiny", qps=40.0, num_requests=len(REQUESTS))
+    summary = run_summary(config, server, run, 1.0)
+    assert all(k in summary for k in TWIN_FIELDS) and summary["engine"] == "vllm"
+    assert summary["completed"] == len(REQUESTS) and summary["tbt_p50"] > 0
+    assert summary["kv_capacity_tokens"] == summary["num_gpu_blocks"] * summary["block_size"]
+    json.dumps(summary, allow_nan=False)
+
+
+def test_prefix_groups_hit_the_prefix_cache_and_nothing_else_does(server) -> None:
+    for _ in range(2):  # the cache is reset between runs: the second run starts cold again
+        run = server.serve(GROUPED)
+        cached = run.result.requests.set_index("request_id")["prefix_cached_tokens"]
+        assert cached[0] == cached[1] == 0 and cached[6] == 0, cached  # first of each group, and no group
+        assert (cached[2:6] == SHARED).all(), cached
+        assert run.fields["prefix_cache_hits"] == 4 * SHARED
+        assert run.fields["prefix_cache_hit_rate"] == pytest.approx(4 * SHARED / sum(r.prompt_tokens for r in GROUPED),
+                                                                    rel=0.01)
+
+
+def test_prompt_ids_share_only_a_group_prefix() -> None:
+    a, b = (prompt_token_ids(GroupedRequest(i, 0.0, 300, 1, prefix_group=3, prefix_tokens=200), 4096) for i in (0, 1))
+    assert a[:200] == b[:200] and sum(x == y for x, y in zip(a[200:], b[200:])) < 5  # chance: 1 in 4096 each
+    assert min(a) >= 1 and max(a) < 4096 and len(a) == 300
+    assert a == prompt_token_ids(GroupedRequest(0, 5.0, 300, 9, prefix_group=3, prefix_tokens=200), 4096)
+    plain = prompt_token_ids(Request(0, 0.0, 300, 1), 4096)
+    assert plain != a and plain[:200] != a[:200]
+
+
+def test_a_request_longer_than_the_engine_takes_is_refused_in_one_line(server) -> None:
+    from common.errors import InputError
+
+    with pytest.raises(InputError, match="max_model_len is 2048"):
+        server.check([Request(0, 0.0, 2000, 100)])
+
+
+def test_the_cli_writes_the_run_files_to_a_relative_out(tmp_path: Path) -> None:
+    res = subprocess.run([str(SIMCTL), "real", "--engine", "vllm", "--trace", "sharegpt", "--scale", "0.02",
+                          "--qps", "20", "--num-requests", "12", "--max-num-seqs", "8", "--out", "out/vllm",
+                          "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = tmp_path / "out" / "vllm"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary == json.loads(res.stdout)
+    assert summary["max_num_seqs"] == 8 and summary["completed"] == 12 and summary["engine"] == "vllm"
+    req = pd.read_parquet(out / "requests.parquet")
+    assert (req["generated_tokens"] == req["output_tokens"]).all()
+    assert pd.read_parquet(out / "iterations.parquet")["count"].sum() == summary["iterations"]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--engine", "vllm", "--policy", "sarathi"], ["--policy applies to --engine simctl"]),
+    (["--engine", "vllm", "--token-budget", "64"], ["--token-budget applies to --engine simctl"]),
+    (["--max-num-seqs", "4"], ["--max-num-seqs is a vLLM setting"]),
+    (["--engine", "vllm", "--enable-prefix-caching", "2"], ["0 or 1"]),
+    (["--engine", "vllm", "--scale", "1", "--num-requests", "5"], ["context of 2048"]),
+    (["--engine", "tgi"], ["choose simctl or vllm"]),
+])
+def test_misuse_is_one_line_exit_2(args: list[str], words: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["real", *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("simctl: error: "), err
+    assert all(w in err for w in words), err
+
+
+def test_without_vllm_the_cli_says_how_to_install_it(monkeypatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
+    with pytest.raises(SystemExit) as exit_:
+        main(["real", "--engine", "vllm", "--num-requests", "3"])
+    assert exit_.value.code == 2 and capsys.readouterr().err == f"simctl: error: {INSTALL_HINT}\n"
