@@ -54,7 +54,7 @@ def test_release_frees_kv_and_keeps_progress() -> None:
     assert not policy.waiting
 
 
-@pytest.mark.parametrize("name", ["vllm", "sarathi", "orca"])
+@pytest.mark.parametrize("name", ["vllm", "vllm-v1", "sarathi", "orca"])
 def test_prefilled_request_is_admitted_as_a_decode(name: str) -> None:
     policy = make_policy(name, 10_000, 512)
     s = prefilled(0, 0.0, 300, 4)
