@@ -37,19 +37,20 @@ DEVICE_SETTINGS = ("max_num_batched_tokens", "max_batch_size", "block_size")
 class VLLMV1(Policy):
     name = "vllm-v1"
     summary = ("vLLM v1 (0.32): one token budget, running requests first then waiting FCFS, chunked prefill, "
-               "paged KV with prefix caching, preempt the last by recompute")
+               "paged KV with prefix caching, preempt the last by recompute; vLLM's defaults for the --gpu "
+               "(listed: an A100's; cpu and h100/h200 differ)")
 
     @dataclass(frozen=True)
     class Settings(Settings):
-        max_batch_size: int = option(256, "max_num_seqs: most requests running at once (vLLM's default: 256; "
-                                          "1024 on h100/h200)")
+        # defaults: vLLM's on a GPU; `build` takes the device's (DEVICE_DEFAULTS) for those not given
+        max_batch_size: int = option(256, "most requests running at once (max_num_seqs; 1024 on --gpu h100/h200, "
+                                          "as vLLM)")
         max_num_batched_tokens: int = option(8192, "tokens per step, decodes and prefill chunks together "
-                                                   "(vLLM's default: 8192; 16384 on h100/h200, 4096 on cpu)")
-        block_size: int = option(16, "tokens per KV block (vLLM's default: 16; 128 on cpu)")
-        enable_prefix_caching: int = option(1, "1: automatic prefix caching (vLLM's default); 0: off",
-                                            minimum=0, maximum=1)
+                                                   "(16384 on --gpu h100/h200, 4096 on cpu, as vLLM)")
+        block_size: int = option(16, "tokens per KV block (128 on --gpu cpu, as vLLM)")
+        enable_prefix_caching: int = option(1, "1: automatic prefix caching, 0: off", minimum=0, maximum=1)
         long_prefill_token_threshold: int = option(0, "most tokens one request computes in a step while others "
-                                                      "run or wait (0: no limit, vLLM's default)", minimum=0)
+                                                      "run or wait (0: no limit)", minimum=0)
 
     def __init__(self, kv: PrefixCachingKV, **options: int) -> None:
         super().__init__(kv, **options)

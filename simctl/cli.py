@@ -39,7 +39,6 @@ from simctl.prefill_bench_cmd import prefill_bench
 from simctl.query_set_cmd import query_set_cmd
 from simctl.sweep_cmd import sweep
 from simctl.usage_errors import error_types, fail, given_value, note_replaced, usage_message, warn_all
-from simctl.vllm_options import with_vllm_options
 
 DEFAULT_NUM_REQUESTS = 1000
 DEFAULT_QPS = 0.5
@@ -141,14 +140,14 @@ def run(
 
 
 @app.command()
-@with_vllm_options
 @with_policy_options
 def real(
     ctx: typer.Context,
     engine: Annotated[str, typer.Option(help="What serves the trace: simctl (its own engine, scheduled by --policy "
-                                        "and its settings) or vllm (the installed vLLM with its own scheduler; "
-                                        "the options naming vLLM pass its settings through; `make vllm` "
-                                        "installs it).")] = "simctl",
+                                        "and its settings) or vllm (the installed vLLM and its own scheduler, "
+                                        "which --policy vllm-v1 models: vllm-v1's settings given are passed to "
+                                        "vLLM, --max-batch-size as its max_num_seqs; vLLM's defaults otherwise. "
+                                        "`make vllm` installs it).")] = "simctl",
     policy: Policy = "sarathi",
     trace: Trace = "sharegpt",
     model: Annotated[str, typer.Option(help="Model shape, built with random weights (`tiny`, `tiny-2l` suit a "
@@ -181,7 +180,6 @@ def real(
                                                 "iterations.parquet (as `simctl run`; and replicas.parquet when "
                                                 "disaggregated).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
-    vllm_settings: dict | None = None,  # vLLM's settings: --max-num-seqs, ... (simctl.vllm_options)
 ) -> None:
     """Serve a trace in real time on a real model, driven by the same policy objects as the simulator.
 
@@ -189,20 +187,21 @@ def real(
     Example: simctl real --policy vllm --trace sharegpt --scale 0.05 --qps 4 --num-requests 50 --out out/real
     Disaggregated: simctl real --policy vllm --qps 4 --prefill-instances 1 --decode-instances 1 --out out/real-pd
     On vLLM: simctl real --engine vllm --trace sharegpt --scale 0.05 --qps 4 --num-requests 60 --out out/vllm-real
+    (vLLM's settings as vllm-v1's, e.g. --max-batch-size 64 --enable-prefix-caching 0)
     """
     from engine.real import real_main
     from sim.output import json_text
 
     if engine not in ("simctl", "vllm"):
         raise InputError(f"--engine {engine!r}: choose simctl or vllm")
-    _check_engine_options(ctx, engine, options or {}, vllm_settings or {})
     try:
         if engine == "vllm":
-            from engine.vllm_real import vllm_real_main
+            from engine.vllm_real import engine_settings, vllm_real_main
 
+            _check_vllm_options(ctx, policy)
             summary = vllm_real_main(trace=trace, model=model, qps=qps, num_requests=num_requests, out=out,
                                      scale=scale, seed=seed, dtype=dtype, arrival=arrival, cv=cv,
-                                     settings=vllm_settings)
+                                     settings=engine_settings(options or {}))
         else:
             summary = real_main(policy=policy, trace=trace, model=model, device=device, qps=qps,
                                 num_requests=num_requests, out=out, scale=scale, seed=seed, dtype=dtype,
@@ -219,26 +218,17 @@ def real(
             print_cluster(summary)
 
 
-def _check_engine_options(ctx: typer.Context, engine: str, options: dict[str, Any], vllm_settings: dict[str, Any]
-                          ) -> None:
-    """`simctl real`: InputError for an option given that the chosen --engine does not take."""
-    from engine.vllm_real import VLLM_SETTINGS
+def _check_vllm_options(ctx: typer.Context, policy: str) -> None:
+    """`simctl real --engine vllm`: InputError for an option only simctl's own engine takes."""
+    from engine.vllm_real import TWIN_POLICY
 
-    def option(name: str) -> str:
-        return f"--{name.replace('_', '-')}"
-
-    if engine == "simctl":
-        given = [n for n, v in vllm_settings.items() if v is not None and n not in options]
-        if given:
-            raise InputError(f"{option(given[0])} is a vLLM setting: it applies to --engine vllm")
-        return
-    simctl_only = [n for n in ("policy", "device", "threads", "kv_capacity", "attention", "prefill_instances",
-                               "decode_instances") if ctx.get_parameter_source(n).name != "DEFAULT"]
-    simctl_only += [n for n, v in options.items() if v is not None and n not in VLLM_SETTINGS]
-    if simctl_only:
-        raise InputError(f"{option(simctl_only[0])} applies to --engine simctl; vLLM runs its own scheduler on "
-                         f"the CPU, and takes the trace's options, --model, --dtype and its own settings "
-                         f"({', '.join(option(n) for n in VLLM_SETTINGS)})")
+    if ctx.get_parameter_source("policy").name != "DEFAULT" and policy != TWIN_POLICY:
+        raise InputError(f"--policy {policy}: with --engine vllm the scheduler is vLLM's own, which --policy "
+                         f"{TWIN_POLICY} models (its settings are passed to vLLM)")
+    for name in ("device", "threads", "kv_capacity", "attention", "prefill_instances", "decode_instances"):
+        if ctx.get_parameter_source(name).name != "DEFAULT":
+            raise InputError(f"--{name.replace('_', '-')} applies to --engine simctl; vLLM runs on the CPU with "
+                             f"its own threads, KV cache and attention")
 
 
 @app.command()
