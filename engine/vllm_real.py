@@ -21,6 +21,7 @@ import asyncio
 import math
 import os
 import time
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from common.errors import InputError
 from engine.setup import RealConfig
 from engine.vllm_steps import StepLog, step_recorder
 from executor.vllm_runtime import VLLMDeployment, engine_args, require_vllm, set_vllm_env, vllm_model_dir
+from policies.registry import check_options, policy_class
 from policies.seq import Seq
 from serving.records import request_frame
 from sim.models import get_model
@@ -39,14 +41,11 @@ from sim.simulate import SimResult
 from traces.request import Request
 from traces.tokens import prompt_token_ids
 
-# vLLM's settings `simctl real --engine vllm` passes through (None: vLLM's default for the device)
-VLLM_SETTINGS = {
-    "max_num_seqs": "vLLM's max_num_seqs: requests running at once (--engine vllm; default: vLLM's)",
-    "max_num_batched_tokens": "vLLM's max_num_batched_tokens: tokens per engine step (--engine vllm; default: "
-                              "vLLM's)",
-    "enable_prefix_caching": "vLLM's automatic prefix caching, 0 or 1 (--engine vllm; default: vLLM's, on)",
-    "block_size": "vLLM's KV block size in tokens (--engine vllm; default: vLLM's for the device)",
-}
+TWIN_POLICY = "vllm-v1"  # the simulator's model of vLLM's scheduler: its settings are the engine's
+# vLLM's settings simctl passes through: vLLM's name by the name of the vllm-v1 setting that models it
+VLLM_SETTINGS = {"max_batch_size": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
+                 "block_size": "block_size", "enable_prefix_caching": "enable_prefix_caching",
+                 "long_prefill_token_threshold": "long_prefill_token_threshold"}
 # CPU threads of vLLM's engine core: read by vLLM when it starts its engine process (None: vLLM's default)
 THREAD_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
 NOT_RECORDED = [
@@ -138,8 +137,12 @@ class VLLMServer:
             "max_num_batched_tokens": sched.max_num_batched_tokens,
             "enable_chunked_prefill": sched.enable_chunked_prefill,
             "long_prefill_token_threshold": sched.long_prefill_token_threshold,
-            "enable_prefix_caching": cache.enable_prefix_caching,
+            "enable_prefix_caching": int(cache.enable_prefix_caching),  # 0 or 1, as vllm-v1's setting
             "max_model_len": config.model_config.max_model_len,
+            # the simulated twin: `engine.real.twin_policy(summary)` builds vllm-v1 on kv_capacity_tokens with
+            # these settings (its max_batch_size is vLLM's max_num_seqs; the others have vLLM's names)
+            "policy": TWIN_POLICY,
+            "max_batch_size": sched.max_num_seqs,
             "dtype": str(config.model_config.dtype).removeprefix("torch."),
             "enforce_eager": config.model_config.enforce_eager,
             "engine_start_s": self.engine_start_s,
@@ -181,11 +184,8 @@ class VLLMServer:
         result = SimResult(requests=frame, iterations=records.iterations, gaps=records.gaps,
                            queue_at_arrival=records.queue_lengths(), aborted=False,
                            kv_capacity=settings["kv_cache_tokens"], wall_s=wall_s)
-        queries = log.prefix_queries
         return VLLMRun(requests, result, {
-            "prefix_cache_queries": queries,
-            "prefix_cache_hits": log.prefix_hits,
-            "prefix_cache_hit_rate": log.prefix_hits / queries if queries else 0.0,
+            **policy_class(TWIN_POLICY).summarise_stats(log.prefix_cache),  # named and rated as the twin's
             "submit_lag_max_s": lag,
             "iteration_ends_from_client": log.ends_from_client,
         })
@@ -210,7 +210,7 @@ class VLLMServer:
             if wait > 0:
                 await asyncio.sleep(wait)
             lag = max(lag, time.monotonic() - log.t0 - r.arrival_s)
-            log.open(Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority))
+            log.open(Seq.of(r))
             tasks.append(asyncio.ensure_future(one(r)))
         done = await asyncio.gather(*tasks)
         return [s for s, _, _ in done], [n for _, n, _ in done], [c for _, _, c in done], lag
@@ -249,7 +249,8 @@ def vllm_real_main(*, trace: str = "sharegpt", model: str = "tiny", qps: float |
                    settings: dict[str, int | None] | None = None) -> dict[str, Any]:
     """What `simctl real --engine vllm` does: check the options and the trace, start vLLM, serve, write `out`
     (summary.json, requests.parquet, iterations.parquet) if given, and return the summary. `settings`: vLLM's
-    own (VLLM_SETTINGS; None keeps vLLM's default). InputError in one line for what cannot run."""
+    own, by vLLM's names (`engine_settings` makes them from vllm-v1's; None keeps vLLM's default). InputError in
+    one line for what cannot run."""
     from engine.real import DEFAULT_QPS
     from engine.setup import DEFAULT_NUM_REQUESTS, resolved
     from sim.output import RUN_FILES, check_out_dir, write_run
@@ -266,7 +267,7 @@ def vllm_real_main(*, trace: str = "sharegpt", model: str = "tiny", qps: float |
                         num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests)
     config.validate()
     config = resolved(config, num_requests is not None)
-    deployment = _deployment(config, settings or {})
+    deployment = deployment_for(config.model, config.seed, settings or {}, config.dtype)
     requests = build_trace(config.trace, config.num_requests, config.qps, config.seed, arrival=config.arrival,
                            cv=config.cv, scale=config.scale)
     get_model(config.model).check_context(requests, config.scale)
@@ -279,18 +280,23 @@ def vllm_real_main(*, trace: str = "sharegpt", model: str = "tiny", qps: float |
     return summary
 
 
-def _deployment(config: RealConfig, settings: dict[str, int | None]) -> VLLMDeployment:
-    for name, value in settings.items():
-        if value is None:
-            continue
-        if name not in VLLM_SETTINGS:
-            raise InputError(f"--{name.replace('_', '-')} is not a vLLM setting simctl passes through")
-        if name == "enable_prefix_caching" and value not in (0, 1):
-            raise InputError(f"--enable-prefix-caching must be 0 or 1, got {value!r}")
-        if name != "enable_prefix_caching" and value < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
-    given = {k: v for k, v in settings.items() if v is not None}
+def engine_settings(options: Mapping[str, Any]) -> dict[str, int]:
+    """vLLM's settings (its names) from the vllm-v1 policy's settings given (None: not given, vLLM's default);
+    InputError for another policy's setting or a value vllm-v1 refuses."""
+    given = {k: v for k, v in options.items() if v is not None}
+    check_options(TWIN_POLICY, given)
+    return {VLLM_SETTINGS[k]: int(v) for k, v in given.items()}
+
+
+def deployment_for(model: str, seed: int, settings: Mapping[str, int | None], dtype: str = "float32"
+                   ) -> VLLMDeployment:
+    """The engine of `model` (max_model_len: its context) with vLLM's `settings` (vLLM's names; None or
+    missing: vLLM's default), checked as vllm-v1 checks its own."""
+    ours = {v: k for k, v in VLLM_SETTINGS.items()}
+    unknown = sorted(set(settings) - set(ours))
+    if unknown:
+        raise InputError(f"{unknown[0]} is not a vLLM setting simctl passes through ({', '.join(ours)})")
+    given = engine_settings({ours[k]: v for k, v in settings.items()})
     if "enable_prefix_caching" in given:
         given["enable_prefix_caching"] = bool(given["enable_prefix_caching"])
-    return VLLMDeployment(max_model_len=get_model(config.model).max_position, dtype=config.dtype, seed=config.seed,
-                          **given)
+    return VLLMDeployment(max_model_len=get_model(model).max_position, dtype=dtype, seed=seed, **given)

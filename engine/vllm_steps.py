@@ -49,8 +49,11 @@ class StepLog:
     records: Records = field(default_factory=Records)
     tracks: dict[str, _Track] = field(default_factory=dict)  # open requests by vLLM's (external) request id
     generated: int = 0  # tokens vLLM reported sampled (IterationStats), to check against the requests
-    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache (new requests)
-    prefix_hits: int = 0
+    # prompt tokens looked up in the prefix cache and found, under the names the vllm-v1 policy's stats use
+    # (fresh requests; preempted ones coming back counted apart, as vLLM does)
+    prefix_cache: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("prefix_cache_hit_tokens", "prefix_cache_queried_tokens", "prefix_cache_preempted_hit_tokens",
+         "prefix_cache_preempted_queried_tokens"), 0))
     ends_from_client: int = 0  # rows whose step sampled nothing: ended at their outputs' arrival here
     skipped_tokens: int = 0  # tokens that arrived more than one per step (never expected)
 
@@ -79,9 +82,11 @@ class StepLog:
         end = max(ends, default=None)
         if scheduler_stats is None:
             return
-        cache = scheduler_stats.prefix_cache_stats
-        self.prefix_queries += cache.queries
-        self.prefix_hits += cache.hits
+        cache, totals = scheduler_stats.prefix_cache_stats, self.prefix_cache
+        totals["prefix_cache_hit_tokens"] += cache.hits
+        totals["prefix_cache_queried_tokens"] += cache.queries
+        totals["prefix_cache_preempted_hit_tokens"] += cache.preempted_hits
+        totals["prefix_cache_preempted_queried_tokens"] += cache.preempted_queries
         details = scheduler_stats.iteration_details
         if details is None or details.is_dummy:  # a step that scheduled nothing
             return

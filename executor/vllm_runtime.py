@@ -85,6 +85,7 @@ class VLLMDeployment:
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool | None = None
     block_size: int | None = None  # KV block tokens
+    long_prefill_token_threshold: int | None = None  # most tokens one request computes in a step (0: no limit)
     seed: int = 0
 
 
@@ -93,7 +94,8 @@ def engine_args(model_dir: Path, deployment: VLLMDeployment) -> dict[str, Any]:
     args: dict[str, Any] = {"model": str(model_dir), "load_format": "dummy", "skip_tokenizer_init": True,
                             "enforce_eager": True, "max_model_len": deployment.max_model_len,
                             "dtype": deployment.dtype, "seed": deployment.seed}
-    for key in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "block_size"):
+    for key in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "block_size",
+                "long_prefill_token_threshold"):
         value = getattr(deployment, key)
         if value is not None:
             args[key] = value

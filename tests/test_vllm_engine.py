@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +13,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from engine.real import twin_policy
 from engine.setup import RealConfig
 from engine.vllm_real import VLLMServer, run_summary
 from executor.vllm_runtime import INSTALL_HINT, VLLMDeployment
@@ -25,21 +25,13 @@ SIMCTL = Path(sys.executable).parent / "simctl"
 SHARED = 256  # prefix tokens a group shares: two of vLLM's 128-token blocks on the CPU
 TWIN_FIELDS = ("engine", "vllm_version", "num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
                "enable_prefix_caching", "long_prefill_token_threshold", "max_model_len", "dtype",
-               "prefix_cache_hit_rate", "trace", "qps", "num_requests", "scale", "seed", "arrival", "cv")
-
-
-@dataclass(frozen=True, slots=True)
-class GroupedRequest(Request):
-    """A request whose prompt starts with its group's shared prefix (the fields traces.tokens honours)."""
-
-    prefix_group: int = -1
-    prefix_tokens: int = 0
+               "prefix_cache_hit_rate", "trace", "qps", "num_requests", "scale", "seed", "arrival", "cv", "policy")
 
 
 # 24 short requests over about half a second: prompts of 5 to 400 tokens, outputs of 1 to 12
 REQUESTS = [Request(i, 0.02 * i, 5 + (i * 37) % 400, 1 + (i * 5) % 12) for i in range(24)]
 # two prefix groups; each group's later requests arrive after its first has been prefilled
-GROUPED = [GroupedRequest(i, 0.1 * i, SHARED + 20 + i, 4, prefix_group=i % 2, prefix_tokens=SHARED)
+GROUPED = [Request(i, 0.1 * i, SHARED + 20 + i, 4, prefix_group=i % 2, prefix_tokens=SHARED)
            for i in range(6)] + [Request(6, 0.65, SHARED + 30, 4)]
 
 
@@ -69,6 +61,10 @@ def test_every_request_gets_exactly_its_tokens_and_the_records_add_up(server) ->
     assert summary["completed"] == len(REQUESTS) and summary["tbt_p50"] > 0
     assert summary["kv_capacity_tokens"] == summary["num_gpu_blocks"] * summary["block_size"]
     json.dumps(summary, allow_nan=False)
+    twin = twin_policy(summary)  # the simulator's vllm-v1, configured as the engine resolved its settings
+    assert twin.name == "vllm-v1" and twin.kv.capacity == summary["kv_capacity_tokens"]
+    assert twin.settings.max_batch_size == summary["max_num_seqs"]
+    assert twin.settings.block_size == summary["block_size"]
 
 
 def test_prefix_groups_hit_the_prefix_cache_and_nothing_else_does(server) -> None:
@@ -77,16 +73,16 @@ def test_prefix_groups_hit_the_prefix_cache_and_nothing_else_does(server) -> Non
         cached = run.result.requests.set_index("request_id")["prefix_cached_tokens"]
         assert cached[0] == cached[1] == 0 and cached[6] == 0, cached  # first of each group, and no group
         assert (cached[2:6] == SHARED).all(), cached
-        assert run.fields["prefix_cache_hits"] == 4 * SHARED
+        assert run.fields["prefix_cache_hit_tokens"] == 4 * SHARED
         assert run.fields["prefix_cache_hit_rate"] == pytest.approx(4 * SHARED / sum(r.prompt_tokens for r in GROUPED),
                                                                     rel=0.01)
 
 
 def test_prompt_ids_share_only_a_group_prefix() -> None:
-    a, b = (prompt_token_ids(GroupedRequest(i, 0.0, 300, 1, prefix_group=3, prefix_tokens=200), 4096) for i in (0, 1))
+    a, b = (prompt_token_ids(Request(i, 0.0, 300, 1, prefix_group=3, prefix_tokens=200), 4096) for i in (0, 1))
     assert a[:200] == b[:200] and sum(x == y for x, y in zip(a[200:], b[200:])) < 5  # chance: 1 in 4096 each
     assert min(a) >= 1 and max(a) < 4096 and len(a) == 300
-    assert a == prompt_token_ids(GroupedRequest(0, 5.0, 300, 9, prefix_group=3, prefix_tokens=200), 4096)
+    assert a == prompt_token_ids(Request(0, 5.0, 300, 9, prefix_group=3, prefix_tokens=200), 4096)
     plain = prompt_token_ids(Request(0, 0.0, 300, 1), 4096)
     assert plain != a and plain[:200] != a[:200]
 
@@ -100,7 +96,7 @@ def test_a_request_longer_than_the_engine_takes_is_refused_in_one_line(server) -
 
 def test_the_cli_writes_the_run_files_to_a_relative_out(tmp_path: Path) -> None:
     res = subprocess.run([str(SIMCTL), "real", "--engine", "vllm", "--trace", "sharegpt", "--scale", "0.02",
-                          "--qps", "20", "--num-requests", "12", "--max-num-seqs", "8", "--out", "out/vllm",
+                          "--qps", "20", "--num-requests", "12", "--max-batch-size", "8", "--out", "out/vllm",
                           "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     out = tmp_path / "out" / "vllm"
@@ -113,10 +109,10 @@ def test_the_cli_writes_the_run_files_to_a_relative_out(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args,words", [
-    (["--engine", "vllm", "--policy", "sarathi"], ["--policy applies to --engine simctl"]),
-    (["--engine", "vllm", "--token-budget", "64"], ["--token-budget applies to --engine simctl"]),
-    (["--max-num-seqs", "4"], ["--max-num-seqs is a vLLM setting"]),
-    (["--engine", "vllm", "--enable-prefix-caching", "2"], ["0 or 1"]),
+    (["--engine", "vllm", "--policy", "sarathi"], ["--policy sarathi: with --engine vllm", "vllm-v1"]),
+    (["--engine", "vllm", "--token-budget", "64"], ["--token-budget applies only to", "not to 'vllm-v1'"]),
+    (["--engine", "vllm", "--threads", "1"], ["--threads applies to --engine simctl"]),
+    (["--engine", "vllm", "--enable-prefix-caching", "2"], ["--enable-prefix-caching"]),
     (["--engine", "vllm", "--scale", "1", "--num-requests", "5"], ["context of 2048"]),
     (["--engine", "tgi"], ["choose simctl or vllm"]),
 ])

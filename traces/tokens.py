@@ -17,9 +17,9 @@ def prompt_token_ids(request: Request, vocab_size: int, seed: int = 0) -> list[i
     its `prefix_group` (>= 0), the rest its own. Each part comes from a generator seeded by (seed, group) or
     (seed, request id) only, so a request has the same prompt alone and inside any trace. Id 0 is left out (a
     padding or special token in many vocabularies)."""
-    group = getattr(request, "prefix_group", -1)  # fields another change adds to Request
-    shared = min(getattr(request, "prefix_tokens", 0), request.prompt_tokens) if group >= 0 else 0
-    prefix = np.random.default_rng([int(seed), _PREFIX, int(group)]).integers(1, vocab_size, shared).tolist() \
+    group = request.prefix_group
+    shared = min(request.prefix_tokens, request.prompt_tokens) if group >= 0 else 0
+    prefix = np.random.default_rng([int(seed), _PREFIX, group]).integers(1, vocab_size, shared).tolist() \
         if shared else []
     own = np.random.default_rng([int(seed), _OWN, int(request.id)]).integers(1, vocab_size,
                                                                             request.prompt_tokens - shared)
