@@ -4,15 +4,19 @@ TTFT: arrival to first token. TBT: every gap between consecutive tokens of a req
 (P99 over all gaps, as Sarathi-Serve reports it). TPOT: per request, (E2E - TTFT) / (output tokens - 1).
 E2E: arrival to last token. Scheduling delay: arrival to first scheduled. Request-level percentiles use
 linear interpolation (numpy's default, as vLLM's benchmark); TBT percentiles are read off a histogram of all
-gaps (records.GapHistogram) with the inverted CDF, to 0.006%.
+gaps (records.GapHistogram) with the inverted CDF, to 0.006%. `vllm_bench` holds the same metrics under
+vLLM's benchmark names and definitions (sim.vllm_bench).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
 from sim.saturation import served_rate, verdict
 from sim.simulate import SimResult
+from sim.vllm_bench import summary_block
 
 PCTS = (50, 90, 99)
 
@@ -66,7 +70,7 @@ def _offered_rate(arrivals: np.ndarray) -> float | None:
     return (len(arrivals) - 1) / span if span > 0 else None
 
 
-def summarize(result: SimResult) -> dict[str, float | int | bool | None]:
+def summarize(result: SimResult) -> dict[str, Any]:
     req = result.requests
     done = req[req["completion_s"] >= 0]
     arrival = done["arrival_s"].to_numpy()
@@ -86,7 +90,7 @@ def summarize(result: SimResult) -> dict[str, float | int | bool | None]:
     offered = _offered_rate(req["arrival_s"].to_numpy())
     reason = unsustainable_reason(result.queue_at_arrival, len(req), result.aborted, offered, throughput)
     saturation, saturation_reason = verdict(result.queue_at_arrival, offered, served_rate(end), reason)
-    return {
+    summary = {
         "num_requests": len(req),
         "completed": len(done),
         **_pcts("ttft", ttft),
@@ -112,3 +116,5 @@ def summarize(result: SimResult) -> dict[str, float | int | bool | None]:
         "gave_up": result.aborted,
         "sim_wall_s": result.wall_s,
     }
+    summary["vllm_bench"] = summary_block(summary, ttft, tpot, e2e, outputs, done["prompt_tokens"].to_numpy(), end)
+    return summary

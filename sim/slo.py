@@ -96,8 +96,10 @@ class SLO:
         """The share of requests meeting every per-request limit (1.0 without any); a request that never
         finished meets none. Reads a requests table (serving.records.request_frame)."""
         n = len(requests)
-        if n == 0:
-            return 0.0
+        return self.meeting(requests) / n if n else 0.0
+
+    def meeting(self, requests: pd.DataFrame) -> int:
+        """How many requests of a requests table meet every per-request limit (vLLM's good requests)."""
         first = requests["first_token_s"].to_numpy()
         end = requests["completion_s"].to_numpy()
         arrival = requests["arrival_s"].to_numpy()
@@ -112,7 +114,7 @@ class SLO:
         }
         for key, limit in self.per_request.items():
             ok &= values[key] <= limit
-        return float(ok.sum()) / n
+        return int(ok.sum())
 
     def describe(self) -> str:
         parts = [f"{key[:3].upper()} {key[4:].upper()} <= {limit:.4g} s" for key, limit in self.percentiles.items()]

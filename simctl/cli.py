@@ -84,6 +84,10 @@ def run(
                                           "(timeline.parquet in --out, for `simctl plot timeline`).")] = 0,
     trace_events: Annotated[Path | None, typer.Option(help="Write the iterations as a Chrome/Perfetto trace "
                                                       "(JSON trace events) to this file.")] = None,
+    goodput: Annotated[list[str] | None, typer.Option(metavar="KEY:MS[,KEY:MS]", help=(
+        "vLLM bench's --goodput: per-request limits in ms on ttft, tpot and e2el (e.g. ttft:500,tpot:50, or the "
+        "option repeated); adds vllm_bench.request_goodput to the summary, the requests meeting all of them "
+        "per second, as vLLM computes it."))] = None,
     cluster: Any = None,  # --replicas, --router, --prefill-instances, ... (simctl.cluster_options)
     slo: Any = None,  # --slo, --attainment: the SLO (simctl.cluster_options)
 ) -> None:
@@ -99,6 +103,7 @@ def run(
     from sim.run import run as run_sim
     from sim.timeline import check_timeline
     from sim.trace_events import MAX_EVENTS, check_trace_path, write_trace_events
+    from sim.vllm_bench import parse_goodput, with_goodput
     from traces import build_trace, has_arrival_times, is_profile
 
     if qps is None and (not trace.strip() or not has_arrival_times(trace)):
@@ -112,6 +117,9 @@ def run(
         config = replace(config, num_requests=rows)
         config.validate()
     cluster.validate(config.policy)
+    limits = parse_goodput(goodput)
+    if limits is not None and cluster.is_cluster:
+        raise InputError("--goodput applies to one replica's run, not to a cluster")
     if cluster.is_cluster:
         return run_cluster_command(config, cluster, out, as_json, {"timeline": timeline,
                                                                    "trace-events": trace_events}, slo)
@@ -125,6 +133,7 @@ def run(
     with progress_bar(f"{config.policy}: requests arrived") as report:
         result = run_sim(config, progress=report, timeline=timeline)
     result.summary = with_attainment(result.summary, result.result.requests, slo)
+    result.summary = with_goodput(result.summary, result.result.requests, limits)
     warn_all(result.summary.get("warnings", []))
     if out is not None:
         note_replaced(out, (*RUN_FILES, TIMELINE_FILE))
@@ -233,7 +242,10 @@ def _check_vllm_options(ctx: typer.Context, policy: str) -> None:
 
 @app.command()
 def validate(
-    policy: Annotated[str, typer.Option(help="Policies to check: `all` or a comma-separated list.")] = "all",
+    ctx: typer.Context,
+    policy: Annotated[str, typer.Option(help="Policies to check: `all` or a comma-separated list (with "
+                                        "--from-vllm-bench: the one policy predicting it [default: vllm-v1]).")
+                      ] = "all",
     trace: Trace = "sharegpt",
     loads: Annotated[str, typer.Option(help="Loads as fractions of each policy's simulated capacity.")
                      ] = "0.5,0.7",
@@ -260,6 +272,17 @@ def validate(
         "With --decode-instances 1: real disaggregated runs (simctl real --prefill-instances 1 "
         "--decode-instances 1, --threads per instance) against the simulated cluster."))] = None,
     decode_instances: Annotated[int | None, typer.Option(help="With --prefill-instances 1: see there.")] = None,
+    from_vllm_bench: Annotated[Path | None, typer.Option(help=(
+        "Instead of real runs: a result of `vllm bench serve --save-result --save-detailed`, predicted on the "
+        "same requests (their lengths, sent when the bench sent them) and shown beside it under vLLM's metric "
+        "names, with the errors; needs --model and --gpu; writes vllm_bench_comparison.json and .md "
+        "[--out default: out/vllm-bench]."))] = None,
+    gpu: Annotated[str | None, typer.Option(help="With --from-vllm-bench: the GPU the bench ran on (catalogue)."
+                                            )] = None,
+    tp: Annotated[int, typer.Option(help="With --from-vllm-bench: the server's tensor-parallel degree.")] = 1,
+    goodput: Annotated[list[str] | None, typer.Option(metavar="KEY:MS[,KEY:MS]", help=(
+        "With --from-vllm-bench: the bench's --goodput limits in ms (ttft, tpot, e2el), to compare "
+        "request_goodput (the file keeps vLLM's value, not its limits)."))] = None,
     out: Annotated[Path, typer.Option(help="Folder for validation.csv, .md, .png and the runs.")
                    ] = Path("out/validate"),
 ) -> None:
@@ -268,13 +291,19 @@ def validate(
     Example: simctl validate --policy vllm,sarathi --loads 0.5,0.7 --out out/validate; on a GPU, with a fit of
     its profile: simctl validate --device cuda --cost profiles/gpu/cost_model.json --out out/validate-gpu;
     disaggregated, with a fit profiled on one thread: simctl validate --policy vllm --prefill-instances 1
-    --decode-instances 1 --threads 1 --cost profiles/cpu1/cost_model.json --out out/validate-pd
+    --decode-instances 1 --threads 1 --cost profiles/cpu1/cost_model.json --out out/validate-pd;
+    a vLLM bench result of your own: simctl validate --from-vllm-bench result.json --model llama-3-8b --gpu h100
+    --goodput ttft:500,tpot:50 --out out/bench
     """
     from engine.report import markdown
     from engine.validate import validate_main
     from sim.gpus import get_gpu
     from sim.run import default_cost_path
+    from simctl.vllm_bench_cmd import check_bench_options, vllm_bench_command
 
+    check_bench_options(ctx, from_vllm_bench)
+    if from_vllm_bench is not None:
+        return vllm_bench_command(ctx, from_vllm_bench, model, gpu, policy, cost, tp, goodput, out)
     try:
         fractions = [float(x) for x in loads.split(",") if x.strip()]
     except ValueError:

@@ -13,7 +13,8 @@ from policies.registry import POLICIES
 
 Policy = Annotated[str, typer.Option(help=f"Scheduler: {', '.join(POLICIES)} (see `simctl list`).")]
 Trace = Annotated[str, typer.Option(help="Length profile (sharegpt, arxiv) or a trace file: CSV with "
-                                    "num_prefill_tokens, num_decode_tokens[, arrived_at] or JSONL.")]
+                                    "num_prefill_tokens, num_decode_tokens[, arrived_at], JSONL, or a `vllm bench "
+                                    "serve --save-detailed` result (.json: its requests, sent when it sent them).")]
 Model = Annotated[str, typer.Option(help="Model shape from the catalogue, or a path to a transformers "
                                     "config.json of a dense Llama, Mistral, Qwen2 or Yi model.")]
 Gpu = Annotated[str, typer.Option(help="GPU from the catalogue.")]

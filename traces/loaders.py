@@ -9,6 +9,8 @@ Formats (chosen by extension, case-insensitive):
   ``{"prompt_tokens": 812, "output_tokens": 93, "arrival_s": 0.25}``; ``arrival_s`` is optional but
   must then be on every line or on none. Other keys are ignored, a repeated key is refused; blank lines are
   skipped.
+- ``.json``: a ``vllm bench serve --save-result --save-detailed`` result (``traces.vllm_bench``): its
+  successful requests' lengths, arriving when the benchmark sent them.
 - Both take an optional integer ``priority`` (CSV column, JSONL key; missing: 0): higher runs first where a
   policy honours priorities (Baton's preemption).
 - Both take the prompt's content for prefix caching, optional integers ``prefix_group`` (>= -1; missing: -1,
@@ -34,12 +36,13 @@ import numpy as np
 import pandas as pd
 
 from common.errors import InputError
+from traces.vllm_bench import read_vllm_bench
 
 CSV_PROMPT, CSV_OUTPUT, CSV_ARRIVAL = "num_prefill_tokens", "num_decode_tokens", "arrived_at"
 JSON_PROMPT, JSON_OUTPUT, JSON_ARRIVAL = "prompt_tokens", "output_tokens", "arrival_s"
 PRIORITY = "priority"  # optional in both formats: an integer, higher runs first (default 0)
 PREFIX_GROUP, PREFIX_TOKENS = "prefix_group", "prefix_tokens"  # optional in both formats (default -1, 0)
-SUPPORTED_EXTENSIONS = (".csv", ".jsonl")
+SUPPORTED_EXTENSIONS = (".csv", ".jsonl", ".json")
 # Guards the int64 conversion; no real request is anywhere near 2^31 tokens.
 MAX_TOKENS = 2**31 - 1
 
@@ -74,6 +77,9 @@ def load_trace_file(path: str | os.PathLike[str]) -> LoadedTrace:
         raise InputError(f"trace file {p}: not found")
     if not p.is_file():
         raise InputError(f"trace file {p}: not a regular file")
+    if ext == ".json":
+        bench = read_vllm_bench(p)
+        return LoadedTrace(p, bench.prompt_tokens, bench.output_tokens, bench.arrival_s)
     trace = _load_csv(p) if ext == ".csv" else _load_jsonl(p)
     if len(trace) == 0:
         raise InputError(f"trace file {p}: contains no requests")

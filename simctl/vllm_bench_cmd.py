@@ -1,0 +1,79 @@
+"""`simctl validate --from-vllm-bench FILE`: a user's `vllm bench serve` result beside simctl's prediction
+(engine.vllm_bench_compare), as a table, and vllm_bench_comparison.json / .md in --out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from common.errors import InputError
+
+DEFAULT_OUT = Path("out/vllm-bench")
+# validate's options for real runs: none applies to a measurement that is already made
+REAL_RUN_OPTIONS = ("trace", "loads", "device", "dtype", "attention", "scale", "num_requests", "seed", "threads",
+                    "capacity", "repeats", "prefill_instances", "decode_instances")
+BENCH_OPTIONS = ("gpu", "tp", "goodput")
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name != "DEFAULT"
+
+
+def check_bench_options(ctx: typer.Context, from_bench: Path | None) -> None:
+    """InputError for an option of the other kind of validation than the one asked for."""
+    if from_bench is None:
+        wrong = [n for n in BENCH_OPTIONS if _given(ctx, n)]
+        if wrong:
+            raise InputError(f"--{wrong[0]} applies to --from-vllm-bench")
+        return
+    wrong = [n for n in REAL_RUN_OPTIONS if _given(ctx, n)]
+    if wrong:
+        raise InputError(f"--{wrong[0].replace('_', '-')} applies to real runs; --from-vllm-bench compares a "
+                         "measurement already made (it takes --model, --gpu, --tp, --policy, --cost, --goodput "
+                         "and --out)")
+    missing = [n for n in ("model", "gpu") if not _given(ctx, n)]
+    if missing:
+        raise InputError(f"--from-vllm-bench needs --{missing[0]}: the model the bench served (a catalogue name "
+                         "or its config.json) and the GPU it ran on (see `simctl list`)")
+
+
+def vllm_bench_command(ctx: typer.Context, path: Path, model: str, gpu: str, policy: str, cost: str | None,
+                       tp: int, goodput: list[str] | None, out: Path) -> None:
+    """The comparison of the bench result at `path` (validate's options, checked by check_bench_options)."""
+    from engine.vllm_bench_compare import DEFAULT_POLICY, FILES, compare, write_comparison
+    from sim.output import check_out_dir
+    from sim.vllm_bench import parse_goodput
+    from simctl.usage_errors import note_replaced, warn_all
+
+    limits = parse_goodput(goodput)
+    out = check_out_dir(out if _given(ctx, "out") else DEFAULT_OUT, FILES)
+    c = compare(path, model, gpu, policy if _given(ctx, "policy") else DEFAULT_POLICY, cost, tp, limits)
+    warn_all(c.warnings)
+    note_replaced(out, FILES)
+    write_comparison(c, out)
+    _print(c.record())
+    Console().print(escape(f"wrote {out}/{FILES[0]} and {FILES[1]}"))
+
+
+def _print(record: dict[str, Any]) -> None:
+    from engine.vllm_bench_compare import fmt_error, fmt_value
+    from sim.vllm_bench import ITL_PERCENTILES
+
+    p = record["prediction"]
+    title = (f"{Path(record['file']).name}: {record['completed']}/{record['sent']} requests measured; predicted by "
+             f"{p['policy']} on {p['model']} / {p['gpu']} x{p['tp']} ({p['cost_model']})")
+    table = Table(title=escape(title))
+    for col in ("metric", "measured", "predicted", "error"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for r in record["metrics"]:
+        table.add_row(r["metric"], fmt_value(r["measured"]), fmt_value(r["predicted"]), fmt_error(r["error_pct"]))
+    console = Console()
+    console.print(table)
+    for line in (*record["assumptions"], f"predicted {ITL_PERCENTILES}"):
+        console.print(escape(f"assumed: {line}"))
