@@ -1,19 +1,23 @@
-"""`simctl real --engine vllm`: a simctl trace served by the installed vLLM (`AsyncLLM` in this process, its
-engine core a process of its own), written as simctl's own real runs are (`sim.output.write_run`, the
-summary of `sim.metrics.summarize`), so TTFT, TBT, TPOT and E2E are computed by the same code.
+"""`simctl real --engine vllm`: a simctl trace served by the installed vLLM (`AsyncLLM` in this process; its
+engine core and model worker are processes of their own), written as simctl's own real runs are
+(`sim.output.write_run`, the summary of `sim.metrics.summarize`), so TTFT, TBT, TPOT and E2E are computed by
+the same code.
 
-    with VLLMServer("tiny", VLLMDeployment(max_model_len=2048)) as server:   # engine start: 20-35 s on a CPU
+    with VLLMServer("tiny", deployment_for("tiny", seed=0, settings={})) as server:   # 20-35 s on a CPU
         for requests in runs:
-            run = server.serve(requests)                                   # prefix cache reset before each
+            run = server.serve(requests)                     # prefix cache reset before each run
 
-Each request is submitted at its arrival time on the monotonic clock with deterministic random prompt ids
-(`traces.tokens.prompt_token_ids`: shared only within a prefix group) and asks for exactly its output length
-(greedy, EOS ignored); every request is checked to have got exactly that many tokens. What each engine step
-did and when every token came is recorded by a stat logger (`engine.vllm_steps`). The summary holds what a
-simulated twin needs: the trace's parameters as `simctl real` records them and the engine's own settings as
-vLLM resolved them (KV blocks, block size, batch limits, prefix caching), with `not_recorded` saying what vLLM
-does not expose.
-"""
+The engine is warmed up once (a few requests) before its first run, as simctl's own engine is before its
+clock starts. Each request is submitted at its arrival time on the monotonic clock with deterministic random
+prompt ids (`traces.tokens.prompt_token_ids`: shared only within a prefix group) and asks for exactly its
+output length (greedy, EOS ignored); every request is checked to have got exactly that many tokens. What each
+engine step did and when every token came is recorded by a stat logger (`engine.vllm_steps`).
+
+vLLM's settings are those of the `vllm-v1` policy, its simulated twin (VLLM_SETTINGS). The summary holds what
+the twin needs: the trace's parameters as `simctl real` records them, `policy: vllm-v1` and its settings as
+vLLM resolved them, the KV cache as `kv_capacity_tokens` (so `engine.real.twin_policy(summary)` builds it), and
+vLLM's own names and numbers (KV blocks, block size, version), with `not_recorded` saying what vLLM does not
+expose."""
 
 from __future__ import annotations
 
@@ -46,8 +50,12 @@ TWIN_POLICY = "vllm-v1"  # the simulator's model of vLLM's scheduler: its settin
 VLLM_SETTINGS = {"max_batch_size": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
                  "block_size": "block_size", "enable_prefix_caching": "enable_prefix_caching",
                  "long_prefill_token_threshold": "long_prefill_token_threshold"}
-# CPU threads of vLLM's engine core: read by vLLM when it starts its engine process (None: vLLM's default)
-THREAD_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+# How vLLM's CPU build places its threads, read when it starts its model worker. The default, "auto", keeps
+# one core per worker for the engine core's scheduler and this process (VLLM_CPU_NUM_OF_RESERVED_CPU unset)
+# and binds the worker's OpenMP threads to the others: on 2 cores, the model runs on one thread of its own
+# and the busy scheduler and the client share the other instead of preempting the model's threads.
+THREAD_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_CPU_NUM_OF_RESERVED_CPU": None}
+WARM_UP = [Request(i, 0.0, 64 * (i + 1), 8) for i in range(4)]  # first calls of prefill and decode shapes
 NOT_RECORDED = [
     ("iterations duration_s is each step's model execution as vLLM's engine core times it (elapsed_ms); its "
      "scheduling and output processing fall between rows and are not timed"),
@@ -81,6 +89,7 @@ class VLLMServer:
         self._stack = ExitStack()
         self.llm: Any = None
         self.engine_start_s = 0.0
+        self.warmup_s = 0.0
 
     def __enter__(self) -> Self:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -106,6 +115,9 @@ class VLLMServer:
             raise
         self._stack.callback(self._shutdown)
         self.engine_start_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.serve(WARM_UP)  # as simctl's own engine warms up before its clock starts
+        self.warmup_s = time.perf_counter() - t0
         return self
 
     def _close_loop(self) -> None:
@@ -146,7 +158,9 @@ class VLLMServer:
             "dtype": str(config.model_config.dtype).removeprefix("torch."),
             "enforce_eager": config.model_config.enforce_eager,
             "engine_start_s": self.engine_start_s,
-            **{k: os.environ.get(k) for k in THREAD_ENV},
+            "warmup_s": self.warmup_s,
+            "cpu_cores": len(os.sched_getaffinity(0)),
+            **{k: os.environ.get(k, default) for k, default in THREAD_ENV.items()},
         }
 
     def check(self, requests: list[Request]) -> None:
