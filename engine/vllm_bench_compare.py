@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from common.errors import InputError
-from engine.report import pct_error
+from engine.report import fmt_err, pct_error
 from sim.output import json_text, write_files
 from sim.run import RunConfig, run
 from sim.vllm_bench import ITL_PERCENTILES, KEYS, Goodput, Stats, block, with_goodput
@@ -45,9 +45,10 @@ class Comparison:
     def record(self) -> dict[str, Any]:
         b = self.bench
         return {
-            "file": str(b.path), "model_id": b.model_id, "sent": b.sent, "completed": len(b), "failed": b.failed,
-            "duration_s": b.duration_s,
-            "traffic": {k: "inf" if isinstance(v, float) and math.isinf(v) else v for k, v in asdict(b.traffic).items()}, "send_times_measured": b.send_times_measured,
+            "file": str(b.path), "model_id": b.model_id, "sent": b.sent, "completed": len(b),
+            "failed": b.failed, "duration_s": b.duration_s, "send_times_measured": b.send_times_measured,
+            "traffic": {k: "inf" if isinstance(v, float) and math.isinf(v) else v  # JSON has no Infinity
+                        for k, v in asdict(b.traffic).items()},
             "prediction": {k: self.prediction.get(k) for k in ("policy", "model", "gpu", "tp", "cost_model")},
             "goodput": self.goodput.describe() if self.goodput else None,
             "metrics": self.rows, "assumptions": self.assumptions, "itl_percentiles": ITL_PERCENTILES,
@@ -79,8 +80,8 @@ def _requests_table(bench: VLLMBench) -> pd.DataFrame:
 def compare(path: str | Path, model: str, gpu: str, policy: str = DEFAULT_POLICY, cost: str | None = None,
             tp: int = 1, goodput: Goodput | None = None) -> Comparison:
     if Path(path).suffix.lower() != ".json":  # it is simulated as a trace file, which its extension names
-        raise InputError(f"--from-vllm-bench {path}: expected a .json file, as `vllm bench serve --save-result` "
-                         "writes")
+        raise InputError(f"--from-vllm-bench {path}: expected a .json file, as `vllm bench serve "
+                         "--save-result` writes")
     bench = read_vllm_bench(path)
     config = RunConfig(policy=policy, trace=str(path), model=model, gpu=gpu, tp=tp, qps=None,
                        num_requests=len(bench), cost=cost)
@@ -98,12 +99,13 @@ def compare(path: str | Path, model: str, gpu: str, policy: str = DEFAULT_POLICY
     if not sim.summary["sustainable"]:
         warnings.append(f"the prediction is overloaded: {sim.summary['unsustainable_reason']}")
     if sim.summary["completed"] < len(bench):
-        warnings.append(f"the prediction completed {sim.summary['completed']} of {len(bench)} requests (it gave up)")
+        warnings.append(f"the prediction completed {sim.summary['completed']} of {len(bench)} requests (it "
+                        "gave up)")
     if goodput is None and file_goodput is not None:
-        warnings.append("the file's request_goodput is shown alone: give --goodput with the limits the bench ran "
-                        "with to predict it")
-    assumptions = [*bench.assumptions(),
-                   f"{policy} with its default settings (the file does not record the server's scheduler settings)"]
+        warnings.append("the file's request_goodput is shown alone: give --goodput with the limits the bench "
+                        "ran with to predict it")
+    settings = f"{policy} with its default settings (the file does not record the server's scheduler setup)"
+    assumptions = [*bench.assumptions(), settings]
     return Comparison(bench, config, rows, assumptions, warnings, goodput, sim.summary)
 
 
@@ -112,7 +114,7 @@ def _disagreements(bench: VLLMBench, real: dict[str, float | None], goodput: Goo
     out = []
     for key, value in bench.reported.items():
         mine = real.get(key)
-        if key == "request_goodput" and goodput is None or mine is None:
+        if mine is None or (key == "request_goodput" and goodput is None):  # not recomputed: shown as is
             continue
         if not math.isclose(mine, value, rel_tol=AGREE_REL, abs_tol=1e-9):
             why = " (measured with other --goodput limits?)" if key == "request_goodput" else ""
@@ -121,11 +123,9 @@ def _disagreements(bench: VLLMBench, real: dict[str, float | None], goodput: Goo
 
 
 def fmt_value(v: float | None) -> str:
-    return "-" if v is None else f"{v:.4g}"
-
-
-def fmt_error(v: float | None) -> str:
-    return "-" if v is None else f"{v:+.1f}%"
+    if v is None:
+        return "n/a"
+    return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"  # 4 significant digits, no exponent
 
 
 def markdown(c: Comparison) -> str:
@@ -136,8 +136,8 @@ def markdown(c: Comparison) -> str:
              f"Predicted: {p['policy']} on {p['model']} / {p['gpu']} x{p['tp']}, {p['cost_model']}"
              + (f"; goodput limits {c.goodput.describe()} ms" if c.goodput else "") + ".", "",
              "| metric | measured | predicted | error |", "|---|---:|---:|---:|"]
-    lines += [f"| {r['metric']} | {fmt_value(r['measured'])} | {fmt_value(r['predicted'])} | {fmt_error(r['error_pct'])} |"
-              for r in c.rows]
+    lines += [f"| {r['metric']} | {fmt_value(r['measured'])} | {fmt_value(r['predicted'])} | "
+              f"{fmt_err(r['error_pct'])} |" for r in c.rows]
     lines += ["", "Assumed:", *(f"- {a}" for a in c.assumptions),
               f"- predicted {ITL_PERCENTILES}"]
     if c.warnings:

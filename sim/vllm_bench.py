@@ -123,21 +123,24 @@ def parse_goodput(values: list[str] | None) -> Goodput | None:
     for item in items:
         key, sep, text = item.partition(":")
         if not sep or key not in GOODPUT_KEYS:
-            raise InputError(f"--goodput {item!r}: give KEY:MS items with KEY one of {', '.join(GOODPUT_KEYS)}, "
-                             "e.g. --goodput ttft:500,tpot:50 (vLLM's bench --goodput, in milliseconds)")
+            raise InputError(f"--goodput {item!r}: give KEY:MS items with KEY one of "
+                             f"{', '.join(GOODPUT_KEYS)}, e.g. --goodput ttft:500,tpot:50 (vLLM's bench "
+                             "--goodput, in milliseconds)")
         try:
             ms = float(text)
         except ValueError:
             raise InputError(f"--goodput {item!r}: {text!r} is not a number of milliseconds") from None
         if not (ms > 0 and math.isfinite(ms)):
-            raise InputError(f"--goodput {item!r}: the limit must be a positive, finite number of milliseconds")
+            raise InputError(f"--goodput {item!r}: the limit must be a positive, finite number of "
+                             "milliseconds")
         if key in limits:
             raise InputError(f"--goodput: {key} is given twice")
         limits[key] = ms
     return Goodput(limits)
 
 
-def with_goodput(summary: dict[str, object], requests: pd.DataFrame, goodput: Goodput | None) -> dict[str, object]:
+def with_goodput(summary: dict[str, object], requests: pd.DataFrame, goodput: Goodput | None
+                 ) -> dict[str, object]:
     """The summary with `vllm_bench.request_goodput` (and the limits, `vllm_bench.goodput`), when given."""
     if goodput is None:
         return summary

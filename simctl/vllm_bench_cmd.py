@@ -15,8 +15,8 @@ from common.errors import InputError
 
 DEFAULT_OUT = Path("out/vllm-bench")
 # validate's options for real runs: none applies to a measurement that is already made
-REAL_RUN_OPTIONS = ("trace", "loads", "device", "dtype", "attention", "scale", "num_requests", "seed", "threads",
-                    "capacity", "repeats", "prefill_instances", "decode_instances")
+REAL_RUN_OPTIONS = ("trace", "loads", "device", "dtype", "attention", "scale", "num_requests", "seed",
+                    "threads", "capacity", "repeats", "prefill_instances", "decode_instances")
 BENCH_OPTIONS = ("gpu", "tp", "goodput")
 
 
@@ -34,13 +34,13 @@ def check_bench_options(ctx: typer.Context, from_bench: Path | None) -> None:
         return
     wrong = [n for n in REAL_RUN_OPTIONS if _given(ctx, n)]
     if wrong:
-        raise InputError(f"--{wrong[0].replace('_', '-')} applies to real runs; --from-vllm-bench compares a "
-                         "measurement already made (it takes --model, --gpu, --tp, --policy, --cost, --goodput "
-                         "and --out)")
+        raise InputError(f"--{wrong[0].replace('_', '-')} applies to real runs; --from-vllm-bench compares "
+                         "a measurement already made (it takes --model, --gpu, --tp, --policy, --cost, "
+                         "--goodput and --out)")
     missing = [n for n in ("model", "gpu") if not _given(ctx, n)]
     if missing:
-        raise InputError(f"--from-vllm-bench needs --{missing[0]}: the model the bench served (a catalogue name "
-                         "or its config.json) and the GPU it ran on (see `simctl list`)")
+        raise InputError(f"--from-vllm-bench needs --{missing[0]}: the model the bench served (a catalogue "
+                         "name or its config.json) and the GPU it ran on (see `simctl list`)")
 
 
 def vllm_bench_command(ctx: typer.Context, path: Path, model: str, gpu: str, policy: str, cost: str | None,
@@ -62,17 +62,19 @@ def vllm_bench_command(ctx: typer.Context, path: Path, model: str, gpu: str, pol
 
 
 def _print(record: dict[str, Any]) -> None:
-    from engine.vllm_bench_compare import fmt_error, fmt_value
+    from engine.report import fmt_err
+    from engine.vllm_bench_compare import fmt_value
     from sim.vllm_bench import ITL_PERCENTILES
 
     p = record["prediction"]
-    title = (f"{Path(record['file']).name}: {record['completed']}/{record['sent']} requests measured; predicted by "
-             f"{p['policy']} on {p['model']} / {p['gpu']} x{p['tp']} ({p['cost_model']})")
+    title = (f"{Path(record['file']).name}: {record['completed']}/{record['sent']} requests measured; "
+             f"predicted by {p['policy']} on {p['model']} / {p['gpu']} x{p['tp']} ({p['cost_model']})")
     table = Table(title=escape(title))
     for col in ("metric", "measured", "predicted", "error"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for r in record["metrics"]:
-        table.add_row(r["metric"], fmt_value(r["measured"]), fmt_value(r["predicted"]), fmt_error(r["error_pct"]))
+        table.add_row(r["metric"], fmt_value(r["measured"]), fmt_value(r["predicted"]),
+                      fmt_err(r["error_pct"]))
     console = Console()
     console.print(table)
     for line in (*record["assumptions"], f"predicted {ITL_PERCENTILES}"):

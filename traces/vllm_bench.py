@@ -2,15 +2,15 @@
 each, and how it sent them.
 
 The file (vllm/benchmarks/serve.py, `main_async` and `benchmark`) is one JSON object. Its per-request lists,
-one entry per request sent, in send order, are kept only with `--save-detailed`: `input_lens` (prompt
-tokens), `output_lens` (tokens generated; 0 for a failed request), `ttfts` (s), `itls` (s, one list per request:
-the gaps between streamed chunks, and a chunk may carry several tokens), `start_times` (s, the client's
+one entry per request sent, in send order, are kept only with `--save-detailed`: `input_lens` (prompt tokens),
+`output_lens` (tokens generated; 0 for a failed request), `ttfts` (s), `itls` (s, one list per request: the
+gaps between streamed chunks, and a chunk may carry several tokens), `start_times` (s, the client's
 `time.perf_counter()` when the request was sent), `errors` ("" unless it failed) and `generated_texts`;
-`latencies` (s, send to last chunk) is kept without it too. Beside them: `duration` (s, from the
-benchmark's start, before the first request's delay, to the last response), `completed`, `failed`, the
-traffic it was asked for (`request_rate`, a number or "inf"; `burstiness`; `max_concurrency`; optional
-`ramp_up_strategy`) and the aggregates it printed (`mean_ttft_ms`, `p99_itl_ms`, `request_throughput`,
-`request_goodput`, ...). The `--goodput` limits themselves are not written.
+`latencies` (s, send to last chunk) is kept without it too. Beside them: `duration` (s, from the benchmark's
+start, before the first request's delay, to the last response), `completed`, `failed`, the traffic it was
+asked for (`request_rate`, a number or "inf"; `burstiness`; `max_concurrency`; optional `ramp_up_strategy`)
+and the aggregates it printed (`mean_ttft_ms`, `p99_itl_ms`, `request_throughput`, `request_goodput`, ...).
+The `--goodput` limits themselves are not written.
 
 Replaying the load: the requests are replayed at their send times (`start_times` less the first, plus the
 benchmark's lead-in before it, `duration` less the span from the first send to the last response). A file
@@ -81,8 +81,8 @@ class VLLMBench:
         t = self.traffic
         out = []
         if self.send_times_measured:
-            out.append("requests arrive when the client sent them (the file's start_times), from the benchmark's "
-                       f"start ({self.arrival_s[0]:.3f} s before the first send)")
+            out.append("requests arrive when the client sent them (the file's start_times), from the "
+                       f"benchmark's start ({self.arrival_s[0]:.3f} s before the first send)")
             if t.max_concurrency is not None:
                 out.append(f"the client kept at most {t.max_concurrency} requests in flight: its send times "
                            "follow the measured server's pace, and the prediction replays them as measured "
@@ -92,17 +92,21 @@ class VLLMBench:
         else:
             shape = ("evenly spaced gaps" if math.isinf(t.burstiness) else "Poisson gaps" if t.burstiness == 1
                      else f"Gamma gaps of shape {t.burstiness:g} (burstiness)")
-            out.append(f"the file has no send times: arrivals generated at {t.request_rate:g} req/s with {shape}, "
-                       f"seed {GENERATED_SEED}, scaled as vLLM does so that the last arrives at n / rate")
+            out.append(f"the file has no send times: arrivals generated at {t.request_rate:g} req/s with "
+                       f"{shape}, seed {GENERATED_SEED}, scaled as vLLM does so that the last arrives at "
+                       "n / rate")
         if not self.send_times_measured and t.max_concurrency is not None:
-            out.append(f"the client's limit of {t.max_concurrency} requests in flight is not modelled (the file "
-                       "has no send times to replay): the prediction sees more requests at once than vLLM did")
+            out.append(f"the client's limit of {t.max_concurrency} requests in flight is not modelled "
+                       "(the file has no send times to replay): the prediction sees more requests at once "
+                       "than vLLM did")
         if self.failed:
-            out.append(f"{self.failed} failed request(s) of {self.sent} excluded (their output lengths are unknown)")
-        if len(self.itl_s) < int((self.output_tokens - 1).sum()):
-            out.append(f"the file holds {len(self.itl_s)} chunk gaps for {int((self.output_tokens - 1).sum())} "
-                       "tokens after the first (a streamed chunk carried several tokens): its ITL pools chunk "
-                       "gaps, the prediction's pools token gaps")
+            out.append(f"{self.failed} failed request(s) of {self.sent} excluded (their output lengths are "
+                       "unknown)")
+        tokens = int((self.output_tokens - 1).sum())
+        if len(self.itl_s) < tokens:
+            out.append(f"the file holds {len(self.itl_s)} chunk gaps for {tokens} tokens after the first "
+                       "(a streamed chunk carried several tokens): its ITL pools chunk gaps, the "
+                       "prediction's pools token gaps")
         return out
 
 
@@ -116,8 +120,8 @@ def read_vllm_bench(path: str | Path) -> VLLMBench:
         raise InputError(f"{what}: a pooling (embedding) benchmark: it generated no tokens to predict")
     missing = [k for k in (*REQUIRED, *DETAILED) if k not in data]
     if any(k in data for k in REQUIRED) and set(missing) <= set(DETAILED) and missing:
-        raise InputError(f"{what}: has no per-request lists ({', '.join(missing)}); run `vllm bench serve` with "
-                         "--save-result --save-detailed")
+        raise InputError(f"{what}: has no per-request lists ({', '.join(missing)}); run `vllm bench serve` "
+                         "with --save-result --save-detailed")
     if missing:
         raise InputError(f"{what}: not a `vllm bench serve --save-result` file (no {', '.join(missing)})")
     n = _length(data, what)
@@ -139,8 +143,8 @@ def read_vllm_bench(path: str | Path) -> VLLMBench:
     bad = ok & ((prompts < 1) | (latency < ttft))
     if bad.any():
         i = int(np.argmax(bad))
-        raise InputError(f"{what}: request {i} completed with input_lens {prompts[i]} and latency {latency[i]} "
-                         f"< ttft {ttft[i]}; expected input_lens >= 1 and latency >= ttft")
+        raise InputError(f"{what}: request {i} completed with input_lens {prompts[i]} and latency "
+                         f"{latency[i]} < ttft {ttft[i]}; expected input_lens >= 1 and latency >= ttft")
     duration = data["duration"]
     if not is_number(duration) or not (duration > 0 and math.isfinite(duration)):
         raise InputError(f"{what}: duration must be a positive number of seconds, got {duration!r}")
@@ -160,7 +164,8 @@ def read_vllm_bench(path: str | Path) -> VLLMBench:
         ttft_s=ttft[keep], latency_s=latency[keep],
         max_itl_s=np.array([max(itls[i], default=0.0) for i in keep], dtype=np.float64),
         itl_s=np.array([g for i in keep for g in itls[i]], dtype=np.float64),
-        sent=n, failed=n - len(keep), duration_s=float(duration), traffic=traffic, send_times_measured=measured,
+        sent=n, failed=n - len(keep), duration_s=float(duration), traffic=traffic,
+        send_times_measured=measured,
         model_id=model_id if isinstance(model_id, str) else None,
         reported={k: float(v) for k, v in data.items() if REPORTED.match(k) and is_number(v)},
     )
@@ -176,8 +181,8 @@ def _parse(text: str, what: str) -> dict[str, Any]:
         raise InputError(f"{what}: not valid JSON (truncated?): {e.msg} at line {e.lineno} column {e.colno}"
                          ) from None
     if not isinstance(data, dict):
-        raise InputError(f"{what}: not a `vllm bench serve --save-result` file (a JSON {type(data).__name__}, "
-                         "not an object)")
+        raise InputError(f"{what}: not a `vllm bench serve --save-result` file (a JSON "
+                         f"{type(data).__name__}, not an object)")
     return data
 
 
@@ -241,8 +246,8 @@ def _traffic(data: dict[str, Any], what: str) -> Traffic:
 def _generated_arrivals(n: int, traffic: Traffic, what: str) -> np.ndarray:
     """Send times as vLLM's `get_request` draws them, for a file that does not record them."""
     if traffic.ramp_up is not None:
-        raise InputError(f"{what}: the rate was ramped up ({traffic.ramp_up}) and the file has no start_times "
-                         "to replay; rerun with a vLLM that saves them")
+        raise InputError(f"{what}: the rate was ramped up ({traffic.ramp_up}) and the file has no "
+                         "start_times to replay; rerun with a vLLM that saves them")
     rate, burstiness = traffic.request_rate, traffic.burstiness
     if math.isinf(rate):
         return np.zeros(n)
