@@ -130,8 +130,17 @@ class Policy(ABC):
         again (its waiting queue stays blocked and KV only gets scarcer). Returns how many extra repeats the
         KV allows; the default suits policies whose only repeat-breaking event is KV running out.
         """
-        decodes = plan.seqs if plan.decode_only else plan.seqs[:plan.decode_tokens]
-        return max(self.kv.grow_common(decodes, limit + 1) - 1, 0)
+        return max(self.kv.grow_common(self._repeating(plan), limit + 1) - 1, 0)
+
+    def repeats_allowed(self, plan: BatchPlan, limit: int) -> int:
+        """What `extend(plan, limit)` would return now, allocating nothing: the loop asks before a stretch it
+        may cut short (a cluster's replica), and extends by the repeats that ran."""
+        return max(self.kv.max_common_growth(self._repeating(plan), limit + 1) - 1, 0)
+
+    @staticmethod
+    def _repeating(plan: BatchPlan) -> list[Seq]:
+        """The sequences whose KV a repeat of the plan grows: its decodes."""
+        return plan.seqs if plan.decode_only else plan.seqs[:plan.decode_tokens]
 
     def chunk_repeats(self, plan: BatchPlan) -> int:
         """How many more times the policy would schedule this plan with prefill chunks again, each chunk one

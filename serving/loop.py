@@ -150,7 +150,7 @@ class Replica:
             return None
         kv_used = None if plan.decode_only else self.policy.kv.used_while_growing(decodes, extra + 1)
         if self.interruptible:  # only asks how far KV allows; `_cut` allocates
-            extra = max(self.policy.kv.max_common_growth(decodes, extra + 1) - 1, 0)
+            extra = self.policy.repeats_allowed(plan, extra)
         else:
             extra = self.policy.extend(plan, extra)
         if extra <= 0:

@@ -82,7 +82,7 @@ def test_preempts_the_last_running_and_requeues_it_first() -> None:
 
 def test_the_request_asking_may_preempt_itself() -> None:
     policy = v1(3)
-    a, b, c = seq(0, 5, 10), seq(1, 4, 10), seq(2, 1, 1)
+    a, b, c = seq(0, 5, 7), seq(1, 4, 8), seq(2, 1, 1)  # each fits the 3 blocks alone
     policy.add(a)
     policy.add(b)
     run_plan(policy, policy.schedule())  # A: 2 blocks, B: 1, none free
@@ -191,6 +191,11 @@ def test_bad_settings_are_one_line() -> None:
         make_policy("vllm-v1", 1 << 20, 2048, {"enable_prefix_caching": 2})
     with pytest.raises(InputError, match="--block-size must be an integer >= 1"):
         make_policy("vllm-v1", 1 << 20, 2048, {"block_size": 0})
+    cpu = make_policy("vllm-v1", 1000, 2048, gpu="cpu")  # 7 blocks of 128
+    assert cpu.max_admissible_tokens(1000, 2048) == 992  # what blocks of the default 16 hold
+    cpu.add(seq(0, 900, 51))
+    with pytest.raises(InputError, match="request 0 needs 8 KV blocks of 128 tokens but the cache has 7"):
+        cpu.schedule()
 
 
 def test_prefix_columns_of_trace_files(tmp_path: Path) -> None:
@@ -228,3 +233,22 @@ def test_summary_reports_prefix_caching_only_where_there_is_some(tmp_path: Path)
     cpu = run(RunConfig(policy="vllm-v1", trace=str(trace), qps=None, num_requests=8, model="tiny", gpu="cpu"))
     assert (cpu.summary["block_size"], cpu.summary["max_num_batched_tokens"]) == (128, 4096)
     assert cpu.summary["prefix_cache_hit_tokens"] == 7 * 512  # 4 blocks of 128
+
+
+def test_a_victim_may_come_back_at_once_so_its_step_does_not_repeat() -> None:
+    # A and B, admitted together a token a step, each compute block (0, 0) of their group: the cache holds
+    # both, A's first. When B preempts itself, its lookup takes A's copy, so B needs one block fewer than it
+    # freed and comes back at once: the decode plan of the step that preempted must not be stretched
+    policy = v1(11, caching=1, max_batch_size=2, long_prefill_token_threshold=1)
+    a, b = seq(0, 15, 16, 0, 14), seq(1, 11, 19, 0, 7)
+    policy.add(a)
+    policy.add(b)
+    plan = policy.schedule()
+    while b.phase is Phase.RUNNING:
+        run_plan(policy, plan)
+        plan = policy.schedule()
+    assert shape(plan) == [(0, 1)] and policy.preempted and b.known_tokens == 21
+    assert policy.extend(plan, 5) == policy.repeats_allowed(plan, 5) == 0
+    run_plan(policy, plan)
+    plan = policy.schedule()
+    assert shape(plan) == [(0, 1), (1, 1)] and plan.prefill_c == [20]  # 20 of B's 21 tokens hit
