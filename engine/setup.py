@@ -153,7 +153,12 @@ def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: in
     if policy_class(config.policy).padded_batches:  # padded decodes read prompt-pad + steps columns
         wide = max(r.prompt_tokens for r in requests) + max(r.output_tokens for r in requests)
         slot_tokens = max(slot_tokens, aligned(wide))
-    batch = make_policy(config.policy, max_seq_len, max_seq_len, config.options).max_batch_size
+    probe = make_policy(config.policy, max_seq_len, max_seq_len, config.options)
+    if probe.shares_prefixes and any(r.prefix_group >= 0 for r in requests):
+        raise InputError(f"{config.policy} reuses cached prompt prefixes across requests, which this engine cannot "
+                         "(each request's KV lives in its own slot): give --enable-prefix-caching 0, or a trace "
+                         "without prefix_group")
+    batch = probe.max_batch_size
     slots = min(len(requests), batch)
     capped = False
     if policy_class(config.policy).widening_kv:  # Baton: a row may read up to the whole capacity's width,

@@ -97,6 +97,11 @@ class Policy(ABC):
             return max_seq_len if max_seq_len <= kv_capacity_tokens else 0
         return PagedKV(kv_capacity_tokens).max_request_tokens
 
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether a request may start from KV another request computed (prefix caching)."""
+        return False
+
     def stats(self) -> dict[str, int]:
         """What the policy counted during the run, additive over replicas (most policies: nothing)."""
         return {}

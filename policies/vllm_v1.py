@@ -82,6 +82,10 @@ class VLLMV1(Policy):
         block = cls.Settings().block_size
         return kv_capacity_tokens // block * block
 
+    @property
+    def shares_prefixes(self) -> bool:
+        return bool(self.settings.enable_prefix_caching)
+
     def stats(self) -> dict[str, int]:
         if not self.settings.enable_prefix_caching:
             return {}

@@ -15,6 +15,7 @@ from policies.seq import Phase, Seq
 from policies.vllm_v1 import VLLMV1
 from sim.run import RunConfig, run
 from traces.build import build_trace
+from traces.request import Request
 
 
 def v1(blocks: int, block: int = 4, caching: int = 0, **options: int) -> VLLMV1:
@@ -252,3 +253,17 @@ def test_a_victim_may_come_back_at_once_so_its_step_does_not_repeat() -> None:
     run_plan(policy, plan)
     plan = policy.schedule()
     assert shape(plan) == [(0, 1), (1, 1)] and plan.prefill_c == [20]  # 20 of B's 21 tokens hit
+
+
+def test_simctl_s_own_engine_refuses_shared_prefixes_it_cannot_share() -> None:
+    from engine.setup import RealConfig, size_run
+    from sim.models import get_model
+
+    requests = [Request(i, 0.0, 40, 4, prefix_group=0, prefix_tokens=32) for i in range(3)]
+    per_token = get_model("tiny").kv_bytes_per_token(4)
+    config = RealConfig(policy="vllm-v1", model="tiny")
+    with pytest.raises(InputError, match="vllm-v1 reuses cached prompt prefixes across requests"):
+        size_run(config, requests, per_token, 1 << 30)
+    size_run(RealConfig(policy="vllm-v1", model="tiny", options={"enable_prefix_caching": 0}), requests, per_token,
+             1 << 30)
+    size_run(config, [Request(0, 0.0, 40, 4)], per_token, 1 << 30)  # no shared prefix: nothing to refuse
