@@ -309,3 +309,56 @@ def test_the_measured_side_is_what_vllm_itself_computes(tmp_path: Path) -> None:
 def test_run_goodput_is_refused_for_a_cluster(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _cli(capsys, "run", "--replicas", "2", "--num-requests", "4", "--goodput", "ttft:100")
     assert code == 2 and len(err.splitlines()) == 1 and "not to a cluster" in err, err
+
+
+def test_a_file_written_by_vllms_own_benchmark(tmp_path: Path) -> None:
+    """The installed vLLM's `benchmark()` run against a fake endpoint (answers in 4 ms, then a chunk per token
+    every 2 ms; prompts of 7 tokens fail), its result saved as `main_async` saves it with --save-detailed."""
+    serve = pytest.importorskip("vllm.benchmarks.serve")
+    import asyncio
+    import time
+
+    from vllm.benchmarks.datasets import SampleRequest
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
+
+    async def fake(request_func_input: Any, session: Any, pbar: Any = None) -> Any:
+        out = RequestFuncOutput(prompt_len=request_func_input.prompt_len)
+        out.start_time = last = time.perf_counter()
+        if request_func_input.prompt_len == 7:
+            out.error = "Bad Request"
+            return out
+        await asyncio.sleep(0.004)
+        out.ttft = time.perf_counter() - out.start_time
+        last += out.ttft
+        for _ in range(request_func_input.output_len - 1):
+            await asyncio.sleep(0.002)
+            now = time.perf_counter()
+            out.itl.append(now - last)
+            last = now
+        out.latency, out.output_tokens = last - out.start_time, request_func_input.output_len
+        out.success = True
+        return out
+
+    requests = [SampleRequest(prompt="x", prompt_len=p, expected_output_len=o)
+                for p, o in ((5, 3), (7, 4), (9, 1), (11, 6))]
+    funcs = serve.ASYNC_REQUEST_FUNCS
+    funcs["simctl-test"] = fake
+    try:
+        result = asyncio.run(serve.benchmark(
+            task_type=serve.TaskType.GENERATION, endpoint_type="simctl-test", api_url="http://127.0.0.1:9/v1",
+            base_url="http://127.0.0.1:9", model_id="m", model_name="m", tokenizer=object(),
+            input_requests=requests, logprobs=None, request_rate=50.0, burstiness=1.0, disable_tqdm=True, num_warmups=0, profile=False,
+            selected_percentile_metrics=["ttft", "tpot", "itl", "e2el"], selected_percentiles=[99.0],
+            ignore_eos=False, goodput_config_dict={"ttft": 50.0, "tpot": 3.0}, max_concurrency=None,
+            lora_modules=None, extra_headers=None, extra_body=None, ready_check_timeout_sec=0))
+    finally:
+        del funcs["simctl-test"]
+    path = write(tmp_path, {"model_id": "m", "num_prompts": 4, "request_rate": 50.0, "burstiness": 1.0,
+                            "max_concurrency": None, **result})
+    b = read_vllm_bench(path)
+    assert (b.sent, b.failed, b.prompt_tokens.tolist()) == (4, 1, [5, 9, 11])
+    assert np.all(np.diff(b.arrival_s) >= 0) and b.arrival_s[0] >= 0
+    ours = measured(b, parse_goodput(["ttft:50,tpot:3"]))
+    for key in (*MEASURED, "request_goodput"):
+        assert ours[key] == pytest.approx(result[key], rel=1e-9), key
+    assert not compare(path, "tiny", "cpu", "vllm-v1", goodput=parse_goodput(["ttft:50,tpot:3"])).warnings
