@@ -347,7 +347,8 @@ def test_a_file_written_by_vllms_own_benchmark(tmp_path: Path) -> None:
         result = asyncio.run(serve.benchmark(
             task_type=serve.TaskType.GENERATION, endpoint_type="simctl-test", api_url="http://127.0.0.1:9/v1",
             base_url="http://127.0.0.1:9", model_id="m", model_name="m", tokenizer=object(),
-            input_requests=requests, logprobs=None, request_rate=50.0, burstiness=1.0, disable_tqdm=True, num_warmups=0, profile=False,
+            input_requests=requests, logprobs=None, request_rate=50.0, burstiness=1.0, disable_tqdm=True,
+            num_warmups=0, profile=False,
             selected_percentile_metrics=["ttft", "tpot", "itl", "e2el"], selected_percentiles=[99.0],
             ignore_eos=False, goodput_config_dict={"ttft": 50.0, "tpot": 3.0}, max_concurrency=None,
             lora_modules=None, extra_headers=None, extra_body=None, ready_check_timeout_sec=0))
