@@ -20,7 +20,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 RUNS_PATH = Path(__file__).with_name("runs.json")
 WALL_CLOCK = {"sim_wall_s"}
-POLICIES = ("faster-transformer", "orca", "vllm", "sarathi", "sarathi-hybrid-only", "sarathi-chunked-only")
+POLICIES = ("faster-transformer", "orca", "vllm", "vllm-v1", "sarathi", "sarathi-hybrid-only", "sarathi-chunked-only")
 
 
 def cases() -> list[dict[str, Any]]:
