@@ -35,7 +35,6 @@ AGREE_REL = 1e-6  # a file's aggregate and its lists' recomputation agree to rou
 @dataclass(frozen=True)
 class Comparison:
     bench: VLLMBench
-    config: RunConfig
     rows: list[dict[str, Any]]  # metric, measured, predicted, error_pct
     assumptions: list[str]
     warnings: list[str]
@@ -79,13 +78,14 @@ def _requests_table(bench: VLLMBench) -> pd.DataFrame:
 
 def compare(path: str | Path, model: str, gpu: str, policy: str = DEFAULT_POLICY, cost: str | None = None,
             tp: int = 1, goodput: Goodput | None = None) -> Comparison:
+    """The bench result at `path` beside its prediction by `policy` on `model` / `gpu` x `tp` priced by `cost`
+    (sim.run.cost_model's choice when None), goodput with `goodput`'s limits."""
     if Path(path).suffix.lower() != ".json":  # it is simulated as a trace file, which its extension names
         raise InputError(f"--from-vllm-bench {path}: expected a .json file, as `vllm bench serve "
                          "--save-result` writes")
     bench = read_vllm_bench(path)
-    config = RunConfig(policy=policy, trace=str(path), model=model, gpu=gpu, tp=tp, qps=None,
-                       num_requests=len(bench), cost=cost)
-    sim = run(config)
+    sim = run(RunConfig(policy=policy, trace=str(path), model=model, gpu=gpu, tp=tp, qps=None,
+                        num_requests=len(bench), cost=cost))
     predicted = with_goodput(sim.summary, sim.result.requests, goodput)["vllm_bench"]
     real = measured(bench, goodput)
     keys = list(KEYS)
@@ -106,7 +106,7 @@ def compare(path: str | Path, model: str, gpu: str, policy: str = DEFAULT_POLICY
                         "ran with to predict it")
     settings = f"{policy} with its default settings (the file does not record the server's scheduler setup)"
     assumptions = [*bench.assumptions(), settings]
-    return Comparison(bench, config, rows, assumptions, warnings, goodput, sim.summary)
+    return Comparison(bench, rows, assumptions, warnings, goodput, sim.summary)
 
 
 def _disagreements(bench: VLLMBench, real: dict[str, float | None], goodput: Goodput | None) -> list[str]:
