@@ -17,7 +17,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,7 @@ def _check_inputs(model_name: str, device: str, dtype: str, threads: int | None,
     return spec, dev, threads
 
 
-def _write_files(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+def write_profile(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     """profile.csv then meta.json, all or none."""
     import pandas as pd
 
@@ -92,12 +93,19 @@ def run_worker(model_name: str, device: str, dtype: str, threads: int, grid: str
                attention: str, on_event: Callable[[dict[str, Any]], None]
                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run the worker to completion; returns (rows, meta). `on_event` sees every protocol message."""
+    return run_child(worker_command(model_name, device, dtype, threads, grid, seed, protocol, attention),
+                     worker_env(threads), on_event)
+
+
+def run_child(command: list[str], env: dict[str, str], on_event: Callable[[dict[str, Any]], None]
+              ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run a timing child speaking the worker's protocol (`profiler/worker.py`) to completion; returns (rows,
+    meta). `on_event` sees every protocol message."""
     rows: list[dict[str, Any]] = []
     meta: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
-        proc = subprocess.Popen(worker_command(model_name, device, dtype, threads, grid, seed, protocol, attention),
-                                env=worker_env(threads), stdout=subprocess.PIPE, stderr=err,
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=err,
                                 stdin=subprocess.DEVNULL, text=True, encoding="utf-8")
         try:
             assert proc.stdout is not None
@@ -155,27 +163,32 @@ def profile(model_name: str, device: str, dtype: str, threads: int | None, quick
     ExecutorConfig(attention).validate(dev)
     out = check_out_dir(Path(out_dir))
 
-    if progress:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        bar = Progress(TextColumn("[bold]profile[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), console=Console(stderr=True), transient=False)
-        task = bar.add_task(f"{spec.name} on {dev}: starting", total=None)
-
-        def on_event(msg: dict[str, Any]) -> None:
-            if msg.get("event") == "start":
-                bar.update(task, total=msg["total"], description=f"{spec.name} on {dev}")
-            elif msg.get("event") == "progress":
-                bar.update(task, completed=msg["done"],
-                           description=f"{msg['label']}: {msg['time_s'] * 1e3:.2f} ms")
-            elif msg.get("event") == "done":
-                bar.update(task, description=f"{spec.name} on {dev}: done in {msg['meta']['wall_s']:.0f} s")
-
-        with bar:
-            rows, meta = run_worker(spec.name, dev, dtype, threads, grid, seed, protocol, attention, on_event)
-    else:
-        rows, meta = run_worker(spec.name, dev, dtype, threads, grid, seed, protocol, attention,
-                                lambda msg: None)
-    _write_files(out, rows, meta)
+    with progress_events(f"{spec.name} on {dev}", progress) as on_event:
+        rows, meta = run_worker(spec.name, dev, dtype, threads, grid, seed, protocol, attention, on_event)
+    write_profile(out, rows, meta)
     return out
+
+
+@contextmanager
+def progress_events(what: str, progress: bool) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """An `on_event` for `run_child` that shows a rich progress bar on stderr (or nothing)."""
+    if not progress:
+        yield lambda msg: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("[bold]profile[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+    task = bar.add_task(f"{what}: starting", total=None)
+
+    def on_event(msg: dict[str, Any]) -> None:
+        if msg.get("event") == "start":
+            bar.update(task, total=msg["total"], description=what)
+        elif msg.get("event") == "progress":
+            bar.update(task, completed=msg["done"], description=f"{msg['label']}: {msg['time_s'] * 1e3:.2f} ms")
+        elif msg.get("event") == "done":
+            bar.update(task, description=f"{what}: done in {msg['meta']['wall_s']:.0f} s")
+
+    with bar:
+        yield on_event

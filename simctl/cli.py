@@ -325,7 +325,11 @@ def validate(
 
 @app.command()
 def profile(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="Folder for profile.csv and meta.json, e.g. profiles/my-gpu.")],
+    engine: Annotated[str, typer.Option(help="Whose iterations to time: simctl (its own executor) or vllm (the "
+                                        "installed vLLM's engine steps, host overhead included, on the CPU; "
+                                        "`make vllm` installs it).")] = "simctl",
     model: Annotated[str, typer.Option(help="Model shape to build with random weights (Llama-style "
                                        "catalogue entries; `tiny` and `tiny-2l` suit a CPU).")] = "tiny",
     device: Annotated[str, typer.Option(help="cpu, or cuda (uses CUDA events and synchronizes).")] = "cpu",
@@ -342,11 +346,25 @@ def profile(
 
     The model is built from its config with random weights: nothing is downloaded. Fit the result with
     `simctl fit`. Example: simctl profile --model tiny --device cpu --out profiles/cpu
+    vLLM's own steps: simctl profile --engine vllm --model tiny --device cpu --out profiles/vllm-tiny
     """
     from profiler.profile import profile as run_profile
 
+    if engine not in ("simctl", "vllm"):
+        raise InputError(f"--engine {engine!r}: choose simctl or vllm")
     try:
-        path = run_profile(model, device, dtype, threads, quick, out, protocol=protocol, attention=attention)
+        if engine == "vllm":
+            from profiler.vllm_profile import profile_vllm
+
+            for name in ("threads", "protocol", "attention"):
+                if ctx.get_parameter_source(name).name != "DEFAULT":
+                    raise InputError(f"--{name} applies to --engine simctl; vLLM steps run with its own threads "
+                                     f"and attention, each timed as served")
+            if device != "cpu":
+                raise InputError(f"--device {device}: the vLLM profile runs the installed CPU build (--device cpu)")
+            path = profile_vllm(model, dtype, quick, out)
+        else:
+            path = run_profile(model, device, dtype, threads, quick, out, protocol=protocol, attention=attention)
     except RuntimeError as e:  # the timing child crashed: its last words are in the message
         raise InputError(f"profiling failed: {e}") from None
     Console().print(escape(f"wrote {path}/profile.csv and meta.json; next: simctl fit {path}"))

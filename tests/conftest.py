@@ -92,3 +92,7 @@ def alone(model):
         return cache[key]
 
     return tokens
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "vllm_profile: a real vLLM step profile (about two minutes; needs vLLM)")

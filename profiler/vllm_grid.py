@@ -1,0 +1,105 @@
+"""The vLLM steps a vLLM profile times (`profiler/vllm_worker.py` drives them): decode batches, prefill chunks
+on cached context, and mixed steps (decodes + a chunk), each made by what is submitted to an idle engine.
+
+A `StepProbe` names the step it times; the worker makes it as serving does:
+
+- decode (B, C): B requests whose prompts are prefilled first (untimed), then `timed` decode steps of the B
+  at contexts growing by one a step, centred on C (contexts grow in serving: no per-shape cache stays warm);
+- prefill (q, c): a request of c + q prompt tokens (more if the chunk stops mid-prompt: `sample` False),
+  its first c computed by an untimed step, then the timed step computes q tokens on the c cached;
+- hybrid (B, C, q, c): a decode batch as above with, each repetition, a new request whose chunk q at c runs
+  in the same step as the B decodes (the untimed step before computes its first c tokens alongside them).
+
+Chunk sizes are set per step by the scheduler's token budget (see the worker); every timed step's shape is
+the one the scheduler actually scheduled, and the profile row's features are that shape's
+(`policies.plan.packed` + `sim.cost.features.plan_features`, as the simulator's). `VLLM_GRIDS`: `full` (a
+few minutes for `tiny` on a 2-core CPU, engine start included), `quick` (under two minutes) and `test`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+ProbeKind = Literal["decode", "prefill", "hybrid"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepProbe:
+    kind: ProbeKind
+    decodes: int = 0  # B: decode requests in the step
+    context: int = 0  # C: their context at the middle timed step
+    chunk: int = 0  # q: the prefill chunk's new tokens (0: none)
+    cached: int = 0  # c: the chunk's cached context
+    sample: bool = True  # the chunk reaches its prompt's end (samples a token)
+
+    def label(self) -> str:
+        parts = []
+        if self.decodes:
+            parts.append(f"{self.decodes} decodes at {self.context}")
+        if self.chunk:
+            parts.append(f"chunk {self.chunk} on {self.cached}" + ("" if self.sample else " (mid-prompt)"))
+        return f"{self.kind} " + " + ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class VLLMGrid:
+    name: str
+    probes: tuple[StepProbe, ...]
+    blocks: int  # visits of each probe, in a fresh seeded order each sweep
+    timed: int  # timed steps per visit (decode steps, or repetitions of a chunk)
+
+    @property
+    def shapes(self) -> tuple[StepProbe, ...]:  # as `profiler.worker.summarize_blocks` reads a grid
+        return self.probes
+
+    @property
+    def quiet_blocks(self) -> int:
+        return self.blocks
+
+
+def _decodes(batches: tuple[int, ...], contexts: tuple[int, ...]) -> list[StepProbe]:
+    return [StepProbe("decode", b, c) for b in batches for c in contexts]
+
+
+def _prefills(chunks: tuple[int, ...]) -> list[StepProbe]:
+    return [StepProbe("prefill", chunk=q) for q in chunks]
+
+
+def _full() -> VLLMGrid:
+    probes = [
+        # decodes: the per-row attention curve over contexts, the batch's linear/LM-head cost over B (B x C
+        # kept below ~64K prompt tokens: each visit prefills them)
+        *_decodes((1, 4, 16), (32, 256, 1024, 1900)), *_decodes((32, 64), (32, 256, 1024)),
+        *_decodes((128, 256), (32, 200)),
+        # whole prompts at powers of two and between (the linear curve's knots; decode batch sizes included)
+        *_prefills((1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 129, 192, 256, 384, 512, 768, 1024, 1536, 2000)),
+        # chunks on cached context, half mid-prompt (sampling nothing: the LM head told from the overhead)
+        *(StepProbe("prefill", chunk=q, cached=c, sample=s)
+          for q in (64, 256, 1024) for c in (256, 896) for s in (True, False)),
+        # mixed steps: decodes + a chunk, as vLLM runs a prompt arriving into a running batch
+        *(StepProbe("hybrid", b, ctx, q, c) for b, ctx in ((4, 512), (32, 256), (64, 1024))
+          for q, c in ((16, 0), (256, 0), (512, 512))),
+    ]
+    return VLLMGrid("full", tuple(probes), blocks=5, timed=8)
+
+
+def _quick() -> VLLMGrid:
+    probes = [*_decodes((1, 16), (64, 1024)), StepProbe("decode", 64, 200),
+              *_prefills((1, 16, 128, 512, 1536)),
+              StepProbe("prefill", chunk=256, cached=512), StepProbe("prefill", chunk=256, cached=512, sample=False),
+              StepProbe("hybrid", 8, 256, 128, 0), StepProbe("hybrid", 16, 512, 256, 256)]
+    return VLLMGrid("quick", tuple(probes), blocks=3, timed=6)
+
+
+def _test() -> VLLMGrid:
+    probes = [StepProbe("decode", 4, 64), StepProbe("decode", 16, 128), *_prefills((8, 64, 256)),
+              StepProbe("prefill", chunk=64, cached=128, sample=False), StepProbe("hybrid", 4, 64, 32, 32)]
+    return VLLMGrid("test", tuple(probes), blocks=2, timed=4)
+
+
+VLLM_GRIDS = {"full": _full, "quick": _quick, "test": _test}
+
+
+def vllm_grid(name: str) -> VLLMGrid:
+    return VLLM_GRIDS[name]()

@@ -1,0 +1,337 @@
+"""The vLLM profiling child: `python -m profiler.vllm_worker --model M --dtype T --grid G --seed S`.
+
+It times the installed vLLM's own engine steps at controlled shapes (`profiler/vllm_grid.py`), host overhead
+included: scheduling, input preparation, the forward pass, sampling, output processing. vLLM's engine core
+runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set before vLLM is imported) and `LLMEngine.step()`
+is called one step at a time, each timed by the wall clock (every step returns its sampled tokens to the
+host, so nothing is left running when it returns). Prefix caching is off: a hit would change the shape.
+
+Shapes are made by what is submitted and by the scheduler's token budget, set step by step
+(`Scheduler.max_num_scheduled_tokens`, read by every `schedule()`; lowered only, so the model runner's
+buffers, sized for the engine's max_num_batched_tokens, hold): vLLM schedules running requests first, decodes
+then chunks in arrival order, so a budget of B + q gives a running batch of B decodes and a chunk of q of the
+newest prompt. Every step's actual shape is read from the scheduler's output (`schedule()` is wrapped:
+`num_scheduled_tokens` and each request's `num_computed_tokens` before the step) and turned into the plan the
+simulator would build (`policies.plan.packed`); a timed step whose shape is not the probe's is an error. The
+row's features are `sim.cost.features.plan_features` of the middle timed step of the first visit (contexts
+move by a token a step around it, so the median step is that one).
+
+Timing reuses the profiler's machinery: each visit of a probe is a `profiler.worker.Block` (its timed steps
+and the CPU the rest of the machine used meanwhile, `profiler.timing.CpuMonitor`), visits are spread over
+sweeps in seeded random orders, and a row's time is the median of the steps of its quiet blocks
+(`profiler.worker.summarize_blocks`). Protocol on the original stdout: as `profiler/worker.py`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict
+from typing import Any, TextIO
+
+import numpy as np
+
+from common.errors import InputError
+from executor.runtime import cpu_name
+from executor.vllm_runtime import CPU_KV_CACHE_GIB, VLLMDeployment, engine_args, require_vllm, set_vllm_env
+from policies.plan import BatchPlan, packed
+from policies.seq import Seq
+from profiler.vllm_grid import VLLM_GRIDS, StepProbe, VLLMGrid, vllm_grid
+from profiler.worker import QUIET_SHARE, Block, summarize_blocks
+from sim.cost.features import plan_features
+
+# the engine settings recorded in meta.json: the vLLM config field each is read from
+_SETTINGS = {"max_model_len": ("model_config", "max_model_len"),
+             "max_num_seqs": ("scheduler_config", "max_num_seqs"),
+             "max_num_batched_tokens": ("scheduler_config", "max_num_batched_tokens"),
+             "enable_chunked_prefill": ("scheduler_config", "enable_chunked_prefill"),
+             "async_scheduling": ("scheduler_config", "async_scheduling"),
+             "long_prefill_token_threshold": ("scheduler_config", "long_prefill_token_threshold"),
+             "block_size": ("cache_config", "block_size"),
+             "enable_prefix_caching": ("cache_config", "enable_prefix_caching"),
+             "enforce_eager": ("model_config", "enforce_eager")}
+MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS = 256, 4096
+_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_NUM_THREADS",
+        "OMP_WAIT_POLICY", "VLLM_ENABLE_V1_MULTIPROCESSING")
+
+
+def kind_of(plan: BatchPlan) -> str:
+    if plan.decode_only:
+        return "decode"
+    return "hybrid" if plan.decode_rows else "prefill"
+
+
+class StepDriver:
+    """One in-process vLLM engine, stepped one step at a time; `last` is the plan of the last step run."""
+
+    def __init__(self, engine: Any, vocab_size: int, seed: int) -> None:
+        from vllm import SamplingParams
+
+        self.engine = engine
+        self.scheduler = engine.engine_core.engine_core.scheduler
+        self.full_budget = self.scheduler.max_num_scheduled_tokens
+        self.vocab_size = vocab_size
+        self.rng = np.random.default_rng(seed)
+        self.sampling = SamplingParams
+        self.count = 0
+        self.last: BatchPlan | None = None
+        schedule = self.scheduler.schedule
+
+        def observed(*args: Any, **kwargs: Any) -> Any:
+            out = schedule(*args, **kwargs)
+            self.last = self.plan_of(out)
+            return out
+
+        self.scheduler.schedule = observed
+
+    def plan_of(self, out: Any) -> BatchPlan:
+        """The plan of a `SchedulerOutput`: each scheduled request's tokens on its context before the step."""
+        computed = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+        cached = out.scheduled_cached_reqs
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+        seqs, num_new = [], []
+        for i, (rid, q) in enumerate(out.num_scheduled_tokens.items()):
+            req = self.scheduler.requests[rid]
+            s = Seq(i, 0.0, req.num_prompt_tokens, req.max_tokens)
+            s.computed, s.generated = computed[rid], req.num_output_tokens
+            if s.computed + q > s.known_tokens:
+                raise RuntimeError(f"vLLM scheduled {q} tokens on {s.computed} of {s.known_tokens} known")
+            seqs.append(s)
+            num_new.append(q)
+        return packed(seqs, num_new)
+
+    def add(self, prompt: int, outputs: int) -> str:
+        """Submit a request of `prompt` random token ids that generates exactly `outputs` tokens."""
+        self.count += 1
+        ids = self.rng.integers(1, self.vocab_size, prompt).tolist()
+        params = self.sampling(max_tokens=outputs, ignore_eos=True, detokenize=False)
+        return self.engine.add_request(str(self.count), {"prompt_token_ids": ids}, params)
+
+    def step(self, budget: int | None = None) -> tuple[float, BatchPlan]:
+        """Run one engine step with a token budget (default: the engine's); its seconds and its plan."""
+        self.scheduler.max_num_scheduled_tokens = min(budget or self.full_budget, self.full_budget)
+        self.last = None
+        try:
+            t0 = time.perf_counter()
+            self.engine.step()
+            elapsed = time.perf_counter() - t0
+        finally:
+            self.scheduler.max_num_scheduled_tokens = self.full_budget
+        if self.last is None:
+            raise RuntimeError("the engine stepped without scheduling")
+        return elapsed, self.last
+
+    def abort(self, ids: list[str]) -> None:
+        self.engine.abort_request(ids, internal=True)
+
+    def clear(self, ids: list[str]) -> None:
+        """Abort `ids` and let the engine empty."""
+        self.abort(ids)
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
+    def decode_batch(self, batch: int, prompt: int, outputs: int) -> list[str]:
+        """`batch` requests prefilled (untimed, chunked at the engine's budget) until a step decodes them all."""
+        ids = [self.add(prompt, outputs) for _ in range(batch)]
+        while True:
+            _, plan = self.step()
+            if plan.decode_only and plan.decode_rows == batch:
+                return ids
+
+
+def _check(probe: StepProbe, plan: BatchPlan) -> None:
+    chunk = ([probe.chunk], [probe.cached]) if probe.chunk else ([], [])
+    sampled = probe.decodes + (1 if probe.chunk and probe.sample else 0)
+    if (plan.decode_rows, (plan.prefill_q, plan.prefill_c), plan.sampled_tokens) != (probe.decodes, chunk, sampled):
+        raise RuntimeError(f"{probe.label()}: vLLM scheduled {plan.decode_rows} decodes and chunks "
+                           f"{plan.prefill_q} on {plan.prefill_c} ({plan.sampled_tokens} sampled)")
+
+
+def cohort_lengths(probe: StepProbe, timed: int, budget: int) -> tuple[int, int]:
+    """Prompt and output tokens of `probe`'s decode requests: the first step decoding them all is untimed
+    (warm-up) and the middle timed one is at `context`; the first prefilled decode while the others are
+    prefilled (chunks of `budget`), so outputs leave room for those steps too (none finishes in a timed one)."""
+    per_rep = 1 + (probe.cached > 0) if probe.chunk else 1  # decode steps per repetition
+    prompt = max(1, probe.context - 1 - (per_rep * timed) // 2)
+    return prompt, per_rep * timed + -(-probe.decodes * prompt // budget) + 4
+
+
+def run_probe(d: StepDriver, probe: StepProbe, timed: int) -> tuple[list[float], list[BatchPlan]]:
+    """One visit: `timed` steps of `probe`'s shape, each timed; their seconds and plans."""
+    times: list[float] = []
+    plans: list[BatchPlan] = []
+    cohort: list[str] = []
+    if probe.decodes:
+        cohort = d.decode_batch(probe.decodes, *cohort_lengths(probe, timed, d.full_budget))
+    for _ in range(timed):
+        if probe.chunk:
+            rid = d.add(probe.cached + probe.chunk + (0 if probe.sample else 8), 2)
+            if probe.cached:
+                d.step(probe.decodes + probe.cached)
+            t, plan = d.step(probe.decodes + probe.chunk)
+            d.abort([rid])
+        else:
+            t, plan = d.step()
+        _check(probe, plan)
+        times.append(t)
+        plans.append(plan)
+    d.clear(cohort)
+    return times, plans
+
+
+def _row(probe: StepProbe, plan: BatchPlan) -> dict[str, Any]:
+    if kind_of(plan) != probe.kind:
+        raise RuntimeError(f"{probe.label()}: scheduled as a {kind_of(plan)} step")
+    if probe.chunk:
+        q, c = probe.chunk, probe.cached
+    else:
+        q, c = 1, max(s.computed for s in plan.seqs)
+    return {"kind": probe.kind, **plan_features(plan), "q": q, "c": c}
+
+
+class VLLMWorker:
+    def __init__(self, model: str, dtype: str, grid: str, seed: int, out: TextIO) -> None:
+        from sim.models import get_model
+
+        if grid not in VLLM_GRIDS:
+            raise InputError(f"grid {grid!r} unknown; choose one of {', '.join(VLLM_GRIDS)}")
+        self.spec = get_model(model)
+        self.dtype = dtype
+        self.grid: VLLMGrid = vllm_grid(grid)
+        self.seed = seed
+        self.out = out
+
+    def emit(self, **msg: Any) -> None:
+        self.out.write(json.dumps(msg) + "\n")
+        self.out.flush()
+
+    def run(self) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, stepped by us
+        set_vllm_env("cpu")
+        version = require_vllm()
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        from executor.vllm_runtime import vllm_model_dir
+        from profiler.timing import CpuMonitor
+
+        grid = self.grid
+        max_len = self.spec.max_position
+        too_long = [p.label() for p in grid.probes
+                    if max(sum(cohort_lengths(p, grid.timed, MAX_NUM_BATCHED_TOKENS)),
+                           p.cached + p.chunk + 10) > max_len]
+        if too_long:
+            raise InputError(f"model {self.spec.name!r} holds {max_len} positions; too few for {too_long[0]}")
+        t_start = time.perf_counter()
+        with vllm_model_dir(self.spec, self.dtype) as model_dir:
+            # the largest steps the grid makes (vLLM's `LLM` defaults on a CPU); a step's cost does not depend on
+            # these caps, only the shapes they allow
+            deployment = VLLMDeployment(max_model_len=max_len, dtype=self.dtype, max_num_seqs=MAX_NUM_SEQS,
+                                        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, enable_prefix_caching=False,
+                                        seed=self.seed)
+            engine = LLMEngine.from_engine_args(EngineArgs(**engine_args(model_dir, deployment),
+                                                           disable_log_stats=True))
+        engine_start_s = time.perf_counter() - t_start
+        config = engine.vllm_config
+        settings = {k: getattr(getattr(config, part), name) for k, (part, name) in _SETTINGS.items()}
+        if settings["async_scheduling"] or settings["enable_prefix_caching"]:
+            raise RuntimeError(f"the engine runs with {settings}: steps could not be timed one by one")
+        d = StepDriver(engine, self.spec.vocab_size, self.seed)
+        run_probe(d, StepProbe("decode", 8, 64), 4)  # warm-up: thread pools, allocator, first kernels
+        n = len(grid.probes)
+        self.emit(event="start", shapes=n, total=n * grid.blocks, skipped=[])
+        monitor = CpuMonitor()
+        blocks: list[list[Block]] = [[] for _ in range(n)]
+        plans: list[BatchPlan | None] = [None] * n
+        rng = np.random.default_rng(self.seed)
+        done = 0
+        for _ in range(grid.blocks):
+            for i in rng.permutation(n):
+                probe = grid.probes[i]
+                r0, w0 = monitor.read(), time.perf_counter()
+                times, steps = run_probe(d, probe, grid.timed)
+                r1, wall = monitor.read(), time.perf_counter() - w0
+                blocks[i].append(Block(times, monitor.foreign_share(r0, r1, wall),
+                                       monitor.quiet(r0, r1, wall, QUIET_SHARE)))
+                if plans[i] is None:
+                    plans[i] = steps[len(steps) // 2]
+                done += 1
+                self.emit(event="progress", done=done, total=n * grid.blocks, label=probe.label(),
+                          time_s=float(np.median([t for b in blocks[i] for t in b.times])))
+        timings, timing = summarize_blocks(blocks, grid, monitor)
+        monitor.close()
+        for i, (probe, plan, tm) in enumerate(zip(grid.probes, plans, timings)):
+            assert plan is not None
+            self.emit(event="row", index=i, label=probe.label(), row={**_row(probe, plan), **tm})
+        meta = {
+            "model": self.spec.name,
+            "model_shape": asdict(self.spec),
+            "engine": "vllm",
+            "vllm_version": version,
+            "device": "cpu",
+            "device_name": cpu_name(),
+            "dtype": self.dtype,
+            "engine_settings": {**settings, "kv_cache_gib": CPU_KV_CACHE_GIB, "in_process": True},
+            "environment": {k: os.environ.get(k) for k in _ENV},
+            "timed": "LLMEngine.step() wall time: scheduling, input preparation, forward, sampling, output "
+                     "processing (vLLM's host overhead included)",
+            "threads": _torch_threads(),
+            "python_version": platform.python_version(),
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "grid": grid.name,
+            "seed": self.seed,
+            "blocks": grid.blocks,
+            "timed_steps_per_block": grid.timed,
+            "num_shapes": n,
+            "timing": timing,
+            "engine_start_s": round(engine_start_s, 3),
+            "wall_s": round(time.perf_counter() - t_start, 3),
+        }
+        self.emit(event="done", meta=meta)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m profiler.vllm_worker")
+    p.add_argument("--model", required=True)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--grid", default="full")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    # Keep the protocol stream clean: the original stdout is ours; anything else goes to stderr.
+    out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def fail(e: BaseException, is_input: bool) -> int:
+        out.write(json.dumps({"event": "error", "input": is_input, "message": str(e)}) + "\n")
+        out.flush()
+        return 2 if is_input else 1
+
+    try:
+        VLLMWorker(args.model, args.dtype, args.grid, args.seed, out).run()
+    except InputError as e:
+        return fail(e, True)
+    except Exception as e:  # noqa: BLE001 -- a bug or an engine failure: report it, traceback on stderr
+        import traceback
+
+        traceback.print_exc()
+        return fail(e if str(e) else RuntimeError(type(e).__name__), False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
