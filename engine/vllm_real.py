@@ -107,9 +107,13 @@ class VLLMServer:
         t0 = time.perf_counter()
         try:
             self.llm = self._loop.run_until_complete(start())
-        except ValueError as e:  # vLLM's checks of its settings (pydantic's ValidationError is one)
+        except ValueError as e:  # vLLM's checks of its settings, most of them pydantic's ValidationError
             self._stack.close()
-            raise InputError(f"vLLM refused its settings: {str(e).strip().splitlines()[-1]}") from None
+            why = e.errors()[0]["msg"] if hasattr(e, "errors") else str(e).strip().splitlines()[0]
+            raise InputError(f"vLLM refused its settings: {why}") from None
+        except RuntimeError as e:  # its engine process failed: the reason is in the log it wrote
+            self._stack.close()
+            raise InputError(f"vLLM's engine did not start: {str(e).strip().splitlines()[0]}") from None
         except BaseException:
             self._stack.close()
             raise
@@ -125,7 +129,11 @@ class VLLMServer:
         tasks = asyncio.all_tasks(self._loop)
         for task in tasks:
             task.cancel()
-        self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+        async def ended() -> None:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        self._loop.run_until_complete(ended())
         self._loop.close()
 
     def _shutdown(self) -> None:

@@ -115,6 +115,8 @@ def test_the_cli_writes_the_run_files_to_a_relative_out(tmp_path: Path) -> None:
     (["--engine", "vllm", "--enable-prefix-caching", "2"], ["--enable-prefix-caching"]),
     (["--engine", "vllm", "--scale", "1", "--num-requests", "5"], ["context of 2048"]),
     (["--engine", "tgi"], ["choose simctl or vllm"]),
+    (["--engine", "vllm", "--max-num-batched-tokens", "64", "--max-batch-size", "128", "--num-requests", "3"],
+     ["vLLM refused its settings", "max_num_batched_tokens (64)"]),
 ])
 def test_misuse_is_one_line_exit_2(args: list[str], words: list[str], capsys) -> None:
     with pytest.raises(SystemExit) as exit_:
