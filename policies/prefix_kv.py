@@ -17,6 +17,8 @@ Unlike vLLM, no block is set aside as the null block: the capacity is `capacity 
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from policies.kv import KVManager, PagedKV
 from policies.seq import Seq
 
@@ -31,7 +33,9 @@ class PrefixCachingKV(PagedKV):
         super().__init__(capacity_tokens, block_size, watermark=0.0)
         self.caching = caching
         self.plain = list(range(self.num_blocks))  # free blocks without a hash (interchangeable)
-        self.evictable: dict[int, None] = {}  # free hashed blocks, first to evict first
+        # free hashed blocks, first to evict first (an OrderedDict: a dict's first key is slow to find once many
+        # have been deleted from its front)
+        self.evictable: OrderedDict[int, None] = OrderedDict()
         self.refs = [0] * self.num_blocks
         self.key: list[Key | None] = [None] * self.num_blocks
         self.cached: dict[Key, list[int]] = {}  # hash -> the blocks holding it, first cached first
@@ -127,8 +131,7 @@ class PrefixCachingKV(PagedKV):
         if self.plain:
             b = self.plain.pop()
         else:
-            b = next(iter(self.evictable))
-            del self.evictable[b]
+            b, _ = self.evictable.popitem(last=False)
             k = self.key[b]
             assert k is not None
             holders = self.cached[k]
