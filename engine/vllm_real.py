@@ -77,7 +77,7 @@ class VLLMRun:
 class VLLMServer:
     """The installed vLLM on a catalogue model shape (random weights), started once and serving several runs
     in a row: `serve(requests)` resets the prefix cache, then serves in real time. A context manager: the
-    engine process goes on leaving it."""
+    engine's processes end on leaving it."""
 
     def __init__(self, model: str, deployment: VLLMDeployment, device: str = "cpu") -> None:
         self.spec = get_model(model)
@@ -93,36 +93,38 @@ class VLLMServer:
 
     def __enter__(self) -> Self:
         from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
 
         self._loop = asyncio.new_event_loop()
         self._stack.callback(self._close_loop)
-        model_dir = self._stack.enter_context(vllm_model_dir(self.spec, self.deployment.dtype))
-        args = AsyncEngineArgs(**engine_args(model_dir, self.deployment), disable_log_stats=True,
-                               enable_logging_iteration_details=True)
+        try:
+            model_dir = self._stack.enter_context(vllm_model_dir(self.spec, self.deployment.dtype))
+            t0 = time.perf_counter()
+            self.llm = self._start(AsyncEngineArgs(**engine_args(model_dir, self.deployment), disable_log_stats=True,
+                                                   enable_logging_iteration_details=True))
+            self._stack.callback(self._shutdown)
+            self.engine_start_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            self.serve(WARM_UP)  # as simctl's own engine warms up before its clock starts
+            self.warmup_s = time.perf_counter() - t0
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def _start(self, args: Any) -> Any:
+        """The started AsyncLLM; InputError, in one line, for settings vLLM refuses or an engine that failed."""
+        from vllm.v1.engine.async_llm import AsyncLLM
 
         async def start() -> Any:  # AsyncLLM starts its output handler on the running loop
             return AsyncLLM.from_engine_args(args, stat_loggers=[step_recorder(self._logs)])
 
-        t0 = time.perf_counter()
         try:
-            self.llm = self._loop.run_until_complete(start())
+            return self._loop.run_until_complete(start())
         except ValueError as e:  # vLLM's checks of its settings, most of them pydantic's ValidationError
-            self._stack.close()
             why = e.errors()[0]["msg"] if hasattr(e, "errors") else str(e).strip().splitlines()[0]
             raise InputError(f"vLLM refused its settings: {why}") from None
-        except RuntimeError as e:  # its engine process failed: the reason is in the log it wrote
-            self._stack.close()
+        except RuntimeError as e:  # its engine process failed: the reason is in the log it wrote above
             raise InputError(f"vLLM's engine did not start: {str(e).strip().splitlines()[0]}") from None
-        except BaseException:
-            self._stack.close()
-            raise
-        self._stack.callback(self._shutdown)
-        self.engine_start_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        self.serve(WARM_UP)  # as simctl's own engine warms up before its clock starts
-        self.warmup_s = time.perf_counter() - t0
-        return self
 
     def _close_loop(self) -> None:
         """Let the engine's tasks (output handler, socket reader) end before the loop closes, quietly."""
