@@ -175,8 +175,8 @@ def test_decode_stretches_match_stepping_with_cached_blocks() -> None:
 
 
 @pytest.mark.parametrize(("gpu", "expected"), [
-    (None, (8192, 256, 16)), ("a100-80gb", (8192, 256, 16)), ("h100", (16384, 1024, 16)),
-    ("h200", (16384, 1024, 16)), ("cpu", (4096, 256, 128))])
+    (None, (2048, 256, 16)), ("a100-80gb", (2048, 256, 16)), ("h100", (8192, 1024, 16)),
+    ("h200", (8192, 1024, 16)), ("cpu", (2048, 128, 128))])
 def test_defaults_are_vllm_s_for_the_device(gpu: str | None, expected: tuple[int, int, int]) -> None:
     s = make_policy("vllm-v1", 1 << 20, 2048, gpu=gpu).settings
     assert (s.max_num_batched_tokens, s.max_batch_size, s.block_size) == expected
@@ -232,7 +232,7 @@ def test_summary_reports_prefix_caching_only_where_there_is_some(tmp_path: Path)
                               options=options)).summary
         assert not [k for k in other if k.startswith("prefix_cache")]
     cpu = run(RunConfig(policy="vllm-v1", trace=str(trace), qps=None, num_requests=8, model="tiny", gpu="cpu"))
-    assert (cpu.summary["block_size"], cpu.summary["max_num_batched_tokens"]) == (128, 4096)
+    assert (cpu.summary["block_size"], cpu.summary["max_num_batched_tokens"]) == (128, 2048)
     assert cpu.summary["prefix_cache_hit_tokens"] == 7 * 512  # 4 blocks of 128
 
 
