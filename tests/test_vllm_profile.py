@@ -107,7 +107,9 @@ def test_a_quick_vllm_profile_fits_unchanged(tmp_path, capsys) -> None:
     from sim.cost.fitted import Fitted
 
     out = tmp_path / "vllm-tiny"
-    main(["profile", "--engine", "vllm", "--model", "tiny", "--device", "cpu", "--quick", "--out", str(out)])
+    with pytest.raises(SystemExit) as exit_:
+        main(["profile", "--engine", "vllm", "--model", "tiny", "--device", "cpu", "--quick", "--out", str(out)])
+    assert exit_.value.code == 0
     meta = json.loads((out / "meta.json").read_text())
     assert meta["engine"] == "vllm" and meta["vllm_version"].startswith("vllm")
     assert meta["device"] == "cpu" and meta["dtype"] == "float32"
