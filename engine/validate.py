@@ -170,10 +170,11 @@ def _check_inputs(policies: list[str], loads: list[float], fitted: Any, out: str
     return names, loads
 
 
-def _remove_earlier(out: Path, say: Callable[[str], None]) -> None:
-    """Remove an earlier validation from `out` (check_out_dir let nothing else be there): a validation
-    writes its runs as it goes, and another's runs left beside them would pass for this one's."""
-    earlier = [out / name for name in (*VALIDATION_FILES, *VALIDATION_DIRS) if (out / name).exists()]
+def remove_earlier(out: Path, say: Callable[[str], None], names: tuple[str, ...] = (*VALIDATION_FILES,
+                                                                                    *VALIDATION_DIRS)) -> None:
+    """Remove an earlier validation's `names` from `out` (check_out_dir let nothing else be there): a
+    validation writes its runs as it goes, and another's runs left beside them would pass for this one's."""
+    earlier = [out / name for name in names if (out / name).exists()]
     if earlier:
         say(f"replacing the earlier {', '.join(p.name for p in earlier)} in {out}")
     for p in earlier:
@@ -295,7 +296,7 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
                                "completed", "throughput_rps")} for p in sim_cap.probes]}
         say(f"{policy}: simulated capacity {lo:.4g} QPS ({len(sim_cap.probes)} simulated probes)")
 
-    _remove_earlier(out, say)  # `out` itself is created by the first run written, not before
+    remove_earlier(out, say)  # `out` itself is created by the first run written, not before
     # 2. real runs at each load, in rounds (every policy and load once per round), then their twins
     points = [(policy, load, load * caps[policy]["sim_qps"]) for policy in names for load in loads]
     foreign_shares: dict[tuple[str, float], list[float]] = {}
@@ -437,7 +438,7 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
     if out.resolve() == src.resolve():
         raise InputError(f"--out {out}: write the rescored report to another folder than the validation's")
     check_out_dir(out, VALIDATION_FILES, VALIDATION_DIRS)
-    _remove_earlier(out, say)
+    remove_earlier(out, say)
     slo = SLO.from_dict(c["slo"])
     # a validation from before executor configurations were recorded let torch pick its kernels: "any"
     setup = Setup(trace=c["trace"], model=c["model"], num_requests=c["num_requests"], scale=c["scale"],

@@ -160,6 +160,7 @@ def validate_vllm(v: VLLMValidation, log: Callable[[str], None] | None = None) -
     """Run the validation `v` describes and write its files; returns the report (what validation_vllm.json
     holds). InputError for bad input, before vLLM starts."""
     from engine.twin import cost_name
+    from engine.validate import remove_earlier
     from engine.vllm_real import VLLMServer, deployment_for
     from executor.vllm_runtime import require_vllm
     from sim.output import prepare_out_dir
@@ -180,6 +181,7 @@ def validate_vllm(v: VLLMValidation, log: Callable[[str], None] | None = None) -
             raise InputError(f"the twin's capacity under the SLO: {capacity.problem}")
         say(f"twin capacity: {capacity.qps:.3g} QPS")
         out = prepare_out_dir(Path(v.out))
+        remove_earlier(out, say, (*FILES, *DIRS))
         real: dict[float, list[dict[str, Any]]] = {x: [] for x in loads}
         scaled: dict[float, list[dict[str, Any]]] = {x: [] for x in loads}
         speeds = []

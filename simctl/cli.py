@@ -243,6 +243,10 @@ def _check_vllm_options(ctx: typer.Context, policy: str) -> None:
 @app.command()
 def validate(
     ctx: typer.Context,
+    engine: Annotated[str, typer.Option(help="What the real runs run on: simctl (its own engine, each --policy) or "
+                                        "vllm (the installed vLLM, `make vllm`, against the vllm-v1 twin priced "
+                                        "by --cost, a fit of `simctl profile --engine vllm`; loads default "
+                                        "0.5,0.7,0.9, 150 requests per run; out/validate-vllm).")] = "simctl",
     policy: Annotated[str, typer.Option(help="Policies to check: `all` or a comma-separated list (with "
                                         "--from-vllm-bench: the one policy predicting it [default: vllm-v1]).")
                       ] = "all",
@@ -293,14 +297,17 @@ def validate(
     disaggregated, with a fit profiled on one thread: simctl validate --policy vllm --prefill-instances 1
     --decode-instances 1 --threads 1 --cost profiles/cpu1/cost_model.json --out out/validate-pd;
     a vLLM bench result of your own: simctl validate --from-vllm-bench result.json --model llama-3-8b --gpu h100
-    --goodput ttft:500,tpot:50 --out out/bench
+    --goodput ttft:500,tpot:50 --out out/bench; the real vLLM engine against its twin: simctl validate --engine
+    vllm --cost profiles/vllm-cpu/cost_model.json --repeats 3 --capacity
     """
     from engine.report import markdown
     from engine.validate import validate_main
     from sim.gpus import get_gpu
     from sim.run import default_cost_path
     from simctl.vllm_bench_cmd import check_bench_options, vllm_bench_command
+    from simctl.vllm_validate_cmd import check_engine_options, vllm_validate_command
 
+    check_engine_options(ctx, engine, policy)
     check_bench_options(ctx, from_vllm_bench)
     if from_vllm_bench is not None:
         return vllm_bench_command(ctx, from_vllm_bench, model, gpu, policy, cost, tp, goodput, out)
@@ -308,6 +315,11 @@ def validate(
         fractions = [float(x) for x in loads.split(",") if x.strip()]
     except ValueError:
         raise InputError(f"--loads {loads!r}: give comma-separated numbers, e.g. 0.5,0.7") from None
+    if engine == "vllm":
+        if ctx.get_parameter_source("loads").name == "DEFAULT":
+            fractions = [0.5, 0.7, 0.9]
+        return vllm_validate_command(ctx, trace, fractions, cost, model, scale, num_requests, seed, capacity,
+                                     repeats, out)
     cost_path = cost if cost is not None else default_cost_path(get_gpu("cpu"))
     if cost_path is None:
         raise InputError("no cost model: give --cost (fit one with `simctl profile` and `simctl fit`)")

@@ -1,0 +1,58 @@
+"""`simctl validate --engine vllm`: the simulated vllm-v1 twin against the installed vLLM (engine.vllm_validate),
+its table on stdout and validation_vllm.{json,md,csv} in --out."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from common.errors import InputError
+
+DEFAULT_OUT = Path("out/validate-vllm")
+DEFAULT_NUM_REQUESTS = 150  # each real run on vLLM's CPU build: 150 requests / QPS seconds
+# validate's options that only simctl's own engine (or a bench file) takes
+SIMCTL_ONLY = ("device", "dtype", "attention", "threads", "prefill_instances", "decode_instances",
+               "from_vllm_bench", "gpu", "tp", "goodput")
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name != "DEFAULT"
+
+
+def check_engine_options(ctx: typer.Context, engine: str, policy: str) -> None:
+    """InputError for an option `validate --engine vllm` does not take (the twin is vllm-v1, on vLLM's CPU
+    engine with vLLM's serving defaults)."""
+    if engine not in ("simctl", "vllm"):
+        raise InputError(f"--engine {engine!r}: choose simctl or vllm")
+    if engine == "simctl":
+        return
+    from engine.vllm_real import TWIN_POLICY
+
+    if _given(ctx, "policy") and policy != TWIN_POLICY:
+        raise InputError(f"--policy {policy}: with --engine vllm the twin is {TWIN_POLICY}, vLLM's scheduler")
+    wrong = [n for n in SIMCTL_ONLY if _given(ctx, n)]
+    if wrong:
+        raise InputError(f"--{wrong[0].replace('_', '-')} applies to --engine simctl; --engine vllm runs vLLM's "
+                         "CPU engine with its serving defaults")
+
+
+def vllm_validate_command(ctx: typer.Context, trace: str, loads: list[float], cost: str | None, model: str,
+                          scale: float, num_requests: int, seed: int, capacity: bool, repeats: int,
+                          out: Path) -> None:
+    from engine.vllm_validate import VLLMValidation, markdown, validate_vllm
+
+    if cost is None:
+        raise InputError("--engine vllm needs --cost: the fit of vLLM's steps on this machine (`simctl profile "
+                         "--engine vllm --out P`, then `simctl fit P`)")
+    out = out if _given(ctx, "out") else DEFAULT_OUT
+    v = VLLMValidation(cost=cost, out=out, loads=tuple(loads), trace=trace, model=model, scale=scale,
+                       num_requests=num_requests if _given(ctx, "num_requests") else DEFAULT_NUM_REQUESTS,
+                       seed=seed, repeats=repeats, capacity=capacity)
+    try:
+        report = validate_vllm(v, log=lambda line: print(line, file=sys.stderr))
+    except RuntimeError as e:  # vLLM's engine failed, or a request did not get its tokens
+        raise InputError(f"a real vLLM run failed: {e}") from None
+    print(markdown(report))
