@@ -1,5 +1,5 @@
-"""`simctl validate --engine vllm`: the simulated vllm-v1 twin against the installed vLLM (engine.vllm_validate),
-its table on stdout and validation_vllm.{json,md,csv} in --out."""
+"""`simctl validate --engine vllm`: the simulated vllm-v1 twin against the installed vLLM
+(engine.vllm_validate), its table on stdout and validation_vllm.{json,md,csv} in --out."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def check_engine_options(ctx: typer.Context, engine: str, policy: str) -> None:
         raise InputError(f"--policy {policy}: with --engine vllm the twin is {TWIN_POLICY}, vLLM's scheduler")
     wrong = [n for n in SIMCTL_ONLY if _given(ctx, n)]
     if wrong:
-        raise InputError(f"--{wrong[0].replace('_', '-')} applies to --engine simctl; --engine vllm runs vLLM's "
-                         "CPU engine with its serving defaults")
+        raise InputError(f"--{wrong[0].replace('_', '-')} applies to --engine simctl; --engine vllm runs "
+                         "vLLM's CPU engine with its serving defaults")
 
 
 def vllm_validate_command(ctx: typer.Context, trace: str, loads: list[float], cost: str | None, model: str,
@@ -45,8 +45,8 @@ def vllm_validate_command(ctx: typer.Context, trace: str, loads: list[float], co
     from engine.vllm_validate import VLLMValidation, markdown, validate_vllm
 
     if cost is None:
-        raise InputError("--engine vllm needs --cost: the fit of vLLM's steps on this machine (`simctl profile "
-                         "--engine vllm --out P`, then `simctl fit P`)")
+        raise InputError("--engine vllm needs --cost: the fit of vLLM's steps on this machine (`simctl "
+                         "profile --engine vllm --out P`, then `simctl fit P`)")
     out = out if _given(ctx, "out") else DEFAULT_OUT
     v = VLLMValidation(cost=cost, out=out, loads=tuple(loads), trace=trace, model=model, scale=scale,
                        num_requests=num_requests if _given(ctx, "num_requests") else DEFAULT_NUM_REQUESTS,

@@ -59,7 +59,8 @@ def test_the_twin_is_configured_as_vllm_resolved_its_settings(validated: tuple[d
     sim = json.loads((out / "runs" / "load_0.5" / "sim" / "summary.json").read_text(encoding="utf-8"))
     real = json.loads((out / "runs" / "load_0.5" / "real" / "summary.json").read_text(encoding="utf-8"))
     assert sim["policy"] == real["policy"] == "vllm-v1"
-    for key in ("max_num_batched_tokens", "block_size", "enable_prefix_caching", "long_prefill_token_threshold"):
+    for key in ("max_num_batched_tokens", "block_size", "enable_prefix_caching",
+                "long_prefill_token_threshold"):
         assert sim[key] == engine[key] == real[key]
     assert sim["max_batch_size"] == engine["max_num_seqs"]
     assert sim["kv_capacity_tokens"] == engine["num_gpu_blocks"] * engine["block_size"]
