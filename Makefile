@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 VLLM   := $(VENV)/.vllm-installed
 PYTHON ?= python3
 
-.PHONY: run test vllm bench bench-speed bench-validate lint notebooks clean
+.PHONY: run test vllm bench bench-speed bench-validate bench-validate-vllm lint notebooks clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ test: $(STAMP) $(VLLM)
 	$(PY) -m pytest
 
 # both benchmarks: simulator speed (about a minute), then accuracy against real runs (about 15 minutes)
-bench: bench-speed bench-validate
+bench: bench-speed bench-validate bench-validate-vllm
 
 bench-speed: $(STAMP)
 	$(PY) bench/sim_speed.py
@@ -36,6 +36,10 @@ bench-speed: $(STAMP)
 # real runs on this machine's CPU against the simulator (wants a quiet machine)
 bench-validate: $(STAMP)
 	$(PY) bench/validate.py
+
+# the vllm-v1 twin against the real vLLM engine: profile and fit vLLM's steps, then validate (about 15 minutes)
+bench-validate-vllm: $(STAMP) $(VLLM)
+	$(PY) bench/validate_vllm.py
 
 # execute every notebook top to bottom in a Jupyter kernel, outputs saved in place (capacity_vs_slo: minutes)
 notebooks: $(STAMP)
