@@ -67,8 +67,8 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="simctl-validate-vllm-"))
     print(f"runs, profile and fit in {out}", file=sys.stderr)
     cost = args.cost or str(fit_of_vllm(out))
-    v = VLLMValidation(cost=cost, out=out / "validation", loads=(0.5, 0.7, 0.9), num_requests=args.num_requests,
-                       repeats=args.repeats, capacity=True)
+    v = VLLMValidation(cost=cost, out=out / "validation", loads=(0.5, 0.7, 0.9),
+                       num_requests=args.num_requests, repeats=args.repeats, capacity=True)
     report = validate_vllm(v, log=lambda line: print(line, file=sys.stderr))
     missed = misses(report)
     text = markdown(report) + "\n## Targets missed (at the machine's speed)\n\n" + (
