@@ -480,7 +480,7 @@ def test_help_shows_defaults_and_plain_flags(command: str) -> None:
     assert not re.search(r" \.( |$)", flat) and "<bool>" not in flat  # "simulate ." lost a [default: ...]
     if command == "run":
         assert "[default: 0.5;" in flat and "[default: 1000 for a length profile" in flat
-        assert "num_prefill_tokens, num_decode_tokens[, arrived_at] or JSONL" in flat
+        assert "num_prefill_tokens, num_decode_tokens[, arrived_at], JSONL, or a `vllm bench serve" in flat
 
 
 def test_a_bad_start_rate_names_its_option() -> None:
