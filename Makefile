@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 VLLM   := $(VENV)/.vllm-installed
 PYTHON ?= python3
 
-.PHONY: run test vllm bench bench-speed bench-validate bench-validate-vllm lint notebooks clean
+.PHONY: run test test-fast vllm bench bench-speed bench-validate bench-validate-vllm lint notebooks clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ run: $(STAMP)
 
 test: $(STAMP) $(VLLM)
 	$(PY) -m pytest
+
+# the unit and property tiers (no torch model, no vLLM, no child simctl: tests/conftest.py's TIERS)
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not cli and not torch and not vllm"
 
 # both benchmarks: simulator speed (about a minute), then accuracy against real runs (about 15 minutes)
 bench: bench-speed bench-validate bench-validate-vllm

@@ -94,5 +94,28 @@ def alone(model):
     return tokens
 
 
+# Test tiers. A module that runs a torch model, the installed vLLM or simctl as a child process says so with
+# `pytestmark`; every other test is `unit`, and a hypothesis test is also `property`. `make test-fast` runs
+# what needs none of the three.
+TIERS = {
+    "unit": "pure Python: policies, simulator, cost models, files (no torch model, no vLLM, no child simctl)",
+    "property": "hypothesis over random traces or shapes (also unit unless its module says otherwise)",
+    "cli": "runs simctl as a child process, as a user would",
+    "torch": "runs simctl's own engine or profiler on a torch model",
+    "vllm": "runs the installed vLLM (skipped without it)",
+}
+HEAVY = ("cli", "torch", "vllm")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    for name, text in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
     config.addinivalue_line("markers", "vllm_profile: a real vLLM step profile (about two minutes; needs vLLM)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if getattr(getattr(item, "function", None), "hypothesis", None) is not None:
+            item.add_marker(pytest.mark.property)
+        if not any(item.get_closest_marker(tier) for tier in HEAVY):
+            item.add_marker(pytest.mark.unit)

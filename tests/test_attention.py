@@ -29,6 +29,8 @@ from executor.model import build_model, reference_model
 from executor.ragged import RaggedExecutor, Segment, _Attention, _sdpa, attention_kernels
 from sim.models import get_model
 
+pytestmark = pytest.mark.torch
+
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 CPU_SETTINGS = [a for a in ATTENTION if a != "efficient"]

@@ -13,6 +13,8 @@ import pytest
 from sim.capacity import SLO, find_capacity
 from sim.run import RunConfig
 
+pytestmark = pytest.mark.cli
+
 
 def test_capacity_brackets_the_slo_boundary() -> None:
     slo = SLO({"p99_tbt": 0.5})

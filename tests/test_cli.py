@@ -21,6 +21,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+pytestmark = pytest.mark.cli
+
 SIMCTL = Path(sys.executable).parent / "simctl"
 RUN_FILES = ("summary.json", "requests.parquet", "iterations.parquet")
 POLICY_NAMES = ("faster-transformer", "orca", "vllm", "sarathi", "sarathi-hybrid-only", "sarathi-chunked-only")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.cli
+
 SIMCTL = Path(sys.executable).parent / "simctl"
 BASE = ("run", "--policy", "vllm", "--trace", "sharegpt", "--num-requests", "20", "--qps", "2")
 PD = ("--prefill-instances", "1", "--decode-instances", "1")

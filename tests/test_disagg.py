@@ -22,7 +22,7 @@ from test_engine import MODEL, REQUESTS, SEED, SPEC
 from engine.disagg import run_disaggregated
 from engine.setup import RealConfig, size_run
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
 SIMCTL = Path(sys.executable).parent / "simctl"
 # test_engine's ten requests: a burst of six (they batch on the prefill instance and reach the decode instance
 # together), then four a few milliseconds apart; one of a single output token never leaves its prefill instance

@@ -31,7 +31,7 @@ MODEL, SEED = ENGINE_MODEL, ENGINE_SEED
 SPEC = get_model(MODEL)
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
 
 
 # Ten requests: six arrive together (a burst that batches), four a few milliseconds apart (they join running

@@ -21,6 +21,8 @@ from sim.capacity import SLO, find_capacity, search_qps
 from sim.run import RunConfig, run
 from traces import build_trace
 
+pytestmark = pytest.mark.cli
+
 SIMCTL = Path(sys.executable).parent / "simctl"
 SHIPPED_CPU_PROFILE = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu"
 

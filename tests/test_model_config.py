@@ -17,6 +17,8 @@ from policies.seq import Seq
 from sim.cost.roofline import Roofline
 from sim.models import MODELS, get_model
 
+pytestmark = pytest.mark.cli
+
 # Mistral-7B-v0.1's published config.json (the fields simctl reads, plus a few it ignores)
 MISTRAL = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
            "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,

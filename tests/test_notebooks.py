@@ -8,6 +8,8 @@ from pathlib import Path
 import matplotlib
 import pytest
 
+pytestmark = pytest.mark.cli
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
 

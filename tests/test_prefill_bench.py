@@ -15,6 +15,8 @@ from sim.cost.roofline import Roofline
 from sim.models import get_model
 from sim.prefill_bench import PROFILES, bench, largest_batch, prefill_plans, prompt_lengths
 
+pytestmark = pytest.mark.torch
+
 SIMCTL = Path(sys.executable).parent / "simctl"
 
 

@@ -39,6 +39,8 @@ from profiler.workloads import (
 )
 from sim.models import get_model
 
+pytestmark = pytest.mark.torch
+
 ATOL = 1e-5
 WRONG = 1e-2  # a wrong mask or cache moves logits by far more than this
 

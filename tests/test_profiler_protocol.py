@@ -25,6 +25,8 @@ from profiler.workloads import (
     prefill,
 )
 
+pytestmark = pytest.mark.torch
+
 SERVED, FIXED = ShapeProtocol("served"), ShapeProtocol("fixed")
 NUMERIC = [f for f in FEATURES if f not in ("kind", "q", "c")]
 

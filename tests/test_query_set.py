@@ -11,6 +11,8 @@ import pytest
 from sim.cost.roofline import Roofline
 from sim.query_set import QUERY_SETS, completion_time, query_set
 
+pytestmark = pytest.mark.torch
+
 
 def test_the_sets_have_the_papers_sizes_mix_and_ranges() -> None:
     mixed = query_set("mixed", seed=3)

@@ -19,6 +19,8 @@ from engine.report import METRICS
 from engine.validate import rescore, validate_main
 from sim.capacity import SLO, search_qps
 
+pytestmark = pytest.mark.torch
+
 MODEL = "tiny-2l"
 
 

@@ -16,6 +16,8 @@ import pytest
 from common.errors import InputError
 from sim.cost.provenance import check_fitted_run
 
+pytestmark = pytest.mark.torch
+
 SIMCTL = Path(sys.executable).parent / "simctl"
 SHIPPED_FIT = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu" / "cost_model.json"
 H100 = "NVIDIA H100 80GB HBM3"

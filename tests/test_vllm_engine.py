@@ -21,6 +21,8 @@ from simctl.cli import main
 from traces.request import Request
 from traces.tokens import prompt_token_ids
 
+pytestmark = pytest.mark.vllm
+
 SIMCTL = Path(sys.executable).parent / "simctl"
 SHARED = 256  # prefix tokens a group shares: two of vLLM's 128-token blocks on the CPU
 TWIN_FIELDS = ("engine", "vllm_version", "num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",

@@ -20,6 +20,8 @@ from profiler.vllm_worker import StepDriver, cohort_lengths, kind_of
 from sim.cost.features import plan_features
 from simctl.cli import main
 
+pytestmark = pytest.mark.vllm
+
 
 def _seq(prompt: int, computed: int, generated: int) -> Seq:
     s = Seq(0, 0.0, prompt, 100)

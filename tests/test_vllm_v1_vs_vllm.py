@@ -17,6 +17,8 @@ from policies.registry import make_policy
 from policies.seq import Seq
 from policies.vllm_v1 import VLLMV1
 
+pytestmark = pytest.mark.vllm
+
 pytest.importorskip("vllm")
 
 # (block_size, max_num_batched_tokens, max_num_seqs, enable_prefix_caching, long_prefill_token_threshold)

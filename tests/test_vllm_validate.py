@@ -21,6 +21,8 @@ from engine.report import pct_error
 from engine.vllm_validate import METRICS, VLLMValidation, validate_vllm
 from sim.capacity import SLO
 
+pytestmark = pytest.mark.vllm
+
 SIMCTL = Path(sys.executable).parent / "simctl"
 SHIPPED_CPU_FIT = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu" / "cost_model.json"
 

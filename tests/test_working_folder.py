@@ -27,6 +27,8 @@ from sim.capacity import SLO
 from sim.run import RunConfig
 from sim.sweep_spec import read_sweep, sweep_points
 
+pytestmark = pytest.mark.torch
+
 REPO = Path(__file__).resolve().parents[1]
 SIMCTL = Path(sys.executable).parent / "simctl"
 # the tiny-2l shape as a transformers config.json (fields simctl reads)
