@@ -19,7 +19,8 @@ Per iteration (per GPU of a tensor-parallel group; all GPUs of the group run in 
   head_dim x q x (c + q/2) at `attn_mfu`, reading (c + q) tokens of KV (this GPU's share), blended per
   segment like the linears. Padded rows come as segments of the padded length, so pads are paid.
 - Decode attention: memory-bound: decode_kv x KV bytes per token (this GPU's share) / (bw x attn_mbu).
-- A fixed per-iteration overhead (launches, scheduling, sampling).
+- Step overheads (`sim/cost/overheads.py`): per step, per scheduled request and per sampled token on the host,
+  and in eager execution a launch floor under the GPU time: t = max(GPU terms, floor) + host terms.
 - TP > 1: two all-reduces per layer of T x hidden x dtype bytes, ring algorithm:
   2 (tp-1)/tp x bytes / link bandwidth, plus a fixed latency per all-reduce.
 
@@ -28,8 +29,8 @@ Terms are added (no overlap between them is assumed). Defaults and where they co
 - attn_mfu = 0.50: FlashAttention-2 (Dao, 2023) reports its forward pass at 50-73% of A100 peak; serving
   chunks are short and causal, so the low end is taken.
 - attn_mbu = mbu: decode attention streams KV like the linears stream weights (an assumption).
-- overhead_s = 2 ms: an ASSUMPTION (CPU-side scheduling, input preparation, sampling and launches of a Python
-  serving engine); the profiler's fitted intercept should replace it.
+- overhead_s = 2 ms per step, request_s = sampled_token_s = 0, and eager's launch floor: the execution mode's
+  defaults, whose sources `sim/cost/overheads.py` gives (the 2 ms is an ASSUMPTION; a fit replaces it).
 - allreduce_latency_s = 10 us: an ASSUMPTION, the order of a small-message NCCL all-reduce within a node.
 - gpu_memory_utilization = 0.9: vLLM's default share of GPU memory it manages.
 - activation_reserve_bytes = 2 GiB per GPU: an ASSUMPTION covering the CUDA context, NCCL buffers and the peak
@@ -40,19 +41,21 @@ Terms are added (no overlap between them is assumed). Defaults and where they co
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from common.errors import InputError
 from policies.plan import BatchPlan
 from sim.cost.base import CostModel, tiled
+from sim.cost.overheads import DEFAULT_ITERATION_S, StepOverheads
 from sim.gpus import GiB, GPUSpec, get_gpu
 from sim.models import ModelSpec, get_model
 
 DEFAULT_MFU = 0.70
 DEFAULT_MBU = 0.75
 DEFAULT_ATTN_MFU = 0.50
-DEFAULT_OVERHEAD_S = 2e-3
+DEFAULT_OVERHEAD_S = DEFAULT_ITERATION_S
 DEFAULT_ALLREDUCE_LATENCY_S = 10e-6
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GiB
@@ -80,6 +83,9 @@ class Roofline(CostModel):
         gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
         activation_reserve_bytes: float = DEFAULT_ACTIVATION_RESERVE_BYTES,
         allreduce_latency_s: float = DEFAULT_ALLREDUCE_LATENCY_S,
+        request_s: float = 0.0,
+        sampled_token_s: float = 0.0,
+        execution: str = "cuda-graph",
     ) -> None:
         m = get_model(model) if isinstance(model, str) else model
         g = get_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -105,6 +111,11 @@ class Roofline(CostModel):
         self.attn_mfu = _fraction("attn_mfu", attn_mfu)
         self.attn_mbu = self.mbu if attn_mbu is None else _fraction("attn_mbu", attn_mbu)
         self.overhead_s = float(overhead_s)
+        floor = StepOverheads.defaults(execution, m.num_layers).launch_floor_s
+        self.steps = StepOverheads(execution, self.overhead_s, request_s, sampled_token_s, floor,
+                                   "roofline defaults" if (overhead_s, request_s, sampled_token_s)
+                                   == (DEFAULT_OVERHEAD_S, 0.0, 0.0) else "given")
+        self._req, self._tok, self._floor = self.steps.request_s, self.steps.sampled_token_s, floor
         self.tile = tile
         self.gpu_memory_utilization = _fraction("gpu_memory_utilization", gpu_memory_utilization)
         self.activation_reserve_bytes = float(activation_reserve_bytes)
@@ -124,8 +135,8 @@ class Roofline(CostModel):
         emb_gpu = m.embedding_lm_head_params / tp
         self.weight_bytes_per_gpu = (self.linear_params_per_gpu + emb_gpu) * dtype_bytes
 
-        flops = g.peak_flops * self.mfu
-        bw = g.mem_bandwidth * self.mbu
+        self._flops = flops = g.peak_flops * self.mfu
+        self._bw = bw = g.mem_bandwidth * self.mbu
         # linears: t_c = _lin_c x T_eff, t_m = _lin_m
         self._lin_c = 2.0 * self.linear_params_per_gpu / flops
         self._lin_m = self.linear_params_per_gpu * dtype_bytes / bw
@@ -148,12 +159,31 @@ class Roofline(CostModel):
 
     def __repr__(self) -> str:
         return (f"Roofline({self.model.name}, {self.gpu.name}, tp={self.tp}, mfu={self.mfu}, mbu={self.mbu}, "
-                f"attn_mfu={self.attn_mfu}, overhead_s={self.overhead_s}, tile={self.tile})")
+                f"attn_mfu={self.attn_mfu}, overhead_s={self.overhead_s}, tile={self.tile}, "
+                f"execution={self.steps.execution})")
+
+    def assumptions(self) -> dict[str, Any]:
+        return {"kind": "roofline", "gpu": self.gpu.name, "tp": self.tp, "mfu": self.mfu, "mbu": self.mbu,
+                "attn_mfu": self.attn_mfu, "attn_mbu": self.attn_mbu, "tile": self.tile,
+                "step_overheads": self.steps.to_json()}
 
     # ---- pricing ---------------------------------------------------------------------------------------
     def tiled(self, n: int) -> int:
         """Rows a GEMM over `n` rows pays for: n up to one tile, else n rounded up to the tile."""
         return tiled(n, self.tile)
+
+    def gemm(self, params: float, rows: int) -> float:
+        """Seconds of a linear layer of `params` weights (this GPU's share) over `rows` token rows: the blend of
+        its compute and weight-read times (the linears and LM head are priced so, from constants cached in
+        the same order of operations)."""
+        c = 2.0 * params / self._flops * tiled(rows, self.tile)
+        m = params * self.dtype_bytes / self._bw
+        return math.sqrt(c * c + m * m)
+
+    def attention_rates(self) -> tuple[float, float, float]:
+        """(s per prefill attention unit q (c + q/2) at full compute, s per prefill KV token read, s per decode
+        KV token read): the roofline's attention terms before their per-segment blend."""
+        return self._pa_c, self._pa_m, self._dkv
 
     def _fixed(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
         """The formula, written once: everything but decode attention (`decode_kv * _dkv`), summed in one fixed
@@ -167,9 +197,19 @@ class Roofline(CostModel):
             terms["prefill_attention"] = attention
         return t
 
-    def _dense(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
-        """The overhead, the linear layers (and their all-reduces) and the LM head, summed in that order."""
+    def _host(self, plan: BatchPlan) -> float:
+        """The host's additive step overheads (the terms not used add nothing, so their order is kept)."""
         t = self.overhead_s
+        if self._req:
+            t += self._req * len(plan.seqs)
+        if self._tok:
+            t += self._tok * plan.sampled_tokens
+        return t
+
+    def _dense(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
+        """The host overheads, the linear layers (and their all-reduces) and the LM head, summed in that
+        order."""
+        t = host = self._host(plan)
         linear = allreduce = lm_head = 0.0
         T, r = plan.linear_tokens, plan.sampled_tokens
         if T > 0:
@@ -184,7 +224,7 @@ class Roofline(CostModel):
             lm_head = math.sqrt(c * c + self._lm_m * self._lm_m)
             t += lm_head
         if terms is not None:
-            terms.update(overhead=self.overhead_s, linear=linear, allreduce=allreduce, lm_head=lm_head)
+            terms.update(overhead=host, linear=linear, allreduce=allreduce, lm_head=lm_head)
         return t
 
     def _prefill_attention(self, plan: BatchPlan, t: float, repeat: int = 0) -> tuple[float, float]:
@@ -203,7 +243,10 @@ class Roofline(CostModel):
         return t, attention
 
     def iteration_time(self, plan: BatchPlan) -> float:
-        return self._fixed(plan) + plan.decode_kv * self._dkv
+        t = self._fixed(plan) + plan.decode_kv * self._dkv
+        if self._floor:  # eager: the GPU terms (t minus the host's) cannot take less than the launches
+            return max(t, self._host(plan) + self._floor)
+        return t
 
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
         if k <= 0:
@@ -211,18 +254,22 @@ class Roofline(CostModel):
         rows, dkv, kv0 = plan.decode_rows, self._dkv, plan.decode_kv
         if plan.prefill_q:  # a prompt's chunks: each repeat priced as its iteration, the dense terms once
             dense = self._dense(plan)
-            return np.array([self._prefill_attention(plan, dense, j)[0] + (kv0 + j * rows) * dkv for j in range(k)])
+            times = np.array([self._prefill_attention(plan, dense, j)[0] + (kv0 + j * rows) * dkv
+                              for j in range(k)])
+            return np.maximum(times, self._host(plan) + self._floor) if self._floor else times
         # decodes alone: only their KV term grows, by `rows` tokens a repeat
         kv = np.arange(kv0, kv0 + k * rows, rows, dtype=np.int64) if rows else np.full(k, kv0, dtype=np.int64)
         times = kv * dkv
         times += self._fixed(plan)  # fixed + kv x dkv, as iteration_time sums them
-        return times
+        return np.maximum(times, self._host(plan) + self._floor) if self._floor else times
 
     def breakdown(self, plan: BatchPlan) -> dict[str, float]:
         """The terms of `iteration_time(plan)` in seconds (for reports and tests; not on the hot path)."""
         terms: dict[str, float] = {}
         self._fixed(plan, terms)
         terms["decode_attention"] = plan.decode_kv * self._dkv
+        gpu = sum(terms.values()) - terms["overhead"]
+        terms["launch_floor"] = max(self._floor - gpu, 0.0)  # what the floor adds above the GPU terms
         return terms
 
     # ---- memory --------------------------------------------------------------------------------------
