@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -61,7 +62,7 @@ def test_defaults_and_bad_values() -> None:
 
 
 def test_fitted_model_adds_its_step_overheads_and_keeps_them_in_its_file(tmp_path) -> None:
-    data = json.loads(open(default_cost_path(get_gpu("cpu"))).read())
+    data = json.loads(Path(default_cost_path(get_gpu("cpu"))).read_text(encoding="utf-8"))
     base = Fitted.from_json(data)
     data["step_overheads"] = StepOverheads("eager", 1e-3, 2e-4, 5e-5, 0.0, "test").to_json()
     with_steps = Fitted.from_json(data)
