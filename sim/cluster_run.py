@@ -146,6 +146,7 @@ def run_cluster(config: RunConfig, cc: ClusterConfig, progress: Progress | None 
                                         time.perf_counter() - t0, config.tp)
     summary["arrivals_from_file"] = has_arrival_times(config.trace)
     summary["cost_model"] = serving.cost_label
+    summary["cost_assumptions"] = serving.cost.assumptions()
     summary["warnings"] = sorted({w for d in deployments for w in d.warnings})
     summary.update(cluster.entry.members[0].replica.policy.settings.as_dict())
     summary.update(run_stats([m.replica.policy for p in (cluster.entry, cluster.decode) if p is not None

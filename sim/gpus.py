@@ -10,6 +10,10 @@ Conventions:
   over: NVLink where the part has it, else PCIe Gen4 x16 (64 GB/s bidirectional = 32 GB/s each way). Peak
   link numbers; NCCL achieves less.
 - `tile`: the M-tile (token rows) of the linear-layer GEMM kernels; 128 on these GPUs.
+- `mfu`, `mbu`, `gemm_latency_s`: the roofline's GEMM efficiencies and per-GEMM fixed time where measured
+  (None: the roofline's defaults). Fitted by bench/roofline_vs_measured.py to Vidur's published operator times
+  (A100, H100, A40; fitted on Llama-2-7B, Llama-2-70B and InternLM-20B, checked on the other models:
+  bench/results/roofline_vs_measured.md).
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ class GPUSpec:
     interconnect_bandwidth: float  # bytes/s per GPU per direction, for all-reduce
     tile: int = 128
     description: str = ""
+    mfu: float | None = None
+    mbu: float | None = None
+    gemm_latency_s: float | None = None
+    allreduce_efficiency: float | None = None  # share of interconnect_bandwidth a ring all-reduce reaches
+    allreduce_latency_s: float | None = None
 
     def __post_init__(self) -> None:
         for f in ("peak_flops", "mem_bandwidth", "memory_bytes", "interconnect_bandwidth", "tile"):
@@ -43,11 +52,17 @@ class GPUSpec:
 GPUS: dict[str, GPUSpec] = {g.name: g for g in [
     # source: NVIDIA A100 Tensor Core GPU datasheet: BF16 tensor 312 TFLOPS dense (624 sparse); A100 80GB SXM
     # 2,039 GB/s HBM2e, 80 GB; NVLink 600 GB/s (bidirectional, 300 GB/s each way)
-    GPUSpec("a100-80gb", 312e12, 2039e9, 80 * GiB, 300e9,
+    # measured (bench/results/roofline_vs_measured.md, Vidur's A100 profiles): mfu 0.757, mbu 0.819, 6.9 us per
+    # GEMM; NCCL all-reduce at 0.549 of the link, 41.4 us
+    GPUSpec("a100-80gb", 312e12, 2039e9, 80 * GiB, 300e9, mfu=0.757, mbu=0.819, gemm_latency_s=6.9e-6,
+            allreduce_efficiency=0.549, allreduce_latency_s=41.4e-6,
             description="NVIDIA A100 80GB SXM: 312 TFLOP/s bf16, 2039 GB/s HBM2e, NVLink 600 GB/s"),
     # source: NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 1,979 TFLOPS with sparsity (989 dense);
     # 3.35 TB/s HBM3, 80 GB; NVLink 900 GB/s (bidirectional)
-    GPUSpec("h100", 989e12, 3350e9, 80 * GiB, 450e9,
+    # measured (as the A100): mfu 0.717, mbu 0.994 (weight streaming at the datasheet's bandwidth once each GEMM's
+    # 7.6 us are apart), all-reduce at 0.797 of the link, 29.5 us
+    GPUSpec("h100", 989e12, 3350e9, 80 * GiB, 450e9, mfu=0.717, mbu=0.994, gemm_latency_s=7.57e-6,
+            allreduce_efficiency=0.797, allreduce_latency_s=29.5e-6,
             description="NVIDIA H100 SXM 80GB: 989 TFLOP/s bf16, 3350 GB/s HBM3, NVLink 900 GB/s"),
     # source: NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: BF16 1,979 TFLOPS with sparsity (989 dense);
     # 4.8 TB/s HBM3e, 141 GB; NVLink 900 GB/s (bidirectional)
@@ -59,7 +74,9 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in [
             description="NVIDIA RTX A6000: 155 TFLOP/s bf16, 768 GB/s GDDR6, 48 GB, PCIe Gen4"),
     # source: NVIDIA A40 datasheet: BF16 tensor 149.7 TFLOPS dense (299.4 sparse); 696 GB/s GDDR6, 48 GB;
     # PCIe Gen4 x16 (NVLink bridge optional; not assumed)
-    GPUSpec("a40", 149.7e12, 696e9, 48 * GiB, PCIE4_X16_PER_DIRECTION,
+    # measured (as the A100): mfu 0.788, mbu 0.823, 13.9 us per GEMM (no all-reduce measured)
+    GPUSpec("a40", 149.7e12, 696e9, 48 * GiB, PCIE4_X16_PER_DIRECTION, mfu=0.788, mbu=0.823,
+            gemm_latency_s=13.86e-6,
             description="NVIDIA A40: 150 TFLOP/s bf16, 696 GB/s GDDR6, 48 GB, PCIe Gen4"),
     # source: NVIDIA L4 Tensor Core GPU datasheet: BF16 tensor 242 TFLOPS with sparsity (121 dense);
     # 300 GB/s GDDR6, 24 GB; PCIe Gen4 x16

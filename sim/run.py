@@ -129,8 +129,11 @@ def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp:
     fitted = Fitted.load(path)
     fitted.check_model(model)
     check_fitted_device(fitted.meta, gpu.name)
-    if tp != 1:
-        raise InputError(f"--tp {tp}: a fitted cost model describes the single device it was profiled on")
+    if tp != fitted.tp:
+        raise InputError(f"--tp {tp}: the cost model was fitted for tp={fitted.tp} (its times are per GPU of "
+                         f"that group, all-reduces included); run with --tp {fitted.tp} or fit that degree")
+    if tp > 1:  # a group's KV: each GPU holds its share of the weights and KV heads, as the roofline sizes it
+        return fitted, Roofline(model, gpu, tp=tp).kv_capacity_tokens(), f"fitted {path}", []
     memory = None if fitted.memory_bytes is not None else gpu.memory_bytes
     return fitted, fitted.kv_capacity_tokens(memory_bytes=memory), f"fitted {path}", []
 
@@ -204,6 +207,7 @@ def run(config: RunConfig, progress: Progress | None = None, timeline: int = 0) 
     summary = {**{k: v for k, v in asdict(config).items() if k not in ("fast", "options")}, **summarize(result)}
     summary["arrivals_from_file"] = has_arrival_times(config.trace)  # replayed (qps None) or time-scaled
     summary["cost_model"] = cost_label
+    summary["cost_assumptions"] = cost.assumptions()
     summary["warnings"] = warnings
     summary.update(policy.settings.as_dict())  # every setting of the policy, given or default
     summary.update(run_stats([policy]))  # what the policy counted (vllm-v1: prefix-cache hits), if anything

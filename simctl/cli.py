@@ -384,19 +384,45 @@ def profile(
 
 @app.command()
 def fit(
-    profile_dir: Annotated[Path, typer.Argument(help="A folder written by `simctl profile`.")],
-    out: Annotated[Path | None, typer.Option(help="Where to write cost_model.json and fit.png "
-                                             "[default: the profile folder].")] = None,
-    holdout: Annotated[float, typer.Option(help="Share of each kind of iteration held out to measure the "
-                                           "error.")] = 0.2,
+    ctx: typer.Context,
+    profile_dir: Annotated[Path, typer.Argument(help="A folder written by `simctl profile`, or operator profiles "
+                                                "in Vidur's layout (compute/GPU/ORG/MODEL/mlp.csv, network/).")],
+    out: Annotated[Path | None, typer.Option(help="Where to write cost_model.json (and fit.png) [default: the "
+                                             "profile folder; required for operator profiles].")] = None,
+    holdout: Annotated[float, typer.Option(help="Share of each kind of iteration (operator profiles: of the token "
+                                           "counts and attention rows) held out to measure the error.")] = 0.2,
     seed: Annotated[int, typer.Option(help="Seed of the holdout split.")] = 0,
     roofline_gpu: Annotated[str | None, typer.Option(help="Also calibrate the roofline's efficiencies "
                                                      "(mfu, mbu, overhead) for this catalogue GPU.")] = None,
+    model: Annotated[str | None, typer.Option(help="Operator profiles: the model (catalogue name or "
+                                              "config.json); the profile of its layer shape is used.")] = None,
+    gpu: Annotated[str | None, typer.Option(help="Operator profiles: the catalogue GPU.")] = None,
+    tp: Annotated[int, typer.Option(help="Operator profiles: the tensor-parallel degree.")] = 1,
+    execution: Annotated[str, typer.Option(help="Operator profiles: eager or cuda-graph, whose step overheads "
+                                           "the fit assumes (the profiles time kernels only).")] = "cuda-graph",
 ) -> None:
-    """Fit a cost model to a profile and report its held-out error per kind of iteration.
+    """Fit a cost model to a profile and report its held-out error per kind of iteration (per operator class
+    for operator profiles).
 
-    Example: simctl fit profiles/cpu, then simctl run --gpu cpu --model tiny --cost profiles/cpu/cost_model.json
+    Example: simctl fit profiles/cpu, then simctl run --gpu cpu --model tiny --cost profiles/cpu/cost_model.json;
+    simctl fit ../shared/reference/gpu_profiles --model llama-2-70b --gpu h100 --tp 4 --out fits/h100-70b-tp4
     """
+    operators = (Path(profile_dir) / "compute").is_dir()
+    given = [n for n in ("model", "gpu", "tp", "execution") if ctx.get_parameter_source(n).name != "DEFAULT"]
+    if operators:
+        from profiler.fit_operators import fit_operator_profile, format_operator_report
+        from sim.models import get_model
+
+        if roofline_gpu is not None:
+            raise InputError("--roofline-gpu calibrates on a simctl profile; operator profiles are fitted as they are")
+        if model is None or gpu is None:
+            raise InputError(f"{profile_dir} holds operator profiles: give --model and --gpu (and --tp) to fit")
+        report = fit_operator_profile(profile_dir, get_model(model), gpu, tp, execution, out, holdout, seed)
+        print(format_operator_report(report))
+        return
+    if given:
+        raise InputError(f"--{given[0]} applies to operator profiles (a folder with compute/); {profile_dir} is "
+                         "fitted as a simctl profile")
     from profiler.fit import fit_profile
     from profiler.fit_report import format_report
 
@@ -414,6 +440,8 @@ app.command("sweep")(sweep)
 @app.command("list")
 def list_catalogue() -> None:
     """Show the policies, traces, models and GPUs simctl knows."""
+    from sim.cost.overheads import EXECUTION_MODES, StepOverheads
+    from sim.cost.roofline import DEFAULT_ATTN_MFU, DEFAULT_MBU, DEFAULT_MFU
     from sim.gpus import GPUS
     from sim.models import MODELS
     from traces import PROFILES
@@ -427,6 +455,14 @@ def list_catalogue() -> None:
          + [("PATH", "a CSV (num_prefill_tokens,num_decode_tokens[,arrived_at]) or JSONL trace file")]),
         ("models", [(n, m.description) for n, m in MODELS.items()]),
         ("gpus", [(n, g.description) for n, g in GPUS.items()]),
+        ("cost models", [
+            ("roofline", (f"published specs x efficiencies (mfu {DEFAULT_MFU}, mbu {DEFAULT_MBU}, attention mfu "
+                         f"{DEFAULT_ATTN_MFU}), tile per GPU; step overheads by execution mode:")),
+            *((f"  {mode}", StepOverheads.defaults(mode, 32).describe() + " for 32 layers")
+              for mode in EXECUTION_MODES),
+            ("fitted", ("--cost cost_model.json of `simctl fit`: a simctl profile's steps, or operator profiles "
+                       "(Vidur's layout) with the execution mode's step overheads; summary.json: cost_assumptions")),
+        ]),
     ):
         table = Table(title=title, show_header=False, title_justify="left")
         table.add_column(style="bold")

@@ -44,7 +44,19 @@ def hand_decode_attn(kv):
 
 @pytest.fixture(scope="module")
 def rf():
-    return Roofline("mistral-7b", "a100-80gb")
+    # the formula by hand at the default efficiencies (the catalogue's measured A100 ones are tested apart)
+    return Roofline("mistral-7b", "a100-80gb", mfu=MFU, mbu=MBU, gemm_latency_s=0.0)
+
+
+def test_measured_efficiencies_and_gemm_latency_by_hand():
+    rf = Roofline("mistral-7b", "a100-80gb")  # the catalogue's A100: mfu 0.757, mbu 0.819, 6.9 us per GEMM
+    assert (rf.mfu, rf.mbu, rf.gemm_latency_s) == (0.757, 0.819, 6.9e-6)
+    plan = decode_plan(1, 1024)
+    b = rf.breakdown(plan)
+    lin = blend(2 * P_LIN / (PEAK * 0.757), 2 * P_LIN / (BW * 0.819)) + 4 * L * 6.9e-6
+    assert b["linear"] == pytest.approx(lin, rel=1e-9)
+    assert b["lm_head"] == pytest.approx(blend(2 * V * H / (PEAK * 0.757), 2 * V * H / (BW * 0.819)) + 6.9e-6,
+                                         rel=1e-9)
 
 
 def decode_plan(rows, ctx):
@@ -155,13 +167,15 @@ def test_lm_head_only_on_sampled_rows(rf):
 
 def test_allreduce_only_for_tp_above_one():
     plan = prefill_plan([1000], [0])
-    one = Roofline("llama-2-70b", "a100-80gb", tp=1)
-    two = Roofline("llama-2-70b", "a100-80gb", tp=2)
-    four = Roofline("llama-2-70b", "a100-80gb", tp=4)
+    defaults = {"mfu": MFU, "mbu": MBU, "gemm_latency_s": 0.0}
+    one = Roofline("llama-2-70b", "a100-80gb", tp=1, **defaults)
+    two = Roofline("llama-2-70b", "a100-80gb", tp=2, **defaults)
+    four = Roofline("llama-2-70b", "a100-80gb", tp=4, **defaults)
     assert one.breakdown(plan)["allreduce"] == 0.0
-    # two all-reduces per layer of T x hidden x 2 bytes, ring: 2 (tp-1)/tp x bytes / 300 GB/s + 10 us
+    # two all-reduces per layer of T x hidden x 2 bytes, ring: 2 (tp-1)/tp x bytes / (300 GB/s x 0.549) + 41.4 us
+    # (the A100's measured link efficiency and latency)
     for rf, tp in ((two, 2), (four, 4)):
-        hand = 2 * 80 * (2 * (tp - 1) / tp * 1000 * 8192 * 2 / 300e9 + 10e-6)
+        hand = 2 * 80 * (2 * (tp - 1) / tp * 1000 * 8192 * 2 / (300e9 * 0.549) + 41.4e-6)
         assert rf.breakdown(plan)["allreduce"] == pytest.approx(hand, rel=1e-9)
     # the linear layers split over tp (70B: 8 KV heads, so tp=2 and 4 shard them exactly)
     p70 = 80 * (8192 * (64 + 16) * 128 + 64 * 128 * 8192 + 3 * 8192 * 28672)

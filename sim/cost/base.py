@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +21,10 @@ class CostModel(ABC):
     @abstractmethod
     def iteration_time(self, plan: BatchPlan) -> float:
         """Seconds to execute the plan."""
+
+    def assumptions(self) -> dict[str, Any]:
+        """What the model assumed (its kind, efficiencies, step overheads): summary.json's `cost_assumptions`."""
+        return {"kind": type(self).__name__}
 
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
         """Durations of `k` back-to-back repeats of a plan whose sequences keep their roles (a stretch: decodes
@@ -47,6 +52,9 @@ class ScaledCost(CostModel):
 
     def iteration_time(self, plan: BatchPlan) -> float:
         return self.factor * self.base.iteration_time(plan)
+
+    def assumptions(self) -> dict[str, Any]:
+        return {**self.base.assumptions(), "scaled_by": self.factor}
 
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
         return self.factor * self.base.stretch_times(plan, k)

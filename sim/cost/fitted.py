@@ -59,6 +59,12 @@ Why this form:
   share is a property of the executor profiled (an exact varlen kernel fits it at ~0).
 - A fixed overhead (launches, Python, sampling, and the linear layers at one token) absorbs everything
   independent of the batch.
+- Step overheads (`step_overheads`, `sim/cost/overheads.py`): host terms per step, per scheduled request and
+  per sampled token, and an eager launch floor, added as the roofline adds them. A fit of whole profiled
+  steps has them inside `overhead_s` and the per-row terms (its file has no `step_overheads`: all zero); a fit
+  of operator profiles (`profiler/fit_operators.py`), whose kernels were timed without a host, takes its
+  execution mode's defaults. `tp`: the tensor-parallel degree the times are per GPU of (all-reduces
+  included), 1 unless written.
 
 All coefficients are >= 0 and the curves non-decreasing, so the time never decreases when a field of the
 plan grows (tile rounding is a step, never a drop). Along a decode stretch every row gains one KV token: the
@@ -89,6 +95,7 @@ from policies.plan import BatchPlan
 from sim.cost.base import CostModel, tiled
 from sim.cost.curves import Curve, CurveTables, check_knots, is_finite_number, pwl_array, tiled_array
 from sim.cost.features import decode_pad_kv
+from sim.cost.overheads import StepOverheads
 from sim.cost.roofline import DEFAULT_ACTIVATION_RESERVE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION
 from sim.gpus import GiB
 from sim.models import ModelSpec
@@ -179,7 +186,8 @@ class Fitted(CurveTables, CostModel):
     def __init__(self, coefficients: dict[str, float], tile: int, curves: dict[str, Sequence[Sequence[float]]],
                  model: str | None = None, model_shape: dict[str, Any] | None = None,
                  dtype_bytes: int | None = None, memory_bytes: int | None = None,
-                 meta: dict[str, Any] | None = None, fit: dict[str, Any] | None = None) -> None:
+                 meta: dict[str, Any] | None = None, fit: dict[str, Any] | None = None,
+                 step_overheads: StepOverheads | None = None, tp: int = 1) -> None:
         if not isinstance(coefficients, dict):
             raise InputError("coefficients must be an object")
         missing = [k for k in COEFFICIENTS if k not in coefficients]
@@ -203,6 +211,13 @@ class Fitted(CurveTables, CostModel):
             raise InputError(f"memory_bytes must be a positive number or null, got {memory_bytes!r}")
         if dtype_bytes is not None:
             dtype_bytes = dtype_bytes_of(dtype_bytes)
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise InputError(f"tp must be a positive integer, got {tp!r}")
+        self.tp = tp
+        self.step_overheads = step_overheads
+        steps = step_overheads or StepOverheads(iteration_s=0.0)
+        self._it, self._req, self._tok = steps.iteration_s, steps.request_s, steps.sampled_token_s
+        self._floor = steps.launch_floor_s
         self.coefficients = {k: float(coefficients[k]) for k in COEFFICIENTS}
         self.tile = tile
         self.curves = {k: check_knots(k, curves[k], first) for k, (_, first) in CURVES.items()}
@@ -230,7 +245,15 @@ class Fitted(CurveTables, CostModel):
 
     def __repr__(self) -> str:
         dev = self.meta.get("device_name") or self.meta.get("device") or "?"
-        return f"Fitted({self.model}, {dev}, tile={self.tile})"
+        return f"Fitted({self.model}, {dev}, tile={self.tile}, tp={self.tp})"
+
+    def assumptions(self) -> dict[str, Any]:
+        """What the model assumed beyond its curves (`simctl list`, summary.json)."""
+        steps = (self.step_overheads.to_json() if self.step_overheads is not None else
+                 {"source": "measured: the fitted overhead_s holds the per-step host cost, the per-row terms "
+                            "the per-request and per-token costs"})
+        return {"kind": "fitted", "tp": self.tp, "overhead_s": self._ovh, "step_overheads": steps,
+                **({"attention": self.fit["attention"]} if "attention" in self.fit else {})}
 
     # ---- pricing ---------------------------------------------------------------------------------------
     def tiled(self, n: int) -> int:
@@ -240,7 +263,7 @@ class Fitted(CurveTables, CostModel):
         """The formula, written once: everything but the decode rows' KV curve (the one term a decode stretch
         changes), summed in one fixed order. `terms`, if given, receives each term (`breakdown`). `repeat` j
         prices a stretch's repeat j: each prefill segment j chunks further into its prompt."""
-        t = self._ovh
+        t = host = self._host(plan)
         linear = lm_head = prefill = pad = 0.0
         T, r = plan.linear_tokens, plan.sampled_tokens
         if T > 0:
@@ -264,15 +287,35 @@ class Fitted(CurveTables, CostModel):
             t += pad
         rows = self._drow * plan.decode_rows
         if terms is not None:
-            terms.update(overhead=self._ovh, linear=linear, lm_head=lm_head, prefill_attention=prefill,
+            terms.update(overhead=host, linear=linear, lm_head=lm_head, prefill_attention=prefill,
                          decode_attention=rows + pad)
         return t + rows
+
+    def _host(self, plan: BatchPlan) -> float:
+        """overhead_s and the step overheads (terms that are 0 add nothing, so older fits price as before)."""
+        t = self._ovh
+        if self._it:
+            t += self._it
+        if self._req:
+            t += self._req * len(plan.seqs)
+        if self._tok:
+            t += self._tok * plan.sampled_tokens
+        return t
+
+    def _floored(self, plan: BatchPlan, t: float | np.ndarray) -> float | np.ndarray:
+        """Eager execution: the GPU terms (all but the host's step overheads) take at least the launch floor."""
+        if not self._floor:
+            return t
+        host = self._it + self._req * len(plan.seqs) + self._tok * plan.sampled_tokens
+        return np.maximum(t, host + self._floor) if isinstance(t, np.ndarray) else max(t, host + self._floor)
 
     def iteration_time(self, plan: BatchPlan) -> float:
         rows = plan.decode_rows
         if rows <= 0:
-            return self._fixed(plan)
-        return self._fixed(plan) + rows * self._dec(plan.decode_kv / rows)
+            t = self._fixed(plan)
+        else:
+            t = self._fixed(plan) + rows * self._dec(plan.decode_kv / rows)
+        return self._floored(plan, t) if self._floor else t
 
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
         if k <= 0:
@@ -280,14 +323,18 @@ class Fitted(CurveTables, CostModel):
         rows = plan.decode_rows
         if plan.prefill_q:  # a prompt's chunks: a few repeats, each priced as its iteration would be
             if rows <= 0:
-                return np.array([self._fixed(plan, repeat=j) for j in range(k)])
-            return np.array([self._fixed(plan, repeat=j) + rows * self._dec((plan.decode_kv + j * rows) / rows)
-                             for j in range(k)])
-        fixed = self._fixed(plan)
-        if rows <= 0:
-            return np.full(k, fixed)
-        mean_kv = plan.decode_kv / rows + np.arange(k, dtype=np.float64)  # every row gains one token
-        return fixed + rows * pwl_array(mean_kv, self._dec_knots)
+                times = np.array([self._fixed(plan, repeat=j) for j in range(k)])
+            else:
+                times = np.array([self._fixed(plan, repeat=j) + rows * self._dec((plan.decode_kv + j * rows) / rows)
+                                  for j in range(k)])
+        else:
+            fixed = self._fixed(plan)
+            if rows <= 0:
+                times = np.full(k, fixed)
+            else:
+                mean_kv = plan.decode_kv / rows + np.arange(k, dtype=np.float64)  # every row gains one token
+                times = fixed + rows * pwl_array(mean_kv, self._dec_knots)
+        return self._floored(plan, times)
 
     def breakdown(self, plan: BatchPlan) -> dict[str, float]:
         """The terms of `iteration_time(plan)` in seconds (reports and tests; not on the hot path)."""
@@ -296,6 +343,7 @@ class Fitted(CurveTables, CostModel):
         n = plan.decode_rows
         if n > 0:
             terms["decode_attention"] += n * self._dec(plan.decode_kv / n)
+        terms["launch_floor"] = float(self._floored(plan, sum(terms.values()))) - sum(terms.values())
         return terms
 
     # ---- the model it was fitted for -------------------------------------------------------------------
@@ -368,6 +416,8 @@ class Fitted(CurveTables, CostModel):
             "coefficients": dict(self.coefficients),
             "curves": {k: [[n, s] for n, s in v] for k, v in self.curves.items()},
             "fit": self.fit,
+            **({"step_overheads": self.step_overheads.to_json(), "tp": self.tp}
+               if self.step_overheads is not None else {}),
         }
 
     @classmethod
@@ -390,7 +440,10 @@ class Fitted(CurveTables, CostModel):
         return cls(data["coefficients"], data["tile"], data["curves"], model=model,
                    model_shape=data["model_shape"], dtype_bytes=data["dtype_bytes"],
                    memory_bytes=data.get("memory_bytes"), meta=data.get("meta") or {},
-                   fit=data.get("fit") or {})
+                   fit=data.get("fit") or {},
+                   step_overheads=(StepOverheads.from_json(data["step_overheads"])
+                                   if data.get("step_overheads") is not None else None),
+                   tp=data.get("tp", 1))
 
     @classmethod
     def load(cls, path: str | Path) -> Fitted:

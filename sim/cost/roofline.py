@@ -7,6 +7,8 @@ Per iteration (per GPU of a tensor-parallel group; all GPUs of the group run in 
   The sqrt blend is the soft knee real GEMMs show: design.md reads off a published per-operator profile of
   Llama-2-7B's linears on an A100 that max(t_c, t_m) is up to ~25% low near T = 128 while the sqrt blend with
   mfu 0.70 / mbu 0.75 stays within ~5% from T = 1 to 4096.
+- Each GEMM also pays a fixed time (`gemm_latency_s`, 4 per layer and the LM head's: kernel ramp-up and
+  tail), which the GPU's catalogue entry holds where measured (bench/roofline_vs_measured.py).
 - Tile quantization: a GEMM over T rows runs ceil(T / tile) row tiles, so above one tile T is rounded up to a
   multiple of the tile (Sarathi-Serve measured chunk 257 up to 32% slower than 256). At T <= tile the kernels
   pick smaller row tiles (or GEMV) and the layer is weight-streaming bound, so T is used as is: rounding
@@ -19,18 +21,21 @@ Per iteration (per GPU of a tensor-parallel group; all GPUs of the group run in 
   head_dim x q x (c + q/2) at `attn_mfu`, reading (c + q) tokens of KV (this GPU's share), blended per
   segment like the linears. Padded rows come as segments of the padded length, so pads are paid.
 - Decode attention: memory-bound: decode_kv x KV bytes per token (this GPU's share) / (bw x attn_mbu).
-- A fixed per-iteration overhead (launches, scheduling, sampling).
+- Step overheads (`sim/cost/overheads.py`): per step, per scheduled request and per sampled token on the host,
+  and in eager execution a launch floor under the GPU time: t = max(GPU terms, floor) + host terms.
 - TP > 1: two all-reduces per layer of T x hidden x dtype bytes, ring algorithm:
   2 (tp-1)/tp x bytes / link bandwidth, plus a fixed latency per all-reduce.
 
 Terms are added (no overlap between them is assumed). Defaults and where they come from:
-- mfu = 0.70, mbu = 0.75: the published Llama-2-7B/A100 per-operator profile summarised in design.md.
+- mfu = 0.70, mbu = 0.75, no GEMM latency: the published Llama-2-7B/A100 per-operator profile summarised in
+  design.md; the catalogue's per-GPU values replace them where measured (A100, H100, A40: `sim/gpus.py`).
 - attn_mfu = 0.50: FlashAttention-2 (Dao, 2023) reports its forward pass at 50-73% of A100 peak; serving
   chunks are short and causal, so the low end is taken.
 - attn_mbu = mbu: decode attention streams KV like the linears stream weights (an assumption).
-- overhead_s = 2 ms: an ASSUMPTION (CPU-side scheduling, input preparation, sampling and launches of a Python
-  serving engine); the profiler's fitted intercept should replace it.
-- allreduce_latency_s = 10 us: an ASSUMPTION, the order of a small-message NCCL all-reduce within a node.
+- overhead_s = 2 ms per step, request_s = sampled_token_s = 0, and eager's launch floor: the execution mode's
+  defaults, whose sources `sim/cost/overheads.py` gives (the 2 ms is an ASSUMPTION; a fit replaces it).
+- allreduce_latency_s = 10 us and the link at its peak: an ASSUMPTION (the order of a small-message NCCL
+  all-reduce within a node), replaced by the catalogue's measured values where it has them (A100, H100).
 - gpu_memory_utilization = 0.9: vLLM's default share of GPU memory it manages.
 - activation_reserve_bytes = 2 GiB per GPU: an ASSUMPTION covering the CUDA context, NCCL buffers and the peak
   activations of a few-thousand-token batch of a 7-70B model, which serving engines subtract before sizing
@@ -40,20 +45,23 @@ Terms are added (no overlap between them is assumed). Defaults and where they co
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from common.errors import InputError
 from policies.plan import BatchPlan
 from sim.cost.base import CostModel, tiled
+from sim.cost.overheads import DEFAULT_ITERATION_S, StepOverheads
 from sim.gpus import GiB, GPUSpec, get_gpu
 from sim.models import ModelSpec, get_model
 
 DEFAULT_MFU = 0.70
 DEFAULT_MBU = 0.75
 DEFAULT_ATTN_MFU = 0.50
-DEFAULT_OVERHEAD_S = 2e-3
+DEFAULT_OVERHEAD_S = DEFAULT_ITERATION_S
 DEFAULT_ALLREDUCE_LATENCY_S = 10e-6
+GEMMS_PER_LAYER = 4  # QKV, O, gate+up (or up), down
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GiB
 
@@ -71,15 +79,20 @@ class Roofline(CostModel):
         gpu: GPUSpec | str,
         tp: int = 1,
         dtype_bytes: int = 2,
-        mfu: float = DEFAULT_MFU,
-        mbu: float = DEFAULT_MBU,
+        mfu: float | None = None,
+        mbu: float | None = None,
         overhead_s: float = DEFAULT_OVERHEAD_S,
         attn_mfu: float = DEFAULT_ATTN_MFU,
         attn_mbu: float | None = None,
         tile: int | None = None,
         gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
         activation_reserve_bytes: float = DEFAULT_ACTIVATION_RESERVE_BYTES,
-        allreduce_latency_s: float = DEFAULT_ALLREDUCE_LATENCY_S,
+        allreduce_latency_s: float | None = None,
+        allreduce_efficiency: float | None = None,
+        request_s: float = 0.0,
+        sampled_token_s: float = 0.0,
+        execution: str = "cuda-graph",
+        gemm_latency_s: float | None = None,
     ) -> None:
         m = get_model(model) if isinstance(model, str) else model
         g = get_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -94,17 +107,30 @@ class Roofline(CostModel):
         tile = g.tile if tile is None else tile
         if not isinstance(tile, int) or tile < 1:
             raise InputError(f"tile must be a positive integer, got {tile!r}")
+        if allreduce_latency_s is None:
+            allreduce_latency_s = g.allreduce_latency_s if g.allreduce_latency_s is not None else DEFAULT_ALLREDUCE_LATENCY_S
+        self.allreduce_efficiency = _fraction("allreduce_efficiency", allreduce_efficiency if allreduce_efficiency
+                                              is not None else g.allreduce_efficiency or 1.0)
         if not overhead_s >= 0 or not allreduce_latency_s >= 0 or not activation_reserve_bytes >= 0:
             raise InputError("overhead_s, allreduce_latency_s and activation_reserve_bytes must be >= 0")
         self.model = m
         self.gpu = g
         self.tp = tp
         self.dtype_bytes = dtype_bytes
-        self.mfu = _fraction("mfu", mfu)
-        self.mbu = _fraction("mbu", mbu)
+        # the GPU's measured efficiencies where the catalogue has them, else the defaults
+        self.mfu = _fraction("mfu", mfu if mfu is not None else g.mfu or DEFAULT_MFU)
+        self.mbu = _fraction("mbu", mbu if mbu is not None else g.mbu or DEFAULT_MBU)
+        self.gemm_latency_s = float(gemm_latency_s if gemm_latency_s is not None else g.gemm_latency_s or 0.0)
+        if not self.gemm_latency_s >= 0:
+            raise InputError(f"gemm_latency_s must be >= 0, got {gemm_latency_s!r}")
         self.attn_mfu = _fraction("attn_mfu", attn_mfu)
         self.attn_mbu = self.mbu if attn_mbu is None else _fraction("attn_mbu", attn_mbu)
         self.overhead_s = float(overhead_s)
+        floor = StepOverheads.defaults(execution, m.num_layers).launch_floor_s
+        self.steps = StepOverheads(execution, self.overhead_s, request_s, sampled_token_s, floor,
+                                   "roofline defaults" if (overhead_s, request_s, sampled_token_s)
+                                   == (DEFAULT_OVERHEAD_S, 0.0, 0.0) else "given")
+        self._req, self._tok, self._floor = self.steps.request_s, self.steps.sampled_token_s, floor
         self.tile = tile
         self.gpu_memory_utilization = _fraction("gpu_memory_utilization", gpu_memory_utilization)
         self.activation_reserve_bytes = float(activation_reserve_bytes)
@@ -124,14 +150,15 @@ class Roofline(CostModel):
         emb_gpu = m.embedding_lm_head_params / tp
         self.weight_bytes_per_gpu = (self.linear_params_per_gpu + emb_gpu) * dtype_bytes
 
-        flops = g.peak_flops * self.mfu
-        bw = g.mem_bandwidth * self.mbu
+        self._flops = flops = g.peak_flops * self.mfu
+        self._bw = bw = g.mem_bandwidth * self.mbu
         # linears: t_c = _lin_c x T_eff, t_m = _lin_m
         self._lin_c = 2.0 * self.linear_params_per_gpu / flops
         self._lin_m = self.linear_params_per_gpu * dtype_bytes / bw
         # LM head: t_c = _lm_c x rows_eff, t_m = _lm_m
         self._lm_c = 2.0 * self.lm_head_params_per_gpu / flops
         self._lm_m = self.lm_head_params_per_gpu * dtype_bytes / bw
+        self._lin_lat = GEMMS_PER_LAYER * L * self.gemm_latency_s  # each GEMM's fixed time, every layer
         # prefill attention per segment: t_c = _pa_c x q (c + q/2), t_m = _pa_m x (c + q)
         self._pa_c = 4.0 * L * heads_gpu * d / (g.peak_flops * self.attn_mfu)
         self._pa_m = self.kv_bytes_per_token_per_gpu / (g.mem_bandwidth * self.attn_mbu)
@@ -140,7 +167,7 @@ class Roofline(CostModel):
         # all-reduce: t = _ar_tok x T + _ar_fixed (tp > 1 only)
         if tp > 1:
             n_ar = 2 * L
-            self._ar_tok = n_ar * 2.0 * (tp - 1) / tp * h * dtype_bytes / g.interconnect_bandwidth
+            self._ar_tok = n_ar * self.allreduce_time(h * dtype_bytes, latency=False)
             self._ar_fixed = n_ar * self.allreduce_latency_s
         else:
             self._ar_tok = 0.0
@@ -148,12 +175,38 @@ class Roofline(CostModel):
 
     def __repr__(self) -> str:
         return (f"Roofline({self.model.name}, {self.gpu.name}, tp={self.tp}, mfu={self.mfu}, mbu={self.mbu}, "
-                f"attn_mfu={self.attn_mfu}, overhead_s={self.overhead_s}, tile={self.tile})")
+                f"attn_mfu={self.attn_mfu}, overhead_s={self.overhead_s}, tile={self.tile}, "
+                f"execution={self.steps.execution})")
+
+    def assumptions(self) -> dict[str, Any]:
+        return {"kind": "roofline", "gpu": self.gpu.name, "tp": self.tp, "mfu": self.mfu, "mbu": self.mbu,
+                "gemm_latency_s": self.gemm_latency_s,
+                "attn_mfu": self.attn_mfu, "attn_mbu": self.attn_mbu, "tile": self.tile,
+                "step_overheads": self.steps.to_json()}
 
     # ---- pricing ---------------------------------------------------------------------------------------
     def tiled(self, n: int) -> int:
         """Rows a GEMM over `n` rows pays for: n up to one tile, else n rounded up to the tile."""
         return tiled(n, self.tile)
+
+    def gemm(self, params: float, rows: int) -> float:
+        """Seconds of a linear layer of `params` weights (this GPU's share) over `rows` token rows: the blend of
+        its compute and weight-read times (the linears and LM head are priced so, from constants cached in
+        the same order of operations)."""
+        c = 2.0 * params / self._flops * tiled(rows, self.tile)
+        m = params * self.dtype_bytes / self._bw
+        return math.sqrt(c * c + m * m) + self.gemm_latency_s
+
+    def allreduce_time(self, nbytes: float, latency: bool = True) -> float:
+        """Seconds of one ring all-reduce of `nbytes` over the group: 2 (tp - 1) / tp x bytes over the link at
+        its measured efficiency, plus the fixed latency."""
+        t = 2.0 * (self.tp - 1) / self.tp * nbytes / (self.gpu.interconnect_bandwidth * self.allreduce_efficiency)
+        return t + self.allreduce_latency_s if latency else t
+
+    def attention_rates(self) -> tuple[float, float, float]:
+        """(s per prefill attention unit q (c + q/2) at full compute, s per prefill KV token read, s per decode
+        KV token read): the roofline's attention terms before their per-segment blend."""
+        return self._pa_c, self._pa_m, self._dkv
 
     def _fixed(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
         """The formula, written once: everything but decode attention (`decode_kv * _dkv`), summed in one fixed
@@ -167,24 +220,34 @@ class Roofline(CostModel):
             terms["prefill_attention"] = attention
         return t
 
-    def _dense(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
-        """The overhead, the linear layers (and their all-reduces) and the LM head, summed in that order."""
+    def _host(self, plan: BatchPlan) -> float:
+        """The host's additive step overheads (the terms not used add nothing, so their order is kept)."""
         t = self.overhead_s
+        if self._req:
+            t += self._req * len(plan.seqs)
+        if self._tok:
+            t += self._tok * plan.sampled_tokens
+        return t
+
+    def _dense(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
+        """The host overheads, the linear layers (and their all-reduces) and the LM head, summed in that
+        order."""
+        t = host = self._host(plan)
         linear = allreduce = lm_head = 0.0
         T, r = plan.linear_tokens, plan.sampled_tokens
         if T > 0:
             c = self._lin_c * tiled(T, self.tile)
-            linear = math.sqrt(c * c + self._lin_m * self._lin_m)
+            linear = math.sqrt(c * c + self._lin_m * self._lin_m) + self._lin_lat
             t += linear
             if self._ar_tok:
                 allreduce = self._ar_tok * T + self._ar_fixed
                 t += allreduce
         if r > 0:
             c = self._lm_c * tiled(r, self.tile)
-            lm_head = math.sqrt(c * c + self._lm_m * self._lm_m)
+            lm_head = math.sqrt(c * c + self._lm_m * self._lm_m) + self.gemm_latency_s
             t += lm_head
         if terms is not None:
-            terms.update(overhead=self.overhead_s, linear=linear, allreduce=allreduce, lm_head=lm_head)
+            terms.update(overhead=host, linear=linear, allreduce=allreduce, lm_head=lm_head)
         return t
 
     def _prefill_attention(self, plan: BatchPlan, t: float, repeat: int = 0) -> tuple[float, float]:
@@ -203,7 +266,10 @@ class Roofline(CostModel):
         return t, attention
 
     def iteration_time(self, plan: BatchPlan) -> float:
-        return self._fixed(plan) + plan.decode_kv * self._dkv
+        t = self._fixed(plan) + plan.decode_kv * self._dkv
+        if self._floor:  # eager: the GPU terms (t minus the host's) cannot take less than the launches
+            return max(t, self._host(plan) + self._floor)
+        return t
 
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
         if k <= 0:
@@ -211,18 +277,22 @@ class Roofline(CostModel):
         rows, dkv, kv0 = plan.decode_rows, self._dkv, plan.decode_kv
         if plan.prefill_q:  # a prompt's chunks: each repeat priced as its iteration, the dense terms once
             dense = self._dense(plan)
-            return np.array([self._prefill_attention(plan, dense, j)[0] + (kv0 + j * rows) * dkv for j in range(k)])
+            times = np.array([self._prefill_attention(plan, dense, j)[0] + (kv0 + j * rows) * dkv
+                              for j in range(k)])
+            return np.maximum(times, self._host(plan) + self._floor) if self._floor else times
         # decodes alone: only their KV term grows, by `rows` tokens a repeat
         kv = np.arange(kv0, kv0 + k * rows, rows, dtype=np.int64) if rows else np.full(k, kv0, dtype=np.int64)
         times = kv * dkv
         times += self._fixed(plan)  # fixed + kv x dkv, as iteration_time sums them
-        return times
+        return np.maximum(times, self._host(plan) + self._floor) if self._floor else times
 
     def breakdown(self, plan: BatchPlan) -> dict[str, float]:
         """The terms of `iteration_time(plan)` in seconds (for reports and tests; not on the hot path)."""
         terms: dict[str, float] = {}
         self._fixed(plan, terms)
         terms["decode_attention"] = plan.decode_kv * self._dkv
+        gpu = sum(terms.values()) - terms["overhead"]
+        terms["launch_floor"] = max(self._floor - gpu, 0.0)  # what the floor adds above the GPU terms
         return terms
 
     # ---- memory --------------------------------------------------------------------------------------

@@ -1,0 +1,214 @@
+"""A cost model from operator profiles (Vidur's layout, `profiler/operator_profiles.py`): a `Fitted` whose curves
+are the measured operators of one model on one GPU at one TP degree.
+
+    report = fit_operator_profile(root, get_model("llama-2-7b"), "h100", tp=1, out="fits/h100")
+    print(format_operator_report(report))    # cost_model.json written in `out`; --cost prices runs with it
+
+- Linear operators, norms, activation, rotary, residual adds (per layer, times the layers), the embedding (once)
+  and, at tp > 1, two all-reduces per layer of T x hidden x 2 bytes (interpolated in the measured collective)
+  are summed at every measured token count into the `linear` curve, made monotone (isotonic least squares:
+  cuBLAS's kernel choice makes some counts slower than larger ones, and a served batch never gets faster by
+  growing). The curve is priced at the token count rounded up to the profile's grid (its `tile`: 8 tokens in
+  Vidur's profiles), so a GEMM's tile steps land where they were measured.
+- Attention: fitted (`profiler.fit.fit_coefficients`, the same form as a simctl profile's) to the measured
+  kernel where the profile has one for this shape and TP degree; else the roofline's rates, added rather than
+  blended (the fit's form is linear: up to sqrt(2) above the roofline where compute and KV reads are equal).
+- LM head: not in the profiles: the roofline's, tabulated with its tile steps.
+- Step overheads: the profiles time kernels, not steps: the execution mode's defaults (`sim/cost/overheads.py`).
+
+A seeded share of the interior token counts (and of the attention rows) is held out: the model written is fitted
+without them, and the report gives its error on them per operator class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import isotonic_regression
+
+from common.errors import InputError
+from profiler.fit import error_stats, fit_coefficients, predict
+from profiler.fit_results import ErrorStats
+from profiler.operator_profiles import (
+    ALL_REDUCES_PER_LAYER,
+    LAYER_OPERATORS,
+    OperatorProfile,
+    load_operator_profile,
+)
+from profiler.profile_data import split_holdout
+from sim.cost.curves import pwl_array, tiled_array
+from sim.cost.fitted import Fitted
+from sim.cost.overheads import StepOverheads
+from sim.cost.roofline import Roofline
+from sim.gpus import get_gpu
+from sim.models import ModelSpec
+from sim.output import check_out_dir, json_text, write_files
+
+COST_MODEL_FILE = "cost_model.json"
+DTYPE_BYTES = 2  # Vidur profiles in fp16
+# operator classes reported, by the profile's operator names
+CLASSES: dict[str, tuple[str, ...]] = {
+    "qkv": ("attn_pre_proj",), "o": ("attn_post_proj",), "gate_up": ("mlp_up_proj",), "down": ("mlp_down_proj",),
+    "norms": ("input_layernorm", "post_attention_layernorm"), "activation": ("mlp_act",), "rope": ("attn_rope",),
+    "add": ("add",), "embedding": ("emb",),
+}
+
+
+@dataclass
+class OperatorFitReport:
+    profile: OperatorProfile
+    model: str
+    fitted: Fitted
+    holdout: dict[str, ErrorStats]  # per operator class, all_reduce, "iteration" (the linear curve), attention
+    attention: str  # where the attention prices come from
+    cost_model_path: Path
+
+
+def iteration_seconds(p: OperatorProfile, model: ModelSpec, at: np.ndarray | None = None) -> np.ndarray:
+    """Seconds of every profiled operator of one iteration (all layers; all-reduces at tp > 1; no attention, no
+    LM head) at each count `at` (default: the measured counts), interpolating each measured curve."""
+    x = p.tokens if at is None else np.asarray(at, dtype=np.float64)
+
+    def op(name: str) -> np.ndarray:
+        return np.interp(x, p.tokens, p.operators[name])
+
+    t = op("emb") + model.num_layers * sum(n * op(k) for k, n in LAYER_OPERATORS.items())
+    if p.allreduce is not None:
+        sizes, secs = p.allreduce
+        t = t + ALL_REDUCES_PER_LAYER * model.num_layers * np.interp(x * model.hidden_size * DTYPE_BYTES,
+                                                                      sizes, secs)
+    return t
+
+
+def _held_counts(n: int, holdout: float, seed: int) -> np.ndarray:
+    """Held-out mask over n counts: never the first or last (the curves interpolate, they do not extrapolate)."""
+    held = np.zeros(n, dtype=bool)
+    if n > 2:
+        held[1:-1] = split_holdout(np.zeros(n - 2, dtype=np.int64), holdout, seed)
+    return held
+
+
+def _subset(p: OperatorProfile, keep: np.ndarray) -> OperatorProfile:
+    return OperatorProfile(**{**{f.name: getattr(p, f.name) for f in fields(p)}, "tokens": p.tokens[keep],
+                              "operators": {k: v[keep] for k, v in p.operators.items()}})
+
+
+def _lm_head_knots(rf: Roofline, params: float, top: int = 8192) -> list[tuple[int, float]]:
+    """The roofline's LM head as knots: powers of two up to a tile, then each tile step (flat inside a tile)."""
+    knots = [(0, 0.0)] + [(r, rf.gemm(params, r)) for r in (1, 2, 4, 8, 16, 32, 64) if r < rf.tile]
+    for k in range(rf.tile, top + 1, rf.tile):
+        if k > rf.tile:
+            knots.append((k - rf.tile + 1, rf.gemm(params, k)))
+        knots.append((k, rf.gemm(params, k)))
+    knots.append((top + rf.tile, rf.gemm(params, top + rf.tile)))  # the slope beyond
+    return knots
+
+
+def _attention_frame(att: pd.DataFrame, layers: int) -> pd.DataFrame:
+    """Attention rows as profile rows (`profiler.fit`'s columns), times over all layers."""
+    pre = (att["kind"] == "prefill").to_numpy()
+    q, c, b = (att[k].to_numpy(dtype=np.float64) for k in ("q", "kv", "batch"))
+    zero = np.zeros(len(att))
+    return pd.DataFrame({
+        "kind": att["kind"].to_numpy(), "linear_tokens": zero, "sampled_tokens": zero,
+        "attn_units": np.where(pre, b * q * (c + q / 2), 0.0), "attn_kv_tokens": np.where(pre, b * (c + q), 0.0),
+        "num_segments": np.where(pre, b, 0.0), "decode_rows": np.where(pre, 0.0, b),
+        "decode_kv": np.where(pre, 0.0, b * (c + 1)), "decode_pad_kv": zero,
+        "time_s": att["time_s"].to_numpy(dtype=np.float64) * layers})
+
+
+def fit_operator_profile(root: str | Path, model: ModelSpec, gpu: str, tp: int = 1, execution: str = "cuda-graph",
+                         out: str | Path | None = None, holdout: float = 0.2, seed: int = 0) -> OperatorFitReport:
+    """Fit `model` on catalogue GPU `gpu` at `tp` from the operator profiles under `root`; write
+    cost_model.json into `out` (required: the profile directory is not a fit's folder)."""
+    if out is None:
+        raise InputError("give --out: where to write the cost model fitted to the operator profiles")
+    if not isinstance(holdout, (int, float)) or isinstance(holdout, bool) or not 0 <= holdout < 1:
+        raise InputError(f"holdout must be a fraction in [0, 1), got {holdout!r}")
+    g = get_gpu(gpu)
+    steps = StepOverheads.defaults(execution, model.num_layers)
+    rf = Roofline(model, g, tp=tp)  # checks tp against the heads; the LM head and missing attention
+    out_dir = check_out_dir(Path(out), (COST_MODEL_FILE,))
+    p = load_operator_profile(root, model, g.name, tp)
+
+    # linear operators and the rest of the layer, fitted on the training counts
+    held = _held_counts(len(p.tokens), holdout, seed)
+    train = _subset(p, ~held)
+    stats: dict[str, ErrorStats] = {}
+    if held.any():
+        for name, ops in CLASSES.items():
+            meas = sum(p.operators[k][held] for k in ops)
+            pred = sum(np.interp(p.tokens[held], train.tokens, train.operators[k]) for k in ops)
+            stats[name] = error_stats(np.array([name] * int(held.sum())), pred, meas)[name]
+    s = isotonic_regression(iteration_seconds(train, model)).x
+    tile = int(np.gcd.reduce(p.tokens[p.tokens >= 8])) if (p.tokens >= 8).any() else 1
+    knots = [(1, 0.0)] + [(int(n), float(v - s[0])) for n, v in zip(train.tokens, s) if n > 1]
+    if held.any():
+        measured = iteration_seconds(p, model)[held]
+        priced = s[0] + pwl_array(tiled_array(p.tokens[held], tile), knots)
+        stats["iteration"] = error_stats(np.array(["i"] * len(measured)), priced, measured)["i"]
+    if p.allreduce is not None:
+        sizes, secs = p.allreduce
+        h = _held_counts(len(sizes), holdout, seed)
+        if h.any():
+            stats["all_reduce"] = error_stats(np.array(["a"] * int(h.sum())),
+                                              np.interp(sizes[h], sizes[~h], secs[~h]), secs[h])["a"]
+
+    # attention: the measured kernel where there is one, else the roofline
+    if p.attention is not None:
+        df = _attention_frame(p.attention, model.num_layers)
+        kinds = df["kind"].to_numpy()
+        held_rows = split_holdout(kinds, holdout, seed)
+        cf = fit_coefficients(df[~held_rows], tiles=(1,))
+        if held_rows.any():
+            y = df["time_s"].to_numpy()
+            for k, v in error_stats(kinds[held_rows], predict(cf, df)[held_rows], y[held_rows]).items():
+                if k != "overall":
+                    stats[f"attention_{k}"] = v
+        att_coef, decode_knots = cf.coefficients, cf.curves["decode_kv"]
+        attention = f"measured ({p.attention_file})"
+    else:
+        unit, kv, dkv = rf.attention_rates()
+        att_coef = {"overhead_s": 0.0, "attn_unit_s": unit, "attn_kv_token_s": kv, "attn_segment_s": 0.0,
+                    "decode_row_s": dkv}
+        decode_knots = [(1, 0.0), (2, dkv)]  # rows x (dkv + (mean KV - 1) x dkv) = decode_kv x dkv
+        attention = "roofline (no attention profile of this shape, GPU and TP degree)"
+    coefficients = {"overhead_s": float(s[0]) + att_coef["overhead_s"],
+                    **{k: float(att_coef[k]) for k in ("attn_unit_s", "attn_kv_token_s", "attn_segment_s",
+                                                       "decode_row_s")},
+                    "decode_pad_token_s": 0.0}
+    curves = {"linear": knots, "lm_head": _lm_head_knots(rf, rf.lm_head_params_per_gpu),
+              "decode_kv": decode_knots}
+    spec_fields = {f.name: getattr(model, f.name) for f in fields(model) if f.name != "description"}
+    fit_info = {
+        "source": "operator profiles", "profile": str(Path(root)), "model_profile": p.model_dir,
+        "network": p.network, "attention": attention, "lm_head": "roofline (not in the profiles)",
+        "step_overheads": f"{execution} defaults (the profiles time kernels, not steps)",
+        "tile": f"{tile}: the profile's token grid", "holdout": holdout, "seed": seed,
+        "train_counts": int((~held).sum()), "holdout_counts": int(held.sum()),
+        "errors": {"holdout": {k: v.to_json() for k, v in stats.items()}},
+    }
+    meta = {"device": "cuda", "device_name": f"NVIDIA {p.model_dir.split('/')[0].upper()}", "dtype": "float16",
+            "source": "operator profiles"}
+    fitted = Fitted(coefficients, tile, curves, model=model.name, model_shape=spec_fields, dtype_bytes=DTYPE_BYTES,
+                    memory_bytes=g.memory_bytes, meta=meta, fit=fit_info, step_overheads=steps, tp=tp)
+    text = json_text(fitted.to_json())
+    write_files(out_dir, {COST_MODEL_FILE: lambda path: path.write_text(text, encoding="utf-8")}, "the fit")
+    return OperatorFitReport(p, model.name, fitted, stats, attention, out_dir / COST_MODEL_FILE)
+
+
+def format_operator_report(r: OperatorFitReport) -> str:
+    f = r.fitted.fit
+    lines = [(f"fitted {r.model} on {r.profile.gpu} at tp={r.profile.tp} from {r.profile.root} "
+             f"(operators of {r.profile.model_dir}; {f['train_counts']} token counts, {f['holdout_counts']} held out)"),
+             (f"  all-reduce: {r.profile.network or 'none (tp=1)'}; attention: {r.attention}; LM head: roofline; "
+             f"tile {r.fitted.tile} (the profile's token grid)"),
+             f"  step overheads: {r.fitted.step_overheads.describe() if r.fitted.step_overheads else 'none'}",
+             "  held-out error (MAPE / P95):"]
+    for k, v in r.holdout.items():
+        lines.append(f"    {k:18s} {v.mape:6.1%} / {v.p95:6.1%}  (n={v.n})")
+    lines.append(f"wrote {r.cost_model_path}")
+    return "\n".join(lines)

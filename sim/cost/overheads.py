@@ -1,0 +1,87 @@
+"""What a serving engine's host costs per step, on top of the GPU's kernels: the step overheads every cost
+model adds to an iteration.
+
+    t = max(gpu_time, launch_floor_s) + iteration_s + request_s x scheduled requests + sampled_token_s x r
+
+- `iteration_s`: per step (scheduling, input preparation, the step's Python), paid whatever the batch.
+- `request_s`: per scheduled request (its block table, positions, output processing).
+- `sampled_token_s`: per sampled token (sampling and detokenising on the host).
+- `launch_floor_s`: in eager mode every kernel is launched from Python, and the GPU cannot finish a step before
+  the host has launched it; the launches overlap the kernels they feed, so a step costs at least the launch
+  time (a floor), not the launch time plus the kernels. CUDA graphs replay a step's launches at once (floor 0).
+
+Execution modes (`EXECUTION_MODES`) give the roofline's defaults:
+- `cuda-graph` (the default): 2 ms per step, as the roofline has always assumed (an ASSUMPTION kept so that
+  results stand: no published per-step measurement of a CUDA-graph engine is cited here); 0 per request and per
+  token: their cost is inside those 2 ms for the batches measured so far.
+- `eager`: a launch floor of 22 ms per iteration measured by this project for a 7B model (32 layers) on an H100
+  in eager mode (simctl issue 22), taken per layer (0.6875 ms: launches grow with the kernels, i.e. the layers),
+  plus the same 2 ms per step.
+A fitted model fits what its profile measures (a simctl profile times whole steps: its `overhead_s`); an
+operator profile times kernels only, so its fit takes the execution mode's defaults (its summary says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from common.checks import is_number
+from common.errors import InputError
+
+EAGER_LAUNCH_S_PER_LAYER = 22e-3 / 32  # this project's H100 measurement: ~22 ms floor, 7B model, 32 layers
+DEFAULT_ITERATION_S = 2e-3  # ASSUMPTION (see the module docstring)
+EXECUTION_MODES = ("cuda-graph", "eager")
+
+
+def _check_execution(execution: str) -> None:
+    if execution not in EXECUTION_MODES:
+        raise InputError(f"execution must be one of {', '.join(EXECUTION_MODES)}, got {execution!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class StepOverheads:
+    """A cost model's host terms per step (seconds); see the module docstring."""
+
+    execution: str = "cuda-graph"
+    iteration_s: float = DEFAULT_ITERATION_S
+    request_s: float = 0.0
+    sampled_token_s: float = 0.0
+    launch_floor_s: float = 0.0
+    source: str = "roofline defaults"
+
+    def __post_init__(self) -> None:
+        _check_execution(self.execution)
+        for name in ("iteration_s", "request_s", "sampled_token_s", "launch_floor_s"):
+            v = getattr(self, name)
+            if not (is_number(v) and 0 <= v < float("inf")):
+                raise InputError(f"step overhead {name} must be a finite number >= 0, got {v!r}")
+
+    @classmethod
+    def defaults(cls, execution: str, num_layers: int) -> StepOverheads:
+        """The roofline's defaults for an execution mode and a model of `num_layers` layers."""
+        _check_execution(execution)
+        floor = EAGER_LAUNCH_S_PER_LAYER * num_layers if execution == "eager" else 0.0
+        return cls(execution, DEFAULT_ITERATION_S, 0.0, 0.0, floor, f"{execution} defaults")
+
+    def host(self, requests: int, sampled: int) -> float:
+        """The additive host terms of a step of `requests` scheduled requests sampling `sampled` tokens."""
+        return self.iteration_s + self.request_s * requests + self.sampled_token_s * sampled
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> StepOverheads:
+        if not isinstance(data, dict):
+            raise InputError("step_overheads must be an object")
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise InputError(f"step_overheads: unknown key(s) {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    def describe(self) -> str:
+        """One line for `simctl list` and reports."""
+        floor = f", launch floor {self.launch_floor_s * 1e3:.3g} ms" if self.launch_floor_s else ""
+        return (f"{self.execution}: {self.iteration_s * 1e3:.3g} ms/step + {self.request_s * 1e6:.3g} us/request "
+                f"+ {self.sampled_token_s * 1e6:.3g} us/sampled token{floor} ({self.source})")

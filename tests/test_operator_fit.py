@@ -1,0 +1,71 @@
+"""`simctl fit` on operator profiles in Vidur's layout (../shared/reference/gpu_profiles, beside the checkout)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.errors import InputError
+from policies.plan import hybrid
+from policies.seq import Seq
+from profiler.fit_operators import fit_operator_profile, iteration_seconds
+from profiler.operator_profiles import load_operator_profile
+from sim.gpus import get_gpu
+from sim.models import get_model
+from sim.run import cost_model
+
+PROFILES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gpu_profiles"
+pytestmark = pytest.mark.skipif(not (PROFILES / "compute").is_dir(), reason="no reference GPU profiles")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(("model", "gpu", "tp"), [("llama-2-7b", "h100", 1), ("llama-2-70b", "a100-80gb", 2),
+                                                  ("llama-3-8b", "a100-80gb", 1)])
+def test_fit_reproduces_held_out_counts_within_5_percent(tmp_path, model, gpu, tp) -> None:
+    r = fit_operator_profile(PROFILES, get_model(model), gpu, tp, out=tmp_path)
+    assert r.holdout["iteration"].mape < 0.05
+    for op in ("qkv", "o", "gate_up", "down", "norms"):
+        assert r.holdout[op].mape < 0.05, op
+    assert (tmp_path / "cost_model.json").is_file()
+
+
+def test_fitted_price_is_the_measured_operators_plus_roofline_terms(tmp_path) -> None:
+    spec = get_model("llama-2-7b")
+    r = fit_operator_profile(PROFILES, spec, "h100", 1, out=tmp_path, holdout=0.0)
+    s = Seq(0, 0.0, 512, 2)
+    plan = hybrid([], [s], [512])  # one 512-token prompt: 512 linear tokens, 1 sampled
+    terms = r.fitted.breakdown(plan)
+    p = load_operator_profile(PROFILES, spec, "h100", 1)
+    measured = iteration_seconds(p, spec, np.array([1, 512]))
+    # overhead = the operators at one token (monotone fit) + 2 ms per step; linear = the rest at 512 tokens
+    assert terms["overhead"] - 2e-3 + terms["linear"] == pytest.approx(measured[1], rel=0.03)
+    assert r.attention.startswith("roofline")
+    cost, kv, _, _ = cost_model(tmp_path / "cost_model.json", spec, get_gpu("h100"), 1)
+    assert cost.iteration_time(plan) == r.fitted.iteration_time(plan) and kv > 0
+
+
+def test_attention_is_fitted_where_measured_and_tp_must_match(tmp_path) -> None:
+    spec = get_model("llama-2-70b")
+    r = fit_operator_profile(PROFILES, spec, "a100-80gb", 2, out=tmp_path)
+    assert r.attention.startswith("measured") and r.fitted.tp == 2
+    assert r.profile.network == "a100_dgx"
+    with pytest.raises(InputError, match="tp=2"):
+        cost_model(tmp_path / "cost_model.json", spec, get_gpu("a100-80gb"), 4)
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    (["--model", "llama-2-7b", "--gpu", "h200"], "no profiles of h200"),
+    (["--model", "falcon-180b", "--gpu", "h100"], "no h100 profile of falcon-180b's layer shape"),
+    (["--model", "llama-2-7b", "--gpu", "h100", "--tp", "16"], "no times at tp=16"),
+    (["--model", "llama-2-7b", "--gpu", "a40", "--tp", "2"], "no all-reduce of 2 GPUs"),
+])
+def test_fit_refuses_what_the_directory_lacks_in_one_line(tmp_path, args, why) -> None:
+    out = subprocess.run([sys.executable, "-m", "simctl.cli", "fit", str(PROFILES), *args, "--out",
+                          str(tmp_path / "fit")], check=False, capture_output=True, text=True, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and why in out.stderr, out.stderr

@@ -1,0 +1,74 @@
+"""Step overheads (sim/cost/overheads.py) in both cost models, each term checked by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from common.errors import InputError
+from policies.plan import hybrid
+from policies.seq import Seq
+from sim.cost.fitted import Fitted
+from sim.cost.overheads import EAGER_LAUNCH_S_PER_LAYER, StepOverheads
+from sim.cost.roofline import Roofline
+from sim.gpus import get_gpu
+from sim.run import default_cost_path
+
+
+def _plan(decodes: int, prompt: int = 0):
+    ds = [Seq(i, 0.0, 100, 10) for i in range(decodes)]
+    for s in ds:
+        s.computed = 100
+    ps = [Seq(99, 0.0, prompt, 5)] if prompt else []
+    return hybrid(ds, ps, [prompt] if prompt else [])
+
+
+def test_per_request_and_per_sampled_token_costs_add_by_hand() -> None:
+    plan = _plan(7, prompt=300)  # 8 scheduled requests; 7 decodes and the prompt's last token sample: 8 tokens
+    base = Roofline("llama-2-7b", "a100-80gb")
+    both = Roofline("llama-2-7b", "a100-80gb", request_s=1e-4, sampled_token_s=3e-5)
+    assert len(plan.seqs) == 8 and plan.sampled_tokens == 8
+    assert both.iteration_time(plan) - base.iteration_time(plan) == pytest.approx(8 * 1e-4 + 8 * 3e-5, rel=1e-9)
+    assert both.breakdown(plan)["overhead"] == pytest.approx(2e-3 + 8e-4 + 2.4e-4, rel=1e-12)
+
+
+def test_eager_floor_holds_small_steps_and_not_large_ones() -> None:
+    eager = Roofline("llama-2-7b", "h100", execution="eager")
+    graph = Roofline("llama-2-7b", "h100")
+    one = _plan(1)
+    assert graph.iteration_time(one) < 0.022  # the GPU's own time of a batch-1 decode
+    # 2 ms per step + the launch floor of 32 layers (22 ms measured on an H100, eager, 7B)
+    assert eager.iteration_time(one) == pytest.approx(2e-3 + 32 * EAGER_LAUNCH_S_PER_LAYER, rel=1e-12)
+    assert eager.iteration_time(one) == pytest.approx(0.024, rel=1e-12)
+    assert eager.stretch_times(one, 3) == pytest.approx([0.024] * 3, rel=1e-12)
+    big = _plan(0, prompt=4096)
+    assert graph.iteration_time(big) > 0.024
+    assert eager.iteration_time(big) == graph.iteration_time(big)
+    assert sum(eager.breakdown(one).values()) == pytest.approx(0.024, rel=1e-12)
+
+
+def test_defaults_and_bad_values() -> None:
+    s = StepOverheads.defaults("eager", 80)
+    assert (s.iteration_s, s.request_s, s.sampled_token_s) == (2e-3, 0.0, 0.0)
+    assert s.launch_floor_s == pytest.approx(80 * 22e-3 / 32)
+    assert StepOverheads.defaults("cuda-graph", 80).launch_floor_s == 0.0
+    with pytest.raises(InputError, match="execution"):
+        StepOverheads.defaults("graphs", 32)
+    with pytest.raises(InputError, match="request_s"):
+        StepOverheads(request_s=-1.0)
+    assert Roofline("llama-2-7b", "h100").assumptions()["step_overheads"]["iteration_s"] == 2e-3
+
+
+def test_fitted_model_adds_its_step_overheads_and_keeps_them_in_its_file(tmp_path) -> None:
+    data = json.loads(Path(default_cost_path(get_gpu("cpu"))).read_text(encoding="utf-8"))
+    base = Fitted.from_json(data)
+    data["step_overheads"] = StepOverheads("eager", 1e-3, 2e-4, 5e-5, 0.0, "test").to_json()
+    with_steps = Fitted.from_json(data)
+    plan = _plan(3, prompt=20)  # 4 requests, 4 sampled tokens
+    extra = 1e-3 + 4 * 2e-4 + 4 * 5e-5
+    assert with_steps.iteration_time(plan) - base.iteration_time(plan) == pytest.approx(extra, rel=1e-9)
+    again = Fitted.from_json(json.loads(json.dumps(with_steps.to_json())))
+    assert again.iteration_time(plan) == with_steps.iteration_time(plan)
+    assert again.assumptions()["step_overheads"]["request_s"] == 2e-4
