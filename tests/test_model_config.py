@@ -16,6 +16,7 @@ from policies.plan import hybrid
 from policies.seq import Seq
 from sim.cost.roofline import Roofline
 from sim.models import MODELS, get_model
+from sim.moe import MoE
 
 pytestmark = pytest.mark.cli
 
@@ -28,6 +29,24 @@ MISTRAL = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hi
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
         "max_position_embeddings": 512}
+QWEN_MOE = {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "num_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64}
+# mistralai/Mixtral-8x7B-v0.1's published config.json (the fields simctl reads, plus a few it ignores)
+MIXTRAL = {**MISTRAL, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 8,
+           "num_experts_per_tok": 2, "rope_theta": 1e6, "sliding_window": None, "router_aux_loss_coef": 0.02}
+# Qwen/Qwen1.5-MoE-A2.7B's published config.json: 60 experts of 1408, top-4, a shared expert of 5632
+QWEN15_MOE = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 2048,
+              "intermediate_size": 5632, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+              "num_experts": 60, "num_experts_per_tok": 4, "decoder_sparse_step": 1, "norm_topk_prob": False,
+              "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+              "vocab_size": 151936, "max_position_embeddings": 8192, "hidden_act": "silu",
+              "tie_word_embeddings": False}
+# Qwen/Qwen3-30B-A3B's published config.json
+QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+             "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+             "decoder_sparse_step": 1, "mlp_only_layers": [], "num_hidden_layers": 48, "num_attention_heads": 32,
+             "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
+             "hidden_act": "silu", "tie_word_embeddings": False, "norm_topk_prob": True}
 
 
 def write(tmp_path: Path, config: dict, name: str = "config.json") -> str:
@@ -68,16 +87,40 @@ def test_defaults_and_families(tmp_path: Path) -> None:
     ({"architectures": ["T5ForConditionalGeneration"]}, "architectures"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings"),
-    ({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "num_local_experts": 8},
-     "mixture-of-experts"),
-    ({"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"]}, "mixture-of-experts"),
-    ({"num_experts": 60}, "mixture-of-experts config (num_experts)"),
+    ({"num_experts": 60}, "is dense but the config has mixture-of-experts fields (num_experts)"),
+    ({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "num_experts_per_tok": 2},
+     "num_local_experts is missing"),
+    ({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "num_local_experts": 2,
+      "num_experts_per_tok": 3}, "config.json: moe: experts_per_token (3) exceeds the 2 experts"),
+    ({**QWEN_MOE, "mlp_only_layers": [0, 1]}, "no layer is sparse"),
+    ({**QWEN_MOE, "mlp_only_layers": [5]}, "mlp_only_layers must list layer indices below 2"),
+    ({"model_type": "dbrx", "architectures": ["DbrxForCausalLM"]}, "model_type 'dbrx'"),
+    ({"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "kv_lora_rank": 512},
+     "deepseek_v3 uses multi-head latent attention (kv_lora_rank 512), which simctl does not price"),
 ])
 def test_bad_configs_are_refused(tmp_path: Path, change: dict, needle: str) -> None:
     config = {k: v for k, v in {**TINY, **change}.items() if v is not None}
     with pytest.raises(InputError) as e:
         get_model(write(tmp_path, config))
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("config", "name"), [(MIXTRAL, "mixtral-8x7b"), (QWEN3_MOE, "qwen3-30b-a3b")])
+def test_moe_configs_are_the_catalogue_shapes(tmp_path: Path, config: dict, name: str) -> None:
+    spec = get_model(write(tmp_path, config))
+    assert replace(spec, name=name, description="") == replace(MODELS[name], description="")
+
+
+def test_qwen2_moe_shared_expert_and_dense_layers(tmp_path: Path) -> None:
+    spec = get_model(write(tmp_path, QWEN15_MOE))
+    assert spec.moe == MoE(experts=60, experts_per_token=4, expert_size=1408, shared_size=5632)
+    # published: 14.3B parameters, 2.7B activated
+    assert round(spec.total_params / 1e9, 1) == 14.3 and round(spec.active_params / 1e9, 1) == 2.7
+    # transformers' rule: layer i sparse unless listed in mlp_only_layers or (i + 1) % decoder_sparse_step
+    few = {**QWEN15_MOE, "num_hidden_layers": 8, "decoder_sparse_step": 2, "mlp_only_layers": [1, 2]}
+    spec = get_model(write(tmp_path, few, "few.json"))
+    assert spec.moe.dense_layers == 5 and spec.sparse_layers == 3  # sparse: layers 3, 5, 7
+    assert "dense layers of 5632" in spec.description
 
 
 def test_unreadable_files(tmp_path: Path) -> None:

@@ -152,7 +152,7 @@ def model_spec_from_shape(name: str, shape: dict[str, Any]) -> ModelSpec:
     kwargs = {k: v for k, v in shape.items() if k in known}
     kwargs.setdefault("name", name)
     missing = [f.name for f in fields(ModelSpec)
-               if f.name not in kwargs and f.name not in ("mlp", "tie_word_embeddings", "description")]
+               if f.name not in kwargs and f.name not in ("mlp", "tie_word_embeddings", "description", "moe")]
     if missing:
         raise InputError(f"model_shape lacks {', '.join(missing)}")
     try:
@@ -357,7 +357,7 @@ class Fitted(CurveTables, CostModel):
                              f"{name!r} and fit it, or run with --model {self.model}")
         if isinstance(model, ModelSpec) and self.spec is not None:
             for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                      "intermediate_size", "vocab_size", "mlp"):
+                      "intermediate_size", "vocab_size", "mlp", "moe"):
                 if getattr(model, f) != getattr(self.spec, f):
                     raise InputError(f"the cost model was fitted for a {self.model!r} with {f} = "
                                      f"{getattr(self.spec, f)!r}, but the catalogue's has "

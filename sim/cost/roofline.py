@@ -7,8 +7,17 @@ Per iteration (per GPU of a tensor-parallel group; all GPUs of the group run in 
   The sqrt blend is the soft knee real GEMMs show: design.md reads off a published per-operator profile of
   Llama-2-7B's linears on an A100 that max(t_c, t_m) is up to ~25% low near T = 128 while the sqrt blend with
   mfu 0.70 / mbu 0.75 stays within ~5% from T = 1 to 4096.
-- Each GEMM also pays a fixed time (`gemm_latency_s`, 4 per layer and the LM head's: kernel ramp-up and
-  tail), which the GPU's catalogue entry holds where measured (bench/roofline_vs_measured.py).
+- Mixture of experts (`sim.moe`): a sparse layer's MLP is its router (hidden x E, replicated over tp), its
+  shared experts and its routed experts. FLOPs count the router, the shared experts and the k experts of every
+  token (the active parameters); the weights read are the router's, the shared experts' and those of the
+  distinct experts the iteration's T tokens route to, E (1 - (1 - k/E)^T) expected under uniform routing
+  (`routing_skew` > 0: fewer, `sim.moe`): one blend as above. So a one-token decode prices as a dense model of
+  the active parameters plus the router, and a large batch reads every expert. Tile rounding stays on T (the
+  experts' grouped GEMMs split T x k rows among the experts: not modelled), all experts' weights are resident
+  (memory), and the router's softmax and top-k are not priced (elementwise, as norms are not).
+- Each GEMM also pays a fixed time (`gemm_latency_s`, 4 per layer (a sparse layer's 5, 7 with shared
+  experts) and the LM head's: kernel ramp-up and tail), which the GPU's catalogue entry holds where measured
+  (bench/roofline_vs_measured.py).
 - Tile quantization: a GEMM over T rows runs ceil(T / tile) row tiles, so above one tile T is rounded up to a
   multiple of the tile (Sarathi-Serve measured chunk 257 up to 32% slower than 256). At T <= tile the kernels
   pick smaller row tiles (or GEMV) and the layer is weight-streaming bound, so T is used as is: rounding
@@ -55,6 +64,7 @@ from sim.cost.base import CostModel, tiled
 from sim.cost.overheads import DEFAULT_ITERATION_S, StepOverheads
 from sim.gpus import GiB, GPUSpec, get_gpu
 from sim.models import ModelSpec, get_model
+from sim.moe import check_routing_skew, expected_distinct_experts
 
 DEFAULT_MFU = 0.70
 DEFAULT_MBU = 0.75
@@ -93,6 +103,7 @@ class Roofline(CostModel):
         sampled_token_s: float = 0.0,
         execution: str = "cuda-graph",
         gemm_latency_s: float | None = None,
+        routing_skew: float = 0.0,
     ) -> None:
         m = get_model(model) if isinstance(model, str) else model
         g = get_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -141,10 +152,31 @@ class Roofline(CostModel):
         L, h, d = m.num_layers, m.hidden_size, m.head_dim
         heads_gpu = m.num_heads // tp
         self.kv_heads_per_gpu = max(1, m.num_kv_heads // tp)
-        lin_per_layer_gpu = (h * d * (heads_gpu + 2 * self.kv_heads_per_gpu)  # QKV
-                             + heads_gpu * d * h  # O
-                             + m.mlp_params_per_layer / tp)  # MLP
-        self.linear_params_per_gpu = L * lin_per_layer_gpu
+        self.routing_skew = check_routing_skew(routing_skew)
+        if m.moe is None:
+            lin_per_layer_gpu = (h * d * (heads_gpu + 2 * self.kv_heads_per_gpu)  # QKV
+                                 + heads_gpu * d * h  # O
+                                 + m.mlp_params_per_layer / tp)  # MLP
+            self.linear_params_per_gpu = active = read = L * lin_per_layer_gpu
+            self._expert_m = 0.0
+            gemms = GEMMS_PER_LAYER * L
+        else:
+            # MoE: every expert's columns split over tp (each GPU runs its share of every expert); the router
+            # is replicated. A token computes its k routed experts; an iteration reads the experts its tokens
+            # chose (`experts_read`), the rest of the weights once.
+            moe, sparse = m.moe, m.sparse_layers
+            attention = L * (h * d * (heads_gpu + 2 * self.kv_heads_per_gpu) + heads_gpu * d * h)
+            always = (attention + moe.dense_layers * m.mlp_params_per_layer / tp
+                      + sparse * (m.router_params + m.shared_expert_params / tp))
+            experts = sparse * m.expert_params / tp  # one routed expert in every sparse layer
+            self.linear_params_per_gpu = always + moe.experts * experts
+            active = always + moe.experts_per_token * experts
+            read = always
+            self._expert_m = experts * dtype_bytes / (g.mem_bandwidth * self.mbu)
+            self._experts_read: dict[int, float] = {}
+            # a sparse layer's GEMMs: QKV, O, the router, the experts' gate+up and down (grouped), the shared
+            # expert's two
+            gemms = GEMMS_PER_LAYER * moe.dense_layers + sparse * (5 + (2 if moe.shared_size else 0))
         self.lm_head_params_per_gpu = m.lm_head_params / tp
         self.kv_bytes_per_token_per_gpu = 2 * L * self.kv_heads_per_gpu * d * dtype_bytes
         emb_gpu = m.embedding_lm_head_params / tp
@@ -152,13 +184,13 @@ class Roofline(CostModel):
 
         self._flops = flops = g.peak_flops * self.mfu
         self._bw = bw = g.mem_bandwidth * self.mbu
-        # linears: t_c = _lin_c x T_eff, t_m = _lin_m
-        self._lin_c = 2.0 * self.linear_params_per_gpu / flops
-        self._lin_m = self.linear_params_per_gpu * dtype_bytes / bw
+        # linears: t_c = _lin_c x T_eff, t_m = _lin_m (+ _expert_m x experts read, MoE)
+        self._lin_c = 2.0 * active / flops
+        self._lin_m = read * dtype_bytes / bw
         # LM head: t_c = _lm_c x rows_eff, t_m = _lm_m
         self._lm_c = 2.0 * self.lm_head_params_per_gpu / flops
         self._lm_m = self.lm_head_params_per_gpu * dtype_bytes / bw
-        self._lin_lat = GEMMS_PER_LAYER * L * self.gemm_latency_s  # each GEMM's fixed time, every layer
+        self._lin_lat = gemms * self.gemm_latency_s  # each GEMM's fixed time, every layer
         # prefill attention per segment: t_c = _pa_c x q (c + q/2), t_m = _pa_m x (c + q)
         self._pa_c = 4.0 * L * heads_gpu * d / (g.peak_flops * self.attn_mfu)
         self._pa_m = self.kv_bytes_per_token_per_gpu / (g.mem_bandwidth * self.attn_mbu)
@@ -181,6 +213,7 @@ class Roofline(CostModel):
     def assumptions(self) -> dict[str, Any]:
         return {"kind": "roofline", "gpu": self.gpu.name, "tp": self.tp, "mfu": self.mfu, "mbu": self.mbu,
                 "gemm_latency_s": self.gemm_latency_s,
+                **({"routing_skew": self.routing_skew} if self.model.moe else {}),
                 "attn_mfu": self.attn_mfu, "attn_mbu": self.attn_mbu, "tile": self.tile,
                 "step_overheads": self.steps.to_json()}
 
@@ -196,6 +229,16 @@ class Roofline(CostModel):
         c = 2.0 * params / self._flops * tiled(rows, self.tile)
         m = params * self.dtype_bytes / self._bw
         return math.sqrt(c * c + m * m) + self.gemm_latency_s
+
+    def experts_read(self, tokens: int) -> float:
+        """Expected distinct routed experts per sparse layer whose weights an iteration of `tokens` tokens
+        reads (`sim.moe.expected_distinct_experts` at this model's routing skew)."""
+        n = self._experts_read.get(tokens)
+        if n is None:
+            moe = self.model.moe
+            n = self._experts_read[tokens] = expected_distinct_experts(moe.experts, moe.experts_per_token, tokens,
+                                                                       self.routing_skew)
+        return n
 
     def allreduce_time(self, nbytes: float, latency: bool = True) -> float:
         """Seconds of one ring all-reduce of `nbytes` over the group: 2 (tp - 1) / tp x bytes over the link at
@@ -237,7 +280,8 @@ class Roofline(CostModel):
         T, r = plan.linear_tokens, plan.sampled_tokens
         if T > 0:
             c = self._lin_c * tiled(T, self.tile)
-            linear = math.sqrt(c * c + self._lin_m * self._lin_m) + self._lin_lat
+            m = self._lin_m + self._expert_m * self.experts_read(T) if self._expert_m else self._lin_m
+            linear = math.sqrt(c * c + m * m) + self._lin_lat
             t += linear
             if self._ar_tok:
                 allreduce = self._ar_tok * T + self._ar_fixed

@@ -1,0 +1,128 @@
+"""Mixture-of-experts shapes and their roofline price: the expected distinct experts by hand, published
+parameter counts, and the limits (one token: the active parameters; a large batch: every expert)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from common.errors import InputError
+from policies.plan import hybrid
+from policies.seq import Seq
+from sim.cost.roofline import Roofline
+from sim.gpus import GiB, get_gpu
+from sim.models import MODELS, ModelSpec
+from sim.moe import MoE, expected_distinct_experts, routing_probabilities
+
+
+def decodes(batch: int, context: int = 100) -> object:
+    seqs = []
+    for i in range(batch):
+        s = Seq(i, 0.0, context, 10)
+        s.advance(context)
+        seqs.append(s)
+    return hybrid(seqs, [], [])
+
+
+def test_expected_distinct_experts_uniform_by_hand() -> None:
+    # E = 8, k = 2: 8 (1 - (3/4)^B)
+    assert expected_distinct_experts(8, 2, 1) == 2.0
+    assert expected_distinct_experts(8, 2, 2) == pytest.approx(3.5)  # 8 (1 - 9/16)
+    assert expected_distinct_experts(8, 2, 3) == pytest.approx(4.625)  # 8 (1 - 27/64)
+    assert expected_distinct_experts(8, 2, 0) == 0.0
+    assert expected_distinct_experts(8, 2, 10_000) == pytest.approx(8.0)
+    # top-1 of 2: a second token misses the first's expert half the time
+    assert expected_distinct_experts(2, 1, 2) == pytest.approx(1.5)
+
+
+def test_skewed_routing_by_hand() -> None:
+    # E = 4, k = 1, skew 1: p proportional to 1, 1/2, 1/3, 1/4 = 12/25, 6/25, 4/25, 3/25
+    p = routing_probabilities(4, 1, 1.0)
+    assert p == pytest.approx(np.array([12, 6, 4, 3]) / 25)
+    # two tokens: sum (1 - (1 - p)^2) = 2 - sum p^2
+    assert expected_distinct_experts(4, 1, 2, 1.0) == pytest.approx(2 - (144 + 36 + 16 + 9) / 625)
+    # E = 4, k = 2, skew 2: the first expert's 2 / (1 + 1/4 + 1/9 + 1/16) > 1 is capped at 1, and the other
+    # token's choice is spread over 1/4, 1/9, 1/16 = 36, 16, 9 (/144)
+    assert routing_probabilities(4, 2, 2.0) == pytest.approx([1.0, 36 / 61, 16 / 61, 9 / 61])
+    assert routing_probabilities(8, 2, 0.0) == pytest.approx(np.full(8, 0.25))
+
+
+@pytest.mark.parametrize("skew", [0.0, 0.5, 1.0, 3.0])
+def test_skew_invariants(skew: float) -> None:
+    p = routing_probabilities(64, 6, skew)
+    assert p.sum() == pytest.approx(6) and p.max() <= 1.0 and np.all(np.diff(p) <= 1e-15)
+    counts = [expected_distinct_experts(64, 6, b, skew) for b in (1, 2, 8, 64, 512)]
+    assert counts[0] == pytest.approx(6) and np.all(np.diff(counts) > 0) and counts[-1] <= 64
+    # more skew, fewer experts read by the same batch
+    assert expected_distinct_experts(64, 6, 32, skew + 0.5) < expected_distinct_experts(64, 6, 32, skew)
+    # all tokens on the same k experts in the limit
+    assert expected_distinct_experts(64, 6, 32, 60.0) == pytest.approx(6, rel=1e-3)
+
+
+def test_bad_skew_and_shapes() -> None:
+    for bad in (-0.1, math.inf, math.nan, True, "1"):
+        with pytest.raises(InputError, match="--routing-skew"):
+            routing_probabilities(8, 2, bad)
+    with pytest.raises(InputError, match="experts_per_token"):
+        MoE(4, 5, 16)
+    with pytest.raises(InputError, match="leave none"):
+        ModelSpec("x", 2, 64, 4, 2, 16, 128, 256, 512, moe=MoE(4, 2, 16, dense_layers=2))
+
+
+def test_published_parameter_counts() -> None:
+    mixtral = MODELS["mixtral-8x7b"]  # published: 46.7B parameters, 12.9B active
+    assert round(mixtral.total_params / 1e9, 1) == 46.7 and round(mixtral.active_params / 1e9, 1) == 12.9
+    qwen = MODELS["qwen3-30b-a3b"]  # published: 30.5B, 3.3B active (3.35B here: the card truncates)
+    assert round(qwen.total_params / 1e9, 1) == 30.5 and 3.3e9 <= qwen.active_params < 3.4e9
+    tiny, moe = MODELS["tiny"], MODELS["tiny-moe"]  # tiny's MLP split into 8 experts, 2 active
+    assert moe.active_params == tiny.total_params + 4 * 256 * 8  # plus the 4 routers
+    assert moe.total_params == tiny.total_params + 4 * (3 * 3 * 256 * 688 + 256 * 8)
+    assert moe.kv_bytes_per_token() == tiny.kv_bytes_per_token()  # the attention is tiny's
+
+
+def linear_by_hand(r: Roofline, T: int, params_read: float) -> float:
+    m, g = r.model, r.gpu
+    c = 2 * m.active_linear_params * r.tiled(T) / (g.peak_flops * r.mfu)
+    w = params_read * 2 / (g.mem_bandwidth * r.mbu)
+    return math.sqrt(c * c + w * w)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 16, 512])
+def test_roofline_linear_term_by_hand(batch: int) -> None:
+    m = MODELS["mixtral-8x7b"]
+    r = Roofline(m, "a100-80gb", gemm_latency_s=0.0)
+    always = m.linear_params - 32 * 8 * m.expert_params
+    read = always + 32 * m.expert_params * 8 * (1 - 0.75 ** batch)
+    assert r.breakdown(decodes(batch))["linear"] == pytest.approx(linear_by_hand(r, batch, read), rel=1e-12)
+
+
+def test_one_token_prices_as_the_active_parameters_and_many_as_all() -> None:
+    m = MODELS["mixtral-8x7b"]
+    r = Roofline(m, "h100", gemm_latency_s=0.0)
+    # B = 1: two experts read, exactly a dense model of the active parameters (router included)
+    assert r.breakdown(decodes(1))["linear"] == pytest.approx(linear_by_hand(r, 1, m.active_linear_params),
+                                                             rel=1e-12)
+    # B = 128: every expert read (8 (1 - 0.75^128) = 8 - 1e-15)
+    assert r.breakdown(decodes(128))["linear"] == pytest.approx(linear_by_hand(r, 128, m.linear_params),
+                                                               rel=1e-12)
+    # skewed routing reads fewer experts: cheaper than uniform, dearer than the active parameters
+    skewed = Roofline(m, "h100", gemm_latency_s=0.0, routing_skew=2.0)
+    t = [x.breakdown(decodes(8))["linear"] for x in (r, skewed)]
+    assert linear_by_hand(r, 8, m.active_linear_params) < t[1] < t[0]
+
+
+def test_moe_weights_resident_and_kv_as_its_attention() -> None:
+    m = MODELS["mixtral-8x7b"]
+    with pytest.raises(InputError, match="does not fit"):  # 93 GB of weights on one 80 GB GPU
+        Roofline(m, "a100-80gb").kv_capacity_tokens()
+    r = Roofline(m, "a100-80gb", tp=2)
+    g = get_gpu("a100-80gb")
+    emb = 2 * 32000 * 4096
+    per_gpu = (32 * (4096 * 128 * (16 + 2 * 4) + 16 * 128 * 4096 + 4096 * 8 + 8 * 3 * 4096 * 14336 / 2)
+               + emb / 2) * 2
+    assert r.weight_bytes_per_gpu == pytest.approx(per_gpu, rel=1e-12)
+    kv = 2 * 32 * 4 * 128 * 2  # 4 of 8 KV heads per GPU
+    assert r.kv_capacity_tokens() == int((g.memory_bytes * 0.9 - per_gpu - 2 * GiB) // kv)
+
