@@ -261,5 +261,6 @@ def table3_slos_for(config: RunConfig, sched_delay_p50_s: float = DEFAULT_SCHED_
                     ) -> tuple[dict[str, SLO], float]:
     """Sarathi-Serve's strict and relaxed SLOs for `config`'s model, GPU, TP and cost model, with the decode
     iteration time they scale (`sim.slo.table3_decode_time`)."""
-    cost = cost_model(config.cost, get_model(config.model), get_gpu(config.gpu), config.tp)[0]
+    cost = cost_model(config.cost, get_model(config.model), get_gpu(config.gpu), config.tp,
+                      config.routing_skew)[0]
     return table3_slos(cost, sched_delay_p50_s), table3_decode_time(cost)

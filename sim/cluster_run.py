@@ -141,7 +141,7 @@ def run_cluster(config: RunConfig, cc: ClusterConfig, progress: Progress | None 
     seqs = [Seq.of(r) for r in requests]
     cluster.run(seqs, progress)
     members = [MemberRecords.of(p, m) for p in (cluster.entry, cluster.decode) if p is not None for m in p.members]
-    head = {**{k: v for k, v in asdict(config).items() if k not in ("fast", "options")}, **asdict(cc)}
+    head = {**config.recorded(), **asdict(cc)}
     result, summary = summarise_cluster(head, members, seqs, cluster.link, cluster.aborted, serving.kv_capacity,
                                         time.perf_counter() - t0, config.tp)
     summary["arrivals_from_file"] = has_arrival_times(config.trace)

@@ -24,6 +24,7 @@ from sim.cost.roofline import Roofline
 from sim.gpus import GPUSpec, get_gpu
 from sim.metrics import summarize
 from sim.models import ModelSpec, get_model, model_in_working_folder
+from sim.moe import check_routing_skew
 from sim.simulate import Progress, SimResult, simulate
 from sim.timeline import TimelineBackend, check_timeline
 from traces import (
@@ -59,6 +60,7 @@ class RunConfig:
     scale: float = 1.0  # prompt and output lengths multiplied by this (rounded, >= 1), as `simctl real --scale`
     fast: bool = True  # advance decode-only stretches in one step (identical results)
     cost: str | None = None  # a fitted cost_model.json; None: the roofline (or, for --gpu cpu, the shipped fit)
+    routing_skew: float = 0.0  # an MoE's imbalanced routing for the roofline (sim.moe); 0: uniform
 
     def __post_init__(self) -> None:
         # the user's paths, absolute before a child process (a capacity worker, a Ray task) reads them
@@ -97,6 +99,13 @@ class RunConfig:
             raise InputError(f"--cv must be a finite number > 0, got {self.cv!r}")
         if self.arrival == "poisson" and self.cv != 1.0:
             raise InputError(f"--cv {self.cv!r} needs --arrival gamma (Poisson arrivals always have cv 1)")
+        check_routing_skew(self.routing_skew)
+
+    def recorded(self) -> dict[str, Any]:
+        """The settings a summary starts with: all but `fast` and the policy's options (recorded apart), and
+        the routing skew only when given (a run without it keeps the summary it had before MoE models)."""
+        return {k: v for k, v in asdict(self).items()
+                if k not in ("fast", "options") and (k != "routing_skew" or v)}
 
 
 @dataclass
@@ -113,19 +122,25 @@ def default_cost_path(gpu: GPUSpec) -> Path | None:
     return path if path.is_file() else None
 
 
-def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp: int
-               ) -> tuple[CostModel, int, str, list[str]]:
+def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp: int,
+               routing_skew: float = 0.0) -> tuple[CostModel, int, str, list[str]]:
     """The cost model, KV capacity, a label and the warnings for a run: a fitted model when one is given (or
-    shipped for this device), else the roofline from published specs, calibrated when a calibration is given."""
+    shipped for this device), else the roofline from published specs, calibrated when a calibration is given.
+    `routing_skew`: an MoE's routing imbalance, for the roofline (a fit has its profiled router's)."""
+    if routing_skew and model.moe is None:
+        raise InputError(f"--routing-skew {routing_skew:g}: {model.name} is dense (no experts to route to)")
     path = cost_path if cost_path is not None else default_cost_path(gpu)
     if path is None:
-        roofline = Roofline(model, gpu, tp=tp)
+        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew)
         return roofline, roofline.kv_capacity_tokens(), "roofline", []
     if is_roofline_calibration(path):  # efficiencies calibrated on one device, applied to this GPU's specs
         params = load_roofline_calibration(path)
         warnings = calibration_warnings(path, model.name, gpu.name)
-        roofline = Roofline(model, gpu, tp=tp, **params)
+        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, **params)
         return roofline, roofline.kv_capacity_tokens(), f"roofline calibrated by {path}", warnings
+    if routing_skew:
+        raise InputError(f"--routing-skew {routing_skew:g} sets the roofline's routing; the fit {path} "
+                         "prices the routing its profiled router did")
     fitted = Fitted.load(path)
     fitted.check_model(model)
     check_fitted_device(fitted.meta, gpu.name)
@@ -175,7 +190,7 @@ class Deployment:
 
 def deploy(config: RunConfig, gpu_name: str) -> Deployment:
     model, gpu = get_model(config.model), get_gpu(gpu_name)
-    return Deployment(model, gpu, *cost_model(config.cost, model, gpu, config.tp))
+    return Deployment(model, gpu, *cost_model(config.cost, model, gpu, config.tp, config.routing_skew))
 
 
 def trace_for(config: RunConfig) -> list[Request]:
@@ -204,7 +219,7 @@ def run(config: RunConfig, progress: Progress | None = None, timeline: int = 0) 
     recorder = TimelineBackend(cost, config.fast, timeline) if timeline else None
     result = simulate(requests, policy, cost, fast=config.fast, max_waiting=overload_limit(config.num_requests),
                       progress=progress, backend=recorder)
-    summary = {**{k: v for k, v in asdict(config).items() if k not in ("fast", "options")}, **summarize(result)}
+    summary = {**config.recorded(), **summarize(result)}
     summary["arrivals_from_file"] = has_arrival_times(config.trace)  # replayed (qps None) or time-scaled
     summary["cost_model"] = cost_label
     summary["cost_assumptions"] = cost.assumptions()

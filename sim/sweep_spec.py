@@ -64,7 +64,8 @@ class SweepPoint:
     @property
     def key(self) -> str:
         full = {"format": POINT_FORMAT, "mode": self.mode,
-                "config": {k: v for k, v in asdict(self.config).items() if k != "fast"},
+                "config": {k: v for k, v in asdict(self.config).items()
+                           if k != "fast" and (k != "routing_skew" or v)},  # (keys from before MoE kept)
                 "slos": {name: slo.to_dict() for name, slo in self.slos.items()}, "start_qps": self.start_qps}
         if self.cluster.is_cluster:  # (single-replica points keep the keys they had before clusters)
             full["cluster"] = asdict(self.cluster)

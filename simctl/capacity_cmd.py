@@ -15,7 +15,7 @@ from rich.table import Table
 from simctl.cluster_options import with_cluster_options
 from simctl.display import fmt
 from simctl.goodput_cmd import goodput_command
-from simctl.options import Arrival, Cost, Cv, Gpu, Model, Scale, Seed, Tp, Trace
+from simctl.options import Arrival, Cost, Cv, Gpu, Model, RoutingSkew, Scale, Seed, Tp, Trace
 from simctl.usage_errors import note_replaced, warn_all
 
 SLO_HELP = ("SLO limits, key=seconds, comma-separated or repeated: p50/p90/p99 of ttft, tbt, tpot or e2e (e.g. "
@@ -33,6 +33,7 @@ def capacity(
     model: Model = "mistral-7b",
     gpu: Gpu = "a100-80gb",
     tp: Tp = 1,
+    routing_skew: RoutingSkew = 0.0,
     num_requests: Annotated[int, typer.Option(help="Requests per probed run.")] = 1000,
     seed: Seed = 0,
     options: dict | None = None,  # the policies' settings: generated options (simctl.policy_options)
@@ -69,7 +70,7 @@ def capacity(
     policies = [p.strip() for p in policy.split(",") if p.strip()]
     configs = [RunConfig(policy=p, trace=trace, model=model, gpu=gpu, tp=tp, qps=start_qps,
                          num_requests=num_requests, seed=seed, options=options, arrival=arrival, cv=cv,
-                         scale=scale, cost=cost)
+                         scale=scale, cost=cost, routing_skew=routing_skew)
                for p in policies]
     given = parse_slo(slo or [], attainment, max_sched_delay_p50)  # also checks --attainment and the delay
     if goodput or cluster.is_cluster:  # a deployment's rate per GPU (simctl.goodput_cmd)

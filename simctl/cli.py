@@ -28,6 +28,7 @@ from simctl.options import (
     Gpu,
     Model,
     Policy,
+    RoutingSkew,
     Scale,
     Seed,
     Tp,
@@ -66,6 +67,7 @@ def run(
     model: Model = "mistral-7b",
     gpu: Gpu = "a100-80gb",
     tp: Tp = 1,
+    routing_skew: RoutingSkew = 0.0,
     qps: Annotated[float | None, typer.Option(help=f"Mean arrival rate, requests per second [default: {DEFAULT_QPS}; "
                                               "a trace file's own arrival times are replayed, or time-scaled to "
                                               "the rate given].")] = None,
@@ -110,7 +112,8 @@ def run(
         qps = DEFAULT_QPS
     config = RunConfig(policy=policy, trace=trace, model=model, gpu=gpu, tp=tp, qps=qps,
                        num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests, seed=seed,
-                       options=options, arrival=arrival, cv=cv, scale=scale, cost=cost)
+                       options=options, arrival=arrival, cv=cv, scale=scale, cost=cost,
+                       routing_skew=routing_skew)
     config.validate()
     if num_requests is None and not is_profile(trace):  # a trace file: every row
         rows = len(build_trace(trace, None, qps, seed, arrival=arrival, cv=cv))

@@ -16,9 +16,14 @@ Trace = Annotated[str, typer.Option(help="Length profile (sharegpt, arxiv) or a 
                                     "num_prefill_tokens, num_decode_tokens[, arrived_at], JSONL, or a `vllm bench "
                                     "serve --save-detailed` result (.json: its requests, sent when it sent them).")]
 Model = Annotated[str, typer.Option(help="Model shape from the catalogue, or a path to a transformers "
-                                    "config.json of a dense Llama, Mistral, Qwen2 or Yi model.")]
+                                    "config.json of a dense Llama, Mistral, Qwen2 or Yi model, or a "
+                                    "mixture-of-experts Mixtral, Qwen2-MoE or Qwen3-MoE one.")]
 Gpu = Annotated[str, typer.Option(help="GPU from the catalogue.")]
 Tp = Annotated[int, typer.Option(help="Tensor-parallel degree (GPUs per replica).")]
+RoutingSkew = Annotated[float, typer.Option(help=(
+    "Mixture-of-experts models, roofline: how unevenly tokens route to experts. Expert i (by popularity) "
+    "takes a share of tokens proportional to (i+1)^-skew (Zipf), so a batch reads fewer distinct experts' "
+    "weights; 0 is uniform routing."))]
 Seed = Annotated[int, typer.Option(help="Seed for lengths and arrivals: same seed, same results.")]
 Arrival = Annotated[str, typer.Option(help="Arrival process: poisson, or gamma (bursty, see --cv).")]
 Cv = Annotated[float, typer.Option(help="Coefficient of variation of gamma inter-arrivals.")]

@@ -126,3 +126,17 @@ def test_moe_weights_resident_and_kv_as_its_attention() -> None:
     kv = 2 * 32 * 4 * 128 * 2  # 4 of 8 KV heads per GPU
     assert r.kv_capacity_tokens() == int((g.memory_bytes * 0.9 - per_gpu - 2 * GiB) // kv)
 
+
+
+def test_routing_skew_reaches_the_run_and_is_refused_where_meaningless() -> None:
+    from sim.run import RunConfig, run
+
+    base = RunConfig(policy="vllm", trace="sharegpt", model="qwen3-30b-a3b", gpu="h100", qps=2.0, num_requests=60)
+    uniform, skewed = run(base).summary, run(RunConfig(**{**base.__dict__, "routing_skew": 2.0})).summary
+    assert "routing_skew" not in uniform and uniform["cost_assumptions"]["routing_skew"] == 0.0
+    assert skewed["routing_skew"] == 2.0 and skewed["cost_assumptions"]["routing_skew"] == 2.0
+    assert skewed["tbt_p50"] < uniform["tbt_p50"]  # fewer experts read per decode step
+    with pytest.raises(InputError, match="mistral-7b is dense"):
+        run(RunConfig(**{**base.__dict__, "model": "mistral-7b", "routing_skew": 1.0}))
+    with pytest.raises(InputError, match="prices the routing its profiled router did"):
+        run(RunConfig(**{**base.__dict__, "model": "tiny-moe", "gpu": "cpu", "routing_skew": 1.0}))
