@@ -334,7 +334,7 @@ class Worker:
         kv_bpt = self._kv_bpt = probe.kv_bytes_per_token
         del probe
         grid = build_grid(self.grid_name, self.spec.max_position, self._kv_budget_tokens(kv_bpt), self.seed,
-                          self.protocol)
+                          self.protocol, self.spec.moe)
         self.emit(event="start", shapes=len(grid.shapes), total=len(grid.shapes) * grid.passes,
                   skipped=grid.skipped)
 

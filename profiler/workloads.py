@@ -66,6 +66,7 @@ from policies.plan import padded_insertion as padded_insertion_plan
 from policies.plan import padded_prefill as padded_prefill_plan
 from policies.seq import Seq
 from sim.cost.features import plan_features
+from sim.moe import MoE, expected_distinct_experts
 
 Kind = Literal["prefill", "decode", "hybrid", "padded_prefill", "padded_decode", "padded_insertion",
                "binpacked_prefill"]
@@ -387,10 +388,22 @@ def _dense_prefill(max_t: int) -> list[int]:
     return [t for t in dense if t <= max_t]
 
 
+def expert_union_tokens(moe: MoE, most: int = 16) -> list[int]:
+    """Token counts at which a mixture of experts' union of routed experts grows: 1, 2, ... up to where the
+    expected distinct experts under uniform routing come within half an expert of all of them (at most
+    `most`): the linear-layer curve needs knots there, as its weight reads follow the union (`sim.moe`)."""
+    ts = [1]
+    while (ts[-1] < most
+           and expected_distinct_experts(moe.experts, moe.experts_per_token, ts[-1]) < moe.experts - 0.5):
+        ts.append(ts[-1] + 1)
+    return ts
+
+
 def build_grid(name: str, max_position: int, max_kv_tokens: int | None = None, seed: int = 0,
-               protocol: ShapeProtocol = ShapeProtocol()) -> Grid:
+               protocol: ShapeProtocol = ShapeProtocol(), moe: MoE | None = None) -> Grid:
     """The shapes of grid `name`, with positions capped at `max_position` and KV slabs at `max_kv_tokens`;
-    `protocol` says how their repetitions run (the shapes do not depend on it)."""
+    `protocol` says how their repetitions run (the shapes do not depend on it). A mixture of experts (`moe`)
+    adds single prompts and decode batches of every token count over which its union of experts grows."""
     if name not in GRID_NAMES:
         raise ValueError(f"unknown grid {name!r}; choose one of {', '.join(GRID_NAMES)}")
     top = min(max_position, 2048)  # longest sequence profiled
@@ -438,6 +451,13 @@ def build_grid(name: str, max_position: int, max_kv_tokens: int | None = None, s
         inserts = [(2, 16, 8)]
         shapes += [hybrid(2, 16, 8, 8)]
         grid = Grid(name, shapes, warmup=1, min_reps=2, max_reps=2, budget_s=0.0)
+    if moe is not None and name != "test":  # expert-union growth: knots at every token count it spans
+        union = expert_union_tokens(moe)
+        have = {s.segs[0].q for s in grid.shapes
+                if s.kind == "prefill" and len(s.segs) == 1 and not s.segs[0].c}
+        grid.shapes += [prefill(t) for t in union if t not in have and t <= top]
+        have = {s.slots for s in grid.shapes if s.kind == "decode" and s.segs[0].c == 128}
+        grid.shapes += [decode(b, 128) for b in union if b not in have and 128 < top]
     for lengths in sets:
         lengths = [min(n, top) for n in lengths]
         grid.shapes += [packed_prompts(lengths), padded_prompts(lengths), dense_padded_prompts(lengths),
