@@ -156,3 +156,22 @@ def test_profile_grid_spans_the_expert_union() -> None:
         assert set(range(1, 11)) <= prompts and set(range(1, 11)) <= batches
         dense = build_grid(name, 2048)
         assert {s.label() for s in dense.shapes} < {s.label() for s in grid.shapes}
+
+
+def test_a_profile_records_the_moe_shape_and_a_fit_checks_it() -> None:
+    from dataclasses import asdict, replace
+
+    from sim.cost.fitted import Fitted, model_spec_from_shape
+
+    spec = MODELS["tiny-moe"]
+    assert model_spec_from_shape("tiny-moe", asdict(spec)) == spec  # meta.json's model_shape, read back
+    with pytest.raises(InputError, match="model_shape"):
+        model_spec_from_shape("tiny-moe", {**asdict(spec), "moe": {"experts": 8}})
+    fit = Fitted({k: 0.0 for k in ("overhead_s", "attn_unit_s", "attn_kv_token_s", "attn_segment_s",
+                                   "decode_pad_token_s", "decode_row_s")}, 1,
+                 {"linear": [[1, 0.0]], "lm_head": [[0, 0.0]], "decode_kv": [[1, 0.0]]},
+                 model="tiny-moe", model_shape=asdict(spec), dtype_bytes=4)
+    assert fit.weight_bytes == spec.total_params * 4  # every expert resident
+    fit.check_model(spec)
+    with pytest.raises(InputError, match="moe"):
+        fit.check_model(replace(spec, moe=replace(spec.moe, experts_per_token=1)))
