@@ -251,7 +251,7 @@ def test_real_run_writes_the_simulators_files(tmp_path) -> None:
         assert list(real_frame.dtypes) == list(sim_frame.dtypes)
     written = json.loads((tmp_path / "real" / "summary.json").read_text())
     assert written == summary
-    assert set(sim.summary) - {"cost_model", "cost", "warnings"} <= set(written)
+    assert set(sim.summary) - {"cost_model", "cost", "cost_assumptions", "warnings"} <= set(written)
     req = pd.read_parquet(tmp_path / "real" / "requests.parquet")
     assert (req["generated_tokens"] == req["output_tokens"]).all()
     assert (req["arrival_s"] <= req["first_scheduled_s"]).all()
