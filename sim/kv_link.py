@@ -16,8 +16,8 @@ def kv_transfer_bytes(kv_bytes_per_token: int, prompt_tokens: int) -> int:
 
 class KVLink:
     def __init__(self, gbps: float) -> None:
-        if isinstance(gbps, bool) or not isinstance(gbps,
-                                                    int | float) or not (gbps > 0 and math.isfinite(gbps)):
+        if (isinstance(gbps, bool) or not isinstance(gbps, int | float)
+                or not (gbps > 0 and math.isfinite(gbps))):
             raise InputError(
                 f"--kv-link-gbps must be a finite number > 0 (gigabits per second), got {gbps!r}")
         self.gbps = float(gbps)

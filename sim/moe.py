@@ -52,8 +52,8 @@ class MoE:
 
 def check_routing_skew(skew: float) -> float:
     """The skew as a float; InputError unless it is a finite number >= 0."""
-    if isinstance(skew, bool) or not isinstance(skew,
-                                                (int, float)) or not (math.isfinite(skew) and skew >= 0):
+    if (isinstance(skew, bool) or not isinstance(skew, (int, float))
+            or not (math.isfinite(skew) and skew >= 0)):
         raise InputError(f"--routing-skew must be a finite number >= 0 (0: uniform routing), got {skew!r}")
     return float(skew)
 

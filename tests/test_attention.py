@@ -273,8 +273,8 @@ def simctl_error(*args: str, cwd: Path) -> str:
     """The one line a refused command writes on stderr (exit 2)."""
     res = subprocess.run([str(SIMCTL), *args], capture_output=True, text=True, cwd=cwd, timeout=300,
                          check=False)
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith(
-        "simctl: error: "), res
+    assert (res.returncode == 2 and res.stderr.count("\n") == 1
+            and res.stderr.startswith("simctl: error: ")), res
     return res.stderr
 
 
