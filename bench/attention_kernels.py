@@ -29,7 +29,8 @@ STEPS = 8  # calls per timing (a decode "step" sequence: contexts fixed, or grow
 def shapes(rows: int, context: int) -> dict[str, Callable[[RaggedExecutor, int], object]]:
     """Shape name -> call(executor, step): `step` moves the contexts of the growing shapes."""
     def decode(mixed: bool, grow: bool) -> Callable[[RaggedExecutor, int], object]:
-        return lambda ex, k: ex.run([Segment(i, [1], context + (i % 7) * mixed + k * grow) for i in range(rows)])
+        return lambda ex, k: ex.run([Segment(i, [1], context + (i % 7) * mixed + k * grow)
+                                     for i in range(rows)])
 
     return {
         f"decode {rows} x {context}, fixed": decode(False, False),
@@ -37,9 +38,11 @@ def shapes(rows: int, context: int) -> dict[str, Callable[[RaggedExecutor, int],
         f"decode {rows} x ~{context} mixed, fixed": decode(True, False),
         f"decode {rows} x ~{context} mixed, growing": decode(True, True),
         f"prefill {context}": lambda ex, k: ex.run([Segment(0, [1] * context)]),
-        f"chunk {context // 4} on {context}": lambda ex, k: ex.run([Segment(0, [1] * (context // 4), context)]),
+        f"chunk {context // 4} on {context}": lambda ex, k: ex.run(
+            [Segment(0, [1] * (context // 4), context)]),
         f"padded dense {rows // 4} x {context // 4}": lambda ex, k: ex.run_padded(
-            [Segment(i, [1] * (context // 8 + i)) for i in range(rows // 4)], length=context // 4, dense=True),
+            [Segment(i, [1] * (context // 8 + i)) for i in range(rows // 4)], length=context // 4,
+            dense=True),
     }
 
 
@@ -77,8 +80,8 @@ def main() -> None:
                 sync()
                 times[shape][name].append((time.perf_counter() - t) / STEPS)
     names = list(executors)
-    print(f"\n{args.model} on {model.device} in {args.dtype}, median of {args.reps} repetitions of {STEPS} calls; "
-          "ms under auto, the other settings as a ratio to it")
+    print(f"\n{args.model} on {model.device} in {args.dtype}, median of {args.reps} repetitions of {STEPS} "
+          "calls; ms under auto, the other settings as a ratio to it")
     print(f"{'shape':40s}" + "".join(f"{n:>10s}" for n in names))
     for shape, by in times.items():
         base = statistics.median(by["auto"])

@@ -1,5 +1,6 @@
-"""The overhead of chunked prefill (Sarathi-Serve, Figure 11), measured and predicted: prefill time of one prompt
-of P tokens cut into chunks of C (batch size 1), divided by its time in one piece, per operator class.
+"""The overhead of chunked prefill (Sarathi-Serve, Figure 11), measured and predicted:
+prefill time of one prompt of P tokens cut into chunks of C (batch size 1), divided by its time in one piece,
+per operator class.
 
 Measured: Vidur's operator times on an A100 at TP 2 (`../shared/reference/gpu_profiles/`, read through
 `profiler.operator_profiles`): the Llama-2-70B layer (64 query / 8 KV heads, d = 8192, the only shape whose
@@ -136,8 +137,8 @@ def claims(df: pd.DataFrame) -> list[tuple[str, str, bool]]:
 
 def markdown(df: pd.DataFrame) -> str:
     lines = ["# Chunked-prefill overhead: measured (A100, TP 2) vs the roofline", "",
-             ("Prefill time in chunks / in one piece, batch size 1 (Sarathi-Serve Figure 11's measure). Made by "
-             "`bench/chunk_overhead.py` (its docstring says what is measured and how)."), "",
+             ("Prefill time in chunks / in one piece, batch size 1 (Sarathi-Serve Figure 11's measure). Made "
+             "by `bench/chunk_overhead.py` (its docstring says what is measured and how)."), "",
              "| model | side | prompt | chunk | linear | attention | all-reduce | gpu | with host |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in df.to_dict("records"):
@@ -149,15 +150,16 @@ def markdown(df: pd.DataFrame) -> str:
     pred = df[(df["side"] == "roofline") & (df["model"] == "llama-2-70b")].set_index(["prompt", "chunk"])
     err = ((pred[list(CLASSES)] - 1) - (meas[list(CLASSES)] - 1)).abs().max()
     lo, hi = meas["attention"].min(), meas["attention"].max()
-    lines += ["", ("What the roofline prices for a chunk: its linear layers over C rows (tile-rounded, each GEMM's "
-              "fixed time), its attention over the KV cached before it (the memory term reads c + q tokens), "
-              "two all-reduces a layer with their fixed latency, and the step's host overhead; the fitted "
-              "features carry the same re-read (`attn_kv_tokens`) and the per-step intercept."),
-              "", (f"The measured FlashAttention kernel runs a chunked prompt in {lo:.2f}-{hi:.2f} of the time it "
-              "takes the whole prompt at kv = 0 (Vidur's profile), so the attention overhead the paper measured "
-              "with its 2023 kernels does not appear on these; the roofline's attention stays at 1.00 (the "
-              "re-read is small beside the chunk's compute).")]
-    lines += ["", "Largest difference between the roofline's and the measured overhead (Llama-2-70B, points of "
+    lines += ["", ("What the roofline prices for a chunk: its linear layers over C rows (tile-rounded, each "
+              "GEMM's fixed time), its attention over the KV cached before it (the memory term reads c + q "
+              "tokens), two all-reduces a layer with their fixed latency, and the step's host overhead; the "
+              "fitted features carry the same re-read (`attn_kv_tokens`) and the per-step intercept."),
+              "", (f"The measured FlashAttention kernel runs a chunked prompt in {lo:.2f}-{hi:.2f} of the "
+              "time it takes the whole prompt at kv = 0 (Vidur's profile), so the attention overhead the "
+              "paper measured with its 2023 kernels does not appear on these; the roofline's attention stays "
+              "at 1.00 (the re-read is small beside the chunk's compute).")]
+    lines += ["",
+              "Largest difference between the roofline's and the measured overhead (Llama-2-70B, points of "
               "the unchunked time): " + ", ".join(f"{k} {v:.1%}" for k, v in err.items()) + ".", "",
               "## The paper's claims (section 5.2)", "", "| where | claim | holds |", "|---|---|---|"]
     lines += [f"| {w} | {c} | {'yes' if ok else 'NO'} |" for w, c, ok in claims(df)]

@@ -30,8 +30,9 @@ CHILD = ("import json, sys; from sim.run import RunConfig, run; "
 
 
 def time_once(tree: Path, policy: str, n: int) -> float:
-    out = subprocess.run([sys.executable, "-c", CHILD, policy, str(QPS[policy]), str(n)], cwd=tree, check=True,
-                         capture_output=True, text=True, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run([sys.executable, "-c", CHILD, policy, str(QPS[policy]), str(n)], cwd=tree,
+                         check=True, capture_output=True, text=True,
+                         env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
     return float(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -58,10 +59,12 @@ def main() -> None:
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
     lines = [f"# Simulator speed: this tree vs {args.rev}", "",
-             (f"`python bench/compare_speed.py {args.rev} --requests {args.requests} --repeats {args.repeats}`: "
-              "sharegpt, Mistral-7B / A100-80GB roofline, 70% of each policy's capacity; median simulation-loop "
-              "seconds over the repeats, the two trees alternating in fresh processes."), "",
-             f"| policy | {args.rev} s | this s | this / {args.rev} | req/s (this) |", "|---|---|---|---|---|"]
+             (f"`python bench/compare_speed.py {args.rev} --requests {args.requests} --repeats "
+              f"{args.repeats}`: sharegpt, Mistral-7B / A100-80GB roofline, 70% of each policy's capacity; "
+              "median simulation-loop seconds over the repeats, the two trees alternating in fresh "
+              "processes."), "",
+             f"| policy | {args.rev} s | this s | this / {args.rev} | req/s (this) |",
+             "|---|---|---|---|---|"]
     lines += [f"| {p} | {b:.3f} | {t:.3f} | {t / b:.3f} | {args.requests / t:,.0f} |" for p, b, t in rows]
     out = ROOT / "bench" / "results" / f"speed_vs_{args.rev[:12]}.md"
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -1,4 +1,4 @@
-"""The profiler's shape protocols side by side, in one run: the shapes of a grid that run on cached context
+r"""The profiler's shape protocols side by side, in one run: the shapes of a grid that run on cached context
 (decodes, chunks, hybrids, padded decodes, insertions) timed by the profiler's own repetition loop
 (`profiler.worker.Worker._measure`) under `fixed` and `served` (`profiler.workloads.ShapeProtocol`), in rounds
 that alternate the two so a spell of load hits both; per shape, the median of each protocol's quiet blocks
@@ -7,7 +7,8 @@ plans on an H100, simctl issue 11) shows as served / fixed >> 1 (`--attention an
 
     .venv/bin/python bench/profile_protocols.py --model tiny --device cpu --threads 2 --rounds 10
     .venv/bin/python bench/profile_protocols.py --model mistral-7b --device cuda --dtype bfloat16 --rounds 4
-    .venv/bin/python bench/profile_protocols.py --model mistral-7b --device cuda --dtype bfloat16 --attention any
+    .venv/bin/python bench/profile_protocols.py --model mistral-7b --device cuda --dtype bfloat16 \
+        --attention any
 """
 
 from __future__ import annotations
@@ -37,14 +38,16 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=default_threads())
     p.add_argument("--grid", default="quick", help="the grid whose shapes on cached context are timed")
-    p.add_argument("--rounds", type=int, default=10, help="rounds, each timing every shape under both protocols")
+    p.add_argument("--rounds", type=int, default=10,
+                   help="rounds, each timing every shape under both protocols")
     p.add_argument("--attention", default="auto", choices=list(ATTENTION), help="the executor's SDPA kernels")
     args = p.parse_args()
     if os.environ.get("OMP_WAIT_POLICY") != "PASSIVE":
-        print("note: run with OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=N, as the profiler does", file=sys.stderr)
+        print("note: run with OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=N, as the profiler does",
+              file=sys.stderr)
 
-    workers = {name: Worker(args.model, args.device, args.dtype, args.threads, args.grid, 0, io.StringIO(), name,
-                            args.attention) for name in PROTOCOLS}
+    workers = {name: Worker(args.model, args.device, args.dtype, args.threads, args.grid, 0, io.StringIO(),
+                            name, args.attention) for name in PROTOCOLS}
     first = workers["served"]
     model = build_model(first.spec, first.device, first.dtype, seed=0)
     executor_cls = partial(RaggedExecutor, config=first.executor_config)
@@ -63,10 +66,11 @@ def main() -> None:
                      max_kv_tokens=grid.max_kv_tokens)
             for i, bs in enumerate(w._measure(g, model, executor_cls, monitor, deadline=float("inf"))):
                 blocks[name][i] += bs
-        print(f"round {r + 1}/{args.rounds}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        print(f"round {r + 1}/{args.rounds}: {time.perf_counter() - start:.0f} s", file=sys.stderr,
+              flush=True)
 
-    print(f"{args.model} on {first.device} ({args.dtype}, {args.threads} threads, attention {args.attention}), "
-          f"grid {args.grid}, {args.rounds} rounds\n")
+    print(f"{args.model} on {first.device} ({args.dtype}, {args.threads} threads, attention "
+          f"{args.attention}), grid {args.grid}, {args.rounds} rounds\n")
     print("| shape | fixed ms | served ms | served / fixed | quiet blocks fixed / served |")
     print("|---|---:|---:|---:|---:|")
     ratios: dict[str, list[float]] = {}
@@ -76,7 +80,8 @@ def main() -> None:
         ratio = med["served"] / med["fixed"]
         ratios.setdefault(s.kind, []).append(ratio)
         quiet = " / ".join(str(sum(b.quiet for b in blocks[name][i])) for name in ("fixed", "served"))
-        print(f"| {s.label()} | {med['fixed'] * 1e3:.3f} | {med['served'] * 1e3:.3f} | {ratio:.3f} | {quiet} |")
+        print(
+            f"| {s.label()} | {med['fixed'] * 1e3:.3f} | {med['served'] * 1e3:.3f} | {ratio:.3f} | {quiet} |")
     print("\n| kind | shapes | geometric mean served / fixed |\n|---|---:|---:|")
     for kind, v in ratios.items():
         print(f"| {kind} | {len(v)} | {np.exp(np.mean(np.log(v))):.3f} |")

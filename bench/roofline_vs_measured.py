@@ -1,10 +1,11 @@
-"""The roofline checked against real GPU operator times (Vidur's profiles in ../shared/reference/gpu_profiles).
+"""The roofline checked against real GPU operator times (Vidur's, ../shared/reference/gpu_profiles).
 
     python bench/roofline_vs_measured.py [--root ../shared/reference/gpu_profiles]
 
-Per GPU (A100, H100, A40), per operator class (QKV, O, gate+up, down, the layer's linears as the roofline prices
-them: one blend over their sum, norms, all-reduce, attention where measured), every model and TP degree at
-1..4096 tokens: the roofline's time against the measured median, as signed errors (roofline / measured - 1).
+Per GPU (A100, H100, A40), per operator class (QKV, O, gate+up, down, the layer's linears as the roofline
+prices them: one blend over their sum, norms, all-reduce, attention where measured), every model and TP degree
+at 1..4096 tokens: the roofline's time against the measured median, as signed errors (roofline / measured -
+1).
 
 The efficiencies the catalogue now holds per GPU (`sim.gpus`: mfu, mbu, gemm_latency_s) are fitted here on the
 TRAIN models only (least squares of log(roofline / measured) of the layer's linears), and the errors are
@@ -62,7 +63,8 @@ def measurements(root: Path) -> list[Measured]:
     for csv in sorted((root / "compute").glob("*/*/*/mlp.csv")):
         gpu = catalogue_gpu_of("cuda", csv.parts[-4])
         spec = layer_spec(csv)
-        for tp in sorted(pd.read_csv(csv, usecols=["num_tensor_parallel_workers"])["num_tensor_parallel_workers"]
+        for tp in sorted(pd.read_csv(csv,
+                                     usecols=["num_tensor_parallel_workers"])["num_tensor_parallel_workers"]
                          .unique()):
             try:
                 p = load_operator_profile(root, spec, gpu, int(tp))
@@ -77,12 +79,13 @@ def measurements(root: Path) -> list[Measured]:
 
 
 def op_params(spec: ModelSpec, tp: int) -> dict[str, float]:
-    """Weights of each linear operator on one GPU of a TP group (Megatron split; KV heads replicated below 1)."""
+    """Weights of each linear operator on one GPU of a TP group (Megatron split; KV heads replicated below
+    1)."""
     h, d = spec.hidden_size, spec.head_dim
     kv = max(1, spec.num_kv_heads // tp)
     mlp_in = (spec.mlp_matrices - 1) * h * spec.intermediate_size / tp
-    return {"qkv": h * d * (spec.num_heads // tp + 2 * kv), "o": spec.num_heads // tp * d * h, "gate_up": mlp_in,
-            "down": h * spec.intermediate_size / tp}
+    return {"qkv": h * d * (spec.num_heads // tp + 2 * kv), "o": spec.num_heads // tp * d * h,
+            "gate_up": mlp_in, "down": h * spec.intermediate_size / tp}
 
 
 def roofline(m: Measured, **kw) -> Roofline:
@@ -94,7 +97,8 @@ def predicted(m: Measured, rf: Roofline) -> dict[str, np.ndarray]:
     par = op_params(m.spec, m.tp)
     out = {k: np.array([rf.gemm(par[k], int(t)) for t in m.tokens]) for k in LINEARS}
     # as the roofline prices a layer's linears: one blend over their weights, each GEMM's latency
-    out["linears"] = np.array([rf.gemm(rf.linear_params_per_gpu, int(t)) + (GEMMS_PER_LAYER - 1) * rf.gemm_latency_s
+    out["linears"] = np.array([rf.gemm(rf.linear_params_per_gpu, int(t))
+                               + (GEMMS_PER_LAYER - 1) * rf.gemm_latency_s
                                for t in m.tokens])
     # a norm streams its input and output once (bytes at the memory efficiency)
     out["norm"] = 2 * m.tokens * m.spec.hidden_size * rf.dtype_bytes / (rf.gpu.mem_bandwidth * rf.mbu)
@@ -113,7 +117,8 @@ def errors(ms: list[Measured], kw_of) -> pd.DataFrame:
     for m in ms:
         pred, meas = predicted(m, roofline(m, **kw_of(m.gpu))), measured(m)
         for k in pred:
-            rows += [(m.gpu, m.model, m.tp, int(t), k, p / y - 1) for t, p, y in zip(m.tokens, pred[k], meas[k])]
+            rows += [(m.gpu, m.model, m.tp, int(t), k, p / y - 1)
+                     for t, p, y in zip(m.tokens, pred[k], meas[k])]
     return pd.DataFrame(rows, columns=["gpu", "model", "tp", "tokens", "op", "err"])
 
 
@@ -153,13 +158,15 @@ def fit_allreduce(ms: list[Measured]) -> dict[str, float]:
         df = allreduce_errors([m for m in ms if m.tp in AR_TRAIN_TP], lambda gpu: kw)
         return np.log1p(df["err"].to_numpy())
     sol = least_squares(fun, [0.5, 10.0], bounds=([0.01, 0.0], [1.0, 200.0]), diff_step=1e-4)
-    return {"allreduce_efficiency": round(float(sol.x[0]), 3), "allreduce_latency_s": round(float(sol.x[1]), 1) * 1e-6}
+    return {"allreduce_efficiency": round(float(sol.x[0]), 3),
+            "allreduce_latency_s": round(float(sol.x[1]), 1) * 1e-6}
 
 
 def summary_table(df: pd.DataFrame, by: list[str]) -> str:
     g = df.groupby(by)["err"]
-    t = pd.DataFrame({"points": g.size(), "P5": g.quantile(0.05), "median": g.median(), "P95": g.quantile(0.95),
-                      "min": g.min(), "max": g.max(), "MAPE": g.apply(lambda e: e.abs().mean()),
+    t = pd.DataFrame({"points": g.size(), "P5": g.quantile(0.05), "median": g.median(),
+                      "P95": g.quantile(0.95), "min": g.min(), "max": g.max(),
+                      "MAPE": g.apply(lambda e: e.abs().mean()),
                       "within 10%": g.apply(lambda e: (e.abs() <= 0.10).mean())})
     fmt = {c: "{:+.1%}".format for c in ("P5", "median", "P95", "min", "max")}
     fmt.update({"MAPE": "{:.1%}".format, "within 10%": "{:.0%}".format})
@@ -205,7 +212,8 @@ def main() -> None:
     ap.add_argument("--root", type=Path, default=REFERENCE)
     args = ap.parse_args()
     ms = measurements(args.root)
-    fitted = {gpu: fit_gpu([m for m in ms if m.gpu == gpu and m.model in TRAIN]) for gpu in sorted({m.gpu for m in ms})}
+    fitted = {gpu: fit_gpu([m for m in ms if m.gpu == gpu and m.model in TRAIN])
+              for gpu in sorted({m.gpu for m in ms})}
     defaults = {"mfu": 0.70, "mbu": 0.75, "gemm_latency_s": 0.0}  # the roofline before this bench
     before = errors(ms, lambda gpu: defaults)
     after = errors(ms, lambda gpu: {})  # the catalogue as it now is
@@ -219,27 +227,30 @@ def main() -> None:
     lin = ["qkv", "o", "gate_up", "down", "linears"]
     lines = [
         "# The roofline against measured GPU operator times", "",
-        (f"`python bench/roofline_vs_measured.py` on {args.root.name} (Vidur's published profiles: A100, H100, A40; "
-        f"every model and TP degree, 1..{MAX_TOKENS} tokens). Error = roofline / measured median - 1."), "",
-        (f"Fitted per GPU on {', '.join(TRAIN)} only (the `linears` row: one blend over a layer's linears, as the "
-        "roofline prices them); every other model is held out. Fitted values (now in `sim/gpus.py`):"), "",
-        "| gpu | mfu | mbu | gemm latency (us) |", "|---|---|---|---|",
-        *(f"| {g} | {v['mfu']} | {v['mbu']} | {v['gemm_latency_s'] * 1e6:.2f} |" for g, v in fitted.items()), "",
-        "## Linear operators, held-out models, with the catalogue's efficiencies", "",
+        (f"`python bench/roofline_vs_measured.py` on {args.root.name} (Vidur's published profiles: A100, "
+        f"H100, A40; every model and TP degree, 1..{MAX_TOKENS} tokens). Error = roofline / measured median "
+        "- 1."), "",
+        (f"Fitted per GPU on {', '.join(TRAIN)} only (the `linears` row: one blend over a layer's linears, "
+        "as the roofline prices them); every other model is held out. Fitted values (now in `sim/gpus.py`):"),
+        "", "| gpu | mfu | mbu | gemm latency (us) |", "|---|---|---|---|",
+        *(f"| {g} | {v['mfu']} | {v['mbu']} | {v['gemm_latency_s'] * 1e6:.2f} |" for g, v in fitted.items()),
+        "", "## Linear operators, held-out models, with the catalogue's efficiencies", "",
         summary_table(after[(after["models"] == "held out") & after["op"].isin(lin)], ["gpu", "op"]), "",
         "## Linear operators, fitted models", "",
         summary_table(after[(after["models"] == "fitted") & after["op"].isin(lin)], ["gpu", "op"]), "",
         "## Before: mfu 0.70, mbu 0.75, no GEMM latency (all models)", "",
         summary_table(before[before["op"].isin(lin)], ["gpu", "op"]), "",
         "## Per held-out model: the layer's linears", "",
-        summary_table(after[(after["models"] == "held out") & (after["op"] == "linears")], ["gpu", "model"]), "",
-        "## Norms (memory roofline: input and output streamed once; the roofline does not price norms)", "",
-        summary_table(after[after["op"] == "norm"], ["gpu"]), "",
-        "## All-reduce: ring 2 (tp - 1) / tp x bytes / (link x efficiency) + latency, against the measured one",
+        summary_table(after[(after["models"] == "held out") & (after["op"] == "linears")], ["gpu", "model"]),
+        "", "## Norms (memory roofline: input and output streamed once; the roofline does not price norms)",
+        "", summary_table(after[after["op"] == "norm"], ["gpu"]), "",
+        ("## All-reduce: ring 2 (tp - 1) / tp x bytes / (link x efficiency) + latency, against the measured "
+         "one"),
         "", (f"Fitted on tp {AR_TRAIN_TP} (held out: tp 8), messages up to 4096 tokens x 8192 x 2 bytes "
-        "(NVSwitch systems, `*_dgx`, as `simctl fit` picks): efficiency and latency now in `sim/gpus.py`:"), "",
-        "| gpu | efficiency | latency (us) |", "|---|---|---|",
-        *(f"| {g} | {v['allreduce_efficiency']} | {v['allreduce_latency_s'] * 1e6:.1f} |" for g, v in ar_fit.items()),
+        "(NVSwitch systems, `*_dgx`, as `simctl fit` picks): efficiency and latency now in `sim/gpus.py`:"),
+        "", "| gpu | efficiency | latency (us) |", "|---|---|---|",
+        *(f"| {g} | {v['allreduce_efficiency']} | {v['allreduce_latency_s'] * 1e6:.1f} |"
+          for g, v in ar_fit.items()),
         "", summary_table(ar, ["gpu", "tp"]), "",
         "Before (peak link, 10 us):", "", summary_table(ar_before, ["gpu", "tp"]), "",
     ]

@@ -90,7 +90,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.node(),
-        "python": platform.python_version(), "load": LOAD, "cli_1000_s": cli_s, "runs": rows}, indent=2) + "\n")
+        "python": platform.python_version(), "load": LOAD, "cli_1000_s": cli_s, "runs": rows}, indent=2)
+        + "\n")
     console.print(f"written to {out.relative_to(ROOT)}")
 
 

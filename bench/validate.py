@@ -1,18 +1,19 @@
-"""Simulator accuracy against real execution on this CPU: `validate_main` for every policy at loads 0.5 and 0.7
-of its simulated capacity (3 real runs each, medians compared), with the real capacity bisected too (<= 6 real
-runs per policy).
+r"""Simulator accuracy against real execution on this CPU: `validate_main` for every policy at loads 0.5 and
+0.7 of its simulated capacity (3 real runs each, medians compared), with the real capacity bisected too (<= 6
+real runs per policy).
 
-Cost model: --cost, or the shipped CPU fit (profiler/profiles/cpu/cost_model.json; if it is of an older format, its
-profile is fitted again into the output folder), else the benchmark is skipped with a message. The shipped fit
-describes the machine it was profiled on: on another VM (one of this project's sessions found its real runs
-1.5x slower than the shipped fit predicts) profile and fit this one first and pass --cost.
+Cost model: --cost, or the shipped CPU fit (profiler/profiles/cpu/cost_model.json; if it is of an older
+format, its profile is fitted again into the output folder), else the benchmark is skipped with a message. The
+shipped fit describes the machine it was profiled on: on another VM (one of this project's sessions found its
+real runs 1.5x slower than the shipped fit predicts) profile and fit this one first and pass --cost.
 
 Targets (issue 4): |error| <= 10% for P50 TTFT, P50 TBT and P50 E2E and <= 20% for their P99s, at loads 0.5
 and 0.7; |capacity error| <= 10%. Prints the table (misses marked) and writes bench/results/validate.json,
-bench/results/validate.md (the run's validation.md) and validate.png (its CDFs). The run's folders (real and simulated runs) go to
---out [default: a temporary folder], which is printed.
+bench/results/validate.md (the run's validation.md) and validate.png (its CDFs). The run's folders (real and
+simulated runs) go to --out [default: a temporary folder], which is printed.
 
-    .venv/bin/python bench/validate.py [--out DIR] [--policy all] [--quiet-wait 60] [--repeats 3] [--cost PATH]
+    .venv/bin/python bench/validate.py [--out DIR] [--policy all] [--quiet-wait 60] [--repeats 3] \
+        [--cost PATH]
     .venv/bin/python bench/validate.py --report DIR      # tabulate a finished validation again
 """
 
@@ -91,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, default=None,
                         help="only tabulate and record a finished validation folder (nothing is run)")
     parser.add_argument("--cost", type=Path, default=None,
-                        help="a cost_model.json fitted to a profile of this machine [default: the shipped CPU fit, "
-                             "profiled on another machine of the same kind]")
+                        help="a cost_model.json fitted to a profile of this machine [default: the shipped "
+                             "CPU fit, profiled on another machine of the same kind]")
     args = parser.parse_args(argv)
 
     from engine.report import jsonable, load_report, markdown, metric_label
@@ -106,17 +107,17 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or Path(tempfile.mkdtemp(prefix="simctl-validate-"))
         cost = args.cost if args.cost is not None else find_cost(out, console)
         if cost is None:
-            console.print(f"[yellow]skipped: no CPU cost model ({SHIPPED}); profile and fit this machine first "
-                          "(simctl profile / simctl fit)[/yellow]")
+            console.print(f"[yellow]skipped: no CPU cost model ({SHIPPED}); profile and fit this machine "
+                          "first (simctl profile / simctl fit)[/yellow]")
             return 0
         console.print(f"cost model {cost}; runs in {out}")
         report = validate_main(args.policy.split(","), "sharegpt", list(LOADS), cost=str(cost), out=out,
                                capacity=True, quiet_wait_s=args.quiet_wait, repeats=args.repeats,
                                log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
 
-    table = Table(title=f"simulator vs real: {report.config['model']} on CPU, sharegpt x {report.config['scale']:g}, "
-                        f"{report.config['num_requests']} requests (error = (sim - real) / real; ✗: misses the "
-                        "target)")
+    table = Table(title=f"simulator vs real: {report.config['model']} on CPU, sharegpt x "
+                        f"{report.config['scale']:g}, {report.config['num_requests']} requests (error = (sim "
+                        "- real) / real; ✗: misses the target)")
     table.add_column("policy")
     table.add_column("load", justify="right")
     table.add_column("QPS", justify="right")
@@ -139,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                       *[cell(e, TARGETS[m]) for m, e in zip(TARGETS, errs)], cap_text,
                       cell(cap.get("error_pct"), CAPACITY_TARGET), at_run_speed(r), spread(r),
                       f"{r['busy_ratio_real_over_repriced']:.2f}", "n/a" if other is None else f"{other:.0%}")
-    misses += [f"{p} capacity" for p, c in report.capacity.items() if miss(c.get("error_pct"), CAPACITY_TARGET)]
+    misses += [f"{p} capacity" for p, c in report.capacity.items()
+               if miss(c.get("error_pct"), CAPACITY_TARGET)]
     console.print(table)
     console.print(f"{len(misses)} of {len(report.rows) * len(TARGETS) + len(report.capacity)} targets missed")
 
@@ -158,13 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     atomic_write(RESULTS / "validate.json", lambda p: p.write_text(json_text(data), encoding="utf-8"))
     md = markdown(report)
-    md += ("\n## Targets\n\n|error| <= 10% for P50 TTFT, TBT and E2E, <= 20% for their P99s (loads 0.5 and 0.7), "
-           f"capacity <= 10%. {len(misses)} misses" + (": " + ", ".join(misses) if misses else "") + ".\n")
+    md += ("\n## Targets\n\n|error| <= 10% for P50 TTFT, TBT and E2E, <= 20% for their P99s (loads 0.5 and "
+           f"0.7), capacity <= 10%. {len(misses)} misses" + (": " + ", ".join(misses) if misses else "")
+           + ".\n")
     atomic_write(RESULTS / "validate.md", lambda p: p.write_text(md, encoding="utf-8"))
     png = Path(out) / "validation.png"
     if png.is_file():  # the CDFs (not redrawn by --report: the figure needs the runs' data)
         atomic_write(RESULTS / "validate.png", lambda p: p.write_bytes(png.read_bytes()))
-    console.print(f"wrote {RESULTS / 'validate.json'}, {RESULTS / 'validate.md'} and {RESULTS / 'validate.png'}")
+    console.print(
+        f"wrote {RESULTS / 'validate.json'}, {RESULTS / 'validate.md'} and {RESULTS / 'validate.png'}")
     return 0
 
 

@@ -73,7 +73,7 @@ def _seqs(requests: list[Request]) -> list[Seq]:
     return [Seq.of(r) for r in requests]
 
 
-# ---- the prefill instance (child process) ----------------------------------------------------------------------
+# ---- the prefill instance (child process) ------------------------------------------------------------------
 
 
 class _Sender:
@@ -86,10 +86,12 @@ class _Sender:
         self.wait_s = 0.0  # waiting for a free hand-over slot
 
     def _read(self, timeout: float | None) -> None:
-        """Take the decode side's messages (freed slots) for up to `timeout` seconds (None: until one comes)."""
+        """Take the decode side's messages (freed slots) for up to `timeout` seconds (None: until one
+        comes)."""
         if self.conn.poll(timeout):
             while True:
-                _, slot = self.conn.recv()  # ("free", slot); EOFError: the decode side, and this run, are gone
+                # ("free", slot); EOFError: the decode side, and this run, are gone
+                _, slot = self.conn.recv()
                 self.free.append(slot)
                 if not self.conn.poll():
                     return
@@ -139,7 +141,7 @@ def prefill_instance(config: RealConfig, size: Sizing, requests: list[Request], 
         conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
-# ---- the decode instance (this process) -------------------------------------------------------------------------
+# ---- the decode instance (this process) --------------------------------------------------------------------
 
 
 @dataclass
@@ -180,7 +182,8 @@ class _DecodeDriver:
     """Lets real time pass for the decode loop: hands it each request whose KV has arrived, and waits for the
     next one while it has nothing to do; ends the loop once the prefill instance is done and it is idle."""
 
-    def __init__(self, receiver: _Receiver, engine: Engine, inbox: RoutedInbox, originals: dict[int, Seq]) -> None:
+    def __init__(self, receiver: _Receiver, engine: Engine, inbox: RoutedInbox,
+                 originals: dict[int, Seq]) -> None:
         self.receiver, self.engine, self.inbox, self.originals = receiver, engine, inbox, originals
         self.seqs: list[Seq] = []  # the requests the decode instance received, in order
         self.taken: dict[int, float] = {}  # request id -> when the decode loop was handed it
@@ -197,8 +200,9 @@ class _DecodeDriver:
         seq = self.originals[item.copy.id]
         arrive_with_kv(seq, item.copy, item.received_s)
         self.engine.executor.arrive_with_kv(seq.id, item.token, item.kv)
-        # due when the loop can see it (now), not when its KV arrived: the loop reads the clock after this push,
-        # so the replay of its log (`engine.replay`, from `kv_taken_s`) hands it over exactly when it did
+        # due when the loop can see it (now), not when its KV arrived: the loop reads the clock after this
+        # push, so the replay of its log (`engine.replay`, from `kv_taken_s`) hands it over exactly when it
+        # did
         taken = self.engine.time.read()
         self.inbox.push_due(seq, taken)
         self.taken[seq.id] = taken
@@ -214,9 +218,9 @@ class _DecodeDriver:
             self._take(item)
 
     def drive(self, loop: Any) -> None:
-        """The loop yields an iteration's end, which has passed when the backend returns it, or `HELD` when idle
-        (a routed inbox never knows the next arrival ahead): then wait for one, or end once the prefill instance
-        is done."""
+        """The loop yields an iteration's end, which has passed when the backend returns it, or `HELD` when
+        idle (a routed inbox never knows the next arrival ahead): then wait for one, or end once the prefill
+        instance is done."""
         for until in loop:
             self._drain()
             if until < HELD:
@@ -230,9 +234,9 @@ class _DecodeDriver:
 
 def run_disaggregated(config: RealConfig, size: Sizing, requests: list[Request], model: Any
                       ) -> tuple[RealRun, Engine, float, dict[str, Any]]:
-    """Serve `requests` on a prefill instance (a child process) and a decode instance (this process, on `model`);
-    return the run (its records in the cluster's form), the decode engine, the longer warm-up and what the
-    summary adds about the pair."""
+    """Serve `requests` on a prefill instance (a child process) and a decode instance (this process, on
+    `model`); return the run (its records in the cluster's form), the decode engine, the longer warm-up and
+    what the summary adds about the pair."""
     from sim.cluster_run import MemberRecords, iterations_frame, summarise_cluster
     from sim.kv_link import KVLink
     from sim.models import get_model
@@ -291,8 +295,8 @@ def run_disaggregated(config: RealConfig, size: Sizing, requests: list[Request],
             link.record(ready, start, end, int(positions) * bpt)
     wall = max(prefilled.wall_s, decoded.wall_s)
     members = [
-        MemberRecords("prefill", 0, config.device, prefilled.iterations, prefilled.gaps, prefilled.queue_at_arrival,
-                      prefilled.seqs, prefilled.aborted, size.kv_capacity),
+        MemberRecords("prefill", 0, config.device, prefilled.iterations, prefilled.gaps,
+                      prefilled.queue_at_arrival, prefilled.seqs, prefilled.aborted, size.kv_capacity),
         MemberRecords("decode", 0, config.device, decoded.iterations, decoded.gaps, decoded.queue_at_arrival,
                       driver.seqs, decoded.aborted, size.kv_capacity),
     ]
@@ -301,8 +305,9 @@ def run_disaggregated(config: RealConfig, size: Sizing, requests: list[Request],
                                         size.kv_capacity, wall)
     result.requests["kv_taken_s"] = [driver.taken.get(s.id, -1.0) for s in seqs]
     engine_result = EngineResult(seqs=seqs, iterations=result.iterations, gaps=result.gaps,
-                                 queue_at_arrival=result.queue_at_arrival, aborted=result.aborted, wall_s=wall,
-                                 tokens=tokens, forward_s=np.concatenate([prefilled.forward_s, decoded.forward_s]),
+                                 queue_at_arrival=result.queue_at_arrival, aborted=result.aborted,
+                                 wall_s=wall, tokens=tokens,
+                                 forward_s=np.concatenate([prefilled.forward_s, decoded.forward_s]),
                                  peak_slots=max(prefilled.peak_slots, decoded.peak_slots))
     fields = {
         "handoff_slots": HANDOFF_SLOTS,

@@ -1,6 +1,6 @@
-"""`simctl prefill-bench --real`: the prefills a policy plans (`sim.prefill_bench.serve_prefills`), run on this
-machine's engine (random weights, greedy sampling), each timed as one synchronized forward. The same plans are
-priced by the cost model, so measured and predicted prefill times compare batch for batch."""
+"""`simctl prefill-bench --real`: the prefills a policy plans (`sim.prefill_bench.serve_prefills`), run on
+this machine's engine (random weights, greedy sampling), each timed as one synchronized forward. The same
+plans are priced by the cost model, so measured and predicted prefill times compare batch for batch."""
 
 from __future__ import annotations
 

@@ -153,8 +153,8 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
 
 
 def write_real(run: RealRun, out: str | Path) -> None:
-    """summary.json, requests.parquet and iterations.parquet, as `simctl run` writes them (and replicas.parquet
-    for a disaggregated run, as a simulated cluster's)."""
+    """summary.json, requests.parquet and iterations.parquet, as `simctl run` writes them (and
+    replicas.parquet for a disaggregated run, as a simulated cluster's)."""
     from sim.cluster_run import write_cluster_files
     from sim.output import write_run
 
@@ -164,7 +164,7 @@ def write_real(run: RealRun, out: str | Path) -> None:
         write_run(Path(out), run.summary, run.result.requests, run.result.iterations.frame())
 
 
-# ---- the child process ---------------------------------------------------------------------------------------
+# ---- the child process -------------------------------------------------------------------------------------
 
 
 def worker_command(config: RealConfig, out: Path | None, result_path: Path, probe: bool = False) -> list[str]:
@@ -245,7 +245,7 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     return _run_worker(config, out_path)["summary"]
 
 
-# ---- the simulator's twin of a real run -----------------------------------------------------------------------
+# ---- the simulator's twin of a real run --------------------------------------------------------------------
 
 
 def twin_inputs(summary: dict[str, Any]) -> tuple[list[Request], Policy]:

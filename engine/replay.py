@@ -51,13 +51,15 @@ def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any,
     prefill = _replay([prefill_copy(s) for s in seqs], policy, iterations[pools == "prefill"], cost)
     by_id = requests.set_index("request_id")
     taken, arrived = by_id["kv_taken_s"], by_id["first_token_s"]
-    crossed = sorted((s for s in seqs if needs_decode_instance(s) and taken[s.id] >= 0), key=lambda s: taken[s.id])
+    crossed = sorted((s for s in seqs if needs_decode_instance(s) and taken[s.id] >= 0),
+                     key=lambda s: taken[s.id])
     for s in crossed:
         arrive_with_kv(s, prefill_copy(s), float(arrived[s.id]))
         s.arrival_s = float(taken[s.id])  # due when the decode loop was handed it
     decode = _replay(crossed, twin_policy(summary), iterations[pools == "decode"], cost)
     decode.gaps.merge(prefill.gaps)
-    frame = pd.concat([prefill.frame.assign(pool="prefill"), decode.frame.assign(pool="decode")], ignore_index=True)
+    frame = pd.concat([prefill.frame.assign(pool="prefill"), decode.frame.assign(pool="decode")],
+                      ignore_index=True)
     return Replay(frame, decode.gaps, prefill.matched + decode.matched, prefill.total + decode.total,
                   prefill.between_s + decode.between_s, prefill.between_n + decode.between_n)
 
@@ -92,7 +94,8 @@ def _replay(seqs: list[Any], policy: Any, iterations: pd.DataFrame, cost: Any) -
 
 
 def merge_replays(reps: list[Replay]) -> Replay:
-    """The replays of several repeats of one run as one (frames stacked with a `repeat` column, gaps pooled)."""
+    """The replays of several repeats of one run as one (frames stacked with a `repeat` column, gaps
+    pooled)."""
     from serving.records import GapHistogram
 
     gaps = GapHistogram()
@@ -106,8 +109,8 @@ def merge_replays(reps: list[Replay]) -> Replay:
 
 def iteration_evidence(rep: Replay, forward_s: float | None, sim_iterations: pd.DataFrame, repeats: int = 1
                        ) -> dict[str, Any]:
-    """Busy-time totals (per real run: the mean over `repeats` pooled in `rep`) and per-kind ratios, measured /
-    predicted, from a replay. `forward_s`: the real runs' total forward time, if known."""
+    """Busy-time totals (per real run: the mean over `repeats` pooled in `rep`) and per-kind ratios, measured
+    / predicted, from a replay. `forward_s`: the real runs' total forward time, if known."""
     f = rep.frame
     real_busy = float(f["real_s"].sum()) / repeats if len(f) else 0.0
     pred_busy = float(f["predicted_s"].sum()) / repeats if len(f) else 0.0
@@ -121,7 +124,8 @@ def iteration_evidence(rep: Replay, forward_s: float | None, sim_iterations: pd.
         "sim_busy_s": sim_busy,  # the twin simulation's own iterations
         "busy_ratio_real_over_repriced": real_busy / pred_busy if pred_busy > 0 else None,
         "busy_ratio_real_over_sim": real_busy / sim_busy if sim_busy > 0 else None,
-        "real_forward_s": None if forward_s is None else forward_s / repeats,  # inside the iterations: forward
+        # inside the iterations: forward
+        "real_forward_s": None if forward_s is None else forward_s / repeats,
         "real_in_iteration_overhead_s": (real_busy - forward_s / repeats
                                          if forward_s is not None and rep.matched == rep.total
                                          else None),  # drain arrivals + schedule + inputs, per iteration
@@ -137,8 +141,10 @@ def iteration_evidence(rep: Replay, forward_s: float | None, sim_iterations: pd.
         dec = f[(f["kind"] == "decode") & (f["decode_tokens"] >= 2)]
         if len(dec):  # the profile timed decode batches of equal contexts only
             ragged = dec["decode_ctx_min"] < dec["decode_ctx_max"]
-            out["decode_uniform_ctx"] = _ratios(dec[~ragged], ratio[dec[~ragged].index]) if (~ragged).any() else None
-            out["decode_ragged_ctx"] = _ratios(dec[ragged], ratio[dec[ragged].index]) if ragged.any() else None
+            out["decode_uniform_ctx"] = _ratios(dec[~ragged],
+                                                ratio[dec[~ragged].index]) if (~ragged).any() else None
+            out["decode_ragged_ctx"] = _ratios(dec[ragged],
+                                               ratio[dec[ragged].index]) if ragged.any() else None
         out["decode_excess"] = _excess(f[f["kind"].isin(["decode", "padded_decode"])],
                                        {"per_row_ms": f["decode_rows"]})
         out["prefill_excess"] = _excess(f[f["prefill_tokens"] > 0],

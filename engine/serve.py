@@ -56,13 +56,13 @@ class EngineResult:
     def sim_result(self, kv_capacity: int) -> SimResult:
         """The records in the simulator's form, for `sim.metrics.summarize` and `sim.output.write_run`."""
         return SimResult(requests=request_frame(self.seqs), iterations=self.iterations, gaps=self.gaps,
-                         queue_at_arrival=self.queue_at_arrival, aborted=self.aborted, kv_capacity=kv_capacity,
-                         wall_s=self.wall_s)
+                         queue_at_arrival=self.queue_at_arrival, aborted=self.aborted,
+                         kv_capacity=kv_capacity, wall_s=self.wall_s)
 
 
 class TorchBackend:
-    """The replica loop's backend in real mode: each plan runs on an `Executor` (the torch `PlanExecutor`), its
-    end stamped on the real-time clock once the sampled tokens exist."""
+    """The replica loop's backend in real mode: each plan runs on an `Executor` (the torch `PlanExecutor`),
+    its end stamped on the real-time clock once the sampled tokens exist."""
 
     def __init__(self, executor: Executor, time: RealTime,
                  on_iteration: Callable[[BatchPlan, float, float, float], None] | None = None,
@@ -92,7 +92,8 @@ class TorchBackend:
         for s in self.sampled:
             n = len(self.executor.tokens(s.id))
             if n != s.generated:
-                raise RuntimeError(f"request {s.id}: {n} tokens generated but the policy counts {s.generated}")
+                raise RuntimeError(
+                    f"request {s.id}: {n} tokens generated but the policy counts {s.generated}")
 
     def release(self, finished: list[Seq]) -> None:
         if self.on_release is not None:

@@ -67,7 +67,8 @@ class RealConfig:
 
     @property
     def executor(self) -> ExecutorConfig:
-        """The run's executor configuration (a fit prices only runs made with the one it was profiled with)."""
+        """The run's executor configuration (a fit prices only runs made with the one it was profiled
+        with)."""
         return ExecutorConfig(attention=self.attention)
 
     def validate(self) -> None:
@@ -95,7 +96,8 @@ class RealConfig:
             raise InputError(f"--threads must be an integer >= 1, got {self.threads!r}")
         if self.kv_capacity is not None and (not is_int(self.kv_capacity) or self.kv_capacity < 1):
             raise InputError(f"--kv-capacity must be an integer >= 1 (token slots), got {self.kv_capacity!r}")
-        if self.kv_budget_bytes is not None and (not is_int(self.kv_budget_bytes) or self.kv_budget_bytes < 1):
+        if self.kv_budget_bytes is not None and (not is_int(self.kv_budget_bytes)
+                                                 or self.kv_budget_bytes < 1):
             raise InputError(f"kv_budget_bytes must be an integer >= 1, got {self.kv_budget_bytes!r}")
         if self.disaggregated:
             self._check_disaggregated()
@@ -106,10 +108,11 @@ class RealConfig:
         check_instances(prefill_instances=self.prefill_instances, decode_instances=self.decode_instances)
         if (self.prefill_instances, self.decode_instances) != (1, 1):
             raise InputError("real disaggregated serving runs one prefill and one decode instance "
-                             "(--prefill-instances 1 --decode-instances 1): each is a process with its own model")
+                             "(--prefill-instances 1 --decode-instances 1): each is a process with its own "
+                             "model")
         if str(self.device).lower() != "cpu":
-            raise InputError("real disaggregated serving runs on the CPU (--device cpu): its two instances would "
-                             "share one GPU")
+            raise InputError("real disaggregated serving runs on the CPU (--device cpu): its two instances "
+                             "would share one GPU")
         check_disaggregable(self.policy)
 
 
@@ -127,7 +130,8 @@ class Sizing:
 def resolved(config: RealConfig, num_requests_given: bool = True) -> RealConfig:
     """`config` with num_requests filled in for a trace file given without one (every row)."""
     if not num_requests_given and not is_profile(config.trace):
-        rows = len(build_trace(config.trace, None, config.qps, config.seed, arrival=config.arrival, cv=config.cv))
+        rows = len(build_trace(config.trace, None, config.qps, config.seed, arrival=config.arrival,
+                               cv=config.cv))
         return replace(config, num_requests=rows)
     return config
 
@@ -138,7 +142,8 @@ def sized_policy(config: RealConfig, size: Sizing) -> Policy:
                        {**config.options, "max_batch_size": size.max_batch_size})
 
 
-def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: int, budget_bytes: int) -> Sizing:
+def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: int,
+             budget_bytes: int) -> Sizing:
     """Slab shape, KV capacity and batch size of a run (see the module docstring); InputError if a request
     cannot run."""
     from sim.models import get_model
@@ -155,31 +160,33 @@ def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: in
         slot_tokens = max(slot_tokens, aligned(wide))
     probe = make_policy(config.policy, max_seq_len, max_seq_len, config.options)
     if probe.shares_prefixes and any(r.prefix_group >= 0 for r in requests):
-        raise InputError(f"{config.policy} reuses cached prompt prefixes across requests, which this engine cannot "
-                         "(each request's KV lives in its own slot): give --enable-prefix-caching 0, or a trace "
-                         "without prefix_group")
+        raise InputError(f"{config.policy} reuses cached prompt prefixes across requests, which this engine "
+                         "cannot (each request's KV lives in its own slot): give --enable-prefix-caching 0, "
+                         "or a trace without prefix_group")
     batch = probe.max_batch_size
     slots = min(len(requests), batch)
     capped = False
     if policy_class(config.policy).widening_kv:  # Baton: a row may read up to the whole capacity's width,
-        fit = max(1, math.isqrt(budget_bytes // (max_seq_len * kv_bytes_per_token)))  # so slots^2 x max_seq_len
+        # so slots^2 x max_seq_len
+        fit = max(1, math.isqrt(budget_bytes // (max_seq_len * kv_bytes_per_token)))
         if fit < slots:
             slots, batch, capped = fit, fit, True
         slot_tokens = slots * max_seq_len
     fit = budget_bytes // (slot_tokens * kv_bytes_per_token)
     if fit < slots:
         if fit < 1:
-            raise InputError(f"one KV slot of {slot_tokens} tokens ({slot_tokens * kv_bytes_per_token} bytes) "
-                             f"exceeds the memory budget of {budget_bytes} bytes; lower --scale")
+            raise InputError(f"one KV slot of {slot_tokens} tokens ({slot_tokens * kv_bytes_per_token} "
+                             f"bytes) exceeds the memory budget of {budget_bytes} bytes; lower --scale")
         slots, batch, capped = fit, fit, True
     capacity = slots * max_seq_len if config.kv_capacity is None else int(config.kv_capacity)
     if policy_class(config.policy).widening_kv and capacity > slot_tokens:
-        raise InputError(f"--kv-capacity {capacity}: {config.policy}'s batch may widen to its whole KV capacity, "
-                         f"but the slab holds {slot_tokens} positions per row; give at most {slot_tokens}")
+        raise InputError(f"--kv-capacity {capacity}: {config.policy}'s batch may widen to its whole KV "
+                         f"capacity, but the slab holds {slot_tokens} positions per row; give at most "
+                         f"{slot_tokens}")
     fits = max_admissible_tokens(config.policy, capacity, max_seq_len)
     if need > fits:
-        raise InputError(f"request {longest.id} needs {need} tokens of KV cache but {config.policy} can hold at "
-                         f"most {fits} for one request with {capacity} KV slots; raise --kv-capacity")
+        raise InputError(f"request {longest.id} needs {need} tokens of KV cache but {config.policy} can hold "
+                         f"at most {fits} for one request with {capacity} KV slots; raise --kv-capacity")
     return Sizing(max_seq_len, slots, slot_tokens, capacity, batch, capped)
 
 
@@ -190,7 +197,8 @@ class RealRun:
     summary: dict[str, Any]
     result: Any  # sim.simulate.SimResult: the records in the simulator's form
     engine: Any  # engine.serve.EngineResult: tokens, per-iteration forward times
-    # a disaggregated run's (engine.disagg): iteration rows with pool and replica columns, one row per instance
+    # a disaggregated run's (engine.disagg): iteration rows with pool and replica columns, one row per
+    # instance
     iterations: Any = None
     replicas: Any = None
 

@@ -41,8 +41,9 @@ class Setup:
 
         return RealConfig(policy=policy, trace=self.trace, model=self.model, device=self.device, qps=qps,
                           num_requests=self.num_requests, scale=self.scale, seed=self.seed, dtype=self.dtype,
-                          threads=self.threads, kv_budget_bytes=self.kv_budget_bytes, attention=self.attention,
-                          prefill_instances=self.prefill_instances, decode_instances=self.decode_instances)
+                          threads=self.threads, kv_budget_bytes=self.kv_budget_bytes,
+                          attention=self.attention, prefill_instances=self.prefill_instances,
+                          decode_instances=self.decode_instances)
 
 
 
@@ -53,8 +54,8 @@ def real_dirs(run_dir: Path, repeats: int) -> list[Path]:
 
 
 def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
-    """The summary fields `engine.real.twin_inputs` reads, as a real run of `policy` at `qps` would record them
-    (its requests and its KV sizing on the setup's budget), without running it."""
+    """The summary fields `engine.real.twin_inputs` reads, as a real run of `policy` at `qps` would record
+    them (its requests and its KV sizing on the setup's budget), without running it."""
     from engine.real import CPU_KV_BYTES
     from engine.setup import size_run, sized_policy
     from sim.cost.fitted import dtype_bytes_of
@@ -105,7 +106,8 @@ def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], A
     requests, policy = twin_inputs(summary)
     keep = ("policy", "trace", "model", "qps", "scale", "seed", "arrival", "cv", "max_seq_len")
     head = {"mode": "sim", **{k: summary.get(k) for k in keep}, **policy.settings.as_dict()}
-    if summary.get("prefill_instances"):  # a disaggregated run: the cluster, its link as the real one measured
+    # a disaggregated run: the cluster, its link as the real one measured
+    if summary.get("prefill_instances"):
         from sim.cluster_run import simulate_disaggregated
         from sim.models import get_model
 

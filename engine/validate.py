@@ -7,8 +7,8 @@ For each policy:
 1. **Simulated capacity on the twin setup.** The highest QPS whose *simulated* run meets the SLO (default:
    sustainable and median scheduling delay <= 2 s; optionally P99 TBT), by bisection over QPS. Every probe
    is the run a real run at that rate would be: the same request generator (`traces.build_trace`:
-   trace, count, seed, scaled lengths), the same KV sizing (`engine.real.size_run` on the real runs' slab budget),
-   the policy rebuilt by `engine.real.twin_inputs`, priced by the fitted cost model.
+   trace, count, seed, scaled lengths), the same KV sizing (`engine.real.size_run` on the real runs' slab
+   budget), the policy rebuilt by `engine.real.twin_inputs`, priced by the fitted cost model.
 2. **Loads.** For each load (a fraction of that capacity) `repeats` real runs (`engine.real.real_main`, a
    child process each) and the simulator on the identical requests (`twin_inputs(summary)`): signed errors
    (sim - real) / real of P50/P90/P99 TTFT, TBT and E2E and of throughput (requests/s, output tokens/s), the
@@ -112,7 +112,7 @@ MAX_REPEATS = 20
 VALIDATION_DIRS = ("runs", "capacity")  # beside VALIDATION_FILES in `out`
 
 
-# ---- bisection over QPS (one search, any probe) ----------------------------------------------------------------
+# ---- bisection over QPS (one search, any probe) ------------------------------------------------------------
 
 
 def bracket(result: CapacityResult) -> tuple[float, float | None]:
@@ -127,7 +127,7 @@ def bracket(result: CapacityResult) -> tuple[float, float | None]:
 # ---- replaying a real run's iterations ---------------------------------------------------------------------
 
 
-# ---- machine load while a real run ran -----------------------------------------------------------------------
+# ---- machine load while a real run ran ---------------------------------------------------------------------
 
 
 # ---- validation ------------------------------------------------------------------------------------------
@@ -170,8 +170,8 @@ def _check_inputs(policies: list[str], loads: list[float], fitted: Any, out: str
     return names, loads
 
 
-def remove_earlier(out: Path, say: Callable[[str], None], names: tuple[str, ...] = (*VALIDATION_FILES,
-                                                                                    *VALIDATION_DIRS)) -> None:
+def remove_earlier(out: Path, say: Callable[[str], None],
+                   names: tuple[str, ...] = (*VALIDATION_FILES, *VALIDATION_DIRS)) -> None:
     """Remove an earlier validation's `names` from `out` (check_out_dir let nothing else be there): a
     validation writes its runs as it goes, and another's runs left beside them would pass for this one's."""
     earlier = [out / name for name in names if (out / name).exists()]
@@ -204,13 +204,14 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
                   threads: int | None = None, slo: SLO = DEFAULT_SLO, capacity: bool = False,
                   quiet_wait_s: float = 0.0, repeats: int = 1, device: str = "cpu", dtype: str | None = None,
                   attention: str | None = None, prefill_instances: int | None = None,
-                  decode_instances: int | None = None, log: Callable[[str], None] | None = None) -> ValidationReport:
-    """Validate the simulator with `cost` (a fitted cost_model.json of `device`, or a `CostModel`) against real
-    runs on `device` (cpu, cuda, cuda:N; see the module docstring) and write
+                  decode_instances: int | None = None,
+                  log: Callable[[str], None] | None = None) -> ValidationReport:
+    """Validate the simulator with `cost` (a fitted cost_model.json of `device`, or a `CostModel`) against
+    real runs on `device` (cpu, cuda, cuda:N; see the module docstring) and write
     validation.{csv,md,png,json} and the runs' folders into `out`. `policies` may contain "all". `threads`:
-    the real runs' CPU threads [default: those the cost model was profiled with, else every core]. `dtype`: the
-    real runs' [default: the one the cost model was profiled in, else float32; another is refused], and so is
-    `attention` (`executor.config.ATTENTION`) [default: the cost model's, else auto]. `repeats`:
+    the real runs' CPU threads [default: those the cost model was profiled with, else every core]. `dtype`:
+    the real runs' [default: the one the cost model was profiled in, else float32; another is refused], and so
+    is `attention` (`executor.config.ATTENTION`) [default: the cost model's, else auto]. `repeats`:
     real runs per policy and load (measured metrics are their medians; capacity probes run once). `log`
     receives one line per step. `quiet_wait_s`: before each real run, wait up to this long for a second in
     which other processes use at most 15% of the machine (a shared machine's load slows the real run, not
@@ -232,15 +233,16 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
     fit = cost_meta(fitted)
     if threads is None and isinstance(fit["threads"], int):
         threads = fit["threads"]
-    setup = Setup(trace=trace, model=model, num_requests=num_requests, scale=scale, seed=seed, threads=threads,
-                  dtype=dtype if dtype is not None else fitted_dtype(fit) or "float32", device=str(device),
-                  attention=attention if attention is not None else fitted_executor(fitted).attention,
-                  prefill_instances=prefill_instances, decode_instances=decode_instances)
+    setup = Setup(trace=trace, model=model, num_requests=num_requests, scale=scale, seed=seed,
+                  threads=threads, dtype=dtype if dtype is not None else fitted_dtype(fit) or "float32",
+                  device=str(device), attention=attention if attention is not None
+                  else fitted_executor(fitted).attention, prefill_instances=prefill_instances,
+                  decode_instances=decode_instances)
     pair = setup.real_config(policies[0] if policies else "vllm", 1.0)
     if pair.disaggregated and setup.threads is not None and 2 * setup.threads > default_threads():
-        raise InputError(f"a disaggregated validation runs two instances of {setup.threads} thread(s) each (the "
-                         f"cost model's) on {default_threads()} core(s): give --threads, and a cost model profiled "
-                         "with that many (simctl profile --threads N)")
+        raise InputError(f"a disaggregated validation runs two instances of {setup.threads} thread(s) each "
+                         f"(the cost model's) on {default_threads()} core(s): give --threads, and a cost "
+                         "model profiled with that many (simctl profile --threads N)")
     names, loads = _check_inputs(policies, loads, fitted, out, setup)
     runs = setup.real_config(names[0], 1.0)
     check_executor(fitted, {"device": runs.device, "executor_config": runs.executor.record(runs.device)})
@@ -255,8 +257,8 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
     t_start = time.perf_counter()
     config: dict[str, Any] = {
         "policies": names, "loads": loads, "cost": cost_name(cost), **asdict(setup),
-        "device_name": probe.device_name, "slo": slo.to_dict(), "slo_text": slo.describe(), "capacity": capacity,
-        "repeats": repeats, "cost_model_fit": fit,
+        "device_name": probe.device_name, "slo": slo.to_dict(), "slo_text": slo.describe(),
+        "capacity": capacity, "repeats": repeats, "cost_model_fit": fit,
         "loadavg_start": loadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     rows: list[dict[str, Any]] = []
@@ -269,13 +271,14 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
         if quiet_wait_s > 0:
             waited, share = wait_quiet(quiet_wait_s)
             if share is not None and share > 0.15:
-                say(f"  the machine is busy ({share:.0%} of it used by other processes after {waited:.0f} s); "
-                    "running anyway")
+                say(f"  the machine is busy ({share:.0%} of it used by other processes after {waited:.0f} "
+                    "s); running anyway")
         meter.start()
-        s = real_main(trace=setup.trace, model=setup.model, num_requests=setup.num_requests, scale=setup.scale,
-                      seed=setup.seed, dtype=setup.dtype, threads=setup.threads, device=setup.device,
-                      kv_budget_bytes=setup.kv_budget_bytes, attention=setup.attention,
-                      prefill_instances=setup.prefill_instances, decode_instances=setup.decode_instances, **kw)
+        s = real_main(trace=setup.trace, model=setup.model, num_requests=setup.num_requests,
+                      scale=setup.scale, seed=setup.seed, dtype=setup.dtype, threads=setup.threads,
+                      device=setup.device, kv_budget_bytes=setup.kv_budget_bytes, attention=setup.attention,
+                      prefill_instances=setup.prefill_instances, decode_instances=setup.decode_instances,
+                      **kw)
         return s, meter.stop()
 
     out = Path(out)
@@ -344,12 +347,13 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
             caps[policy].update({
                 "real_qps": rlo, "real_fail_qps": rhi,
                 "error_pct": pct_error(lo, rlo) if rlo > 0 else None,
-                "real_probes": [{k: p.get(k) for k in ("qps", "slo_met", "sched_delay_p50", "tbt_p99", "ttft_p50",
-                                                       "sustainable", "completed", "throughput_rps",
-                                                       "foreign_cpu_share")}
+                "real_probes": [{k: p.get(k) for k in ("qps", "slo_met", "sched_delay_p50", "tbt_p99",
+                                                       "ttft_p50", "sustainable", "completed",
+                                                       "throughput_rps", "foreign_cpu_share")}
                                 for p in real_cap.probes]})
-            say(f"{policy}: real capacity {rlo:.4g} QPS (first failing {rhi if rhi is None else f'{rhi:.4g}'}), "
-                f"capacity error {fmt_err(caps[policy]['error_pct'])}")
+            say(f"{policy}: real capacity {rlo:.4g} QPS (first failing "
+                f"{rhi if rhi is None else f'{rhi:.4g}'}), capacity error "
+                f"{fmt_err(caps[policy]['error_pct'])}")
 
     config["loadavg_end"] = loadavg()
     config["wall_s"] = round(time.perf_counter() - t_start, 1)
@@ -359,7 +363,8 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
 
 
 def compare_run(policy: str, load: float, qps: float, sim_capacity: float, reals: list[Path], run_dir: Path,
-                cost: Any, slo: SLO, foreign: float | None = None) -> tuple[dict[str, Any], dict[str, Any], RunPair]:
+                cost: Any, slo: SLO,
+                foreign: float | None = None) -> tuple[dict[str, Any], dict[str, Any], RunPair]:
     """Finished real runs (their folders `reals`: repeats of one run) against the simulator on identical
     requests: writes `run_dir/sim/` and `run_dir/replay.parquet`; returns (report row, per-iteration evidence,
     CDF data). A measured metric is the median over the repeats."""
@@ -374,7 +379,8 @@ def compare_run(policy: str, load: float, qps: float, sim_capacity: float, reals
     real_reqs = [pd.read_parquet(d / "requests.parquet") for d in reals]
     reps, tbt_matches = [], []
     for d, real in zip(reals, summaries):
-        rep = replay_real(real, pd.read_parquet(d / "iterations.parquet"), cost, pd.read_parquet(d / "requests.parquet"))
+        rep = replay_real(real, pd.read_parquet(d / "iterations.parquet"), cost,
+                          pd.read_parquet(d / "requests.parquet"))
         tbt_matches.append(rep.matched == rep.total and all(
             v is not None and real[k] is not None and math.isclose(v, real[k], rel_tol=1e-9)
             for v, k in zip(rep.gaps.percentiles((50, 99)), ("tbt_p50", "tbt_p99"))))
@@ -406,7 +412,8 @@ def compare_run(policy: str, load: float, qps: float, sim_capacity: float, reals
         "real_sustainable": all(s["sustainable"] for s in summaries), "sim_sustainable": sim["sustainable"],
         "real_slo_met": 2 * sum(slo.met(s) for s in summaries) > len(summaries),  # by most repeats
         "sim_slo_met": slo.met(sim),
-        "real_iterations": float(np.median([s["iterations"] for s in summaries])), "sim_iterations": sim["iterations"],
+        "real_iterations": float(np.median([s["iterations"] for s in summaries])),
+        "sim_iterations": sim["iterations"],
         "busy_ratio_real_over_repriced": ev["busy_ratio_real_over_repriced"],
         "busy_ratio_real_over_sim": ev["busy_ratio_real_over_sim"],
         "real_between_mean_ms": (ev["real_between_mean_s"] * 1e3 if ev["real_between_mean_s"] is not None
@@ -415,8 +422,8 @@ def compare_run(policy: str, load: float, qps: float, sim_capacity: float, reals
         "foreign_cpu_share": foreign,
         "real_wall_s": float(np.median([s.get("real_wall_s") or 0.0 for s in summaries])),
     })
-    pair = RunPair(policy, load, np.concatenate([_ttft(r) for r in real_reqs]), _ttft(result.requests), rep.gaps,
-                   result.gaps, rep.matched == rep.total)
+    pair = RunPair(policy, load, np.concatenate([_ttft(r) for r in real_reqs]), _ttft(result.requests),
+                   rep.gaps, result.gaps, rep.matched == rep.total)
     return row, {"policy": policy, "load": load, **ev}, pair
 
 
@@ -470,9 +477,9 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
     return report
 
 
-# ---- report text ---------------------------------------------------------------------------------------------
+# ---- report text -------------------------------------------------------------------------------------------
 
 
-# ---- figure ----------------------------------------------------------------------------------------------------
+# ---- figure ------------------------------------------------------------------------------------------------
 
 

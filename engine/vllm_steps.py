@@ -39,8 +39,8 @@ class _Track:
 
 @dataclass
 class StepLog:
-    """The records of one run: `open` a request when it is submitted, `step` every engine step, `close` it with
-    its final output's stats."""
+    """The records of one run: `open` a request when it is submitted, `step` every engine step, `close` it
+    with its final output's stats."""
 
     t0: float  # the run's start on the monotonic clock
     live: dict[str, Any]  # vLLM's in-flight request states (its output processor's `request_states`)
@@ -78,7 +78,8 @@ class StepLog:
             track = self.tracks.get(state.external_req_id)
             if track is not None and track.stats is None:
                 track.stats = state.stats
-        ends = [t for t in (self._advance(t) for t in self.tracks.values() if t.stats is not None) if t is not None]
+        ends = [t for t in (self._advance(t) for t in self.tracks.values() if t.stats is not None)
+                if t is not None]
         end = max(ends, default=None)
         if scheduler_stats is None:
             return
@@ -97,11 +98,12 @@ class StepLog:
         prefill, decode = details.num_ctx_tokens, details.num_generation_tokens
         kv_used = round(scheduler_stats.kv_cache_usage * self.num_blocks) * self.block_tokens
         self.records.iterations.add(end - self.t0 - duration, duration, 1, prefill, decode,
-                                    details.num_ctx_requests + details.num_generation_requests, prefill + decode,
-                                    kv_used)
+                                    details.num_ctx_requests + details.num_generation_requests, prefill
+                                    + decode, kv_used)
 
     def _advance(self, track: _Track) -> float | None:
-        """Record the tokens `track` got since it was last seen; the engine-core time of the latest, if any."""
+        """Record the tokens `track` got since it was last seen; the engine-core time of the latest, if
+        any."""
         stats, seq = track.stats, track.seq
         if seq.first_scheduled_s < 0 < stats.scheduled_ts:
             seq.first_scheduled_s = stats.scheduled_ts - self.t0

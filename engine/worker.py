@@ -1,11 +1,13 @@
-"""The real-execution child process: `python -m engine.worker --config JSON --result PATH [--out DIR | --probe]`.
+"""The real-execution child process: `python -m engine.worker --config JSON --result PATH [--out DIR |
+--probe]`.
 
 `engine.real.real_main` starts it with OMP_WAIT_POLICY=PASSIVE and OMP_NUM_THREADS / MKL_NUM_THREADS set
 (OpenMP reads them once, when torch starts it). It serves the run (`engine.real.run_real`), writes the output
 folder if asked, and leaves one JSON object in the result file:
   {"event": "done", "summary": {...}}
-  {"event": "done", "probe": {...}}    with --probe: the device as the run would find it (`engine.real.DeviceProbe`)
-  {"event": "error", "input": true|false, "message": "..."}     then exit 2 (input) or 1
+  {"event": "done", "probe": {...}}    with --probe: the device as the run would find it
+  (`engine.real.DeviceProbe`) {"event": "error", "input": true|false, "message": "..."}     then exit 2
+  (input) or 1
 Everything it prints goes to the parent's captured stderr.
 """
 

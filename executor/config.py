@@ -1,7 +1,8 @@
-"""One executor configuration: how the profiler and the real engine run a model's iterations. It is recorded in
-a profile's meta.json (so in its fit's cost_model.json) and in a real run's summary.json, and a fit prices only
-runs made with the configuration it was profiled with (`check_same`: `simctl validate` and a real run's twin
-refuse another). No torch here: the command line and the cost-model checks read it without starting torch.
+"""One executor configuration: how the profiler and the real engine run a model's iterations. It is recorded
+in a profile's meta.json (so in its fit's cost_model.json) and in a real run's summary.json, and a fit prices
+only runs made with the configuration it was profiled with (`check_same`: `simctl validate` and a real run's
+twin refuse another). No torch here: the command line and the cost-model checks read it without starting
+torch.
 
 `attention` chooses the SDPA kernels (`torch.nn.attention.sdpa_kernel` around every forward,
 `executor.ragged`). The default never lets torch pick cuDNN on CUDA: cuDNN builds an execution plan per new KV
@@ -54,8 +55,8 @@ class ExecutorConfig:
         if self.attention not in ATTENTION:
             raise InputError(f"--attention {self.attention!r} unknown; choose one of {', '.join(ATTENTION)}")
         if device_type(device) not in _BACKENDS[self.attention]:
-            raise InputError(f"--attention {self.attention}: {ATTENTION[self.attention]}; it has no kernel on "
-                             f"{device_type(device)}")
+            raise InputError(f"--attention {self.attention}: {ATTENTION[self.attention]}; it has no kernel "
+                             f"on {device_type(device)}")
         if self.eager is not True:
             raise InputError("only eager execution is built (CUDA graphs of decode steps are not yet)")
 
@@ -66,13 +67,14 @@ class ExecutorConfig:
 
     def record(self, device: str) -> dict[str, Any]:
         """What meta.json and summary.json record: the settings, and the backends they allow on `device`."""
-        return {"attention": self.attention, "eager": self.eager, "attention_backends": list(self.backends(device))}
+        return {"attention": self.attention, "eager": self.eager,
+                "attention_backends": list(self.backends(device))}
 
     @classmethod
     def of_record(cls, record: Mapping[str, Any]) -> ExecutorConfig:
         """The configuration a profile's meta, a fit's or a real run's summary records. One without it was
-        made before the configuration existed, when torch picked among all its SDPA kernels: `any` (on a CPU the
-        same kernels as `auto`)."""
+        made before the configuration existed, when torch picked among all its SDPA kernels: `any` (on a CPU
+        the same kernels as `auto`)."""
         rec = record.get("executor_config")
         if rec is None:
             return cls(attention="any")
@@ -89,7 +91,7 @@ def check_same(fit: Mapping[str, Any], run: Mapping[str, Any], cost: str = "the 
     a, b = ExecutorConfig.of_record(fit), ExecutorConfig.of_record(run)
     da, db = device_type(fit.get("device", "cpu")), device_type(run.get("device", "cpu"))
     if (a.backends(da), a.eager) != (b.backends(db), b.eager):
-        raise InputError(f"{cost} was profiled with --attention {a.attention} ({', '.join(a.backends(da))}), the "
-                         f"real run uses --attention {b.attention} ({', '.join(b.backends(db))}): its times are "
-                         f"another executor's; run with --attention {a.attention}, or profile and fit with "
-                         f"--attention {b.attention}")
+        raise InputError(f"{cost} was profiled with --attention {a.attention} ({', '.join(a.backends(da))}), "
+                         f"the real run uses --attention {b.attention} ({', '.join(b.backends(db))}): its "
+                         f"times are another executor's; run with --attention {a.attention}, or profile and "
+                         f"fit with --attention {b.attention}")

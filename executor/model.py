@@ -43,8 +43,8 @@ def resolve_device(device: str) -> Any:
     if name not in DEVICES and not name.startswith("cuda:"):
         raise InputError(f"device {device!r} not supported; choose cpu or cuda")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"--device {device}: cuda requested but not available (torch {torch.__version__} finds "
-                         "no CUDA device here); use --device cpu, or a machine with a GPU")
+        raise InputError(f"--device {device}: cuda requested but not available (torch {torch.__version__} "
+                         "finds no CUDA device here); use --device cpu, or a machine with a GPU")
     return torch.device(name)
 
 

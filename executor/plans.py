@@ -55,8 +55,9 @@ class SlotPool:
         slot = self.of.get(seq.id)
         if slot is None:
             if len(self.held) == self.slots:
-                raise RuntimeError(f"no free KV slot for request {seq.id}: {len(self.held)} requests hold all "
-                                   "slots (the slab has fewer slots than the policy runs requests at once)")
+                raise RuntimeError(f"no free KV slot for request {seq.id}: {len(self.held)} requests hold "
+                                   "all slots (the slab has fewer slots than the policy runs requests at "
+                                   "once)")
             slot = self.of[seq.id] = len(self.held)
             self.held.append(seq)
             self.peak = max(self.peak, len(self.held))
@@ -81,11 +82,13 @@ class PlanExecutor:
         self.ids = {rid: list(p) for rid, p in prompts.items()}  # prompt + generated, per request id
         self.prompt_len = {rid: len(p) for rid, p in prompts.items()}
         self.slots = SlotPool(executor.slots, executor.move_slot)
-        self.incoming: dict[int, torch.Tensor] = {}  # request id -> KV it arrived with, loaded into its first slot
+        # request id -> KV it arrived with, loaded into its first slot
+        self.incoming: dict[int, torch.Tensor] = {}
         self.rows: list[tuple[Seq, int]] | None = None  # the running padded batch: (seq, slot) per row
         self.batch_rows = 0  # rows that batch has once all its prefill groups have run
         dev = executor.device
-        self.sync: Callable[[], None] = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+        self.sync: Callable[[], None] = ((lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda"
+                                         else (lambda: None))
 
     def tokens(self, seq_id: int) -> list[int]:
         """The request's generated token ids so far."""
@@ -105,7 +108,8 @@ class PlanExecutor:
         return slot
 
     def execute(self, plan: BatchPlan) -> list[tuple[Seq, int]]:
-        """Run `plan` as one forward (synchronized); return the rows that sampled: (sequence, greedy token)."""
+        """Run `plan` as one forward (synchronized); return the rows that sampled: (sequence, greedy
+        token)."""
         samplers, logits = self._forward(plan)
         self.sync()
         sampled = list(zip(samplers, logits.argmax(-1).tolist()))

@@ -112,7 +112,8 @@ class _Attention:
 
     backends: tuple[SDPBackend, ...]
     groups: int  # G = query heads per KV head
-    gqa_causal: bool  # a causal grouped-query call runs as one enable_gqa kernel (else one per query head of a group)
+    # a causal grouped-query call runs as one enable_gqa kernel (else one per query head of a group)
+    gqa_causal: bool
 
 
 @dataclass(slots=True)
@@ -144,7 +145,8 @@ def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
           scale: float, gqa: bool, kind: str, layout: str) -> torch.Tensor:
     if _kernels_seen is not None:
         kind += "_masked" if mask is not None else "_causal" if is_causal else ""
-        chosen = SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, is_causal, scale=scale, enable_gqa=gqa))
+        chosen = SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, is_causal, scale=scale,
+                                                    enable_gqa=gqa))
         _kernels_seen.setdefault(kind, _BACKEND_NAME.get(chosen, chosen.name.lower()) + layout)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                           enable_gqa=gqa)
@@ -189,19 +191,21 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         kc[batch.write_slot, :, batch.write_pos] = key.transpose(1, 2).reshape(B * L, KVH, D)[batch.real]
         vc[batch.write_slot, :, batch.write_pos] = value.transpose(1, 2).reshape(B * L, KVH, D)[batch.real]
         if batch.spans is None:  # one dense-masked L x L block per row
-            return _sdpa(query, key, value, batch.mask, False, scale, batch.attn, "binpacked").transpose(1, 2), None
+            return _sdpa(query, key, value, batch.mask, False, scale, batch.attn,
+                         "binpacked").transpose(1, 2), None
         out = query.new_zeros(query.shape)  # varlen: causal attention within each prompt; pads give zeros
         for b, start, q in batch.spans:
             part = slice(start, start + q)
-            out[b:b + 1, :, part] = _sdpa(query[b:b + 1, :, part], key[b:b + 1, :, part], value[b:b + 1, :, part],
-                                          None, True, scale, batch.attn, "binpacked")
+            out[b:b + 1, :, part] = _sdpa(query[b:b + 1, :, part], key[b:b + 1, :, part],
+                                          value[b:b + 1, :, part], None, True, scale, batch.attn, "binpacked")
         return out.transpose(1, 2), None
     if batch.padded:
         kc[batch.write_slot, :, batch.write_pos] = key.transpose(1, 2)  # [B, L, KVH, D]
         vc[batch.write_slot, :, batch.write_pos] = value.transpose(1, 2)
         k = kc[batch.slots, :, :batch.kmax]
         v = vc[batch.slots, :, :batch.kmax]
-        return _sdpa(query, k, v, batch.mask, batch.is_causal, scale, batch.attn, "padded").transpose(1, 2), None
+        return _sdpa(query, k, v, batch.mask, batch.is_causal, scale, batch.attn,
+                     "padded").transpose(1, 2), None
 
     q0 = query[0]  # [H, T, D]
     kc[batch.write_slot, :, batch.write_pos] = key[0].transpose(0, 1)  # [T, KVH, D]
@@ -234,7 +238,7 @@ def register_attention() -> None:
 register_attention()
 
 
-# ---- the executor -------------------------------------------------------------------------------------------
+# ---- the executor ------------------------------------------------------------------------------------------
 
 
 def _as_index(values: list[int], device: torch.device) -> slice | torch.Tensor:
@@ -286,8 +290,8 @@ class RaggedExecutor:
         self.max_len = int(max_len)
         self.config = config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.attn = _attention(config.backends(self.device.type), self.device, self.dtype, cfg.num_attention_heads,
-                               cfg.num_key_value_heads, head_dim)
+        self.attn = _attention(config.backends(self.device.type), self.device, self.dtype,
+                               cfg.num_attention_heads, cfg.num_key_value_heads, head_dim)
         with torch.inference_mode():
             self.kv = torch.zeros(cfg.num_hidden_layers, 2, self.slots, cfg.num_key_value_heads, self.max_len,
                                   head_dim, dtype=self.dtype, device=self.device)
@@ -309,7 +313,8 @@ class RaggedExecutor:
                 raise ValueError(f"slot {s.slot} appears twice in one iteration")
             seen.add(s.slot)
             if s.q < 1 or s.cached < 0:
-                raise ValueError(f"segment of slot {s.slot}: need q >= 1 and cached >= 0, got {s.q}, {s.cached}")
+                raise ValueError(
+                    f"segment of slot {s.slot}: need q >= 1 and cached >= 0, got {s.q}, {s.cached}")
             end = s.cached + (s.q if length is None else length)
             if end > self.max_len:
                 raise ValueError(f"segment of slot {s.slot} reaches position {end} > max_len {self.max_len}")
@@ -354,13 +359,14 @@ class RaggedExecutor:
             place = None
             if hi - lo + 1 > len(rows):
                 place = torch.tensor([segments[i].slot - lo for i in rows], dtype=torch.long, device=dev)
-            batch.decodes = _Decodes(_as_index([starts[i] for i in rows], dev), slice(lo, hi + 1), place, kmax,
-                                     mask)
+            batch.decodes = _Decodes(_as_index([starts[i] for i in rows], dev), slice(lo, hi + 1), place,
+                                     kmax, mask)
         for i, s in enumerate(segments):
             if s.q > 1:
                 mask = None
                 if s.cached:
-                    blocked = torch.ones(s.q, s.cached + s.q, dtype=torch.bool, device=dev).triu_(s.cached + 1)
+                    blocked = torch.ones(s.q, s.cached + s.q, dtype=torch.bool,
+                                         device=dev).triu_(s.cached + 1)
                     mask = self._fold(_additive(blocked, self.dtype)[None, None])
                 batch.prefills.append(_Prefill(starts[i], s.q, s.slot, s.cached, mask))
         kwargs = {"input_ids": self._token_tensor(segments)[None], "position_ids": pos[None],
@@ -406,7 +412,8 @@ class RaggedExecutor:
             batch.mask = self._fold(_additive(blocked.to(dev), self.dtype)[:, None])
         else:
             batch.spans = spans
-        kwargs = {"input_ids": ids.to(dev, non_blocking=True), "position_ids": pos.to(dev), BATCH_KWARG: batch}
+        kwargs = {"input_ids": ids.to(dev, non_blocking=True), "position_ids": pos.to(dev),
+                  BATCH_KWARG: batch}
         return kwargs, torch.tensor(sampled, dtype=torch.long, device=dev).reshape(-1, 2)
 
     def prepare_padded(self, segments: Sequence[Segment], length: int | None = None,
@@ -428,8 +435,8 @@ class RaggedExecutor:
                 raise ValueError(f"kv_len {kv_len} outside {kmax}..{self.max_len}")
             kmax = int(kv_len)
         slots = [s.slot for s in segments]
-        batch = _Batch(self.kv, self.attn, True, torch.tensor(slots, dtype=torch.long, device=dev)[:, None], pos,
-                       slots=_as_index(slots, dev), kmax=kmax)
+        batch = _Batch(self.kv, self.attn, True, torch.tensor(slots, dtype=torch.long, device=dev)[:, None],
+                       pos, slots=_as_index(slots, dev), kmax=kmax)
         if all(s.cached == 0 for s in segments) and kmax == L and not dense:
             batch.is_causal = True  # right padding: real queries only ever see real keys
         elif L == 1 and all(s.cached + 1 == kmax for s in segments):
@@ -468,7 +475,8 @@ class RaggedExecutor:
             hidden = self._forward(kwargs)  # [B, L, hidden]
             return self.model.lm_head(hidden[rc[:, 0], rc[:, 1]])
 
-    def run_binpacked(self, rows: Sequence[Sequence[Segment]], length: int, dense: bool = True) -> torch.Tensor:
+    def run_binpacked(self, rows: Sequence[Sequence[Segment]], length: int,
+                      dense: bool = True) -> torch.Tensor:
         """One bin-packed prefill (`prepare_binpacked`): the logits of each sampled prompt's last token, in
         row order."""
         with torch.inference_mode():
@@ -482,7 +490,8 @@ class RaggedExecutor:
             self.kv[:, :, dst, :, :positions] = self.kv[:, :, src, :, :positions]
 
     def slot_kv(self, slot: int, positions: int) -> torch.Tensor:
-        """A view of the first `positions` KV positions of `slot`: `[layer, 2, kv_head, position, head_dim]`."""
+        """A view of the first `positions` KV positions of `slot`: `[layer, 2, kv_head, position,
+        head_dim]`."""
         return self.kv[:, :, slot, :, :positions]
 
     def load_slot(self, slot: int, kv: torch.Tensor) -> None:
@@ -498,10 +507,10 @@ class RaggedExecutor:
 
 def attention_kernels(model: Any, config: ExecutorConfig = DEFAULT_CONFIG) -> dict[str, str]:
     """The SDPA kernel each kind of attention call runs under `config` on `model`'s device, dtype and heads,
-    e.g. {"decode_masked": "efficient (folded)", ...}, for meta.json and summary.json: small iterations of every
-    kind (prompts, decode rows of one and of mixed lengths, a chunk on cached context, padded and bin-packed
-    batches) run through the executor while `_call` notes torch's choice (`torch._fused_sdp_choice`) for
-    each kind. InputError when the configuration has no kernel for one."""
+    e.g. {"decode_masked": "efficient (folded)", ...}, for meta.json and summary.json: small iterations of
+    every kind (prompts, decode rows of one and of mixed lengths, a chunk on cached context, padded and
+    bin-packed batches) run through the executor while `_call` notes torch's choice
+    (`torch._fused_sdp_choice`) for each kind. InputError when the configuration has no kernel for one."""
     global _kernels_seen
     ex = RaggedExecutor(model, 4, 16, config)
     one = [0]
@@ -519,9 +528,9 @@ def attention_kernels(model: Any, config: ExecutorConfig = DEFAULT_CONFIG) -> di
     except RuntimeError as e:
         kind = next(reversed(seen), "some") if seen else "some"
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise InputError(f"--attention {config.attention} ({', '.join(config.backends(ex.device.type))}) has no "
-                         f"kernel for {kind} attention on {ex.device} in {str(ex.dtype).removeprefix('torch.')}: "
-                         f"{first}") from None
+        raise InputError(f"--attention {config.attention} ({', '.join(config.backends(ex.device.type))}) has "
+                         f"no kernel for {kind} attention on {ex.device} in "
+                         f"{str(ex.dtype).removeprefix('torch.')}: {first}") from None
     finally:
         _kernels_seen = None
     return dict(sorted(seen.items()))

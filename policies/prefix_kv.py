@@ -33,8 +33,8 @@ class PrefixCachingKV(PagedKV):
         super().__init__(capacity_tokens, block_size, watermark=0.0)
         self.caching = caching
         self.plain = list(range(self.num_blocks))  # free blocks without a hash (interchangeable)
-        # free hashed blocks, first to evict first (an OrderedDict: a dict's first key is slow to find once many
-        # have been deleted from its front)
+        # free hashed blocks, first to evict first (an OrderedDict: a dict's first key is slow to find once
+        # many have been deleted from its front)
         self.evictable: OrderedDict[int, None] = OrderedDict()
         self.refs = [0] * self.num_blocks
         self.key: list[Key | None] = [None] * self.num_blocks

@@ -28,4 +28,5 @@ class Prepack(HFPadded):
 
     def _prefill(self, batch: list[Seq]) -> BatchPlan:
         lengths = [s.prefill_remaining for s in batch]
-        return binpacked_prefill(batch, first_fit_decreasing(lengths, max(lengths)), bool(self.settings.varlen))
+        return binpacked_prefill(batch, first_fit_decreasing(lengths, max(lengths)),
+                                 bool(self.settings.varlen))

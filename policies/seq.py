@@ -53,7 +53,8 @@ class Seq:
     @classmethod
     def of(cls, r: Request) -> Seq:
         """The run-time state of a request that has just arrived."""
-        return cls(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority, r.prefix_group, r.prefix_tokens)
+        return cls(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority, r.prefix_group,
+                   r.prefix_tokens)
 
     @property
     def known_tokens(self) -> int:

@@ -129,7 +129,8 @@ def ramp_columns(x: np.ndarray, knots: list[int]) -> np.ndarray:
 class CoefficientFit(CurveTables):
     tile: int
     coefficients: dict[str, float]
-    curves: dict[str, list[tuple[int, float]]]  # knot tables (n, seconds) by name, as `sim.cost.fitted.CURVES`
+    # knot tables (n, seconds) by name, as `sim.cost.fitted.CURVES`
+    curves: dict[str, list[tuple[int, float]]]
     stderr: dict[str, float]  # standard error of each scalar coefficient (0 for those not covered)
     tile_errors: dict[int, float]  # training RMS relative error of the best fit at each candidate tile
     not_covered: list[str]
@@ -269,12 +270,13 @@ def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout:
     df, meta = load_profile(profile_dir)
     for what, present in (("prefill", df["num_segments"] > 0), ("decode", df["decode_rows"] > 0)):
         if not present.any():
-            raise InputError(f"profile {profile_dir}: no iteration has {what} rows, so the fit could not price "
-                             f"them (they would cost nothing); profile again with the full or quick grid")
+            raise InputError(f"profile {profile_dir}: no iteration has {what} rows, so the fit could not "
+                             "price them (they would cost nothing); profile again with the full or quick "
+                             "grid")
     if roofline_gpu is not None and measured_on(meta) not in (None, roofline_gpu):
         raise InputError(f"--roofline-gpu {roofline_gpu}: the profile was measured on "
-                         f"{meta.get('device_name') or meta.get('device')}, and a calibration relates its times to "
-                         f"the specs of that device: use --roofline-gpu {measured_on(meta)}")
+                         f"{meta.get('device_name') or meta.get('device')}, and a calibration relates its "
+                         f"times to the specs of that device: use --roofline-gpu {measured_on(meta)}")
     out_dir = Path(out) if out is not None else profile_dir
     # fail fast, created on write; beside a profile or an earlier fit only, so that results never mix
     check_out_dir(out_dir, FIT_FILES + (PROFILE_FILES if out_dir.resolve() == profile_dir.resolve() else ()))
@@ -308,7 +310,8 @@ def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout:
         "errors": {"holdout": {k: s.to_json() for k, s in ho.items()},
                    "train": {k: s.to_json() for k, s in tr.items()}},
     }
-    # the executor whose times these are (`ExecutorConfig.of_record` reads a profile from before it was recorded)
+    # the executor whose times these are (`ExecutorConfig.of_record` reads a profile from before it was
+    # recorded)
     executor = ExecutorConfig.of_record(meta).record(str(meta.get("device", "cpu")))
     fitted = Fitted(coef, tile, cf.curves, model=meta["model"], model_shape=meta["model_shape"],
                     dtype_bytes=dtype_bytes_of(meta["dtype"]), memory_bytes=mem,

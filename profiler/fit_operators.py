@@ -1,23 +1,24 @@
-"""A cost model from operator profiles (Vidur's layout, `profiler/operator_profiles.py`): a `Fitted` whose curves
-are the measured operators of one model on one GPU at one TP degree.
+"""A cost model from operator profiles (Vidur's layout, `profiler/operator_profiles.py`): a `Fitted` whose
+curves are the measured operators of one model on one GPU at one TP degree.
 
     report = fit_operator_profile(root, get_model("llama-2-7b"), "h100", tp=1, out="fits/h100")
     print(format_operator_report(report))    # cost_model.json written in `out`; --cost prices runs with it
 
-- Linear operators, norms, activation, rotary, residual adds (per layer, times the layers), the embedding (once)
-  and, at tp > 1, two all-reduces per layer of T x hidden x 2 bytes (interpolated in the measured collective)
-  are summed at every measured token count into the `linear` curve, made monotone (isotonic least squares:
-  cuBLAS's kernel choice makes some counts slower than larger ones, and a served batch never gets faster by
-  growing). The curve is priced at the token count rounded up to the profile's grid (its `tile`: 8 tokens in
-  Vidur's profiles), so a GEMM's tile steps land where they were measured.
+- Linear operators, norms, activation, rotary, residual adds (per layer, times the layers), the embedding
+  (once) and, at tp > 1, two all-reduces per layer of T x hidden x 2 bytes (interpolated in the measured
+  collective) are summed at every measured token count into the `linear` curve, made monotone (isotonic least
+  squares: cuBLAS's kernel choice makes some counts slower than larger ones, and a served batch never gets
+  faster by growing). The curve is priced at the token count rounded up to the profile's grid (its `tile`: 8
+  tokens in Vidur's profiles), so a GEMM's tile steps land where they were measured.
 - Attention: fitted (`profiler.fit.fit_coefficients`, the same form as a simctl profile's) to the measured
   kernel where the profile has one for this shape and TP degree; else the roofline's rates, added rather than
   blended (the fit's form is linear: up to sqrt(2) above the roofline where compute and KV reads are equal).
 - LM head: not in the profiles: the roofline's, tabulated with its tile steps.
-- Step overheads: the profiles time kernels, not steps: the execution mode's defaults (`sim/cost/overheads.py`).
+- Step overheads: the profiles time kernels, not steps: the execution mode's defaults
+  (`sim/cost/overheads.py`).
 
-A seeded share of the interior token counts (and of the attention rows) is held out: the model written is fitted
-without them, and the report gives its error on them per operator class.
+A seeded share of the interior token counts (and of the attention rows) is held out: the model written is
+fitted without them, and the report gives its error on them per operator class.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ COST_MODEL_FILE = "cost_model.json"
 DTYPE_BYTES = 2  # Vidur profiles in fp16
 # operator classes reported, by the profile's operator names
 CLASSES: dict[str, tuple[str, ...]] = {
-    "qkv": ("attn_pre_proj",), "o": ("attn_post_proj",), "gate_up": ("mlp_up_proj",), "down": ("mlp_down_proj",),
-    "norms": ("input_layernorm", "post_attention_layernorm"), "activation": ("mlp_act",), "rope": ("attn_rope",),
-    "add": ("add",), "embedding": ("emb",),
+    "qkv": ("attn_pre_proj",), "o": ("attn_post_proj",), "gate_up": ("mlp_up_proj",),
+    "down": ("mlp_down_proj",), "norms": ("input_layernorm", "post_attention_layernorm"),
+    "activation": ("mlp_act",), "rope": ("attn_rope",), "add": ("add",), "embedding": ("emb",),
 }
 
 
@@ -62,14 +63,15 @@ class OperatorFitReport:
     profile: OperatorProfile
     model: str
     fitted: Fitted
-    holdout: dict[str, ErrorStats]  # per operator class, all_reduce, "iteration" (the linear curve), attention
+    # per operator class, all_reduce, "iteration" (the linear curve), attention
+    holdout: dict[str, ErrorStats]
     attention: str  # where the attention prices come from
     cost_model_path: Path
 
 
 def iteration_seconds(p: OperatorProfile, model: ModelSpec, at: np.ndarray | None = None) -> np.ndarray:
-    """Seconds of every profiled operator of one iteration (all layers; all-reduces at tp > 1; no attention, no
-    LM head) at each count `at` (default: the measured counts), interpolating each measured curve."""
+    """Seconds of every profiled operator of one iteration (all layers; all-reduces at tp > 1; no attention,
+    no LM head) at each count `at` (default: the measured counts), interpolating each measured curve."""
     x = p.tokens if at is None else np.asarray(at, dtype=np.float64)
 
     def op(name: str) -> np.ndarray:
@@ -84,7 +86,8 @@ def iteration_seconds(p: OperatorProfile, model: ModelSpec, at: np.ndarray | Non
 
 
 def _held_counts(n: int, holdout: float, seed: int) -> np.ndarray:
-    """Held-out mask over n counts: never the first or last (the curves interpolate, they do not extrapolate)."""
+    """Held-out mask over n counts: never the first or last (the curves interpolate, they do not
+    extrapolate)."""
     held = np.zeros(n, dtype=bool)
     if n > 2:
         held[1:-1] = split_holdout(np.zeros(n - 2, dtype=np.int64), holdout, seed)
@@ -97,7 +100,8 @@ def _subset(p: OperatorProfile, keep: np.ndarray) -> OperatorProfile:
 
 
 def _lm_head_knots(rf: Roofline, params: float, top: int = 8192) -> list[tuple[int, float]]:
-    """The roofline's LM head as knots: powers of two up to a tile, then each tile step (flat inside a tile)."""
+    """The roofline's LM head as knots: powers of two up to a tile, then each tile step (flat inside a
+    tile)."""
     knots = [(0, 0.0)] + [(r, rf.gemm(params, r)) for r in (1, 2, 4, 8, 16, 32, 64) if r < rf.tile]
     for k in range(rf.tile, top + 1, rf.tile):
         if k > rf.tile:
@@ -114,14 +118,15 @@ def _attention_frame(att: pd.DataFrame, layers: int) -> pd.DataFrame:
     zero = np.zeros(len(att))
     return pd.DataFrame({
         "kind": att["kind"].to_numpy(), "linear_tokens": zero, "sampled_tokens": zero,
-        "attn_units": np.where(pre, b * q * (c + q / 2), 0.0), "attn_kv_tokens": np.where(pre, b * (c + q), 0.0),
-        "num_segments": np.where(pre, b, 0.0), "decode_rows": np.where(pre, 0.0, b),
-        "decode_kv": np.where(pre, 0.0, b * (c + 1)), "decode_pad_kv": zero,
-        "time_s": att["time_s"].to_numpy(dtype=np.float64) * layers})
+        "attn_units": np.where(pre, b * q * (c + q / 2), 0.0),
+        "attn_kv_tokens": np.where(pre, b * (c + q), 0.0), "num_segments": np.where(pre, b, 0.0),
+        "decode_rows": np.where(pre, 0.0, b), "decode_kv": np.where(pre, 0.0, b * (c + 1)),
+        "decode_pad_kv": zero, "time_s": att["time_s"].to_numpy(dtype=np.float64) * layers})
 
 
-def fit_operator_profile(root: str | Path, model: ModelSpec, gpu: str, tp: int = 1, execution: str = "cuda-graph",
-                         out: str | Path | None = None, holdout: float = 0.2, seed: int = 0) -> OperatorFitReport:
+def fit_operator_profile(root: str | Path, model: ModelSpec, gpu: str, tp: int = 1,
+                         execution: str = "cuda-graph", out: str | Path | None = None, holdout: float = 0.2,
+                         seed: int = 0) -> OperatorFitReport:
     """Fit `model` on catalogue GPU `gpu` at `tp` from the operator profiles under `root`; write
     cost_model.json into `out` (required: the profile directory is not a fit's folder)."""
     if out is None:
@@ -191,10 +196,11 @@ def fit_operator_profile(root: str | Path, model: ModelSpec, gpu: str, tp: int =
         "train_counts": int((~held).sum()), "holdout_counts": int(held.sum()),
         "errors": {"holdout": {k: v.to_json() for k, v in stats.items()}},
     }
-    meta = {"device": "cuda", "device_name": f"NVIDIA {p.model_dir.split('/')[0].upper()}", "dtype": "float16",
-            "source": "operator profiles"}
-    fitted = Fitted(coefficients, tile, curves, model=model.name, model_shape=spec_fields, dtype_bytes=DTYPE_BYTES,
-                    memory_bytes=g.memory_bytes, meta=meta, fit=fit_info, step_overheads=steps, tp=tp)
+    meta = {"device": "cuda", "device_name": f"NVIDIA {p.model_dir.split('/')[0].upper()}",
+            "dtype": "float16", "source": "operator profiles"}
+    fitted = Fitted(coefficients, tile, curves, model=model.name, model_shape=spec_fields,
+                    dtype_bytes=DTYPE_BYTES, memory_bytes=g.memory_bytes, meta=meta, fit=fit_info,
+                    step_overheads=steps, tp=tp)
     text = json_text(fitted.to_json())
     write_files(out_dir, {COST_MODEL_FILE: lambda path: path.write_text(text, encoding="utf-8")}, "the fit")
     return OperatorFitReport(p, model.name, fitted, stats, attention, out_dir / COST_MODEL_FILE)
@@ -203,9 +209,10 @@ def fit_operator_profile(root: str | Path, model: ModelSpec, gpu: str, tp: int =
 def format_operator_report(r: OperatorFitReport) -> str:
     f = r.fitted.fit
     lines = [(f"fitted {r.model} on {r.profile.gpu} at tp={r.profile.tp} from {r.profile.root} "
-             f"(operators of {r.profile.model_dir}; {f['train_counts']} token counts, {f['holdout_counts']} held out)"),
-             (f"  all-reduce: {r.profile.network or 'none (tp=1)'}; attention: {r.attention}; LM head: roofline; "
-             f"tile {r.fitted.tile} (the profile's token grid)"),
+             f"(operators of {r.profile.model_dir}; {f['train_counts']} token counts, {f['holdout_counts']} "
+             "held out)"),
+             (f"  all-reduce: {r.profile.network or 'none (tp=1)'}; attention: {r.attention}; LM head: "
+             f"roofline; tile {r.fitted.tile} (the profile's token grid)"),
              f"  step overheads: {r.fitted.step_overheads.describe() if r.fitted.step_overheads else 'none'}",
              "  held-out error (MAPE / P95):"]
     for k, v in r.holdout.items():

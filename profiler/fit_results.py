@@ -40,7 +40,8 @@ class FitReport(CurveTables):
     device: str
     tile: int
     coefficients: dict[str, float]
-    curves: dict[str, list[tuple[int, float]]]  # knot tables (n, seconds) by name, as `sim.cost.fitted.CURVES`
+    # knot tables (n, seconds) by name, as `sim.cost.fitted.CURVES`
+    curves: dict[str, list[tuple[int, float]]]
     stderr: dict[str, float]  # linearised standard error of each coefficient (inf: not identifiable)
     holdout: dict[str, ErrorStats]  # per kind and "overall"; empty when holdout=0
     train: dict[str, ErrorStats]

@@ -1,5 +1,6 @@
-"""Operator profiles in Vidur's profiling layout: per-layer operator times measured on a GPU, read for one model,
-GPU and tensor-parallel degree (the fit that turns them into a cost model is `profiler/fit_operators.py`).
+"""Operator profiles in Vidur's profiling layout: per-layer operator times measured on a GPU, read for one
+model, GPU and tensor-parallel degree (the fit that turns them into a cost model is
+`profiler/fit_operators.py`).
 
     ROOT/compute/GPU/ORG/MODEL/mlp.csv        per-layer operator times (ms) vs num_tokens, per TP degree
     ROOT/compute/GPU/ORG/MODEL/attention.csv  attention kernel times, where measured
@@ -30,7 +31,8 @@ LAYER_OPERATORS: dict[str, int] = {
     "post_attention_layernorm": 1, "mlp_up_proj": 1, "mlp_act": 1, "mlp_down_proj": 1, "add": 2,
 }
 ITERATION_OPERATORS = ("emb",)  # once per iteration
-ALL_REDUCES_PER_LAYER = 2  # Megatron TP: after the attention's O projection and after the MLP's down projection
+# Megatron TP: after the attention's O projection and after the MLP's down projection
+ALL_REDUCES_PER_LAYER = 2
 _SHAPE = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "use_gated_mlp")
 
 
@@ -47,7 +49,8 @@ class OperatorProfile:
     vocab_size: int
     allreduce: tuple[np.ndarray, np.ndarray] | None  # (message bytes increasing, seconds); None at tp 1
     network: str | None  # the network folder the all-reduce came from
-    attention: pd.DataFrame | None  # kind (prefill/decode), batch, q, kv, time_s per layer; None: not measured
+    # kind (prefill/decode), batch, q, kv, time_s per layer; None: not measured
+    attention: pd.DataFrame | None
     attention_file: str | None
 
 
@@ -72,15 +75,16 @@ def _shape_of(csv: Path) -> dict[str, object]:
 
 
 def _model_csv(root: Path, gpu_dir: str, model: ModelSpec) -> Path:
-    want = (model.num_heads, model.num_kv_heads, model.hidden_size, model.intermediate_size, model.mlp == "gated")
+    want = (model.num_heads, model.num_kv_heads, model.hidden_size, model.intermediate_size,
+            model.mlp == "gated")
     found = sorted((root / "compute" / gpu_dir).glob("*/*/mlp.csv"))
     match = [(abs(int(s["vocab_size"]) - model.vocab_size), str(p), p) for p in found
              if tuple((s := _shape_of(p))[c] for c in _SHAPE) == want]
     if not match:
         have = ", ".join(str(p.parent.relative_to(root / "compute" / gpu_dir)) for p in found) or "none"
-        raise InputError(f"{root}: no {gpu_dir} profile of {model.name}'s layer shape ({model.num_heads} heads, "
-                         f"{model.num_kv_heads} KV heads, hidden {model.hidden_size}, MLP {model.intermediate_size}); "
-                         f"it has {have}")
+        raise InputError(f"{root}: no {gpu_dir} profile of {model.name}'s layer shape ({model.num_heads} "
+                         f"heads, {model.num_kv_heads} KV heads, hidden {model.hidden_size}, MLP "
+                         f"{model.intermediate_size}); it has {have}")
     return min(match)[2]
 
 
@@ -95,7 +99,8 @@ def _medians(df: pd.DataFrame, key: str, names: tuple[str, ...]) -> pd.DataFrame
 def _allreduce(root: Path, gpu_dir: str, tp: int) -> tuple[tuple[np.ndarray, np.ndarray], str] | None:
     """The all-reduce of `tp` GPUs within one node; an NVSwitch system (`_dgx`, the catalogue's SXM parts)
     before pairwise NVLink."""
-    files = sorted((root / "network").glob(f"{gpu_dir}_*/all_reduce.csv"), key=lambda p: not p.parent.name.endswith("_dgx"))
+    files = sorted((root / "network").glob(f"{gpu_dir}_*/all_reduce.csv"),
+                   key=lambda p: not p.parent.name.endswith("_dgx"))
     for f in files:
         df = pd.read_csv(f)
         rows = df[(df["num_workers"] == tp) & (df["devices_per_node"] == tp)]
@@ -107,7 +112,8 @@ def _allreduce(root: Path, gpu_dir: str, tp: int) -> tuple[tuple[np.ndarray, np.
 
 def _attention(root: Path, gpu_dir: str, model_csv: Path, model: ModelSpec, tp: int
                ) -> tuple[pd.DataFrame, str] | None:
-    for f in [model_csv.with_name("attention.csv"), *sorted(root.glob(f"attention_{gpu_dir}_*/attention.csv"))]:
+    for f in [model_csv.with_name("attention.csv"),
+              *sorted(root.glob(f"attention_{gpu_dir}_*/attention.csv"))]:
         if not f.is_file():
             continue
         df = pd.read_csv(f)
@@ -122,7 +128,8 @@ def _attention(root: Path, gpu_dir: str, model_csv: Path, model: ModelSpec, tp: 
         out = pd.DataFrame({"kind": np.where(prefill, "prefill", "decode"), "batch": df["batch_size"],
                             "q": np.where(prefill, df["prefill_chunk_size"], 1), "kv": df["kv_cache_size"],
                             "time_s": (kernel + reshape) / 1e3})
-        return out[np.isfinite(out["time_s"]) & (out["time_s"] > 0)].reset_index(drop=True), str(f.relative_to(root))
+        return (out[np.isfinite(out["time_s"]) & (out["time_s"] > 0)].reset_index(drop=True),
+                str(f.relative_to(root)))
     return None
 
 
@@ -135,7 +142,8 @@ def load_operator_profile(root: str | Path, model: ModelSpec, gpu: str, tp: int)
     df = pd.read_csv(csv)
     degrees = sorted(int(v) for v in df["num_tensor_parallel_workers"].unique())
     if tp not in degrees:
-        raise InputError(f"{csv.relative_to(root)}: no times at tp={tp} (it has tp {', '.join(map(str, degrees))})")
+        raise InputError(
+            f"{csv.relative_to(root)}: no times at tp={tp} (it has tp {', '.join(map(str, degrees))})")
     try:
         ops = _medians(df[df["num_tensor_parallel_workers"] == tp], "num_tokens",
                        (*LAYER_OPERATORS, *ITERATION_OPERATORS))

@@ -84,8 +84,8 @@ def write_profile(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -
 
 def worker_command(model_name: str, device: str, dtype: str, threads: int, grid: str, seed: int,
                    protocol: str, attention: str) -> list[str]:
-    return [sys.executable, "-m", "profiler.worker", "--model", model_name, "--device", device, "--dtype", dtype,
-            "--threads", str(threads), "--grid", grid, "--seed", str(seed), "--protocol", protocol,
+    return [sys.executable, "-m", "profiler.worker", "--model", model_name, "--device", device, "--dtype",
+            dtype, "--threads", str(threads), "--grid", grid, "--seed", str(seed), "--protocol", protocol,
             "--attention", attention]
 
 
@@ -186,7 +186,8 @@ def progress_events(what: str, progress: bool) -> Iterator[Callable[[dict[str, A
         if msg.get("event") == "start":
             bar.update(task, total=msg["total"], description=what)
         elif msg.get("event") == "progress":
-            bar.update(task, completed=msg["done"], description=f"{msg['label']}: {msg['time_s'] * 1e3:.2f} ms")
+            bar.update(task, completed=msg["done"],
+                       description=f"{msg['label']}: {msg['time_s'] * 1e3:.2f} ms")
         elif msg.get("event") == "done":
             bar.update(task, description=f"{what}: done in {msg['meta']['wall_s']:.0f} s")
 

@@ -74,7 +74,8 @@ def summarize(times: list[float]) -> dict[str, float]:
 
 
 def adaptive_reps(estimate_s: float, budget_s: float, min_reps: int, max_reps: int) -> int:
-    """Repetitions that fit `budget_s` given one call takes about `estimate_s`, within [min_reps, max_reps]."""
+    """Repetitions that fit `budget_s` given one call takes about `estimate_s`, within [min_reps,
+    max_reps]."""
     if estimate_s <= 0:
         return max_reps
     return int(min(max_reps, max(min_reps, budget_s // estimate_s)))

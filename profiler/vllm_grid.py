@@ -87,8 +87,9 @@ def _full() -> VLLMGrid:
 def _quick() -> VLLMGrid:
     probes = [*_decodes((1, 16), (64, 1024)), StepProbe("decode", 64, 200),
               *_prefills((1, 16, 128, 512, 1536)),
-              StepProbe("prefill", chunk=256, cached=512), StepProbe("prefill", chunk=256, cached=512, sample=False),
-              StepProbe("hybrid", 8, 256, 128, 0), StepProbe("hybrid", 16, 512, 256, 256)]
+              StepProbe("prefill", chunk=256, cached=512),
+              StepProbe("prefill", chunk=256, cached=512, sample=False), StepProbe("hybrid", 8, 256, 128, 0),
+              StepProbe("hybrid", 16, 512, 256, 256)]
     return VLLMGrid("quick", tuple(probes), blocks=3, timed=6)
 
 

@@ -1,5 +1,5 @@
-"""`profile_vllm()`: time the installed vLLM's own engine steps and write `profile.csv` + `meta.json`, the files
-`simctl profile` writes for simctl's executor (the same columns: `simctl fit` fits them unchanged), so a
+"""`profile_vllm()`: time the installed vLLM's own engine steps and write `profile.csv` + `meta.json`, the
+files `simctl profile` writes for simctl's executor (the same columns: `simctl fit` fits them unchanged), so a
 simulated vLLM (`--policy vllm-v1`) can price its plans with vLLM's per-step cost, host overhead included.
 
 The timing runs in a child process (`python -m profiler.vllm_worker`, which says how steps are made, checked

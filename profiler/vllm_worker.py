@@ -5,9 +5,9 @@ included: scheduling, input preparation, the forward pass, sampling, output proc
 runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set before vLLM is imported) and `LLMEngine.step()`
 is called one step at a time, each timed by the wall clock (every step returns its sampled tokens to the
 host, so nothing is left running when it returns). Prefix caching is off: a hit would change the shape.
-These are the engine core's steps: serving (`AsyncLLM`, `simctl real --engine vllm`) runs the core in a process
-of its own beside the front end, and on a 2-core VM its decode steps came 1.1 ms (B = 1) to 1.6x (B = 64)
-slower than in-process ones (the front end's output processing takes a core from the core's threads).
+These are the engine core's steps: serving (`AsyncLLM`, `simctl real --engine vllm`) runs the core in a
+process of its own beside the front end, and on a 2-core VM its decode steps came 1.1 ms (B = 1) to 1.6x (B =
+64) slower than in-process ones (the front end's output processing takes a core from the core's threads).
 
 Shapes are made by what is submitted and by the scheduler's token budget, set step by step
 (`Scheduler.max_num_scheduled_tokens`, read by every `schedule()`; lowered only, so the model runner's
@@ -59,8 +59,8 @@ _SETTINGS = {"max_model_len": ("model_config", "max_model_len"),
              "enable_prefix_caching": ("cache_config", "enable_prefix_caching"),
              "enforce_eager": ("model_config", "enforce_eager")}
 MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS = 256, 4096
-_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_NUM_THREADS",
-        "OMP_WAIT_POLICY", "VLLM_ENABLE_V1_MULTIPROCESSING")
+_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
+        "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "VLLM_ENABLE_V1_MULTIPROCESSING")
 
 
 def kind_of(plan: BatchPlan) -> str:
@@ -139,7 +139,8 @@ class StepDriver:
             self.engine.step()
 
     def decode_batch(self, batch: int, prompt: int, outputs: int) -> list[str]:
-        """`batch` requests prefilled (untimed, chunked at the engine's budget) until a step decodes them all."""
+        """`batch` requests prefilled (untimed, chunked at the engine's budget) until a step decodes them
+        all."""
         ids = [self.add(prompt, outputs) for _ in range(batch)]
         while True:
             _, plan = self.step()
@@ -150,7 +151,8 @@ class StepDriver:
 def _check(probe: StepProbe, plan: BatchPlan) -> None:
     chunk = ([probe.chunk], [probe.cached]) if probe.chunk else ([], [])
     sampled = probe.decodes + (1 if probe.chunk and probe.sample else 0)
-    if (plan.decode_rows, (plan.prefill_q, plan.prefill_c), plan.sampled_tokens) != (probe.decodes, chunk, sampled):
+    if (plan.decode_rows, (plan.prefill_q, plan.prefill_c),
+        plan.sampled_tokens) != (probe.decodes, chunk, sampled):
         raise RuntimeError(f"{probe.label()}: vLLM scheduled {plan.decode_rows} decodes and chunks "
                            f"{plan.prefill_q} on {plan.prefill_c} ({plan.sampled_tokens} sampled)")
 
@@ -158,7 +160,8 @@ def _check(probe: StepProbe, plan: BatchPlan) -> None:
 def cohort_lengths(probe: StepProbe, timed: int, budget: int) -> tuple[int, int]:
     """Prompt and output tokens of `probe`'s decode requests: the first step decoding them all is untimed
     (warm-up) and the middle timed one is at `context`; the first prefilled decode while the others are
-    prefilled (chunks of `budget`), so outputs leave room for those steps too (none finishes in a timed one)."""
+    prefilled (chunks of `budget`), so outputs leave room for those steps too (none finishes in a timed
+    one)."""
     per_rep = 1 + (probe.cached > 0) if probe.chunk else 1  # decode steps per repetition
     prompt = max(1, probe.context - 1 - (per_rep * timed) // 2)
     return prompt, per_rep * timed + -(-probe.decodes * prompt // budget) + 4
@@ -232,11 +235,11 @@ class VLLMWorker:
             raise InputError(f"model {self.spec.name!r} holds {max_len} positions; too few for {too_long[0]}")
         t_start = time.perf_counter()
         with vllm_model_dir(self.spec, self.dtype) as model_dir:
-            # the largest steps the grid makes (vLLM's `LLM` defaults on a CPU); a step's cost does not depend on
-            # these caps, only the shapes they allow
+            # the largest steps the grid makes (vLLM's `LLM` defaults on a CPU); a step's cost does not depend
+            # on these caps, only the shapes they allow
             deployment = VLLMDeployment(max_model_len=max_len, dtype=self.dtype, max_num_seqs=MAX_NUM_SEQS,
-                                        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, enable_prefix_caching=False,
-                                        seed=self.seed)
+                                        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+                                        enable_prefix_caching=False, seed=self.seed)
             engine = LLMEngine.from_engine_args(EngineArgs(**engine_args(model_dir, deployment),
                                                            disable_log_stats=True))
         engine_start_s = time.perf_counter() - t_start

@@ -1,4 +1,5 @@
-"""The profiling child process: `python -m profiler.worker --model M --device D --dtype T --threads N --grid G`.
+"""The profiling child process: `python -m profiler.worker --model M --device D --dtype T --threads N --grid
+G`.
 
 `profiler.profile.profile` starts it with OMP_WAIT_POLICY=PASSIVE and OMP_NUM_THREADS set (OpenMP reads them
 once, at start-up: setting them inside an already running process is too late). With the default (active)
@@ -284,7 +285,8 @@ class Worker:
                 visit(i, sweep == 0)
                 done += 1
                 # progress in sweeps: the first sweep counts one step a shape, the others share the rest
-                steps = done if sweep == 0 else n + round((done - n) * (total - n) / max(sum(n_blocks) - n, 1))
+                steps = done if sweep == 0 else n + round(
+                    (done - n) * (total - n) / max(sum(n_blocks) - n, 1))
                 self.emit(event="progress", done=min(steps, total), total=total, label=grid.shapes[i].label(),
                           time_s=float(np.median([t for b in blocks[i] for t in b.times])))
         # Re-time the shapes still short of quiet blocks (the machine was busy when their turn came).
@@ -294,7 +296,8 @@ class Worker:
             if not short:
                 break
             fewest = min(sum(b.quiet for b in blocks[i]) for i in short)
-            for i in rng.permutation([i for i in short if sum(b.quiet for b in blocks[i]) == fewest]).tolist():
+            for i in rng.permutation([i for i in short
+                                      if sum(b.quiet for b in blocks[i]) == fewest]).tolist():
                 if time.perf_counter() + cost[i] > deadline:
                     continue
                 visit(i, False)
@@ -386,8 +389,8 @@ class Worker:
             "attn_implementation": ATTN_IMPLEMENTATION,
             "executor_config": self.executor_config.record(str(self.device)),
             "attention_kernels": kernels,
-            "executor": "ragged [1, T] forward over a per-layer KV slab, per-segment SDPA; padded kinds run a "
-                        "real [B, L] batch; LM head on sampled rows only",
+            "executor": "ragged [1, T] forward over a per-layer KV slab, per-segment SDPA; padded kinds run "
+                        "a real [B, L] batch; LM head on sampled rows only",
             "kv_bytes_per_token": kv_bpt,
             "kv_bytes_per_token_spec": self.spec.kv_bytes_per_token(self.dtype.itemsize),
             "weight_bytes": weight_bytes,

@@ -70,8 +70,8 @@ from sim.moe import MoE, expected_distinct_experts
 
 Kind = Literal["prefill", "decode", "hybrid", "padded_prefill", "padded_decode", "padded_insertion",
                "binpacked_prefill"]
-KINDS: tuple[str, ...] = ("prefill", "decode", "hybrid", "padded_prefill", "padded_decode", "padded_insertion",
-                          "binpacked_prefill")
+KINDS: tuple[str, ...] = ("prefill", "decode", "hybrid", "padded_prefill", "padded_decode",
+                          "padded_insertion", "binpacked_prefill")
 FEATURES = ("kind", "batch_size", "linear_tokens", "sampled_tokens", "num_segments", "attn_units",
             "attn_kv_tokens", "decode_rows", "decode_kv", "decode_pad_kv", "q", "c")
 TIMINGS = ("reps", "time_s", "time_p10_s", "time_p90_s")
@@ -138,7 +138,8 @@ class Shape:
         """The batch this shape is, built by the policies' plan builders (a request stands in for each
         segment), so its features are the ones the simulator prices."""
         if self.kind == "padded_prefill":
-            return padded_prefill_plan([Seq(i, 0.0, s.q, 10) for i, s in enumerate(self.segs)], dense=self.dense)
+            return padded_prefill_plan([Seq(i, 0.0, s.q, 10) for i, s in enumerate(self.segs)],
+                                       dense=self.dense)
         if self.kind == "binpacked_prefill":
             return binpacked_prefill_plan([Seq(i, 0.0, s.q, 10) for i, s in enumerate(self.segs)],
                                           [list(b) for b in self.bins])
@@ -149,7 +150,8 @@ class Shape:
             seqs = [_decoding(i, s.c) for i, s in enumerate(self.segs)]
             return padded_decode_plan(seqs, len(seqs), self.kv_len or max(s.c for s in self.segs) + 1)
         decodes = [_decoding(i, s.c) for i, s in enumerate(self.segs) if s.decode]
-        prefills = [(_prefilling(i, s.q, s.c, s.sample), s.q) for i, s in enumerate(self.segs) if not s.decode]
+        prefills = [(_prefilling(i, s.q, s.c, s.sample), s.q) for i, s in enumerate(self.segs)
+                    if not s.decode]
         return hybrid_plan(decodes, [s for s, _ in prefills], [q for _, q in prefills])
 
     def features(self) -> dict[str, object]:
@@ -191,7 +193,7 @@ def _prefilling(i: int, q: int, c: int, sample: bool) -> Seq:
     return s
 
 
-# ---- shape builders -----------------------------------------------------------------------------------------
+# ---- shape builders ----------------------------------------------------------------------------------------
 
 
 def prefill(q: int, c: int = 0, sample: bool = True) -> Shape:
@@ -217,7 +219,8 @@ def padded_decode(contexts: list[int], kv_len: int) -> Shape:
 def hybrid(decodes: int, context: int, q: int, c: int) -> Shape:
     """`decodes` decode rows at `context`, plus a mid-prompt chunk of q tokens on c cached ones (not sampled:
     Sarathi-style chunks mostly end before the prompt does)."""
-    return Shape("hybrid", tuple(Seg(1, context, decode=True) for _ in range(decodes)) + (Seg(q, c, sample=False),))
+    return Shape("hybrid", tuple(Seg(1, context, decode=True) for _ in range(decodes))
+                 + (Seg(q, c, sample=False),))
 
 
 def packed_prompts(lengths: list[int]) -> Shape:
@@ -270,9 +273,9 @@ PROTOCOLS = ("served", "fixed")
 
 @dataclass(frozen=True, slots=True)
 class Repetitions:
-    """The calls that time one shape: call j runs `shape.shifted(offset(j))` with its segments in the slab rows
-    base(j) .. base(j) + slots - 1 (packed, in segment order, as the engine's `SlotPool` keeps them), on a
-    slab of `slab` = (rows, positions) that holds every call."""
+    """The calls that time one shape: call j runs `shape.shifted(offset(j))` with its segments in the slab
+    rows base(j) .. base(j) + slots - 1 (packed, in segment order, as the engine's `SlotPool` keeps them), on
+    a slab of `slab` = (rows, positions) that holds every call."""
 
     shape: Shape
     radius: int  # contexts move within [c - radius, c + radius]
@@ -302,8 +305,8 @@ class Repetitions:
 @dataclass(frozen=True, slots=True)
 class ShapeProtocol:
     """How a shape's repetitions are laid out. `served` (the default) varies them as serving does, so that no
-    cache keyed on a shape (an attention plan cache keyed on the KV length, a tensor left hot in a CPU cache by
-    the previous call) flatters the profile: every cached context moves by a few tokens from call to call
+    cache keyed on a shape (an attention plan cache keyed on the KV length, a tensor left hot in a CPU cache
+    by the previous call) flatters the profile: every cached context moves by a few tokens from call to call
     (`Repetitions.offset`), within `max_offset` tokens and `offset_share` of the shortest cached context and
     within the model's positions, and the segments' slab rows move by one each call over `spare_slots` extra
     rows; the slab is longer than the shape's KV, as the engine's slab is (so a decode reads a strided view of
@@ -343,13 +346,15 @@ class ShapeProtocol:
     def meta(self) -> dict[str, object]:
         """What meta.json records (`shape_protocol`)."""
         if self.name == "fixed":
-            return {"name": "fixed", "description": "every repetition runs the same shape in the same slab rows"}
+            return {"name": "fixed",
+                    "description": "every repetition runs the same shape in the same slab rows"}
         return {"name": self.name, "max_offset": self.max_offset, "offset_share": self.offset_share,
                 "spare_slots": self.spare_slots,
                 "description": "call j moves every cached context (c > 0) and padded KV width by 0, +1, -1, "
-                               "+2, -2, ... up to min(max_offset, offset_share x the shortest cached context, "
-                               "positions left) tokens, then repeats; its segments take slab rows b .. b + n - "
-                               "1 with b = j mod (spare_slots + 1); features are the nominal shape's"}
+                               "+2, -2, ... up to min(max_offset, offset_share x the shortest cached "
+                               "context, positions left) tokens, then repeats; its segments take slab rows b "
+                               ".. b + n - 1 with b = j mod (spare_slots + 1); features are the nominal "
+                               "shape's"}
 
 
 @dataclass(slots=True)
@@ -361,7 +366,8 @@ class Grid:
     max_reps: int
     budget_s: float  # timing budget per shape: reps = budget / (time of one call), within [min, max]
     passes: int = 1  # sweeps of the grid: a shape is timed in min(passes, reps) of them (profiler/worker.py)
-    quiet_blocks: int = 0  # after the sweeps, shapes with fewer blocks timed on an idle machine are re-timed...
+    # after the sweeps, shapes with fewer blocks timed on an idle machine are re-timed...
+    quiet_blocks: int = 0
     max_wall_s: float = math.inf  # ...until they have them or the worker has run this long
     skipped: list[str] = field(default_factory=list)
     prompt_sets: list[list[int]] = field(default_factory=list)
@@ -429,8 +435,8 @@ def build_grid(name: str, max_position: int, max_kv_tokens: int | None = None, s
         # Baton's insertions: B rows x a newcomer's L tokens over a wide batch (running rows padded to L)
         inserts = [(b, w, n) for b in (2, 4, 8) for w in (256, 1024) for n in (64, 256, 512)]
         shapes += [hybrid(d, 512, q, c) for d in (1, 8, 32, 64) for q in (64, 256, 512) for c in (0, 1024)]
-        grid = Grid(name, shapes, warmup=1, min_reps=10, max_reps=160, budget_s=1.0, passes=16, quiet_blocks=5,
-                    max_wall_s=275.0)
+        grid = Grid(name, shapes, warmup=1, min_reps=10, max_reps=160, budget_s=1.0, passes=16,
+                    quiet_blocks=5, max_wall_s=275.0)
     elif name == "quick":
         ts = [1, 2, 16, 64, 127, 128, 129, 256, 512, 1024]
         shapes += [prefill(t) for t in ts if t <= top]

@@ -18,7 +18,8 @@ from serving.records import Records
 def apply_iteration(policy: Policy, records: Records, plan: BatchPlan, start: float, end: float) -> list[Seq]:
     """Apply one executed iteration of `plan`, which began at `start` and whose tokens were sampled at `end`.
     Returns the sequences that finished (already released)."""
-    prev_token: dict[float, int] = {}  # previous token time (before `start`) -> sequences sampling now, for TBT
+    # previous token time (before `start`) -> sequences sampling now, for TBT
+    prev_token: dict[float, int] = {}
     finished: list[Seq] = []
     nd = plan.decode_tokens
     seqs = plan.seqs
@@ -101,7 +102,8 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
                 records.gaps.add(gap, len(decodes))
         t = ends.tolist()
         rows = zip([start] + t[:-1], t, kv_used, strict=True)
-    _close(policy, records, plan, start, last_end, k, prev_token, len(decodes) - later, finished, first_end, rows)
+    _close(policy, records, plan, start, last_end, k, prev_token, len(decodes) - later, finished, first_end,
+           rows)
     return finished
 
 
@@ -121,8 +123,8 @@ def _close(policy: Policy, records: Records, plan: BatchPlan, start: float, end:
         policy.finish(s)
     log = records.iterations
     if rows is None:
-        log.add(start, end - start, k, plan.prefill_tokens, plan.decode_tokens, len(plan.seqs), plan.linear_tokens,
-                kv_used)
+        log.add(start, end - start, k, plan.prefill_tokens, plan.decode_tokens, len(plan.seqs),
+                plan.linear_tokens, kv_used)
         return
     for a, b, kv in rows:
         log.add(a, b - a, 1, plan.prefill_tokens, plan.decode_tokens, len(plan.seqs), plan.linear_tokens, kv)

@@ -1,5 +1,5 @@
-"""What runs a plan on a real model, as the replica loop's real-time backend sees it (implemented with torch by
-`executor.plans.PlanExecutor`; a GPU engine with CUDA graphs is another implementation)."""
+"""What runs a plan on a real model, as the replica loop's real-time backend sees it (implemented with torch
+by `executor.plans.PlanExecutor`; a GPU engine with CUDA graphs is another implementation)."""
 
 from __future__ import annotations
 

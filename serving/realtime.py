@@ -10,7 +10,8 @@ class RealTime:
     """Seconds since `start()` on a monotonic clock; `drive` runs a replica loop against it. Waits for an
     iteration's end return at once (the backend has already run it); waits for an arrival sleep."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep
                  ) -> None:
         self.clock = clock
         self.sleep = sleep

@@ -18,11 +18,13 @@ LOGGED = ("prefill_tokens", "decode_tokens", "batch_size", "linear_tokens")  # w
 
 
 class _End(Exception):
-    """The log is exhausted, or the re-planned run left it (a plan or an idle wait the real run did not have)."""
+    """The log is exhausted, or the re-planned run left it (a plan or an idle wait the real run did not
+    have)."""
 
 
 class LoggedRun:
-    def __init__(self, iterations: pd.DataFrame, on_iteration: Callable[[BatchPlan, float, float], None]  # plan, start, duration
+    # plan, start, duration
+    def __init__(self, iterations: pd.DataFrame, on_iteration: Callable[[BatchPlan, float, float], None]
                  ) -> None:
         self.starts = iterations["start_s"].to_numpy()
         self.durations = iterations["duration_s"].to_numpy()
@@ -37,10 +39,11 @@ class LoggedRun:
         self.inbox: Inbox | None = None
 
     def watch(self, policy: Policy, inbox: Inbox) -> None:
-        """The replica's policy and inbox, to tell whether the real engine had work pending between iterations."""
+        """The replica's policy and inbox, to tell whether the real engine had work pending between
+        iterations."""
         self.policy, self.inbox = policy, inbox
 
-    # ---- clock ------------------------------------------------------------------------------------------------
+    # ---- clock ---------------------------------------------------------------------------------------------
     def now(self, exact: float) -> float:
         if self.i == len(self.starts) or exact > self.starts[self.i]:
             raise _End
@@ -58,7 +61,7 @@ class LoggedRun:
         except _End:
             pass
 
-    # ---- backend ----------------------------------------------------------------------------------------------
+    # ---- backend -------------------------------------------------------------------------------------------
     def run(self, plan: BatchPlan, start: float) -> float:
         shape = (plan.prefill_tokens, plan.decode_tokens, len(plan.seqs), plan.linear_tokens)
         if shape != tuple(int(v) for v in self.logged[self.i]):

@@ -18,7 +18,8 @@ from common.errors import InputError
 
 @dataclass(slots=True)  # not frozen: built for every replica at every arrival, and frozen init costs 2x
 class ReplicaView:
-    queued: int  # routed here and not yet admitted (waiting, arrived with KV, or not yet taken from the inbox)
+    # routed here and not yet admitted (waiting, arrived with KV, or not yet taken from the inbox)
+    queued: int
     outstanding: int  # routed here and not yet finished (or handed on to another pool)
     kv_used: int  # KV token slots held at this instant
 

@@ -45,9 +45,9 @@ def check_start_qps(start_qps: float, num_requests: int) -> None:
 
 def check_probe_requests(num_requests: int) -> None:
     if num_requests < MIN_PROBE_REQUESTS:
-        raise InputError(f"--num-requests {num_requests}: a capacity search needs at least {MIN_PROBE_REQUESTS} "
-                         "requests per probe; shorter runs end before a queue can build up, so every rate "
-                         "would look sustainable")
+        raise InputError(f"--num-requests {num_requests}: a capacity search needs at least "
+                         f"{MIN_PROBE_REQUESTS} requests per probe; shorter runs end before a queue can "
+                         "build up, so every rate would look sustainable")
 
 
 @dataclass
@@ -64,7 +64,8 @@ class CapacityResult:
         """Why `qps` is not a capacity (None when a probe met the SLO and a higher one missed it)."""
         if self.qps == 0:
             lowest = min((p["qps"] for p in self.probes), default=0.0)
-            return f"no rate met the SLO, down to {lowest:.3g} QPS: the capacity is below it, or nothing meets the SLO"
+            return (f"no rate met the SLO, down to {lowest:.3g} QPS: the capacity is below it, or nothing "
+                    "meets the SLO")
         if not any(not p["slo_met"] and p["qps"] > self.qps for p in self.probes):
             return f"no upper bound: every rate probed, up to {self.qps:.3g} QPS, met the SLO"
         return None

@@ -19,7 +19,8 @@ SETUP_KEYS = ("trace", "model", "gpu", "tp")
 
 
 def capacity_rows(spec: CapacityConfig, results: list[Capacity]) -> list[dict[str, Any]]:
-    """One row per policy and SLO: the median capacity over seeds (`capacity_qps`), its spread, each seed's."""
+    """One row per policy and SLO: the median capacity over seeds (`capacity_qps`), its spread, each
+    seed's."""
     setup = {k: getattr(spec.configs[0], k) for k in SETUP_KEYS}
     return [{"policy": r.policy, **setup, "slo": r.slo_name, "slo_text": r.slo.describe(),
              "capacity_qps": r.qps, "capacity_qps_min": r.qps_min, "capacity_qps_max": r.qps_max,
@@ -47,7 +48,8 @@ def write_capacity(out: Path, spec: CapacityConfig, results: list[Capacity], slo
         "slos": {name: {**slo.to_dict(), "text": slo.describe()} for name, slo in spec.slos.items()},
         "slo_origin": slo_origin, "seeds": spec.seeds, "capacity": capacity_rows(spec, results),
         "warnings": capacity_warnings(results),
-        "config": {k: v for k, v in asdict(spec.configs[0]).items() if k not in ("policy", "qps", "fast", "seed")}
+        "config": {k: v for k, v in asdict(spec.configs[0]).items()
+                   if k not in ("policy", "qps", "fast", "seed")}
         | {"first_seed": spec.configs[0].seed}})
     fig = capacity_figure(probes, results)
     try:

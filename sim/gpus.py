@@ -52,15 +52,15 @@ class GPUSpec:
 GPUS: dict[str, GPUSpec] = {g.name: g for g in [
     # source: NVIDIA A100 Tensor Core GPU datasheet: BF16 tensor 312 TFLOPS dense (624 sparse); A100 80GB SXM
     # 2,039 GB/s HBM2e, 80 GB; NVLink 600 GB/s (bidirectional, 300 GB/s each way)
-    # measured (bench/results/roofline_vs_measured.md, Vidur's A100 profiles): mfu 0.757, mbu 0.819, 6.9 us per
-    # GEMM; NCCL all-reduce at 0.549 of the link, 41.4 us
+    # measured (bench/results/roofline_vs_measured.md, Vidur's A100 profiles): mfu 0.757, mbu 0.819, 6.9 us
+    # per GEMM; NCCL all-reduce at 0.549 of the link, 41.4 us
     GPUSpec("a100-80gb", 312e12, 2039e9, 80 * GiB, 300e9, mfu=0.757, mbu=0.819, gemm_latency_s=6.9e-6,
             allreduce_efficiency=0.549, allreduce_latency_s=41.4e-6,
             description="NVIDIA A100 80GB SXM: 312 TFLOP/s bf16, 2039 GB/s HBM2e, NVLink 600 GB/s"),
     # source: NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 1,979 TFLOPS with sparsity (989 dense);
     # 3.35 TB/s HBM3, 80 GB; NVLink 900 GB/s (bidirectional)
-    # measured (as the A100): mfu 0.717, mbu 0.994 (weight streaming at the datasheet's bandwidth once each GEMM's
-    # 7.6 us are apart), all-reduce at 0.797 of the link, 29.5 us
+    # measured (as the A100): mfu 0.717, mbu 0.994 (weight streaming at the datasheet's bandwidth once each
+    # GEMM's 7.6 us are apart), all-reduce at 0.797 of the link, 29.5 us
     GPUSpec("h100", 989e12, 3350e9, 80 * GiB, 450e9, mfu=0.717, mbu=0.994, gemm_latency_s=7.57e-6,
             allreduce_efficiency=0.797, allreduce_latency_s=29.5e-6,
             description="NVIDIA H100 SXM 80GB: 989 TFLOP/s bf16, 3350 GB/s HBM3, NVLink 900 GB/s"),

@@ -16,12 +16,15 @@ def kv_transfer_bytes(kv_bytes_per_token: int, prompt_tokens: int) -> int:
 
 class KVLink:
     def __init__(self, gbps: float) -> None:
-        if isinstance(gbps, bool) or not isinstance(gbps, int | float) or not (gbps > 0 and math.isfinite(gbps)):
-            raise InputError(f"--kv-link-gbps must be a finite number > 0 (gigabits per second), got {gbps!r}")
+        if (isinstance(gbps, bool) or not isinstance(gbps, int | float)
+                or not (gbps > 0 and math.isfinite(gbps))):
+            raise InputError(
+                f"--kv-link-gbps must be a finite number > 0 (gigabits per second), got {gbps!r}")
         self.gbps = float(gbps)
         self.bytes_per_s = self.gbps * 1e9 / 8
         self.free_at = 0.0
-        self.ready = array("d")  # per transfer: when its KV was ready, when it went on the link, when it arrived
+        # per transfer: when its KV was ready, when it went on the link, when it arrived
+        self.ready = array("d")
         self.start = array("d")
         self.end = array("d")
         self.bytes = 0

@@ -46,7 +46,8 @@ def unsustainable_reason(queue_at_arrival: np.ndarray, num_requests: int, gave_u
     steady overload); more than half the requests (and more than 8) were still waiting when the last one
     arrived, i.e. the replica admitted them at under half the offered rate; or (16 requests or more) it
     served them at under half the offered rate. A short run is over before a trend shows, and batching admits
-    a whole batch at once, so only the last sign catches a short run that admitted quickly but served slowly."""
+    a whole batch at once, so only the last sign catches a short run that admitted quickly but served
+    slowly."""
     q = queue_at_arrival
     if gave_up:
         return (f"gave up: {int(q[-1])} requests were waiting at once ({len(q)} of {num_requests} had "
@@ -59,8 +60,8 @@ def unsustainable_reason(queue_at_arrival: np.ndarray, num_requests: int, gave_u
         return (f"{int(q[-1])} of {num_requests} requests were still waiting when the last one arrived: the "
                 "replica admitted them at under half the offered rate")
     if len(q) >= 16 and offered_qps is not None and served_rps < offered_qps / 2:
-        return (f"served {served_rps:.3g} requests/s of {offered_qps:.3g} offered: the backlog took longer to "
-                "drain than the requests took to arrive")
+        return (f"served {served_rps:.3g} requests/s of {offered_qps:.3g} offered: the backlog took longer "
+                "to drain than the requests took to arrive")
     return None
 
 
@@ -116,5 +117,6 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "gave_up": result.aborted,
         "sim_wall_s": result.wall_s,
     }
-    summary["vllm_bench"] = summary_block(summary, ttft, tpot, e2e, outputs, done["prompt_tokens"].to_numpy(), end)
+    summary["vllm_bench"] = summary_block(summary, ttft, tpot, e2e, outputs, done["prompt_tokens"].to_numpy(),
+                                          end)
     return summary

@@ -28,7 +28,8 @@ MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 MODEL_TYPES = DENSE_TYPES + MOE_TYPES
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "YiForCausalLM",
                  "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
-MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size",
+            "num_experts_per_tok")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3")
 GATED_ACTIVATIONS = ("silu", "swish")
 
@@ -53,9 +54,9 @@ def _check_family(path: Path, c: dict[str, Any]) -> None:
     model_type = c.get("model_type")
     if model_type in MLA_TYPES or c.get("kv_lora_rank"):
         raise InputError(f"--model {path}: {model_type} uses multi-head latent attention (kv_lora_rank "
-                         f"{c.get('kv_lora_rank')!r}), which simctl does not price: its KV cache is a compressed "
-                         "latent and its attention absorbs projections, unlike the GQA every cost model here "
-                         "assumes")
+                         f"{c.get('kv_lora_rank')!r}), which simctl does not price: its KV cache is a "
+                         "compressed latent and its attention absorbs projections, unlike the GQA every cost "
+                         "model here assumes")
     moe = [k for k in MOE_KEYS if c.get(k)]
     if model_type in DENSE_TYPES and moe:
         raise InputError(f"--model {path}: model_type {model_type!r} is dense but the config has "
@@ -94,7 +95,8 @@ def _moe(path: Path, c: dict[str, Any], layers: int) -> MoE | None:
     step = _positive(path, c, "decoder_sparse_step", 1)
     only = c.get("mlp_only_layers") or []
     if not isinstance(only, list) or not all(is_int(i) and 0 <= i < layers for i in only):
-        raise InputError(f"--model {path}: mlp_only_layers must list layer indices below {layers}, got {only!r}")
+        raise InputError(
+            f"--model {path}: mlp_only_layers must list layer indices below {layers}, got {only!r}")
     dense = sum(1 for i in range(layers) if i in only or (i + 1) % step)
     shared = c.get("shared_expert_intermediate_size", 0) if model_type == "qwen2_moe" else 0
     if not is_int(shared) or shared < 0:
@@ -115,8 +117,8 @@ def _checked(path: Path, build: Callable[[], MoE]) -> MoE:
 
 
 def read_model_config(name: str) -> dict[str, Any]:
-    """The `sim.models.ModelSpec` fields of a config.json; InputError (one line) for a file that is missing, not
-    JSON, of a family or attention it cannot model, or with missing or inconsistent shapes."""
+    """The `sim.models.ModelSpec` fields of a config.json; InputError (one line) for a file that is missing,
+    not JSON, of a family or attention it cannot model, or with missing or inconsistent shapes."""
     path = Path(name)
     c = _read(path)
     _check_family(path, c)

@@ -1,10 +1,10 @@
 """Transformer shapes the cost models price: a catalogue of public decoder-only LLMs plus tiny CPU shapes.
 
 Only what a cost model needs is kept: layer count, widths, attention heads (GQA), MLP kind, vocabulary and,
-for a mixture-of-experts model, its sparse layers' experts (`sim.moe.MoE`). Parameter counts cover the matrices
-that dominate compute and memory traffic (QKV, O, MLP or router and experts, embedding and LM head); norms,
-biases, rotary tables and Qwen2-MoE's one-column shared-expert gate are left out (well under 0.1% of the
-weights of every model here).
+for a mixture-of-experts model, its sparse layers' experts (`sim.moe.MoE`). Parameter counts cover the
+matrices that dominate compute and memory traffic (QKV, O, MLP or router and experts, embedding and LM head);
+norms, biases, rotary tables and Qwen2-MoE's one-column shared-expert gate are left out (well under 0.1% of
+the weights of every model here).
 
 Shapes are published facts, each cited to the model's public `config.json` on its Hugging Face hub page.
 """
@@ -64,8 +64,8 @@ class ModelSpec:
         if need > self.max_position:
             raise InputError(f"request {longest.id} needs {need} positions ({longest.prompt_tokens} prompt + "
                              f"{longest.output_tokens} output) but {self.name} has a context of "
-                             f"{self.max_position}; lower --scale (now {scale:g}), or use a shorter trace or a "
-                             "model with a longer context")
+                             f"{self.max_position}; lower --scale (now {scale:g}), or use a shorter trace or "
+                             "a model with a longer context")
 
     # ---- parameters of the linear layers, per layer -------------------------------------------------------
     @property
@@ -199,14 +199,16 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     # max_position_embeddings 32768, tie_word_embeddings false): 46.7B parameters, 12.9B active
     ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, 32768,
               moe=MoE(experts=8, experts_per_token=2, expert_size=14336),
-              description="Mixtral-8x7B: 32 layers, d=4096, GQA 32/8 heads, 8 SwiGLU experts of 14336, top-2"),
+              description=("Mixtral-8x7B: 32 layers, d=4096, GQA 32/8 heads, 8 SwiGLU experts of 14336, "
+                           "top-2")),
     # source: Qwen/Qwen3-30B-A3B config.json (hidden 2048, 48 layers, 32 heads, 4 KV heads, head_dim 128,
     # intermediate_size 6144 (unused: mlp_only_layers empty, decoder_sparse_step 1), num_experts 128,
     # num_experts_per_tok 8, moe_intermediate_size 768, vocab 151936, max_position_embeddings 40960,
     # tie_word_embeddings false): 30.5B parameters, 3.3B active
     ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, 40960,
               moe=MoE(experts=128, experts_per_token=8, expert_size=768),
-              description="Qwen3-30B-A3B: 48 layers, d=2048, GQA 32/4 heads, 128 SwiGLU experts of 768, top-8"),
+              description=("Qwen3-30B-A3B: 48 layers, d=2048, GQA 32/4 heads, 128 SwiGLU experts of 768, "
+                           "top-8")),
     # Tiny Llama-style shapes for CPU profiling and tests (not published models): meant to be instantiated
     # with transformers' LlamaConfig and random weights by the profiler.
     ModelSpec("tiny", 4, 256, 4, 2, 64, 688, 4096, 2048,
@@ -215,7 +217,8 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
               description="tiny Llama-style CPU shape: 2 layers, d=256, GQA 4/2 heads, SwiGLU 688"),
     # tiny's MLP split into 8 experts of 344, top-2 (its active MLP is tiny's 688): a Mixtral-style CPU shape,
     # built with transformers' MixtralConfig
-    ModelSpec("tiny-moe", 4, 256, 4, 2, 64, 344, 4096, 2048, moe=MoE(experts=8, experts_per_token=2, expert_size=344),
+    ModelSpec("tiny-moe", 4, 256, 4, 2, 64, 344, 4096, 2048,
+              moe=MoE(experts=8, experts_per_token=2, expert_size=344),
               description="tiny Mixtral-style CPU shape: 4 layers, d=256, GQA 4/2 heads, 8 SwiGLU experts of "
                           "344, top-2"),
 ]}

@@ -1,16 +1,17 @@
 """The mixture-of-experts MLP of a model's sparse layers, and which experts a batch of tokens routes to.
 
-A sparse layer's MLP is a router (a hidden x E linear layer, softmax and top-k), E routed experts of which each
-token goes through k, and optionally shared experts every token goes through (Qwen2-MoE). A batch of B tokens
-runs the k experts of each of its tokens, so its FLOPs grow with B x k, but it reads the weights of the union of
-the experts its tokens chose: a decode batch reads k experts at B = 1 and all E once B is large.
+A sparse layer's MLP is a router (a hidden x E linear layer, softmax and top-k), E routed experts of which
+each token goes through k, and optionally shared experts every token goes through (Qwen2-MoE). A batch of B
+tokens runs the k experts of each of its tokens, so its FLOPs grow with B x k, but it reads the weights of the
+union of the experts its tokens chose: a decode batch reads k experts at B = 1 and all E once B is large.
 
 Routing skew. The expected number of distinct experts B tokens touch is sum_i (1 - (1 - p_i)^B), where p_i is
 the probability that a token routes to expert i (sum_i p_i = k; tokens are routed independently of each
-other). `routing_skew` s >= 0 sets p_i: experts ranked by popularity, p_i proportional to (i + 1)^-s (a Zipf law
-of exponent s), capped at 1 (a token picks k distinct experts, so no expert is chosen by more than every token)
-with the excess spread over the others in proportion. s = 0 is uniform routing, p_i = k / E, and the expected
-count is E (1 - (1 - k / E)^B); as s grows the same k experts take every token and the count falls to k.
+other). `routing_skew` s >= 0 sets p_i: experts ranked by popularity, p_i proportional to (i + 1)^-s (a Zipf
+law of exponent s), capped at 1 (a token picks k distinct experts, so no expert is chosen by more than every
+token) with the excess spread over the others in proportion. s = 0 is uniform routing, p_i = k / E, and the
+expected count is E (1 - (1 - k / E)^B); as s grows the same k experts take every token and the count falls to
+k.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class MoE:
     experts: int  # routed experts per sparse layer (E)
     experts_per_token: int  # k: routed experts each token goes through (top-k)
     expert_size: int  # intermediate size of one routed expert (same MLP kind as the model's)
-    shared_size: int = 0  # intermediate size of the shared expert(s) every token goes through, summed; 0: none
+    # intermediate size of the shared expert(s) every token goes through, summed; 0: none
+    shared_size: int = 0
     dense_layers: int = 0  # layers with a dense MLP instead (DeepSeek's first layers, Qwen's mlp_only_layers)
 
     def __post_init__(self) -> None:
@@ -50,7 +52,8 @@ class MoE:
 
 def check_routing_skew(skew: float) -> float:
     """The skew as a float; InputError unless it is a finite number >= 0."""
-    if isinstance(skew, bool) or not isinstance(skew, (int, float)) or not (math.isfinite(skew) and skew >= 0):
+    if (isinstance(skew, bool) or not isinstance(skew, (int, float))
+            or not (math.isfinite(skew) and skew >= 0)):
         raise InputError(f"--routing-skew must be a finite number >= 0 (0: uniform routing), got {skew!r}")
     return float(skew)
 
@@ -73,8 +76,8 @@ def routing_probabilities(experts: int, k: int, skew: float = 0.0) -> np.ndarray
 
 
 def expected_distinct_experts(experts: int, k: int, tokens: int, skew: float = 0.0) -> float:
-    """Expected number of distinct experts `tokens` tokens route to: E (1 - (1 - k/E)^B) when uniform (skew 0),
-    sum_i (1 - (1 - p_i)^B) otherwise; 0 for no tokens."""
+    """Expected number of distinct experts `tokens` tokens route to: E (1 - (1 - k/E)^B) when uniform (skew
+    0), sum_i (1 - (1 - p_i)^B) otherwise; 0 for no tokens."""
     if tokens <= 0:
         return 0.0
     if skew == 0:

@@ -76,7 +76,8 @@ def check_out_dir(out: Path, files: tuple[str, ...] = (), dirs: tuple[str, ...] 
         if files:
             ours = (*files, *(f"{d}/" for d in dirs))
             others = sorted(e.name for e in out.iterdir()
-                            if e.name not in files and not (e.name in dirs and e.is_dir()) and not _is_temp(e.name))
+                            if e.name not in files and not (e.name in dirs and e.is_dir())
+                            and not _is_temp(e.name))
             if others:
                 shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
                 raise InputError(f"--out {out}: holds other files ({shown}); give a new or empty folder, or "
@@ -151,7 +152,8 @@ def write_run(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterat
     """Write requests.parquet, iterations.parquet, timeline.parquet when given, and summary.json (renamed
     last) into `out`, all or none; an earlier run's timeline.parquet goes when this run recorded none."""
     summary_text = json_text(summary)  # serialise first: a failure here must not touch the folder
-    timeline_writer = {} if timeline is None else {TIMELINE_FILE: lambda p: timeline.to_parquet(p, index=False)}
+    timeline_writer = ({} if timeline is None
+                       else {TIMELINE_FILE: lambda p: timeline.to_parquet(p, index=False)})
     write_files(Path(out), {
         "requests.parquet": lambda p: requests.to_parquet(p, index=False),
         "iterations.parquet": lambda p: iterations.to_parquet(p, index=False),

@@ -122,7 +122,8 @@ def _sweep_folder(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def load_results(paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(capacities, points) over every folder: capacities has one row per policy and SLO (columns LABELS, slo,
-    capacity_qps, problem); points one row per run, probe or fixed-rate sweep point (the summary's columns)."""
+    capacity_qps, problem); points one row per run, probe or fixed-rate sweep point (the summary's
+    columns)."""
     caps, points = [], []
     for path in paths:
         kind = folder_kind(Path(path))
@@ -140,7 +141,8 @@ def load_results(paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def setup_text(rows: pd.DataFrame, keys: tuple[str, ...] = LABELS[1:]) -> str:
-    """What the rows share (e.g. 'mistral-7b on a100-80gb x1, sharegpt'), for a title; '' where they differ."""
+    """What the rows share (e.g. 'mistral-7b on a100-80gb x1, sharegpt'), for a title; '' where they
+    differ."""
     shared = {k: rows[k].iloc[0] for k in keys if k in rows.columns and rows[k].nunique(dropna=False) == 1}
     parts = []
     if "model" in shared:

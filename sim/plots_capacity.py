@@ -49,7 +49,8 @@ def capacity_figure(caps: pd.DataFrame) -> Figure:
                          "capacity points)")
     setups = _setups(caps)
     policies = list(dict.fromkeys(caps["policy"]))
-    fig, axes = plt.subplots(len(setups), 1, figsize=(max(7.0, 1.2 + 0.9 * len(policies) * caps["slo"].nunique()),
+    fig, axes = plt.subplots(len(setups), 1,
+                             figsize=(max(7.0, 1.2 + 0.9 * len(policies) * caps["slo"].nunique()),
                                                        1.5 + 3.6 * len(setups)), squeeze=False,
                              constrained_layout=True)
     width = 0.8 / len(policies)
@@ -151,8 +152,8 @@ def _rate_axis(ax: plt.Axes) -> None:
 
 
 def attainment_figure(points: pd.DataFrame) -> Figure:
-    """The share of requests meeting the per-request SLO (`slo_attainment`) against the offered rate. Probes of
-    a percentile-only SLO have no per-request share: each line then shows which rates met the SLO."""
+    """The share of requests meeting the per-request SLO (`slo_attainment`) against the offered rate. Probes
+    of a percentile-only SLO have no per-request share: each line then shows which rates met the SLO."""
     _need(points, ("qps", "policy"), "attainment")
     has_share = "slo_attainment" in points.columns and points["slo_attainment"].notna().any()
     column = "slo_attainment" if has_share else "slo_met"
@@ -161,7 +162,8 @@ def attainment_figure(points: pd.DataFrame) -> Figure:
                          "capacity or sweep output")
     points = points[points[column].notna()]
     series = _series(points)
-    fig, ax = plt.subplots(figsize=(9, 5.5 if has_share else 1.8 + 0.5 * len(series)), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(9, 5.5 if has_share else 1.8 + 0.5 * len(series)),
+                           constrained_layout=True)
     for i, (label, g) in enumerate(series):
         if has_share:
             ax.plot(g["qps"], g[column].astype(float), "o-", color=f"C{i}", ms=4, label=label)

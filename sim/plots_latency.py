@@ -15,7 +15,8 @@ from common.errors import InputError
 from sim.decode_gaps import decode_gaps
 from sim.plot_inputs import RunOutput
 
-MAX_POINTS = 4000  # TBT over time: beyond this many gaps, each time bin shows its largest (stalls stay visible)
+# TBT over time: beyond this many gaps, each time bin shows its largest (stalls stay visible)
+MAX_POINTS = 4000
 PREFILL_COLOR, DECODE_COLOR = "tab:orange", "tab:blue"
 
 
@@ -52,7 +53,8 @@ def cdf_figure(runs: list[RunOutput], slo: str | None = None, tbt_limit: float |
         if len(gaps.gap_s):
             _cdf(axes[1], gaps.gap_s, gaps.weight, **kw)
         _cdf(axes[2], (req["completion_s"] - req["arrival_s"]).to_numpy(), None, **kw)
-    for ax, name, unit in zip(axes, ("TTFT", "TBT", "E2E latency"), ("requests", "decode tokens", "requests")):
+    for ax, name, unit in zip(axes, ("TTFT", "TBT", "E2E latency"),
+                              ("requests", "decode tokens", "requests")):
         ax.set_xscale("log")
         ax.set_xlabel(f"{name} (s, log scale)")
         ax.set_ylabel(f"share of {unit} (CDF)")
@@ -104,7 +106,8 @@ def tbt_figure(runs: list[RunOutput], window: tuple[float, float] | None = None,
     return fig
 
 
-def timeline_figure(run: RunOutput, window: tuple[float, float] | None = None, max_requests: int = 40) -> Figure:
+def timeline_figure(run: RunOutput, window: tuple[float, float] | None = None,
+                    max_requests: int = 40) -> Figure:
     """Which requests each iteration ran, as prefill (a chunk or whole prompt) or decode, over time: one row
     per request, from the iterations the run recorded (`simctl run --timeline N`)."""
     tl = run.timeline

@@ -1,5 +1,5 @@
-"""Prepacking's experiment (Zhao et al., 2024, Sections 4.3-4.7): prefill time of full batching, length-ordered
-batching and prepacking on batches of prompts drawn from a dataset's length profile.
+"""Prepacking's experiment (Zhao et al., 2024, Sections 4.3-4.7): prefill time of full batching,
+length-ordered batching and prepacking on batches of prompts drawn from a dataset's length profile.
 
 The policies decide everything: a pool of prompts (one output token each, in random arrival order) is
 served by the policy itself (`hf-padded`, `length-ordered`, `prepack`, or any other) until it is empty, and
@@ -70,7 +70,8 @@ PROFILES = {p.name: p for p in [
 
 
 def prompt_lengths(spec: str, n: int, seed: int, scale: float = 1.0) -> np.ndarray:
-    """`n` prompt lengths from a named profile or a file of one integer per line (sampled with replacement)."""
+    """`n` prompt lengths from a named profile or a file of one integer per line (sampled with
+    replacement)."""
     rng = np.random.default_rng(seed)
     if spec in PROFILES:
         lengths = PROFILES[spec].sample(n, rng)
@@ -98,7 +99,8 @@ def serve_prefills(policy_name: str, lengths: np.ndarray, batch_size: int) -> It
     while not policy.idle:
         plan = policy.schedule()
         if plan is None or not plan.prefill_q or plan.num_new != [s.prompt_tokens for s in plan.seqs]:
-            raise InputError(f"{policy_name}: not a policy that prefills whole prompts in batches of their own")
+            raise InputError(
+                f"{policy_name}: not a policy that prefills whole prompts in batches of their own")
         yield plan
         apply_iteration(policy, records, plan, 0.0, 0.0)
 
@@ -114,7 +116,8 @@ def peak_bytes(plan: BatchPlan, model: ModelSpec, dtype_bytes: int = 2) -> int:
     rows = plan.linear_tokens // length
     act = (4 * model.hidden_size + 2 * model.intermediate_size) * dtype_bytes  # one layer, per token
     scores = rows * model.num_heads * length * length * dtype_bytes if plan.dense_attention else 0
-    return (model.weight_bytes(dtype_bytes) + plan.linear_tokens * (model.kv_bytes_per_token(dtype_bytes) + act)
+    return (model.weight_bytes(dtype_bytes)
+            + plan.linear_tokens * (model.kv_bytes_per_token(dtype_bytes) + act)
             + scores)
 
 

@@ -41,13 +41,15 @@ class QuerySet:
         for ((p0, p1), (o0, o1), _), n in zip(self.kinds, counts):
             lengths += list(zip(rng.integers(p0, p1 + 1, n), rng.integers(o0, o1 + 1, n)))
         order = rng.permutation(len(lengths))
-        return [Request(i, 0.0, max(1, round(int(lengths[k][0]) * scale)), max(1, round(int(lengths[k][1]) * scale)))
+        return [Request(i, 0.0, max(1, round(int(lengths[k][0]) * scale)),
+                        max(1, round(int(lengths[k][1]) * scale)))
                 for i, k in enumerate(order)]
 
 
 LONG, SHORT = (3000, 3600), (32, 400)
 QUERY_SETS: dict[str, QuerySet] = {
-    "mixed": QuerySet(120, ((LONG, SHORT, 0.25), (SHORT, LONG, 0.25), (SHORT, SHORT, 0.5)), "llama-2-7b on an a6000"),
+    "mixed": QuerySet(120, ((LONG, SHORT, 0.25), (SHORT, LONG, 0.25), (SHORT, SHORT, 0.5)),
+                      "llama-2-7b on an a6000"),
     "short": QuerySet(30, (((32, 260), (32, 260), 1.0),), "llama-2-7b on an rtx-4090"),
 }
 
@@ -69,4 +71,5 @@ def completion_time(policy: str, requests: list[Request], batch_size: int, cost:
         raise InputError(f"{policy}: a query of {need} tokens does not fit the {kv_capacity}-token KV cache")
     engine = make_policy(policy, kv_capacity, max_seq_len, {"max_batch_size": batch_size})
     s = summarize(simulate(requests, engine, cost))
-    return {"completion_s": s["makespan_s"], "kv_peak_tokens": s["kv_peak_tokens"], "iterations": s["iterations"]}
+    return {"completion_s": s["makespan_s"], "kv_peak_tokens": s["kv_peak_tokens"],
+            "iterations": s["iterations"]}

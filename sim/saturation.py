@@ -39,11 +39,12 @@ def verdict(queue_at_arrival: np.ndarray, offered_qps: float | None, served_rps:
     if n >= 16:
         second, last = float(q[n // 4: n // 2].mean()), float(q[3 * n // 4:].mean())
         if last > GROWTH * second + GROWTH_MARGIN:
-            return BACKLOGGED, (f"the waiting queue grew: {second:.1f} requests on average in the second quarter "
-                                f"of arrivals, {last:.1f} in the last")
+            return BACKLOGGED, (f"the waiting queue grew: {second:.1f} requests on average in the second "
+                                f"quarter of arrivals, {last:.1f} in the last")
         standing = float(q[n // 2:].mean())
         if standing > STANDING_QUEUE:
-            return BACKLOGGED, f"a standing queue: {standing:.1f} requests waiting on average in the last half"
+            return BACKLOGGED, (f"a standing queue: {standing:.1f} requests waiting on average in the last "
+                                "half")
     if offered_qps is not None and served_rps is not None and served_rps < SERVED_SHARE * offered_qps:
         return BACKLOGGED, f"served {served_rps:.3g} requests/s of {offered_qps:.3g} offered"
     return STABLE, None

@@ -38,8 +38,8 @@ PERCENTILE_KEYS = tuple(f"p{p}_{m}" for m in METRICS for p in PERCENTILES)
 DEFAULT_ATTAINMENT = 0.9  # DistServe's goodput: 90% of requests within their SLOs
 DEFAULT_SCHED_DELAY_P50_S = 2.0  # Sarathi-Serve Section 5: median scheduling delay under 2 s
 
-# Sarathi-Serve Table 3: P99 TBT limits are these multiples of one decode iteration of a 32-request batch whose
-# requests each hold a 4k-token prefill (Mistral-7B on an A100: 0.1 s strict, 0.5 s relaxed)
+# Sarathi-Serve Table 3: P99 TBT limits are these multiples of one decode iteration of a 32-request batch
+# whose requests each hold a 4k-token prefill (Mistral-7B on an A100: 0.1 s strict, 0.5 s relaxed)
 TABLE3_BATCH = 32
 TABLE3_CONTEXT = 4096
 TABLE3_FACTORS = {"strict": 5.0, "relaxed": 25.0}
@@ -117,9 +117,11 @@ class SLO:
         return int(ok.sum())
 
     def describe(self) -> str:
-        parts = [f"{key[:3].upper()} {key[4:].upper()} <= {limit:.4g} s" for key, limit in self.percentiles.items()]
+        parts = [f"{key[:3].upper()} {key[4:].upper()} <= {limit:.4g} s"
+                 for key, limit in self.percentiles.items()]
         if self.per_request:
-            limits = " and ".join(f"{key.upper()} <= {limit:.4g} s" for key, limit in self.per_request.items())
+            limits = " and ".join(f"{key.upper()} <= {limit:.4g} s"
+                                  for key, limit in self.per_request.items())
             parts.append(f"{limits} for >= {self.attainment:.0%} of requests")
         parts += [f"P50 scheduling delay <= {self.sched_delay_p50_s:g} s", "sustainable"]
         return ", ".join(parts)
@@ -132,7 +134,8 @@ class SLO:
         """An SLO as `to_dict` wrote it, or as validation.json files written before this grammar did
         (`tbt_p99_s`, `ttft_p50_s`, `sched_delay_p50_s`), so that older validations can still be rescored."""
         if "percentiles" in d:
-            return cls(dict(d["percentiles"]), dict(d["per_request"]), d["attainment"], d["sched_delay_p50_s"])
+            return cls(dict(d["percentiles"]), dict(d["per_request"]), d["attainment"],
+                       d["sched_delay_p50_s"])
         old = {"p99_tbt": d.get("tbt_p99_s"), "p50_ttft": d.get("ttft_p50_s")}
         return cls({k: v for k, v in old.items() if v is not None},
                    sched_delay_p50_s=d.get("sched_delay_p50_s", DEFAULT_SCHED_DELAY_P50_S))
@@ -164,13 +167,15 @@ def parse_slo(values: list[str], attainment: float | None = None,
             try:
                 seconds = float(text)
             except ValueError:
-                raise InputError(f"--slo {value!r}: {key}'s limit {text!r} is not a number of seconds") from None
+                raise InputError(
+                    f"--slo {value!r}: {key}'s limit {text!r} is not a number of seconds") from None
             target = per_request if key in METRICS else percentiles
             if key in target:
                 raise InputError(f"--slo: {key} is given twice")
             target[key] = _seconds(key, seconds)
     if attainment is not None and not per_request:
-        raise InputError("--attainment applies to per-request SLO keys (ttft, tbt, tpot, e2e), and none is given")
+        raise InputError(
+            "--attainment applies to per-request SLO keys (ttft, tbt, tpot, e2e), and none is given")
     return SLO(percentiles, per_request, DEFAULT_ATTAINMENT if attainment is None else attainment,
                sched_delay_p50_s)
 

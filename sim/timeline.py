@@ -22,7 +22,8 @@ MAX_TIMELINE_ITERATIONS = 10_000  # x at most a batch of members each: a few mil
 
 def check_timeline(limit: int) -> None:
     if not 0 <= limit <= MAX_TIMELINE_ITERATIONS:
-        raise InputError(f"--timeline {limit}: record from 1 to {MAX_TIMELINE_ITERATIONS} iterations (0: none)")
+        raise InputError(
+            f"--timeline {limit}: record from 1 to {MAX_TIMELINE_ITERATIONS} iterations (0: none)")
 
 
 class TimelineBackend(CostBackend):
@@ -31,8 +32,8 @@ class TimelineBackend(CostBackend):
         check_timeline(limit)
         self.limit = limit
         self.recorded = 0
-        self._rows: dict[str, list] = {k: [] for k in ("iteration", "start_s", "end_s", "request_id", "tokens",
-                                                       "prefill")}
+        self._rows: dict[str, list] = {k: [] for k in ("iteration", "start_s", "end_s", "request_id",
+                                                       "tokens", "prefill")}
 
     def run(self, plan: BatchPlan, start: float) -> float:
         end = super().run(plan, start)
@@ -52,7 +53,8 @@ class TimelineBackend(CostBackend):
         return None if self.recorded < self.limit else super().stretch_times(plan, k)
 
     def frame(self) -> pd.DataFrame:
-        """One row per (iteration, member): its times, the request, the tokens it cached, prefill or decode."""
+        """One row per (iteration, member): its times, the request, the tokens it cached, prefill or
+        decode."""
         types = {"iteration": np.int64, "start_s": np.float64, "end_s": np.float64, "request_id": np.int64,
                  "tokens": np.int64, "prefill": bool}
         return pd.DataFrame({k: np.asarray(v, dtype=types[k]) for k, v in self._rows.items()})

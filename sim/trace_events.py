@@ -60,7 +60,8 @@ def trace_events(iterations: pd.DataFrame, summary: dict[str, Any]) -> dict[str,
 def check_trace_path(path: Path) -> None:
     """Refuse, before the run, a path the trace cannot be written to."""
     if path.is_dir():
-        raise InputError(f"--trace-events {path}: is a folder; give a file name such as {path / 'trace.json'}")
+        raise InputError(
+            f"--trace-events {path}: is a folder; give a file name such as {path / 'trace.json'}")
     check_out_dir(path.parent)
 
 

@@ -1,5 +1,5 @@
-"""`simctl capacity`: the highest rate each policy sustains within SLOs given with --slo (sim/slo.py's grammar),
-or by default under Sarathi-Serve's strict and relaxed SLOs for the deployment (Table 3's rule)."""
+"""`simctl capacity`: the highest rate each policy sustains within SLOs given with --slo (sim/slo.py's
+grammar), or by default under Sarathi-Serve's strict and relaxed SLOs for the deployment (Table 3's rule)."""
 
 from __future__ import annotations
 
@@ -18,17 +18,18 @@ from simctl.goodput_cmd import goodput_command
 from simctl.options import Arrival, Cost, Cv, Gpu, Model, RoutingSkew, Scale, Seed, Tp, Trace
 from simctl.usage_errors import note_replaced, warn_all
 
-SLO_HELP = ("SLO limits, key=seconds, comma-separated or repeated: p50/p90/p99 of ttft, tbt, tpot or e2e (e.g. "
-            "p99_tbt=0.1,p50_ttft=2: that percentile of the run within the limit), or plain ttft, tbt (a "
-            "request's largest gap), tpot, e2e: per-request limits that a share --attainment of the requests "
-            "must meet (DistServe's goodput). Default: two searches, Sarathi-Serve's strict and relaxed P99 TBT "
-            "SLOs (Table 3: 5x and 25x one decode iteration of 32 requests with 4k-token contexts on this "
-            "model/GPU/TP), printed.")
+SLO_HELP = ("SLO limits, key=seconds, comma-separated or repeated: p50/p90/p99 of ttft, tbt, tpot or e2e "
+            "(e.g. p99_tbt=0.1,p50_ttft=2: that percentile of the run within the limit), or plain ttft, tbt "
+            "(a request's largest gap), tpot, e2e: per-request limits that a share --attainment of the "
+            "requests must meet (DistServe's goodput). Default: two searches, Sarathi-Serve's strict and "
+            "relaxed P99 TBT SLOs (Table 3: 5x and 25x one decode iteration of 32 requests with 4k-token "
+            "contexts on this model/GPU/TP), printed.")
 
 
 @with_cluster_options(goodput=True)
 def capacity(
-    policy: Annotated[str, typer.Option(help="One policy or a comma-separated list to compare.")] = "vllm,sarathi",
+    policy: Annotated[str,
+                      typer.Option(help="One policy or a comma-separated list to compare.")] = "vllm,sarathi",
     trace: Trace = "sharegpt",
     model: Model = "mistral-7b",
     gpu: Gpu = "a100-80gb",
@@ -44,22 +45,26 @@ def capacity(
     slo: Annotated[list[str] | None, typer.Option(help=SLO_HELP, metavar="KEY=S[,KEY=S]")] = None,
     attainment: Annotated[float | None, typer.Option(help="Share of requests that must meet the per-request "
                                                      "--slo limits [default: 0.9].")] = None,
-    max_sched_delay_p50: Annotated[float, typer.Option(help="Median scheduling-delay limit, s (Sarathi-Serve's "
+    max_sched_delay_p50: Annotated[float,
+                                   typer.Option(help="Median scheduling-delay limit, s (Sarathi-Serve's "
                                                        "capacity rule); it and a sustainable run always "
                                                        "apply.")] = 2.0,
-    seeds: Annotated[int, typer.Option(help="Searches per policy and SLO, on seeds --seed, --seed + 1, ...: the "
+    seeds: Annotated[int,
+                     typer.Option(help="Searches per policy and SLO, on seeds --seed, --seed + 1, ...: the "
                                        "capacity is their median, with its spread.")] = 1,
     start_qps: Annotated[float, typer.Option(help="First rate probed; doubled or halved to bracket.")] = 1.0,
     workers: Annotated[int | None, typer.Option(help="Processes searching in parallel, one search each "
                                                 "[default: one per core].")] = None,
-    out: Annotated[Path | None, typer.Option(help="Folder for capacity.json, probes.parquet and capacity.png.")
+    out: Annotated[Path | None,
+                   typer.Option(help="Folder for capacity.json, probes.parquet and capacity.png.")
                    ] = None,
     cluster: Any = None,  # --replicas ... --kv-link-gbps and --goodput (simctl.cluster_options)
     goodput: bool = False,
 ) -> None:
     """Find the highest request rate each policy sustains within the SLOs (bisection over QPS).
 
-    Example: simctl capacity --policy orca,vllm,sarathi --trace arxiv --slo p99_tbt=0.5 --seeds 3 --out out/cap
+    Example: simctl capacity --policy orca,vllm,sarathi --trace arxiv --slo p99_tbt=0.5 --seeds 3 --out
+    out/cap
     """
     from sim.capacity import CapacityConfig, capacity_warnings, search_capacities, table3_slos_for
     from sim.capacity_files import CAPACITY_FILES, write_capacity
@@ -80,9 +85,9 @@ def capacity(
         slos, origin = {"given": given}, "given (--slo)"
     else:
         slos, decode = table3_slos_for(configs[0], max_sched_delay_p50)
-        origin = (f"Sarathi-Serve Table 3 rule: P99 TBT within 5x (strict) and 25x (relaxed) a decode iteration "
-                  f"of {TABLE3_BATCH} requests with {TABLE3_CONTEXT}-token contexts, {decode * 1e3:.2f} ms on "
-                  f"{model} / {gpu} x{tp}")
+        origin = ("Sarathi-Serve Table 3 rule: P99 TBT within 5x (strict) and 25x (relaxed) a decode "
+                  f"iteration of {TABLE3_BATCH} requests with {TABLE3_CONTEXT}-token contexts, "
+                  f"{decode * 1e3:.2f} ms on {model} / {gpu} x{tp}")
     spec = CapacityConfig(configs, slos, start_qps, workers, seeds)
     if out is not None:
         check_out_dir(out, CAPACITY_FILES)
@@ -102,7 +107,8 @@ def capacity(
         shown = (f"{r.qps:.3f}" if not r.problems else
                  f">= {r.qps:.3g}" if r.qps > 0 and r.median_search.problem else
                  "none found" if r.qps == 0 else f"{r.qps:.3f}")
-        table.add_row(r.policy, r.slo_name, shown, *((f"{r.qps_min:.3g}..{r.qps_max:.3g}",) if spread else ()),
+        table.add_row(r.policy, r.slo_name, shown, *((f"{r.qps_min:.3g}..{r.qps_max:.3g}",) if spread
+                                                     else ()),
                       fmt(at.get("tbt_p99") if at else None), fmt(at.get("ttft_p50") if at else None),
                       at["saturation"] if at else "-",
                       str(sum(len(s.probes) for s in r.searches.values())))

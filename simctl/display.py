@@ -13,7 +13,8 @@ from rich.table import Table
 
 def print_summary(s: dict) -> None:
     console = Console()
-    where = f"{s.get('device_name', s['gpu'])} (measured)" if s.get("mode") == "real" else f"{s['gpu']} x{s['tp']}"
+    where = (f"{s.get('device_name', s['gpu'])} (measured)" if s.get("mode") == "real"
+             else f"{s['gpu']} x{s['tp']}")
     head = (f"{s.get('vllm_version', s['policy'])} on {s['trace']}: {s['model']} / {where}, "
             f"{fmt_rate(s['offered_qps'])} QPS offered, {s['completed']}/{s['num_requests']} requests")
     table = Table(title=escape(head), show_header=True)  # a trace path is text, not markup

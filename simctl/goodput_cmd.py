@@ -24,8 +24,9 @@ def goodput_command(configs: list[Any], cluster: Any, slo: Any, slo_given: bool,
     from simctl.usage_errors import note_replaced, warn_all
 
     if not slo_given:
-        raise InputError("--goodput (and capacity with cluster options) needs --slo, e.g. --slo ttft=2,tpot=0.1 "
-                         "(DistServe's per-request limits, met by --attainment of the requests)")
+        raise InputError("--goodput (and capacity with cluster options) needs --slo, e.g. --slo "
+                         "ttft=2,tpot=0.1 (DistServe's per-request limits, met by --attainment of the "
+                         "requests)")
     if seeds != 1:
         raise InputError("--seeds is not available with --goodput")
     for c in configs:
@@ -50,6 +51,7 @@ def goodput_command(configs: list[Any], cluster: Any, slo: Any, slo_given: bool,
                           "goodput": [g.row() for g in results],
                           "probes": {g.config.policy: g.search.probes for g in results}})
         note_replaced(out, GOODPUT_FILES)
-        write_files(Path(out), {"goodput.json": lambda p: p.write_text(text, encoding="utf-8")}, "goodput.json")
+        write_files(Path(out), {"goodput.json": lambda p: p.write_text(text, encoding="utf-8")},
+                    "goodput.json")
         console.print(escape(f"wrote {out}/goodput.json"))
 

@@ -1,5 +1,5 @@
-"""Options shared by the commands that simulate (typer annotations) and the parsing of list options, in one place
-for every command module."""
+"""Options shared by the commands that simulate (typer annotations) and the parsing of list options, in one
+place for every command module."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from policies.registry import POLICIES
 
 Policy = Annotated[str, typer.Option(help=f"Scheduler: {', '.join(POLICIES)} (see `simctl list`).")]
 Trace = Annotated[str, typer.Option(help="Length profile (sharegpt, arxiv) or a trace file: CSV with "
-                                    "num_prefill_tokens, num_decode_tokens[, arrived_at], JSONL, or a `vllm bench "
-                                    "serve --save-detailed` result (.json: its requests, sent when it sent them).")]
+                                    "num_prefill_tokens, num_decode_tokens[, arrived_at], JSONL, or a `vllm "
+                                    "bench serve --save-detailed` result (.json: its requests, sent when it "
+                                    "sent them).")]
 Model = Annotated[str, typer.Option(help="Model shape from the catalogue, or a path to a transformers "
                                     "config.json of a dense Llama, Mistral, Qwen2 or Yi model, or a "
                                     "mixture-of-experts Mixtral, Qwen2-MoE or Qwen3-MoE one.")]
@@ -34,8 +35,8 @@ Cost = Annotated[str | None, typer.Option(help="A fitted cost_model.json (from `
                                           "--roofline-gpu`) to apply measured efficiencies to --gpu's specs; "
                                           "--gpu cpu uses the shipped CPU fit by default.")]
 ATTENTION_HELP = ("SDPA kernels of the attention: " + "; ".join(f"{k}: {v}" for k, v in ATTENTION.items())
-                  + ". cuDNN re-plans for every new KV length, which serving meets every step. A fit prices only "
-                  "runs made with the kernels it was profiled with.")
+                  + ". cuDNN re-plans for every new KV length, which serving meets every step. A fit prices "
+                  "only runs made with the kernels it was profiled with.")
 Attention = Annotated[str, typer.Option(help=ATTENTION_HELP)]
 
 

@@ -1,4 +1,5 @@
-"""`simctl plot KIND DIR...`: the figures people read, from the folders of `simctl run`, `capacity`, `sweep`."""
+"""`simctl plot KIND DIR...`: the figures people read, from the folders of `simctl run`, `capacity`,
+`sweep`."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def parse_window(text: str | None) -> tuple[float, float] | None:
     except ValueError:
         window = None
     if not sep or window is None or not window[0] < window[1]:
-        raise InputError(f"--window {text!r}: give START:END in simulated seconds with START < END, e.g. 10:40")
+        raise InputError(
+            f"--window {text!r}: give START:END in simulated seconds with START < END, e.g. 10:40")
     return window
 
 

@@ -21,12 +21,14 @@ def prefill_bench(
     policy: Annotated[str, typer.Option(help="Policies that prefill whole batches, comma-separated: "
                                         "hf-padded (full batching), length-ordered, prepack, "
                                         "faster-transformer.")] = "hf-padded,length-ordered,prepack",
-    lengths: Annotated[str, typer.Option(help="Length profiles from Prepacking's Table 2 (mmlu, samsum, alpaca, "
-                                         "wikitext256, wikitext512, hh-rlhf) or files of one prompt length per "
-                                         "line, comma-separated.")] = "mmlu",
+    lengths: Annotated[str,
+                       typer.Option(help="Length profiles from Prepacking's Table 2 (mmlu, samsum, alpaca, "
+                                         "wikitext256, wikitext512, hh-rlhf) or files of one prompt length "
+                                         "per line, comma-separated.")] = "mmlu",
     batch_size: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "8,16,32,64",
     model: Annotated[str, typer.Option(help="Model shape from the catalogue.")] = "llama-2-7b",
-    gpu: Annotated[str, typer.Option(help="GPU from the catalogue (cpu: this machine's shipped fit).")] = "a6000",
+    gpu: Annotated[str,
+                   typer.Option(help="GPU from the catalogue (cpu: this machine's shipped fit).")] = "a6000",
     cost: Annotated[str | None, typer.Option(help="A fitted cost_model.json or roofline_calibration.json "
                                              "instead of the roofline.")] = None,
     prompts: Annotated[int, typer.Option(help="Prompts drawn from each profile (the paper subsamples "
@@ -35,11 +37,13 @@ def prefill_bench(
                                          )] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of the lengths and their order.")] = 0,
     real: Annotated[bool, typer.Option("--real", help="Also run the first --real-batches prefills of each "
-                                       "point on this machine's engine (random weights) and time them.")] = False,
+                                       "point on this machine's engine (random weights) and time "
+                                       "them.")] = False,
     real_batches: Annotated[int, typer.Option(help="Prefills timed per point with --real.")] = 3,
     repeats: Annotated[int, typer.Option(help="Timings per prefill with --real (their median).")] = 3,
     device: Annotated[str, typer.Option(help="Device of --real (cpu, cuda).")] = "cpu",
-    out: Annotated[Path | None, typer.Option(help="Folder for prefill_bench.parquet and summary.json.")] = None,
+    out: Annotated[Path | None,
+                   typer.Option(help="Folder for prefill_bench.parquet and summary.json.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
     """Prefill time per batch, speedup over full batching, batch-size reduction n/k, max absolute deviation,
@@ -77,8 +81,8 @@ def prefill_bench(
     for name in comma_list(lengths, "lengths"):
         pool = prompt_lengths(name, prompts, seed, scale)
         if pool.max() > spec.max_position:
-            raise InputError(f"--lengths {name}: prompts up to {pool.max()} tokens exceed {spec.name}'s context "
-                             f"of {spec.max_position}; lower --scale")
+            raise InputError(f"--lengths {name}: prompts up to {pool.max()} tokens exceed {spec.name}'s "
+                             f"context of {spec.max_position}; lower --scale")
         table = PROFILES.get(name)
         profiles[name] = {"sampled_min_mean_max": [int(pool.min()), float(pool.mean()), int(pool.max())],
                           "table_min_mean_max": None if table is None else [table.min, table.mean, table.max],
@@ -96,14 +100,16 @@ def prefill_bench(
 
                     measured = measure_prefills(p, pool, b, spec, device, real_batches, repeats, seed)
                     predicted = times[:len(measured)]
-                    row.update(real_prefill_s=float(np.mean(measured)), predicted_first_s=float(np.mean(predicted)),
+                    row.update(real_prefill_s=float(np.mean(measured)),
+                               predicted_first_s=float(np.mean(predicted)),
                                real_error=float(np.mean(predicted) / np.mean(measured) - 1))
                 rows.append(row)
             for row in rows[-len(policies):]:
                 row["speedup_vs_hf_padded"] = None if base is None else base / row["prefill_s"]
     frame = pd.DataFrame(rows)
-    summary = {"model": spec.name, "gpu": g.name, "cost_model": label, "warnings": warnings, "prompts": prompts,
-               "scale": scale, "seed": seed, "profiles": profiles, "real": real, "device": device if real else None}
+    summary = {"model": spec.name, "gpu": g.name, "cost_model": label, "warnings": warnings,
+               "prompts": prompts, "scale": scale, "seed": seed, "profiles": profiles, "real": real,
+               "device": device if real else None}
     if out is not None:
         write_files(out, {"prefill_bench.parquet": lambda t: frame.to_parquet(t, index=False),
                           "summary.json": lambda t: t.write_text(json_text(summary))}, "the benchmark")
@@ -118,16 +124,19 @@ def _print(frame, summary: dict) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=escape(f"prefill per batch: {summary['model']} / {summary['gpu']} ({summary['cost_model']})"))
+    table = Table(
+        title=escape(f"prefill per batch: {summary['model']} / {summary['gpu']} ({summary['cost_model']})"))
     # short headers, explained by the caption
     cols = ["lengths", "batch", "policy", "prefill ms", "speedup", "n/k", "MAD", "peak GiB", "max batch"]
     if summary["real"]:
         cols += ["real ms", "pred. ms", "error"]
     for c in cols:
         table.add_column(c, justify="left" if c in ("lengths", "policy") else "right", no_wrap=True)
-    table.caption = (f"speedup: over hf-padded; n/k: prompts per computed row; MAD: longest minus mean prompt; "
-                     f"peak GiB: estimated; max batch: the largest (of {summary['prompts']}) whose prefills fit"
-                     + ("; real: the first prefills on this machine, pred.: the same plans priced" if summary["real"]
+    table.caption = ("speedup: over hf-padded; n/k: prompts per computed row; MAD: longest minus mean "
+                     f"prompt; peak GiB: estimated; max batch: the largest (of {summary['prompts']}) whose "
+                     "prefills fit"
+                     + ("; real: the first prefills on this machine, pred.: the same plans priced"
+                        if summary["real"]
                         else ""))
     for r in frame.to_dict("records"):
         cells = [escape(r["lengths"]), str(r["batch_size"]), r["policy"], f"{r['prefill_s'] * 1e3:.2f}",

@@ -1,5 +1,6 @@
-"""`simctl query-set`: Baton's experiment (Tables 1-2): the time each method takes to complete a whole query set,
-per batch size, simulated and, with --real, measured on this machine's engine next to the simulator's twin."""
+"""`simctl query-set`: Baton's experiment (Tables 1-2): the time each method takes to complete a whole query
+set, per batch size, simulated and, with --real, measured on this machine's engine next to the simulator's
+twin."""
 
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "queries.jsonl"
-        path.write_text("".join(json.dumps({"prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
-                                            "arrival_s": 0.0}) + "\n" for r in requests), encoding="utf-8")
+        path.write_text("".join(json.dumps({"prompt_tokens": r.prompt_tokens,
+                                            "output_tokens": r.output_tokens, "arrival_s": 0.0}) + "\n"
+                                            for r in requests), encoding="utf-8")
         runs = [real_main(policy=policy, trace=str(path), model=model, device=device, qps=None,
                           num_requests=len(requests), seed=seed, options={"max_batch_size": batch})
                 for _ in range(repeats)]
@@ -48,7 +50,8 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
 
 def query_set_cmd(
     name: Annotated[str, typer.Option("--set", help="Query set: mixed (Table 1: 120 queries, long/short "
-                                      "inputs and outputs 1:1:2) or short (Table 2: 30 short queries).")] = "short",
+                                      "inputs and outputs 1:1:2) or short (Table 2: 30 short "
+                                      "queries).")] = "short",
     policy: Annotated[str, typer.Option(help="Policies, comma-separated (the paper's four: hf-padded = its "
                                         "Benchmark, pd, baton, baton-pd).")] = "hf-padded,pd,baton,baton-pd",
     batch_size: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "2,4,6,8,10",
@@ -65,7 +68,8 @@ def query_set_cmd(
     real_model: Annotated[str, typer.Option(help="Model of --real.")] = "tiny",
     device: Annotated[str, typer.Option(help="Device of --real (cpu, cuda).")] = "cpu",
     repeats: Annotated[int, typer.Option(help="Real runs per point with --real (their median).")] = 3,
-    real_cost: Annotated[Path | None, typer.Option(help="Fitted cost model of the --real device, for the twin "
+    real_cost: Annotated[Path | None,
+                         typer.Option(help="Fitted cost model of the --real device, for the twin "
                                                    "(default: the fit shipped for cpu).")] = None,
     out: Annotated[Path | None, typer.Option(help="Folder for query_set.parquet and summary.json.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
@@ -113,12 +117,14 @@ def query_set_cmd(
         frame["speedup_vs_hf_padded"] = frame["batch_size"].map(base) / frame["completion_s"]
         if real:
             real_base = frame[frame["policy"] == "hf-padded"].set_index("batch_size")["real_completion_s"]
-            frame["real_speedup_vs_hf_padded"] = frame["batch_size"].map(real_base) / frame["real_completion_s"]
+            frame["real_speedup_vs_hf_padded"] = (frame["batch_size"].map(real_base)
+                                                  / frame["real_completion_s"])
     summary = {"set": name, "queries": len(requests), "model": spec.name, "gpu": g.name, "cost_model": label,
                "scale": scale, "seed": seed, "warnings": warnings, "rows": frame.to_dict("records")}
     if out is not None:
         write_files(out, {"query_set.parquet": lambda t: frame.to_parquet(t, index=False),
-                          "summary.json": lambda t: t.write_text(json_text(summary))}, "the query-set results")
+                          "summary.json": lambda t: t.write_text(json_text(summary))},
+                          "the query-set results")
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=1) + "\n")
         return
@@ -131,21 +137,23 @@ def _print(frame, summary: dict, real: bool) -> None:
     from rich.table import Table
 
     table = Table(title=escape(f"query set {summary['set']}: {summary['model']} / {summary['gpu']}"))
-    cols = ["batch", "policy", "completion s", "speedup"] + (["real s (range)", "twin s", "twin error", "real speedup"]
+    cols = ["batch", "policy", "completion s",
+            "speedup"] + (["real s (range)", "twin s", "twin error", "real speedup"]
                                                              if real else [])
     for c in cols:
         table.add_column(c, justify="left" if c == "policy" else "right", no_wrap=True)
     table.caption = (f"{summary['queries']} queries, all there at t=0; {summary['cost_model']}; speedup: "
                      "hf-padded's completion time over the policy's") + (
-        "; real: this machine's engine, median of --repeats runs; twin: the simulator on the same queries, policy "
-        "and KV" if real else "")
+        "; real: this machine's engine, median of --repeats runs; twin: the simulator on the same queries, "
+        "policy and KV" if real else "")
     for r in frame.to_dict("records"):
         speedup = r.get("speedup_vs_hf_padded")
         cells = [str(r["batch_size"]), r["policy"], f"{r['completion_s']:.2f}",
                  "-" if speedup is None else f"{speedup:.2f}x"]
         if real:
             rs = r.get("real_speedup_vs_hf_padded")
-            cells += [f"{r['real_completion_s']:.2f} ({r['real_min_s']:.2f}-{r['real_max_s']:.2f})", f"{r['twin_completion_s']:.2f}", f"{r['twin_error']:+.1%}",
-                      "-" if rs is None else f"{rs:.2f}x"]
+            cells += [f"{r['real_completion_s']:.2f} ({r['real_min_s']:.2f}-{r['real_max_s']:.2f})",
+                      f"{r['twin_completion_s']:.2f}", f"{r['twin_error']:+.1%}", "-" if rs is None
+                      else f"{rs:.2f}x"]
         table.add_row(*cells)
     Console(width=None if sys.stdout.isatty() else 120).print(table)

@@ -1,4 +1,5 @@
-"""`simctl sweep SWEEP.toml --out DIR`: a grid of fixed-rate runs or capacity searches, in parallel, resumable."""
+"""`simctl sweep SWEEP.toml --out DIR`: a grid of fixed-rate runs or capacity searches, in parallel,
+resumable."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def sweep(
                                       "result per point: run again to resume).")],
     workers: Annotated[int | None, typer.Option(help="Local processes [default: one per core].")] = None,
     ray: Annotated[str | None, typer.Option("--ray", help="Run the points as tasks on this Ray cluster "
-                                            "(e.g. auto, or ray://host:10001) instead of a local pool.")] = None,
+                                            "(e.g. auto, or ray://host:10001) instead of a local "
+                                            "pool.")] = None,
 ) -> None:
     """Run every point of a grid (policies, traces, models, GPUs, TP, policy settings, seeds, SLOs): a run at
     each rate, or a capacity search under each SLO.

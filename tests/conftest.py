@@ -9,7 +9,8 @@ from traces.request import Request
 
 
 class AffineCost(CostModel):
-    """A small hand-checkable cost model: fixed overhead + per linear token + per attention unit + per KV read."""
+    """A small hand-checkable cost model: fixed overhead + per linear token + per attention unit + per KV
+    read."""
 
     def __init__(self, overhead: float = 0.005, per_token: float = 1e-4, per_attn: float = 1e-8,
                  per_kv: float = 1e-6) -> None:
@@ -40,7 +41,8 @@ def random_requests(n: int, qps: float, seed: int, max_prompt: int = 2000, max_o
     arrivals = np.cumsum(rng.exponential(1 / qps, n))
     prompts = rng.integers(1, max_prompt + 1, n)
     outputs = rng.integers(1, max_output + 1, n)
-    return [Request(i, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs))]
+    return [Request(i, float(a), int(p), int(o))
+            for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs))]
 
 
 @pytest.fixture
@@ -48,7 +50,7 @@ def affine_cost() -> AffineCost:
     return AffineCost()
 
 
-# ---- the real engine's tests (test_engine, test_disagg): the tiny-2l model, one thread ---------------------------
+# ---- the real engine's tests (test_engine, test_disagg): the tiny-2l model, one thread ---------------------
 
 ENGINE_MODEL = "tiny-2l"
 ENGINE_SEED = 0
@@ -110,7 +112,8 @@ HEAVY = ("cli", "torch", "vllm")
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    config.addinivalue_line("markers", "vllm_profile: a real vLLM step profile (about two minutes; needs vLLM)")
+    config.addinivalue_line("markers",
+                            "vllm_profile: a real vLLM step profile (about two minutes; needs vLLM)")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,5 +1,6 @@
-"""The executor's attention: kernels chosen explicitly (`executor.config.ExecutorConfig.attention`), grouped-query
-calls folded into the query axis rather than `enable_gqa` or repeated K/V heads, and the kernels recorded.
+"""The executor's attention: kernels chosen explicitly (`executor.config.ExecutorConfig.attention`),
+grouped-query calls folded into the query axis rather than `enable_gqa` or repeated K/V heads, and the kernels
+recorded.
 
 Exactness: `_sdpa` against a float64 reference with repeated K/V heads on random shapes (GQA 4/2 as `tiny`,
 and others), and whole iterations (decode rows with holes and mixed contexts, chunks on cached context, padded
@@ -37,7 +38,8 @@ CPU_SETTINGS = [a for a in ATTENTION if a != "efficient"]
 
 
 def reference(q, k, v, mask, is_causal, scale):
-    """Attention in float64 with each K/V head repeated for its G query heads (head h reads K/V head h // G)."""
+    """Attention in float64 with each K/V head repeated for its G query heads (head h reads K/V head h //
+    G)."""
     G = q.shape[1] // k.shape[1]
     k, v = (t.double().repeat_interleave(G, 1) for t in (k, v))
     s = q.double() @ k.transpose(-1, -2) * scale
@@ -51,7 +53,8 @@ def reference(q, k, v, mask, is_causal, scale):
 def random_case(g: torch.Generator, B: int, KVH: int, G: int, L: int, K: int, device: str = "cpu",
                 dtype: torch.dtype = torch.float32, masked: bool = True):
     D = 16
-    q, k, v = (torch.randn(B, h, n, D, generator=g).to(device, dtype) for h, n in ((KVH * G, L), (KVH, K), (KVH, K)))
+    q, k, v = (torch.randn(B, h, n, D, generator=g).to(device, dtype)
+               for h, n in ((KVH * G, L), (KVH, K), (KVH, K)))
     if not masked:
         return q, k, v, None
     blocked = torch.rand(B, 1, L, K, generator=g) < 0.4
@@ -115,11 +118,13 @@ def test_every_kind_of_iteration_matches_the_reference_under_each_setting(models
     ex = RaggedExecutor(model, 8, 96, ExecutorConfig(setting))
     # decode rows of mixed contexts in slots 0, 2, 3, 5 (holes at 1 and 4), beside a chunk on 30 cached tokens
     slots = [0, 2, 3, 5]
-    ex.run([Segment(s, p[:-1]) for s, p in zip(slots, prompts[:4])] + [Segment(6, prompts[4][:30], sample=False)])
+    ex.run([Segment(s, p[:-1]) for s, p in zip(slots, prompts[:4])]
+           + [Segment(6, prompts[4][:30], sample=False)])
     out = ex.run([Segment(s, p[-1:], len(p) - 1) for s, p in zip(slots, prompts[:4])]
                  + [Segment(6, prompts[4][30:], 30)])
     assert (out - expect).abs().max() < 1e-5
-    ex.clear()  # a padded batch under a mask (rows of different lengths over 70 KV columns), then bin-packed rows
+    # a padded batch under a mask (rows of different lengths over 70 KV columns), then bin-packed rows
+    ex.clear()
     pre = ex.run_padded([Segment(i, p[:-1]) for i, p in enumerate(prompts)], length=64, dense=True)
     assert pre.shape[0] == len(prompts)
     out = ex.run_padded([Segment(i, p[-1:], len(p) - 1) for i, p in enumerate(prompts)], kv_len=70)
@@ -137,7 +142,8 @@ def test_kernels_of_every_kind_are_recorded(models):
     auto = attention_kernels(model)
     assert set(auto) == kinds
     assert auto["decode_masked"] == "flash (folded)" and auto["prefill_causal"] == "flash (enable_gqa)"
-    assert set(attention_kernels(model, ExecutorConfig("math")).values()) == {"math (folded)", "math (enable_gqa)"}
+    assert set(attention_kernels(model,
+                                 ExecutorConfig("math")).values()) == {"math (folded)", "math (enable_gqa)"}
     assert ragged._kernels_seen is None  # recording stops with the probe
 
 
@@ -151,7 +157,8 @@ def test_a_setting_without_a_kernel_for_a_kind_is_refused_naming_it(models, monk
         return sdpa(q, k, v, attn_mask=attn_mask, **kw)
 
     monkeypatch.setattr(ragged.F, "scaled_dot_product_attention", no_masks)
-    with pytest.raises(InputError, match=r"--attention flash \(flash\) has no kernel for decode_masked attention "
+    with pytest.raises(InputError,
+                       match=r"--attention flash \(flash\) has no kernel for decode_masked attention "
                                          r"on cpu in float32: No available kernel"):
         attention_kernels(model, ExecutorConfig("flash"))
     assert ragged._kernels_seen is None
@@ -169,7 +176,8 @@ def test_executor_config_values_and_records():
     assert ExecutorConfig().record("cpu") == {"attention": "auto", "eager": True,
                                               "attention_backends": ["flash", "math"]}
     assert ExecutorConfig.of_record({}) == ExecutorConfig("any")  # recorded before the configuration existed
-    assert ExecutorConfig.of_record({"executor_config": ExecutorConfig("math").record("cpu")}) == ExecutorConfig("math")
+    assert (ExecutorConfig.of_record({"executor_config": ExecutorConfig("math").record("cpu")})
+            == ExecutorConfig("math"))
 
 
 def test_a_fit_refuses_a_run_made_with_other_kernels():
@@ -204,7 +212,8 @@ def test_cuda_folded_attention_matches_repeated_heads(dtype, setting):
         except RuntimeError:
             assert setting == "flash"  # flash takes no mask: refused, never silently another kernel
         else:
-            assert (got.double() - reference(q[:, :, :1], k, v, mask[:, :, :1], False, 0.125)).abs().max() < tol
+            assert (got.double() - reference(q[:, :, :1], k, v, mask[:, :, :1], False,
+                                             0.125)).abs().max() < tol
         kc, vc = k[:, :, :5], v[:, :, :5]
         try:
             got = _sdpa(q, kc, vc, None, True, 0.125, attn, "x")
@@ -219,15 +228,17 @@ def test_cuda_auto_never_runs_cudnn_and_masked_decodes_have_a_kernel():
     model = build_model(get_model("tiny"), "cuda", "bfloat16", seed=0)
     kernels = attention_kernels(model)
     assert not any(k.startswith("cudnn") for k in kernels.values()), kernels
-    assert kernels["decode_masked"] == "efficient (folded)" and kernels["prefill_causal"] == "flash (enable_gqa)"
+    assert (kernels["decode_masked"] == "efficient (folded)"
+            and kernels["prefill_causal"] == "flash (enable_gqa)")
     fp32 = attention_kernels(build_model(get_model("tiny"), "cuda", "float32", seed=0))
-    assert fp32["prefill_causal"].startswith("efficient")  # no fp32 flash: efficient, per group where it takes no GQA
+    # no fp32 flash: efficient, per group where it takes no GQA
+    assert fp32["prefill_causal"].startswith("efficient")
 
 
 @needs_cuda
 def test_cuda_decode_step_costs_the_same_when_contexts_grow():
-    """simctl issue 11: cuDNN re-planned for every new KV length, so a served decode step (contexts grow by one
-    token a step) cost 3-4x the same step repeated at one length. Under `auto`, growing and fixed contexts
+    """simctl issue 11: cuDNN re-planned for every new KV length, so a served decode step (contexts grow by
+    one token a step) cost 3-4x the same step repeated at one length. Under `auto`, growing and fixed contexts
     cost about the same."""
     import time
 
@@ -251,7 +262,7 @@ def test_cuda_decode_step_costs_the_same_when_contexts_grow():
     assert growing < 1.5 * fixed, (growing, fixed)
 
 
-# ---- one executor configuration for the profile, its fit and the real runs it prices ------------------------
+# ---- one executor configuration for the profile, its fit and the real runs it prices -----------------------
 
 
 SHIPPED_CPU_PROFILE = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu"
@@ -260,8 +271,10 @@ SIMCTL = Path(sys.executable).parent / "simctl"
 
 def simctl_error(*args: str, cwd: Path) -> str:
     """The one line a refused command writes on stderr (exit 2)."""
-    res = subprocess.run([str(SIMCTL), *args], capture_output=True, text=True, cwd=cwd, timeout=300, check=False)
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith("simctl: error: "), res
+    res = subprocess.run([str(SIMCTL), *args], capture_output=True, text=True, cwd=cwd, timeout=300,
+                         check=False)
+    assert (res.returncode == 2 and res.stderr.count("\n") == 1
+            and res.stderr.startswith("simctl: error: ")), res
     return res.stderr
 
 
@@ -278,7 +291,8 @@ def test_a_fit_records_its_profiles_executor_and_the_twin_refuses_another(tmp_pa
     assert fitted.meta["executor_config"] == {"attention": "any", "eager": True,
                                               "attention_backends": ["flash", "math"]}
     check_executor(fitted, twin_summary(Setup(), "vllm", 1.0))  # auto runs the kernels `any` ran on a CPU
-    with pytest.raises(InputError, match="profiled with --attention any .* the real run uses --attention math"):
+    with pytest.raises(InputError,
+                       match="profiled with --attention any .* the real run uses --attention math"):
         check_executor(fitted, twin_summary(Setup(attention="math"), "vllm", 1.0))
 
 
@@ -286,15 +300,18 @@ def test_validate_refuses_real_runs_with_other_kernels_than_the_fits(tmp_path):
     from engine.validate import validate_main
 
     with pytest.raises(InputError, match="--attention math"):
-        validate_main(["vllm"], cost=SHIPPED_CPU_PROFILE / "cost_model.json", out=tmp_path / "v", attention="math")
+        validate_main(["vllm"], cost=SHIPPED_CPU_PROFILE / "cost_model.json", out=tmp_path / "v",
+                      attention="math")
     assert not (tmp_path / "v").exists()
     err = simctl_error("validate", "--policy", "vllm", "--attention", "math", "--out", "v", cwd=tmp_path)
     assert "profiled with --attention any (flash, math)" in err and not (tmp_path / "v").exists()
 
 
 @pytest.mark.parametrize("command, words", [
-    (("real", "--attention", "cudnn"), "--attention 'cudnn' unknown; choose one of auto, flash, efficient, math, any"),
-    (("profile", "--out", "p", "--attention", "efficient"), "--attention efficient: the memory-efficient kernel"),
+    (("real", "--attention", "cudnn"),
+     "--attention 'cudnn' unknown; choose one of auto, flash, efficient, math, any"),
+    (("profile", "--out", "p", "--attention", "efficient"),
+     "--attention efficient: the memory-efficient kernel"),
     (("validate", "--attention", "fast"), "--attention 'fast' unknown"),
 ])
 def test_bad_attention_is_one_line(tmp_path, command, words):
@@ -303,6 +320,7 @@ def test_bad_attention_is_one_line(tmp_path, command, words):
 
 
 def test_help_teaches_the_attention_choices():
-    res = subprocess.run([str(SIMCTL), "real", "--help"], capture_output=True, text=True, timeout=60, check=True)
+    res = subprocess.run([str(SIMCTL), "real", "--help"], capture_output=True, text=True, timeout=60,
+                         check=True)
     flat = " ".join(res.stdout.split())
     assert "never cuDNN" in flat and "re-plans for every new KV length" in flat and "[default: auto]" in flat

@@ -49,7 +49,8 @@ def test_a_finished_query_leaves_and_a_waiting_one_is_inserted_with_every_row_pa
     # trim: b's KV starts at column 6 -> the 6 placeholder columns in front go; c is inserted:
     insert = step(policy)
     assert insert.seqs == [b, c] and insert.num_new == [1, 7]
-    assert insert.layout is Layout.PADDED and insert.row_len == 7 and insert.linear_tokens == 2 * 7  # B x l_new
+    # B x l_new
+    assert insert.layout is Layout.PADDED and insert.row_len == 7 and insert.linear_tokens == 2 * 7
     assert insert.prefill_q == [7, 7] and insert.prefill_c == [5, 5] and insert.dense_attention
     assert insert.kv_len == 5 + 7 and policy.kv.width == 12 and policy.kv.used == 24
     assert policy.start == {b.id: 0, c.id: 5}  # b's 6 pad columns stay inside its row; c behind placeholders

@@ -39,7 +39,8 @@ def test_capacity_cli_writes_json_parquet_png(tmp_path: Path) -> None:
     out = tmp_path / "cap"
     simctl = Path(sys.executable).parent / "simctl"
     proc = subprocess.run([str(simctl), "capacity", "--policy", "vllm,sarathi", "--trace", "sharegpt",
-                           "--num-requests", "200", "--slo", "p99_tbt=0.5", "--seeds", "2", "--out", str(out)],
+                           "--num-requests", "200", "--slo", "p99_tbt=0.5", "--seeds", "2", "--out",
+                           str(out)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     cap = json.loads((out / "capacity.json").read_text())

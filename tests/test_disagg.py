@@ -25,12 +25,13 @@ from engine.setup import RealConfig, size_run
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
 SIMCTL = Path(sys.executable).parent / "simctl"
 # test_engine's ten requests: a burst of six (they batch on the prefill instance and reach the decode instance
-# together), then four a few milliseconds apart; one of a single output token never leaves its prefill instance
+# together), then four a few milliseconds apart; one of a single output token never leaves its prefill
+# instance
 
 
 def serve_pd(model, policy: str, kv_capacity: int | None = None, **options):
-    config = RealConfig(policy=policy, model=MODEL, seed=SEED, options=options, kv_capacity=kv_capacity, threads=1,
-                        prefill_instances=1, decode_instances=1)
+    config = RealConfig(policy=policy, model=MODEL, seed=SEED, options=options, kv_capacity=kv_capacity,
+                        threads=1, prefill_instances=1, decode_instances=1)
     config.validate()
     size = size_run(config, REQUESTS, SPEC.kv_bytes_per_token(4), 1 << 30)
     run, _, _, fields = run_disaggregated(config, size, REQUESTS, model)
@@ -42,7 +43,8 @@ def serve_pd(model, policy: str, kv_capacity: int | None = None, **options):
     ("sarathi", None, {"token_budget": 16}),  # prompts chunked on the prefill instance
     ("vllm", 112, {}),  # KV for about two requests: both instances queue, the decode instance preempts
 ])
-def test_each_request_gets_its_tokens_alone_once_and_kv_returns(model, alone, policy, kv_capacity, options) -> None:
+def test_each_request_gets_its_tokens_alone_once_and_kv_returns(
+        model, alone, policy, kv_capacity, options) -> None:
     run, fields, size = serve_pd(model, policy, kv_capacity, **options)
     s, req = run.summary, run.result.requests.set_index("request_id")
     assert not run.result.aborted and s["completed"] == len(REQUESTS)
@@ -94,7 +96,8 @@ PD = ("--prefill-instances", "1", "--decode-instances", "1")
 @pytest.mark.parametrize("args,message", [
     (("--prefill-instances", "2", "--decode-instances", "1"), "one prefill and one decode instance"),
     (("--prefill-instances", "1"), "one prefill and one decode instance"),
-    (("--prefill-instances", "0", "--decode-instances", "1"), "--prefill-instances must be an integer from 1"),
+    (("--prefill-instances", "0", "--decode-instances", "1"),
+     "--prefill-instances must be an integer from 1"),
     ((*PD, "--policy", "faster-transformer"), "cannot serve disaggregated"),
     ((*PD, "--device", "cuda"), "runs on the CPU"),
 ])
@@ -122,7 +125,8 @@ def test_validate_compares_a_real_pd_run_with_the_simulated_cluster(tmp_path: Pa
     real = json.loads((out / "runs/vllm/load_0.5/real/summary.json").read_text())
     sim = json.loads((out / "runs/vllm/load_0.5/sim/summary.json").read_text())
     assert set(real["pools"]) == set(sim["pools"]) == {"prefill", "decode"}
-    assert sim["kv_link"]["gbps"] == real["kv_link"]["gbps"]  # the twin's link is the one the real run measured
+    # the twin's link is the one the real run measured
+    assert sim["kv_link"]["gbps"] == real["kv_link"]["gbps"]
     replay = pd.read_parquet(out / "runs/vllm/load_0.5/replay.parquet")
     assert set(replay["pool"]) == {"prefill", "decode"}
 

@@ -74,7 +74,8 @@ def check_run(out, requests: list[Request], alone, late: bool = False) -> None:
     assert (frame["start_s"].diff().dropna() > 0).all() and (frame["duration_s"] > 0).all()
     # every token but the first (and one per re-prefill after a preemption) comes from a decode row
     preemptions = sum(s.preemptions for s in out.seqs)
-    assert frame["decode_tokens"].sum() == sum(r.output_tokens for r in requests) - len(requests) - preemptions
+    assert frame["decode_tokens"].sum() == sum(r.output_tokens
+                                               for r in requests) - len(requests) - preemptions
 
 
 @pytest.mark.parametrize("name,options", CASES, ids=[f"{n}{'-' + '-'.join(map(str, o.values())) if o else ''}"
@@ -92,7 +93,8 @@ def test_vllm_preemption_by_recompute_keeps_tokens(model, alone) -> None:
     requests = [Request(i, 0.0, p, o) for i, (p, o) in enumerate([(20, 30), (18, 28), (25, 26), (16, 33)])]
     seen = []
     _, out, _ = serve(model, "vllm", requests, kv_capacity=112,  # 7 blocks of 16: two or three fit at once
-                      on_iteration=lambda plan, start, end, fwd: seen.append((plan.linear_tokens, end - start, fwd)))
+                      on_iteration=lambda plan, start, end, fwd: seen.append(
+                          (plan.linear_tokens, end - start, fwd)))
     assert sum(s.preemptions for s in out.seqs) > 0, "no preemption: lower the KV capacity"
     check_run(out, requests, alone)
     frame = out.iterations.frame()
@@ -197,12 +199,14 @@ def test_prepack_packs_and_hf_padded_masks_densely(model, alone, monkeypatch) ->
         calls.append(("packed", len(rows), sum(len(r) for r in rows), dense))
         return real_packed(self, rows, length, dense)
 
-    requests = [Request(i, 0.0, p, o) for i, (p, o) in enumerate([(40, 3), (7, 9), (23, 1), (15, 6), (30, 2)])]
+    requests = [Request(i, 0.0, p, o)
+                for i, (p, o) in enumerate([(40, 3), (7, 9), (23, 1), (15, 6), (30, 2)])]
     for r in requests:
         alone(r)  # before the ragged path is forbidden
     monkeypatch.setattr(RaggedExecutor, "run_padded", spy_padded)
     monkeypatch.setattr(RaggedExecutor, "run_binpacked", spy_packed)
-    monkeypatch.setattr(RaggedExecutor, "run", lambda *a, **k: pytest.fail("a request-level policy ran ragged"))
+    monkeypatch.setattr(RaggedExecutor, "run",
+                        lambda *a, **k: pytest.fail("a request-level policy ran ragged"))
     for name in ("prepack", "hf-padded"):
         calls.clear()
         _, out, _ = serve(model, name, requests)
@@ -241,12 +245,14 @@ def test_real_run_writes_the_simulators_files(tmp_path) -> None:
     assert summary["threads"] == 1 and summary["child_process"] is True
     for key in ("device", "device_name", "dtype", "torch_version", "scale", "max_seq_len", "kv_slots"):
         assert summary[key] is not None
-    assert summary["executor_config"] == {"attention": "auto", "eager": True, "attention_backends": ["flash", "math"]}
+    assert summary["executor_config"] == {"attention": "auto", "eager": True,
+                                          "attention_backends": ["flash", "math"]}
     assert summary["attention_kernels"]["decode_masked"] == "flash (folded)"
     sim = run(RunConfig(policy="vllm", trace="sharegpt", num_requests=5, qps=1.0))
     write_run(tmp_path / "sim", sim.summary, sim.result.requests, sim.result.iterations.frame())
     for name in ("requests.parquet", "iterations.parquet"):
-        real_frame, sim_frame = pd.read_parquet(tmp_path / "real" / name), pd.read_parquet(tmp_path / "sim" / name)
+        real_frame, sim_frame = pd.read_parquet(tmp_path / "real" / name), pd.read_parquet(
+            tmp_path / "sim" / name)
         assert list(real_frame.columns) == list(sim_frame.columns)
         assert list(real_frame.dtypes) == list(sim_frame.dtypes)
     written = json.loads((tmp_path / "real" / "summary.json").read_text())
@@ -261,12 +267,13 @@ def test_real_run_writes_the_simulators_files(tmp_path) -> None:
     requests, policy = twin_inputs(written)  # the simulator's twin: same requests, same policy settings
     assert [(r.prompt_tokens, r.output_tokens) for r in requests] == list(
         zip(req["prompt_tokens"], req["output_tokens"]))
-    assert policy.kv.capacity == written["kv_capacity_tokens"] and policy.max_batch_size == written["max_batch_size"]
+    assert (policy.kv.capacity == written["kv_capacity_tokens"]
+            and policy.max_batch_size == written["max_batch_size"])
 
 
 def test_run_real_in_process_and_scale(tmp_path) -> None:
-    r = run_real(RealConfig(policy="sarathi", trace="arxiv", model=MODEL, qps=50.0, num_requests=4, scale=0.01,
-                            threads=1, options={"token_budget": 64}))
+    r = run_real(RealConfig(policy="sarathi", trace="arxiv", model=MODEL, qps=50.0, num_requests=4,
+                            scale=0.01, threads=1, options={"token_budget": 64}))
     assert r.summary["completed"] == 4 and r.summary["token_budget"] == 64 and r.summary["scale"] == 0.01
     full = build_trace("arxiv", 4, 50.0, 0)
     assert [(q.prompt_tokens, q.output_tokens) for q in r.requests] == [
@@ -284,7 +291,8 @@ def test_run_real_in_process_and_scale(tmp_path) -> None:
     ({"kv_capacity": 16}, "KV cache"),
 ])
 def test_real_main_input_errors(options, match, tmp_path) -> None:
-    kwargs = {"policy": "vllm", "trace": "sharegpt", "model": MODEL, "num_requests": 50, "scale": 0.02, **options}
+    kwargs = {"policy": "vllm", "trace": "sharegpt", "model": MODEL, "num_requests": 50, "scale": 0.02,
+              **options}
     with pytest.raises(InputError, match=match):
         real_main(**kwargs, out=tmp_path / "x")
     assert not (tmp_path / "x").exists()

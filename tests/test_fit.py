@@ -299,7 +299,8 @@ def test_knots_are_where_the_profile_measured():
     counts = np.array([1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 20, 31, 32, 33, 48, 50, 64, 100, 129, 130, 200,
                        4096])
     assert choose_knots(counts, 1) == [1, 2, 3, 4, 5, 8, 9, 12, 16, 17, 32, 33, 48, 64, 129, 4096]
-    assert choose_knots(np.array([0, 0, 1, 8, 250]), 0) == [0, 1, 8]  # 250: no knot (the last slope continues)
+    # 250: no knot (the last slope continues)
+    assert choose_knots(np.array([0, 0, 1, 8, 250]), 0) == [0, 1, 8]
     assert choose_knots(np.array([0.0]), 0) == [0]
 
 
@@ -580,7 +581,7 @@ def test_roofline_calibration_recovers_efficiencies(tmp_path):
     assert "roofline  a100-80gb" in format_report(r)
 
 
-# ---- where a cost model may be used (issue 13: a CPU's efficiencies priced an A100 at 77 s per token) --------
+# ---- where a cost model may be used (issue 13: a CPU's efficiencies priced an A100 at 77 s per token) ------
 def test_a_cpu_profile_calibrates_only_the_cpu_roofline(tmp_path):
     d = synthetic(tmp_path / "p")
     with pytest.raises(InputError, match="--roofline-gpu a100-80gb: the profile was measured on synthetic"):
@@ -613,7 +614,8 @@ def test_a_gpu_calibration_on_another_gpu_or_model_is_used_with_warnings(tmp_pat
 
 def test_a_fitted_model_prices_only_its_device(exact_fit):
     path = exact_fit.cost_model_path
-    with pytest.raises(InputError, match="fitted on synthetic, so its times are that device's, not a100-80gb's"):
+    with pytest.raises(InputError,
+                       match="fitted on synthetic, so its times are that device's, not a100-80gb's"):
         cost_model(path, get_model("tiny"), get_gpu("a100-80gb"), 1)
     assert cost_model(path, get_model("tiny"), get_gpu("cpu"), 1)[3] == []
 

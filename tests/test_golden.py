@@ -1,5 +1,6 @@
-"""The simulator's outputs are bit-identical to those recorded in tests/golden/runs.json (see record.py there):
-restructuring the core must not move a single result. Re-record only for an intended change of behaviour."""
+"""The simulator's outputs are bit-identical to those recorded in tests/golden/runs.json (see record.py
+there): restructuring the core must not move a single result. Re-record only for an intended change of
+behaviour."""
 
 from __future__ import annotations
 

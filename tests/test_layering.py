@@ -19,8 +19,8 @@ LAYERS: list[set[str]] = [
     {"simctl"},  # the command line
 ]
 LAYER = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
-THIRD_PARTY = {"torch": {"executor", "profiler", "engine"}, "transformers": {"executor", "profiler", "engine"},
-               "simpy": {"sim"}}
+THIRD_PARTY = {"torch": {"executor", "profiler", "engine"},
+               "transformers": {"executor", "profiler", "engine"}, "simpy": {"sim"}}
 
 
 def _modules() -> dict[str, Path]:
@@ -36,7 +36,8 @@ MODULES = _modules()
 
 
 def _imports(name: str, path: Path) -> list[tuple[int, str]]:
-    """(line, module) of every import in the module `name` (at `path`), at any depth; relative ones resolved."""
+    """(line, module) of every import in the module `name` (at `path`), at any depth; relative ones
+    resolved."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -47,7 +48,8 @@ def _imports(name: str, path: Path) -> list[tuple[int, str]]:
             module = ".".join(part for part in (base, node.module) if part)
             found.append((node.lineno, module))
             # `from pkg import module` names a module too
-            found += [(node.lineno, f"{module}.{a.name}") for a in node.names if f"{module}.{a.name}" in MODULES]
+            found += [(node.lineno, f"{module}.{a.name}") for a in node.names
+                      if f"{module}.{a.name}" in MODULES]
     return found
 
 
@@ -69,7 +71,8 @@ def test_packages_import_only_lower_layers() -> None:
         for line, mod in _imports(name, path):
             top = mod.split(".")[0]
             if top in LAYER and top != pkg and LAYER[top] >= LAYER[pkg]:
-                bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod} (layer {LAYER[top]} >= {LAYER[pkg]})")
+                bad.append(
+                    f"{path.relative_to(ROOT)}:{line} imports {mod} (layer {LAYER[top]} >= {LAYER[pkg]})")
             if top in THIRD_PARTY and pkg not in THIRD_PARTY[top]:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {top}")
     assert not bad, "\n".join(bad)

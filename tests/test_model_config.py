@@ -26,27 +26,29 @@ MISTRAL = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hi
            "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 32768,
            "hidden_act": "silu", "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
            "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
-TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
-        "max_position_embeddings": 512}
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 256, "max_position_embeddings": 512}
 QWEN_MOE = {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "num_experts": 4,
             "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64}
 # mistralai/Mixtral-8x7B-v0.1's published config.json (the fields simctl reads, plus a few it ignores)
-MIXTRAL = {**MISTRAL, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 8,
-           "num_experts_per_tok": 2, "rope_theta": 1e6, "sliding_window": None, "router_aux_loss_coef": 0.02}
+MIXTRAL = {**MISTRAL, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+           "num_local_experts": 8, "num_experts_per_tok": 2, "rope_theta": 1e6, "sliding_window": None,
+           "router_aux_loss_coef": 0.02}
 # Qwen/Qwen1.5-MoE-A2.7B's published config.json: 60 experts of 1408, top-4, a shared expert of 5632
 QWEN15_MOE = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 2048,
-              "intermediate_size": 5632, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
-              "num_experts": 60, "num_experts_per_tok": 4, "decoder_sparse_step": 1, "norm_topk_prob": False,
-              "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
-              "vocab_size": 151936, "max_position_embeddings": 8192, "hidden_act": "silu",
-              "tie_word_embeddings": False}
+              "intermediate_size": 5632, "moe_intermediate_size": 1408,
+              "shared_expert_intermediate_size": 5632, "num_experts": 60, "num_experts_per_tok": 4,
+              "decoder_sparse_step": 1, "norm_topk_prob": False, "num_hidden_layers": 24,
+              "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 151936,
+              "max_position_embeddings": 8192, "hidden_act": "silu", "tie_word_embeddings": False}
 # Qwen/Qwen3-30B-A3B's published config.json
 QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
-             "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
-             "decoder_sparse_step": 1, "mlp_only_layers": [], "num_hidden_layers": 48, "num_attention_heads": 32,
-             "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
-             "hidden_act": "silu", "tie_word_embeddings": False, "norm_topk_prob": True}
+             "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+             "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+             "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+             "vocab_size": 151936, "max_position_embeddings": 40960, "hidden_act": "silu",
+             "tie_word_embeddings": False, "norm_topk_prob": True}
 
 
 def write(tmp_path: Path, config: dict, name: str = "config.json") -> str:
@@ -61,7 +63,8 @@ def test_mistral_config_is_the_catalogue_shape(tmp_path: Path) -> None:
     assert replace(spec, name="mistral-7b", description="") == replace(MODELS["mistral-7b"], description="")
     seqs = [Seq(i, 0.0, 100 * (i + 1), 5) for i in range(4)]
     plan = hybrid([], seqs, [s.prompt_tokens for s in seqs])
-    assert Roofline(spec, "a100-80gb").iteration_time(plan) == Roofline("mistral-7b", "a100-80gb").iteration_time(plan)
+    assert (Roofline(spec, "a100-80gb").iteration_time(plan)
+            == Roofline("mistral-7b", "a100-80gb").iteration_time(plan))
 
 
 def test_defaults_and_families(tmp_path: Path) -> None:

@@ -131,7 +131,8 @@ def test_moe_weights_resident_and_kv_as_its_attention() -> None:
 def test_routing_skew_reaches_the_run_and_is_refused_where_meaningless() -> None:
     from sim.run import RunConfig, run
 
-    base = RunConfig(policy="vllm", trace="sharegpt", model="qwen3-30b-a3b", gpu="h100", qps=2.0, num_requests=60)
+    base = RunConfig(policy="vllm", trace="sharegpt", model="qwen3-30b-a3b", gpu="h100", qps=2.0,
+                     num_requests=60)
     uniform, skewed = run(base).summary, run(RunConfig(**{**base.__dict__, "routing_skew": 2.0})).summary
     assert "routing_skew" not in uniform and uniform["cost_assumptions"]["routing_skew"] == 0.0
     assert skewed["routing_skew"] == 2.0 and skewed["cost_assumptions"]["routing_skew"] == 2.0

@@ -23,7 +23,8 @@ def test_notebook_runs(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     namespace: dict = {}
     for src in code:
         exec(compile(src, str(path), "exec"), namespace)  # noqa: S102 - the project's own notebook
-    if "caps" in namespace and isinstance(namespace["caps"], dict):  # compare_schedulers: every policy sustains some load
+    # compare_schedulers: every policy sustains some load
+    if "caps" in namespace and isinstance(namespace["caps"], dict):
         assert all(v > 0 for v in namespace["caps"].values())
     if "comparison" in namespace:  # capacity_vs_slo: a capacity for every policy, trace and SLO
         assert (namespace["result"].table["capacity_qps"] > 0).all()

@@ -1,4 +1,5 @@
-"""`simctl fit` on operator profiles in Vidur's layout (../shared/reference/gpu_profiles, beside the checkout)."""
+"""`simctl fit` on operator profiles in Vidur's layout (../shared/reference/gpu_profiles, beside the
+checkout)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""`simctl plot`, `simctl run --timeline` and `--trace-events`: figures drawn from every kind of output folder,
-the TBT gaps read back from iteration rows (against the run's exact percentiles and a hand-computed case), the
-recorded timeline against the requests it recorded, and the Chrome trace's shape."""
+"""`simctl plot`, `simctl run --timeline` and `--trace-events`: figures drawn from every kind of output
+folder, the TBT gaps read back from iteration rows (against the run's exact percentiles and a hand-computed
+case), the recorded timeline against the requests it recorded, and the Chrome trace's shape."""
 
 from __future__ import annotations
 
@@ -54,8 +54,9 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_every_figure_is_drawn(kind: str, folders: dict[str, Path], tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:
-    dirs = {"capacity": ["cap"], "attainment": ["cap"], "pareto": ["cap", "run_vllm"], "timeline": ["run_vllm"],
-            "cdf": ["run_vllm", "run_sarathi"], "tbt": ["run_vllm", "run_sarathi"]}[kind]
+    dirs = {"capacity": ["cap"], "attainment": ["cap"], "pareto": ["cap", "run_vllm"],
+            "timeline": ["run_vllm"], "cdf": ["run_vllm", "run_sarathi"],
+            "tbt": ["run_vllm", "run_sarathi"]}[kind]
     png = tmp_path / f"{kind}.png"
     code, _, err = cli(capsys, "plot", kind, *(folders[d] for d in dirs), "--out", png)
     assert code == 0, err
@@ -91,8 +92,9 @@ def test_decode_gaps_by_hand() -> None:
     g = decode_gaps(rows)
     got = sorted(zip(g.time_s.round(9), g.gap_s.round(9), g.weight))
     # 1.5: both newcomers, 0.5 after their prefill; 2.7: the newcomer 0.2 after its prefill, the stalled two
-    # 1.2 after their last token (1.5); 3.1: the stretch's 2 more iterations x 3 tokens at its mean 0.2; after the
-    # idle spell nothing is known of the decode's previous token (and no such run exists: decodes never idle)
+    # 1.2 after their last token (1.5); 3.1: the stretch's 2 more iterations x 3 tokens at its mean 0.2; after
+    # the idle spell nothing is known of the decode's previous token (and no such run exists: decodes never
+    # idle)
     assert got == [(1.5, 0.5, 2), (2.7, 0.2, 1), (2.7, 1.2, 2), (3.1, 0.2, 6)]
 
 

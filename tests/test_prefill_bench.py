@@ -57,7 +57,8 @@ def test_policies_that_chunk_or_decode_are_refused() -> None:
 
 
 def _simctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SIMCTL), "prefill-bench", *args], check=False, capture_output=True, text=True, timeout=300)
+    return subprocess.run([str(SIMCTL), "prefill-bench", *args], check=False, capture_output=True, text=True,
+                          timeout=300)
 
 
 def test_cli_json_and_out(tmp_path: Path) -> None:
@@ -84,7 +85,8 @@ def test_cli_bad_input_is_one_line(args: tuple[str, ...], text: str) -> None:
 def test_cli_real_times_the_plans_on_this_machine() -> None:
     pytest.importorskip("torch")
     r = _simctl("--lengths", "wikitext256", "--scale", "0.2", "--prompts", "24", "--batch-size", "8",
-                "--model", "tiny", "--gpu", "cpu", "--real", "--real-batches", "1", "--repeats", "1", "--json")
+                "--model", "tiny", "--gpu", "cpu", "--real", "--real-batches", "1", "--repeats", "1",
+                "--json")
     assert r.returncode == 0, r.stderr
     points = json.loads(r.stdout)["points"]
     assert all(p["real_prefill_s"] > 0 and p["predicted_first_s"] > 0 for p in points)

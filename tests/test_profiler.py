@@ -106,7 +106,8 @@ def test_hybrid_iteration_gives_each_request_its_own_logits(models, prompts):
     # iteration 1: prefill a and b without their last token, and the first 30 tokens of long_p
     ex.run([Segment(0, a[:-1]), Segment(1, b[:-1]), Segment(2, long_p[:30], sample=False)])
     # iteration 2: two decodes (the last prompt token stands in for a sampled one) + a chunk on 30 cached
-    out = ex.run([Segment(0, a[-1:], len(a) - 1), Segment(1, b[-1:], len(b) - 1), Segment(2, long_p[30:], 30)])
+    out = ex.run([Segment(0, a[-1:], len(a) - 1), Segment(1, b[-1:], len(b) - 1),
+                  Segment(2, long_p[30:], 30)])
     expect = torch.stack([ref_logits(ref, a)[-1], ref_logits(ref, b)[-1], ref_logits(ref, long_p)[-1]])
     assert close(out, expect) < ATOL
 
@@ -172,7 +173,8 @@ def test_every_profiled_shape_is_a_plan_with_its_execution_shape():
             assert plan.row_len == shape.length and plan.linear_tokens == len(shape.segs) * shape.length
             assert plan.dense_attention == shape.dense
         elif shape.kind == "binpacked_prefill":
-            assert plan.bins == [list(b) for b in shape.bins] and plan.linear_tokens == len(shape.bins) * shape.length
+            assert plan.bins == [list(b)
+                                 for b in shape.bins] and plan.linear_tokens == len(shape.bins) * shape.length
         elif shape.kind == "padded_insertion":  # every row computes the newcomer's L tokens over the width
             assert plan.linear_tokens == len(shape.segs) * shape.length and plan.kv_len == shape.kv_len
             assert plan.num_new == [s.q for s in shape.segs] and plan.dense_attention
@@ -186,15 +188,17 @@ def test_every_profiled_shape_is_a_plan_with_its_execution_shape():
 
 def test_shape_features_by_hand():
     f = hybrid(3, 100, 64, 1000).features()  # 3 decodes at context 100 + a mid-prompt chunk of 64 on 1000
-    assert f == {"kind": "hybrid", "batch_size": 4, "linear_tokens": 67, "sampled_tokens": 3, "num_segments": 1,
-                 "attn_units": 64 * (1000 + 32), "attn_kv_tokens": 1064, "decode_rows": 3, "decode_kv": 303,
-                 "decode_pad_kv": 0, "q": 64, "c": 1000}
+    assert f == {"kind": "hybrid", "batch_size": 4, "linear_tokens": 67, "sampled_tokens": 3,
+                 "num_segments": 1, "attn_units": 64 * (1000 + 32), "attn_kv_tokens": 1064, "decode_rows": 3,
+                 "decode_kv": 303, "decode_pad_kv": 0, "q": 64, "c": 1000}
     f = padded_decode([10, 40], kv_len=50).features()
     assert (f["decode_rows"], f["decode_kv"], f["decode_pad_kv"], f["c"]) == (2, 100, 0, 49)
     f = decode_mixed([10, 40]).features()  # ragged: padding to the longest row (41) counted apart
     assert (f["decode_kv"], f["decode_pad_kv"]) == (11 + 41, 2 * 41 - 52)
-    f = padded_insertion([30, 90], 50, 100).features()  # 2 running rows + a 50-token prompt on a 100-wide batch
-    assert (f["linear_tokens"], f["num_segments"], f["attn_units"], f["q"], f["c"]) == (150, 3, 3 * 50 * 150, 50, 100)
+    # 2 running rows + a 50-token prompt on a 100-wide batch
+    f = padded_insertion([30, 90], 50, 100).features()
+    assert (f["linear_tokens"], f["num_segments"], f["attn_units"], f["q"],
+            f["c"]) == (150, 3, 3 * 50 * 150, 50, 100)
     f = binpacked_prompts([60, 30, 25, 5]).features()  # rows [60] and [30, 25, 5]: two dense 60 x 60 blocks
     assert (f["linear_tokens"], f["sampled_tokens"], f["attn_units"]) == (120, 4, 2 * 60 * 60)
 
@@ -220,11 +224,13 @@ def test_profile_writes_a_well_formed_profile(tmp_path):
     assert padded["linear_tokens"] >= packed["linear_tokens"]  # pads are computed
     meta = json.loads((out / "meta.json").read_text())
     assert meta["OMP_WAIT_POLICY"] == "PASSIVE" and meta["threads"] == 1
-    assert meta["executor_config"]["attention"] == "auto" and meta["attention_kernels"]["decode"] == "flash (folded)"
+    assert (meta["executor_config"]["attention"] == "auto"
+            and meta["attention_kernels"]["decode"] == "flash (folded)")
     timing = meta["timing"]
     assert timing["blocks"] >= len(frame) and 0 <= timing["quiet_blocks"] <= timing["blocks"]
     assert 0 <= timing["foreign_cpu_share"] <= 1 and isinstance(timing["shapes_without_quiet_block"], list)
-    assert meta["model"] == "tiny-2l" and meta["model_shape"]["num_layers"] == 2 and meta["dtype"] == "float32"
+    assert (meta["model"] == "tiny-2l" and meta["model_shape"]["num_layers"] == 2
+            and meta["dtype"] == "float32")
     for key in ("device_name", "torch_version", "transformers_version", "date"):
         assert meta[key]
     spec = get_model("tiny-2l")
@@ -279,7 +285,8 @@ def test_full_grid_separates_what_the_fit_needs():
     full = build_grid("full", 2048)
     rows = [s.features() for s in full.shapes]
     assert sum(1 for f in rows if f["sampled_tokens"] == 0) >= 4
-    single = {f["linear_tokens"] for f, s in zip(rows, full.shapes) if s.kind == "prefill" and len(s.segs) == 1}
+    single = {f["linear_tokens"] for f, s in zip(rows, full.shapes) if s.kind == "prefill"
+              and len(s.segs) == 1}
     assert {f["batch_size"] for f in rows if f["kind"] == "decode"} <= single
     assert {3072, 4096, 6144, 8192} <= {f["linear_tokens"] for f in rows}
     assert full.passes >= 8 and full.quiet_blocks >= 1 and full.max_wall_s <= 285

@@ -1,5 +1,5 @@
-"""The served-shape protocol (profiler/workloads.py: ShapeProtocol): a shape's calls move its cached contexts by
-a few tokens, symmetric around the shape, and its slab rows, within the model's positions and the slab; the
+"""The served-shape protocol (profiler/workloads.py: ShapeProtocol): a shape's calls move its cached contexts
+by a few tokens, symmetric around the shape, and its slab rows, within the model's positions and the slab; the
 profile keeps the nominal shape's features; `fixed` repeats the shape exactly."""
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def test_slab_budget_shrinks_the_variation_not_the_grid():
     assert (r.radius, r.spare_slots) == (16, 0)
     r = SERVED.repetitions(shape, 2048, 66 * 1088)
     assert (r.radius, r.spare_slots, r.slab) == (64, 2, (66, 1088))
-    labels = [[s.label() for s in build_grid("full", 2048, 2 ** 17, protocol=p).shapes] for p in (SERVED, FIXED)]
+    labels = [[s.label() for s in build_grid("full", 2048, 2 ** 17, protocol=p).shapes]
+              for p in (SERVED, FIXED)]
     assert labels[0] == labels[1]
 
 
@@ -116,7 +117,7 @@ def test_fixed_protocol_repeats_the_shape():
         ShapeProtocol("served-ish")
 
 
-# ---- the worker runs each call on the slab as the protocol says -----------------------------------------------
+# ---- the worker runs each call on the slab as the protocol says --------------------------------------------
 
 
 def record_calls(protocol: ShapeProtocol, shapes: list) -> list[list[tuple]]:
@@ -164,8 +165,8 @@ def record_calls(protocol: ShapeProtocol, shapes: list) -> list[list[tuple]]:
     return made
 
 
-SHAPES = [decode(3, 40), hybrid(2, 24, 6, 16), padded_decode([20, 39], 40), prefill(8, 32), packed_prompts([5, 7]),
-          binpacked_prompts([6, 3, 2]), padded_insertion([20, 30], 8, 32)]
+SHAPES = [decode(3, 40), hybrid(2, 24, 6, 16), padded_decode([20, 39], 40), prefill(8, 32),
+          packed_prompts([5, 7]), binpacked_prompts([6, 3, 2]), padded_insertion([20, 30], 8, 32)]
 
 
 def test_worker_calls_move_contexts_and_rows_as_served():
@@ -202,7 +203,8 @@ def test_profile_records_the_protocol_and_nominal_features(tmp_path):
     meta = pd.read_json(out / "meta.json", typ="series")
     assert meta["shape_protocol"]["name"] == "served" and meta["shape_protocol"]["spare_slots"] == 3
     with pytest.raises(InputError, match="shape protocol"):
-        profile("tiny-2l", "cpu", "float32", 1, True, tmp_path / "q", progress=False, grid="test", protocol="x")
+        profile("tiny-2l", "cpu", "float32", 1, True, tmp_path / "q", progress=False, grid="test",
+                protocol="x")
 
 
 def test_profile_command_takes_the_protocol():

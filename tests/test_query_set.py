@@ -20,12 +20,14 @@ def test_the_sets_have_the_papers_sizes_mix_and_ranges() -> None:
     long_in = [r for r in mixed if r.prompt_tokens >= 3000]
     long_out = [r for r in mixed if r.output_tokens >= 3000]
     assert len(long_in) == len(long_out) == 30  # 1:1:2
-    assert all(32 <= r.output_tokens <= 400 for r in long_in) and all(32 <= r.prompt_tokens <= 400 for r in long_out)
+    assert all(32 <= r.output_tokens <= 400
+               for r in long_in) and all(32 <= r.prompt_tokens <= 400 for r in long_out)
     assert max(r.prompt_tokens + r.output_tokens for r in mixed) <= 4000  # within Llama-2's context
     assert sorted(r.id for r in mixed) == list(range(120))
     assert [r.prompt_tokens >= 3000 for r in mixed[:30]].count(True) < 30  # kinds are shuffled
     short = query_set("short", seed=3)
-    assert len(short) == 30 and all(32 <= r.prompt_tokens <= 260 and 32 <= r.output_tokens <= 260 for r in short)
+    assert len(short) == 30 and all(32 <= r.prompt_tokens <= 260 and 32 <= r.output_tokens <= 260
+                                    for r in short)
     assert query_set("short", seed=3) == short and query_set("short", seed=4) != short
     assert all(r.prompt_tokens == max(1, round(s.prompt_tokens * 0.1))
                for r, s in zip(query_set("short", 3, 0.1), short))
@@ -45,7 +47,8 @@ def test_query_level_batching_completes_the_set_first() -> None:
 
 
 def _simctl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "simctl.cli", *args], capture_output=True, text=True, check=False)
+    return subprocess.run([sys.executable, "-m", "simctl.cli", *args], capture_output=True, text=True,
+                          check=False)
 
 
 def test_cli_reports_each_policy_and_batch_size(tmp_path) -> None:
@@ -56,7 +59,8 @@ def test_cli_reports_each_policy_and_batch_size(tmp_path) -> None:
     assert [(x["batch_size"], x["policy"]) for x in rows] == [
         (b, p) for b in (2, 4) for p in ("hf-padded", "pd", "baton", "baton-pd")]
     assert all(x["speedup_vs_hf_padded"] == pytest.approx(
-        next(y["completion_s"] for y in rows if y["policy"] == "hf-padded" and y["batch_size"] == x["batch_size"])
+        next(y["completion_s"] for y in rows if y["policy"] == "hf-padded"
+             and y["batch_size"] == x["batch_size"])
         / x["completion_s"]) for x in rows)
     assert sorted(p.name for p in out.iterdir()) == ["query_set.parquet", "summary.json"]
 

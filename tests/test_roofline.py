@@ -172,8 +172,8 @@ def test_allreduce_only_for_tp_above_one():
     two = Roofline("llama-2-70b", "a100-80gb", tp=2, **defaults)
     four = Roofline("llama-2-70b", "a100-80gb", tp=4, **defaults)
     assert one.breakdown(plan)["allreduce"] == 0.0
-    # two all-reduces per layer of T x hidden x 2 bytes, ring: 2 (tp-1)/tp x bytes / (300 GB/s x 0.549) + 41.4 us
-    # (the A100's measured link efficiency and latency)
+    # two all-reduces per layer of T x hidden x 2 bytes, ring: 2 (tp-1)/tp x bytes / (300 GB/s x 0.549) + 41.4
+    # us (the A100's measured link efficiency and latency)
     for rf, tp in ((two, 2), (four, 4)):
         hand = 2 * 80 * (2 * (tp - 1) / tp * 1000 * 8192 * 2 / (300e9 * 0.549) + 41.4e-6)
         assert rf.breakdown(plan)["allreduce"] == pytest.approx(hand, rel=1e-9)
@@ -204,12 +204,14 @@ def test_decode_stretch_matches_stepping(rf):
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 512), ctx=st.integers(1, 32768), k=st.integers(1, 64), tp=st.sampled_from([1, 2, 4]))
+@given(rows=st.integers(1, 512), ctx=st.integers(1, 32768), k=st.integers(1, 64),
+       tp=st.sampled_from([1, 2, 4]))
 def test_decode_stretch_property(rows, ctx, k, tp):
     rf = Roofline("llama-2-13b", "h100", tp=tp)
     plan = padded_decode([], rows, ctx)
     fast = rf.stretch_times(plan, k)
-    slow = [rf.iteration_time(dataclasses.replace(plan, decode_kv=plan.decode_kv + j * rows)) for j in range(k)]
+    slow = [rf.iteration_time(dataclasses.replace(plan, decode_kv=plan.decode_kv + j * rows))
+            for j in range(k)]
     np.testing.assert_allclose(fast, slow, rtol=1e-12)
 
 

@@ -241,7 +241,8 @@ def test_vllm_preemption_by_recompute() -> None:
     t3 = A + B + D * 17  # X alone: 16 + 1; X is done (3 tokens)
     t4 = A + 17 * B + C * prefill(17)  # Y recomputes prompt + its 2 tokens: 17 x 8.5 units; samples token 3
     t5 = A + B + D * 18  # Y's last decode: 17 + 1
-    res, clock = sim_both("vllm", [Request(0, 0.0, 15, 3), Request(1, 0.0, 15, 4)], capacity=32, max_seq_len=32)
+    res, clock = sim_both("vllm", [Request(0, 0.0, 15, 3), Request(1, 0.0, 15, 4)], capacity=32,
+                          max_seq_len=32)
     x, y = row(res, 0), row(res, 1)
     assert (x["preemptions"], y["preemptions"]) == (0, 1)
     assert x["completion_s"] == pytest.approx(t1 + t2 + t3, rel=REL)
@@ -302,7 +303,8 @@ def test_scaled_cost_scales_every_time_when_all_arrive_at_once(name: str) -> Non
     requests = [Request(i, 0.0, r.prompt_tokens, r.output_tokens)
                 for i, r in enumerate(random_requests(40, 1.0, seed=3, max_prompt=600, max_output=60))]
     base = AffineCost()
-    runs = [simulate(requests, make_policy(name, 20_000, 4096), cost) for cost in (base, ScaledCost(base, 2.0))]
+    runs = [simulate(requests, make_policy(name, 20_000, 4096), cost)
+            for cost in (base, ScaledCost(base, 2.0))]
     a, b = (r.requests.sort_values("request_id").reset_index(drop=True) for r in runs)
     for col in ("first_token_s", "completion_s"):
         assert np.allclose(b[col], 2.0 * a[col], rtol=1e-9)

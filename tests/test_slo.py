@@ -1,5 +1,5 @@
-"""SLOs: the --slo grammar, met() on hand-made summaries, per-request attainment on a hand-made requests table,
-Sarathi-Serve's Table 3 defaults priced by hand on the roofline, and capacities over seeds."""
+"""SLOs: the --slo grammar, met() on hand-made summaries, per-request attainment on a hand-made requests
+table, Sarathi-Serve's Table 3 defaults priced by hand on the roofline, and capacities over seeds."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from sim.slo import SLO, parse_slo, table3_decode_time, table3_slos
 
 def test_parse_combines_items_and_repeats() -> None:
     slo = parse_slo(["p99_tbt=0.1", "p50_ttft=2, ttft=3,tpot=0.05", "p90_e2e=1e1"], None, 1.5)
-    assert slo == SLO({"p99_tbt": 0.1, "p50_ttft": 2.0, "p90_e2e": 10.0}, {"ttft": 3.0, "tpot": 0.05}, 0.9, 1.5)
+    assert slo == SLO({"p99_tbt": 0.1, "p50_ttft": 2.0, "p90_e2e": 10.0}, {"ttft": 3.0, "tpot": 0.05}, 0.9,
+                      1.5)
     assert parse_slo(["tbt=0.2"], 0.99).attainment == 0.99
     assert parse_slo([]) == SLO()
 
@@ -101,8 +102,8 @@ def test_attainment_of_a_simulated_run_matches_its_records() -> None:
 
 def test_describe() -> None:
     slo = SLO({"p99_tbt": 0.1, "p50_ttft": 2.0}, {"ttft": 3.0, "tbt": 0.25}, 0.95, 1.5)
-    assert slo.describe() == ("P99 TBT <= 0.1 s, P50 TTFT <= 2 s, TTFT <= 3 s and TBT <= 0.25 s for >= 95% of "
-                              "requests, P50 scheduling delay <= 1.5 s, sustainable")
+    assert slo.describe() == ("P99 TBT <= 0.1 s, P50 TTFT <= 2 s, TTFT <= 3 s and TBT <= 0.25 s for >= 95% "
+                              "of requests, P50 scheduling delay <= 1.5 s, sustainable")
 
 
 def test_dict_round_trip_and_older_validations() -> None:

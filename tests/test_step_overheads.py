@@ -26,11 +26,13 @@ def _plan(decodes: int, prompt: int = 0):
 
 
 def test_per_request_and_per_sampled_token_costs_add_by_hand() -> None:
-    plan = _plan(7, prompt=300)  # 8 scheduled requests; 7 decodes and the prompt's last token sample: 8 tokens
+    # 8 scheduled requests; 7 decodes and the prompt's last token sample: 8 tokens
+    plan = _plan(7, prompt=300)
     base = Roofline("llama-2-7b", "a100-80gb")
     both = Roofline("llama-2-7b", "a100-80gb", request_s=1e-4, sampled_token_s=3e-5)
     assert len(plan.seqs) == 8 and plan.sampled_tokens == 8
-    assert both.iteration_time(plan) - base.iteration_time(plan) == pytest.approx(8 * 1e-4 + 8 * 3e-5, rel=1e-9)
+    assert both.iteration_time(plan) - base.iteration_time(plan) == pytest.approx(
+        8 * 1e-4 + 8 * 3e-5, rel=1e-9)
     assert both.breakdown(plan)["overhead"] == pytest.approx(2e-3 + 8e-4 + 2.4e-4, rel=1e-12)
 
 

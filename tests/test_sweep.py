@@ -1,6 +1,6 @@
-"""`simctl sweep`: the grid's points (validated before anything runs, duplicates collapsed, keyed by their full
-configuration), a cache that lets an interrupted sweep resume without recomputing finished points, the same
-table from one process, a pool or Ray, and bad input as one line."""
+"""`simctl sweep`: the grid's points (validated before anything runs, duplicates collapsed, keyed by their
+full configuration), a cache that lets an interrupted sweep resume without recomputing finished points, the
+same table from one process, a pool or Ray, and bad input as one line."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def test_run_points_are_judged_against_every_slo(tmp_path: Path) -> None:
     assert (strict["slo_met"] == ((strict["tbt_p99"] <= 0.1) & strict["sustainable"]
                                   & (strict["sched_delay_p50"] <= 2))).all()
     per = t[t["slo"] == "per_request"]
-    assert per["slo_attainment"].between(0, 1).all() and (per["slo_met"] == (per["slo_attainment"] >= 0.9)).all()
+    assert per["slo_attainment"].between(0,
+                                         1).all() and (per["slo_met"] == (per["slo_attainment"] >= 0.9)).all()
     assert (t["completed"] == 100).all() and len(result.probes) == 0
     assert len(list((tmp_path / "out" / POINTS_DIR).glob("*.json"))) == 6
 
@@ -172,14 +173,16 @@ def test_ray_gives_the_table_of_one_process(tmp_path: Path) -> None:
 def test_replicas_and_routers_are_grid_fields(tmp_path: Path) -> None:
     """A point with replicas runs the cluster (one replica gives the single-replica results; more replicas
     serve the same rate with lower latency); a capacity point reports its rate per GPU too."""
-    spec = {"mode": "run", "num_requests": 120, "grid": {"policy": ["vllm"], "trace": ["sharegpt"], "qps": [3.0],
+    spec = {"mode": "run", "num_requests": 120,
+            "grid": {"policy": ["vllm"], "trace": ["sharegpt"], "qps": [3.0],
                                                          "replicas": [1, 2], "router": ["round-robin"]}}
     points = sweep_points(spec)
     assert sorted(p.cluster.replicas for p in points) == [1, 2] and all(p.labels["router"] for p in points)
     table = run_sweep(points, tmp_path / "run").table.set_index("replicas")
     assert table.loc[2, "e2e_p50"] < table.loc[1, "e2e_p50"]
     alone = run_sweep(sweep_points({**spec, "grid": {k: v for k, v in spec["grid"].items()
-                                                     if k not in ("replicas", "router")}}), tmp_path / "one").table
+                                                     if k not in ("replicas", "router")}}),
+                                                     tmp_path / "one").table
     assert table.loc[1, "e2e_p50"] == alone["e2e_p50"].iloc[0]
     cap = {"mode": "capacity", "num_requests": 100, "slo": {"loose": "p99_tbt=0.5"},
            "grid": {"policy": ["vllm"], "trace": ["sharegpt"], "replicas": [2]}}

@@ -374,7 +374,8 @@ def test_scale_multiplies_lengths_and_keeps_arrivals(tmp_path: Path) -> None:
         assert b.output_tokens == max(1, math.floor(a.output_tokens * 0.05 + 0.5))
     assert min(r.output_tokens for r in small) == 1 < max(r.output_tokens for r in small)
     path = _write(tmp_path, "s.csv", HEADER + "100,21\n3,1\n")
-    assert [(r.prompt_tokens, r.output_tokens) for r in build_trace(path, None, 1.0, 0, scale=0.5)] == [(50, 11), (2, 1)]
+    assert [(r.prompt_tokens, r.output_tokens)
+            for r in build_trace(path, None, 1.0, 0, scale=0.5)] == [(50, 11), (2, 1)]
 
 
 # ---------------------------------------------------------------- against the real traces

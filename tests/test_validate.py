@@ -1,5 +1,5 @@
-"""`engine.validate`: a tiny end-to-end validation (one policy, one load, two real runs against their simulated
-twin) writes its files with sane values; bad input fails before anything runs."""
+"""`engine.validate`: a tiny end-to-end validation (one policy, one load, two real runs against their
+simulated twin) writes its files with sane values; bad input fails before anything runs."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def cost():
 @pytest.fixture(scope="module")
 def validated(cost, tmp_path_factory):
     out = tmp_path_factory.mktemp("validate") / "val"
-    # 100 requests (the fewest a capacity search takes); a tight TTFT limit keeps the simulated capacity, and so
-    # the real runs, short
+    # 100 requests (the fewest a capacity search takes); a tight TTFT limit keeps the simulated capacity, and
+    # so the real runs, short
     slo = SLO({"p50_ttft": 0.004})
     report = validate_main(["sarathi"], "sharegpt", [0.5], cost=cost, out=out, model=MODEL, scale=0.02,
                            num_requests=100, seed=0, threads=1, slo=slo, repeats=2)

@@ -1,6 +1,7 @@
 """`simctl validate --device / --dtype`: the real runs' device and dtype reach every real run, the twins are
 sized on the KV budget those runs use, a cost model fitted on another device or in another dtype is refused
-before anything runs (one line, exit 2 from the CLI), and a tiny validation runs on cuda where there is one."""
+before anything runs (one line, exit 2 from the CLI), and a tiny validation runs on cuda where there is
+one."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 def simctl(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SIMCTL), *map(str, args)], check=False, capture_output=True, text=True, timeout=300)
+    return subprocess.run([str(SIMCTL), *map(str, args)], check=False, capture_output=True, text=True,
+                          timeout=300)
 
 
 def one_line_error(res: subprocess.CompletedProcess[str], *words: str) -> None:
@@ -42,11 +44,12 @@ def one_line_error(res: subprocess.CompletedProcess[str], *words: str) -> None:
      r"profiled on AMD EPYC \(cpu\) and prices only that device, not --device cuda: give --device cpu"),
     ({"device": "cuda", "device_name": H100, "dtype": "bfloat16"}, "cpu", None, "bfloat16",
      "not --device cpu: give --device cuda"),
-    ({"device": "cuda", "device_name": H100, "dtype": "bfloat16"}, "cuda:1", "NVIDIA A100-SXM4-80GB", "bfloat16",
-     f"profiled on {H100}, but --device cuda:1 is NVIDIA A100-SXM4-80GB"),
+    ({"device": "cuda", "device_name": H100, "dtype": "bfloat16"}, "cuda:1", "NVIDIA A100-SXM4-80GB",
+     "bfloat16", f"profiled on {H100}, but --device cuda:1 is NVIDIA A100-SXM4-80GB"),
     ({"device": "cuda", "device_name": H100, "dtype": "bfloat16"}, "cuda", H100, "float16",
      "profiled in bfloat16, not --dtype float16"),
-    ({"device": "cpu", "dtype": "torch.float32"}, "cpu", "AMD EPYC", "bfloat16", "profiled in float32, not --dtype"),
+    ({"device": "cpu", "dtype": "torch.float32"}, "cpu", "AMD EPYC", "bfloat16",
+     "profiled in float32, not --dtype"),
 ])
 def test_a_fit_of_another_device_or_dtype_is_refused(meta, device, name, dtype, match):
     with pytest.raises(InputError, match=match):
@@ -54,9 +57,12 @@ def test_a_fit_of_another_device_or_dtype_is_refused(meta, device, name, dtype, 
 
 
 @pytest.mark.parametrize("meta, device, name, dtype", [
-    ({"device": "cpu", "device_name": "AMD EPYC", "dtype": "float32"}, "cpu", "Intel Xeon", "float32"),  # CPUs: one
-    ({"device": "cuda:0", "device_name": H100, "dtype": "torch.bfloat16"}, "cuda", f" {H100.lower()}", "bfloat16"),
-    ({"device": "cuda", "device_name": H100, "dtype": "bfloat16"}, "cuda", None, "bfloat16"),  # name not probed yet
+    # CPUs: one
+    ({"device": "cpu", "device_name": "AMD EPYC", "dtype": "float32"}, "cpu", "Intel Xeon", "float32"),
+    ({"device": "cuda:0", "device_name": H100, "dtype": "torch.bfloat16"}, "cuda", f" {H100.lower()}",
+     "bfloat16"),
+    # name not probed yet
+    ({"device": "cuda", "device_name": H100, "dtype": "bfloat16"}, "cuda", None, "bfloat16"),
     ({"device": "cpu"}, "cpu", None, "float16"),  # a hand-made model that records no dtype
     ({}, "cpu", None, "float32"),
 ])
@@ -64,7 +70,7 @@ def test_a_fit_of_the_same_device_and_dtype_is_accepted(meta, device, name, dtyp
     check_fitted_run(meta, device, name, dtype)
 
 
-# ---- the CLI's refusals: one line, exit 2, nothing run or written -------------------------------------------
+# ---- the CLI's refusals: one line, exit 2, nothing run or written ------------------------------------------
 
 
 def test_validate_on_cuda_with_the_shipped_cpu_fit_is_refused(tmp_path):
@@ -106,7 +112,7 @@ def test_validate_on_cuda_without_cuda_is_one_line(tmp_path):
     assert not out.exists()
 
 
-# ---- the plumbing, with the real runs stubbed out --------------------------------------------------------------
+# ---- the plumbing, with the real runs stubbed out ----------------------------------------------------------
 
 
 class RealRunStarted(Exception):
@@ -159,7 +165,8 @@ def test_cpu_float32_reaches_the_real_runs_as_before(real_runs, tmp_path):
     with pytest.raises(RealRunStarted):
         validate_main(**ARGS, cost=cost, out=tmp_path / "val", device="cpu")
     kw = real_runs[0]
-    assert (kw["device"], kw["dtype"], kw["threads"], kw["kv_budget_bytes"]) == ("cpu", "float32", 1, CPU_KV_BYTES)
+    assert (kw["device"], kw["dtype"], kw["threads"],
+            kw["kv_budget_bytes"]) == ("cpu", "float32", 1, CPU_KV_BYTES)
 
 
 def test_cuda_plumbing_and_sizing_on_the_probed_budget(real_runs, monkeypatch, tmp_path):
@@ -186,17 +193,19 @@ def test_cuda_plumbing_and_sizing_on_the_probed_budget(real_runs, monkeypatch, t
         validate_main(**ARGS, cost=cost, out=tmp_path / "val", device="cuda", log=said.append)
     assert len(probed) == 1 and (probed[0].device, probed[0].dtype) == ("cuda", "bfloat16")
     kw = real_runs[0]
-    assert (kw["device"], kw["dtype"], kw["threads"], kw["kv_budget_bytes"]) == ("cuda", "bfloat16", 4, budget)
+    assert (kw["device"], kw["dtype"], kw["threads"],
+            kw["kv_budget_bytes"]) == ("cuda", "bfloat16", 4, budget)
     assert any(H100 in line and "bfloat16" in line for line in said), said
 
-    setup = Setup(trace="sharegpt", model="tiny-2l", num_requests=100, scale=0.05, threads=4, dtype="bfloat16",
-                  device="cuda", kv_budget_bytes=budget)
+    setup = Setup(trace="sharegpt", model="tiny-2l", num_requests=100, scale=0.05, threads=4,
+                  dtype="bfloat16", device="cuda", kv_budget_bytes=budget)
     capped = twin_summary(setup, "vllm", kw["qps"])
     assert capped["max_batch_size"] < 128 and capped["kv_budget_bytes"] == budget
     roomy = twin_summary(replace(setup, kv_budget_bytes=1 << 40), "vllm", kw["qps"])
     assert roomy["max_batch_size"] == 128 and roomy["kv_capacity_tokens"] > capped["kv_capacity_tokens"]
     # the real run's own sizing, from its config as real_main builds it: the twin's
-    config = engine.real.RealConfig(policy="vllm", **{k: v for k, v in kw.items() if k not in ("policy", "out")})
+    config = engine.real.RealConfig(policy="vllm", **{k: v for k, v in kw.items()
+                                                      if k not in ("policy", "out")})
     requests = engine.real.build_trace("sharegpt", 100, kw["qps"], 0, scale=0.05)
     real = engine.real.size_run(config, requests, get_model("tiny-2l").kv_bytes_per_token(2),
                                 config.kv_budget_bytes)
@@ -208,7 +217,8 @@ def test_a_probed_gpu_other_than_the_fits_is_refused_before_any_real_run(real_ru
     from engine.real import DeviceProbe
     from engine.validate import validate_main
 
-    monkeypatch.setattr(engine.real, "probe_device", lambda config: DeviceProbe("cuda", "NVIDIA A100", 1 << 30))
+    monkeypatch.setattr(engine.real, "probe_device",
+                        lambda config: DeviceProbe("cuda", "NVIDIA A100", 1 << 30))
     cost = stub_cost({"device": "cuda", "device_name": H100, "dtype": "bfloat16"})
     with pytest.raises(InputError, match=f"profiled on {H100}, but --device cuda is NVIDIA A100"):
         validate_main(**ARGS, cost=cost, out=tmp_path / "val", device="cuda")
@@ -216,7 +226,8 @@ def test_a_probed_gpu_other_than_the_fits_is_refused_before_any_real_run(real_ru
 
 
 def test_the_probing_child_finds_the_device_as_a_run_does():
-    """The child `probe_device` starts on cuda, here on the CPU: it builds the model and reports the device."""
+    """The child `probe_device` starts on cuda, here on the CPU: it builds the model and reports the
+    device."""
     pytest.importorskip("torch")
     from engine.real import CPU_KV_BYTES, DeviceProbe, RealConfig, _run_worker
     from executor.runtime import cpu_name
@@ -243,7 +254,7 @@ def test_a_real_run_sizes_its_kv_on_the_budget_given():
     assert s["completed"] == 8
 
 
-# ---- on a GPU ----------------------------------------------------------------------------------------------------
+# ---- on a GPU ----------------------------------------------------------------------------------------------
 
 
 def _cuda() -> bool:
@@ -267,7 +278,8 @@ def test_a_tiny_validation_on_cuda(tmp_path):
     from sim.capacity import SLO
 
     name = torch.cuda.get_device_name(0)
-    cost = stub_cost({"device": "cuda", "device_name": name, "dtype": "bfloat16", "threads": 2}, overhead=0.01)
+    cost = stub_cost({"device": "cuda", "device_name": name, "dtype": "bfloat16", "threads": 2},
+                     overhead=0.01)
     out = tmp_path / "val"
     report = validate_main(["sarathi"], "sharegpt", [0.25], cost=cost, out=out, model="tiny-2l", scale=0.02,
                            num_requests=100, slo=SLO({"p50_ttft": 0.04}), device="cuda")

@@ -1,5 +1,6 @@
-"""`simctl real --engine vllm`: a simctl trace served by the installed vLLM gives every request exactly its output
-tokens and records, step by step, what simctl's own real mode records (one engine serves every run here)."""
+"""`simctl real --engine vllm`: a simctl trace served by the installed vLLM gives every request exactly its
+output tokens and records, step by step, what simctl's own real mode records (one engine serves every run
+here)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ pytestmark = pytest.mark.vllm
 
 SIMCTL = Path(sys.executable).parent / "simctl"
 SHARED = 256  # prefix tokens a group shares: two of vLLM's 128-token blocks on the CPU
-TWIN_FIELDS = ("engine", "vllm_version", "num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
-               "enable_prefix_caching", "long_prefill_token_threshold", "max_model_len", "dtype",
-               "prefix_cache_hit_rate", "trace", "qps", "num_requests", "scale", "seed", "arrival", "cv", "policy")
+TWIN_FIELDS = ("engine", "vllm_version", "num_gpu_blocks", "block_size", "max_num_seqs",
+               "max_num_batched_tokens", "enable_prefix_caching", "long_prefill_token_threshold",
+               "max_model_len", "dtype", "prefix_cache_hit_rate", "trace", "qps", "num_requests", "scale",
+               "seed", "arrival", "cv", "policy")
 
 
 # 24 short requests over about half a second: prompts of 5 to 400 tokens, outputs of 1 to 12
@@ -52,7 +54,8 @@ def test_every_request_gets_exactly_its_tokens_and_the_records_add_up(server) ->
     assert (req["first_token_s"] <= req["completion_s"]).all()
     assert req["preemptions"].sum() == 0
     # every prompt token prefilled once (none cached: ids are random), every later token one decode row
-    assert its["prefill_tokens"].sum() == req["prompt_tokens"].sum() and req["prefix_cached_tokens"].sum() == 0
+    assert (its["prefill_tokens"].sum() == req["prompt_tokens"].sum()
+            and req["prefix_cached_tokens"].sum() == 0)
     assert its["decode_tokens"].sum() == req["output_tokens"].sum() - len(req)
     assert run.result.gaps.total == req["output_tokens"].sum() - len(req)
     assert (its["start_s"].diff().dropna() > 0).all() and (its["duration_s"] > 0).all()
@@ -76,12 +79,13 @@ def test_prefix_groups_hit_the_prefix_cache_and_nothing_else_does(server) -> Non
         assert cached[0] == cached[1] == 0 and cached[6] == 0, cached  # first of each group, and no group
         assert (cached[2:6] == SHARED).all(), cached
         assert run.fields["prefix_cache_hit_tokens"] == 4 * SHARED
-        assert run.fields["prefix_cache_hit_rate"] == pytest.approx(4 * SHARED / sum(r.prompt_tokens for r in GROUPED),
-                                                                    rel=0.01)
+        assert run.fields["prefix_cache_hit_rate"] == pytest.approx(
+            4 * SHARED / sum(r.prompt_tokens for r in GROUPED), rel=0.01)
 
 
 def test_prompt_ids_share_only_a_group_prefix() -> None:
-    a, b = (prompt_token_ids(Request(i, 0.0, 300, 1, prefix_group=3, prefix_tokens=200), 4096) for i in (0, 1))
+    a, b = (prompt_token_ids(Request(i, 0.0, 300, 1, prefix_group=3, prefix_tokens=200), 4096)
+            for i in (0, 1))
     assert a[:200] == b[:200] and sum(x == y for x, y in zip(a[200:], b[200:])) < 5  # chance: 1 in 4096 each
     assert min(a) >= 1 and max(a) < 4096 and len(a) == 300
     assert a == prompt_token_ids(Request(0, 5.0, 300, 9, prefix_group=3, prefix_tokens=200), 4096)

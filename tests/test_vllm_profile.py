@@ -45,9 +45,10 @@ def test_a_scheduler_output_becomes_the_plan_the_simulator_builds() -> None:
     plan = driver.plan_of(out)
     expected = hybrid([_seq(30, 40, 11), _seq(5, 7, 3)], [_seq(200, 100, 0), _seq(90, 0, 0)], [64, 30])
     assert plan_features(plan) == plan_features(expected)
-    assert plan_features(plan) == {"batch_size": 4, "linear_tokens": 96, "sampled_tokens": 2, "num_segments": 2,
-                                   "attn_units": 64 * (100 + 32) + 30 * 15, "attn_kv_tokens": 164 + 30,
-                                   "decode_rows": 2, "decode_kv": 49, "decode_pad_kv": 2 * 41 - 49}
+    assert plan_features(plan) == {"batch_size": 4, "linear_tokens": 96, "sampled_tokens": 2,
+                                   "num_segments": 2, "attn_units": 64 * (100 + 32) + 30 * 15,
+                                   "attn_kv_tokens": 164 + 30, "decode_rows": 2, "decode_kv": 49,
+                                   "decode_pad_kv": 2 * 41 - 49}
     assert kind_of(plan) == "hybrid"
 
 
@@ -56,8 +57,8 @@ def test_a_step_past_what_the_request_knows_is_an_error() -> None:
                           scheduled_cached_reqs=SimpleNamespace(req_ids=[], num_computed_tokens=[]),
                           num_scheduled_tokens={"a": 11})
     driver = StepDriver.__new__(StepDriver)
-    driver.scheduler = SimpleNamespace(requests={"a": SimpleNamespace(num_prompt_tokens=10, num_output_tokens=0,
-                                                                      max_tokens=1)})
+    driver.scheduler = SimpleNamespace(
+        requests={"a": SimpleNamespace(num_prompt_tokens=10, num_output_tokens=0, max_tokens=1)})
     with pytest.raises(RuntimeError, match="11 tokens on 0 of 10 known"):
         driver.plan_of(out)
 
@@ -110,7 +111,8 @@ def test_a_quick_vllm_profile_fits_unchanged(tmp_path, capsys) -> None:
 
     out = tmp_path / "vllm-tiny"
     with pytest.raises(SystemExit) as exit_:
-        main(["profile", "--engine", "vllm", "--model", "tiny", "--device", "cpu", "--quick", "--out", str(out)])
+        main(["profile", "--engine", "vllm", "--model", "tiny", "--device", "cpu", "--quick", "--out",
+              str(out)])
     assert exit_.value.code == 0
     meta = json.loads((out / "meta.json").read_text())
     assert meta["engine"] == "vllm" and meta["vllm_version"].startswith("vllm")

@@ -1,7 +1,7 @@
-"""vllm-v1 against the installed vLLM's own scheduler (vllm.v1.core.sched.scheduler.Scheduler over a block pool of
-the same size, no model): on random workloads with shared prefixes, preemptions and long-prefill thresholds,
-every step schedules the same requests with the same token counts, and the prefix-cache counters agree.
-Skipped where vLLM is not installed (`make vllm`)."""
+"""vllm-v1 against the installed vLLM's own scheduler (vllm.v1.core.sched.scheduler.Scheduler over a block
+pool of the same size, no model): on random workloads with shared prefixes, preemptions and long-prefill
+thresholds, every step schedules the same requests with the same token counts, and the prefix-cache counters
+agree. Skipped where vLLM is not installed (`make vllm`)."""
 
 from __future__ import annotations
 
@@ -35,9 +35,11 @@ def vllm_config(block: int, tokens: int, seqs: int, caching: int, threshold: int
     from sim.models import get_model
 
     with vllm_model_dir(get_model("tiny")) as d:
-        kw = engine_args(d, VLLMDeployment(max_model_len=2048, block_size=block, max_num_batched_tokens=tokens,
-                                           max_num_seqs=seqs, enable_prefix_caching=bool(caching)))
-        return EngineArgs(**kw, long_prefill_token_threshold=threshold).create_engine_config(UsageContext.LLM_CLASS)
+        kw = engine_args(d, VLLMDeployment(max_model_len=2048, block_size=block,
+                                           max_num_batched_tokens=tokens, max_num_seqs=seqs,
+                                           enable_prefix_caching=bool(caching)))
+        return EngineArgs(**kw,
+                          long_prefill_token_threshold=threshold).create_engine_config(UsageContext.LLM_CLASS)
 
 
 def vllm_scheduler(config: tuple[int, ...], blocks: int) -> Any:
@@ -49,13 +51,15 @@ def vllm_scheduler(config: tuple[int, ...], blocks: int) -> Any:
     cfg = vllm_config(*config)
     spec = FullAttentionSpec(block_size=config[0], num_kv_heads=1, head_size=8, dtype=torch.float32)
     # vLLM sets one block aside (the null block): one more for the same usable blocks
-    kv = KVCacheConfig(num_blocks=blocks + 1, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)])
+    kv = KVCacheConfig(num_blocks=blocks + 1, kv_cache_tensors=[],
+                       kv_cache_groups=[KVCacheGroupSpec(["l"], spec)])
     cfg.cache_config.num_gpu_blocks = blocks + 1
     return Scheduler(cfg, kv, StructuredOutputManager(cfg), block_size=config[0], log_stats=True)
 
 
 def token_ids(i: int, prompt: int, group: int, shared: int) -> list[int]:
-    """Prompt ids as `traces.request.Request` defines them: the first `shared` the group's, the rest its own."""
+    """Prompt ids as `traces.request.Request` defines them: the first `shared` the group's, the rest its
+    own."""
     return [10_000 + 1_000 * group + j for j in range(shared)] + [1_000_000 + 10_000 * i + j
                                                                    for j in range(prompt - shared)]
 
@@ -69,9 +73,11 @@ def workloads(draw: st.DrawFn) -> tuple[tuple[int, ...], int, list[tuple[int, in
     for _ in range(n):
         step += draw(st.sampled_from([0, 0, 1, 3, 10]))
         prompt, group = draw(st.integers(1, 80)), draw(st.integers(-1, 1))
-        reqs.append((step, prompt, draw(st.integers(1, 40)), group, draw(st.integers(0, prompt)) if group >= 0 else 0))
+        reqs.append((step, prompt, draw(st.integers(1, 40)), group, draw(st.integers(0, prompt)) if group >= 0
+                     else 0))
     longest = max(p + o - 1 for _, p, o, _, _ in reqs)
-    blocks = -(-longest // config[0]) + draw(st.integers(0, 10))  # from just the longest request to a few more
+    # from just the longest request to a few more
+    blocks = -(-longest // config[0]) + draw(st.integers(0, 10))
     return config, blocks, reqs
 
 

@@ -101,8 +101,8 @@ def _time_scaled(source: LoadedTrace, arrivals: np.ndarray, qps: float) -> np.nd
     """`arrivals` stretched or squeezed by one factor so that their mean rate is `qps`."""
     span = float(arrivals[-1] - arrivals[0])
     if len(arrivals) < 2 or span <= 0:
-        raise InputError(f"trace file {source.path}: its {len(arrivals)} arrival time(s) span no time, so they "
-                         "cannot be scaled to a rate (--qps); leave --qps out to replay them")
+        raise InputError(f"trace file {source.path}: its {len(arrivals)} arrival time(s) span no time, so "
+                         "they cannot be scaled to a rate (--qps); leave --qps out to replay them")
     return arrivals * ((len(arrivals) - 1) / span / qps)
 
 
@@ -136,7 +136,8 @@ def build_trace(
     rng = np.random.default_rng(seed)
 
     priority: list[int] = []
-    prefixes: list[tuple[int, int]] = []  # (prefix_group, prefix_tokens) per request, when the file gives them
+    # (prefix_group, prefix_tokens) per request, when the file gives them
+    prefixes: list[tuple[int, int]] = []
     if isinstance(source, str):
         if num_requests is None:
             raise InputError(f"the number of requests is required for length profile {source!r}")
@@ -157,7 +158,8 @@ def build_trace(
             if arrival != "poisson" or cv != 1.0:
                 raise InputError(f"trace file {source.path} gives its own arrival times: --arrival and --cv "
                                  "describe generated ones (drop them, or the file's arrival column)")
-            arrivals = source.arrival_s[:n] if qps is None else _time_scaled(source, source.arrival_s[:n], qps)
+            arrivals = source.arrival_s[:n] if qps is None else _time_scaled(
+                source, source.arrival_s[:n], qps)
         else:
             arrivals = _arrivals(n, qps, arrival, cv, rng)
 
@@ -174,7 +176,8 @@ def build_trace(
     if priority:
         requests = [replace(r, priority=k) for r, k in zip(requests, priority, strict=True)]
     if prefixes:
-        requests = [replace(r, prefix_group=g, prefix_tokens=t) for r, (g, t) in zip(requests, prefixes, strict=True)]
+        requests = [replace(r, prefix_group=g, prefix_tokens=t)
+                    for r, (g, t) in zip(requests, prefixes, strict=True)]
     return requests
 
 
@@ -183,7 +186,8 @@ def aligned(tokens: float) -> int:
     return math.ceil(tokens / SEQ_LEN_ALIGN) * SEQ_LEN_ALIGN
 
 
-def trace_max_total_tokens(trace: str | os.PathLike[str], requests: Sequence[Request], scale: float = 1.0) -> int:
+def trace_max_total_tokens(trace: str | os.PathLike[str], requests: Sequence[Request],
+                           scale: float = 1.0) -> int:
     """Max sequence length (prompt + output) a run of this trace needs.
 
     A profile's cap (every generated request fits, and it matches what the paper configured), times `scale`

@@ -117,7 +117,8 @@ def _check_priority(path: Path, line: int, value: float) -> int:
 def _check_prefix(path: Path, line: int, group: float, tokens: float, prompt: int) -> tuple[int, int]:
     """A row's prefix_group (an integer >= -1) and prefix_tokens (an integer from 0 to its prompt tokens)."""
     if not (math.isfinite(group) and group == math.floor(group) and -1 <= group <= MAX_TOKENS):
-        raise _fail(path, line, f"{PREFIX_GROUP} is {group:g}, expected an integer >= -1 (-1: no shared prefix)")
+        raise _fail(path, line,
+                    f"{PREFIX_GROUP} is {group:g}, expected an integer >= -1 (-1: no shared prefix)")
     if not (math.isfinite(tokens) and tokens == math.floor(tokens) and 0 <= tokens <= prompt):
         raise _fail(path, line, f"{PREFIX_TOKENS} is {tokens:g}, expected an integer from 0 to the prompt's "
                                 f"{prompt} tokens")
@@ -166,7 +167,8 @@ def _read_csv(path: Path) -> pd.DataFrame:
     header = _header(path)
     twice = sorted({c for c in header if header.count(c) > 1})
     if twice:
-        raise InputError(f"trace file {path}: column(s) {', '.join(twice)} appear more than once in the header")
+        raise InputError(
+            f"trace file {path}: column(s) {', '.join(twice)} appear more than once in the header")
     df.columns = header
     blank = (df.apply(lambda col: col.str.strip()) == "").all(axis=1)
     return df[~blank]
@@ -231,8 +233,10 @@ def _load_csv(path: Path) -> LoadedTrace:
     groups = tokens = None
     if PREFIX_GROUP in df.columns or PREFIX_TOKENS in df.columns:
         n = len(df)
-        group_values = _numeric_column(path, df, PREFIX_GROUP) if PREFIX_GROUP in df.columns else np.full(n, -1.0)
-        token_values = _numeric_column(path, df, PREFIX_TOKENS) if PREFIX_TOKENS in df.columns else np.zeros(n)
+        group_values = _numeric_column(path, df,
+                                       PREFIX_GROUP) if PREFIX_GROUP in df.columns else np.full(n, -1.0)
+        token_values = _numeric_column(path, df,
+                                       PREFIX_TOKENS) if PREFIX_TOKENS in df.columns else np.zeros(n)
         for line, g, t, p in zip(lines.tolist(), group_values.tolist(), token_values.tolist(),
                                  columns[CSV_PROMPT].tolist()):
             _check_prefix(path, line, g, t, p)

@@ -1,6 +1,7 @@
-"""Prompt token ids for engines that take real token ids (vLLM): deterministic, random, and shared exactly where
-a trace says prompts share a prefix, so that a real prefix cache sees the sharing the simulator models and
-nothing else (ids drawn at random over the vocabulary never fill a KV block identical to another request's).
+"""Prompt token ids for engines that take real token ids (vLLM): deterministic, random, and shared exactly
+where a trace says prompts share a prefix, so that a real prefix cache sees the sharing the simulator models
+and nothing else (ids drawn at random over the vocabulary never fill a KV block identical to another
+request's).
 """
 
 from __future__ import annotations

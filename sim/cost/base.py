@@ -23,12 +23,14 @@ class CostModel(ABC):
         """Seconds to execute the plan."""
 
     def assumptions(self) -> dict[str, Any]:
-        """What the model assumed (its kind, efficiencies, step overheads): summary.json's `cost_assumptions`."""
+        """What the model assumed (its kind, efficiencies, step overheads): summary.json's
+        `cost_assumptions`."""
         return {"kind": type(self).__name__}
 
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
-        """Durations of `k` back-to-back repeats of a plan whose sequences keep their roles (a stretch: decodes
-        that go on decoding, and a prompt's chunks that go on being mid-prompt chunks of the same size).
+        """Durations of `k` back-to-back repeats of a plan whose sequences keep their roles (a stretch:
+        decodes that go on decoding, and a prompt's chunks that go on being mid-prompt chunks of the same
+        size).
 
         Repeat j (from 0) is the same batch with every decode row holding j more KV tokens and every prefill
         segment j of its chunks further into its prompt (context + j x q). Implementations with a closed form

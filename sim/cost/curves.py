@@ -1,5 +1,6 @@
-"""Monotone piecewise-linear curves on knot tables, as the fitted cost model prices with them: checked on load,
-evaluated over arrays (the fit) or one count at a time (pricing a plan), and tile rounding over arrays."""
+"""Monotone piecewise-linear curves on knot tables, as the fitted cost model prices with them: checked on
+load, evaluated over arrays (the fit) or one count at a time (pricing a plan), and tile rounding over
+arrays."""
 
 from __future__ import annotations
 

@@ -28,4 +28,5 @@ def plan_features(plan: BatchPlan) -> dict[str, int | float]:
             "attn_units": float(sum(q * (c + (q if plan.dense_attention else q / 2))
                                     for q, c in zip(plan.prefill_q, plan.prefill_c))),
             "attn_kv_tokens": sum(q + c for q, c in zip(plan.prefill_q, plan.prefill_c)),
-            "decode_rows": plan.decode_rows, "decode_kv": plan.decode_kv, "decode_pad_kv": decode_pad_kv(plan)}
+            "decode_rows": plan.decode_rows, "decode_kv": plan.decode_kv,
+            "decode_pad_kv": decode_pad_kv(plan)}

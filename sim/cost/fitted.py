@@ -112,7 +112,8 @@ COEFFICIENTS: tuple[str, ...] = (
     "decode_pad_token_s",  # s per KV token of padding to the longest decode row (ragged layouts)
     "decode_row_s",  # s per decode row (reading one KV token)
 )
-# The piecewise-linear curves: name -> (what their n counts, the first knot's n; None: the smallest n profiled)
+# The piecewise-linear curves: name -> (what their n counts, the first knot's n; None: the smallest n
+# profiled)
 CURVES: dict[str, tuple[str, int | None]] = {
     "linear": ("tiled linear tokens T", 1),
     "lm_head": ("tiled sampled rows r", 0),
@@ -183,11 +184,12 @@ def predict_arrays(coef: dict[str, float] | np.ndarray, curves: dict[str, Sequen
 class Fitted(CurveTables, CostModel):
     """Prices a `BatchPlan` with coefficients and curves fitted to a profile (see the module docstring)."""
 
-    def __init__(self, coefficients: dict[str, float], tile: int, curves: dict[str, Sequence[Sequence[float]]],
-                 model: str | None = None, model_shape: dict[str, Any] | None = None,
-                 dtype_bytes: int | None = None, memory_bytes: int | None = None,
-                 meta: dict[str, Any] | None = None, fit: dict[str, Any] | None = None,
-                 step_overheads: StepOverheads | None = None, tp: int = 1) -> None:
+    def __init__(self, coefficients: dict[str, float], tile: int,
+                 curves: dict[str, Sequence[Sequence[float]]], model: str | None = None,
+                 model_shape: dict[str, Any] | None = None, dtype_bytes: int | None = None,
+                 memory_bytes: int | None = None, meta: dict[str, Any] | None = None,
+                 fit: dict[str, Any] | None = None, step_overheads: StepOverheads | None = None,
+                 tp: int = 1) -> None:
         if not isinstance(coefficients, dict):
             raise InputError("coefficients must be an object")
         missing = [k for k in COEFFICIENTS if k not in coefficients]
@@ -303,7 +305,8 @@ class Fitted(CurveTables, CostModel):
         return t
 
     def _floored(self, plan: BatchPlan, t: float | np.ndarray) -> float | np.ndarray:
-        """Eager execution: the GPU terms (all but the host's step overheads) take at least the launch floor."""
+        """Eager execution: the GPU terms (all but the host's step overheads) take at least the launch
+        floor."""
         if not self._floor:
             return t
         host = self._it + self._req * len(plan.seqs) + self._tok * plan.sampled_tokens
@@ -325,7 +328,8 @@ class Fitted(CurveTables, CostModel):
             if rows <= 0:
                 times = np.array([self._fixed(plan, repeat=j) for j in range(k)])
             else:
-                times = np.array([self._fixed(plan, repeat=j) + rows * self._dec((plan.decode_kv + j * rows) / rows)
+                times = np.array([self._fixed(plan, repeat=j)
+                                  + rows * self._dec((plan.decode_kv + j * rows) / rows)
                                   for j in range(k)])
         else:
             fixed = self._fixed(plan)

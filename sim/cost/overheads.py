@@ -6,17 +6,18 @@ model adds to an iteration.
 - `iteration_s`: per step (scheduling, input preparation, the step's Python), paid whatever the batch.
 - `request_s`: per scheduled request (its block table, positions, output processing).
 - `sampled_token_s`: per sampled token (sampling and detokenising on the host).
-- `launch_floor_s`: in eager mode every kernel is launched from Python, and the GPU cannot finish a step before
-  the host has launched it; the launches overlap the kernels they feed, so a step costs at least the launch
-  time (a floor), not the launch time plus the kernels. CUDA graphs replay a step's launches at once (floor 0).
+- `launch_floor_s`: in eager mode every kernel is launched from Python, and the GPU cannot finish a step
+  before the host has launched it; the launches overlap the kernels they feed, so a step costs at least the
+  launch time (a floor), not the launch time plus the kernels. CUDA graphs replay a step's launches at once
+  (floor 0).
 
 Execution modes (`EXECUTION_MODES`) give the roofline's defaults:
 - `cuda-graph` (the default): 2 ms per step, as the roofline has always assumed (an ASSUMPTION kept so that
-  results stand: no published per-step measurement of a CUDA-graph engine is cited here); 0 per request and per
-  token: their cost is inside those 2 ms for the batches measured so far.
-- `eager`: a launch floor of 22 ms per iteration measured by this project for a 7B model (32 layers) on an H100
-  in eager mode (simctl issue 22), taken per layer (0.6875 ms: launches grow with the kernels, i.e. the layers),
-  plus the same 2 ms per step.
+  results stand: no published per-step measurement of a CUDA-graph engine is cited here); 0 per request and
+  per token: their cost is inside those 2 ms for the batches measured so far.
+- `eager`: a launch floor of 22 ms per iteration measured by this project for a 7B model (32 layers) on an
+  H100 in eager mode (simctl issue 22), taken per layer (0.6875 ms: launches grow with the kernels, i.e. the
+  layers), plus the same 2 ms per step.
 A fitted model fits what its profile measures (a simctl profile times whole steps: its `overhead_s`); an
 operator profile times kernels only, so its fit takes the execution mode's defaults (its summary says so).
 """
@@ -83,5 +84,5 @@ class StepOverheads:
     def describe(self) -> str:
         """One line for `simctl list` and reports."""
         floor = f", launch floor {self.launch_floor_s * 1e3:.3g} ms" if self.launch_floor_s else ""
-        return (f"{self.execution}: {self.iteration_s * 1e3:.3g} ms/step + {self.request_s * 1e6:.3g} us/request "
-                f"+ {self.sampled_token_s * 1e6:.3g} us/sampled token{floor} ({self.source})")
+        return (f"{self.execution}: {self.iteration_s * 1e3:.3g} ms/step + {self.request_s * 1e6:.3g} "
+                f"us/request + {self.sampled_token_s * 1e6:.3g} us/sampled token{floor} ({self.source})")

@@ -14,7 +14,8 @@ from sim.gpus import catalogue_gpu_of
 
 
 def measured_on(meta: dict[str, Any]) -> str | None:
-    """The catalogue name of the device a profile's `meta` describes (None: not recorded, or not catalogued)."""
+    """The catalogue name of the device a profile's `meta` describes (None: not recorded, or not
+    catalogued)."""
     device = meta.get("device")
     if device is None:
         return None
@@ -29,8 +30,8 @@ def check_fitted_device(meta: dict[str, Any], gpu: str) -> None:
     if (where is not None and where != gpu) or cpu_vs_gpu:
         hint = f"run with --gpu {where}" if where else "profile this device"
         raise InputError(f"the cost model was fitted on {name}, so its times are that device's, not {gpu}'s: "
-                         f"{hint}, or calibrate the roofline on the profile (simctl fit --roofline-gpu) and use "
-                         "that to estimate another GPU")
+                         f"{hint}, or calibrate the roofline on the profile (simctl fit --roofline-gpu) and "
+                         "use that to estimate another GPU")
 
 
 def fitted_dtype(meta: dict[str, Any]) -> str | None:
@@ -40,26 +41,27 @@ def fitted_dtype(meta: dict[str, Any]) -> str | None:
 
 
 def check_fitted_run(meta: dict[str, Any], device: str, device_name: str | None, dtype: str) -> None:
-    """InputError unless a fitted model profiled as `meta` says may price real runs on the torch `device` (cpu,
-    cuda, cuda:N) named `device_name` (None: not known yet, so only the kind of device is checked) in `dtype`.
-    CPUs are one device, as for `check_fitted_device` (their threads are the validation's to match). Another
-    dtype is refused, not warned about: its kernels and the bytes they move differ, and a fit has no dtype term
-    to carry its times across, so the errors would measure the dtype, not the simulator."""
+    """InputError unless a fitted model profiled as `meta` says may price real runs on the torch `device`
+    (cpu, cuda, cuda:N) named `device_name` (None: not known yet, so only the kind of device is checked) in
+    `dtype`. CPUs are one device, as for `check_fitted_device` (their threads are the validation's to match).
+    Another dtype is refused, not warned about: its kernels and the bytes they move differ, and a fit has no
+    dtype term to carry its times across, so the errors would measure the dtype, not the simulator."""
     fit_device = str(meta.get("device", "cpu")).lower()
     fit_name = meta.get("device_name") or fit_device
     fit_dtype = fitted_dtype(meta)
-    how = (f"profile that device (simctl profile --device {device} --dtype {dtype}; simctl fit) and give the fit "
-           "as --cost")
+    how = (f"profile that device (simctl profile --device {device} --dtype {dtype}; simctl fit) and give the "
+           "fit as --cost")
     if (fit_device == "cpu") != (device.lower() == "cpu"):
-        raise InputError(f"the cost model was profiled on {fit_name} ({fit_device}) and prices only that device, "
-                         f"not --device {device}: give --device {'cpu' if fit_device == 'cpu' else 'cuda'}, or {how}")
+        raise InputError(f"the cost model was profiled on {fit_name} ({fit_device}) and prices only that "
+                         f"device, not --device {device}: give --device "
+                         f"{'cpu' if fit_device == 'cpu' else 'cuda'}, or {how}")
     names = (str(meta.get("device_name") or "").strip().lower(), (device_name or "").strip().lower())
     if fit_device != "cpu" and all(names) and names[0] != names[1]:
-        raise InputError(f"the cost model was profiled on {fit_name}, but --device {device} is {device_name}: a "
-                         f"fitted model prices only the device it was profiled on; {how}")
+        raise InputError(f"the cost model was profiled on {fit_name}, but --device {device} is "
+                         f"{device_name}: a fitted model prices only the device it was profiled on; {how}")
     if fit_dtype is not None and fit_dtype != dtype:
-        raise InputError(f"the cost model was profiled in {fit_dtype}, not --dtype {dtype}: its times are that "
-                         f"dtype's; give --dtype {fit_dtype}, or {how}")
+        raise InputError(f"the cost model was profiled in {fit_dtype}, not --dtype {dtype}: its times are "
+                         f"that dtype's; give --dtype {fit_dtype}, or {how}")
 
 
 def calibration_warnings(path: str | Path, model: str, gpu: str) -> list[str]:

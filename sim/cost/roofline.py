@@ -119,9 +119,11 @@ class Roofline(CostModel):
         if not isinstance(tile, int) or tile < 1:
             raise InputError(f"tile must be a positive integer, got {tile!r}")
         if allreduce_latency_s is None:
-            allreduce_latency_s = g.allreduce_latency_s if g.allreduce_latency_s is not None else DEFAULT_ALLREDUCE_LATENCY_S
-        self.allreduce_efficiency = _fraction("allreduce_efficiency", allreduce_efficiency if allreduce_efficiency
-                                              is not None else g.allreduce_efficiency or 1.0)
+            allreduce_latency_s = (g.allreduce_latency_s if g.allreduce_latency_s is not None
+                                   else DEFAULT_ALLREDUCE_LATENCY_S)
+        self.allreduce_efficiency = _fraction("allreduce_efficiency", allreduce_efficiency
+                                              if allreduce_efficiency is not None
+                                              else g.allreduce_efficiency or 1.0)
         if not overhead_s >= 0 or not allreduce_latency_s >= 0 or not activation_reserve_bytes >= 0:
             raise InputError("overhead_s, allreduce_latency_s and activation_reserve_bytes must be >= 0")
         self.model = m
@@ -223,8 +225,8 @@ class Roofline(CostModel):
         return tiled(n, self.tile)
 
     def gemm(self, params: float, rows: int) -> float:
-        """Seconds of a linear layer of `params` weights (this GPU's share) over `rows` token rows: the blend of
-        its compute and weight-read times (the linears and LM head are priced so, from constants cached in
+        """Seconds of a linear layer of `params` weights (this GPU's share) over `rows` token rows: the blend
+        of its compute and weight-read times (the linears and LM head are priced so, from constants cached in
         the same order of operations)."""
         c = 2.0 * params / self._flops * tiled(rows, self.tile)
         m = params * self.dtype_bytes / self._bw
@@ -236,25 +238,26 @@ class Roofline(CostModel):
         n = self._experts_read.get(tokens)
         if n is None:
             moe = self.model.moe
-            n = self._experts_read[tokens] = expected_distinct_experts(moe.experts, moe.experts_per_token, tokens,
-                                                                       self.routing_skew)
+            n = self._experts_read[tokens] = expected_distinct_experts(
+                moe.experts, moe.experts_per_token, tokens, self.routing_skew)
         return n
 
     def allreduce_time(self, nbytes: float, latency: bool = True) -> float:
         """Seconds of one ring all-reduce of `nbytes` over the group: 2 (tp - 1) / tp x bytes over the link at
         its measured efficiency, plus the fixed latency."""
-        t = 2.0 * (self.tp - 1) / self.tp * nbytes / (self.gpu.interconnect_bandwidth * self.allreduce_efficiency)
+        t = (2.0 * (self.tp - 1) / self.tp * nbytes
+             / (self.gpu.interconnect_bandwidth * self.allreduce_efficiency))
         return t + self.allreduce_latency_s if latency else t
 
     def attention_rates(self) -> tuple[float, float, float]:
-        """(s per prefill attention unit q (c + q/2) at full compute, s per prefill KV token read, s per decode
-        KV token read): the roofline's attention terms before their per-segment blend."""
+        """(s per prefill attention unit q (c + q/2) at full compute, s per prefill KV token read, s per
+        decode KV token read): the roofline's attention terms before their per-segment blend."""
         return self._pa_c, self._pa_m, self._dkv
 
     def _fixed(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
-        """The formula, written once: everything but decode attention (`decode_kv * _dkv`), summed in one fixed
-        order so a stretch prices as stepping does. `terms`, if given, receives each term (`breakdown`); the
-        hot path passes none."""
+        """The formula, written once: everything but decode attention (`decode_kv * _dkv`), summed in one
+        fixed order so a stretch prices as stepping does. `terms`, if given, receives each term (`breakdown`);
+        the hot path passes none."""
         t = self._dense(plan, terms)
         attention = 0.0
         if plan.prefill_q:
