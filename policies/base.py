@@ -20,21 +20,34 @@ registry, the run/real/validate code and the CLI read these; adding a policy is 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 from common.checks import is_int
 from common.errors import InputError
+from policies.admission import ADMISSION_ORDERS, FCFS, ArrivalOrder, WaitingQueue, waiting_queue
 from policies.kv import KVManager, PagedKV, ReservedKV
 from policies.plan import BatchPlan
 from policies.seq import Phase, Seq
 
 
 def option(default: int | None, help: str, minimum: int = 1, maximum: int | None = None) -> Any:
-    """A policy setting: an integer option with its default, its `--help` text and its bounds."""
+    """A policy setting: an integer option with its default, its `--help` text and its bounds (maximum None:
+    unbounded)."""
     return field(default=default, metadata={"help": help, "min": minimum, "max": maximum})
+
+
+def choice(default: str, help: str, choices: tuple[str, ...]) -> Any:
+    """A policy setting that names one of `choices`."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+def admission_setting(default: str = FCFS) -> Any:
+    """The admission order setting (`policies.admission`), which every policy takes."""
+    return choice(default, "admission order of the waiting requests: fcfs (arrival), shortest (fewest prompt "
+                  "tokens first) or priority (highest request priority first)", ADMISSION_ORDERS)
 
 
 @dataclass(frozen=True)
@@ -42,19 +55,30 @@ class Settings:
     """The options every policy has; a policy subclasses this to add its own or change a default."""
 
     max_batch_size: int = option(128, "most requests in a batch")
+    admission: str = admission_setting()
 
     def validate(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
+            name = f"--{f.name.replace('_', '-')}"
+            if "choices" in f.metadata:
+                if v not in f.metadata["choices"]:
+                    raise InputError(f"{name} must be one of {', '.join(f.metadata['choices'])}, got {v!r}")
+                continue
             if v is None and f.default is None:
                 continue  # "not set": the policy derives it (see its Settings)
             lo, hi = f.metadata["min"], f.metadata["max"]
             if not is_int(v) or v < lo or (hi is not None and v > hi):
                 bounds = f">= {lo}" if hi is None else f"from {lo} to {hi}"
-                raise InputError(f"--{f.name.replace('_', '-')} must be an integer {bounds}, got {v!r}")
+                raise InputError(f"{name} must be an integer {bounds}, got {v!r}")
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every setting, given or default, as a summary records it; arrival-order admission goes unsaid, as
+        in the summaries written before admission order was a setting."""
+        out = asdict(self)
+        if out["admission"] == FCFS:
+            del out["admission"]
+        return out
 
 
 class Policy(ABC):
@@ -70,9 +94,13 @@ class Policy(ABC):
         self.settings.validate()
         self.kv = kv
         self.max_batch_size = self.settings.max_batch_size
-        self.waiting: deque[Seq] = deque()
+        self.waiting: WaitingQueue = waiting_queue(self._admission_order())
         self.running: list[Seq] = []  # admitted, oldest first
-        self.arrived_with_kv: deque[Seq] = deque()  # prefilled elsewhere: admitted straight as decodes
+        self.arrived_with_kv = ArrivalOrder()  # prefilled elsewhere: admitted straight as decodes, in order
+
+    def _admission_order(self) -> str:
+        """The order of the waiting queue: the `admission` setting, unless the policy's algorithm fixes it."""
+        return self.settings.admission
 
     # --- what the registry builds a policy from ---
 
@@ -115,7 +143,7 @@ class Policy(ABC):
         """A new request; one whose prompt was prefilled elsewhere (a disaggregated prefill instance, a KV
         embedding) arrives with its KV cached (`computed` = its prompt, first token sampled) and only decodes."""
         if seq.in_prefill:
-            self.waiting.append(seq)
+            self.waiting.add(seq)
         else:
             self.arrived_with_kv.append(seq)
 
@@ -174,11 +202,8 @@ class Policy(ABC):
     # --- helpers shared by the iteration-level policies ---
 
     def _admit(self, seq: Seq) -> None:
-        """Admit `seq`, the head of the queue or any other waiting sequence (shortest-first, packing)."""
-        if self.waiting[0] is seq:
-            self.waiting.popleft()
-        else:
-            self.waiting.remove(seq)
+        """Admit `seq`, the head of the queue or any other waiting sequence (a policy that picks)."""
+        self.waiting.take(seq)
         self._run(seq)
 
     def _run(self, seq: Seq) -> None:
@@ -195,11 +220,12 @@ class Policy(ABC):
             self._run(queue.popleft())
 
     def _preempt(self, victim: Seq) -> None:
-        """Preemption by recompute (vLLM's default for single-sequence requests): drop the KV, requeue first."""
+        """Preemption by recompute (vLLM's default for single-sequence requests): drop the KV, requeue (first,
+        in arrival order)."""
         self.running.remove(victim)
         self.kv.free(victim)
         victim.reset_for_recompute()
-        self.waiting.appendleft(victim)
+        self.waiting.requeue(victim)
 
     def _grow_decodes(self) -> list[Seq]:
         """Reserve one more KV slot for every running decode, oldest first; when memory runs out, preempt the

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.errors import InputError
 from policies.base import Policy, Settings, option
 from policies.kv import KVManager
 from policies.padded_kv import PaddedBatchKV
@@ -41,15 +42,24 @@ class Baton(Policy):
         max_batch_size: int = option(8, "most queries in the batch (the Baton paper runs 2 to 10)")
         kv_threshold: int = option(100, "batch-size scaling: percent of the KV capacity past which the newest "
                                    "queries move to host memory (Baton, 4.3)")
-        preempt: int = option(0, "1: preemptive scheduling (Baton, 4.3): queries are taken by priority, and one "
-                              "of higher priority than the lowest running one takes that one's row when none is "
-                              "free (the displaced query moves to host memory)", minimum=0, maximum=1)
+        preempt: int = option(0, "1: preemptive scheduling (Baton, 4.3): queries are taken by priority (the "
+                              "priority admission order), and one of higher priority than the lowest running "
+                              "one takes that one's row when none is free (the displaced query moves to host "
+                              "memory)", minimum=0, maximum=1)
+
+        def validate(self) -> None:
+            super().validate()
+            if self.preempt and self.admission == "shortest":
+                raise InputError("--preempt 1 takes queries by priority: it cannot take --admission shortest")
 
     def __init__(self, kv: PaddedBatchKV, **options: int) -> None:
         super().__init__(kv, **options)
         self.kv: PaddedBatchKV = kv
         self.start: dict[int, int] = {}  # each row's first real KV column (the paper's index)
         self.limit = kv.capacity * self.settings.kv_threshold // 100
+
+    def _admission_order(self) -> str:
+        return "priority" if self.settings.preempt else self.settings.admission
 
     @classmethod
     def kv_manager(cls, capacity_tokens: int, max_seq_len: int) -> KVManager:
@@ -102,19 +112,14 @@ class Baton(Policy):
         """A batch's width once newcomers of at most `longest` prompt tokens are in: every row gains them."""
         return width + longest
 
-    @staticmethod
-    def _rank(s: Seq) -> tuple[int, float, int]:
-        """Preemptive scheduling's order of waiting queries: priority first, then arrival."""
-        return -s.priority, s.arrival_s, s.id
-
     def _newcomers(self) -> list[Seq]:
-        """Waiting queries for the free rows, by arrival (by priority when preempting), while the widened
-        batch fits in memory."""
+        """Waiting queries for the free rows, in the queue's order (by priority when preempting), while the
+        widened batch fits in memory."""
         if len(self.running) >= self.max_batch_size:  # nothing to scan: no row is free
             return []
         out: list[Seq] = []
         longest = 0
-        for s in sorted(self.waiting, key=self._rank) if self.settings.preempt else self.waiting:
+        for s in self.waiting:
             rows = len(self.running) + len(out) + 1
             if rows > self.max_batch_size:
                 break
@@ -139,7 +144,7 @@ class Baton(Policy):
         lowest-priority running one (the newest of those) if its priority is higher and it fits in its place."""
         if not self.waiting or len(self.running) < self.max_batch_size:
             return []
-        best = min(self.waiting, key=self._rank)
+        best = self.waiting.head()
         victim = min(reversed(self.running), key=lambda s: s.priority)
         if best.priority <= victim.priority:
             return []

@@ -137,7 +137,7 @@ class VLLMV1(Policy):
         if not preempted:
             for queue in (self.arrived_with_kv, self.waiting):
                 while queue and budget > 0 and len(running) < self.max_batch_size:
-                    s = queue[0]
+                    s = queue.head()
                     self._check_fits_alone(s)
                     hits = kv.lookup(s)
                     if not kv.fits(s, hits):
@@ -146,14 +146,14 @@ class VLLMV1(Policy):
                         self._count(s, len(hits) * kv.block_size)
                         s.computed = len(hits) * kv.block_size
                     n = self._chunk(s, budget, eligible)
-                    queue.popleft()
+                    queue.take(s)
                     self._run(s)  # its hit blocks (and the cache it arrived with)
                     allocated = kv.allocate(s, s.computed + n)
                     assert allocated, "fits() counted the blocks of its whole sequence"
                     seqs.append(s)
                     num_new.append(n)
                     budget -= n
-                if queue:  # FCFS: nobody behind a request that could not be admitted
+                if queue:  # nobody behind a request that could not be admitted (FCFS or priority)
                     break
         return packed(seqs, num_new) if seqs else None
 
@@ -171,7 +171,7 @@ class VLLMV1(Policy):
         the same hash, its hits take fewer of them than it freed."""
         queue = self.arrived_with_kv or self.waiting
         return (self.preempted and bool(queue) and len(self.running) < self.max_batch_size
-                and self.kv.can_admit(queue[0]))
+                and self.kv.can_admit(queue.head()))
 
     def _check_fits_alone(self, seq: Seq) -> None:
         """InputError for a request that no freeing of blocks would ever let in (it would wait forever)."""
