@@ -94,11 +94,13 @@ class Policy(ABC):
         self.settings.validate()
         self.kv = kv
         self.max_batch_size = self.settings.max_batch_size
-        self.waiting: WaitingQueue = waiting_queue(self._admission_order())
+        self.waiting: WaitingQueue = waiting_queue(self.admission_order)
         self.running: list[Seq] = []  # admitted, oldest first
         self.arrived_with_kv = ArrivalOrder()  # prefilled elsewhere: admitted straight as decodes, in order
+        self.preempted = False  # whether the last schedule() preempted
 
-    def _admission_order(self) -> str:
+    @property
+    def admission_order(self) -> str:
         """The order of the waiting queue: the `admission` setting, unless the policy's algorithm fixes it."""
         return self.settings.admission
 
@@ -119,8 +121,10 @@ class Policy(ABC):
         return cls(cls.kv_manager(kv_capacity_tokens, max_seq_len), **given)
 
     @classmethod
-    def max_admissible_tokens(cls, kv_capacity_tokens: int, max_seq_len: int) -> int:
-        """The longest request (prompt + output) this policy can ever run on this KV capacity."""
+    def max_admissible_tokens(cls, kv_capacity_tokens: int, max_seq_len: int,
+                              options: Mapping[str, Any] | None = None) -> int:
+        """The longest request (prompt + output) this policy, with the settings `options` given (None: its
+        defaults), can ever run on this KV capacity."""
         if cls.reserves_kv:
             return max_seq_len if max_seq_len <= kv_capacity_tokens else 0
         return PagedKV(kv_capacity_tokens).max_request_tokens
@@ -161,14 +165,27 @@ class Policy(ABC):
 
         Valid only while nothing arrives or finishes: the policy would then schedule the very same batch
         again (its waiting queue stays blocked and KV only gets scarcer). Returns how many extra repeats the
-        KV allows; the default suits policies whose only repeat-breaking event is KV running out.
+        KV allows; the default suits policies whose only repeat-breaking events are KV running out and a
+        queue that a preemption may have moved (`_queue_may_move`).
         """
-        return max(self.kv.grow_common(self._repeating(plan), limit + 1) - 1, 0)
+        return 0 if self._queue_may_move() else max(self.kv.grow_common(self._repeating(plan), limit + 1) - 1, 0)
 
     def repeats_allowed(self, plan: BatchPlan, limit: int) -> int:
         """What `extend(plan, limit)` would return now, allocating nothing: the loop asks before a stretch it
         may cut short (a cluster's replica), and extends by the repeats that ran."""
+        if self._queue_may_move():
+            return 0
         return max(self.kv.max_common_growth(self._repeating(plan), limit + 1) - 1, 0)
+
+    def _queue_may_move(self) -> bool:
+        """Whether the next step may admit the head of a queue, so that the plan would not repeat. Only after a
+        step that preempted: otherwise the head was refused on the same state (or the policy admits nobody
+        now) and stays refused while decodes only grow. A preemption frees blocks the head may fit in: the
+        victim's own (vllm-v1: its prefix hits can take fewer than it freed) or, in an order other than
+        arrival, those of a victim queued behind the head."""
+        queue = self.arrived_with_kv or self.waiting
+        return (self.preempted and bool(queue) and len(self.running) < self.max_batch_size
+                and self.kv.can_admit(queue.head()))
 
     @staticmethod
     def _repeating(plan: BatchPlan) -> list[Seq]:
@@ -233,6 +250,7 @@ class Policy(ABC):
         if self.arrived_with_kv:
             self._admit_arrived_with_kv()
         decodes = [s for s in self.running if s.computed >= s.prefill_end]
+        self.preempted = False
         if self.kv.grow_each(decodes):  # the common case: memory suffices, nobody is preempted
             return decodes
         decodes = []
@@ -246,6 +264,7 @@ class Policy(ABC):
             while not self.kv.can_grow(s):
                 victim = queue.pop()
                 self._preempt(victim)
+                self.preempted = True
                 if victim is s:
                     break
             else:

@@ -22,7 +22,9 @@ remembers where its own KV starts (the paper's `index`); the columns before it a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from common.errors import InputError
 from policies.base import Policy, Settings, option
@@ -41,7 +43,7 @@ class Baton(Policy):
     class Settings(Settings):
         max_batch_size: int = option(8, "most queries in the batch (the Baton paper runs 2 to 10)")
         kv_threshold: int = option(100, "batch-size scaling: percent of the KV capacity past which the newest "
-                                   "queries move to host memory (Baton, 4.3)")
+                                   "queries move to host memory (Baton, 4.3)", maximum=100)
         preempt: int = option(0, "1: preemptive scheduling (Baton, 4.3): queries are taken by priority (the "
                               "priority admission order), and one of higher priority than the lowest running "
                               "one takes that one's row when none is free (the displaced query moves to host "
@@ -58,7 +60,8 @@ class Baton(Policy):
         self.start: dict[int, int] = {}  # each row's first real KV column (the paper's index)
         self.limit = kv.capacity * self.settings.kv_threshold // 100
 
-    def _admission_order(self) -> str:
+    @property
+    def admission_order(self) -> str:
         return "priority" if self.settings.preempt else self.settings.admission
 
     @classmethod
@@ -66,7 +69,8 @@ class Baton(Policy):
         return PaddedBatchKV(capacity_tokens)
 
     @classmethod
-    def max_admissible_tokens(cls, kv_capacity_tokens: int, max_seq_len: int) -> int:
+    def max_admissible_tokens(cls, kv_capacity_tokens: int, max_seq_len: int,
+                              options: Mapping[str, Any] | None = None) -> int:
         return kv_capacity_tokens  # a query alone holds only its own KV
 
     def _room(self, rows: int) -> int:
@@ -191,11 +195,19 @@ class Baton(Policy):
         return plan
 
     def extend(self, plan: BatchPlan, limit: int) -> int:
-        """Repeat a decode step while the batch KV fits; the queue stays blocked meanwhile (no row frees, and
-        the memory a newcomer would need only grows)."""
-        extra = max(0, min(limit, self._room(len(self.running)) // len(self.running) - self.kv.width))
+        extra = self.repeats_allowed(plan, limit)
         self.kv.width += extra
         return extra
+
+    def repeats_allowed(self, plan: BatchPlan, limit: int) -> int:
+        """Repeat a decode step while the batch KV fits; the queue stays blocked meanwhile (no row frees, and
+        the memory a newcomer would need only grows), but a query on host that fits comes back next step (a
+        move to host may have trimmed the batch narrower than it was when that query left)."""
+        back = self.arrived_with_kv
+        if back and len(self.running) < self.max_batch_size and self._fits(
+                len(self.running) + 1, max(self.kv.width, back[0].computed)):
+            return 0
+        return max(0, min(limit, self._room(len(self.running)) // len(self.running) - self.kv.width))
 
     def finish(self, seq: Seq) -> None:
         super().finish(seq)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_policies import drive, run_plan, shape
+from policy_cases import drive, run_plan, shape
 
 from common.errors import InputError
 from policies.registry import make_policy
