@@ -32,10 +32,12 @@ from policies.kv import KVManager, PagedKV, ReservedKV
 from policies.plan import BatchPlan
 from policies.seq import Phase, Seq
 
+# no setting counts past a million (requests, tokens, blocks, percents): a larger one is a typo
+MAX_SETTING = 1 << 20
 
-def option(default: int | None, help: str, minimum: int = 1, maximum: int | None = None) -> Any:
-    """A policy setting: an integer option with its default, its `--help` text and its bounds (maximum None:
-    unbounded)."""
+
+def option(default: int | None, help: str, minimum: int = 1, maximum: int = MAX_SETTING) -> Any:
+    """A policy setting: an integer option with its default, its `--help` text and its bounds."""
     return field(default=default, metadata={"help": help, "min": minimum, "max": maximum})
 
 
@@ -68,9 +70,8 @@ class Settings:
             if v is None and f.default is None:
                 continue  # "not set": the policy derives it (see its Settings)
             lo, hi = f.metadata["min"], f.metadata["max"]
-            if not is_int(v) or v < lo or (hi is not None and v > hi):
-                bounds = f">= {lo}" if hi is None else f"from {lo} to {hi}"
-                raise InputError(f"{name} must be an integer {bounds}, got {v!r}")
+            if not is_int(v) or not lo <= v <= hi:
+                raise InputError(f"{name} must be an integer from {lo} to {hi}, got {v!r}")
 
     def as_dict(self) -> dict[str, Any]:
         """Every setting, given or default, as a summary records it; arrival-order admission goes unsaid, as

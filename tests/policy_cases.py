@@ -227,7 +227,7 @@ def requeue(policy: Policy, waiting: list[Seq], victims: list[Seq]) -> list[Seq]
 
 def setting_values(cls: type[Policy]) -> st.SearchStrategy[dict[str, Any]]:
     """Every setting of the policy: not given (its default, or the deployment's), or drawn from its declared
-    choices or bounds (an unbounded maximum stays unbounded)."""
+    choices or bounds."""
     drawn = {}
     for name, f in cls.Settings.__dataclass_fields__.items():
         m = f.metadata
