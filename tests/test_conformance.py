@@ -74,7 +74,7 @@ def unrolled(steps: list[Step]) -> list[list[tuple[int, int]]]:
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_steps_conform(name: str, data: st.DataObject) -> None:
     case = data.draw(cases(name, extend=True))
@@ -243,7 +243,7 @@ TIME_COLUMNS = ("first_scheduled_s", "first_token_s", "completion_s", "max_tbt_s
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_simulator_runs_conform(name: str, data: st.DataObject) -> None:
     sc = data.draw(scenarios(name), label="scenario")
