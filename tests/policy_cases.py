@@ -252,7 +252,8 @@ def least_capacity(name: str, longest: int, max_seq_len: int, options: dict[str,
 
 def build(draw: st.DrawFn, name: str, longest: int, max_seq_len: int, spare: list[int]) -> Policy:
     """Policy `name` with drawn settings on a KV capacity that fits its longest request alone plus one of
-    `spare` (0: preemptions galore for the paged policies); a combination it refuses (InputError) is skipped."""
+    `spare` (0: preemptions galore for the paged policies); a combination it refuses (InputError) is
+    skipped."""
     options = draw(setting_values(POLICIES[name]), label="settings")
     try:
         least = least_capacity(name, longest, max_seq_len, options)

@@ -127,9 +127,9 @@ def scenarios(draw: st.DrawFn, name: str) -> Scenario:
     arrivals = np.cumsum(gaps) - gaps[0] + draw(st.sampled_from([0.0, 0.3]))
     groups = draw(st.lists(st.integers(-1, 2), min_size=n, max_size=n)) if draw(st.booleans()) else [-1] * n
     shared = [draw(st.integers(0, p)) if g >= 0 else 0 for g, p in zip(groups, prompts)]
+    columns = zip(arrivals, prompts, outputs, priorities, groups, shared)
     requests = tuple(Request(i, float(a), p, o, priority=r, prefix_group=g, prefix_tokens=t)
-                     for i, (a, p, o, r, g, t) in enumerate(zip(arrivals, prompts, outputs, priorities, groups,
-                                                                 shared)))
+                     for i, (a, p, o, r, g, t) in enumerate(columns))
     longest = max(p + o for p, o in zip(prompts, outputs))
     max_seq_len = longest + draw(st.sampled_from([0, 0, 1, 37]))
     policy = build(draw, name, longest, max_seq_len,
@@ -179,7 +179,8 @@ def _check_run(sc: Scenario, ob: Observed) -> None:
     assert (req["generated_tokens"] == req["output_tokens"]).all()
     arrival, sched = req["arrival_s"].to_numpy(), req["first_scheduled_s"].to_numpy()
     first, done = req["first_token_s"].to_numpy(), req["completion_s"].to_numpy()
-    last = np.array([ob.last_token[i] for i in req["request_id"]])  # the response may return later (its batch's)
+    # its last token's time: the response may return later (with its batch's)
+    last = np.array([ob.last_token[i] for i in req["request_id"]])
     assert (arrival >= 0).all()
     assert (sched >= arrival).all()
     assert (first >= sched).all()
@@ -234,7 +235,8 @@ def _check_run(sc: Scenario, ob: Observed) -> None:
         values, weights = gaps.arrays()
         assert int(weights.sum()) == int((req["output_tokens"] - 1).sum())
         assert (values > 0).all()
-        assert float((values * weights).sum()) == pytest.approx(float((last - first).sum()), rel=1e-9, abs=1e-12)
+        total = float((last - first).sum())
+        assert float((values * weights).sum()) == pytest.approx(total, rel=1e-9, abs=1e-12)
     else:  # a histogram of them
         assert int(gaps.total) == int(gaps.counts.sum()) == int((req["output_tokens"] - 1).sum())
 
@@ -243,7 +245,8 @@ TIME_COLUMNS = ("first_scheduled_s", "first_token_s", "completion_s", "max_tbt_s
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_simulator_runs_conform(name: str, data: st.DataObject) -> None:
     sc = data.draw(scenarios(name), label="scenario")

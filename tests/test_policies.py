@@ -500,8 +500,8 @@ def check_vllm_v1(policy: VLLMV1, steps: list[Step]) -> None:
 ALGORITHMS: dict[type[Policy], Callable] = {
     FasterTransformer: check_faster_transformer, HFPadded: check_faster_transformer,
     LengthOrdered: check_faster_transformer, Prepack: check_faster_transformer, Orca: check_orca,
-    VLLM: check_vllm, VLLMV1: check_vllm_v1, SarathiServe: check_sarathi, HybridBatchingOnly: check_hybrid_only,
-    ChunkedPrefillsOnly: check_chunked_only,
+    VLLM: check_vllm, VLLMV1: check_vllm_v1, SarathiServe: check_sarathi,
+    HybridBatchingOnly: check_hybrid_only, ChunkedPrefillsOnly: check_chunked_only,
 }
 
 
