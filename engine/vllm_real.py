@@ -37,6 +37,7 @@ from common.errors import InputError
 from engine.setup import RealConfig
 from engine.vllm_steps import StepLog, step_recorder
 from executor.vllm_runtime import VLLMDeployment, engine_args, require_vllm, set_vllm_env, vllm_model_dir
+from policies.admission import FCFS
 from policies.registry import check_options, policy_class
 from policies.seq import Seq
 from serving.records import request_frame
@@ -309,6 +310,8 @@ def engine_settings(options: Mapping[str, Any]) -> dict[str, int]:
     InputError for another policy's setting or a value vllm-v1 refuses."""
     given = {k: v for k, v in options.items() if v is not None}
     check_options(TWIN_POLICY, given)
+    if given.pop("admission", FCFS) != FCFS:  # vLLM has no shortest-first; its priority is not passed through
+        raise InputError("--admission: the real vLLM is served in arrival order (fcfs) only")
     return {VLLM_SETTINGS[k]: int(v) for k, v in given.items()}
 
 

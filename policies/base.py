@@ -20,21 +20,36 @@ registry, the run/real/validate code and the CLI read these; adding a policy is 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 from common.checks import is_int
 from common.errors import InputError
+from policies.admission import ADMISSION_ORDERS, FCFS, ArrivalOrder, WaitingQueue, waiting_queue
 from policies.kv import KVManager, PagedKV, ReservedKV
 from policies.plan import BatchPlan
 from policies.seq import Phase, Seq
 
+# no setting counts past a million (requests, tokens, blocks, percents): a larger one is a typo
+MAX_SETTING = 1 << 20
 
-def option(default: int | None, help: str, minimum: int = 1, maximum: int | None = None) -> Any:
+
+def option(default: int | None, help: str, minimum: int = 1, maximum: int = MAX_SETTING) -> Any:
     """A policy setting: an integer option with its default, its `--help` text and its bounds."""
     return field(default=default, metadata={"help": help, "min": minimum, "max": maximum})
+
+
+def choice(default: str, help: str, choices: tuple[str, ...]) -> Any:
+    """A policy setting that names one of `choices`."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+def admission_setting(default: str = FCFS) -> Any:
+    """The admission order setting (`policies.admission`), which every policy takes."""
+    return choice(default, "admission order of the waiting requests: fcfs (arrival), shortest (fewest prompt "
+                  "tokens first) or priority (highest request priority first)", ADMISSION_ORDERS)
 
 
 @dataclass(frozen=True)
@@ -42,19 +57,29 @@ class Settings:
     """The options every policy has; a policy subclasses this to add its own or change a default."""
 
     max_batch_size: int = option(128, "most requests in a batch")
+    admission: str = admission_setting()
 
     def validate(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
+            name = f"--{f.name.replace('_', '-')}"
+            if "choices" in f.metadata:
+                if v not in f.metadata["choices"]:
+                    raise InputError(f"{name} must be one of {', '.join(f.metadata['choices'])}, got {v!r}")
+                continue
             if v is None and f.default is None:
                 continue  # "not set": the policy derives it (see its Settings)
             lo, hi = f.metadata["min"], f.metadata["max"]
-            if not is_int(v) or v < lo or (hi is not None and v > hi):
-                bounds = f">= {lo}" if hi is None else f"from {lo} to {hi}"
-                raise InputError(f"--{f.name.replace('_', '-')} must be an integer {bounds}, got {v!r}")
+            if not is_int(v) or not lo <= v <= hi:
+                raise InputError(f"{name} must be an integer from {lo} to {hi}, got {v!r}")
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every setting, given or default, as a summary records it; arrival-order admission goes unsaid, as
+        in the summaries written before admission order was a setting."""
+        out = asdict(self)
+        if out["admission"] == FCFS:
+            del out["admission"]
+        return out
 
 
 class Policy(ABC):
@@ -70,9 +95,15 @@ class Policy(ABC):
         self.settings.validate()
         self.kv = kv
         self.max_batch_size = self.settings.max_batch_size
-        self.waiting: deque[Seq] = deque()
+        self.waiting: WaitingQueue = waiting_queue(self.admission_order)
         self.running: list[Seq] = []  # admitted, oldest first
-        self.arrived_with_kv: deque[Seq] = deque()  # prefilled elsewhere: admitted straight as decodes
+        self.arrived_with_kv = ArrivalOrder()  # prefilled elsewhere: admitted straight as decodes, in order
+        self.preempted = False  # whether the last schedule() preempted
+
+    @property
+    def admission_order(self) -> str:
+        """The order of the waiting queue: the `admission` setting, unless the policy's algorithm fixes it."""
+        return self.settings.admission
 
     # --- what the registry builds a policy from ---
 
@@ -91,8 +122,10 @@ class Policy(ABC):
         return cls(cls.kv_manager(kv_capacity_tokens, max_seq_len), **given)
 
     @classmethod
-    def max_admissible_tokens(cls, kv_capacity_tokens: int, max_seq_len: int) -> int:
-        """The longest request (prompt + output) this policy can ever run on this KV capacity."""
+    def max_admissible_tokens(cls, kv_capacity_tokens: int, max_seq_len: int,
+                              options: Mapping[str, Any] | None = None) -> int:
+        """The longest request (prompt + output) this policy, with the settings `options` given (None: its
+        defaults), can ever run on this KV capacity."""
         if cls.reserves_kv:
             return max_seq_len if max_seq_len <= kv_capacity_tokens else 0
         return PagedKV(kv_capacity_tokens).max_request_tokens
@@ -115,7 +148,7 @@ class Policy(ABC):
         """A new request; one whose prompt was prefilled elsewhere (a disaggregated prefill instance, a KV
         embedding) arrives with its KV cached (`computed` = its prompt, first token sampled) and only decodes."""
         if seq.in_prefill:
-            self.waiting.append(seq)
+            self.waiting.add(seq)
         else:
             self.arrived_with_kv.append(seq)
 
@@ -133,14 +166,27 @@ class Policy(ABC):
 
         Valid only while nothing arrives or finishes: the policy would then schedule the very same batch
         again (its waiting queue stays blocked and KV only gets scarcer). Returns how many extra repeats the
-        KV allows; the default suits policies whose only repeat-breaking event is KV running out.
+        KV allows; the default suits policies whose only repeat-breaking events are KV running out and a
+        queue that a preemption may have moved (`_queue_may_move`).
         """
-        return max(self.kv.grow_common(self._repeating(plan), limit + 1) - 1, 0)
+        return 0 if self._queue_may_move() else max(self.kv.grow_common(self._repeating(plan), limit + 1) - 1, 0)
 
     def repeats_allowed(self, plan: BatchPlan, limit: int) -> int:
         """What `extend(plan, limit)` would return now, allocating nothing: the loop asks before a stretch it
         may cut short (a cluster's replica), and extends by the repeats that ran."""
+        if self._queue_may_move():
+            return 0
         return max(self.kv.max_common_growth(self._repeating(plan), limit + 1) - 1, 0)
+
+    def _queue_may_move(self) -> bool:
+        """Whether the next step may admit the head of a queue, so that the plan would not repeat. Only after a
+        step that preempted: otherwise the head was refused on the same state (or the policy admits nobody
+        now) and stays refused while decodes only grow. A preemption frees blocks the head may fit in: the
+        victim's own (vllm-v1: its prefix hits can take fewer than it freed) or, in an order other than
+        arrival, those of a victim queued behind the head."""
+        queue = self.arrived_with_kv or self.waiting
+        return (self.preempted and bool(queue) and len(self.running) < self.max_batch_size
+                and self.kv.can_admit(queue.head()))
 
     @staticmethod
     def _repeating(plan: BatchPlan) -> list[Seq]:
@@ -174,11 +220,8 @@ class Policy(ABC):
     # --- helpers shared by the iteration-level policies ---
 
     def _admit(self, seq: Seq) -> None:
-        """Admit `seq`, the head of the queue or any other waiting sequence (shortest-first, packing)."""
-        if self.waiting[0] is seq:
-            self.waiting.popleft()
-        else:
-            self.waiting.remove(seq)
+        """Admit `seq`, the head of the queue or any other waiting sequence (a policy that picks)."""
+        self.waiting.take(seq)
         self._run(seq)
 
     def _run(self, seq: Seq) -> None:
@@ -195,11 +238,12 @@ class Policy(ABC):
             self._run(queue.popleft())
 
     def _preempt(self, victim: Seq) -> None:
-        """Preemption by recompute (vLLM's default for single-sequence requests): drop the KV, requeue first."""
+        """Preemption by recompute (vLLM's default for single-sequence requests): drop the KV, requeue (first,
+        in arrival order)."""
         self.running.remove(victim)
         self.kv.free(victim)
         victim.reset_for_recompute()
-        self.waiting.appendleft(victim)
+        self.waiting.requeue(victim)
 
     def _grow_decodes(self) -> list[Seq]:
         """Reserve one more KV slot for every running decode, oldest first; when memory runs out, preempt the
@@ -207,6 +251,7 @@ class Policy(ABC):
         if self.arrived_with_kv:
             self._admit_arrived_with_kv()
         decodes = [s for s in self.running if s.computed >= s.prefill_end]
+        self.preempted = False
         if self.kv.grow_each(decodes):  # the common case: memory suffices, nobody is preempted
             return decodes
         decodes = []
@@ -220,6 +265,7 @@ class Policy(ABC):
             while not self.kv.can_grow(s):
                 victim = queue.pop()
                 self._preempt(victim)
+                self.preempted = True
                 if victim is s:
                     break
             else:

@@ -22,8 +22,11 @@ remembers where its own KV starts (the paper's `index`); the columns before it a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from common.errors import InputError
 from policies.base import Policy, Settings, option
 from policies.kv import KVManager
 from policies.padded_kv import PaddedBatchKV
@@ -40,10 +43,16 @@ class Baton(Policy):
     class Settings(Settings):
         max_batch_size: int = option(8, "most queries in the batch (the Baton paper runs 2 to 10)")
         kv_threshold: int = option(100, "batch-size scaling: percent of the KV capacity past which the newest "
-                                   "queries move to host memory (Baton, 4.3)")
-        preempt: int = option(0, "1: preemptive scheduling (Baton, 4.3): queries are taken by priority, and one "
-                              "of higher priority than the lowest running one takes that one's row when none is "
-                              "free (the displaced query moves to host memory)", minimum=0, maximum=1)
+                                   "queries move to host memory (Baton, 4.3)", maximum=100)
+        preempt: int = option(0, "1: preemptive scheduling (Baton, 4.3): queries are taken by priority (the "
+                              "priority admission order), and one of higher priority than the lowest running "
+                              "one takes that one's row when none is free (the displaced query moves to host "
+                              "memory)", minimum=0, maximum=1)
+
+        def validate(self) -> None:
+            super().validate()
+            if self.preempt and self.admission == "shortest":
+                raise InputError("--preempt 1 takes queries by priority: it cannot take --admission shortest")
 
     def __init__(self, kv: PaddedBatchKV, **options: int) -> None:
         super().__init__(kv, **options)
@@ -51,12 +60,17 @@ class Baton(Policy):
         self.start: dict[int, int] = {}  # each row's first real KV column (the paper's index)
         self.limit = kv.capacity * self.settings.kv_threshold // 100
 
+    @property
+    def admission_order(self) -> str:
+        return "priority" if self.settings.preempt else self.settings.admission
+
     @classmethod
     def kv_manager(cls, capacity_tokens: int, max_seq_len: int) -> KVManager:
         return PaddedBatchKV(capacity_tokens)
 
     @classmethod
-    def max_admissible_tokens(cls, kv_capacity_tokens: int, max_seq_len: int) -> int:
+    def max_admissible_tokens(cls, kv_capacity_tokens: int, max_seq_len: int,
+                              options: Mapping[str, Any] | None = None) -> int:
         return kv_capacity_tokens  # a query alone holds only its own KV
 
     def _room(self, rows: int) -> int:
@@ -102,19 +116,14 @@ class Baton(Policy):
         """A batch's width once newcomers of at most `longest` prompt tokens are in: every row gains them."""
         return width + longest
 
-    @staticmethod
-    def _rank(s: Seq) -> tuple[int, float, int]:
-        """Preemptive scheduling's order of waiting queries: priority first, then arrival."""
-        return -s.priority, s.arrival_s, s.id
-
     def _newcomers(self) -> list[Seq]:
-        """Waiting queries for the free rows, by arrival (by priority when preempting), while the widened
-        batch fits in memory."""
+        """Waiting queries for the free rows, in the queue's order (by priority when preempting), while the
+        widened batch fits in memory."""
         if len(self.running) >= self.max_batch_size:  # nothing to scan: no row is free
             return []
         out: list[Seq] = []
         longest = 0
-        for s in sorted(self.waiting, key=self._rank) if self.settings.preempt else self.waiting:
+        for s in self.waiting:
             rows = len(self.running) + len(out) + 1
             if rows > self.max_batch_size:
                 break
@@ -139,7 +148,7 @@ class Baton(Policy):
         lowest-priority running one (the newest of those) if its priority is higher and it fits in its place."""
         if not self.waiting or len(self.running) < self.max_batch_size:
             return []
-        best = min(self.waiting, key=self._rank)
+        best = self.waiting.head()
         victim = min(reversed(self.running), key=lambda s: s.priority)
         if best.priority <= victim.priority:
             return []
@@ -186,11 +195,19 @@ class Baton(Policy):
         return plan
 
     def extend(self, plan: BatchPlan, limit: int) -> int:
-        """Repeat a decode step while the batch KV fits; the queue stays blocked meanwhile (no row frees, and
-        the memory a newcomer would need only grows)."""
-        extra = max(0, min(limit, self._room(len(self.running)) // len(self.running) - self.kv.width))
+        extra = self.repeats_allowed(plan, limit)
         self.kv.width += extra
         return extra
+
+    def repeats_allowed(self, plan: BatchPlan, limit: int) -> int:
+        """Repeat a decode step while the batch KV fits; the queue stays blocked meanwhile (no row frees, and
+        the memory a newcomer would need only grows), but a query on host that fits comes back next step (a
+        move to host may have trimmed the batch narrower than it was when that query left)."""
+        back = self.arrived_with_kv
+        if back and len(self.running) < self.max_batch_size and self._fits(
+                len(self.running) + 1, max(self.kv.width, back[0].computed)):
+            return 0
+        return max(0, min(limit, self._room(len(self.running)) // len(self.running) - self.kv.width))
 
     def finish(self, seq: Seq) -> None:
         super().finish(seq)

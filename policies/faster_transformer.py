@@ -39,9 +39,10 @@ class FasterTransformer(Policy):
         super().add(seq)
 
     def _admit_batch(self) -> None:
-        """Line 3: fill a new batch from the queue, in arrival order, while a slot and its KV are free."""
-        while self.waiting and len(self.running) < self.max_batch_size and self.kv.can_admit(self.waiting[0]):
-            self._admit(self.waiting[0])
+        """Line 3: fill a new batch from the queue, in its order, while a slot and its KV are free."""
+        waiting = self.waiting
+        while waiting and len(self.running) < self.max_batch_size and self.kv.can_admit(waiting.head()):
+            self._admit(waiting.head())
 
     def _prefill_groups(self, batch: list[Seq]) -> list[list[Seq]]:
         """The new batch's prompts, in the groups prefilled one iteration each: all at once here."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.base import Settings, option
+from policies.base import Settings, admission_setting, option
 from policies.faster_transformer import FasterTransformer
 from policies.plan import BatchPlan, padded_prefill
 from policies.seq import Seq
@@ -54,12 +54,9 @@ class LengthOrdered(HFPadded):
     name = "length-ordered"
     summary = "Prepacking's oracle baseline: full batching of the shortest waiting prompts"
 
-    def _admit_batch(self) -> None:
-        by_length = sorted(self.waiting, key=lambda s: (s.prefill_remaining, s.arrival_s, s.id))
-        for s in by_length:
-            if len(self.running) >= self.max_batch_size or not self.kv.can_admit(s):
-                break
-            self._admit(s)
+    @dataclass(frozen=True)
+    class Settings(HFPadded.Settings):
+        admission: str = admission_setting("shortest")  # the baseline: hf-padded taking the shortest prompts
 
 
 class PD(HFPadded):

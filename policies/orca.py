@@ -30,9 +30,9 @@ class Orca(Policy):
             self.kv.grow(s)  # within its reservation: never fails
         new = []
         while (self.waiting and len(self.running) < self.max_batch_size
-               and self.kv.can_admit(self.waiting[0])):
-            new.append(self.waiting[0])
-            self._admit(self.waiting[0])
+               and self.kv.can_admit(self.waiting.head())):
+            new.append(self.waiting.head())
+            self._admit(new[-1])
         if not decodes and not new:
             return None
         return hybrid(decodes, new, [s.prefill_remaining for s in new])

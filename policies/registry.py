@@ -58,6 +58,8 @@ def make_policy(name: str, kv_capacity_tokens: int, max_seq_len: int, options: M
     return policy_class(name).build(kv_capacity_tokens, max_seq_len, options or {}, gpu)
 
 
-def max_admissible_tokens(name: str, kv_capacity_tokens: int, max_seq_len: int) -> int:
-    """The longest request (prompt + output) a policy can ever run on this KV capacity."""
-    return policy_class(name).max_admissible_tokens(kv_capacity_tokens, max_seq_len)
+def max_admissible_tokens(name: str, kv_capacity_tokens: int, max_seq_len: int,
+                          options: Mapping[str, Any] | None = None) -> int:
+    """The longest request (prompt + output) a policy, with the settings given, can ever run on this KV
+    capacity."""
+    return policy_class(name).max_admissible_tokens(kv_capacity_tokens, max_seq_len, options)

@@ -57,14 +57,15 @@ class SarathiServe(Policy):
                     chunks.append(c)
                     used += c
         while (self.waiting and (used < self.token_budget or not seqs and not self.chunked)  # lines 13-20
-               and len(self.running) < self.max_batch_size and self.kv.can_admit(self.waiting[0])):
-            c = self._chunk(self.waiting[0], used, not seqs)
+               and len(self.running) < self.max_batch_size and self.kv.can_admit(self.waiting.head())):
+            s = self.waiting.head()
+            c = self._chunk(s, used, not seqs)
             if c == 0:
                 break
-            seqs.append(self.waiting[0])
+            seqs.append(s)
             chunks.append(c)
             used += c
-            self._admit(self.waiting[0])
+            self._admit(s)
         return seqs, chunks
 
     def chunk_repeats(self, plan: BatchPlan) -> int:

@@ -42,7 +42,7 @@ class VLLM(Policy):
         prefills: list = []
         tokens = 0
         while self.waiting and len(self.running) < self.max_batch_size:
-            s = self.waiting[0]
+            s = self.waiting.head()
             # a prompt over the limit still runs alone, or a recomputed request could never come back
             if prefills and tokens + s.prefill_remaining > self.max_tokens:
                 break

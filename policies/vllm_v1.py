@@ -63,7 +63,6 @@ class VLLMV1(Policy):
         self.kv: PrefixCachingKV = kv
         self.budget = s.max_num_batched_tokens
         self.threshold = s.long_prefill_token_threshold
-        self.preempted = False  # whether the last step preempted (and so admitted nobody)
         # prefix-cache lookups at admission, in tokens, as vLLM's PrefixCacheStats counts them: fresh requests
         # (its hit rate) apart from preempted ones coming back
         self.queries = self.hits = self.preempted_queries = self.preempted_hits = 0
@@ -79,9 +78,10 @@ class VLLMV1(Policy):
         return cls(kv, **settings.as_dict())
 
     @classmethod
-    def max_admissible_tokens(cls, kv_capacity_tokens: int, max_seq_len: int) -> int:
-        # whole blocks of the default size; a larger block size given or taken (cpu) is checked in `schedule`
-        block = cls.Settings().block_size
+    def max_admissible_tokens(cls, kv_capacity_tokens: int, max_seq_len: int,
+                              options: Mapping[str, Any] | None = None) -> int:
+        # whole blocks of the size given, else the default's; a device's (cpu) is checked in `schedule`
+        block = (options or {}).get("block_size") or cls.Settings().block_size
         return kv_capacity_tokens // block * block
 
     @property
@@ -137,7 +137,7 @@ class VLLMV1(Policy):
         if not preempted:
             for queue in (self.arrived_with_kv, self.waiting):
                 while queue and budget > 0 and len(running) < self.max_batch_size:
-                    s = queue[0]
+                    s = queue.head()
                     self._check_fits_alone(s)
                     hits = kv.lookup(s)
                     if not kv.fits(s, hits):
@@ -146,32 +146,16 @@ class VLLMV1(Policy):
                         self._count(s, len(hits) * kv.block_size)
                         s.computed = len(hits) * kv.block_size
                     n = self._chunk(s, budget, eligible)
-                    queue.popleft()
+                    queue.take(s)
                     self._run(s)  # its hit blocks (and the cache it arrived with)
                     allocated = kv.allocate(s, s.computed + n)
                     assert allocated, "fits() counted the blocks of its whole sequence"
                     seqs.append(s)
                     num_new.append(n)
                     budget -= n
-                if queue:  # FCFS: nobody behind a request that could not be admitted
+                if queue:  # nobody behind a request that could not be admitted (FCFS or priority)
                     break
         return packed(seqs, num_new) if seqs else None
-
-    def extend(self, plan: BatchPlan, limit: int) -> int:
-        return 0 if self._queue_may_move() else super().extend(plan, limit)
-
-    def repeats_allowed(self, plan: BatchPlan, limit: int) -> int:
-        return 0 if self._queue_may_move() else super().repeats_allowed(plan, limit)
-
-    def _queue_may_move(self) -> bool:
-        """Whether the next step may admit the head of the queue, so that the plan would not repeat. Only after
-        a step that preempted, which tried no admission: otherwise the head was just refused on the same state,
-        and stays refused while decodes only grow (free blocks shrink, evictions only lose its hits). After a
-        preemption the victim may fit at once: its blocks are free and, where another request holds a block of
-        the same hash, its hits take fewer of them than it freed."""
-        queue = self.arrived_with_kv or self.waiting
-        return (self.preempted and bool(queue) and len(self.running) < self.max_batch_size
-                and self.kv.can_admit(queue[0]))
 
     def _check_fits_alone(self, seq: Seq) -> None:
         """InputError for a request that no freeing of blocks would ever let in (it would wait forever)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections import Counter
 from collections.abc import Callable
 from typing import Annotated, Any, get_type_hints
 
@@ -21,8 +22,9 @@ def _help(name: str, policies: list[str]) -> str:
         default = ""
     elif len(set(defaults.values())) == 1:
         default = f"; default {next(iter(defaults.values()))}"
-    else:
-        default = "; default " + ", ".join(f"{p} {d}" for p, d in defaults.items())
+    else:  # the most common default, then the policies that differ
+        common = Counter(defaults.values()).most_common(1)[0][0]
+        default = f"; default {common}, " + ", ".join(f"{p} {d}" for p, d in defaults.items() if d != common)
     text = first.metadata["help"]
     return f"{text[0].upper()}{text[1:]} ({who}{default})."
 
@@ -35,7 +37,10 @@ def with_policy_options(command: Callable[..., Any]) -> Callable[..., Any]:
     params = [p.replace(annotation=hints[p.name]) for p in signature.parameters.values() if p.name != "options"]
     annotations = {p.name: p.annotation for p in params}
     for name, policies in names.items():
-        annotation = Annotated[int | None, typer.Option(help=_help(name, policies))]
+        choices = POLICIES[policies[0]].Settings.__dataclass_fields__[name].metadata.get("choices")
+        # a choice is checked with the other settings (`Settings.validate`), its metavar lists the choices
+        option = typer.Option(help=_help(name, policies), metavar="|".join(choices) if choices else None)
+        annotation = Annotated[(str if choices else int) | None, option]
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation))
         annotations[name] = annotation
 

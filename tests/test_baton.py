@@ -182,7 +182,7 @@ def test_the_cost_model_prices_b_times_l_new_tokens_and_dense_attention() -> Non
 def test_bad_options_are_one_line_errors(name: str) -> None:
     from common.errors import InputError
 
-    with pytest.raises(InputError, match="--max-batch-size must be an integer >= 1"):
+    with pytest.raises(InputError, match="--max-batch-size must be an integer from 1 to"):
         make_policy(name, 10_000, 512, {"max_batch_size": 0})
 
 

@@ -1,212 +1,30 @@
-"""Scheduling policies, driven by a tiny loop that follows the contract in `policies/base.py`.
-
-Each policy is checked for its defining behaviour on hand-computed cases, and all of them for the invariants
-every run must keep (every request finishes exactly once with exactly its output tokens, KV within capacity
-and back to zero, per-policy batch limits) over random small workloads, with and without `extend()`.
+"""Each paper's algorithm, step by step (`policy_cases.drive`): hand-computed cases, and the algorithm's own
+rules checked on every step of random small workloads (settings drawn from their declared bounds). What every
+policy keeps whatever its algorithm is checked by capability in `tests/test_conformance.py`.
 """
 
 from __future__ import annotations
 
-import copy
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from policy_cases import Row, Step, add, big_paged, cases, drive, make_seqs, run_plan, shape
 
+from policies.admission import FCFS
 from policies.base import Policy
 from policies.binpack import first_fit_decreasing
 from policies.faster_transformer import FasterTransformer
 from policies.full_batching import HFPadded, LengthOrdered
 from policies.kv import PagedKV, ReservedKV
 from policies.orca import Orca
-from policies.plan import BatchPlan, Layout
+from policies.plan import Layout
 from policies.prepack import Prepack
 from policies.sarathi import ChunkedPrefillsOnly, HybridBatchingOnly, SarathiServe
 from policies.seq import Phase, Seq
 from policies.vllm import VLLM
 from policies.vllm_v1 import VLLMV1
-
-# ----------------------------------------------------------------------------------------------------------
-# the driver
-# ----------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Row:
-    seq: Seq
-    q: int
-    prefill: bool  # in prefill when scheduled
-    computed: int  # cached tokens when scheduled
-    remaining: int  # prefill tokens pending when scheduled (0 for a decode)
-
-
-@dataclass
-class Step:
-    plan: BatchPlan
-    rows: list[Row]
-    extra: int  # extra repeats granted by extend()
-    running_before: list[Seq]
-    waiting_before: list[Seq]
-    head_admittable: bool  # the head of the queue fit (batch room and KV) right before schedule()
-    decoding_before: list[Seq]  # running and past their prefill, right before schedule()
-    prefilling_before: list[Seq]  # running with a partial prefill, right before schedule()
-    running_after: list[Seq]
-    waiting_after: list[Seq]
-    admittable_after: bool  # the head of the queue would still fit right after schedule()
-    head_after_remaining: int  # prefill tokens the head of the queue needs, right after schedule()
-    kv_used: int  # after schedule() and extend()
-    kv_used_end: int = 0  # after the finishes of this step
-    finished: list[Seq] = field(default_factory=list)
-
-    @property
-    def ids(self) -> list[int]:
-        return [r.seq.id for r in self.rows]
-
-    @property
-    def has_prefill(self) -> bool:
-        return any(r.prefill for r in self.rows)
-
-    @property
-    def has_decode(self) -> bool:
-        return any(not r.prefill for r in self.rows)
-
-
-def head_admittable(policy: Policy) -> bool:
-    return (bool(policy.waiting) and len(policy.running) < policy.max_batch_size
-            and policy.kv.can_admit(policy.waiting[0]))
-
-
-def kv_covers(kv: object, s: Seq, tokens: int) -> bool:
-    """Whether the KV manager holds room for `tokens` cached tokens of `s`."""
-    if isinstance(kv, PagedKV):
-        return s.id in kv.held and kv.held[s.id] >= tokens
-    assert isinstance(kv, ReservedKV)
-    return s.id in kv.holders and tokens <= kv.reserve_tokens
-
-
-def drive(policy: Policy, seqs: list[Seq], gaps: list[int] | None = None, extend_cap: int = 0,
-          max_steps: int = 100_000) -> list[Step]:
-    """Run `seqs` to completion. Request i arrives `gaps[i]` iterations after request i-1 (or at once when the
-    policy has nothing to run). With `extend_cap`, every decode-only plan is offered up to that many repeats,
-    never past the first finish nor past the next arrival (an extended plan's repeats count as iterations).
-    Checks every plan as it is made and, at the end, that each request finished once with all its tokens."""
-    gaps = gaps if gaps is not None else [0] * len(seqs)
-    steps: list[Step] = []
-    finishes: Counter[int] = Counter()
-    nxt, countdown = 0, 0
-    while True:
-        while nxt < len(seqs) and countdown <= 0:
-            policy.add(seqs[nxt])
-            nxt += 1
-            countdown = gaps[nxt] if nxt < len(seqs) else 0
-        running_before, waiting_before = list(policy.running), list(policy.waiting)
-        decoding = [s for s in running_before if not s.in_prefill]
-        prefilling = [s for s in running_before if s.in_prefill]
-        admittable = head_admittable(policy)
-        plan = policy.schedule()
-        if plan is None:
-            # the KV always fits the largest request alone, so nothing runnable means nothing at all
-            assert policy.idle, "schedule() returned None with work pending"
-            if nxt == len(seqs):
-                break
-            countdown = 0
-            continue
-        assert len(steps) < max_steps, "no progress"
-        running_after, waiting_after, admittable_after = list(policy.running), list(policy.waiting), \
-            head_admittable(policy)
-        for v in running_before:  # left the running set without finishing: preempted by recompute
-            if v not in running_after:
-                assert v.phase is Phase.WAITING and v.computed == 0 and v.prefill_end == v.known_tokens
-                assert v.preemptions >= 1 and v in waiting_after
-        extra = 0
-        if extend_cap and plan.decode_only and plan.seqs:
-            limit = min(extend_cap, min(s.remaining_outputs for s in plan.seqs) - 1)
-            if nxt < len(seqs):
-                limit = min(limit, countdown - 1)
-            if limit > 0:
-                extra = policy.extend(plan, limit)
-                assert 0 <= extra <= limit
-        rows = [Row(s, q, s.in_prefill, s.computed, s.prefill_remaining)
-                for s, q in zip(plan.seqs, plan.num_new)]
-        step = Step(plan, rows, extra, running_before, waiting_before, admittable, decoding, prefilling,
-                    running_after, waiting_after, admittable_after,
-                    waiting_after[0].prefill_remaining if waiting_after else 0, policy.kv.used)
-        check_plan(policy, step)
-        steps.append(step)
-        sampled = 0
-        for s, q in zip(plan.seqs, plan.num_new):
-            sampled += s.advance(q)
-            for _ in range(extra):
-                assert s.advance(1)
-            assert s.generated <= s.output_tokens
-        if plan.layout is Layout.PACKED:
-            assert sampled == plan.sampled_tokens
-        step.finished = [s for s in plan.seqs if s.generated == s.output_tokens]
-        for s in step.finished:
-            policy.finish(s)
-            finishes[s.id] += 1
-            assert s.phase is Phase.FINISHED
-        step.kv_used_end = policy.kv.used
-        countdown -= 1 + extra
-    assert nxt == len(seqs)
-    assert all(finishes[s.id] == 1 for s in seqs) and sum(finishes.values()) == len(seqs)
-    assert all(s.generated == s.output_tokens for s in seqs)
-    assert policy.idle and policy.kv.used == 0
-    return steps
-
-
-def check_plan(policy: Policy, step: Step) -> None:
-    """What every plan of every policy must satisfy, checked before the plan is executed."""
-    plan, kv = step.plan, policy.kv
-    assert plan.seqs and len(plan.seqs) == len(plan.num_new) == len({s.id for s in plan.seqs})
-    assert len(policy.running) <= policy.max_batch_size
-    assert 0 <= kv.used <= kv.capacity
-    for r in step.rows:
-        s = r.seq
-        assert s.phase is Phase.RUNNING and s in policy.running
-        assert r.q >= 1
-        if r.prefill:
-            assert r.q <= r.remaining
-        else:
-            assert r.q == 1
-        # the KV for everything this plan (and its repeats) caches is already held
-        assert kv_covers(kv, s, s.computed + r.q + step.extra)
-    if plan.layout is Layout.PACKED:
-        assert plan.linear_tokens == sum(plan.num_new)
-        assert plan.decode_rows == sum(1 for r in step.rows if not r.prefill)
-        assert plan.prefill_q == [r.q for r in step.rows if r.prefill]
-        assert plan.prefill_c == [r.computed for r in step.rows if r.prefill]
-        assert plan.decode_kv == sum(r.computed + 1 for r in step.rows if not r.prefill)
-
-
-def make_seqs(spec: list[tuple[int, int]]) -> list[Seq]:
-    return [Seq(i, float(i), p, o) for i, (p, o) in enumerate(spec)]
-
-
-def add(policy: Policy, *seqs: Seq) -> None:
-    for s in seqs:
-        policy.add(s)
-
-
-def run_plan(policy: Policy, plan: BatchPlan) -> None:
-    """Execute one plan by hand: advance and finish."""
-    for s, q in zip(plan.seqs, plan.num_new):
-        s.advance(q)
-    for s in plan.seqs:
-        if s.generated == s.output_tokens:
-            policy.finish(s)
-
-
-def shape(plan: BatchPlan) -> list[tuple[int, int]]:
-    return [(s.id, q) for s, q in zip(plan.seqs, plan.num_new)]
-
-
-def big_paged(tokens: int = 1 << 16) -> PagedKV:
-    return PagedKV(tokens, watermark=0.0)
-
 
 # ----------------------------------------------------------------------------------------------------------
 # FasterTransformer
@@ -226,11 +44,8 @@ def check_faster_transformer(policy: FasterTransformer, steps: list[Step]) -> No
             assert not st_.running_before
             batch = list(plan.seqs)
             assert 1 <= len(batch) <= policy.max_batch_size
-            # admission in arrival order (length-ordered: shortest prompt first), as many as the slots and the
-            # batch size allow
-            order = (sorted(st_.waiting_before, key=lambda s: (s.prompt_tokens, s.arrival_s, s.id))
-                     if isinstance(policy, LengthOrdered) else st_.waiting_before)
-            assert batch == order[:len(batch)]
+            # admission in the queue's order, as many as the slots and the batch size allow
+            assert batch == st_.waiting_before[:len(batch)]
             assert len(batch) == min(len(st_.waiting_before), policy.max_batch_size, kv.slots)
             assert all(r.prefill and r.computed == 0 and r.q == r.seq.prompt_tokens for r in st_.rows)
             lmax = max(s.prompt_tokens for s in batch)
@@ -240,8 +55,13 @@ def check_faster_transformer(policy: FasterTransformer, steps: list[Step]) -> No
                 assert all(sum(batch[i].prompt_tokens for i in b) <= lmax for b in plan.bins)
                 assert rows == len(first_fit_decreasing([s.prompt_tokens for s in batch], lmax))
             assert plan.linear_tokens == rows * lmax  # padded B x L_max, or packed rows x L_max
-            assert plan.prefill_q == [lmax] * rows and plan.sampled_tokens == len(batch)
-            assert plan.dense_attention == isinstance(policy, HFPadded)
+            varlen = isinstance(policy, Prepack) and policy.settings.varlen  # attention within each prompt
+            assert plan.sampled_tokens == len(batch)
+            if varlen:
+                assert sorted(plan.prefill_q) == sorted(s.prompt_tokens for s in batch)
+            else:
+                assert plan.prefill_q == [lmax] * rows
+            assert plan.dense_attention == (isinstance(policy, HFPadded) and not varlen)
             decodes = 0
         else:  # a decode of the running batch: no newcomer, finished rows keep their slot
             assert all(not r.prefill for r in st_.rows)
@@ -395,8 +215,7 @@ def check_vllm(policy: VLLM, steps: list[Step]) -> None:
             # every running request decodes, except the newest ones preempted, which go back first in line
             n = len(st_.running_after)
             assert st_.running_after == st_.running_before[:n] == st_.plan.seqs
-            victims = st_.running_before[n:]
-            assert st_.waiting_after == victims + st_.waiting_before
+            assert st_.waiting_after == st_.requeued  # the preempted back in the queue
 
 
 def test_vllm_never_mixes_and_prefills_first() -> None:
@@ -493,12 +312,13 @@ def split_rows(st_: Step) -> tuple[list[Row], list[Row], list[Row]]:
     return decodes, ongoing, new
 
 
-def check_preempted(st_: Step) -> list[Seq]:
-    """Requests preempted by this schedule(): the newest running ones, back first in the queue."""
+def check_preempted(policy: Policy, st_: Step) -> list[Seq]:
+    """Requests preempted by this schedule(): the newest running ones, back in the queue (first, in arrival
+    order)."""
     kept = [s for s in st_.running_before if s in st_.running_after]
     victims = [s for s in st_.running_before if s not in st_.running_after]
     assert st_.running_before[:len(kept)] == kept
-    assert st_.waiting_after[:len(victims)] == victims
+    assert st_.waiting_after == st_.requeued
     return victims
 
 
@@ -508,11 +328,12 @@ def check_sarathi(policy: SarathiServe, steps: list[Step]) -> None:
         assert len(st_.running_after) <= policy.max_batch_size
         decodes, ongoing, new = split_rows(st_)
         assert st_.rows == decodes + ongoing + new  # decodes, then ongoing chunks, then admissions
-        victims = check_preempted(st_)
+        victims = check_preempted(policy, st_)
         # stall-free: every running decode (unless preempted for KV) is in every iteration
         assert [r.seq for r in decodes] == [s for s in st_.decoding_before if s not in victims]
         assert [r.seq for r in new] == st_.waiting_before[:len(new)]
-        assert not (victims and new)
+        if policy.admission_order == FCFS:  # the victim heads the queue and does not fit in what it freed
+            assert not (victims and new)
         total = sum(r.q for r in st_.rows)
         if len(decodes) <= budget:
             assert total <= budget
@@ -606,7 +427,7 @@ def check_hybrid_only(policy: HybridBatchingOnly, steps: list[Step]) -> None:
         assert len(st_.running_after) <= policy.max_batch_size
         decodes, ongoing, new = split_rows(st_)
         assert not ongoing and st_.rows == decodes + new
-        victims = check_preempted(st_)
+        victims = check_preempted(policy, st_)
         assert [r.seq for r in decodes] == [s for s in st_.running_before if s not in victims]
         assert all(r.computed == 0 and r.q == r.remaining for r in new)  # never chunked
         # the first prompt goes whole; later ones only within the budget
@@ -621,7 +442,7 @@ def check_chunked_only(policy: ChunkedPrefillsOnly, steps: list[Step]) -> None:
     for st_ in steps:
         assert len(st_.running_after) <= policy.max_batch_size
         assert not (st_.has_prefill and st_.has_decode)
-        victims = check_preempted(st_)
+        victims = check_preempted(policy, st_)
         if st_.has_prefill:
             assert not victims
             _, ongoing, new = split_rows(st_)
@@ -660,8 +481,8 @@ def check_vllm_v1(policy: VLLMV1, steps: list[Step]) -> None:
                 left = policy.threshold
             assert r.q == min(left, budget)
             budget -= r.q
-        if victims:  # no admission in a step that preempted; the victims wait first, in running order
-            assert not new and st_.waiting_after == victims + st_.waiting_before
+        if victims:  # no admission in a step that preempted; the victims wait (first, in arrival order)
+            assert not new and st_.waiting_after == st_.requeued
             continue
         assert [r.seq for r in new] == st_.waiting_before[:len(new)]
         assert st_.waiting_after == st_.waiting_before[len(new):]
@@ -673,104 +494,20 @@ def check_vllm_v1(policy: VLLMV1, steps: list[Step]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# random workloads, all policies
+# each algorithm's rules on random workloads
 # ----------------------------------------------------------------------------------------------------------
 
-SARATHI: dict[str, tuple[type[SarathiServe], Callable]] = {
-    "sarathi": (SarathiServe, check_sarathi),
-    "sarathi-hybrid-only": (HybridBatchingOnly, check_hybrid_only),
-    "sarathi-chunked-only": (ChunkedPrefillsOnly, check_chunked_only),
+ALGORITHMS: dict[type[Policy], Callable] = {
+    FasterTransformer: check_faster_transformer, HFPadded: check_faster_transformer,
+    LengthOrdered: check_faster_transformer, Prepack: check_faster_transformer, Orca: check_orca,
+    VLLM: check_vllm, VLLMV1: check_vllm_v1, SarathiServe: check_sarathi,
+    HybridBatchingOnly: check_hybrid_only, ChunkedPrefillsOnly: check_chunked_only,
 }
-REQUEST_LEVEL: dict[str, type[FasterTransformer]] = {
-    "faster-transformer": FasterTransformer, "hf-padded": HFPadded, "length-ordered": LengthOrdered,
-    "prepack": Prepack,
-}
-POLICY_NAMES = [*REQUEST_LEVEL, "orca", "vllm", "vllm-v1", *SARATHI]
 
 
-@dataclass
-class Case:
-    policy: Policy
-    seqs: list[Seq]
-    gaps: list[int]
-    extend_cap: int
-    check: Callable[[Policy, list[Step]], None]
-
-
-@st.composite
-def cases(draw: st.DrawFn, name: str, extend: bool) -> Case:
-    n = draw(st.integers(1, 10))
-    spec = [(draw(st.integers(1, 64)), draw(st.integers(1, 64))) for _ in range(n)]
-    seqs = make_seqs(spec)
-    gaps = [draw(st.sampled_from([0, 0, 0, 1, 2, 3, 8])) for _ in range(n)]
-    longest = max(s.max_len for s in seqs)
-    batch = draw(st.one_of(st.integers(1, 8), st.just(128)))
-    extend_cap = draw(st.integers(1, 40)) if extend else 0
-    if name in REQUEST_LEVEL or name == "orca":
-        reserve = longest + draw(st.integers(0, 16))
-        kv = ReservedKV(reserve * draw(st.integers(1, 5)) + draw(st.integers(0, reserve - 1)), reserve)
-        if name == "orca":
-            return Case(Orca(kv, max_batch_size=batch), seqs, gaps, extend_cap, check_orca)
-        return Case(REQUEST_LEVEL[name](kv, max_batch_size=batch), seqs, gaps, extend_cap, check_faster_transformer)
-    if name == "vllm-v1":
-        for s in seqs:  # a few shared prefixes
-            s.prefix_group = draw(st.integers(-1, 1))
-            s.prefix_tokens = draw(st.integers(0, s.prompt_tokens)) if s.prefix_group >= 0 else 0
-        block = draw(st.sampled_from([1, 4, 16]))
-        tokens = block * (-(-longest // block) + draw(st.integers(0, 12)))  # the largest request fits alone
-        v1 = VLLMV1.build(tokens, longest, {
-            "max_batch_size": batch, "block_size": block, "enable_prefix_caching": draw(st.sampled_from([0, 1, 1])),
-            "max_num_batched_tokens": batch + draw(st.integers(0, 64)),
-            "long_prefill_token_threshold": draw(st.sampled_from([0, 0, 1, 5]))})
-        return Case(v1, seqs, gaps, extend_cap, check_vllm_v1)
-    blocks = -(-longest // 16)
-    watermark = draw(st.sampled_from([0.0, 0.01, 0.1, 0.2]))
-    nblocks = draw(st.integers(blocks, 3 * blocks + 2))
-    while PagedKV(16 * nblocks, watermark=watermark).max_request_tokens < longest:
-        nblocks += 1  # the largest request must fit alone, above the watermark
-    pkv = PagedKV(16 * nblocks, watermark=watermark)
-    if name == "vllm":
-        policy: Policy = VLLM(pkv, max_batch_size=batch, max_tokens=draw(st.integers(1, 200)))
-        return Case(policy, seqs, gaps, extend_cap, check_vllm)
-    cls, check = SARATHI[name]
-    policy = cls(pkv, max_batch_size=batch, token_budget=draw(st.integers(1, 48)))
-    return Case(policy, seqs, gaps, extend_cap, check)
-
-
-def run_case(case: Case) -> list[Step]:
-    steps = drive(case.policy, case.seqs, case.gaps, case.extend_cap)
-    case.check(case.policy, steps)
-    return steps
-
-
-@pytest.mark.parametrize("name", POLICY_NAMES)
-@settings(max_examples=200, deadline=None)
+@pytest.mark.parametrize("cls", ALGORITHMS, ids=lambda c: c.name)
+@settings(max_examples=100, deadline=None)
 @given(data=st.data())
-def test_random_workloads(name: str, data: st.DataObject) -> None:
-    run_case(data.draw(cases(name, extend=False)))
-
-
-@pytest.mark.parametrize("name", POLICY_NAMES)
-@settings(max_examples=200, deadline=None)
-@given(data=st.data())
-def test_random_workloads_with_extend(name: str, data: st.DataObject) -> None:
-    run_case(data.draw(cases(name, extend=True)))
-
-
-def iterations(steps: list[Step]) -> list[list[tuple[int, int]]]:
-    """The per-iteration schedule, an extended plan unrolled into its repeats."""
-    return [[(r.seq.id, r.q) for r in st_.rows] for st_ in steps for _ in range(1 + st_.extra)]
-
-
-@pytest.mark.parametrize("name", POLICY_NAMES)
-@settings(max_examples=200, deadline=None)
-@given(data=st.data())
-def test_extend_matches_stepping(name: str, data: st.DataObject) -> None:
-    """extend() only batches bookkeeping: unrolled, its schedule is that of stepping one at a time."""
-    case = data.draw(cases(name, extend=True))
-    plain = copy.deepcopy(case)
-    plain.extend_cap = 0
-    extended = run_case(case)
-    stepped = run_case(plain)
-    assert iterations(extended) == iterations(stepped)
-    assert [s.preemptions for s in case.seqs] == [s.preemptions for s in plain.seqs]
+def test_algorithm_rules(cls: type[Policy], data: st.DataObject) -> None:
+    case = data.draw(cases(cls.name, extend=data.draw(st.booleans())))
+    ALGORITHMS[cls](case.policy, drive(case.policy, case.seqs, case.gaps, case.extend_cap))

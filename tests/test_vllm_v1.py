@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_policies import drive, run_plan, shape
+from policy_cases import drive, run_plan, shape
 
 from common.errors import InputError
 from policies.registry import make_policy
@@ -190,7 +190,7 @@ def test_bad_settings_are_one_line() -> None:
         make_policy("vllm-v1", 1 << 20, 2048, {"max_num_batched_tokens": 100})
     with pytest.raises(InputError, match="--enable-prefix-caching must be an integer from 0 to 1"):
         make_policy("vllm-v1", 1 << 20, 2048, {"enable_prefix_caching": 2})
-    with pytest.raises(InputError, match="--block-size must be an integer >= 1"):
+    with pytest.raises(InputError, match="--block-size must be an integer from 1 to"):
         make_policy("vllm-v1", 1 << 20, 2048, {"block_size": 0})
     cpu = make_policy("vllm-v1", 1000, 2048, gpu="cpu")  # 7 blocks of 128
     assert cpu.max_admissible_tokens(1000, 2048) == 992  # what blocks of the default 16 hold
