@@ -8,12 +8,17 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from common.errors import InputError
 from simctl.options import batch_sizes, comma_list
+
+if TYPE_CHECKING:
+    from sim.cost.base import CostModel
+    from sim.gpus import GPUSpec
+    from sim.models import ModelSpec
 
 FILES = ("query_set.parquet", "summary.json")
 
@@ -48,6 +53,25 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
             "twin_error": twin["makespan_s"] / real - 1, "real_batch_size": runs[0]["max_batch_size"]}
 
 
+def _cost(cost: str | None, spec: ModelSpec, gpu: GPUSpec, execution: str | None,
+          step_overhead_ms: float | None) -> tuple[CostModel, int, str, list[str]]:
+    """`sim.run.cost_model`'s model, or the roofline with the step overheads given (they are the roofline's:
+    a fit carries what its profile measured)."""
+    from sim.cost.roofline import DEFAULT_OVERHEAD_S, Roofline
+    from sim.run import cost_model
+
+    if execution is None and step_overhead_ms is None:
+        return cost_model(cost, spec, gpu, 1)
+    if cost is not None:
+        raise InputError("--execution and --step-overhead-ms set the roofline's step overheads; a --cost "
+                         "model has its own")
+    if step_overhead_ms is not None and not 0 <= step_overhead_ms < float("inf"):
+        raise InputError(f"--step-overhead-ms must be a finite number >= 0, got {step_overhead_ms}")
+    overhead = DEFAULT_OVERHEAD_S if step_overhead_ms is None else step_overhead_ms / 1e3
+    roofline = Roofline(spec, gpu, overhead_s=overhead, execution=execution or "cuda-graph")
+    return roofline, roofline.kv_capacity_tokens(), f"roofline ({roofline.steps.describe()})", []
+
+
 def query_set_cmd(
     name: Annotated[str, typer.Option("--set", help="Query set: mixed (Table 1: 120 queries, long/short "
                                       "inputs and outputs 1:1:2) or short (Table 2: 30 short "
@@ -60,6 +84,12 @@ def query_set_cmd(
                                      "short; cpu: this machine's shipped fit).")] = "rtx-4090",
     cost: Annotated[str | None, typer.Option(help="A fitted cost_model.json or roofline_calibration.json "
                                              "instead of the roofline.")] = None,
+    execution: Annotated[str | None, typer.Option(help="Roofline: cuda-graph (the default: 2 ms a step) or "
+                                                  "eager (its launch floor too: the paper's Hugging Face "
+                                                  "engine runs eager PyTorch; see sim/cost/overheads.py)."
+                                                  )] = None,
+    step_overhead_ms: Annotated[float | None, typer.Option(help="Roofline: the host's time per step, ms "
+                                                           "(default: the execution mode's, 2 ms).")] = None,
     scale: Annotated[float, typer.Option(help="Multiply every length (e.g. 0.25 for a CPU-sized --real)."
                                          )] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of the lengths and their order.")] = 0,
@@ -86,7 +116,6 @@ def query_set_cmd(
     from sim.models import get_model
     from sim.output import check_out_dir, json_text, write_files
     from sim.query_set import completion_time, query_set
-    from sim.run import cost_model
     from simctl.usage_errors import warn_all
 
     policies = comma_list(policy, "policy")
@@ -102,7 +131,7 @@ def query_set_cmd(
     requests = query_set(name, seed, scale)
     spec, g = get_model(model), get_gpu(gpu)
     spec.check_context(requests, scale)
-    price, kv, label, warnings = cost_model(cost, spec, g, 1)
+    price, kv, label, warnings = _cost(cost, spec, g, execution, step_overhead_ms)
     warn_all(warnings)
     rows = []
     for b in sizes:
@@ -120,6 +149,7 @@ def query_set_cmd(
             frame["real_speedup_vs_hf_padded"] = (frame["batch_size"].map(real_base)
                                                   / frame["real_completion_s"])
     summary = {"set": name, "queries": len(requests), "model": spec.name, "gpu": g.name, "cost_model": label,
+               "cost_assumptions": price.assumptions(),
                "scale": scale, "seed": seed, "warnings": warnings, "rows": frame.to_dict("records")}
     if out is not None:
         write_files(out, {"query_set.parquet": lambda t: frame.to_parquet(t, index=False),

@@ -65,8 +65,36 @@ def test_cli_reports_each_policy_and_batch_size(tmp_path) -> None:
     assert sorted(p.name for p in out.iterdir()) == ["query_set.parquet", "summary.json"]
 
 
+def test_step_overhead_is_paid_once_per_iteration_and_recorded() -> None:
+    """--step-overhead-ms 10 instead of the default 2 adds 8 ms to every iteration (cuda-graph: no floor), and
+    the summary records the step overheads the run assumed."""
+    runs = {}
+    for extra in ((), ("--step-overhead-ms", "10")):
+        r = _simctl("query-set", "--set", "short", "--batch-size", "2", "--policy", "hf-padded", "--json",
+                    *extra)
+        assert r.returncode == 0, r.stderr
+        runs[extra] = json.loads(r.stdout)
+    base, slow = runs[()], runs[("--step-overhead-ms", "10")]
+    (b,), (s,) = base["rows"], slow["rows"]
+    assert b["iterations"] == s["iterations"]
+    assert s["completion_s"] - b["completion_s"] == pytest.approx(8e-3 * b["iterations"], rel=1e-9)
+    assert base["cost_assumptions"]["step_overheads"]["iteration_s"] == 2e-3
+    assert slow["cost_assumptions"]["step_overheads"]["iteration_s"] == 10e-3
+
+
+def test_eager_execution_prices_the_launch_floor() -> None:
+    r = _simctl("query-set", "--set", "short", "--batch-size", "2", "--policy", "hf-padded", "--json",
+                "--execution", "eager")
+    assert r.returncode == 0, r.stderr
+    steps = json.loads(r.stdout)["cost_assumptions"]["step_overheads"]
+    assert steps["execution"] == "eager" and steps["launch_floor_s"] == pytest.approx(22e-3)
+
+
 @pytest.mark.parametrize("args,needle", [
     (("--set", "huge"), "unknown query set 'huge'"),
+    (("--execution", "warp"), "execution must be one of cuda-graph, eager"),
+    (("--step-overhead-ms", "-1"), "--step-overhead-ms must be a finite number >= 0"),
+    (("--cost", "x.json", "--execution", "eager"), "a --cost model has its own"),
     (("--batch-size", "0"), "every batch size must be >= 1"),
     (("--policy", "nope"), "unknown policy 'nope'"),
 ])
