@@ -163,6 +163,9 @@ def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: in
         raise InputError(f"{config.policy} reuses cached prompt prefixes across requests, which this engine "
                          "cannot (each request's KV lives in its own slot): give --enable-prefix-caching 0, "
                          "or a trace without prefix_group")
+    if probe.concurrent_streams:
+        raise InputError(f"{config.policy}: this engine runs one stream, not a prefill beside the decode: "
+                         "give --overlap 0")
     batch = probe.max_batch_size
     slots = min(len(requests), batch)
     capped = False

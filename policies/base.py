@@ -131,6 +131,11 @@ class Policy(ABC):
         return PagedKV(kv_capacity_tokens).max_request_tokens
 
     @property
+    def concurrent_streams(self) -> bool:
+        """Whether its plans may run work on two streams at once (`BatchPlan.streams`)."""
+        return False
+
+    @property
     def shares_prefixes(self) -> bool:
         """Whether a request may start from KV another request computed (prefix caching)."""
         return False

@@ -30,7 +30,7 @@ from common.errors import InputError
 from policies.base import Policy, Settings, option
 from policies.kv import KVManager
 from policies.padded_kv import PaddedBatchKV
-from policies.plan import BatchPlan, padded_decode, padded_insertion, padded_prefill
+from policies.plan import BatchPlan, concurrent, hybrid, padded_decode, padded_insertion, padded_prefill
 from policies.seq import Phase, Seq
 
 
@@ -221,6 +221,77 @@ class Baton(Policy):
 class BatonPD(Baton):
     name = "baton-pd"
     summary = "Baton with P&D decoupling: newcomers prefilled apart, their KV embedded into the batch"
+
+    @dataclass(frozen=True)
+    class Settings(Baton.Settings):
+        overlap: int = option(0, "1: prefill the next waiting query while the batch decodes, on a second "
+                              "stream (the paper's asynchronous P&D decoupling); 0: they take turns",
+                              minimum=0, maximum=1)
+        # Sarathi-Serve's (OSDI 2024) 512-token chunk: a prefill piece whose time is near a decode step's, so
+        # the overlapped prefill advances beside the decode steps as an asynchronous one would
+        overlap_chunk: int = option(512, "--overlap 1: prompt tokens prefilled beside each decode step")
+
+        def validate(self) -> None:
+            super().validate()
+            if self.overlap and self.preempt:
+                raise InputError("--overlap 1 prefills queries in queue order ahead of need: it cannot take "
+                                 "--preempt 1")
+
+    def __init__(self, kv: PaddedBatchKV, **options: int) -> None:
+        super().__init__(kv, **options)
+        self.prefilling: Seq | None = None  # --overlap 1: the query prefilled beside the decode steps
+
+    @property
+    def concurrent_streams(self) -> bool:
+        return bool(self.settings.overlap)
+
+    @property
+    def idle(self) -> bool:
+        return super().idle and self.prefilling is None
+
+    def schedule(self) -> BatchPlan | None:
+        if not self.settings.overlap:
+            return super().schedule()
+        s = self.prefilling
+        if s is not None and not s.in_prefill:  # its prompt is done: held with its KV until a row frees
+            self.prefilling, s.phase = None, Phase.WAITING
+            self.arrived_with_kv.append(s)
+        plan = super().schedule()
+        if plan is None:  # the batch ran out while a query was half prefilled: finish it alone
+            return self._prefill_ahead()
+        if not plan.decode_only:
+            return plan
+        prefill = self._prefill_ahead()
+        return plan if prefill is None else concurrent(plan, prefill)
+
+    def _prefill_ahead(self) -> BatchPlan | None:
+        """The next chunk of the query prefilled beside the batch: the one under way, else the head of the
+        queue while fewer than a batch's worth are held."""
+        s = self.prefilling
+        if s is None:
+            if not self.waiting or len(self.arrived_with_kv) >= self.max_batch_size:
+                return None
+            s = self.prefilling = self.waiting.head()
+            self.waiting.take(s)
+            s.phase = Phase.RUNNING
+        return hybrid([], [s], [min(self.settings.overlap_chunk, s.prefill_remaining)])
+
+    def _newcomers(self) -> list[Seq]:
+        if self.settings.overlap and self.running:  # they join prefilled, never stopping the batch
+            return []
+        return super()._newcomers()
+
+    def finish(self, seq: Seq) -> None:
+        if seq is self.prefilling:  # a one-token answer, sampled by its prefill
+            self.prefilling, seq.phase = None, Phase.FINISHED
+            return
+        super().finish(seq)
+
+    def release(self, seq: Seq) -> None:
+        if seq is self.prefilling:
+            self.prefilling, seq.phase = None, Phase.WAITING
+            return
+        super().release(seq)
 
     def _widened(self, width: int, longest: int) -> int:
         return max(width, longest)  # newcomers' KV is embedded end-aligned

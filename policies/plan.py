@@ -53,6 +53,10 @@ class BatchPlan:
     # a request-level batch's prefill, or one group of it (FasterTransformer and its kin): the whole batch has
     # this many rows, and they stay in it, computed even once finished, until all of them have finished
     batch_rows: int = 0
+    # work run at the same time on separate streams of the same device (Baton-PD's prefill beside the batch's
+    # decode; built by `concurrent`): the fields above are the streams' sums, which the loop applies; a cost
+    # model prices the streams sharing the device
+    streams: tuple[BatchPlan, ...] = ()
 
     @property
     def decode_only(self) -> bool:
@@ -125,6 +129,19 @@ def padded_decode(seqs: list[Seq], rows: int, kv_len: int) -> BatchPlan:
     return BatchPlan(seqs, [1] * len(seqs), Layout.PADDED, rows, rows, decode_rows=rows,
                      decode_kv=rows * kv_len, decode_tokens=len(seqs), row_len=1, kv_len=kv_len,
                      idle_rows=rows - len(seqs))
+
+
+def concurrent(decode: BatchPlan, prefill: BatchPlan) -> BatchPlan:
+    """A decode step and a prefill run at the same time on two streams of one device, ending together: one
+    iteration whose sequences are the decode's then the prefill's, its features their sums."""
+    if not decode.decode_only or prefill.decode_tokens:
+        raise ValueError("concurrent: a decode-only plan and a plan of prefills only")
+    return BatchPlan(decode.seqs + prefill.seqs, decode.num_new + prefill.num_new, decode.layout,
+                     decode.linear_tokens + prefill.linear_tokens,
+                     decode.sampled_tokens + prefill.sampled_tokens,
+                     prefill.prefill_q, prefill.prefill_c, decode.decode_rows, decode.decode_kv,
+                     prefill.prefill_tokens, decode.decode_tokens, decode.row_len, decode.kv_len,
+                     decode.idle_rows, prefill.dense_attention, streams=(decode, prefill))
 
 
 def padded_insertion(seqs: list[Seq], width: int) -> BatchPlan:

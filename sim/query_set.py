@@ -14,6 +14,7 @@ each range (seeded), in a random order:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,15 +62,15 @@ def query_set(name: str, seed: int = 0, scale: float = 1.0) -> list[Request]:
         raise InputError(f"unknown query set {name!r}; known: {', '.join(QUERY_SETS)}") from None
 
 
-def completion_time(policy: str, requests: list[Request], batch_size: int, cost: CostModel, kv_capacity: int
-                    ) -> dict[str, float | int]:
-    """Serve the whole set with `policy` at `batch_size` (simulated): the time to complete every query, and
-    how the KV was used."""
+def completion_time(policy: str, requests: list[Request], batch_size: int, cost: CostModel, kv_capacity: int,
+                    options: Mapping[str, int] | None = None) -> dict[str, float | int]:
+    """Serve the whole set with `policy` at `batch_size` (and its other settings `options`), simulated: the
+    time to complete every query, and how the KV was used."""
     need = max(r.prompt_tokens + r.output_tokens for r in requests)
     max_seq_len = aligned(need)  # as for a trace file
     if need > max_admissible_tokens(policy, kv_capacity, max_seq_len):
         raise InputError(f"{policy}: a query of {need} tokens does not fit the {kv_capacity}-token KV cache")
-    engine = make_policy(policy, kv_capacity, max_seq_len, {"max_batch_size": batch_size})
+    engine = make_policy(policy, kv_capacity, max_seq_len, {**(options or {}), "max_batch_size": batch_size})
     s = summarize(simulate(requests, engine, cost))
     return {"completion_s": s["makespan_s"], "kv_peak_tokens": s["kv_peak_tokens"],
             "iterations": s["iterations"]}

@@ -24,7 +24,8 @@ FILES = ("query_set.parquet", "summary.json")
 
 
 def _real_point(policy: str, requests: list, batch: int, model: str, device: str, seed: int,
-                real_cost: Path | None = None, repeats: int = 1) -> dict[str, Any]:
+                real_cost: Path | None = None, repeats: int = 1,
+                options: dict[str, int] | None = None) -> dict[str, Any]:
     """Real runs of the set (all queries at time 0, from a JSONL trace; the median completion time of
     `repeats`) and the simulator's twin of them, priced by `real_cost` (default: the fit shipped for this
     project's CPU)."""
@@ -44,7 +45,7 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
                                             "output_tokens": r.output_tokens, "arrival_s": 0.0}) + "\n"
                                             for r in requests), encoding="utf-8")
         runs = [real_main(policy=policy, trace=str(path), model=model, device=device, qps=None,
-                          num_requests=len(requests), seed=seed, options={"max_batch_size": batch})
+                          num_requests=len(requests), seed=seed, options={**(options or {}), "max_batch_size": batch})
                 for _ in range(repeats)]
         twin, _ = simulate_twin(runs[0], load_cost(real_cost or default_cost_path(get_gpu("cpu")), model))
     real = statistics.median(r["makespan_s"] for r in runs)
@@ -90,6 +91,9 @@ def query_set_cmd(
                                                   )] = None,
     step_overhead_ms: Annotated[float | None, typer.Option(help="Roofline: the host's time per step, ms "
                                                            "(default: the execution mode's, 2 ms).")] = None,
+    overlap: Annotated[int, typer.Option(help="baton-pd's --overlap: 1 prefills waiting queries beside the "
+                                         "batch's decode steps (the paper's asynchronous P&D decoupling); 0: "
+                                         "they take turns.")] = 0,
     scale: Annotated[float, typer.Option(help="Multiply every length (e.g. 0.25 for a CPU-sized --real)."
                                          )] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of the lengths and their order.")] = 0,
@@ -136,9 +140,11 @@ def query_set_cmd(
     rows = []
     for b in sizes:
         for p in policies:
-            row = {"set": name, "batch_size": b, "policy": p, **completion_time(p, requests, b, price, kv)}
+            options = {"overlap": overlap} if p == "baton-pd" else {}
+            row = {"set": name, "batch_size": b, "policy": p,
+                   **completion_time(p, requests, b, price, kv, options)}
             if real:
-                row.update(_real_point(p, requests, b, real_model, device, seed, real_cost, repeats))
+                row.update(_real_point(p, requests, b, real_model, device, seed, real_cost, repeats, options))
             rows.append(row)
     frame = pd.DataFrame(rows)
     if "hf-padded" in policies:
@@ -150,7 +156,8 @@ def query_set_cmd(
                                                   / frame["real_completion_s"])
     summary = {"set": name, "queries": len(requests), "model": spec.name, "gpu": g.name, "cost_model": label,
                "cost_assumptions": price.assumptions(),
-               "scale": scale, "seed": seed, "warnings": warnings, "rows": frame.to_dict("records")}
+               "scale": scale, "seed": seed, "overlap": overlap, "warnings": warnings,
+               "rows": frame.to_dict("records")}
     if out is not None:
         write_files(out, {"query_set.parquet": lambda t: frame.to_parquet(t, index=False),
                           "summary.json": lambda t: t.write_text(json_text(summary))},
@@ -166,7 +173,8 @@ def _print(frame, summary: dict, real: bool) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=escape(f"query set {summary['set']}: {summary['model']} / {summary['gpu']}"))
+    overlap = ", baton-pd --overlap 1" if summary["overlap"] else ""
+    table = Table(title=escape(f"query set {summary['set']}: {summary['model']} / {summary['gpu']}{overlap}"))
     cols = ["batch", "policy", "completion s",
             "speedup"] + (["real s (range)", "twin s", "twin error", "real speedup"]
                                                              if real else [])

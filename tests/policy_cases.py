@@ -164,16 +164,20 @@ def check_plan(policy: Policy, step: Step) -> None:
     assert plan.seqs and len(plan.seqs) == len(plan.num_new) == len({s.id for s in plan.seqs})
     assert len(policy.running) <= policy.max_batch_size
     assert 0 <= kv.used <= kv.capacity
+    # a prefill on a second stream (`concurrent_streams`: Baton-PD's overlap) is of a query with no row yet,
+    # its KV held apart from the batch's until it is embedded
+    ahead = {s.id for p in plan.streams[1:] for s in p.seqs}
+    assert not ahead or policy.concurrent_streams
     for r in step.rows:
         s = r.seq
-        assert s.phase is Phase.RUNNING and s in policy.running
+        assert s.phase is Phase.RUNNING and (s in policy.running) != (s.id in ahead)
         assert r.q >= 1
         if r.prefill:
             assert r.q <= r.remaining
         else:
             assert r.q == 1
         # the KV for everything this plan (and its repeats) caches is already held
-        assert kv_covers(kv, s, s.computed + r.q + step.extra)
+        assert s.id in ahead or kv_covers(kv, s, s.computed + r.q + step.extra)
     if plan.layout is Layout.PACKED:
         assert plan.linear_tokens == sum(plan.num_new)
         assert plan.decode_rows == sum(1 for r in step.rows if not r.prefill)

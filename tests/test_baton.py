@@ -270,3 +270,73 @@ def test_preemption_and_scaling_keep_every_invariant(reqs, name, batch, threshol
     assert its["kv_used_tokens"].max() <= capacity and policy.kv.used == 0 and policy.idle
     processed = int((its["count"] * its["decode_tokens"]).sum() + its["prefill_tokens"].sum())
     assert processed == int(done["prompt_tokens"].sum() + (done["output_tokens"] - 1).sum())
+
+
+def test_overlap_prefills_the_next_query_beside_the_decodes_and_embeds_it_when_a_row_frees() -> None:
+    """--overlap 1 (the paper's asynchronous P&D decoupling): an empty batch is prefilled on its own; then the
+    next waiting query is prefilled chunk by chunk beside each decode step (a second stream), held with its
+    KV, and embedded end-aligned as soon as a row is free; the batch never stops for a prefill."""
+    policy = baton(BatonPD, max_batch_size=2, overlap=1, overlap_chunk=8)
+    a, b, c = add(policy, (10, 2), (4, 6), (20, 3))
+    first = step(policy)
+    assert first.seqs == [a, b] and not first.streams
+    second = step(policy)  # a and b decode; c's first 8 tokens beside them; a finishes
+    decode, prefill = second.streams
+    assert decode.decode_only and decode.seqs == [a, b] and prefill.seqs == [c]
+    assert second.seqs == [a, b, c] and second.num_new == [1, 1, 8] and second.decode_tokens == 2
+    assert (prefill.prefill_q, prefill.prefill_c) == ([8], [0]) and not second.decode_only
+    third = step(policy)  # a's row is free, but c is not prefilled yet: b decodes on, c's next chunk beside
+    assert third.seqs == [b, c] and third.num_new == [1, 8] and third.prefill_c == [8]
+    fourth = step(policy)  # c's last 4 tokens: it samples its first token
+    assert fourth.num_new == [1, 4] and c.generated == 1 and not c.in_prefill
+    fifth = step(policy)  # c embedded end-aligned (20 columns, wider than b's 7): both decode, one token each
+    assert fifth.decode_only and fifth.seqs == [b, c] and not fifth.streams
+    assert policy.start == {b.id: 13, c.id: 0} and policy.kv.width == 21
+    while not policy.idle:
+        step(policy)
+    assert all(s.generated == s.output_tokens for s in (a, b, c)) and policy.kv.used == 0
+
+
+def test_overlap_refuses_preemption() -> None:
+    from common.errors import InputError
+
+    with pytest.raises(InputError, match="--overlap 1 .* cannot take --preempt 1"):
+        make_policy("baton-pd", 10_000, 512, {"overlap": 1, "preempt": 1, "admission": "priority"})
+
+
+def test_concurrent_streams_add_their_demands_in_one_roofline() -> None:
+    """A decode beside a prefill chunk, by hand from the A6000's specs: per kind of kernel the two streams'
+    FLOPs and bytes add before the sqrt blend (each stream reads the weights), the GEMM ramps once, the host
+    terms twice; the result lies between the longer stream and the two run in turn."""
+    import math
+
+    from policies.plan import concurrent, hybrid, padded_decode
+
+    roof = Roofline("llama-2-7b", "a6000")
+    running = [Seq(i, 0.0, 300, 50) for i in range(4)]
+    for s in running:
+        s.advance(300)
+    newcomer = Seq(9, 0.0, 1000, 10)
+    decode, chunk = padded_decode(running, rows=4, kv_len=301), hybrid([], [newcomer], [512])
+    plan = concurrent(decode, chunk)
+    flops, bw = roof.gpu.peak_flops * roof.mfu, roof.gpu.mem_bandwidth * roof.mbu
+    lin, lm = roof.linear_params_per_gpu, roof.lm_head_params_per_gpu
+    linear = math.hypot(2 * lin * (4 + 512) / flops, 2 * lin * 2 / bw)
+    lm_head = math.hypot(2 * lm * 4 / flops, lm * 2 / bw)  # the chunk stops short of its prompt: no sample
+    pa_c, pa_m, dkv = roof.attention_rates()
+    attention = math.hypot(pa_c * 512 * 256, pa_m * 512 + dkv * 4 * 301)
+    gemms = 4 * roof.model.num_layers * roof.gemm_latency_s + roof.gemm_latency_s
+    expected = linear + lm_head + attention + gemms + 2 * roof.overhead_s
+    assert roof.iteration_time(plan) == pytest.approx(expected, rel=1e-12)
+    alone = [roof.iteration_time(decode), roof.iteration_time(chunk)]
+    assert max(alone) < roof.iteration_time(plan) < sum(alone)
+
+
+def test_eager_streams_pay_both_launch_floors() -> None:
+    from policies.plan import concurrent, hybrid, padded_decode
+
+    roof = Roofline("llama-2-7b", "h100", execution="eager")  # two weight reads well under two floors
+    s, newcomer = Seq(0, 0.0, 4, 5), Seq(1, 0.0, 4, 5)
+    s.advance(4)
+    plan = concurrent(padded_decode([s], rows=1, kv_len=5), hybrid([], [newcomer], [4]))
+    assert roof.iteration_time(plan) == pytest.approx(2 * roof.steps.launch_floor_s + 2 * roof.overhead_s)

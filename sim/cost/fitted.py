@@ -313,6 +313,9 @@ class Fitted(CurveTables, CostModel):
         return np.maximum(t, host + self._floor) if isinstance(t, np.ndarray) else max(t, host + self._floor)
 
     def iteration_time(self, plan: BatchPlan) -> float:
+        if plan.streams:
+            raise InputError("a fitted cost model prices one stream at a time (its profile never ran two "
+                             "at once): price overlapped plans (--overlap 1) with the roofline")
         rows = plan.decode_rows
         if rows <= 0:
             t = self._fixed(plan)

@@ -32,6 +32,9 @@ Per iteration (per GPU of a tensor-parallel group; all GPUs of the group run in 
 - Decode attention: memory-bound: decode_kv x KV bytes per token (this GPU's share) / (bw x attn_mbu).
 - Step overheads (`sim/cost/overheads.py`): per step, per scheduled request and per sampled token on the host,
   and in eager execution a launch floor under the GPU time: t = max(GPU terms, floor) + host terms.
+- Concurrent streams (`BatchPlan.streams`, Baton-PD's overlapped prefill and decode): one combined roofline:
+  per kind of kernel (linears, LM head, attention) the streams' compute and memory demands add before the
+  blend, each stream reads the weights, a GEMM's fixed time is paid once; host terms and launch floors add.
 - TP > 1: two all-reduces per layer of T x hidden x dtype bytes, ring algorithm:
   2 (tp-1)/tp x bytes / link bandwidth, plus a fixed latency per all-reduce.
 
@@ -312,13 +315,46 @@ class Roofline(CostModel):
             attention += a
         return t, attention
 
+    def _concurrent(self, plan: BatchPlan) -> float:
+        """Streams sharing the GPU (`plan.streams`): kernels of a kind run side by side, so their compute and
+        memory demands add before the blend (a memory-bound decode beside a compute-bound prefill costs about
+        the longer of the two, two of a kind about their sum); each stream reads the weights itself, and a
+        GEMM's fixed ramp is paid once (the other stream's kernels fill it). One host prepares and launches
+        every stream: its terms and eager's launch floors add."""
+        lin_c = lin_m = lm_c = lm_m = att_c = att_m = allreduce = host = 0.0
+        sampled = False
+        for p in plan.streams:
+            host += self._host(p)
+            T, r = p.linear_tokens, p.sampled_tokens
+            lin_c += self._lin_c * tiled(T, self.tile)
+            lin_m += self._lin_m + self._expert_m * self.experts_read(T) if self._expert_m else self._lin_m
+            if self._ar_tok:
+                allreduce += self._ar_tok * T + self._ar_fixed
+            if r > 0:
+                lm_c += self._lm_c * tiled(r, self.tile)
+                lm_m += self._lm_m
+                sampled = True
+            half = 1.0 if p.dense_attention else 0.5
+            for q, ctx in zip(p.prefill_q, p.prefill_c):
+                att_c += self._pa_c * q * (ctx + half * q)
+                att_m += self._pa_m * (ctx + q)
+            att_m += p.decode_kv * self._dkv
+        gpu = math.hypot(lin_c, lin_m) + self._lin_lat + allreduce + math.hypot(att_c, att_m)
+        if sampled:
+            gpu += math.hypot(lm_c, lm_m) + self.gemm_latency_s
+        return max(gpu, len(plan.streams) * self._floor) + host
+
     def iteration_time(self, plan: BatchPlan) -> float:
+        if plan.streams:
+            return self._concurrent(plan)
         t = self._fixed(plan) + plan.decode_kv * self._dkv
         if self._floor:  # eager: the GPU terms (t minus the host's) cannot take less than the launches
             return max(t, self._host(plan) + self._floor)
         return t
 
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
+        if plan.streams:
+            raise ValueError("concurrent streams are priced an iteration at a time (they never repeat)")
         if k <= 0:
             return np.empty(0)
         rows, dkv, kv0 = plan.decode_rows, self._dkv, plan.decode_kv
