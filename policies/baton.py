@@ -188,9 +188,12 @@ class Baton(Policy):
     def extend(self, plan: BatchPlan, limit: int) -> int:
         """Repeat a decode step while the batch KV fits; the queue stays blocked meanwhile (no row frees, and
         the memory a newcomer would need only grows)."""
-        extra = max(0, min(limit, self._room(len(self.running)) // len(self.running) - self.kv.width))
+        extra = self.repeats_allowed(plan, limit)
         self.kv.width += extra
         return extra
+
+    def repeats_allowed(self, plan: BatchPlan, limit: int) -> int:
+        return max(0, min(limit, self._room(len(self.running)) // len(self.running) - self.kv.width))
 
     def finish(self, seq: Seq) -> None:
         super().finish(seq)

@@ -17,7 +17,10 @@ Stretches: a backend that can price `k` repeats of a plan at once (`stretch_time
 decode-only plan, or one the policy says it would repeat with its prefill chunks one chunk further
 (`chunk_repeats`: Sarathi's long prompts), as one stretch until the next request is due in the inbox, a
 sequence finishes or KV runs out (the waiting queue of every policy stays blocked while decodes only grow).
-Per-token outcomes are identical to stepping one iteration at a time; only the bookkeeping is batched.
+Per-token outcomes are identical to stepping one iteration at a time; only the bookkeeping is batched. A
+stretch's KV is allocated once it has run (`policy.repeats_allowed` bounds it before), and a driver whose
+replica can be pushed a request meanwhile (a cluster's router) resumes its wait early by sending True: the
+loop then cuts the stretch at the iteration during which that request arrived.
 """
 
 from __future__ import annotations
@@ -73,10 +76,8 @@ class Replica:
     max_waiting: int | None = None  # give up (overload) once this many requests wait
     records: Records = field(default_factory=Records)
     aborted: bool = False
-    # A router may push a request while a stretch runs (a cluster's replica): the stretch's KV is then
-    # allocated when it ends, and `stretch` holds its iteration ends meanwhile, so that a driver can resume the
-    # loop early, at the push, to cut it (`_cut`).
-    interruptible: bool = False
+    # The iteration ends of the stretch the loop waits through (None otherwise): a router may push a request
+    # meanwhile (a cluster's replica), and its driver then resumes the loop early to cut the stretch there.
     stretch: np.ndarray | None = None
 
     def serve(self, start: float = 0.0) -> Generator[float, None, None]:
@@ -108,14 +109,14 @@ class Replica:
                 finished = apply_iteration(policy, records, plan, now, end)
             else:
                 ends, kv_used = stretch
+                self.stretch = ends
+                if (yield float(ends[-1])):  # resumed early: a request was pushed while it ran
+                    ends = yield from self._cut(ends)
+                self.stretch = None
                 end = float(ends[-1])
-                if self.interruptible:
-                    self.stretch = ends
-                    yield end
-                    ends = yield from self._cut(plan, ends)
-                    end = float(ends[-1])
-                else:
-                    yield end
+                extra = len(ends) - 1  # its KV is allocated now that it ran, so a router never saw it ahead
+                if policy.extend(plan, extra) != extra:
+                    raise RuntimeError(f"{policy.name}: extend() allowed fewer repeats than repeats_allowed()")
                 if kv_used is not None:
                     kv_used = kv_used[:len(ends)]
                 finished = apply_stretch(policy, records, plan, now, ends, kv_used)
@@ -144,15 +145,12 @@ class Replica:
         ends = durations.cumsum()
         # stop at the iteration that ends at or after the next arrival that matters: the policy decides again
         # after it
-        due = self.inbox.next_time if plan.decode_only or self.interruptible else self._arrival_that_stops(ends)
+        due = self.inbox.next_time if plan.decode_only else self._arrival_that_stops(ends)
         extra = min(extra, int(ends.searchsorted(due, side="left")))
         if extra <= 0:
             return None
         kv_used = None if plan.decode_only else self.policy.kv.used_while_growing(decodes, extra + 1)
-        if self.interruptible:  # only asks how far KV allows; `_cut` allocates
-            extra = self.policy.repeats_allowed(plan, extra)
-        else:
-            extra = self.policy.extend(plan, extra)
+        extra = self.policy.repeats_allowed(plan, extra)  # how far KV allows; allocated once the stretch ran
         if extra <= 0:
             return None
         return ends[:extra + 1], kv_used[:extra + 1] if kv_used is not None else None
@@ -168,17 +166,10 @@ class Replica:
                 return seq.arrival_s
         return float("inf")
 
-    def _cut(self, plan: BatchPlan, ends: np.ndarray) -> Generator[float, None, np.ndarray]:
-        """End an interruptible stretch: if a request was pushed while it ran (the driver then resumed the
-        loop at the push), stop at the iteration that ends at or after it, as a stretch priced with that
-        request in the inbox would have, and wait for that iteration; then allocate the KV of the iterations
-        that ran, exactly as `policy.extend` would have before a stretch of that length."""
-        self.stretch = None
-        due = self.inbox.next_time
-        if due < ends[-1]:
-            ends = ends[:int(np.searchsorted(ends, due, side="left")) + 1]
-            yield float(ends[-1])
-        extra = len(ends) - 1
-        if extra and self.policy.extend(plan, extra) != extra:
-            raise RuntimeError(f"{self.policy.name}: extend() allowed fewer repeats than its KV manager")
+    def _cut(self, ends: np.ndarray) -> Generator[float, None, np.ndarray]:
+        """A request was pushed while a stretch ran (the driver resumed the loop at the push): stop at the
+        iteration that ends at or after it, as a stretch priced with that request in the inbox would have, and
+        wait for that iteration."""
+        ends = ends[:int(np.searchsorted(ends, self.inbox.next_time, side="left")) + 1]
+        yield float(ends[-1])
         return ends
