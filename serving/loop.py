@@ -161,9 +161,9 @@ class Replica:
         same queue as stepping would; it stops for one that arrives with its KV (which may join the decodes),
         or for the one that makes the run give up (`max_waiting`)."""
         room = float("inf") if self.max_waiting is None else self.max_waiting - len(self.policy.waiting)
-        for n, seq in enumerate(self.inbox.due_by(float(ends[-1]))):
+        for n, (due, seq) in enumerate(self.inbox.due_by(float(ends[-1]))):
             if not seq.in_prefill or n >= room:
-                return seq.arrival_s
+                return due
         return float("inf")
 
     def _cut(self, ends: np.ndarray) -> Generator[float, None, np.ndarray]:

@@ -345,7 +345,8 @@ def test_fit_into_a_folder_holding_a_run_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert simctl("run", "--num-requests", "10", "--out", out).returncode == 0
     one_line_error(simctl("fit", SHIPPED_CPU_PROFILE, "--out", out), "holds other files")
-    assert sorted(p.name for p in out.iterdir()) == ["iterations.parquet", "requests.parquet", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["iterations.parquet", "replicas.parquet", "requests.parquet",
+                                                         "summary.json"]
 
 
 def test_validate_into_a_folder_holding_other_files_is_refused(tmp_path: Path) -> None:
