@@ -13,6 +13,9 @@ class Inbox:
     which is where the replica cuts a decode stretch."""
 
     __slots__ = ("_next", "_seqs")
+    # Whether requests may be pushed while the replica serves (a router's inbox), so that a push can cut a
+    # stretch; this one is filled before serving (a trace, ahead of its arrival times).
+    pushed_while_serving = False
 
     def __init__(self, seqs: list[Seq] | None = None) -> None:
         self._seqs: list[Seq] = []

@@ -17,10 +17,12 @@ Stretches: a backend that can price `k` repeats of a plan at once (`stretch_time
 decode-only plan, or one the policy says it would repeat with its prefill chunks one chunk further
 (`chunk_repeats`: Sarathi's long prompts), as one stretch until the next request is due in the inbox, a
 sequence finishes or KV runs out (the waiting queue of every policy stays blocked while decodes only grow).
-Per-token outcomes are identical to stepping one iteration at a time; only the bookkeeping is batched. A
-stretch's KV is allocated once it has run (`policy.repeats_allowed` bounds it before), and a driver whose
-replica can be pushed a request meanwhile (a cluster's router) resumes its wait early by sending True: the
-loop then cuts the stretch at the iteration during which that request arrived.
+Per-token outcomes are identical to stepping one iteration at a time; only the bookkeeping is batched. When
+the inbox may be pushed a request while the loop waits (`Inbox.pushed_while_serving`: a cluster's router), a
+stretch's KV is allocated once it has run (`policy.repeats_allowed` bounds it before, so a router never sees
+KV set aside ahead), and the driver resumes the wait early at a push by sending True: the loop then cuts the
+stretch at the iteration during which that request arrived. An inbox holding every request ahead cannot cut
+a stretch, and its KV is allocated when planned (`policy.extend`), one pass over the decodes instead of two.
 """
 
 from __future__ import annotations
@@ -114,9 +116,10 @@ class Replica:
                     ends = yield from self._cut(ends)
                 self.stretch = None
                 end = float(ends[-1])
-                extra = len(ends) - 1  # its KV is allocated now that it ran, so a router never saw it ahead
-                if policy.extend(plan, extra) != extra:
-                    raise RuntimeError(f"{policy.name}: extend() allowed fewer repeats than repeats_allowed()")
+                if inbox.pushed_while_serving:  # its KV is allocated now that it ran: a router never saw it ahead
+                    extra = len(ends) - 1
+                    if policy.extend(plan, extra) != extra:
+                        raise RuntimeError(f"{policy.name}: extend() allowed fewer repeats than repeats_allowed()")
                 if kv_used is not None:
                     kv_used = kv_used[:len(ends)]
                 finished = apply_stretch(policy, records, plan, now, ends, kv_used)
@@ -150,7 +153,10 @@ class Replica:
         if extra <= 0:
             return None
         kv_used = None if plan.decode_only else self.policy.kv.used_while_growing(decodes, extra + 1)
-        extra = self.policy.repeats_allowed(plan, extra)  # how far KV allows; allocated once the stretch ran
+        if self.inbox.pushed_while_serving:  # how far KV allows; allocated once the stretch has run
+            extra = self.policy.repeats_allowed(plan, extra)
+        else:  # nothing can cut it: allocated now, in the same pass over the decodes that bounds it
+            extra = self.policy.extend(plan, extra)
         if extra <= 0:
             return None
         return ends[:extra + 1], kv_used[:extra + 1] if kv_used is not None else None

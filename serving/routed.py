@@ -23,6 +23,7 @@ class RoutedInbox(Inbox):
     instance receives requests in the order their KV transfers end)."""
 
     __slots__ = ("_due", "pushed")
+    pushed_while_serving = True
 
     def __init__(self) -> None:
         super().__init__()
