@@ -111,7 +111,8 @@ def drive(env: simpy.Environment, member: Member, cluster: Cluster) -> Generator
     ran = 0
     for until in gen:
         while True:
-            if until < env.now - 1e-9 * env.now:  # beyond the two clocks' rounding: a push was missed
+            now = env.now
+            if until < now - 1e-9 * now:  # beyond the two clocks' rounding: a push was missed
                 raise RuntimeError(f"replica {member.index} fell behind the cluster's clock")
             if until >= HELD:
                 member.wake = env.event()

@@ -172,7 +172,7 @@ def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: 
     span = summary["makespan_s"]
     rows = []
     for m in members:
-        s = summarize(m.result())
+        s = summarize(m.result()) if len(members) > 1 else summary  # one replica: its metrics are the run's
         busy = float(np.frombuffer(m.iterations.duration, dtype=np.float64).sum())
         q = m.queue
         rows.append({"pool": m.pool, "replica": m.index, "gpu": m.gpu, "requests": s["num_requests"],
