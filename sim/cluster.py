@@ -108,26 +108,26 @@ def drive(env: simpy.Environment, member: Member, cluster: Cluster) -> Generator
     lone replica makes a SimPy event only every `YIELD_EVERY` waits. Its own clock is exact either way; a tie
     with another event still goes through SimPy, which orders it."""
     gen = member.replica.serve(env.now)
-    ran = 0
+    ran, now = 0, env.now  # SimPy's time moves only while this process yields to it
     for until in gen:
         while True:
-            now = env.now
             if until < now - 1e-9 * now:  # beyond the two clocks' rounding: a push was missed
                 raise RuntimeError(f"replica {member.index} fell behind the cluster's clock")
             if until >= HELD:
                 member.wake = env.event()
                 yield member.wake
-                member.wake = None
+                member.wake, now = None, env.now
             elif until < env.peek() and ran < YIELD_EVERY:
                 ran += 1
             else:
                 ran = 0
                 try:
-                    yield env.timeout(max(until - env.now, 0.0))
+                    yield env.timeout(max(until - now, 0.0))
                 except simpy.Interrupt:
-                    member.cutting = False
+                    member.cutting, now = False, env.now
                     until = gen.send(True)  # the stretch's cut end, where the loop waits next
                     continue
+                now = env.now
             break
     if member.replica.aborted:
         cluster.aborted = True
@@ -161,7 +161,7 @@ class Cluster:
         Returns each request's `Seq`, filled in."""
         env = self.env
         seqs = [Seq.of(r) for r in requests]
-        entering = [self._entering(s) for s in seqs]
+        entering = seqs if self.decode is None else [self._prefill_copy(s) for s in seqs]
         if len(self.entry.members) == 1:
             self.entry.members[0].take_ahead(entering)
         for m in self.members:
@@ -186,9 +186,9 @@ class Cluster:
         """Requests handed to an entry replica's policy so far."""
         return sum(len(m.replica.records.queue_at_arrival) for m in self.entry.members)
 
-    def _entering(self, seq: Seq) -> Seq:
-        """What the entry pool serves of `seq`: itself, or its prefill copy when a decode pool follows."""
-        if self.decode is None or not needs_decode_instance(seq):
+    def _prefill_copy(self, seq: Seq) -> Seq:
+        """What a prefill instance serves of `seq`: its prefill copy, or itself when one token is all it asks."""
+        if not needs_decode_instance(seq):
             return seq
         self.originals[seq.id] = seq
         return prefill_copy(seq)
