@@ -90,12 +90,13 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     requests = build_trace(config.trace, config.num_requests, config.qps, config.seed, arrival=config.arrival,
                            cv=config.cv, scale=config.scale)
 
+    import pandas as pd
     import torch
     import transformers
 
     from executor.model import build_model, resolve_device
     from executor.ragged import attention_kernels
-    from sim.metrics import summarize
+    from sim.cluster_run import MemberRecords, iterations_frame, summarise_cluster
     from sim.models import get_model
 
     threads = config.threads if config.threads is not None else default_threads()
@@ -112,13 +113,17 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
 
         run, engine, warm_s, fields = run_disaggregated(config, size, requests, model)
         summary, out = run.summary, run.engine
-    else:
+    else:  # one replica: records and summary in the cluster's form, as a simulated run's
         engine, warm_s = build_engine(config, requests, size, model)
         out = engine.serve(requests, max_waiting=overload_limit(len(requests)))
-        result = out.sim_result(engine.policy.kv.capacity)
-        summary = {"mode": "real", **{k: v for k, v in asdict(config).items() if k != "options"},
-                   **summarize(result)}
-        run, fields = RealRun(config, requests, summary, result, out), {}
+        kv = engine.policy.kv.capacity
+        members = [MemberRecords("replicas", 0, config.device, out.iterations, out.gaps, out.queue_at_arrival,
+                                 out.seqs, out.aborted, kv)]
+        head = {"mode": "real", **{k: v for k, v in asdict(config).items() if k != "options"}}
+        result, summary = summarise_cluster(head, members, out.seqs, None, out.aborted, kv, out.wall_s)
+        run = RealRun(config, requests, summary, result, out, iterations=iterations_frame(members),
+                      replicas=pd.DataFrame(summary["replica_metrics"]))
+        fields = {}
     slab = engine.executor.executor.kv
     summary.update({
         "arrivals_from_file": has_arrival_times(config.trace),
@@ -153,15 +158,10 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
 
 
 def write_real(run: RealRun, out: str | Path) -> None:
-    """summary.json, requests.parquet and iterations.parquet, as `simctl run` writes them (and replicas.parquet
-    for a disaggregated run, as a simulated cluster's)."""
+    """summary.json, requests.parquet, iterations.parquet and replicas.parquet, as `simctl run` writes them."""
     from sim.cluster_run import write_cluster_files
-    from sim.output import write_run
 
-    if run.replicas is not None:
-        write_cluster_files(Path(out), run.summary, run.result.requests, run.iterations, run.replicas)
-    else:
-        write_run(Path(out), run.summary, run.result.requests, run.result.iterations.frame())
+    write_cluster_files(Path(out), run.summary, run.result.requests, run.iterations, run.replicas)
 
 
 # ---- the child process ---------------------------------------------------------------------------------------
@@ -212,12 +212,11 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
               arrival: str = "poisson", cv: float = 1.0, kv_budget_bytes: int | None = None,
               prefill_instances: int | None = None, decode_instances: int | None = None) -> dict[str, Any]:
     """What `simctl real` does: validate, serve in a child process with OMP_WAIT_POLICY=PASSIVE and the
-    thread count set, write `out/{summary.json, requests.parquet, iterations.parquet}` (if `out`; and
-    replicas.parquet for a disaggregated run, whose child starts the prefill instance as its own child), and
-    return the summary. InputError for bad options (also those only the child can check, e.g. cuda
+    thread count set, write `out/{summary.json, requests.parquet, iterations.parquet, replicas.parquet}` (if
+    `out`; a disaggregated run's child starts the prefill instance as its own child), and return the summary. InputError for bad options (also those only the child can check, e.g. cuda
     missing); RuntimeError, with the end of the child's stderr, if the child crashed."""
     from sim.cluster_run import CLUSTER_RUN_FILES
-    from sim.output import RUN_FILES, check_out_dir
+    from sim.output import check_out_dir
 
     if qps is None and (not str(trace).strip() or not has_arrival_times(trace)):
         qps = DEFAULT_QPS
@@ -241,7 +240,7 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     size_run(config, requests, spec.kv_bytes_per_token(4 if config.dtype == "float32" else 2), 1 << 62)
     out_path = None
     if out is not None:
-        out_path = check_out_dir(Path(out), CLUSTER_RUN_FILES if config.disaggregated else RUN_FILES)
+        out_path = check_out_dir(Path(out), CLUSTER_RUN_FILES)
     return _run_worker(config, out_path)["summary"]
 
 

@@ -153,9 +153,9 @@ def real(
     decode_instances: Annotated[int | None, typer.Option(help=(
         "Disaggregated serving (with --prefill-instances 1): 1 decode instance, which admits requests whose KV "
         "has arrived and never prefills them."))] = None,
-    out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet and "
-                                                "iterations.parquet (as `simctl run`; and replicas.parquet when "
-                                                "disaggregated).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet, iterations.parquet "
+                                                "and replicas.parquet, as `simctl run` (--engine vllm: the first "
+                                                "three).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
 ) -> None:
     """Serve a trace in real time on a real model, driven by the same policy objects as the simulator.
@@ -191,7 +191,7 @@ def real(
         sys.stdout.write(json_text(summary))
     else:
         print_summary(summary)
-        if "replica_metrics" in summary:
+        if len(summary.get("replica_metrics", ())) > 1:
             print_cluster(summary)
 
 

@@ -2,7 +2,7 @@
 
 - Bad input: exit code 2, exactly one line on stderr starting with "simctl: error:", no traceback, nothing
   on stdout, and nothing written to --out (not even the folder; earlier runs' files untouched).
-- `run --out DIR`: summary.json, requests.parquet and iterations.parquet, mutually consistent.
+- `run --out DIR`: summary.json, requests.parquet, iterations.parquet and replicas.parquet, mutually consistent.
 - `run --json`: only the summary JSON on stdout, equal to summary.json of the same run (bar wall time).
 - Trace files replay their arrivals; a seed reproduces a run; `list` names the whole catalogue.
 """
