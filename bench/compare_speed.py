@@ -5,8 +5,8 @@
 Checks REV out into a temporary worktree and times the same simulation (sharegpt, Mistral-7B / A100-80GB
 roofline, each policy at the rate bench/sim_speed.py uses: 70% of its capacity there) alternately with REV's
 code and this tree's, each in a fresh process; reports the median simulation-loop seconds of each and their
-ratio. Alternating in one run is what makes the ratio meaningful on a shared, noisy machine: absolute speed
-drifts by x4 between sessions here. `--policy NAME=QPS` (repeatable) times those instead, e.g. the policies
+ratio (which tree runs first alternates between repeats). Alternating in one run is what makes the ratio
+meaningful on a shared, noisy machine: absolute speed drifts by x4 between sessions here. `--policy NAME=QPS` (repeatable) times those instead, e.g. the policies
 whose capacity sim_speed.json does not hold. Writes bench/results/speed_vs_<REV>.md (with --policy:
 speed_vs_<REV>_more.md).
 """
@@ -53,9 +53,9 @@ def main() -> None:
         try:
             for policy, qps in rates.items():
                 times: dict[str, list[float]] = {"base": [], "this": []}
-                for _ in range(args.repeats):
-                    times["base"].append(time_once(base, policy, args.requests, qps))
-                    times["this"].append(time_once(ROOT, policy, args.requests, qps))
+                for i in range(args.repeats):  # which tree goes first alternates: no order bias
+                    for name in (("base", "this") if i % 2 == 0 else ("this", "base")):
+                        times[name].append(time_once(base if name == "base" else ROOT, policy, args.requests, qps))
                 b, t = statistics.median(times["base"]), statistics.median(times["this"])
                 rows.append((policy, b, t))
                 print(f"{policy:22s} {args.rev}: {b:.3f} s  this: {t:.3f} s  ratio {t / b:.3f}", flush=True)
