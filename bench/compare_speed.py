@@ -6,9 +6,9 @@ Checks REV out into a temporary worktree and times the same simulation (sharegpt
 roofline, each policy at the rate bench/sim_speed.py uses: 70% of its capacity there) alternately with REV's
 code and this tree's, each in a fresh process; reports the median simulation-loop seconds of each and their
 ratio (which tree runs first alternates between repeats). Alternating in one run is what makes the ratio
-meaningful on a shared, noisy machine: absolute speed drifts by x4 between sessions here. `--policy NAME=QPS` (repeatable) times those instead, e.g. the policies
-whose capacity sim_speed.json does not hold. Writes bench/results/speed_vs_<REV>.md (with --policy:
-speed_vs_<REV>_more.md).
+meaningful on a shared, noisy machine: absolute speed drifts by x4 between sessions here. `--policy NAME=QPS`
+(repeatable) times those instead, e.g. the policies whose capacity sim_speed.json does not hold. Writes
+bench/results/speed_vs_<REV>.md (with --policy: speed_vs_<REV>_more.md).
 """
 
 from __future__ import annotations
