@@ -28,16 +28,19 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.errors import InputError
-from engine.setup import DEFAULT_NUM_REQUESTS, RealConfig, RealRun, build_engine, resolved, size_run
+from engine.setup import DEFAULT_NUM_REQUESTS, RealConfig, RealRun, Sizing, build_engine, resolved, size_run
 from executor.runtime import default_threads
 from policies.base import Policy
 from policies.registry import make_policy, policy_class
 from serving.loop import overload_limit
 from traces.build import build_trace, has_arrival_times
 from traces.request import Request
+
+if TYPE_CHECKING:
+    from engine.serve import Engine  # imports torch: only for the annotation
 
 DEFAULT_QPS = 1.0  # for generated arrivals when none is given
 CPU_KV_BYTES = 1 << 30  # slab budget on the CPU
@@ -90,13 +93,11 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     requests = build_trace(config.trace, config.num_requests, config.qps, config.seed, arrival=config.arrival,
                            cv=config.cv, scale=config.scale)
 
-    import pandas as pd
     import torch
     import transformers
 
     from executor.model import build_model, resolve_device
     from executor.ragged import attention_kernels
-    from sim.cluster_run import MemberRecords, iterations_frame, summarise_cluster
     from sim.models import get_model
 
     threads = config.threads if config.threads is not None else default_threads()
@@ -112,18 +113,9 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
         from engine.disagg import run_disaggregated
 
         run, engine, warm_s, fields = run_disaggregated(config, size, requests, model)
-        summary, out = run.summary, run.engine
-    else:  # one replica: records and summary in the cluster's form, as a simulated run's
-        engine, warm_s = build_engine(config, requests, size, model)
-        out = engine.serve(requests, max_waiting=overload_limit(len(requests)))
-        kv = engine.policy.kv.capacity
-        members = [MemberRecords("replicas", 0, config.device, out.iterations, out.gaps, out.queue_at_arrival,
-                                 out.seqs, out.aborted, kv)]
-        head = {"mode": "real", **{k: v for k, v in asdict(config).items() if k != "options"}}
-        result, summary = summarise_cluster(head, members, out.seqs, None, out.aborted, kv, out.wall_s)
-        run = RealRun(config, requests, summary, result, out, iterations=iterations_frame(members),
-                      replicas=pd.DataFrame(summary["replica_metrics"]))
-        fields = {}
+    else:
+        run, engine, warm_s, fields = _run_one(config, size, requests, model)
+    summary, out = run.summary, run.engine
     slab = engine.executor.executor.kv
     summary.update({
         "arrivals_from_file": has_arrival_times(config.trace),
@@ -155,6 +147,26 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
         "real_wall_s": time.perf_counter() - t_total,
     })
     return run
+
+
+def _run_one(config: RealConfig, size: Sizing, requests: list[Request], model: Any
+             ) -> tuple[RealRun, Engine, float, dict[str, Any]]:
+    """Serve `requests` on one engine (this process, on `model`): its records and summary in the cluster's
+    form (a cluster of one, as a simulated run's), as `engine.disagg.run_disaggregated` returns a pair's."""
+    import pandas as pd
+
+    from sim.cluster_run import MemberRecords, iterations_frame, summarise_cluster
+
+    engine, warm_s = build_engine(config, requests, size, model)
+    out = engine.serve(requests, max_waiting=overload_limit(len(requests)))
+    kv = engine.policy.kv.capacity
+    members = [MemberRecords("replicas", 0, config.device, out.iterations, out.gaps, out.queue_at_arrival,
+                             out.seqs, out.aborted, kv)]
+    head = {"mode": "real", **{k: v for k, v in asdict(config).items() if k != "options"}}
+    result, summary = summarise_cluster(head, members, out.seqs, None, out.aborted, kv, out.wall_s)
+    run = RealRun(config, requests, summary, result, out, iterations=iterations_frame(members),
+                  replicas=pd.DataFrame(summary["replica_metrics"]))
+    return run, engine, warm_s, {}
 
 
 def write_real(run: RealRun, out: str | Path) -> None:
