@@ -150,7 +150,6 @@ class Cluster:
         self.decode: Pool | None = None
         self.aborted = False
         self.originals: dict[int, Seq] = {}
-        self.prefill_done: dict[int, float] = {}  # request id -> its first token on the prefill instance
 
     @property
     def members(self) -> list[Member]:
@@ -211,7 +210,6 @@ class Cluster:
             if seq is None:
                 continue  # one output token: it finished on the prefill instance
             ready = copy.completion_s
-            self.prefill_done[seq.id] = ready
             end = self.link.transfer(ready, kv_transfer_bytes(self.kv_bytes_per_token, seq.prompt_tokens))
             arrive_with_kv(seq, copy, end)
             at(self.env, end, lambda _, seq=seq, end=end: self.decode.route(seq, end))
