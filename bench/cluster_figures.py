@@ -27,9 +27,9 @@ import numpy as np
 
 from serving.routers import ROUTERS
 from sim.capacity import find_capacity
-from sim.cluster_run import ClusterConfig, run_cluster
+from sim.cluster_run import ClusterConfig
 from sim.goodput import deployment_name, find_goodput, with_attainment
-from sim.run import RunConfig
+from sim.run import RunConfig, run
 from sim.slo import SLO, parse_slo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def distserve(n: int) -> str:
         rates = np.linspace(0.1, 2.5 * max(g.per_gpu, 0.2), 10)  # per GPU
         curves[label(policy, cc)] = [
             (float(r), with_attainment(s.summary, s.result.requests, slo)["slo_attainment"])
-            for r in rates for s in [run_cluster(replace(config, qps=float(r) * g.gpus), cc)]]
+            for r in rates for s in [run(replace(config, qps=float(r) * g.gpus), cc)]]
         print(rows[-1]["deployment"], f"goodput {g.per_gpu:.3f} req/s/GPU")
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for name, pts in curves.items():
@@ -104,7 +104,7 @@ def routers(n: int) -> str:
         lines += [f"## {name}", "", ("| router | TTFT P50 | TTFT P99 | TBT P99 | E2E P99 | attainment (TTFT<=2, TPOT<=0.1) "
                   "| requests per replica (min..max) | KV peak max |"), "|---|---|---|---|---|---|---|---|"]
         for router in ROUTERS:
-            r = run_cluster(config, ClusterConfig(replicas=8, router=router))
+            r = run(config, ClusterConfig(replicas=8, router=router))
             s = with_attainment(r.summary, r.result.requests, slo)
             reqs = r.replicas["requests"]
             lines.append(f"| {router} | {s['ttft_p50']:.3f} | {s['ttft_p99']:.3f} | {s['tbt_p99']:.3f} | "

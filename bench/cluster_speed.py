@@ -24,12 +24,12 @@ SIZES = (1_000, 10_000, 100_000)
 
 
 def worker(n: int, qps: float, scale: float) -> None:
-    from sim.cluster_run import ClusterConfig, run_cluster
-    from sim.run import RunConfig
+    from sim.cluster_run import ClusterConfig
+    from sim.run import RunConfig, run
 
     t0 = time.perf_counter()
-    r = run_cluster(RunConfig(policy=POLICY, trace="sharegpt", qps=qps, num_requests=n, seed=0, scale=scale),
-                    ClusterConfig(replicas=REPLICAS, router="least-outstanding"))
+    r = run(RunConfig(policy=POLICY, trace="sharegpt", qps=qps, num_requests=n, seed=0, scale=scale),
+            ClusterConfig(replicas=REPLICAS, router="least-outstanding"))
     wall = time.perf_counter() - t0  # trace generation, summaries and per-replica tables included
     print(json.dumps({"wall_s": wall, "requests_per_s": n / wall, "completed": r.summary["completed"],
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

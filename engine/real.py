@@ -28,16 +28,19 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.errors import InputError
-from engine.setup import DEFAULT_NUM_REQUESTS, RealConfig, RealRun, build_engine, resolved, size_run
+from engine.setup import DEFAULT_NUM_REQUESTS, RealConfig, RealRun, Sizing, build_engine, resolved, size_run
 from executor.runtime import default_threads
 from policies.base import Policy
 from policies.registry import make_policy, policy_class
 from serving.loop import overload_limit
 from traces.build import build_trace, has_arrival_times
 from traces.request import Request
+
+if TYPE_CHECKING:
+    from engine.serve import Engine  # imports torch: only for the annotation
 
 DEFAULT_QPS = 1.0  # for generated arrivals when none is given
 CPU_KV_BYTES = 1 << 30  # slab budget on the CPU
@@ -95,7 +98,6 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
 
     from executor.model import build_model, resolve_device
     from executor.ragged import attention_kernels
-    from sim.metrics import summarize
     from sim.models import get_model
 
     threads = config.threads if config.threads is not None else default_threads()
@@ -111,14 +113,9 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
         from engine.disagg import run_disaggregated
 
         run, engine, warm_s, fields = run_disaggregated(config, size, requests, model)
-        summary, out = run.summary, run.engine
     else:
-        engine, warm_s = build_engine(config, requests, size, model)
-        out = engine.serve(requests, max_waiting=overload_limit(len(requests)))
-        result = out.sim_result(engine.policy.kv.capacity)
-        summary = {"mode": "real", **{k: v for k, v in asdict(config).items() if k != "options"},
-                   **summarize(result)}
-        run, fields = RealRun(config, requests, summary, result, out), {}
+        run, engine, warm_s, fields = _run_one(config, size, requests, model)
+    summary, out = run.summary, run.engine
     slab = engine.executor.executor.kv
     summary.update({
         "arrivals_from_file": has_arrival_times(config.trace),
@@ -152,16 +149,31 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     return run
 
 
-def write_real(run: RealRun, out: str | Path) -> None:
-    """summary.json, requests.parquet and iterations.parquet, as `simctl run` writes them (and
-    replicas.parquet for a disaggregated run, as a simulated cluster's)."""
-    from sim.cluster_run import write_cluster_files
-    from sim.output import write_run
+def _run_one(config: RealConfig, size: Sizing, requests: list[Request], model: Any
+             ) -> tuple[RealRun, Engine, float, dict[str, Any]]:
+    """Serve `requests` on one engine (this process, on `model`): its records and summary in the cluster's
+    form (a cluster of one, as a simulated run's), as `engine.disagg.run_disaggregated` returns a pair's."""
+    import pandas as pd
 
-    if run.replicas is not None:
-        write_cluster_files(Path(out), run.summary, run.result.requests, run.iterations, run.replicas)
-    else:
-        write_run(Path(out), run.summary, run.result.requests, run.result.iterations.frame())
+    from sim.cluster_run import MemberRecords, iterations_frame, summarise_cluster
+
+    engine, warm_s = build_engine(config, requests, size, model)
+    out = engine.serve(requests, max_waiting=overload_limit(len(requests)))
+    kv = engine.policy.kv.capacity
+    members = [MemberRecords("replicas", 0, config.device, out.iterations, out.gaps, out.queue_at_arrival,
+                             out.seqs, out.aborted, kv)]
+    head = {"mode": "real", **{k: v for k, v in asdict(config).items() if k != "options"}}
+    result, summary = summarise_cluster(head, members, out.seqs, None, out.aborted, kv, out.wall_s)
+    run = RealRun(config, requests, summary, result, out, iterations=iterations_frame(members),
+                  replicas=pd.DataFrame(summary["replica_metrics"]))
+    return run, engine, warm_s, {}
+
+
+def write_real(run: RealRun, out: str | Path) -> None:
+    """summary.json, requests.parquet, iterations.parquet and replicas.parquet, as `simctl run` writes them."""
+    from sim.cluster_run import write_cluster_files
+
+    write_cluster_files(Path(out), run.summary, run.result.requests, run.iterations, run.replicas)
 
 
 # ---- the child process -------------------------------------------------------------------------------------
@@ -212,12 +224,11 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
               arrival: str = "poisson", cv: float = 1.0, kv_budget_bytes: int | None = None,
               prefill_instances: int | None = None, decode_instances: int | None = None) -> dict[str, Any]:
     """What `simctl real` does: validate, serve in a child process with OMP_WAIT_POLICY=PASSIVE and the
-    thread count set, write `out/{summary.json, requests.parquet, iterations.parquet}` (if `out`; and
-    replicas.parquet for a disaggregated run, whose child starts the prefill instance as its own child), and
-    return the summary. InputError for bad options (also those only the child can check, e.g. cuda
+    thread count set, write `out/{summary.json, requests.parquet, iterations.parquet, replicas.parquet}` (if
+    `out`; a disaggregated run's child starts the prefill instance as its own child), and return the summary. InputError for bad options (also those only the child can check, e.g. cuda
     missing); RuntimeError, with the end of the child's stderr, if the child crashed."""
     from sim.cluster_run import CLUSTER_RUN_FILES
-    from sim.output import RUN_FILES, check_out_dir
+    from sim.output import check_out_dir
 
     if qps is None and (not str(trace).strip() or not has_arrival_times(trace)):
         qps = DEFAULT_QPS
@@ -241,7 +252,7 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     size_run(config, requests, spec.kv_bytes_per_token(4 if config.dtype == "float32" else 2), 1 << 62)
     out_path = None
     if out is not None:
-        out_path = check_out_dir(Path(out), CLUSTER_RUN_FILES if config.disaggregated else RUN_FILES)
+        out_path = check_out_dir(Path(out), CLUSTER_RUN_FILES)
     return _run_worker(config, out_path)["summary"]
 
 

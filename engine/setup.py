@@ -200,10 +200,8 @@ class RealRun:
     summary: dict[str, Any]
     result: Any  # sim.simulate.SimResult: the records in the simulator's form
     engine: Any  # engine.serve.EngineResult: tokens, per-iteration forward times
-    # a disaggregated run's (engine.disagg): iteration rows with pool and replica columns, one row per
-    # instance
-    iterations: Any = None
-    replicas: Any = None
+    iterations: Any  # pandas: iteration rows with pool and replica columns
+    replicas: Any  # pandas: one row per instance
 
 
 def build_engine(config: RealConfig, requests: list[Request], size: Sizing, model: Any) -> tuple[Any, float]:

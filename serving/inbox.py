@@ -13,6 +13,9 @@ class Inbox:
     which is where the replica cuts a decode stretch."""
 
     __slots__ = ("_next", "_seqs")
+    # Whether requests may be pushed while the replica serves (a router's inbox), so that a push can cut a
+    # stretch; this one is filled before serving (a trace, ahead of its arrival times).
+    pushed_while_serving = False
 
     def __init__(self, seqs: list[Seq] | None = None) -> None:
         self._seqs: list[Seq] = []
@@ -29,13 +32,14 @@ class Inbox:
     def next_time(self) -> float:
         return self._seqs[self._next].arrival_s if self._next < len(self._seqs) else float("inf")
 
-    def due_by(self, until: float) -> Iterator[Seq]:
-        """The requests not yet handed over that are due by `until`, in order (nothing is taken)."""
+    def due_by(self, until: float) -> Iterator[tuple[float, Seq]]:
+        """(due time, request) of those not yet handed over that are due by `until`, in order (nothing is
+        taken)."""
         seqs = self._seqs
         for i in range(self._next, len(seqs)):
             if seqs[i].arrival_s > until:
                 return
-            yield seqs[i]
+            yield seqs[i].arrival_s, seqs[i]
 
     def pop_due(self, now: float) -> list[Seq]:
         start = self._next

@@ -17,7 +17,12 @@ Stretches: a backend that can price `k` repeats of a plan at once (`stretch_time
 decode-only plan, or one the policy says it would repeat with its prefill chunks one chunk further
 (`chunk_repeats`: Sarathi's long prompts), as one stretch until the next request is due in the inbox, a
 sequence finishes or KV runs out (the waiting queue of every policy stays blocked while decodes only grow).
-Per-token outcomes are identical to stepping one iteration at a time; only the bookkeeping is batched.
+Per-token outcomes are identical to stepping one iteration at a time; only the bookkeeping is batched. When
+the inbox may be pushed a request while the loop waits (`Inbox.pushed_while_serving`: a cluster's router), a
+stretch's KV is allocated once it has run (`policy.repeats_allowed` bounds it before, so a router never sees
+KV set aside ahead), and the driver resumes the wait early at a push by sending True: the loop then cuts the
+stretch at the iteration during which that request arrived. An inbox holding every request ahead cannot cut
+a stretch, and its KV is allocated when planned (`policy.extend`), one pass over the decodes instead of two.
 """
 
 from __future__ import annotations
@@ -73,10 +78,8 @@ class Replica:
     max_waiting: int | None = None  # give up (overload) once this many requests wait
     records: Records = field(default_factory=Records)
     aborted: bool = False
-    # A router may push a request while a stretch runs (a cluster's replica): the stretch's KV is then
-    # allocated when it ends, and `stretch` holds its iteration ends meanwhile, so that a driver can resume the
-    # loop early, at the push, to cut it (`_cut`).
-    interruptible: bool = False
+    # The iteration ends of the stretch the loop waits through (None otherwise): a router may push a request
+    # meanwhile (a cluster's replica), and its driver then resumes the loop early to cut the stretch there.
     stretch: np.ndarray | None = None
 
     def serve(self, start: float = 0.0) -> Generator[float, None, None]:
@@ -108,14 +111,15 @@ class Replica:
                 finished = apply_iteration(policy, records, plan, now, end)
             else:
                 ends, kv_used = stretch
+                self.stretch = ends
+                if (yield float(ends[-1])):  # resumed early: a request was pushed while it ran
+                    ends = yield from self._cut(ends)
+                self.stretch = None
                 end = float(ends[-1])
-                if self.interruptible:
-                    self.stretch = ends
-                    yield end
-                    ends = yield from self._cut(plan, ends)
-                    end = float(ends[-1])
-                else:
-                    yield end
+                if inbox.pushed_while_serving:  # its KV is allocated now that it ran: a router never saw it ahead
+                    extra = len(ends) - 1
+                    if policy.extend(plan, extra) != extra:
+                        raise RuntimeError(f"{policy.name}: extend() allowed fewer repeats than repeats_allowed()")
                 if kv_used is not None:
                     kv_used = kv_used[:len(ends)]
                 finished = apply_stretch(policy, records, plan, now, ends, kv_used)
@@ -144,14 +148,14 @@ class Replica:
         ends = durations.cumsum()
         # stop at the iteration that ends at or after the next arrival that matters: the policy decides again
         # after it
-        due = self.inbox.next_time if plan.decode_only or self.interruptible else self._arrival_that_stops(ends)
+        due = self.inbox.next_time if plan.decode_only else self._arrival_that_stops(ends)
         extra = min(extra, int(ends.searchsorted(due, side="left")))
         if extra <= 0:
             return None
         kv_used = None if plan.decode_only else self.policy.kv.used_while_growing(decodes, extra + 1)
-        if self.interruptible:  # only asks how far KV allows; `_cut` allocates
+        if self.inbox.pushed_while_serving:  # how far KV allows; allocated once the stretch has run
             extra = self.policy.repeats_allowed(plan, extra)
-        else:
+        else:  # nothing can cut it: allocated now, in the same pass over the decodes that bounds it
             extra = self.policy.extend(plan, extra)
         if extra <= 0:
             return None
@@ -163,22 +167,15 @@ class Replica:
         same queue as stepping would; it stops for one that arrives with its KV (which may join the decodes),
         or for the one that makes the run give up (`max_waiting`)."""
         room = float("inf") if self.max_waiting is None else self.max_waiting - len(self.policy.waiting)
-        for n, seq in enumerate(self.inbox.due_by(float(ends[-1]))):
+        for n, (due, seq) in enumerate(self.inbox.due_by(float(ends[-1]))):
             if not seq.in_prefill or n >= room:
-                return seq.arrival_s
+                return due
         return float("inf")
 
-    def _cut(self, plan: BatchPlan, ends: np.ndarray) -> Generator[float, None, np.ndarray]:
-        """End an interruptible stretch: if a request was pushed while it ran (the driver then resumed the
-        loop at the push), stop at the iteration that ends at or after it, as a stretch priced with that
-        request in the inbox would have, and wait for that iteration; then allocate the KV of the iterations
-        that ran, exactly as `policy.extend` would have before a stretch of that length."""
-        self.stretch = None
-        due = self.inbox.next_time
-        if due < ends[-1]:
-            ends = ends[:int(np.searchsorted(ends, due, side="left")) + 1]
-            yield float(ends[-1])
-        extra = len(ends) - 1
-        if extra and self.policy.extend(plan, extra) != extra:
-            raise RuntimeError(f"{self.policy.name}: extend() allowed fewer repeats than its KV manager")
+    def _cut(self, ends: np.ndarray) -> Generator[float, None, np.ndarray]:
+        """A request was pushed while a stretch ran (the driver resumed the loop at the push): stop at the
+        iteration that ends at or after it, as a stretch priced with that request in the inbox would have, and
+        wait for that iteration."""
+        ends = ends[:int(np.searchsorted(ends, self.inbox.next_time, side="left")) + 1]
+        yield float(ends[-1])
         return ends

@@ -3,13 +3,14 @@
 Unlike `serving.inbox.Inbox`, nothing is pushed ahead: a request is pushed at the instant it is due (its
 arrival, or the end of its KV transfer), so a replica cannot know when the next one comes. While nothing is
 pending, `next_time` is `HELD`, a time no run reaches: an idle replica's loop yields it and its driver waits
-for the next push instead; a decode stretch is not cut for a request it cannot know about (the driver cuts
-it when the push happens, `serving.loop.Replica`'s interruptible stretches).
+for the next push instead; a stretch is not cut for a request it cannot know about (the driver resumes the
+loop early when the push happens, and the loop cuts the stretch there).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 
 from policies.seq import Seq
 from serving.inbox import Inbox
@@ -22,6 +23,7 @@ class RoutedInbox(Inbox):
     instance receives requests in the order their KV transfers end)."""
 
     __slots__ = ("_due", "pushed")
+    pushed_while_serving = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -44,6 +46,12 @@ class RoutedInbox(Inbox):
     @property
     def next_time(self) -> float:
         return self._due[0][0] if self._due else HELD
+
+    def due_by(self, until: float) -> Iterator[tuple[float, Seq]]:
+        for due, seq in self._due:
+            if due > until:
+                return
+            yield due, seq
 
     def pop_due(self, now: float) -> list[Seq]:
         due = self._due

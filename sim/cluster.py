@@ -1,4 +1,5 @@
-"""A cluster in simulated time: pools of replicas behind routers, and disaggregated prefill and decode.
+"""Every simulation is a cluster in simulated time: pools of replicas behind routers, and disaggregated prefill
+and decode; one replica is a cluster of one, driven by the same process (`drive`).
 
 Every replica runs the one replica loop (`serving.loop.Replica`) with its own policy, KV manager and a
 `RoutedInbox`, as a SimPy process of one shared environment. Requests reach a pool at the instant they are
@@ -7,9 +8,11 @@ with what exists at that instant (`serving.routers.ReplicaView`). Those instants
 at a tie they are handled before an iteration that ends at the same instant is applied, which is the order
 of the single-replica loop (it applies an iteration, then takes what arrived by its end).
 
-A replica is woken by a push when it waits for work, and a push during a decode stretch resumes its loop
-early to cut the stretch (interruptible stretches): no replica does any work for a request routed elsewhere,
-and one replica gives the single-replica path's results exactly (tested).
+A replica is woken by a push when it waits for work, and a push during a stretch resumes its loop early to
+cut the stretch: no replica does any work for a request routed elsewhere. An entry pool of one replica has
+nothing to route: it takes every arrival ahead (`Member.take_ahead`), so its loop knows when the next request
+is due and runs without a SimPy event per arrival; routing every request to one replica of several gives the
+same results (tested).
 
 Disaggregation: a prefill instance serves a copy of each request that ends at its first token; the request's
 KV then crosses the shared `KVLink`, and a decode instance admits the request with its KV cached
@@ -30,30 +33,46 @@ from simpy.events import URGENT
 from policies.base import Policy
 from policies.seq import Seq
 from serving.handoff import arrive_with_kv, needs_decode_instance, prefill_copy
+from serving.inbox import Inbox
 from serving.loop import Replica
 from serving.routed import HELD, RoutedInbox, RoutedTime
 from serving.routers import ReplicaView, Router
-from sim.cost.base import CostModel
 from sim.kv_link import KVLink, kv_transfer_bytes
-from sim.replica import YIELD_EVERY, CostBackend
-from sim.simulate import PROGRESS_EVERY
+from sim.replica import CostBackend, SimulatedTime
+from traces.request import Request
+
+Progress = Callable[[int, int], None]  # (requests arrived, requests in all)
+PROGRESS_EVERY = 8  # SimPy events between two progress reports (a lone replica yields every YIELD_EVERY waits)
+YIELD_EVERY = 1024  # at most this many waits run without handing control back to SimPy (progress reports)
 
 
 class Member:
     """One replica of a pool and what its driver and router need to know about it."""
 
-    def __init__(self, index: int, policy: Policy, cost: CostModel, fast: bool, max_waiting: int | None,
+    def __init__(self, index: int, policy: Policy, backend: CostBackend, max_waiting: int | None,
                  on_release: Callable[[Member, list[Seq]], None]) -> None:
         self.index = index
-        self.inbox = RoutedInbox()
-        self.replica = Replica(policy, _Backend(cost, fast, self, on_release), RoutedTime(self.inbox),
-                               self.inbox, max_waiting=max_waiting, interruptible=True)
+        self.inbox: Inbox = RoutedInbox()
+        self.replica = Replica(policy, backend, RoutedTime(self.inbox), self.inbox, max_waiting=max_waiting)
         self.policy = policy
         self.released = 0  # requests that left it (finished, or prefilled and handed on)
         self.wake: simpy.Event | None = None  # set while it waits for a push
         self.cutting = False  # a push has resumed it early to cut its stretch
         self.process: simpy.Process | None = None
         self.seqs: list[Seq] = []  # every request pushed here (a prefill instance's copies)
+        self._on_release = on_release
+        backend.on_release = self._released
+
+    def _released(self, finished: list[Seq]) -> None:
+        self.released += len(finished)
+        self._on_release(self, finished)
+
+    def take_ahead(self, seqs: list[Seq]) -> None:
+        """Every request it will serve, pushed at the start (a lone entry replica: nothing to route). Its loop
+        then knows when the next one is due, cuts stretches there itself, and never waits for a push."""
+        self.inbox = self.replica.inbox = Inbox(seqs)
+        self.replica.clock = SimulatedTime()
+        self.seqs = list(seqs)
 
     def view(self) -> ReplicaView:  # every replica's, at every arrival: kept to plain reads
         p, inbox = self.policy, self.inbox
@@ -71,17 +90,6 @@ class Member:
             self.process.interrupt()
 
 
-class _Backend(CostBackend):
-    def __init__(self, cost: CostModel, fast: bool, member: Member,
-                 on_release: Callable[[Member, list[Seq]], None]) -> None:
-        super().__init__(cost, fast)
-        self.member, self.on_release = member, on_release
-
-    def release(self, finished: list[Seq]) -> None:
-        self.member.released += len(finished)
-        self.on_release(self.member, finished)
-
-
 @dataclass
 class Pool:
     name: str  # "replicas" (colocated), "prefill" or "decode"
@@ -93,30 +101,33 @@ class Pool:
         self.members[self.router([m.view() for m in self.members])].push(seq, due)
 
 
-def _drive(env: simpy.Environment, member: Member, cluster: Cluster) -> Generator[simpy.Event, None, None]:
-    """The member's loop as a SimPy process (as `sim.replica.process`, plus waits for pushes and early
-    resumption to cut a stretch). A wait that ends before any other event needs no SimPy event: nothing can
-    be pushed before it ends."""
+def drive(env: simpy.Environment, member: Member, cluster: Cluster) -> Generator[simpy.Event, None, None]:
+    """The member's loop as a SimPy process: each wait is a timeout, a wait for work waits for a push, and a
+    push during a stretch resumes the loop early to cut it. A wait that ends strictly before the next event in
+    SimPy's queue needs no SimPy event (nothing can be pushed before it ends), so the loop goes straight on: a
+    lone replica makes a SimPy event only every `YIELD_EVERY` waits. Its own clock is exact either way; a tie
+    with another event still goes through SimPy, which orders it."""
     gen = member.replica.serve(env.now)
-    ran = 0
+    ran, now = 0, env.now  # SimPy's time moves only while this process yields to it
     for until in gen:
         while True:
-            if until < env.now - 1e-9 * env.now:  # beyond the two clocks' rounding: a push was missed
+            if until < now - 1e-9 * now:  # beyond the two clocks' rounding: a push was missed
                 raise RuntimeError(f"replica {member.index} fell behind the cluster's clock")
             if until >= HELD:
                 member.wake = env.event()
                 yield member.wake
-                member.wake = None
+                member.wake, now = None, env.now
             elif until < env.peek() and ran < YIELD_EVERY:
                 ran += 1
             else:
                 ran = 0
                 try:
-                    yield env.timeout(max(until - env.now, 0.0))
+                    yield env.timeout(max(until - now, 0.0))
                 except simpy.Interrupt:
-                    member.cutting = False
-                    until = next(gen)  # the stretch's cut end, where the loop waits next
+                    member.cutting, now = False, env.now
+                    until = gen.send(True)  # the stretch's cut end, where the loop waits next
                     continue
+                now = env.now
             break
     if member.replica.aborted:
         cluster.aborted = True
@@ -131,7 +142,7 @@ def at(env: simpy.Environment, when: float, callback: Callable[[simpy.Event], No
 
 
 class Cluster:
-    """Pools and the link between them; `run(seqs)` serves every request and fills in its `Seq`."""
+    """Pools and the link between them; `run(requests)` serves every request and returns its filled-in `Seq`."""
 
     def __init__(self, env: simpy.Environment, link: KVLink | None = None, kv_bytes_per_token: int = 0) -> None:
         self.env, self.link, self.kv_bytes_per_token = env, link, kv_bytes_per_token
@@ -139,23 +150,27 @@ class Cluster:
         self.decode: Pool | None = None
         self.aborted = False
         self.originals: dict[int, Seq] = {}
-        self.prefill_done: dict[int, float] = {}  # request id -> its first token on the prefill instance
 
     @property
     def members(self) -> list[Member]:
         return self.entry.members + (self.decode.members if self.decode else [])
 
-    def run(self, seqs: list[Seq], progress: Callable[[int, int], None] | None = None) -> None:
-        """Serve `seqs` (in arrival order); `progress(arrived, total)` every few thousand events, if given."""
+    def run(self, requests: list[Request], progress: Progress | None = None) -> list[Seq]:
+        """Serve `requests` (in arrival order); `progress(arrived, total)` every few thousand events, if given.
+        Returns each request's `Seq`, filled in."""
         env = self.env
+        seqs = [Seq.of(r) for r in requests]
+        entering = seqs if self.decode is None else [self._prefill_copy(s) for s in seqs]
+        if len(self.entry.members) == 1:
+            self.entry.members[0].take_ahead(entering)
         for m in self.members:
-            m.process = env.process(_drive(env, m, self))
-        self._arrivals = iter(seqs)
-        self.arrived = 0
-        self._next_arrival()
+            m.process = env.process(drive(env, m, self))
+        if len(self.entry.members) > 1:
+            self._arrivals = iter(entering)
+            self._next_arrival()
         if progress is None:
             env.run()
-            return
+            return seqs
         try:
             while True:
                 for _ in range(PROGRESS_EVERY):
@@ -163,6 +178,19 @@ class Cluster:
                 progress(self.arrived, len(seqs))
         except simpy.core.EmptySchedule:  # what ends env.run() too
             progress(len(seqs), len(seqs))
+        return seqs
+
+    @property
+    def arrived(self) -> int:
+        """Requests handed to an entry replica's policy so far."""
+        return sum(len(m.replica.records.queue_at_arrival) for m in self.entry.members)
+
+    def _prefill_copy(self, seq: Seq) -> Seq:
+        """What a prefill instance serves of `seq`: its prefill copy, or itself when one token is all it asks."""
+        if not needs_decode_instance(seq):
+            return seq
+        self.originals[seq.id] = seq
+        return prefill_copy(seq)
 
     def _next_arrival(self) -> None:
         seq = next(self._arrivals, None)
@@ -170,11 +198,7 @@ class Cluster:
             at(self.env, seq.arrival_s, lambda _: self._arrive(seq))
 
     def _arrive(self, seq: Seq) -> None:
-        if self.decode is not None and needs_decode_instance(seq):
-            self.originals[seq.id] = seq
-            seq = prefill_copy(seq)
         self.entry.route(seq, seq.arrival_s)
-        self.arrived += 1
         self._next_arrival()
 
     def on_release(self, member: Member, finished: list[Seq]) -> None:
@@ -186,7 +210,6 @@ class Cluster:
             if seq is None:
                 continue  # one output token: it finished on the prefill instance
             ready = copy.completion_s
-            self.prefill_done[seq.id] = ready
             end = self.link.transfer(ready, kv_transfer_bytes(self.kv_bytes_per_token, seq.prompt_tokens))
             arrive_with_kv(seq, copy, end)
             at(self.env, end, lambda _, seq=seq, end=end: self.decode.route(seq, end))

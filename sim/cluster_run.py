@@ -1,5 +1,6 @@
-"""A cluster run from names (`simctl run --replicas N --router R`, or `--prefill-instances P
---decode-instances D --kv-link-gbps X`): builds the pools, serves the trace (`sim.cluster`) and summarises it.
+"""A run's deployment (`ClusterConfig`: one replica, replicas behind a router, or disaggregated prefill and
+decode), its pools, and its summary and files: `sim.run.run` serves every run through these, one replica
+being a cluster of one.
 
 The summary is a single run's (`sim.metrics.summarize` over every request, every token gap and every
 iteration of the cluster), plus per replica and per pool: requests served, utilisation (busy time / the
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,8 @@ import simpy
 
 from common.checks import is_int, is_number
 from common.errors import InputError
-from policies.base import Policy, run_stats
-from policies.registry import make_policy, policy_class
+from policies.base import Policy
+from policies.registry import policy_class
 from policies.seq import Seq
 from serving.loop import overload_limit
 from serving.records import GapHistogram, IterationLog, request_frame
@@ -32,21 +33,12 @@ from sim.cluster import Cluster, Member, Pool
 from sim.cost.base import CostModel
 from sim.kv_link import KVLink
 from sim.metrics import summarize
-from sim.models import get_model
-from sim.output import json_text, write_files
-from sim.run import Deployment, Run, RunConfig, deploy, trace_for
-from sim.simulate import Progress, SimResult
-from traces import has_arrival_times
+from sim.output import TIMELINE_FILE, json_text, write_files
+from sim.replica import CostBackend
+from sim.simulate import SimResult
 from traces.request import Request
 
 MAX_INSTANCES = 1024
-
-
-@dataclass
-class ClusterRun(Run):
-    iterations: pd.DataFrame | None = None  # every replica's rows, with pool and replica columns
-    replicas: pd.DataFrame | None = None  # one row per replica (its metrics)
-    cluster: Cluster | None = None  # the pools as the run left them (their policies, KV and records)
 
 
 @dataclass(frozen=True)
@@ -65,7 +57,7 @@ class ClusterConfig:
 
     @property
     def is_cluster(self) -> bool:
-        """Anything but the single replica of `sim.run.run`."""
+        """More than one replica (a sweep point's key, a rate per GPU, what records one replica only)."""
         return self.disaggregated or self.replicas != 1
 
     def validate(self, policy: str) -> None:
@@ -104,55 +96,11 @@ def check_disaggregable(policy: str) -> None:
                          "prefilled itself; use an iteration-level policy (orca, vllm, sarathi)")
 
 
-def make_pool(name: str, count: int, gpu: str, cost: CostModel, new_policy: Callable[[], Policy], router: str,
-              cluster: Cluster, max_waiting: int | None, fast: bool = True) -> Pool:
-    """`count` replicas, each with a policy of its own from `new_policy`, priced by `cost`."""
-    members = [Member(i, new_policy(), cost, fast, max_waiting, cluster.on_release) for i in range(count)]
+def make_pool(name: str, count: int, gpu: str, new_backend: Callable[[], CostBackend],
+              new_policy: Callable[[], Policy], router: str, cluster: Cluster, max_waiting: int | None) -> Pool:
+    """`count` replicas, each with a policy of its own from `new_policy` and a backend from `new_backend`."""
+    members = [Member(i, new_policy(), new_backend(), max_waiting, cluster.on_release) for i in range(count)]
     return Pool(name, members, make_router(router), gpu)
-
-
-def _pool(name: str, count: int, gpu: str, d: Deployment, max_seq_len: int, config: RunConfig, router: str,
-          cluster: Cluster) -> Pool:
-    return make_pool(name, count, gpu, d.cost,
-                     lambda: make_policy(config.policy, d.kv_capacity, max_seq_len, config.options, d.gpu.name),
-                     router, cluster, overload_limit(config.num_requests), config.fast)
-
-
-def run_cluster(config: RunConfig, cc: ClusterConfig, progress: Progress | None = None) -> ClusterRun:
-    t0 = time.perf_counter()
-    config.validate()
-    cc.validate(config.policy)
-    pgpu, dgpu = (cc.prefill_gpu or config.gpu, cc.decode_gpu or config.gpu) if cc.disaggregated else (None, None)
-    entry = deploy(config, pgpu) if pgpu else None
-    serving = deploy(config, dgpu or config.gpu)
-    requests = trace_for(config)
-    link = KVLink(cc.kv_link_gbps) if cc.disaggregated else None
-    cluster = Cluster(simpy.Environment(), link, get_model(config.model).kv_bytes_per_token())
-    if entry is not None:
-        cluster.entry = _pool("prefill", cc.prefill_instances, pgpu, entry,
-                              entry.check_fits(config, requests, prefill_only=True), config, cc.router, cluster)
-        cluster.decode = _pool("decode", cc.decode_instances, dgpu, serving, serving.check_fits(config, requests),
-                               config, cc.router, cluster)
-        deployments = (entry, serving)
-    else:
-        cluster.entry = _pool("replicas", cc.replicas, config.gpu, serving, serving.check_fits(config, requests),
-                              config, cc.router, cluster)
-        deployments = (serving,)
-    seqs = [Seq.of(r) for r in requests]
-    cluster.run(seqs, progress)
-    members = [MemberRecords.of(p, m) for p in (cluster.entry, cluster.decode) if p is not None for m in p.members]
-    head = {**config.recorded(), **asdict(cc)}
-    result, summary = summarise_cluster(head, members, seqs, cluster.link, cluster.aborted, serving.kv_capacity,
-                                        time.perf_counter() - t0, config.tp)
-    summary["arrivals_from_file"] = has_arrival_times(config.trace)
-    summary["cost_model"] = serving.cost_label
-    summary["cost_assumptions"] = serving.cost.assumptions()
-    summary["warnings"] = sorted({w for d in deployments for w in d.warnings})
-    summary.update(cluster.entry.members[0].replica.policy.settings.as_dict())
-    summary.update(run_stats([m.replica.policy for p in (cluster.entry, cluster.decode) if p is not None
-                              for m in p.members]))
-    return ClusterRun(config, result, summary, iterations=iterations_frame(members),
-                      replicas=pd.DataFrame(summary["replica_metrics"]), cluster=cluster)
 
 
 def _merged(logs: list[IterationLog]) -> IterationLog:
@@ -198,10 +146,9 @@ def simulate_disaggregated(requests: list[Request], new_policy: Callable[[], Pol
     t0 = time.perf_counter()
     cluster = Cluster(simpy.Environment(), KVLink(link_gbps), kv_bytes_per_token)
     limit = overload_limit(len(requests))
-    cluster.entry = make_pool("prefill", 1, "", cost, new_policy, "round-robin", cluster, limit)
-    cluster.decode = make_pool("decode", 1, "", cost, new_policy, "round-robin", cluster, limit)
-    seqs = [Seq.of(r) for r in requests]
-    cluster.run(seqs)
+    cluster.entry = make_pool("prefill", 1, "", lambda: CostBackend(cost), new_policy, "round-robin", cluster, limit)
+    cluster.decode = make_pool("decode", 1, "", lambda: CostBackend(cost), new_policy, "round-robin", cluster, limit)
+    seqs = cluster.run(requests)
     members = [MemberRecords.of(p, m) for p in (cluster.entry, cluster.decode) for m in p.members]
     return summarise_cluster(head, members, seqs, cluster.link, cluster.aborted,
                              cluster.decode.members[0].policy.kv.capacity, time.perf_counter() - t0)
@@ -225,7 +172,7 @@ def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: 
     span = summary["makespan_s"]
     rows = []
     for m in members:
-        s = summarize(m.result())
+        s = summarize(m.result()) if len(members) > 1 else summary  # one replica: its metrics are the run's
         busy = float(np.frombuffer(m.iterations.duration, dtype=np.float64).sum())
         q = m.queue
         rows.append({"pool": m.pool, "replica": m.index, "gpu": m.gpu, "requests": s["num_requests"],
@@ -307,17 +254,18 @@ def iterations_frame(members: list[MemberRecords]) -> pd.DataFrame:
 CLUSTER_RUN_FILES = ("requests.parquet", "iterations.parquet", "replicas.parquet", "summary.json")
 
 
-def write_cluster_run(out: Path, run: ClusterRun) -> None:
-    write_cluster_files(out, run.summary, run.result.requests, run.iterations, run.replicas)
-
-
 def write_cluster_files(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterations: pd.DataFrame,
-                        replicas: pd.DataFrame) -> None:
-    """A cluster run's files into `out` (a simulated or a real one), all or none (summary.json renamed last)."""
+                        replicas: pd.DataFrame, timeline: pd.DataFrame | None = None) -> None:
+    """A run's files into `out` (a simulated or a real one), all or none (summary.json renamed last), with
+    timeline.parquet when given; an earlier run's timeline.parquet goes when this run recorded none."""
     summary_text = json_text(summary)
+    timeline_writer = {} if timeline is None else {TIMELINE_FILE: lambda p: timeline.to_parquet(p, index=False)}
     write_files(Path(out), {
         "requests.parquet": lambda p: requests.to_parquet(p, index=False),
         "iterations.parquet": lambda p: iterations.to_parquet(p, index=False),
         "replicas.parquet": lambda p: replicas.to_parquet(p, index=False),
+        **timeline_writer,
         "summary.json": lambda p: p.write_text(summary_text, encoding="utf-8"),
     }, "the run's files")
+    if timeline is None:
+        (Path(out) / TIMELINE_FILE).unlink(missing_ok=True)

@@ -16,8 +16,8 @@ import pandas as pd
 
 from common.errors import InputError
 from sim.capacity import CapacityResult, check_probe_requests, check_start_qps, lowest_qps, search_qps
-from sim.cluster_run import ClusterConfig, run_cluster
-from sim.run import RunConfig
+from sim.cluster_run import ClusterConfig
+from sim.run import RunConfig, run
 from sim.slo import SLO
 
 
@@ -75,7 +75,7 @@ def find_goodput(config: RunConfig, cc: ClusterConfig, slo: SLO, start_qps: floa
 
     def probe(qps: float) -> dict[str, Any]:
         nonlocal gpus
-        r = run_cluster(replace(config, qps=qps), cc)
+        r = run(replace(config, qps=qps), cc)
         gpus = r.summary["gpus"]
         return with_attainment(r.summary, r.result.requests, slo)
 

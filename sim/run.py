@@ -1,31 +1,37 @@
-"""One simulation from names: what `simctl run` does, usable from Python and notebooks too."""
+"""One simulation from names: what `simctl run` does, usable from Python and notebooks too. Every run is a
+deployment (`sim.cluster_run.ClusterConfig`): one replica by default, a cluster of one."""
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import simpy
 
 from common.checks import is_int, is_number
 from common.errors import InputError
 from common.files import in_working_folder
-from policies.base import run_stats
+from policies.base import Policy, run_stats
 from policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
 from serving.loop import overload_limit
+from sim.cluster import Cluster, Pool, Progress
+from sim.cluster_run import ClusterConfig, MemberRecords, iterations_frame, make_pool, summarise_cluster
 from sim.cost.base import CostModel
 from sim.cost.calibration import is_roofline_calibration, load_roofline_calibration
 from sim.cost.fitted import Fitted
 from sim.cost.provenance import calibration_warnings, check_fitted_device
 from sim.cost.roofline import Roofline
 from sim.gpus import GPUSpec, get_gpu
-from sim.metrics import summarize
+from sim.kv_link import KVLink
 from sim.models import ModelSpec, get_model, model_in_working_folder
 from sim.moe import check_routing_skew
-from sim.simulate import Progress, SimResult, simulate
+from sim.replica import CostBackend
+from sim.simulate import SimResult
 from sim.timeline import TimelineBackend, check_timeline
 from traces import (
     ARRIVAL_PROCESSES,
@@ -111,8 +117,11 @@ class RunConfig:
 @dataclass
 class Run:
     config: RunConfig
-    result: SimResult
+    result: SimResult  # the whole deployment's records (every replica's)
     summary: dict[str, Any]
+    iterations: pd.DataFrame  # every replica's iteration rows, with pool and replica columns
+    replicas: pd.DataFrame  # one row per replica (its metrics)
+    cluster: Cluster  # the pools as the run left them (their policies, KV and records)
     timeline: pd.DataFrame | None = None  # the first iterations' members (run(..., timeline=N))
 
 
@@ -208,22 +217,56 @@ def trace_for(config: RunConfig) -> list[Request]:
     return requests
 
 
-def run(config: RunConfig, progress: Progress | None = None, timeline: int = 0) -> Run:
-    """Simulate `config`; with `timeline` > 0, also record which requests the first `timeline` iterations ran."""
+def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progress | None = None,
+        timeline: int = 0) -> Run:
+    """Simulate `config` on the deployment `cluster` describes (one replica if None); with `timeline` > 0
+    (one replica), also record which requests the first `timeline` iterations ran."""
+    cc = cluster or ClusterConfig()
     config.validate()
+    cc.validate(config.policy)
     check_timeline(timeline)
-    d = deploy(config, config.gpu)
-    cost, cost_label, warnings = d.cost, d.cost_label, d.warnings
+    if timeline and cc.is_cluster:
+        raise InputError("--timeline records one replica; it is not available with a cluster")
+    entry = deploy(config, cc.prefill_gpu or config.gpu) if cc.disaggregated else None
+    serving = deploy(config, cc.decode_gpu or config.gpu)
     requests = trace_for(config)
-    policy = make_policy(config.policy, d.kv_capacity, d.check_fits(config, requests), config.options, d.gpu.name)
-    recorder = TimelineBackend(cost, config.fast, timeline) if timeline else None
-    result = simulate(requests, policy, cost, fast=config.fast, max_waiting=overload_limit(config.num_requests),
-                      progress=progress, backend=recorder)
-    summary = {**config.recorded(), **summarize(result)}
+    recorder = TimelineBackend(serving.cost, config.fast, timeline) if timeline else None
+    built = Cluster(simpy.Environment(), KVLink(cc.kv_link_gbps) if cc.disaggregated else None,
+                    serving.model.kv_bytes_per_token())
+    if entry is not None:
+        built.entry = _pool("prefill", cc.prefill_instances, entry, entry.check_fits(config, requests, prefill_only=True),
+                            config, cc, built)
+        built.decode = _pool("decode", cc.decode_instances, serving, serving.check_fits(config, requests),
+                             config, cc, built)
+    else:
+        built.entry = _pool("replicas", cc.replicas, serving, serving.check_fits(config, requests), config, cc,
+                            built, recorder)
+    t0 = time.perf_counter()
+    seqs = built.run(requests, progress)
+    wall_s = time.perf_counter() - t0
+    members = [MemberRecords.of(p, m) for p in _pools(built) for m in p.members]
+    head = {**config.recorded(), **asdict(cc)}
+    policies = [m.policy for m in built.members]
+    result, summary = summarise_cluster(head, members, seqs, built.link, built.aborted,
+                                        built.members[-1].policy.kv.capacity, wall_s, config.tp)
     summary["arrivals_from_file"] = has_arrival_times(config.trace)  # replayed (qps None) or time-scaled
-    summary["cost_model"] = cost_label
-    summary["cost_assumptions"] = cost.assumptions()
-    summary["warnings"] = warnings
-    summary.update(policy.settings.as_dict())  # every setting of the policy, given or default
-    summary.update(run_stats([policy]))  # what the policy counted (vllm-v1: prefix-cache hits), if anything
-    return Run(config, result, summary, recorder.frame() if recorder else None)
+    summary["cost_model"] = serving.cost_label
+    summary["cost_assumptions"] = serving.cost.assumptions()
+    summary["warnings"] = list(dict.fromkeys(w for d in (entry, serving) if d is not None for w in d.warnings))
+    summary.update(policies[0].settings.as_dict())  # every setting of the policy, given or default
+    summary.update(run_stats(policies))  # what the policies counted (vllm-v1: prefix-cache hits), if anything
+    return Run(config, result, summary, iterations_frame(members), pd.DataFrame(summary["replica_metrics"]),
+               built, recorder.frame() if recorder else None)
+
+
+def _pool(name: str, count: int, d: Deployment, max_seq_len: int, config: RunConfig, cc: ClusterConfig,
+          cluster: Cluster, recorder: TimelineBackend | None = None) -> Pool:
+    def new_policy() -> Policy:
+        return make_policy(config.policy, d.kv_capacity, max_seq_len, config.options, d.gpu.name)
+
+    return make_pool(name, count, d.gpu.name, lambda: recorder or CostBackend(d.cost, config.fast), new_policy,
+                     cc.router, cluster, overload_limit(config.num_requests))
+
+
+def _pools(cluster: Cluster) -> list[Pool]:
+    return [cluster.entry] if cluster.decode is None else [cluster.entry, cluster.decode]

@@ -1,9 +1,8 @@
-"""Run one replica over a list of requests and collect its records."""
+"""Simulate one replica over a list of requests, given its policy and cost model: a cluster of one."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,15 +11,13 @@ import simpy
 
 from policies.base import Policy
 from policies.seq import Seq
-from serving.inbox import Inbox
 from serving.loop import Replica
 from serving.records import GapHistogram, IterationLog, request_frame
+from serving.routers import make_router
+from sim.cluster import Cluster, Member, Pool, Progress
 from sim.cost.base import CostModel
-from sim.replica import CostBackend, SimulatedTime, process
+from sim.replica import CostBackend
 from traces.request import Request
-
-Progress = Callable[[int, int], None]  # (requests arrived, requests in all)
-PROGRESS_EVERY = 8  # SimPy events between two progress reports (a replica yields every YIELD_EVERY waits)
 
 
 @dataclass
@@ -48,20 +45,8 @@ def simulate(requests: list[Request], policy: Policy, cost: CostModel, fast: boo
     CostBackend that also records, e.g. sim.timeline's); `progress(arrived, total)` is called every few
     thousand events, if given."""
     t0 = time.perf_counter()
-    seqs = [Seq.of(r) for r in requests]
-    env = simpy.Environment()
-    replica = Replica(policy, backend or CostBackend(cost, fast), SimulatedTime(), Inbox(seqs),
-                      max_waiting=max_waiting)
-    env.process(process(env, replica))
-    if progress is None:
-        env.run()
-    else:
-        arrivals = replica.records.queue_at_arrival  # one entry per request arrived
-        try:
-            while True:
-                for _ in range(PROGRESS_EVERY):
-                    env.step()
-                progress(len(arrivals), len(seqs))
-        except simpy.core.EmptySchedule:  # what ends env.run() too
-            progress(len(seqs), len(seqs))
-    return SimResult.of(seqs, replica, time.perf_counter() - t0)
+    cluster = Cluster(simpy.Environment())
+    member = Member(0, policy, backend or CostBackend(cost, fast), max_waiting, cluster.on_release)
+    cluster.entry = Pool("replicas", [member], make_router("round-robin"))
+    seqs = cluster.run(requests, progress)
+    return SimResult.of(seqs, member.replica, time.perf_counter() - t0)

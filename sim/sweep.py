@@ -19,7 +19,6 @@ import pandas as pd
 
 from common.errors import InputError
 from sim.capacity import _quiet_worker, find_capacity  # capacity's pool workers: signals are the parent's
-from sim.cluster_run import run_cluster
 from sim.goodput import find_goodput
 from sim.output import atomic_write, json_text, write_files
 from sim.run import run
@@ -41,7 +40,7 @@ def compute_point(point: SweepPoint) -> dict[str, Any]:
     """A point's record: its table rows (and, for a capacity point, every probe), JSON-ready."""
     labels = point.labels
     if point.mode == "run":
-        r = run_cluster(point.config, point.cluster) if point.cluster.is_cluster else run(point.config)
+        r = run(point.config, point.cluster)
         summary = {k: v for k, v in r.summary.items() if k not in ("warnings", "options")}
         judged = [{"slo": name, "slo_text": slo.describe(), **_judged(summary, slo, r.result.requests)}
                   for name, slo in point.slos.items()] or [{"slo": None}]

@@ -17,8 +17,8 @@ from rich.table import Table
 from common.errors import InputError
 from policies.registry import POLICIES
 from simctl.capacity_cmd import capacity
-from simctl.cluster_options import print_cluster, run_cluster_command, with_cluster_options
-from simctl.display import print_summary, progress_bar
+from simctl.cluster_options import print_cluster, run_command, with_cluster_options
+from simctl.display import print_summary
 from simctl.options import (
     ATTENTION_HELP,
     Arrival,
@@ -39,7 +39,7 @@ from simctl.policy_options import with_policy_options
 from simctl.prefill_bench_cmd import prefill_bench
 from simctl.query_set_cmd import query_set_cmd
 from simctl.sweep_cmd import sweep
-from simctl.usage_errors import error_types, fail, given_value, note_replaced, usage_message, warn_all
+from simctl.usage_errors import error_types, fail, given_value, usage_message
 
 DEFAULT_NUM_REQUESTS = 1000
 DEFAULT_QPS = 0.5
@@ -79,8 +79,8 @@ def run(
     cv: Cv = 1.0,
     scale: Scale = 1.0,
     cost: Cost = None,
-    out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet and "
-                                                "iterations.parquet.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet, iterations.parquet "
+                                                "and replicas.parquet (one row per replica).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
     timeline: Annotated[int, typer.Option(help="Also record which requests the first N iterations ran "
                                           "(timeline.parquet in --out, for `simctl plot timeline`).")] = 0,
@@ -93,19 +93,15 @@ def run(
     cluster: Any = None,  # --replicas, --router, --prefill-instances, ... (simctl.cluster_options)
     slo: Any = None,  # --slo, --attainment: the SLO (simctl.cluster_options)
 ) -> None:
-    """Simulate one serving replica and print its latency and throughput summary.
+    """Simulate a deployment (one replica unless the cluster options say more) and print its latency and
+    throughput summary.
 
     Example: simctl run --policy vllm --trace sharegpt --qps 2 --out out/vllm
     """
     from dataclasses import replace
 
-    from sim.goodput import with_attainment
-    from sim.output import RUN_FILES, TIMELINE_FILE, check_out_dir, json_text, write_run
     from sim.run import RunConfig
-    from sim.run import run as run_sim
-    from sim.timeline import check_timeline
-    from sim.trace_events import MAX_EVENTS, check_trace_path, write_trace_events
-    from sim.vllm_bench import parse_goodput, with_goodput
+    from sim.vllm_bench import parse_goodput
     from traces import build_trace, has_arrival_times, is_profile
 
     if qps is None and (not trace.strip() or not has_arrival_times(trace)):
@@ -120,35 +116,7 @@ def run(
         config = replace(config, num_requests=rows)
         config.validate()
     cluster.validate(config.policy)
-    limits = parse_goodput(goodput)
-    if limits is not None and cluster.is_cluster:
-        raise InputError("--goodput applies to one replica's run, not to a cluster")
-    if cluster.is_cluster:
-        return run_cluster_command(config, cluster, out, as_json, {"timeline": timeline,
-                                                                   "trace-events": trace_events}, slo)
-    check_timeline(timeline)
-    if timeline and out is None:
-        raise InputError("--timeline needs --out (it writes timeline.parquet there)")
-    if out is not None:  # fail before the run, and create nothing until it has succeeded
-        check_out_dir(out, (*RUN_FILES, TIMELINE_FILE))
-    if trace_events is not None:
-        check_trace_path(trace_events)
-    with progress_bar(f"{config.policy}: requests arrived") as report:
-        result = run_sim(config, progress=report, timeline=timeline)
-    result.summary = with_attainment(result.summary, result.result.requests, slo)
-    result.summary = with_goodput(result.summary, result.result.requests, limits)
-    warn_all(result.summary.get("warnings", []))
-    if out is not None:
-        note_replaced(out, (*RUN_FILES, TIMELINE_FILE))
-        write_run(out, result.summary, result.result.requests, result.result.iterations.frame(), result.timeline)
-    if trace_events is not None:
-        its = result.result.iterations.frame()
-        if write_trace_events(trace_events, its, result.summary):
-            warn_all([f"--trace-events: only the first {MAX_EVENTS} of {len(its)} iteration rows were written"])
-    if as_json:
-        sys.stdout.write(json_text(result.summary))
-    else:
-        print_summary(result.summary)
+    run_command(config, cluster, out, as_json, timeline, trace_events, parse_goodput(goodput), slo)
 
 
 @app.command()
@@ -188,9 +156,9 @@ def real(
     decode_instances: Annotated[int | None, typer.Option(help=(
         "Disaggregated serving (with --prefill-instances 1): 1 decode instance, which admits requests whose KV "
         "has arrived and never prefills them."))] = None,
-    out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet and "
-                                                "iterations.parquet (as `simctl run`; and replicas.parquet when "
-                                                "disaggregated).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet, iterations.parquet "
+                                                "and replicas.parquet, as `simctl run` (--engine vllm: the first "
+                                                "three).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
 ) -> None:
     """Serve a trace in real time on a real model, driven by the same policy objects as the simulator.
@@ -226,7 +194,7 @@ def real(
         sys.stdout.write(json_text(summary))
     else:
         print_summary(summary)
-        if "replica_metrics" in summary:
+        if len(summary.get("replica_metrics", ())) > 1:
             print_cluster(summary)
 
 

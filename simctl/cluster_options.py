@@ -1,5 +1,6 @@
 """`simctl run`'s cluster options (replicas behind a router, disaggregated prefill and decode) and what `run`
-does with them: a decorator adds the options and hands them to the command as one `cluster` argument."""
+does with them: a decorator adds the options and hands them to the command as one `cluster` argument, and
+`run_command` simulates that deployment (one replica by default) and writes its one set of files."""
 
 from __future__ import annotations
 
@@ -76,32 +77,49 @@ def with_cluster_options(slo: bool = False, goodput: bool = False) -> Callable[[
     return decorate
 
 
-def run_cluster_command(config: Any, cluster: Any, out: Path | None, as_json: bool, unsupported: dict[str, Any],
-                        slo: Any = None) -> None:
-    """`simctl run` for a cluster: summary.json, requests.parquet, iterations.parquet (with pool and replica
-    columns) and replicas.parquet in --out."""
-    from sim.cluster_run import CLUSTER_RUN_FILES, run_cluster, write_cluster_run
+def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, timeline: int,
+                trace_events: Path | None, goodput: Any = None, slo: Any = None) -> None:
+    """`simctl run` once its options are read: summary.json, requests.parquet, iterations.parquet (with pool
+    and replica columns), replicas.parquet and, with --timeline, timeline.parquet in --out."""
+    from sim.cluster_run import CLUSTER_RUN_FILES, write_cluster_files
     from sim.goodput import with_attainment
-    from sim.output import check_out_dir, json_text
+    from sim.output import TIMELINE_FILE, check_out_dir, json_text
+    from sim.run import run
+    from sim.timeline import check_timeline
+    from sim.trace_events import MAX_EVENTS, check_trace_path, write_trace_events
+    from sim.vllm_bench import with_goodput
     from simctl.display import print_summary, progress_bar
     from simctl.usage_errors import note_replaced, warn_all
 
-    for name, given in unsupported.items():
-        if given:
+    for name, given in (("timeline", timeline), ("trace-events", trace_events)):
+        if given and cluster.is_cluster:
             raise InputError(f"--{name} records one replica; it is not available with a cluster")
-    if out is not None:
-        check_out_dir(out, CLUSTER_RUN_FILES)
-    with progress_bar(f"{config.policy} cluster: requests arrived") as report:
-        result = run_cluster(config, cluster, progress=report)
+    check_timeline(timeline)
+    if timeline and out is None:
+        raise InputError("--timeline needs --out (it writes timeline.parquet there)")
+    files = (*CLUSTER_RUN_FILES, TIMELINE_FILE)
+    if out is not None:  # fail before the run, and create nothing until it has succeeded
+        check_out_dir(out, files)
+    if trace_events is not None:
+        check_trace_path(trace_events)
+    with progress_bar(f"{config.policy}: requests arrived") as report:
+        result = run(config, cluster, progress=report, timeline=timeline)
     result.summary = with_attainment(result.summary, result.result.requests, slo)
+    result.summary = with_goodput(result.summary, result.result.requests, goodput)
     warn_all(result.summary.get("warnings", []))
     if out is not None:
-        note_replaced(out, CLUSTER_RUN_FILES)
-        write_cluster_run(out, result)
+        note_replaced(out, files)
+        write_cluster_files(out, result.summary, result.result.requests, result.iterations, result.replicas,
+                            result.timeline)
+    if trace_events is not None:
+        its = result.result.iterations.frame()
+        if write_trace_events(trace_events, its, result.summary):
+            warn_all([f"--trace-events: only the first {MAX_EVENTS} of {len(its)} iteration rows were written"])
     if as_json:
         sys.stdout.write(json_text(result.summary))
-    else:
-        print_summary(result.summary)
+        return
+    print_summary(result.summary)
+    if len(result.summary["replica_metrics"]) > 1:
         print_cluster(result.summary)
 
 

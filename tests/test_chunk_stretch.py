@@ -206,13 +206,12 @@ def test_a_long_prompt_beside_decodes_is_one_stretch(monkeypatch) -> None:
 
 def _cluster(requests: list[Request], replicas: int) -> tuple[list[Seq], list[pd.DataFrame]]:
     """Serve on `replicas` sarathi replicas behind a round-robin router: a cluster's stretches are cut by
-    pushes while they run (`Replica.interruptible`)."""
+    pushes while they run (`Replica.stretch`, the loop resumed early)."""
     cluster = Cluster(simpy.Environment(), None, 0)
     cluster.entry = Pool("replicas", [
-        Member(i, make_policy("sarathi", 40_000, 3072, {"token_budget": 128}), COSTS["mistral"], True, None,
-               cluster.on_release) for i in range(replicas)], make_router("round-robin"))
-    seqs = [Seq(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests]
-    cluster.run(seqs)
+        Member(i, make_policy("sarathi", 40_000, 3072, {"token_budget": 128}), CostBackend(COSTS["mistral"]),
+               None, cluster.on_release) for i in range(replicas)], make_router("round-robin"))
+    seqs = cluster.run(requests)
     return seqs, [m.replica.records.iterations.frame() for m in cluster.members]
 
 

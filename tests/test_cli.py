@@ -2,7 +2,7 @@
 
 - Bad input: exit code 2, exactly one line on stderr starting with "simctl: error:", no traceback, nothing
   on stdout, and nothing written to --out (not even the folder; earlier runs' files untouched).
-- `run --out DIR`: summary.json, requests.parquet and iterations.parquet, mutually consistent.
+- `run --out DIR`: summary.json, requests.parquet, iterations.parquet and replicas.parquet, mutually consistent.
 - `run --json`: only the summary JSON on stdout, equal to summary.json of the same run (bar wall time).
 - Trace files replay their arrivals; a seed reproduces a run; `list` names the whole catalogue.
 """
@@ -24,7 +24,7 @@ import pytest
 pytestmark = pytest.mark.cli
 
 SIMCTL = Path(sys.executable).parent / "simctl"
-RUN_FILES = ("summary.json", "requests.parquet", "iterations.parquet")
+RUN_FILES = ("summary.json", "requests.parquet", "iterations.parquet", "replicas.parquet")  # 1 or N replicas
 POLICY_NAMES = ("faster-transformer", "orca", "vllm", "sarathi", "sarathi-hybrid-only", "sarathi-chunked-only")
 SUMMARY_KEYS = (
     "policy", "trace", "model", "gpu", "tp", "qps", "seed", "num_requests", "completed",
@@ -280,7 +280,7 @@ def test_write_run_is_all_or_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
     frame = pd.DataFrame({"a": [1, 2]})
     write_run(out, {"x": 1}, frame, frame)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert sorted(before) == sorted(RUN_FILES)
+    assert sorted(before) == ["iterations.parquet", "requests.parquet", "summary.json"]
 
     class Boom(Exception):
         pass

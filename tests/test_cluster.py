@@ -1,6 +1,6 @@
 """Clusters (issue 10): replicas behind a router, disaggregated prefill and decode over a shared KV link.
 
-One replica routed through the cluster machinery gives the single-replica path's results exactly, for every
+Routing every request to one replica of two gives a lone replica's results exactly, for every
 policy; hypothesis runs random small traces through 1-4 replicas under every router and through
 prefill/decode splits, with KV tight enough to preempt, and checks what must always hold."""
 
@@ -14,13 +14,16 @@ from hypothesis import strategies as st
 
 from policies.registry import POLICIES, make_policy
 from policies.seq import Seq
-from serving.routers import ROUTERS, ReplicaView, make_router
+from serving.records import request_frame
+from serving.routers import ROUTERS, ReplicaView, Router, make_router
 from sim.cluster import Cluster, Member, Pool
-from sim.cluster_run import ClusterConfig, run_cluster
+from sim.cluster_run import ClusterConfig
 from sim.gpus import get_gpu
 from sim.kv_link import KVLink, kv_transfer_bytes
 from sim.models import get_model
+from sim.replica import CostBackend
 from sim.run import RunConfig, cost_model, run
+from traces.request import Request
 
 TINY = get_model("tiny")
 COST = cost_model(None, TINY, get_gpu("cpu"), 1)[0]
@@ -28,21 +31,21 @@ MAX_SEQ_LEN = 512
 CONTINUOUS = [n for n, c in POLICIES.items() if not c.padded_batches]  # can admit a request with its KV
 
 
-def serve(policy: str, reqs: list[tuple[float, int, int]], replicas: int = 1, router: str = "round-robin",
+def serve(policy: str, reqs: list[tuple[float, int, int]], replicas: int = 1, router: str | Router = "round-robin",
           split: tuple[int, int] | None = None, kv: int = 100_000, gbps: float = 1.0) -> tuple[Cluster, list[Seq]]:
     """Serve (arrival, prompt, output) requests on `replicas` colocated replicas, or `split` = (prefill,
     decode) instances, each with `kv` token slots, on the tiny model's CPU cost."""
     cluster = Cluster(simpy.Environment(), KVLink(gbps) if split else None, TINY.kv_bytes_per_token())
 
     def pool(name: str, n: int) -> Pool:
-        return Pool(name, [Member(i, make_policy(policy, kv, MAX_SEQ_LEN, {}), COST, True, None, cluster.on_release)
-                           for i in range(n)], make_router(router))
+        return Pool(name, [Member(i, make_policy(policy, kv, MAX_SEQ_LEN, {}), CostBackend(COST), None,
+                                  cluster.on_release) for i in range(n)], route)
 
+    route = make_router(router) if isinstance(router, str) else router
     cluster.entry = pool("prefill", split[0]) if split else pool("replicas", replicas)
     if split:
         cluster.decode = pool("decode", split[1])
-    seqs = [Seq(i, t, p, o) for i, (t, p, o) in enumerate(sorted(reqs))]
-    cluster.run(seqs)
+    seqs = cluster.run([Request(i, t, p, o) for i, (t, p, o) in enumerate(sorted(reqs))])
     return cluster, seqs
 
 
@@ -84,16 +87,19 @@ def test_disaggregated_serves_every_request_once_within_kv(reqs, policy, split, 
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
-def test_one_replica_through_the_cluster_is_the_single_replica_path(policy: str) -> None:
-    config = RunConfig(policy=policy, trace="sharegpt", qps=3.0, num_requests=150, seed=1)
-    plain, routed = run(config), run_cluster(config, ClusterConfig(replicas=1))
-    a, b = plain.result.requests, routed.result.requests
-    for col in a.columns:
-        assert a[col].equals(b[col]), col
-    assert plain.result.iterations.frame().equals(routed.result.iterations.frame())
-    for key, value in plain.summary.items():
-        if key not in ("sim_wall_s", "timeline"):
-            assert routed.summary[key] == value, key
+def test_routing_every_request_to_one_replica_is_a_lone_replica(policy: str) -> None:
+    """A lone replica takes its arrivals ahead and cuts stretches where the next one is due; a routed replica
+    is pushed each at its arrival, waits for pushes while idle and has its stretches cut by them. Routing
+    every request to replica 0 of two gives the lone replica's results bit for bit."""
+    rng = np.random.default_rng(1)
+    reqs = list(zip(np.cumsum(rng.exponential(0.05, 150)).tolist(), rng.integers(1, 300, 150).tolist(),
+                    rng.integers(1, 120, 150).tolist()))
+    lone, lone_seqs = serve(policy, reqs, kv=4000)
+    routed, routed_seqs = serve(policy, reqs, replicas=2, router=lambda views: 0, kv=4000)
+    assert not routed.entry.members[1].seqs
+    assert request_frame(lone_seqs).equals(request_frame(routed_seqs))
+    assert lone.entry.members[0].replica.records.iterations.frame().equals(
+        routed.entry.members[0].replica.records.iterations.frame())
 
 
 def test_decode_instances_never_prefill_and_ttft_includes_the_transfer() -> None:
@@ -141,7 +147,7 @@ def test_same_seed_same_results() -> None:
     config = RunConfig(policy="vllm", trace="sharegpt", qps=6.0, num_requests=200, seed=3, arrival="gamma", cv=3.0)
     for cc in (ClusterConfig(replicas=3, router="least-kv"),
                ClusterConfig(prefill_instances=2, decode_instances=1, kv_link_gbps=50.0, router="shortest-queue")):
-        a, b = run_cluster(config, cc), run_cluster(config, cc)
+        a, b = run(config, cc), run(config, cc)
         assert a.result.requests.equals(b.result.requests) and a.replicas.equals(b.replicas)
         assert a.iterations.equals(b.iterations)
 
@@ -160,6 +166,6 @@ def test_a_decode_instance_counts_requests_that_wait_with_their_kv() -> None:
     decodes behind a small batch), not only those waiting for a prefill (none ever do there)."""
     config = RunConfig(policy="vllm", trace="sharegpt", qps=4.0, num_requests=100, seed=1,
                        options={"max_batch_size": 2})
-    r = run_cluster(config, ClusterConfig(prefill_instances=2, decode_instances=1, kv_link_gbps=100.0))
+    r = run(config, ClusterConfig(prefill_instances=2, decode_instances=1, kv_link_gbps=100.0))
     decode = r.replicas[r.replicas["pool"] == "decode"].iloc[0]
     assert decode["queue_max"] > 2 and decode["queue_mean"] > 0

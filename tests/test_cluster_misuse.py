@@ -1,5 +1,5 @@
-"""Cluster options misused (issue 10): one line on stderr, exit 2, nothing written; and `--replicas 1` is the
-single-replica run."""
+"""Cluster options misused (issue 10): one line on stderr, exit 2, nothing written; and a plain run is a
+cluster of one."""
 
 from __future__ import annotations
 
@@ -60,11 +60,12 @@ def test_bad_cluster_input_is_one_line_exit_2(results: dict, case: str) -> None:
     assert not out.exists()
 
 
-def test_one_replica_is_the_single_replica_run() -> None:
+def test_one_replica_is_a_cluster_of_one_whatever_its_router() -> None:
     plain, one = (json.loads(simctl(*BASE, *extra, "--json").stdout)
                   for extra in ((), ("--replicas", "1", "--router", "least-kv")))
     plain.pop("sim_wall_s"), one.pop("sim_wall_s")
-    assert plain == one
+    assert plain.pop("router") == "round-robin" and one.pop("router") == "least-kv"
+    assert plain == one and plain["replicas"] == plain["gpus"] == len(plain["replica_metrics"]) == 1
 
 
 def test_cluster_run_writes_replicas_table(tmp_path: Path) -> None:

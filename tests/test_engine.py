@@ -21,8 +21,8 @@ from engine.setup import RealConfig, size_run, sized_policy
 from executor.plans import SlotPool
 from executor.ragged import RaggedExecutor, Segment
 from policies.registry import POLICIES
+from sim.cluster_run import write_cluster_files
 from sim.models import get_model
-from sim.output import write_run
 from sim.run import RunConfig, run
 from traces import build_trace
 from traces.request import Request
@@ -249,15 +249,17 @@ def test_real_run_writes_the_simulators_files(tmp_path) -> None:
                                           "attention_backends": ["flash", "math"]}
     assert summary["attention_kernels"]["decode_masked"] == "flash (folded)"
     sim = run(RunConfig(policy="vllm", trace="sharegpt", num_requests=5, qps=1.0))
-    write_run(tmp_path / "sim", sim.summary, sim.result.requests, sim.result.iterations.frame())
-    for name in ("requests.parquet", "iterations.parquet"):
-        real_frame, sim_frame = pd.read_parquet(tmp_path / "real" / name), pd.read_parquet(
-            tmp_path / "sim" / name)
+    write_cluster_files(tmp_path / "sim", sim.summary, sim.result.requests, sim.iterations, sim.replicas)
+    for name in ("requests.parquet", "iterations.parquet", "replicas.parquet"):
+        real_frame, sim_frame = (pd.read_parquet(tmp_path / "real" / name),
+                                  pd.read_parquet(tmp_path / "sim" / name))
         assert list(real_frame.columns) == list(sim_frame.columns)
         assert list(real_frame.dtypes) == list(sim_frame.dtypes)
     written = json.loads((tmp_path / "real" / "summary.json").read_text())
     assert written == summary
-    assert set(sim.summary) - {"cost_model", "cost", "cost_assumptions", "warnings"} <= set(written)
+    not_real = {"cost_model", "cost", "cost_assumptions", "warnings", "replicas", "router", "prefill_gpu",
+                "decode_gpu", "kv_link_gbps"}
+    assert set(sim.summary) - not_real <= set(written)  # (options the real engine does not take)
     req = pd.read_parquet(tmp_path / "real" / "requests.parquet")
     assert (req["generated_tokens"] == req["output_tokens"]).all()
     assert (req["arrival_s"] <= req["first_scheduled_s"]).all()
@@ -280,7 +282,8 @@ def test_run_real_in_process_and_scale(tmp_path) -> None:
         (max(1, math.floor(q.prompt_tokens * 0.01 + 0.5)), max(1, math.floor(q.output_tokens * 0.01 + 0.5)))
         for q in full]
     write_real(r, tmp_path)
-    assert {p.name for p in tmp_path.iterdir()} == {"summary.json", "requests.parquet", "iterations.parquet"}
+    assert {p.name for p in tmp_path.iterdir()} == {"summary.json", "requests.parquet", "iterations.parquet",
+                                                    "replicas.parquet"}
 
 
 @pytest.mark.parametrize("options,match", [

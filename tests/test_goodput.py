@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.cluster_run import ClusterConfig, run_cluster
+from sim.cluster_run import ClusterConfig
 from sim.goodput import find_goodput, with_attainment
-from sim.run import RunConfig
+from sim.run import RunConfig, run
 from sim.slo import parse_slo
 
 CONFIG = RunConfig(policy="vllm", trace="sharegpt", qps=4.0, num_requests=100, seed=2)
@@ -15,7 +15,7 @@ CONFIG = RunConfig(policy="vllm", trace="sharegpt", qps=4.0, num_requests=100, s
 
 def test_attainment_is_the_share_of_requests_meeting_every_limit() -> None:
     slo = parse_slo(["ttft=0.5,tpot=0.03"], 0.8)
-    r = run_cluster(CONFIG, ClusterConfig(prefill_instances=1, decode_instances=1, kv_link_gbps=20.0))
+    r = run(CONFIG, ClusterConfig(prefill_instances=1, decode_instances=1, kv_link_gbps=20.0))
     s = with_attainment(r.summary, r.result.requests, slo)
     q = r.result.requests
     ttft = q.first_token_s - q.arrival_s

@@ -347,7 +347,8 @@ def test_fit_into_a_folder_holding_a_run_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert simctl("run", "--num-requests", "10", "--out", out).returncode == 0
     one_line_error(simctl("fit", SHIPPED_CPU_PROFILE, "--out", out), "holds other files")
-    assert sorted(p.name for p in out.iterdir()) == ["iterations.parquet", "requests.parquet", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["iterations.parquet", "replicas.parquet", "requests.parquet",
+                                                         "summary.json"]
 
 
 def test_validate_into_a_folder_holding_other_files_is_refused(tmp_path: Path) -> None:
@@ -518,11 +519,10 @@ def test_trace_help_keeps_its_column_names_whole(command: str) -> None:
 
 # ---- long runs ---------------------------------------------------------------------------------------------
 def test_progress_is_reported_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sim.replica
-    import sim.simulate
+    import sim.cluster
 
-    monkeypatch.setattr(sim.replica, "YIELD_EVERY", 16)  # a lone replica's waits per SimPy event...
-    monkeypatch.setattr(sim.simulate, "PROGRESS_EVERY", 4)  # ...and events between reports: several in this run
+    monkeypatch.setattr(sim.cluster, "YIELD_EVERY", 16)  # a lone replica's waits per SimPy event...
+    monkeypatch.setattr(sim.cluster, "PROGRESS_EVERY", 4)  # ...and events between reports: several in this run
     config = RunConfig(policy="vllm", trace="sharegpt", qps=2.0, num_requests=300)
     seen: list[tuple[int, int]] = []
     with_bar = run(config, progress=lambda done, total: seen.append((done, total))).summary

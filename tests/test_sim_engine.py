@@ -62,8 +62,7 @@ def test_waits_without_simpy_events_change_nothing(policy: str, monkeypatch: pyt
     very same results."""
     import simpy
 
-    import sim.replica
-    import sim.simulate
+    import sim.cluster
 
     requests = random_requests(150, 2.0, seed=3)
     lone = _run(policy, requests, True)
@@ -72,10 +71,10 @@ def test_waits_without_simpy_events_change_nothing(policy: str, monkeypatch: pyt
         while env.now < 200:  # past the run's end (150 requests at 2 QPS)
             yield env.timeout(0.01)
 
-    real_process = sim.replica.process
-    monkeypatch.setattr(sim.replica, "YIELD_EVERY", 0)
-    monkeypatch.setattr(sim.simulate, "process",
-                        lambda env, replica: (env.process(ticker(env)), real_process(env, replica))[1])
+    real_drive = sim.cluster.drive
+    monkeypatch.setattr(sim.cluster, "YIELD_EVERY", 0)
+    monkeypatch.setattr(sim.cluster, "drive",
+                        lambda env, member, cluster: (env.process(ticker(env)), real_drive(env, member, cluster))[1])
     busy = _run(policy, requests, True)
     for col in lone.requests.columns:
         assert (lone.requests[col].to_numpy() == busy.requests[col].to_numpy()).all(), col

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +42,10 @@ def key(case: dict[str, Any]) -> str:
 
 
 def column_hashes(frame: pd.DataFrame) -> dict[str, str]:
-    return {c: hashlib.sha256(frame[c].to_numpy().tobytes()).hexdigest()[:20] for c in frame.columns}
+    def data(values: np.ndarray) -> bytes:  # strings (a pool's name) by value, not by their objects' addresses
+        return "\0".join(map(str, values)).encode() if values.dtype == object else values.tobytes()
+
+    return {c: hashlib.sha256(data(frame[c].to_numpy())).hexdigest()[:20] for c in frame.columns}
 
 
 def record(case: dict[str, Any]) -> dict[str, Any]:
@@ -54,7 +58,7 @@ def record(case: dict[str, Any]) -> dict[str, Any]:
     return {
         "summary": json.loads(json.dumps(summary)),
         "requests": column_hashes(r.result.requests),
-        "iterations": column_hashes(r.result.iterations.frame()),
+        "iterations": column_hashes(r.iterations),  # as iterations.parquet holds them (pool and replica too)
     }
 
 
