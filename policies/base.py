@@ -135,6 +135,11 @@ class Policy(ABC):
         """Whether its plans may run work on two streams at once (`BatchPlan.streams`)."""
         return False
 
+    def prefilling_apart(self) -> list[Seq]:
+        """Sequences being prefilled outside the batch's rows, their KV held apart until they join it (a
+        policy with `concurrent_streams`: beside the batch on a second stream, or alone once it ran out)."""
+        return []
+
     @property
     def shares_prefixes(self) -> bool:
         """Whether a request may start from KV another request computed (prefix caching)."""

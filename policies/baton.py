@@ -249,6 +249,9 @@ class BatonPD(Baton):
     def idle(self) -> bool:
         return super().idle and self.prefilling is None
 
+    def prefilling_apart(self) -> list[Seq]:
+        return [] if self.prefilling is None else [self.prefilling]
+
     def schedule(self) -> BatchPlan | None:
         if not self.settings.overlap:
             return super().schedule()

@@ -164,9 +164,10 @@ def check_plan(policy: Policy, step: Step) -> None:
     assert plan.seqs and len(plan.seqs) == len(plan.num_new) == len({s.id for s in plan.seqs})
     assert len(policy.running) <= policy.max_batch_size
     assert 0 <= kv.used <= kv.capacity
-    # a prefill on a second stream (`concurrent_streams`: Baton-PD's overlap) is of a query with no row yet,
-    # its KV held apart from the batch's until it is embedded
-    ahead = {s.id for p in plan.streams[1:] for s in p.seqs}
+    # a prefill apart from the batch (`concurrent_streams`: Baton-PD's overlap, on a second stream or alone
+    # once the batch ran out) is of a query with no row yet, its KV held apart until it is embedded
+    ahead = {s.id for s in policy.prefilling_apart()}
+    assert {s.id for p in plan.streams[1:] for s in p.seqs} <= ahead
     assert not ahead or policy.concurrent_streams
     for r in step.rows:
         s = r.seq

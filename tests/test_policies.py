@@ -332,8 +332,7 @@ def check_sarathi(policy: SarathiServe, steps: list[Step]) -> None:
         # stall-free: every running decode (unless preempted for KV) is in every iteration
         assert [r.seq for r in decodes] == [s for s in st_.decoding_before if s not in victims]
         assert [r.seq for r in new] == st_.waiting_before[:len(new)]
-        if policy.admission_order == FCFS:  # the victim heads the queue and does not fit in what it freed
-            assert not (victims and new)
+        assert not (victims and new)  # a step that preempted admits nobody (vLLM v1's rule)
         total = sum(r.q for r in st_.rows)
         if len(decodes) <= budget:
             assert total <= budget
@@ -350,8 +349,8 @@ def check_sarathi(policy: SarathiServe, steps: list[Step]) -> None:
         for s in st_.prefilling_before:
             if s not in victims and s not in [r.seq for r in ongoing]:
                 assert used >= budget
-        # greedy admission: stopped for an empty queue, the budget, batch size or KV
-        assert not (used < budget and st_.admittable_after)
+        # greedy admission: stopped for an empty queue, the budget, batch size or KV (or a preemption)
+        assert victims or not (used < budget and st_.admittable_after)
         # at most one partially prefilled request at a time
         assert len(st_.prefilling_before) <= 1
 
@@ -433,7 +432,8 @@ def check_hybrid_only(policy: HybridBatchingOnly, steps: list[Step]) -> None:
         # the first prompt goes whole; later ones only within the budget
         total = sum(r.q for r in st_.rows)
         assert len(new) <= 1 or total <= budget
-        if st_.admittable_after:  # greedy: admission stopped only because the next prompt did not fit
+        assert not (victims and new)  # a step that preempted admits nobody (vLLM v1's rule)
+        if st_.admittable_after and not victims:  # greedy: admission stopped only at a prompt too long
             assert new and total + st_.head_after_remaining > budget
 
 
