@@ -96,6 +96,7 @@ class Pool:
     members: list[Member]
     router: Router
     gpu: str = ""
+    tp: int = 1  # GPUs per replica (its tensor-parallel group)
 
     def route(self, seq: Seq, due: float) -> None:
         self.members[self.router([m.view() for m in self.members])].push(seq, due)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,8 @@ class ClusterConfig:
     prefill_gpu: str | None = None  # None: the run's --gpu
     decode_gpu: str | None = None
     kv_link_gbps: float | None = None
+    prefill_tp: int | None = None  # None: the run's --tp
+    decode_tp: int | None = None
 
     @property
     def disaggregated(self) -> bool:
@@ -66,7 +68,8 @@ class ClusterConfig:
         check_router(self.router)
         if not self.disaggregated:
             for name, v in (("prefill-gpu", self.prefill_gpu), ("decode-gpu", self.decode_gpu),
-                            ("kv-link-gbps", self.kv_link_gbps)):
+                            ("kv-link-gbps", self.kv_link_gbps), ("prefill-tp", self.prefill_tp),
+                            ("decode-tp", self.decode_tp)):
                 if v is not None:
                     raise InputError(f"--{name} needs --prefill-instances and --decode-instances")
             return
@@ -80,7 +83,22 @@ class ClusterConfig:
         gbps = self.kv_link_gbps
         if not is_number(gbps) or not (gbps > 0 and math.isfinite(gbps)):
             raise InputError(f"--kv-link-gbps must be a finite number > 0 (gigabits per second), got {gbps!r}")
+        for name, tp in (("prefill-tp", self.prefill_tp), ("decode-tp", self.decode_tp)):
+            if tp is not None and (not is_int(tp) or tp < 1):
+                raise InputError(f"--{name} must be an integer >= 1, got {tp!r}")
         check_disaggregable(policy)
+
+    def pool_tp(self, pool: str, tp: int) -> int:
+        """The TP degree of a pool ("prefill", "decode" or "replicas") of a run whose --tp is `tp`."""
+        return {"prefill": self.prefill_tp, "decode": self.decode_tp}.get(pool) or tp
+
+    def recorded(self, tp: int) -> dict[str, Any]:
+        """The deployment as a summary records it: every field, the per-pool TP degrees resolved and only when
+        disaggregated (colocated summaries keep the keys they had before per-pool parallelism)."""
+        out = asdict(self)
+        if self.disaggregated:
+            return {**out, "prefill_tp": self.pool_tp("prefill", tp), "decode_tp": self.pool_tp("decode", tp)}
+        return {k: v for k, v in out.items() if k not in ("prefill_tp", "decode_tp")}
 
 
 def check_instances(**counts: int | None) -> None:
@@ -97,10 +115,12 @@ def check_disaggregable(policy: str) -> None:
 
 
 def make_pool(name: str, count: int, gpu: str, new_backend: Callable[[], CostBackend],
-              new_policy: Callable[[], Policy], router: str, cluster: Cluster, max_waiting: int | None) -> Pool:
-    """`count` replicas, each with a policy of its own from `new_policy` and a backend from `new_backend`."""
+              new_policy: Callable[[], Policy], router: str, cluster: Cluster, max_waiting: int | None,
+              tp: int = 1) -> Pool:
+    """`count` replicas of `tp` GPUs each, each with a policy of its own from `new_policy` and a backend from
+    `new_backend`."""
     members = [Member(i, new_policy(), new_backend(), max_waiting, cluster.on_release) for i in range(count)]
-    return Pool(name, members, make_router(router), gpu)
+    return Pool(name, members, make_router(router), gpu, tp)
 
 
 def _merged(logs: list[IterationLog]) -> IterationLog:
@@ -125,12 +145,13 @@ class MemberRecords:
     seqs: list[Seq]  # every request it served (a prefill instance's copies)
     aborted: bool
     kv_capacity: int
+    tp: int = 1  # GPUs of its tensor-parallel group
 
     @classmethod
     def of(cls, pool: Pool, m: Member) -> MemberRecords:
         r = m.replica.records
-        return cls(pool.name, m.index, pool.gpu, r.iterations, r.gaps, r.queue_lengths(), m.seqs, m.replica.aborted,
-                   m.replica.policy.kv.capacity)
+        return cls(pool.name, m.index, pool.gpu, r.iterations, r.gaps, r.queue_lengths(), m.seqs,
+                   m.replica.aborted, m.replica.policy.kv.capacity, pool.tp)
 
     def result(self) -> SimResult:
         return SimResult(requests=request_frame(self.seqs), iterations=self.iterations, gaps=self.gaps,
@@ -155,8 +176,7 @@ def simulate_disaggregated(requests: list[Request], new_policy: Callable[[], Pol
 
 
 def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: list[Seq], link: KVLink | None,
-                      aborted: bool, kv_capacity: int, wall_s: float, tp: int = 1
-                      ) -> tuple[SimResult, dict[str, Any]]:
+                      aborted: bool, kv_capacity: int, wall_s: float) -> tuple[SimResult, dict[str, Any]]:
     """The cluster's records (every request, token gap and iteration) and summary: `head` (its configuration),
     the single-run metrics over all of it, and per replica, per pool and for the link."""
     gaps = GapHistogram()
@@ -185,7 +205,7 @@ def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: 
     if len(rows) > 1 and unsustainable:  # one replica: the run's own verdict, as `sim.run`'s
         summary["sustainable"] = False
         summary["unsustainable_reason"] = "; ".join(unsustainable)
-    summary["gpus"] = len(members) * tp
+    summary["gpus"] = sum(m.tp for m in members)  # each replica's TP group
     pools = dict.fromkeys(m.pool for m in members)
     summary["pools"] = {name: _pool_summary(name, next(m.gpu for m in members if m.pool == name),
                                             [r for r in rows if r["pool"] == name]) for name in pools}

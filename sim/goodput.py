@@ -33,10 +33,13 @@ def with_attainment(summary: dict[str, Any], requests: pd.DataFrame, slo: SLO | 
     return out
 
 
-def deployment_name(cc: ClusterConfig) -> str:
+def deployment_name(cc: ClusterConfig, tp: int = 1) -> str:
+    """E.g. "2P1D", "1P1D (prefill TP2, decode TP1)" (a pool's TP not 1), "1 replica", "4 replicas TP2"."""
     if cc.disaggregated:
-        return f"{cc.prefill_instances}P{cc.decode_instances}D"
-    return "1 replica" if cc.replicas == 1 else f"{cc.replicas} replicas"
+        p, d = cc.pool_tp("prefill", tp), cc.pool_tp("decode", tp)
+        degrees = f" (prefill TP{p}, decode TP{d})" if (p, d) != (1, 1) else ""
+        return f"{cc.prefill_instances}P{cc.decode_instances}D{degrees}"
+    return ("1 replica" if cc.replicas == 1 else f"{cc.replicas} replicas") + (f" TP{tp}" if tp != 1 else "")
 
 
 @dataclass
@@ -56,7 +59,8 @@ class Goodput:
 
     def row(self) -> dict[str, Any]:
         at = self.search.at_capacity or {}
-        return {"policy": self.config.policy, "deployment": deployment_name(self.cluster), "gpus": self.gpus,
+        return {"policy": self.config.policy, "deployment": deployment_name(self.cluster, self.config.tp),
+                "gpus": self.gpus,
                 "goodput_qps": self.qps, "goodput_per_gpu": self.per_gpu,
                 "slo_attainment": at.get("slo_attainment"), "ttft_p90": at.get("ttft_p90"),
                 "tpot_p90": at.get("tpot_p90"), "probes": len(self.search.probes), "problem": self.search.problem}

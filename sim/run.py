@@ -168,6 +168,7 @@ class Deployment:
 
     model: ModelSpec
     gpu: GPUSpec
+    tp: int
     cost: CostModel
     kv_capacity: int
     cost_label: str
@@ -183,7 +184,7 @@ class Deployment:
         output = 1 if prefill_only else big.output_tokens
         need = big.prompt_tokens + output
         if need > fits:
-            where = f"{self.model.name} on {self.gpu.name} x{config.tp}"
+            where = f"{self.model.name} on {self.gpu.name} x{self.tp}"
             if fits == 0:  # a reserving policy: the per-request reservation itself exceeds the cache
                 raise InputError(
                     f"request {big.id} does not fit: {config.policy} reserves the max sequence length "
@@ -197,9 +198,23 @@ class Deployment:
         return max_seq_len
 
 
-def deploy(config: RunConfig, gpu_name: str) -> Deployment:
+def deploy(config: RunConfig, gpu_name: str, tp: int) -> Deployment:
+    """A replica of `tp` GPUs named `gpu_name` for `config`'s model and cost model."""
     model, gpu = get_model(config.model), get_gpu(gpu_name)
-    return Deployment(model, gpu, *cost_model(config.cost, model, gpu, config.tp, config.routing_skew))
+    return Deployment(model, gpu, tp, *cost_model(config.cost, model, gpu, tp, config.routing_skew))
+
+
+def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> Deployment:
+    """A pool's replica: its own GPU and TP degree where given (--prefill-gpu/-tp, --decode-gpu/-tp), else the
+    run's; a TP degree the model or cost model refuses is named by the option that gave it."""
+    gpu = {"prefill": cc.prefill_gpu, "decode": cc.decode_gpu}.get(pool) or config.gpu
+    tp = cc.pool_tp(pool, config.tp)
+    try:
+        return deploy(config, gpu, tp)
+    except InputError as e:
+        if tp == config.tp:
+            raise
+        raise InputError(f"--{pool}-tp {tp}: {e}") from None
 
 
 def trace_for(config: RunConfig) -> list[Request]:
@@ -227,8 +242,8 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
     check_timeline(timeline)
     if timeline and cc.is_cluster:
         raise InputError("--timeline records one replica; it is not available with a cluster")
-    entry = deploy(config, cc.prefill_gpu or config.gpu) if cc.disaggregated else None
-    serving = deploy(config, cc.decode_gpu or config.gpu)
+    entry = _deploy_pool(config, cc, "prefill") if cc.disaggregated else None
+    serving = _deploy_pool(config, cc, "decode" if cc.disaggregated else "replicas")
     requests = trace_for(config)
     recorder = TimelineBackend(serving.cost, config.fast, timeline) if timeline else None
     built = Cluster(simpy.Environment(), KVLink(cc.kv_link_gbps) if cc.disaggregated else None,
@@ -245,10 +260,10 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
     seqs = built.run(requests, progress)
     wall_s = time.perf_counter() - t0
     members = [MemberRecords.of(p, m) for p in _pools(built) for m in p.members]
-    head = {**config.recorded(), **asdict(cc)}
+    head = {**config.recorded(), **cc.recorded(config.tp)}
     policies = [m.policy for m in built.members]
     result, summary = summarise_cluster(head, members, seqs, built.link, built.aborted,
-                                        built.members[-1].policy.kv.capacity, wall_s, config.tp)
+                                        built.members[-1].policy.kv.capacity, wall_s)
     summary["arrivals_from_file"] = has_arrival_times(config.trace)  # replayed (qps None) or time-scaled
     summary["cost_model"] = serving.cost_label
     summary["cost_assumptions"] = serving.cost.assumptions()
@@ -264,8 +279,8 @@ def _pool(name: str, count: int, d: Deployment, max_seq_len: int, config: RunCon
     def new_policy() -> Policy:
         return make_policy(config.policy, d.kv_capacity, max_seq_len, config.options, d.gpu.name)
 
-    return make_pool(name, count, d.gpu.name, lambda: recorder or CostBackend(d.cost, config.fast), new_policy,
-                     cc.router, cluster, overload_limit(config.num_requests))
+    return make_pool(name, count, d.gpu.name, lambda: recorder or CostBackend(d.cost, config.fast),
+                     new_policy, cc.router, cluster, overload_limit(config.num_requests), d.tp)
 
 
 def _pools(cluster: Cluster) -> list[Pool]:

@@ -11,6 +11,8 @@ qps = [0.5, 1.0, 2.0]        # run mode only
 token_budget = [512, 2048]   # a policy setting: applied to the policies that take it, ignored by the others
 replicas = [1, 4]            # replicas behind a router (`router = [...]`, default round-robin); a capacity
                              # point then reports the rate per GPU too
+# disaggregated: prefill_instances, decode_instances, kv_link_gbps, and optionally prefill_gpu, decode_gpu,
+# prefill_tp, decode_tp (the `run` options of those names)
 [slo]                        # named SLOs in simctl's --slo grammar; a run point is judged against each
 strict = "p99_tbt=0.1"
 relaxed = "p99_tbt=0.5"
@@ -44,7 +46,8 @@ from sim.slo import SLO, parse_slo
 
 MODES = ("run", "capacity")
 RUN_FIELDS = ("policy", "trace", "model", "gpu", "tp", "qps")  # grid fields that are RunConfig fields
-CLUSTER_FIELDS = ("replicas", "router")  # grid fields that are ClusterConfig fields
+CLUSTER_FIELDS = ("replicas", "router", "prefill_instances", "decode_instances", "prefill_gpu", "decode_gpu",
+                  "prefill_tp", "decode_tp", "kv_link_gbps")  # grid fields that are ClusterConfig fields
 TOP_FIELDS = {"mode": str, "num_requests": int, "seeds": list, "start_qps": (int, float), "arrival": str,
               "cv": (int, float), "scale": (int, float), "cost": str, "attainment": (int, float),
               "max_sched_delay_p50": (int, float), "grid": dict, "slo": dict}
@@ -68,7 +71,7 @@ class SweepPoint:
                            if k != "fast" and (k != "routing_skew" or v)},  # (keys from before MoE kept)
                 "slos": {name: slo.to_dict() for name, slo in self.slos.items()}, "start_qps": self.start_qps}
         if self.cluster.is_cluster:  # (single-replica points keep the keys they had before clusters)
-            full["cluster"] = asdict(self.cluster)
+            full["cluster"] = self.cluster.recorded(self.config.tp)
         text = json.dumps(full, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 

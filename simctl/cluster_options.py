@@ -25,8 +25,12 @@ OPTIONS: dict[str, tuple[Any, Any, str]] = {  # name: (type, default, help)
                          "requests whose KV has crossed the link.")),
     "prefill_gpu": (str | None, None, "GPU of the prefill instances [default: --gpu]."),
     "decode_gpu": (str | None, None, "GPU of the decode instances [default: --gpu]."),
+    "prefill_tp": (int | None, None, ("Tensor-parallel degree of each prefill instance (its GPUs) [default: "
+                   "--tp].")),
+    "decode_tp": (int | None, None, "Tensor-parallel degree of each decode instance [default: --tp]."),
     "kv_link_gbps": (float | None, None, ("Bandwidth of the link prefill instances send KV over, Gbit/s "
-                     "(one transfer at a time, first come first served).")),
+                     "(one transfer at a time, first come first served; a request's whole KV crosses it "
+                     "whatever the two pools' TP degrees).")),
 }
 
 

@@ -6,6 +6,8 @@ prefill/decode splits, with KV tight enough to preempt, and checks what must alw
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import simpy
@@ -114,6 +116,27 @@ def test_decode_instances_never_prefill_and_ttft_includes_the_transfer() -> None
     assert list(link.end) == [ready[0] + took, ready[0] + took + took]  # the second waits for the first
     assert sorted(s.first_token_s for s in seqs[:2]) == list(link.end)  # TTFT ends when the KV has arrived
     assert seqs[2].first_token_s == seqs[2].completion_s < 0.6 and len(link.end) == 2  # one token: no transfer
+
+
+def test_pools_of_their_own_tp_count_their_gpus_size_their_kv_and_send_the_whole_kv() -> None:
+    """Prefill TP2 + decode TP1 (DistServe's placement): 3 GPUs; each pool's KV as the roofline sizes its TP
+    group; the link carries a request's whole KV (every layer and head) whatever the degrees."""
+    config = RunConfig(policy="vllm", trace="sharegpt", model="llama-2-13b", scale=0.1, num_requests=30,
+                       qps=2.0)
+    cc = ClusterConfig(prefill_instances=1, decode_instances=1, kv_link_gbps=100.0, prefill_tp=2, decode_tp=1)
+    r = run(config, cc)
+    model, gpu = get_model("llama-2-13b"), get_gpu("a100-80gb")
+    assert r.summary["gpus"] == 3 and (r.summary["prefill_tp"], r.summary["decode_tp"]) == (2, 1)
+    prefill, decode = (p.members[0].policy.kv.capacity for p in (r.cluster.entry, r.cluster.decode))
+    block = 16  # PagedKV's
+    assert prefill == cost_model(None, model, gpu, 2)[1] // block * block
+    assert decode == cost_model(None, model, gpu, 1)[1] // block * block
+    assert prefill > 2 * decode  # TP2 holds half the weights per GPU: more than twice the KV
+    moved = r.result.requests.query("output_tokens > 1")["prompt_tokens"].sum()
+    per_token = 2 * 40 * 40 * 128 * 2  # K and V x layers x KV heads x head dim x fp16 bytes
+    assert r.summary["kv_link"]["bytes"] == moved * model.kv_bytes_per_token() == moved * per_token
+    colocated = run(replace(config, tp=2))
+    assert colocated.summary["gpus"] == 2 and "prefill_tp" not in colocated.summary
 
 
 def test_link_transfer_takes_bytes_over_bandwidth_and_queues() -> None:

@@ -33,6 +33,11 @@ CASES = {
     "GPU that cannot hold the model": ((*PD, "--kv-link-gbps", "10", "--model", "yi-34b", "--scale", "0.2",
                                         "--decode-gpu", "l4"), "does not fit on l4"),
     "unknown decode GPU": ((*PD, "--kv-link-gbps", "10", "--decode-gpu", "tpu"), "unknown GPU 'tpu'"),
+    "pool TP without disaggregation": (("--decode-tp", "2"), "--decode-tp needs --prefill-instances"),
+    "pool TP of 0": ((*PD, "--kv-link-gbps", "10", "--prefill-tp", "0"),
+                     "--prefill-tp must be an integer >= 1"),
+    "pool TP the model refuses": ((*PD, "--kv-link-gbps", "10", "--prefill-tp", "3"),
+                                  "--prefill-tp 3: tp=3 must divide"),
     "padded policy disaggregated": ((*PD, "--kv-link-gbps", "10", "--policy", "faster-transformer"),
                                     "cannot serve disaggregated"),
 }

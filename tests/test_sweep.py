@@ -124,6 +124,7 @@ def test_capacity_points_and_their_plot(tmp_path: Path, capsys: pytest.CaptureFi
     ('[grid]\npolicy = ["vllm"]\nreplica = [2]\nqps = [1]\n', "unknown field 'replica'"),
     ('[grid]\npolicy = ["vllm"]\nreplicas = [0]\nqps = [1]\n', "--replicas must be an integer from 1"),
     ('[grid]\npolicy = ["vllm"]\nrouter = ["random"]\nqps = [1]\n', "unknown --router 'random'"),
+    ('[grid]\npolicy = ["vllm"]\nprefill_tp = [2]\nqps = [1]\n', "--prefill-tp needs --prefill-instances"),
     ("[grid]\n", "grid is empty"),
     ('[grid]\npolicy = []\nqps = [1]\n', "empty list"),
     ('[grid]\npolicy = ["vllm"]\n', "needs grid.qps"),
@@ -188,3 +189,16 @@ def test_replicas_and_routers_are_grid_fields(tmp_path: Path) -> None:
            "grid": {"policy": ["vllm"], "trace": ["sharegpt"], "replicas": [2]}}
     row = run_sweep(sweep_points(cap), tmp_path / "cap").table.iloc[0]
     assert row["gpus"] == 2 and row["capacity_qps_per_gpu"] == pytest.approx(row["capacity_qps"] / 2)
+
+
+def test_disaggregated_pools_and_their_tp_are_grid_fields(tmp_path: Path) -> None:
+    """DistServe's placement (prefill TP2, decode TP1) as a capacity point: its rate per GPU counts 3 GPUs."""
+    cap = {"mode": "capacity", "num_requests": 100, "scale": 0.1, "slo": {"loose": "p99_tbt=0.5"},
+           "grid": {"policy": ["vllm"], "trace": ["sharegpt"], "model": ["llama-2-13b"],
+                    "prefill_instances": [1], "decode_instances": [1], "kv_link_gbps": [100.0],
+                    "prefill_tp": [1, 2]}}
+    points = sweep_points(cap)
+    assert sorted(p.cluster.prefill_tp for p in points) == [1, 2] and len({p.key for p in points}) == 2
+    table = run_sweep(points, tmp_path / "cap").table.set_index("prefill_tp")
+    assert list(table.loc[[1, 2], "gpus"]) == [2, 3]
+    assert table.loc[2, "capacity_qps_per_gpu"] == pytest.approx(table.loc[2, "capacity_qps"] / 3)
