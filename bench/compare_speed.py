@@ -33,7 +33,8 @@ CHILD = ("import json, sys; from sim.run import RunConfig, run; "
 
 def time_once(tree: Path, policy: str, n: int, qps: float) -> float:
     out = subprocess.run([sys.executable, "-c", CHILD, policy, str(qps), str(n)], cwd=tree, check=True,
-                         capture_output=True, text=True, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+                         capture_output=True, text=True,
+                         env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
     return float(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -55,7 +56,8 @@ def main() -> None:
                 times: dict[str, list[float]] = {"base": [], "this": []}
                 for i in range(args.repeats):  # which tree goes first alternates: no order bias
                     for name in (("base", "this") if i % 2 == 0 else ("this", "base")):
-                        times[name].append(time_once(base if name == "base" else ROOT, policy, args.requests, qps))
+                        times[name].append(time_once(base if name == "base" else ROOT, policy, args.requests,
+                                                     qps))
                 b, t = statistics.median(times["base"]), statistics.median(times["this"])
                 rows.append((policy, b, t))
                 print(f"{policy:22s} {args.rev}: {b:.3f} s  this: {t:.3f} s  ratio {t / b:.3f}", flush=True)
@@ -63,11 +65,14 @@ def main() -> None:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
     lines = [f"# Simulator speed: this tree vs {args.rev}", "",
              (f"`python bench/compare_speed.py {args.rev} --requests {args.requests} --repeats {args.repeats}"
-              f"{''.join(f' --policy {p}' for p in args.policy)}`: sharegpt, Mistral-7B / A100-80GB roofline, "
+              f"{''.join(f' --policy {p}' for p in args.policy)}`: sharegpt, "
+              "Mistral-7B / A100-80GB roofline, "
               + ("the rates given" if args.policy else "70% of each policy's capacity")
-              + "; median simulation-loop seconds over the repeats, the two trees alternating in fresh processes."),
+              + ("; median simulation-loop seconds over the repeats, the two trees alternating in fresh "
+                 "processes.")),
              "",
-             f"| policy | {args.rev} s | this s | this / {args.rev} | req/s (this) |", "|---|---|---|---|---|"]
+             f"| policy | {args.rev} s | this s | this / {args.rev} | req/s (this) |",
+             "|---|---|---|---|---|"]
     lines += [f"| {p} | {b:.3f} | {t:.3f} | {t / b:.3f} | {args.requests / t:,.0f} |" for p, b, t in rows]
     out = ROOT / "bench" / "results" / f"speed_vs_{args.rev[:12]}{'_more' if args.policy else ''}.md"
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")

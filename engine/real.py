@@ -170,7 +170,8 @@ def _run_one(config: RealConfig, size: Sizing, requests: list[Request], model: A
 
 
 def write_real(run: RealRun, out: str | Path) -> None:
-    """summary.json, requests.parquet, iterations.parquet and replicas.parquet, as `simctl run` writes them."""
+    """summary.json, requests.parquet, iterations.parquet and replicas.parquet, as `simctl run` writes
+    them."""
     from sim.cluster_run import write_cluster_files
 
     write_cluster_files(Path(out), run.summary, run.result.requests, run.iterations, run.replicas)
@@ -225,8 +226,9 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
               prefill_instances: int | None = None, decode_instances: int | None = None) -> dict[str, Any]:
     """What `simctl real` does: validate, serve in a child process with OMP_WAIT_POLICY=PASSIVE and the
     thread count set, write `out/{summary.json, requests.parquet, iterations.parquet, replicas.parquet}` (if
-    `out`; a disaggregated run's child starts the prefill instance as its own child), and return the summary. InputError for bad options (also those only the child can check, e.g. cuda
-    missing); RuntimeError, with the end of the child's stderr, if the child crashed."""
+    `out`; a disaggregated run's child starts the prefill instance as its own child), and return the summary.
+    InputError for bad options (also those only the child can check, e.g. cuda missing); RuntimeError, with
+    the end of the child's stderr, if the child crashed."""
     from sim.cluster_run import CLUSTER_RUN_FILES
     from sim.output import check_out_dir
 

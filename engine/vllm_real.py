@@ -15,9 +15,9 @@ engine step did and when every token came is recorded by a stat logger (`engine.
 
 vLLM's settings are those of the `vllm-v1` policy, its simulated twin (VLLM_SETTINGS). The summary holds what
 the twin needs: the trace's parameters as `simctl real` records them, `policy: vllm-v1` and its settings as
-vLLM resolved them, the KV cache as `kv_capacity_tokens` (so `engine.real.twin_policy(summary)` builds it), and
-vLLM's own names and numbers (KV blocks, block size, version), with `not_recorded` saying what vLLM does not
-expose."""
+vLLM resolved them, the KV cache as `kv_capacity_tokens` (so `engine.real.twin_policy(summary)` builds it),
+and vLLM's own names and numbers (KV blocks, block size, version), with `not_recorded` saying what vLLM does
+not expose."""
 
 from __future__ import annotations
 
@@ -100,7 +100,8 @@ class VLLMServer:
         try:
             model_dir = self._stack.enter_context(vllm_model_dir(self.spec, self.deployment.dtype))
             t0 = time.perf_counter()
-            self.llm = self._start(AsyncEngineArgs(**engine_args(model_dir, self.deployment), disable_log_stats=True,
+            self.llm = self._start(AsyncEngineArgs(**engine_args(model_dir, self.deployment),
+                                                   disable_log_stats=True,
                                                    enable_logging_iteration_details=True))
             self._stack.callback(self._shutdown)
             self.engine_start_s = time.perf_counter() - t0
@@ -113,7 +114,8 @@ class VLLMServer:
         return self
 
     def _start(self, args: Any) -> Any:
-        """The started AsyncLLM; InputError, in one line, for settings vLLM refuses or an engine that failed."""
+        """The started AsyncLLM; InputError, in one line, for settings vLLM refuses or an engine that
+        failed."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
         async def start() -> Any:  # AsyncLLM starts its output handler on the running loop
@@ -184,8 +186,8 @@ class VLLMServer:
                              f"{settings['max_model_len']}; lower --scale")
         blocks = math.ceil(need / settings["block_size"])
         if blocks > settings["num_gpu_blocks"]:
-            raise InputError(f"request {longest.id} needs {blocks} KV blocks of {settings['block_size']} tokens "
-                             f"but vLLM's cache holds {settings['num_gpu_blocks']}; lower --scale")
+            raise InputError(f"request {longest.id} needs {blocks} KV blocks of {settings['block_size']} "
+                             f"tokens but vLLM's cache holds {settings['num_gpu_blocks']}; lower --scale")
 
     def serve(self, requests: list[Request], seed: int = 0) -> VLLMRun:
         """Serve `requests` (sorted by arrival; arrival_s in seconds from now) in real time; RuntimeError if a
@@ -221,13 +223,14 @@ class VLLMServer:
         from vllm.sampling_params import RequestOutputKind
 
         async def one(r: Request) -> tuple[Seq, int, int]:
-            params = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, detokenize=False, temperature=0.0,
-                                    output_kind=RequestOutputKind.FINAL_ONLY)
+            params = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, detokenize=False,
+                                    temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY)
             final = None
             async for final in self.llm.generate({"prompt_token_ids": prompts[r.id]}, params,
                                                  request_id=str(r.id)):
                 pass
-            return log.close(str(r.id), final.metrics), len(final.outputs[0].token_ids), final.num_cached_tokens
+            return (log.close(str(r.id), final.metrics), len(final.outputs[0].token_ids),
+                    final.num_cached_tokens)
 
         tasks, lag = [], 0.0
         for r in requests:
@@ -244,10 +247,11 @@ class VLLMServer:
 def _check(requests: list[Request], tokens: list[int], log: StepLog) -> None:
     wrong = [(r.id, n, r.output_tokens) for r, n in zip(requests, tokens) if n != r.output_tokens]
     if wrong:
-        raise RuntimeError("requests did not get exactly their output tokens (id, got, asked): " + str(wrong[:5]))
+        raise RuntimeError("requests did not get exactly their output tokens (id, got, asked): "
+                           + str(wrong[:5]))
     if log.skipped_tokens:
-        raise RuntimeError(f"{log.skipped_tokens} tokens came more than one per request and step: their times "
-                           "are unknown")
+        raise RuntimeError(f"{log.skipped_tokens} tokens came more than one per request and step: their "
+                           "times are unknown")
     expected = sum(r.output_tokens for r in requests)
     if log.generated != expected:
         raise RuntimeError(f"vLLM's steps sampled {log.generated} tokens, the requests asked for {expected}")
@@ -260,8 +264,8 @@ def run_summary(config: RealConfig, server: VLLMServer, run: VLLMRun, wall_s: fl
     from sim.metrics import summarize
     from traces.build import has_arrival_times
 
-    trace = {k: getattr(config, k) for k in ("trace", "model", "device", "qps", "num_requests", "scale", "seed",
-                                             "arrival", "cv")}
+    trace = {k: getattr(config, k) for k in ("trace", "model", "device", "qps", "num_requests", "scale",
+                                             "seed", "arrival", "cv")}
     return {"mode": "real", **trace, **summarize(run.result), **server.settings(), **run.fields,
             "arrivals_from_file": has_arrival_times(config.trace), "gpu": "cpu", "tp": 1,
             "device_name": cpu_name(), "max_seq_len": server.settings()["max_model_len"],
@@ -274,8 +278,8 @@ def vllm_real_main(*, trace: str = "sharegpt", model: str = "tiny", qps: float |
                    settings: dict[str, int | None] | None = None) -> dict[str, Any]:
     """What `simctl real --engine vllm` does: check the options and the trace, start vLLM, serve, write `out`
     (summary.json, requests.parquet, iterations.parquet) if given, and return the summary. `settings`: vLLM's
-    own, by vLLM's names (`engine_settings` makes them from vllm-v1's; None keeps vLLM's default). InputError in
-    one line for what cannot run."""
+    own, by vLLM's names (`engine_settings` makes them from vllm-v1's; None keeps vLLM's default). InputError
+    in one line for what cannot run."""
     from engine.real import DEFAULT_QPS
     from engine.setup import DEFAULT_NUM_REQUESTS, resolved
     from sim.output import RUN_FILES, check_out_dir, write_run

@@ -4,7 +4,8 @@ The replica loop (`serving.loop`), the same for the simulator, the real engine a
 
     policy.add(seq)                      # for every arrival, in arrival order
     plan = policy.schedule()             # None: nothing can run until something arrives
-    extra = policy.extend(plan, limit)   # optional: repeat it `extra` more times (decode-only, or `chunk_repeats`)
+    extra = policy.extend(plan, limit)   # optional: repeat it `extra` more times
+                                         # (decode-only, or `chunk_repeats`)
     ... execute; advance each seq by its new tokens (Seq.advance) ...
     policy.finish(seq)                   # for every sequence that sampled its last output token
     policy.release(seq)                  # a sequence leaves unfinished (hand-off to another instance)
@@ -109,12 +110,13 @@ class Policy(ABC):
 
     @classmethod
     def kv_manager(cls, capacity_tokens: int, max_seq_len: int) -> KVManager:
-        """The KV manager this policy assumes: paged blocks, or the max sequence length reserved per request."""
+        """The KV manager this policy assumes: paged blocks, or the max sequence length reserved per
+        request."""
         return ReservedKV(capacity_tokens, max_seq_len) if cls.reserves_kv else PagedKV(capacity_tokens)
 
     @classmethod
-    def build(cls, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any], gpu: str | None = None
-              ) -> Policy:
+    def build(cls, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any],
+              gpu: str | None = None) -> Policy:
         """The policy on a deployment: `max_seq_len` is its max model length (what a reserving policy sets
         aside per request); `options` are settings the user gave (None: the default); `gpu` the device's
         catalogue name (`sim.gpus`, None: not known), for a policy whose defaults depend on it."""
@@ -156,7 +158,8 @@ class Policy(ABC):
 
     def add(self, seq: Seq) -> None:
         """A new request; one whose prompt was prefilled elsewhere (a disaggregated prefill instance, a KV
-        embedding) arrives with its KV cached (`computed` = its prompt, first token sampled) and only decodes."""
+        embedding) arrives with its KV cached (`computed` = its prompt, first token sampled) and only
+        decodes."""
         if seq.in_prefill:
             self.waiting.add(seq)
         else:
@@ -179,7 +182,8 @@ class Policy(ABC):
         KV allows; the default suits policies whose only repeat-breaking events are KV running out and a
         queue that a preemption may have moved (`_queue_may_move`).
         """
-        return 0 if self._queue_may_move() else max(self.kv.grow_common(self._repeating(plan), limit + 1) - 1, 0)
+        return 0 if self._queue_may_move() else max(
+            self.kv.grow_common(self._repeating(plan), limit + 1) - 1, 0)
 
     def repeats_allowed(self, plan: BatchPlan, limit: int) -> int:
         """What `extend(plan, limit)` would return now, allocating nothing: the loop asks before a stretch it
@@ -189,8 +193,8 @@ class Policy(ABC):
         return max(self.kv.max_common_growth(self._repeating(plan), limit + 1) - 1, 0)
 
     def _queue_may_move(self) -> bool:
-        """Whether the next step may admit the head of a queue, so that the plan would not repeat. Only after a
-        step that preempted: otherwise the head was refused on the same state (or the policy admits nobody
+        """Whether the next step may admit the head of a queue, so that the plan would not repeat. Only after
+        a step that preempted: otherwise the head was refused on the same state (or the policy admits nobody
         now) and stays refused while decodes only grow. A preemption frees blocks the head may fit in: the
         victim's own (vllm-v1: its prefix hits can take fewer than it freed) or, in an order other than
         arrival, those of a victim queued behind the head."""
@@ -217,7 +221,8 @@ class Policy(ABC):
 
     def release(self, seq: Seq) -> None:
         """The sequence leaves this policy unfinished (handed to another instance, or its KV moved off the
-        device): its KV is freed and it is forgotten here; its progress (`computed`, `generated`) stays with it."""
+        device): its KV is freed and it is forgotten here; its progress (`computed`, `generated`) stays with
+        it."""
         if seq in self.running:
             self.running.remove(seq)
             self.kv.free(seq)

@@ -1,9 +1,10 @@
 """Baton (Cong et al., 2024, Sections 4.1-4.3): query-level continuous batching on padded batch tensors.
 
-The batch is one padded KV tensor of `width` columns per row (`PaddedBatchKV`: memory = rows x width). Each row
-remembers where its own KV starts (the paper's `index`); the columns before it are placeholders.
+The batch is one padded KV tensor of `width` columns per row (`PaddedBatchKV`: memory = rows x width). Each
+row remembers where its own KV starts (the paper's `index`); the columns before it are placeholders.
 
-- A finished query leaves its row at once (`finish`), and the next iteration gives a waiting query the free row.
+- A finished query leaves its row at once (`finish`), and the next iteration gives a waiting query the free
+  row.
 - `baton` (vector shaping, 4.1): the newcomer's prompt is prefilled inside the batch. Every row is padded to
   the newcomer's length L, so the running rows compute L tokens for their one real token (`padded_insertion`),
   and every row's KV gains L columns: the running rows' L - 1 of them are padding, and the newcomer's own KV
@@ -42,8 +43,8 @@ class Baton(Policy):
     @dataclass(frozen=True)
     class Settings(Settings):
         max_batch_size: int = option(8, "most queries in the batch (the Baton paper runs 2 to 10)")
-        kv_threshold: int = option(100, "batch-size scaling: percent of the KV capacity past which the newest "
-                                   "queries move to host memory (Baton, 4.3)", maximum=100)
+        kv_threshold: int = option(100, "batch-size scaling: percent of the KV capacity past which the "
+                                   "newest queries move to host memory (Baton, 4.3)", maximum=100)
         preempt: int = option(0, "1: preemptive scheduling (Baton, 4.3): queries are taken by priority (the "
                               "priority admission order), and one of higher priority than the lowest running "
                               "one takes that one's row when none is free (the displaced query moves to host "
@@ -92,8 +93,8 @@ class Baton(Policy):
                     self.start[i] -= drop
 
     def _embed(self, seqs: list[Seq], lengths: list[int]) -> None:
-        """Put the sequences' KV (`lengths` columns each) into the batch end-aligned, widening the batch on the
-        left for KV longer than it."""
+        """Put the sequences' KV (`lengths` columns each) into the batch end-aligned, widening the batch on
+        the left for KV longer than it."""
         width = max([self.kv.width, *lengths])
         grow = width - self.kv.width
         for i in self.start:
@@ -103,8 +104,8 @@ class Baton(Policy):
         self.kv.width = width
 
     def _rejoin(self) -> None:
-        """Queries that have their KV (moved to host, or prefilled elsewhere) come back in order while they fit,
-        embedded end-aligned."""
+        """Queries that have their KV (moved to host, or prefilled elsewhere) come back in order while they
+        fit, embedded end-aligned."""
         queue, back = self.arrived_with_kv, []
         while queue and len(self.running) < self.max_batch_size and self._fits(
                 len(self.running) + 1, max([self.kv.width, queue[0].computed, *(s.computed for s in back)])):
@@ -145,7 +146,8 @@ class Baton(Policy):
 
     def _preempting(self) -> list[Seq]:
         """Preemptive scheduling: with every row taken, the highest-priority waiting query displaces the
-        lowest-priority running one (the newest of those) if its priority is higher and it fits in its place."""
+        lowest-priority running one (the newest of those) if its priority is higher and it fits in its
+        place."""
         if not self.waiting or len(self.running) < self.max_batch_size:
             return []
         best = self.waiting.head()

@@ -34,8 +34,8 @@ class FasterTransformer(Policy):
 
     def add(self, seq: Seq) -> None:
         if not seq.in_prefill:
-            raise ValueError("FasterTransformer batches start with a padded prefill: it cannot take a request "
-                             "prefilled elsewhere")
+            raise ValueError("FasterTransformer batches start with a padded prefill: it cannot take a "
+                             "request prefilled elsewhere")
         super().add(seq)
 
     def _admit_batch(self) -> None:
@@ -49,8 +49,8 @@ class FasterTransformer(Policy):
         return [batch]
 
     def _prefill(self, batch: list[Seq]) -> BatchPlan:
-        """A group's prefill: one B x L batch, pads computed (FasterTransformer's causal kernels skip the scores
-        above the diagonal)."""
+        """A group's prefill: one B x L batch, pads computed (FasterTransformer's causal kernels skip the
+        scores above the diagonal)."""
         return padded_prefill(batch)
 
     def schedule(self) -> BatchPlan | None:

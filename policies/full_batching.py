@@ -30,7 +30,8 @@ from policies.seq import Seq
 
 class HFPadded(FasterTransformer):
     name = "hf-padded"
-    summary = "Hugging Face full batching: padded B x L prefill under a dense padding mask, decode the batch out"
+    summary = ("Hugging Face full batching: padded B x L prefill under a dense padding mask, decode the "
+               "batch out")
 
     @dataclass(frozen=True)
     class Settings(Settings):

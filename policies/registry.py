@@ -19,8 +19,8 @@ from policies.vllm_v1 import VLLMV1
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (FasterTransformer, Orca, VLLM, VLLMV1, SarathiServe, HybridBatchingOnly, ChunkedPrefillsOnly, HFPadded,
-                LengthOrdered, Prepack, PD, Baton, BatonPD)
+    for cls in (FasterTransformer, Orca, VLLM, VLLMV1, SarathiServe, HybridBatchingOnly, ChunkedPrefillsOnly,
+                HFPadded, LengthOrdered, Prepack, PD, Baton, BatonPD)
 }
 
 
@@ -46,13 +46,13 @@ def check_options(name: str, options: Mapping[str, Any]) -> None:
     takes = setting_names()
     for k, v in options.items():
         if v is not None and k not in cls.Settings.__dataclass_fields__:
-            raise InputError(f"--{k.replace('_', '-')} applies only to the policies {', '.join(takes.get(k, []))}; "
-                             f"not to {name!r}")
+            raise InputError(f"--{k.replace('_', '-')} applies only to the policies "
+                             f"{', '.join(takes.get(k, []))}; not to {name!r}")
     cls.Settings(**{k: v for k, v in options.items() if v is not None}).validate()
 
 
-def make_policy(name: str, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any] | None = None,
-                gpu: str | None = None) -> Policy:
+def make_policy(name: str, kv_capacity_tokens: int, max_seq_len: int,
+                options: Mapping[str, Any] | None = None, gpu: str | None = None) -> Policy:
     """Build a policy with its KV manager on a deployment whose max model length is `max_seq_len`, on the
     catalogue device `gpu` (None: not known; the defaults of a policy whose defaults depend on it)."""
     return policy_class(name).build(kv_capacity_tokens, max_seq_len, options or {}, gpu)

@@ -32,8 +32,8 @@ class VLLM(Policy):
         self.max_tokens = self.settings.max_tokens
 
     @classmethod
-    def build(cls, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any], gpu: str | None = None
-              ) -> Policy:
+    def build(cls, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any],
+              gpu: str | None = None) -> Policy:
         # vLLM sets max_num_batched_tokens to the max model length by default
         return super().build(kv_capacity_tokens, max_seq_len, {"max_tokens": max_seq_len, **{
             k: v for k, v in options.items() if v is not None}}, gpu)

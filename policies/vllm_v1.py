@@ -26,10 +26,11 @@ from policies.plan import BatchPlan, packed
 from policies.prefix_kv import PrefixCachingKV
 from policies.seq import Phase, Seq
 
-# vLLM's defaults for a serving engine (`vllm serve`, which `vllm bench serve` measures, and an AsyncLLM) where
-# the user sets none (vllm/engine/arg_utils.py: get_batch_defaults, UsageContext.OPENAI_API_SERVER: GPUs of
-# 70-160 GiB other than the A100 get 8192 tokens and 1024 sequences; vllm/config/cache.py: DEFAULT_BLOCK_SIZE
-# 16; vllm/platforms/cpu.py: block size 128, 2048 tokens, 128 sequences), by catalogue device:
+# vLLM's defaults for a serving engine (`vllm serve`, which `vllm bench serve` measures, and an AsyncLLM)
+# where the user sets none (vllm/engine/arg_utils.py: get_batch_defaults, UsageContext.OPENAI_API_SERVER:
+# GPUs of 70-160 GiB other than the A100 get 8192 tokens and 1024 sequences; vllm/config/cache.py:
+# DEFAULT_BLOCK_SIZE 16; vllm/platforms/cpu.py: block size 128, 2048 tokens, 128 sequences), by catalogue
+# device:
 # (max_num_batched_tokens, max_num_seqs, block_size). Other GPUs (the A100 included: vLLM excludes it from the
 # larger defaults) take the Settings' defaults: 2048, 256, 16. (vLLM's offline `LLM` class gets larger ones.)
 DEVICE_DEFAULTS = {"h100": (8192, 1024, 16), "h200": (8192, 1024, 16), "cpu": (2048, 128, 128)}
@@ -45,14 +46,14 @@ class VLLMV1(Policy):
     @dataclass(frozen=True)
     class Settings(Settings):
         # defaults: vLLM's on a GPU; `build` takes the device's (DEVICE_DEFAULTS) for those not given
-        max_batch_size: int = option(256, "most requests running at once (max_num_seqs; 1024 on --gpu h100/h200, "
-                                          "128 on cpu, as `vllm serve`)")
+        max_batch_size: int = option(256, "most requests running at once (max_num_seqs; 1024 on --gpu "
+                                          "h100/h200, 128 on cpu, as `vllm serve`)")
         max_num_batched_tokens: int = option(2048, "tokens per step, decodes and prefill chunks together "
                                                    "(8192 on --gpu h100/h200, as `vllm serve`)")
         block_size: int = option(16, "tokens per KV block (128 on --gpu cpu, as vLLM)")
         enable_prefix_caching: int = option(1, "1: automatic prefix caching, 0: off", minimum=0, maximum=1)
-        long_prefill_token_threshold: int = option(0, "most tokens one request computes in a step while others "
-                                                      "run or wait (0: no limit)", minimum=0)
+        long_prefill_token_threshold: int = option(0, "most tokens one request computes in a step while "
+                                                      "others run or wait (0: no limit)", minimum=0)
 
     def __init__(self, kv: PrefixCachingKV, **options: int) -> None:
         super().__init__(kv, **options)
@@ -161,8 +162,9 @@ class VLLMV1(Policy):
         """InputError for a request that no freeing of blocks would ever let in (it would wait forever)."""
         need = -(-seq.max_len // self.kv.block_size)
         if need > self.kv.num_blocks:
-            raise InputError(f"request {seq.id} needs {need} KV blocks of {self.kv.block_size} tokens but the cache "
-                             f"has {self.kv.num_blocks}; use a smaller --block-size or a larger KV cache")
+            raise InputError(f"request {seq.id} needs {need} KV blocks of {self.kv.block_size} tokens "
+                             f"but the cache has {self.kv.num_blocks}; use a smaller --block-size or a "
+                             "larger KV cache")
 
     def _count(self, seq: Seq, hit_tokens: int) -> None:
         if seq.preemptions:

@@ -3,22 +3,25 @@
 A shape is one iteration: a list of segments (q new tokens on c cached ones, for a prefill/chunk or a decode
 row) run either ragged (`[1, T]`, every token real) or padded (`[B, L]`, pads computed). Its features are the
 `policies.plan.BatchPlan` fields a cost model prices, computed here exactly as the plan builders compute
-them, so a model fitted on profile.csv can price any plan:
+them, so a model fitted on profile.csv can price any plan. Its columns, each with its meaning (and its
+BatchPlan field):
 
-| column | meaning (BatchPlan field) |
-|---|---|
-| kind | prefill, decode, hybrid, padded_prefill (hf-padded's dense-masked ones too), padded_decode, padded_insertion (Baton), binpacked_prefill (Prepacking) |
-| batch_size | sequences in the iteration (len(plan.seqs); padded: rows) |
-| linear_tokens | T, rows through the linear layers, padding included (plan.linear_tokens) |
-| sampled_tokens | rows reaching the LM head (plan.sampled_tokens) |
-| num_segments | prefill segments (len(plan.prefill_q)); padded prefill: one per row |
-| attn_units | sum over prefill segments of q * (c + q/2); padded rows count as segments of the padded length |
-| attn_kv_tokens | sum over prefill segments of c + q |
-| decode_rows | single-token rows, padding rows included (plan.decode_rows) |
-| decode_kv | KV tokens read by decode rows incl. the new one: sum (context + 1); padded: rows x kv_len |
-| decode_pad_kv | padding to the longest decode row: decode_rows x (longest context + 1) - decode_kv; padded: 0 |
-| q, c | a representative chunk and context (prefill: longest q and its c; decode: 1, longest context) |
-| reps, time_s, time_p10_s, time_p90_s | repetitions used, their median and 10th/90th percentile seconds (which repetitions: `profiler/worker.py`) |
+- kind: prefill, decode, hybrid, padded_prefill (hf-padded's dense-masked ones too), padded_decode,
+  padded_insertion (Baton), binpacked_prefill (Prepacking)
+- batch_size: sequences in the iteration (len(plan.seqs); padded: rows)
+- linear_tokens: T, rows through the linear layers, padding included (plan.linear_tokens)
+- sampled_tokens: rows reaching the LM head (plan.sampled_tokens)
+- num_segments: prefill segments (len(plan.prefill_q)); padded prefill: one per row
+- attn_units: sum over prefill segments of q * (c + q/2); padded rows count as segments of the padded
+  length
+- attn_kv_tokens: sum over prefill segments of c + q
+- decode_rows: single-token rows, padding rows included (plan.decode_rows)
+- decode_kv: KV tokens read by decode rows incl. the new one: sum (context + 1); padded: rows x kv_len
+- decode_pad_kv: padding to the longest decode row: decode_rows x (longest context + 1) - decode_kv;
+  padded: 0
+- q, c: a representative chunk and context (prefill: longest q and its c; decode: 1, longest context)
+- reps, time_s, time_p10_s, time_p90_s: repetitions used, their median and 10th/90th percentile seconds
+  (which repetitions: `profiler/worker.py`)
 
 Every shape builds its plan with the policies' plan builders (`Shape.plan`) and its columns come from
 `sim.cost.features.plan_features(plan)`: the features exist in one place.

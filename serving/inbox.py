@@ -1,4 +1,5 @@
-"""Where requests reach a replica: an arrival process or a router pushes them, the replica drains those due."""
+"""Where requests reach a replica: an arrival process or a router pushes them, the replica drains those
+due."""
 
 from __future__ import annotations
 

@@ -62,11 +62,12 @@ class Backend(Protocol):
         """Execute (or price) `plan`, begun at `start`; return the time its tokens exist."""
 
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray | None:
-        """Durations of `k` back-to-back repeats of a plan (`CostModel.stretch_times`; a fresh array, which the
-        loop turns into end times in place), or None: one iteration at a time."""
+        """Durations of `k` back-to-back repeats of a plan (`CostModel.stretch_times`; a fresh array, which
+        the loop turns into end times in place), or None: one iteration at a time."""
 
     def release(self, finished: list[Seq]) -> None:
-        """The sequences sampled their last token and left the policy: free what the backend holds for them."""
+        """The sequences sampled their last token and left the policy: free what the backend holds for
+        them."""
 
 
 @dataclass
@@ -84,7 +85,8 @@ class Replica:
 
     def serve(self, start: float = 0.0) -> Generator[float, None, None]:
         """The loop; yields each time until which the driver must let time pass before resuming it."""
-        policy, inbox, backend, clock, records = self.policy, self.inbox, self.backend, self.clock, self.records
+        policy, inbox, backend, clock, records = (self.policy, self.inbox, self.backend, self.clock,
+                                                  self.records)
         inf = float("inf")
         now = start
         while True:
@@ -116,10 +118,12 @@ class Replica:
                     ends = yield from self._cut(ends)
                 self.stretch = None
                 end = float(ends[-1])
-                if inbox.pushed_while_serving:  # its KV is allocated now that it ran: a router never saw it ahead
+                if inbox.pushed_while_serving:
+                    # its KV is allocated now that it ran: a router never saw it ahead
                     extra = len(ends) - 1
                     if policy.extend(plan, extra) != extra:
-                        raise RuntimeError(f"{policy.name}: extend() allowed fewer repeats than repeats_allowed()")
+                        raise RuntimeError(f"{policy.name}: extend() allowed fewer repeats than "
+                                           "repeats_allowed()")
                 if kv_used is not None:
                     kv_used = kv_used[:len(ends)]
                 finished = apply_stretch(policy, records, plan, now, ends, kv_used)
@@ -162,10 +166,10 @@ class Replica:
         return ends[:extra + 1], kv_used[:extra + 1] if kv_used is not None else None
 
     def _arrival_that_stops(self, ends: np.ndarray) -> float:
-        """When a chunk stretch must stop for an arrival. Fresh requests only wait while it runs (its policy has
-        no budget left to admit them: `chunk_repeats`) and are handed over when it ends, in order, seeing the
-        same queue as stepping would; it stops for one that arrives with its KV (which may join the decodes),
-        or for the one that makes the run give up (`max_waiting`)."""
+        """When a chunk stretch must stop for an arrival. Fresh requests only wait while it runs (its policy
+        has no budget left to admit them: `chunk_repeats`) and are handed over when it ends, in order, seeing
+        the same queue as stepping would; it stops for one that arrives with its KV (which may join the
+        decodes), or for the one that makes the run give up (`max_waiting`)."""
         room = float("inf") if self.max_waiting is None else self.max_waiting - len(self.policy.waiting)
         for n, (due, seq) in enumerate(self.inbox.due_by(float(ends[-1]))):
             if not seq.in_prefill or n >= room:

@@ -1,5 +1,6 @@
-"""CLI options generated from the policies' settings: every field of every registered policy's `Settings` becomes
-one `--option` of the commands that build policies, with its help and per-policy defaults taken from there."""
+"""CLI options generated from the policies' settings: every field of every registered policy's `Settings`
+becomes one `--option` of the commands that build policies, with its help and per-policy defaults taken from
+there."""
 
 from __future__ import annotations
 
@@ -30,18 +31,21 @@ def _help(name: str, policies: list[str]) -> str:
 
 
 def with_policy_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Give `command` one option per policy setting; it receives them together as `options` (None: not given)."""
+    """Give `command` one option per policy setting; it receives them together as `options` (None: not
+    given)."""
     names = setting_names()
     signature = inspect.signature(command)
     hints = get_type_hints(command, include_extras=True)  # the command's own options, resolved
-    params = [p.replace(annotation=hints[p.name]) for p in signature.parameters.values() if p.name != "options"]
+    params = [p.replace(annotation=hints[p.name]) for p in signature.parameters.values()
+              if p.name != "options"]
     annotations = {p.name: p.annotation for p in params}
     for name, policies in names.items():
         choices = POLICIES[policies[0]].Settings.__dataclass_fields__[name].metadata.get("choices")
         # a choice is checked with the other settings (`Settings.validate`), its metavar lists the choices
         option = typer.Option(help=_help(name, policies), metavar="|".join(choices) if choices else None)
         annotation = Annotated[(str if choices else int) | None, option]
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation))
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation=annotation))
         annotations[name] = annotation
 
     @functools.wraps(command)

@@ -45,7 +45,8 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
                                             "output_tokens": r.output_tokens, "arrival_s": 0.0}) + "\n"
                                             for r in requests), encoding="utf-8")
         runs = [real_main(policy=policy, trace=str(path), model=model, device=device, qps=None,
-                          num_requests=len(requests), seed=seed, options={**(options or {}), "max_batch_size": batch})
+                          num_requests=len(requests), seed=seed,
+                          options={**(options or {}), "max_batch_size": batch})
                 for _ in range(repeats)]
         twin, _ = simulate_twin(runs[0], load_cost(real_cost or default_cost_path(get_gpu("cpu")), model))
     real = statistics.median(r["makespan_s"] for r in runs)

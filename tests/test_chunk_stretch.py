@@ -1,7 +1,8 @@
-"""Chunk stretches: a long prompt's full-budget chunks repeated beside an unchanged decode set (Sarathi-Serve's
-mixed iterations) run as one stretch: `SarathiServe.chunk_repeats` says how many, the cost model prices the
-repeats at once, `PagedKV.used_while_growing` gives each repeat's KV record, and `apply_stretch` records one
-iteration row per repeat. Everything must be bit-identical to stepping the same iterations one at a time."""
+"""Chunk stretches: a long prompt's full-budget chunks repeated beside an unchanged decode set
+(Sarathi-Serve's mixed iterations) run as one stretch: `SarathiServe.chunk_repeats` says how many, the cost
+model prices the repeats at once, `PagedKV.used_while_growing` gives each repeat's KV record, and
+`apply_stretch` records one iteration row per repeat. Everything must be bit-identical to stepping the same
+iterations one at a time."""
 
 from __future__ import annotations
 
@@ -104,7 +105,8 @@ def test_stretch_prices_each_repeat_as_its_iteration(cost: str) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(block=st.sampled_from([1, 3, 16]), contexts=st.lists(st.integers(1, 200), max_size=8), k=st.integers(1, 40))
+@given(block=st.sampled_from([1, 3, 16]), contexts=st.lists(st.integers(1, 200), max_size=8),
+       k=st.integers(1, 40))
 def test_used_while_growing_is_what_stepping_holds(block: int, contexts: list[int], k: int) -> None:
     kv = PagedKV(1_000_000, block_size=block, watermark=0.0)
     seqs = [decoding(i, c) for i, c in enumerate(contexts)]

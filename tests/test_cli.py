@@ -2,7 +2,8 @@
 
 - Bad input: exit code 2, exactly one line on stderr starting with "simctl: error:", no traceback, nothing
   on stdout, and nothing written to --out (not even the folder; earlier runs' files untouched).
-- `run --out DIR`: summary.json, requests.parquet, iterations.parquet and replicas.parquet, mutually consistent.
+- `run --out DIR`: summary.json, requests.parquet, iterations.parquet and replicas.parquet, mutually
+  consistent.
 - `run --json`: only the summary JSON on stdout, equal to summary.json of the same run (bar wall time).
 - Trace files replay their arrivals; a seed reproduces a run; `list` names the whole catalogue.
 """
@@ -25,7 +26,8 @@ pytestmark = pytest.mark.cli
 
 SIMCTL = Path(sys.executable).parent / "simctl"
 RUN_FILES = ("summary.json", "requests.parquet", "iterations.parquet", "replicas.parquet")  # 1 or N replicas
-POLICY_NAMES = ("faster-transformer", "orca", "vllm", "sarathi", "sarathi-hybrid-only", "sarathi-chunked-only")
+POLICY_NAMES = ("faster-transformer", "orca", "vllm", "sarathi", "sarathi-hybrid-only",
+                "sarathi-chunked-only")
 SUMMARY_KEYS = (
     "policy", "trace", "model", "gpu", "tp", "qps", "seed", "num_requests", "completed",
     "ttft_p50", "ttft_p90", "ttft_p99", "tbt_p50", "tbt_p90", "tbt_p99", "tpot_p50",
@@ -108,7 +110,8 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     t["bad_jsonl"].write_text('{"prompt_tokens": 10, "output_tokens": 5}\n{"prompt_tokens": 10,\n')
     t["string_jsonl"].write_text('{"prompt_tokens": "10", "output_tokens": 5}\n')
     t["good_jsonl"].write_text("".join(
-        json.dumps({"prompt_tokens": p, "output_tokens": o, "arrival_s": float(a)}) + "\n" for p, o, a in rows))
+        json.dumps({"prompt_tokens": p, "output_tokens": o, "arrival_s": float(a)}) + "\n"
+        for p, o, a in rows))
     t["txt"].write_text("num_prefill_tokens,num_decode_tokens\n10,10\n")
     return t
 
@@ -138,7 +141,8 @@ BAD_RUNS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     ("tp-not-dividing-heads", ("--tp", "3", *SMALL), ("tp=3", "32")),
     ("token-budget-non-sarathi", ("--policy", "vllm", "--token-budget", "512", *SMALL),
      ("--token-budget", "'vllm'", "sarathi")),
-    ("token-budget-zero", ("--policy", "sarathi", "--token-budget", "0", *SMALL), ("--token-budget", "got 0")),
+    ("token-budget-zero", ("--policy", "sarathi", "--token-budget", "0", *SMALL),
+     ("--token-budget", "got 0")),
     ("max-batch-size-zero", ("--max-batch-size", "0", *SMALL), ("--max-batch-size", "got 0")),
     ("seed-negative", ("--seed", "-1", *SMALL), ("--seed", "-1")),
     ("unknown-arrival", ("--arrival", "uniform", *SMALL), ("'uniform'", "poisson", "gamma")),
@@ -236,7 +240,8 @@ def test_out_is_an_existing_file(tmp_path: Path) -> None:
     (("--loads", "half"), ("--loads", "comma-separated")),
     (("--policy", "nope"), ("unknown policy",)),
 ])
-def test_validate_bad_option_is_one_line_exit_2(tmp_path: Path, args: tuple[str, ...], words: tuple[str, ...]) -> None:
+def test_validate_bad_option_is_one_line_exit_2(tmp_path: Path, args: tuple[str, ...],
+                                                words: tuple[str, ...]) -> None:
     res = simctl("validate", *args, "--out", tmp_path / "val")
     assert_one_line_error(res, *words)
     assert not (tmp_path / "val").exists()
@@ -300,8 +305,9 @@ def test_write_run_is_all_or_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 # ---------------------------------------------------------------- good runs
 
-GOOD = ("--policy", "sarathi", "--trace", "sharegpt", "--model", "mistral-7b", "--gpu", "a100-80gb", "--tp", "1",
-        "--qps", "3", "--num-requests", "150", "--seed", "7", "--token-budget", "1024", "--max-batch-size", "64")
+GOOD = ("--policy", "sarathi", "--trace", "sharegpt", "--model", "mistral-7b", "--gpu", "a100-80gb",
+        "--tp", "1", "--qps", "3", "--num-requests", "150", "--seed", "7", "--token-budget", "1024",
+        "--max-batch-size", "64")
 
 
 @pytest.fixture(scope="module")
@@ -330,8 +336,8 @@ def test_summary_has_the_contract_keys_and_echoes_the_config(good_run: dict) -> 
     s = good_run["summary"]
     missing = [k for k in SUMMARY_KEYS if k not in s]
     assert not missing
-    assert (s["policy"], s["trace"], s["model"], s["gpu"], s["tp"], s["qps"], s["seed"], s["num_requests"]) == (
-        "sarathi", "sharegpt", "mistral-7b", "a100-80gb", 1, 3.0, 7, 150)
+    assert (s["policy"], s["trace"], s["model"], s["gpu"], s["tp"], s["qps"], s["seed"],
+            s["num_requests"]) == ("sarathi", "sharegpt", "mistral-7b", "a100-80gb", 1, 3.0, 7, 150)
     assert s["token_budget"] == 1024 and s["max_batch_size"] == 64
     assert s["completed"] == 150
     for name in ("ttft", "tbt", "e2e"):
@@ -499,8 +505,8 @@ def test_other_commands_bad_input_is_one_line_exit_2(tmp_path: Path, args: tuple
 
 
 def test_roofline_calibration_of_the_cpu_prices_the_cpu_only(tmp_path: Path) -> None:
-    """`simctl fit --roofline-gpu` on the shipped CPU profile, then `run --cost` with that calibration: on the CPU
-    it prices; on a GPU (the README's old example predicted Mistral-7B on an A100 at 77 s per token) it is
+    """`simctl fit --roofline-gpu` on the shipped CPU profile, then `run --cost` with that calibration: on the
+    CPU it prices; on a GPU (the README's old example predicted Mistral-7B on an A100 at 77 s per token) it is
     refused, and so is calibrating a CPU profile against a GPU's specs."""
     shipped = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu"
     assert_one_line_error(simctl("fit", shipped, "--out", tmp_path / "gpu", "--roofline-gpu", "a100-80gb"),
@@ -510,8 +516,8 @@ def test_roofline_calibration_of_the_cpu_prices_the_cpu_only(tmp_path: Path) -> 
     assert res.returncode == 0, res.stderr
     calib = tmp_path / "fit" / "roofline_calibration.json"
     assert json.loads(calib.read_text())["measured_on"] == "cpu"
-    cpu = ("run", "--model", "tiny", "--gpu", "cpu", "--trace", "sharegpt", "--scale", "0.05", "--num-requests",
-           "50", "--json")
+    cpu = ("run", "--model", "tiny", "--gpu", "cpu", "--trace", "sharegpt", "--scale", "0.05",
+           "--num-requests", "50", "--json")
     res = simctl(*cpu, "--cost", calib)
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)

@@ -19,7 +19,8 @@ PD = ("--prefill-instances", "1", "--decode-instances", "1")
 
 CASES = {
     "zero replicas": (("--replicas", "0"), "--replicas must be an integer from 1"),
-    "zero prefill instances": (("--prefill-instances", "0", "--decode-instances", "1", "--kv-link-gbps", "10"),
+    "zero prefill instances": (("--prefill-instances", "0", "--decode-instances", "1",
+                                "--kv-link-gbps", "10"),
                                "--prefill-instances must be an integer from 1"),
     "zero decode instances": (("--prefill-instances", "1", "--decode-instances", "0", "--kv-link-gbps", "10"),
                               "--decode-instances must be an integer from 1"),
@@ -48,7 +49,8 @@ def simctl(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+def results(
+        tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
     root = tmp_path_factory.mktemp("cluster_misuse")
     with ThreadPoolExecutor(4) as pool:
         futures = {name: (pool.submit(simctl, *BASE, *args, "--out", str(root / str(i))), root / str(i))
@@ -86,10 +88,10 @@ def test_cluster_run_writes_replicas_table(tmp_path: Path) -> None:
 
 
 GOODPUT_CASES = {
-    "goodput without an SLO": (("capacity", "--policy", "vllm", "--trace", "sharegpt", "--num-requests", "100",
-                                "--goodput"), "needs --slo"),
-    "cluster capacity without an SLO": (("capacity", "--policy", "vllm", "--trace", "sharegpt", "--num-requests",
-                                         "100", "--replicas", "2"), "needs --slo"),
+    "goodput without an SLO": (("capacity", "--policy", "vllm", "--trace", "sharegpt", "--num-requests",
+                                "100", "--goodput"), "needs --slo"),
+    "cluster capacity without an SLO": (("capacity", "--policy", "vllm", "--trace", "sharegpt",
+                                         "--num-requests", "100", "--replicas", "2"), "needs --slo"),
     "attainment without per-request limits": ((*BASE, "--slo", "p99_tbt=0.1", "--attainment", "0.9"),
                                               "--attainment applies to per-request"),
     "bad SLO key": ((*BASE, "--slo", "ttft=1,speed=2"), "unknown key 'speed'"),

@@ -19,7 +19,8 @@ def test_attainment_is_the_share_of_requests_meeting_every_limit() -> None:
     s = with_attainment(r.summary, r.result.requests, slo)
     q = r.result.requests
     ttft = q.first_token_s - q.arrival_s
-    tpot = np.where(q.output_tokens > 1, (q.completion_s - q.first_token_s) / (q.output_tokens - 1).clip(1), 0)
+    tpot = np.where(q.output_tokens > 1,
+                    (q.completion_s - q.first_token_s) / (q.output_tokens - 1).clip(1), 0)
     share = float(((ttft <= 0.5) & (tpot <= 0.03)).mean())
     assert 0 < share < 1 and s["slo_attainment"] == share
     assert s["slo_met"] == (share >= 0.8 and s["sustainable"] and s["sched_delay_p50"] <= 2)

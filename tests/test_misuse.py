@@ -48,14 +48,15 @@ def timed_csv(path: Path, n: int = 200, rate: float = 2.0, seed: int = 0) -> Pat
 
 
 def a100_calibration(path: Path) -> Path:
-    """A roofline calibration as `simctl fit --roofline-gpu a100-80gb` on an A100 profile of Mistral-7B writes."""
+    """A roofline calibration as `simctl fit --roofline-gpu a100-80gb` on an A100 profile of Mistral-7B
+    writes."""
     path.write_text(json.dumps({"format": "simctl.roofline-calibration", "version": 2, "gpu": "a100-80gb",
                                 "measured_on": "a100-80gb", "model": "mistral-7b",
                                 "params": {"mfu": 0.5, "mbu": 0.6, "attn_mfu": 0.3, "overhead_s": 0.004}}))
     return path
 
 
-# ---- sustainability holds for short runs; overload is given up on in bounded work ----------------------------
+# ---- sustainability holds for short runs; overload is given up on in bounded work ------------------------
 def test_a_short_overloaded_run_is_unsustainable() -> None:
     """652 requests per second offered, 1.4 served: it was called sustainable (its queue had no quarters)."""
     s = run(RunConfig(qps=1000, num_requests=20)).summary
@@ -70,7 +71,8 @@ def test_a_short_light_run_is_sustainable() -> None:
 
 
 def test_overload_is_given_up_on_and_says_so() -> None:
-    """A token budget of 1 on arxiv used to simulate for minutes: the give-up needed 1,000 waiting of 1,000."""
+    """A token budget of 1 on arxiv used to simulate for minutes: the give-up needed 1,000 waiting of
+    1,000."""
     s = run(RunConfig(policy="sarathi", trace="arxiv", qps=0.5, num_requests=400,
                       options={"token_budget": 1})).summary
     assert s["gave_up"] is True and s["sustainable"] is False
@@ -83,8 +85,8 @@ def test_overload_is_given_up_on_and_says_so() -> None:
     RunConfig(policy="vllm", trace="sharegpt", qps=7.375, num_requests=100),  # 7.2 offered, 2.3 served
 ], ids=["sarathi-arxiv-20", "vllm-sharegpt-100"])
 def test_a_short_run_served_at_a_third_of_the_offered_rate_is_unsustainable(config: RunConfig) -> None:
-    """Batching admits a whole batch at once, so "more than half still waiting when the last one arrived" never
-    fired, and a run served at a third of the offered rate was called sustainable."""
+    """Batching admits a whole batch at once, so "more than half still waiting when the last one arrived"
+    never fired, and a run served at a third of the offered rate was called sustainable."""
     s = run(config).summary
     assert s["throughput_rps"] < s["offered_qps"] / 2  # the premise: served at under half the offered rate
     assert s["sustainable"] is False, s["unsustainable_reason"]
@@ -101,19 +103,20 @@ def test_overload_is_given_up_on_after_a_bounded_queue_whatever_n() -> None:
 
 
 def test_capacity_with_the_shortest_probes_allowed_is_honest() -> None:
-    """`simctl capacity --policy vllm --num-requests 100` (the fewest it accepts) reported 7.375 QPS; with 1000
-    requests per probe it is 3.125, and a 1000-request run at 7.375 QPS gives up. The short search must come
-    close, or say (CapacityResult.problem) that its probes were too short."""
+    """`simctl capacity --policy vllm --num-requests 100` (the fewest it accepts) reported 7.375 QPS; with
+    1000 requests per probe it is 3.125, and a 1000-request run at 7.375 QPS gives up. The short search must
+    come close, or say (CapacityResult.problem) that its probes were too short."""
     short = find_capacity(RunConfig(policy="vllm", trace="sharegpt", num_requests=100), SLO())
     long = find_capacity(RunConfig(policy="vllm", trace="sharegpt", num_requests=1000), SLO())
     assert long.problem is None
     assert short.problem is not None or short.qps <= 1.5 * long.qps, (short.qps, long.qps)
 
 
-def test_validate_with_few_requests_is_refused_or_close(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """`simctl validate --num-requests 20` bisected a simulated capacity of 432 QPS for the tiny model (85 with
-    300 requests) and went on to real runs at 216 and 302 QPS, without a word. The real runs are stubbed out
-    here: only the simulated capacity is checked."""
+def test_validate_with_few_requests_is_refused_or_close(monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    """`simctl validate --num-requests 20` bisected a simulated capacity of 432 QPS for the tiny model (85
+    with 300 requests) and went on to real runs at 216 and 302 QPS, without a word. The real runs are stubbed
+    out here: only the simulated capacity is checked."""
     import engine.real
     from engine.validate import validate_main
 
@@ -169,7 +172,8 @@ def test_a_search_that_never_succeeds_reports_it() -> None:
                 "sched_delay_p50": 0.0}
 
     r = search_qps(never, SLO(), 1.0, max_probes=60)
-    assert r.qps == 0 and r.problem is not None and r.problem.startswith("no rate met the SLO, down to 0.0001")
+    assert (r.qps == 0 and r.problem is not None
+            and r.problem.startswith("no rate met the SLO, down to 0.0001"))
 
 
 def test_an_absurd_start_rate_still_finds_the_capacity() -> None:
@@ -194,7 +198,8 @@ def test_capacity_cli_states_a_search_without_answer(tmp_path: Path) -> None:
 
 def test_a_start_rate_too_low_for_the_clock_names_start_qps() -> None:
     """The error said "--qps 1e-07 is too low ... raise --qps", an option capacity lacks."""
-    res = simctl("capacity", "--policy", "vllm", "--workers", "1", "--num-requests", "200", "--start-qps", "1e-7")
+    res = simctl("capacity", "--policy", "vllm", "--workers", "1", "--num-requests", "200",
+                 "--start-qps", "1e-7")
     one_line_error(res, "--start-qps")
     assert "--qps" not in res.stderr.replace("--start-qps", ""), res.stderr
 
@@ -224,7 +229,8 @@ def test_capacity_with_a_calibration_of_another_gpu_warns(tmp_path: Path) -> Non
     assert "measured on a100-80gb and are applied to h100" in (tmp_path / "cap" / "capacity.json").read_text()
 
 
-def test_run_with_a_calibration_of_another_gpu_and_model_warns_on_stderr_and_in_the_summary(tmp_path: Path) -> None:
+def test_run_with_a_calibration_of_another_gpu_and_model_warns_on_stderr_and_in_the_summary(
+        tmp_path: Path) -> None:
     cal = a100_calibration(tmp_path / "roofline_calibration.json")
     res = simctl("run", "--gpu", "h100", "--model", "llama-3-8b", "--trace", "sharegpt", "--scale", "0.5",
                  "--num-requests", "10", "--cost", cal, "--out", tmp_path / "out")
@@ -256,7 +262,8 @@ def test_capacity_of_a_timed_trace_varies_its_rate(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("extra", [("--arrival", "gamma", "--cv", "4"), ("--arrival", "gamma")])
-def test_generated_arrival_options_are_refused_for_a_timed_trace(tmp_path: Path, extra: tuple[str, ...]) -> None:
+def test_generated_arrival_options_are_refused_for_a_timed_trace(tmp_path: Path,
+                                                                  extra: tuple[str, ...]) -> None:
     res = simctl("run", "--trace", timed_csv(tmp_path / "t.csv"), *extra, "--out", tmp_path / "out")
     one_line_error(res, "gives its own arrival times", "--arrival")
     assert not (tmp_path / "out").exists()
@@ -272,14 +279,16 @@ def test_a_length_profile_needs_a_rate() -> None:
                                                          ("tiny", "sharegpt", "2048")])
 def test_requests_beyond_the_models_context_are_refused(model: str, trace: str, context: str) -> None:
     with pytest.raises(InputError, match=f"but {model} has a context of {context}; lower --scale"):
-        run(RunConfig(model=model, gpu="cpu" if model == "tiny" else "a100-80gb", trace=trace, num_requests=100))
+        run(RunConfig(model=model, gpu="cpu" if model == "tiny" else "a100-80gb", trace=trace,
+                      num_requests=100))
 
 
 @pytest.mark.parametrize(("policy", "words"), [("vllm", "needs 2010 tokens of KV cache"),
                                                ("orca", "reserves the max sequence length")])
 def test_a_request_within_the_context_but_beyond_the_kv_cache_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str, words: str) -> None:
-    """The catalogue's one such pair: Llama-2-13B on the placeholder CPU's roofline, 729 KV slots at --tp 2."""
+    """The catalogue's one such pair: Llama-2-13B on the placeholder CPU's roofline, 729 KV slots at
+    --tp 2."""
     import sim.run
 
     monkeypatch.setattr(sim.run, "default_cost_path", lambda gpu: None)
@@ -347,8 +356,8 @@ def test_fit_into_a_folder_holding_a_run_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert simctl("run", "--num-requests", "10", "--out", out).returncode == 0
     one_line_error(simctl("fit", SHIPPED_CPU_PROFILE, "--out", out), "holds other files")
-    assert sorted(p.name for p in out.iterdir()) == ["iterations.parquet", "replicas.parquet", "requests.parquet",
-                                                         "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["iterations.parquet", "replicas.parquet",
+                                                     "requests.parquet", "summary.json"]
 
 
 def test_validate_into_a_folder_holding_other_files_is_refused(tmp_path: Path) -> None:
@@ -357,7 +366,8 @@ def test_validate_into_a_folder_holding_other_files_is_refused(tmp_path: Path) -
     out = tmp_path / "val"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    one_line_error(simctl("validate", "--policy", "vllm", "--num-requests", "6", "--out", out), "holds other files")
+    one_line_error(simctl("validate", "--policy", "vllm", "--num-requests", "6", "--out", out),
+                   "holds other files")
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
@@ -381,7 +391,8 @@ def test_an_interrupted_write_leaves_no_new_folder(tmp_path: Path) -> None:
 # ---- trace files -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("text", "words"), [
     ("num_prefill_tokens,num_decode_tokens\n10,5,7\n3,4\n", ("line 2", "3 fields", "2 columns")),
-    ("num_prefill_tokens,num_decode_tokens,num_decode_tokens\n10,5,7\n", ("num_decode_tokens", "more than once")),
+    ("num_prefill_tokens,num_decode_tokens,num_decode_tokens\n10,5,7\n",
+     ("num_decode_tokens", "more than once")),
 ])
 def test_malformed_csv_headers_and_rows(tmp_path: Path, text: str, words: tuple[str, ...]) -> None:
     path = tmp_path / "t.csv"
@@ -403,8 +414,8 @@ def test_stdout_on_a_full_disk_is_one_line(tmp_path: Path) -> None:
     if not Path("/dev/full").exists():
         pytest.skip("no /dev/full")
     with open("/dev/full", "w") as full:
-        res = subprocess.run([str(SIMCTL), "run", "--num-requests", "10"], stdout=full, stderr=subprocess.PIPE,
-                             text=True, timeout=120, check=False)
+        res = subprocess.run([str(SIMCTL), "run", "--num-requests", "10"], stdout=full,
+                             stderr=subprocess.PIPE, text=True, timeout=120, check=False)
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "cannot write the output (No space left on device)" in res.stderr
 
@@ -431,7 +442,8 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def _interrupt_once_children_run(args: tuple[str | Path, ...], sig: int, cwd: Path) -> tuple[int, str, list[int]]:
+def _interrupt_once_children_run(args: tuple[str | Path, ...], sig: int,
+                                 cwd: Path) -> tuple[int, str, list[int]]:
     """Start simctl, wait until it has children, send `sig`; its exit code, stderr and the children it had."""
     proc = subprocess.Popen([str(SIMCTL), *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, cwd=cwd)
@@ -450,24 +462,28 @@ def _interrupt_once_children_run(args: tuple[str | Path, ...], sig: int, cwd: Pa
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs /proc")
 @pytest.mark.parametrize(("command", "sig", "code"), [
-    (("capacity", "--policy", "vllm,sarathi", "--workers", "2", "--num-requests", "3000"), signal.SIGTERM, 143),
-    (("capacity", "--policy", "vllm,sarathi", "--workers", "2", "--num-requests", "3000"), signal.SIGINT, 130),
+    (("capacity", "--policy", "vllm,sarathi", "--workers", "2", "--num-requests", "3000"),
+     signal.SIGTERM, 143),
+    (("capacity", "--policy", "vllm,sarathi", "--workers", "2", "--num-requests", "3000"),
+     signal.SIGINT, 130),
     (("real", "--policy", "vllm", "--num-requests", "400", "--qps", "2"), signal.SIGTERM, 143),
 ])
-def test_an_interrupted_command_stops_its_children_and_writes_nothing(tmp_path: Path, command: tuple[str, ...],
-                                                                     sig: int, code: int) -> None:
+def test_an_interrupted_command_stops_its_children_and_writes_nothing(
+        tmp_path: Path, command: tuple[str, ...], sig: int, code: int) -> None:
     out = tmp_path / "out"
     rc, err, kids = _interrupt_once_children_run((*command, "--out", out), sig, tmp_path)
     assert rc == code and err.strip().splitlines()[-1] == "simctl: interrupted", (rc, err)
     time.sleep(1.0)
-    assert not [k for k in kids if _alive(k)], "children outlived simctl"  # a real run's wrote --out 20 s later
+    # a real run's wrote --out 20 s later
+    assert not [k for k in kids if _alive(k)], "children outlived simctl"
     assert not out.exists()
 
 
 def test_sigterm_while_simulating_leaves_no_temporaries(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen([str(SIMCTL), "run", "--trace", "sharegpt", "--qps", "2", "--num-requests", "200000",
-                             "--out", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([str(SIMCTL), "run", "--trace", "sharegpt", "--qps", "2", "--num-requests",
+                             "200000", "--out", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
     time.sleep(3)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
@@ -521,8 +537,10 @@ def test_trace_help_keeps_its_column_names_whole(command: str) -> None:
 def test_progress_is_reported_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     import sim.cluster
 
-    monkeypatch.setattr(sim.cluster, "YIELD_EVERY", 16)  # a lone replica's waits per SimPy event...
-    monkeypatch.setattr(sim.cluster, "PROGRESS_EVERY", 4)  # ...and events between reports: several in this run
+    # a lone replica's waits per SimPy event (YIELD_EVERY), and events between reports (PROGRESS_EVERY):
+    # several in this run
+    monkeypatch.setattr(sim.cluster, "YIELD_EVERY", 16)
+    monkeypatch.setattr(sim.cluster, "PROGRESS_EVERY", 4)
     config = RunConfig(policy="vllm", trace="sharegpt", qps=2.0, num_requests=300)
     seen: list[tuple[int, int]] = []
     with_bar = run(config, progress=lambda done, total: seen.append((done, total))).summary

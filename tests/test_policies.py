@@ -39,7 +39,8 @@ def check_faster_transformer(policy: FasterTransformer, steps: list[Step]) -> No
     lmax = decodes = 0
     for st_ in steps:
         plan = st_.plan
-        assert plan.layout is (Layout.BINPACKED if isinstance(policy, Prepack) and plan.prefill_q else Layout.PADDED)
+        assert plan.layout is (Layout.BINPACKED if isinstance(policy, Prepack) and plan.prefill_q
+                               else Layout.PADDED)
         if plan.prefill_q:  # a new batch: only when the previous one fully finished
             assert not st_.running_before
             batch = list(plan.seqs)

@@ -74,7 +74,8 @@ def test_waits_without_simpy_events_change_nothing(policy: str, monkeypatch: pyt
     real_drive = sim.cluster.drive
     monkeypatch.setattr(sim.cluster, "YIELD_EVERY", 0)
     monkeypatch.setattr(sim.cluster, "drive",
-                        lambda env, member, cluster: (env.process(ticker(env)), real_drive(env, member, cluster))[1])
+                        lambda env, member, cluster: (env.process(ticker(env)),
+                                                      real_drive(env, member, cluster))[1])
     busy = _run(policy, requests, True)
     for col in lone.requests.columns:
         assert (lone.requests[col].to_numpy() == busy.requests[col].to_numpy()).all(), col

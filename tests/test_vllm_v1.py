@@ -19,8 +19,8 @@ from traces.request import Request
 
 
 def v1(blocks: int, block: int = 4, caching: int = 0, **options: int) -> VLLMV1:
-    policy = make_policy("vllm-v1", blocks * block, 4096, {"block_size": block, "enable_prefix_caching": caching,
-                                                           **options})
+    policy = make_policy("vllm-v1", blocks * block, 4096,
+                         {"block_size": block, "enable_prefix_caching": caching, **options})
     assert isinstance(policy, VLLMV1)
     return policy
 
@@ -120,7 +120,8 @@ def test_prefix_hits_whole_blocks_never_the_last_token() -> None:
     assert shape(plan) == [(2, 4)] and plan.prefill_c == [4]
     run_plan(policy, plan)
     assert policy.stats() == {"prefix_cache_hit_tokens": 12, "prefix_cache_queried_tokens": 27,
-                              "prefix_cache_preempted_hit_tokens": 0, "prefix_cache_preempted_queried_tokens": 0}
+                              "prefix_cache_preempted_hit_tokens": 0,
+                              "prefix_cache_preempted_queried_tokens": 0}
     assert VLLMV1.summarise_stats(policy.stats())["prefix_cache_hit_rate"] == 12 / 27
     assert policy.kv.used == 0  # cached blocks are free
 
@@ -231,7 +232,8 @@ def test_summary_reports_prefix_caching_only_where_there_is_some(tmp_path: Path)
         other = run(RunConfig(policy=policy, trace=str(trace), qps=None, num_requests=8, model="tiny",
                               options=options)).summary
         assert not [k for k in other if k.startswith("prefix_cache")]
-    cpu = run(RunConfig(policy="vllm-v1", trace=str(trace), qps=None, num_requests=8, model="tiny", gpu="cpu"))
+    cpu = run(RunConfig(policy="vllm-v1", trace=str(trace), qps=None, num_requests=8, model="tiny",
+                        gpu="cpu"))
     assert (cpu.summary["block_size"], cpu.summary["max_num_batched_tokens"]) == (128, 2048)
     assert cpu.summary["prefix_cache_hit_tokens"] == 7 * 512  # 4 blocks of 128
 
@@ -264,6 +266,6 @@ def test_simctl_s_own_engine_refuses_shared_prefixes_it_cannot_share() -> None:
     config = RealConfig(policy="vllm-v1", model="tiny")
     with pytest.raises(InputError, match="vllm-v1 reuses cached prompt prefixes across requests"):
         size_run(config, requests, per_token, 1 << 30)
-    size_run(RealConfig(policy="vllm-v1", model="tiny", options={"enable_prefix_caching": 0}), requests, per_token,
-             1 << 30)
+    size_run(RealConfig(policy="vllm-v1", model="tiny", options={"enable_prefix_caching": 0}), requests,
+             per_token, 1 << 30)
     size_run(config, [Request(0, 0.0, 40, 4)], per_token, 1 << 30)  # no shared prefix: nothing to refuse

@@ -21,7 +21,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 RUNS_PATH = Path(__file__).with_name("runs.json")
 WALL_CLOCK = {"sim_wall_s"}
-POLICIES = ("faster-transformer", "orca", "vllm", "vllm-v1", "sarathi", "sarathi-hybrid-only", "sarathi-chunked-only")
+POLICIES = ("faster-transformer", "orca", "vllm", "vllm-v1", "sarathi", "sarathi-hybrid-only",
+            "sarathi-chunked-only")
 
 
 def cases() -> list[dict[str, Any]]:
@@ -32,8 +33,8 @@ def cases() -> list[dict[str, Any]]:
         for seed in (0, 1, 2):
             out.append({"policy": policy, "trace": "sharegpt", "qps": 2.0, "num_requests": 600, "seed": seed})
             out.append({"policy": policy, "trace": "arxiv", "qps": 0.5, "num_requests": 300, "seed": seed})
-        out.append({"policy": policy, "trace": "sharegpt", "qps": 40.0, "num_requests": 300, "seed": 0, "model": "tiny",
-                        "gpu": "cpu", "scale": 0.05})
+        out.append({"policy": policy, "trace": "sharegpt", "qps": 40.0, "num_requests": 300, "seed": 0,
+                    "model": "tiny", "gpu": "cpu", "scale": 0.05})
     return out
 
 
@@ -42,7 +43,8 @@ def key(case: dict[str, Any]) -> str:
 
 
 def column_hashes(frame: pd.DataFrame) -> dict[str, str]:
-    def data(values: np.ndarray) -> bytes:  # strings (a pool's name) by value, not by their objects' addresses
+    # strings (a pool's name) by value, not by their objects' addresses
+    def data(values: np.ndarray) -> bytes:
         return "\0".join(map(str, values)).encode() if values.dtype == object else values.tobytes()
 
     return {c: hashlib.sha256(data(frame[c].to_numpy())).hexdigest()[:20] for c in frame.columns}
