@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_cases import Row, Step, add, big_paged, cases, drive, make_seqs, run_plan, shape
 
-from policies.admission import FCFS
 from policies.base import Policy
 from policies.binpack import first_fit_decreasing
 from policies.faster_transformer import FasterTransformer
