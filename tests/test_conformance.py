@@ -209,10 +209,10 @@ def _check_run(sc: Scenario, ob: Observed) -> None:
     assert start[0] >= arrival.min()
     assert (start[1:] >= end[:-1] - 1e-9 * np.maximum(1.0, end[:-1])).all()
 
-    # the batch size limit
+    # the batch size limit (a policy with concurrent streams also prefills one query apart, beside the batch)
     batch = its["batch_size"].to_numpy()
     assert (batch >= 1).all()
-    assert (batch <= policy.max_batch_size).all()
+    assert (batch <= policy.max_batch_size + policy.concurrent_streams).all()
 
     # token accounting: prompts + all outputs but the last + caches dropped by preemption - prefix-cache hits
     processed = int((its["count"] * its["decode_tokens"]).sum() + its["prefill_tokens"].sum())
