@@ -442,8 +442,8 @@ def list_catalogue() -> None:
         ("gpus", [(n, g.description) for n, g in GPUS.items()]),
         ("cost models", [
             ("roofline", (f"published specs x efficiencies (mfu {DEFAULT_MFU}, mbu {DEFAULT_MBU}, "
-                         f"attention mfu {DEFAULT_ATTN_MFU}), tile per GPU; step overheads by execution "
-                         "mode:")),
+                         f"attention mfu {DEFAULT_ATTN_MFU}), tile per GPU; "
+                         "step overheads by execution mode:")),
             *((f"  {mode}", StepOverheads.defaults(mode, 32).describe() + " for 32 layers")
               for mode in EXECUTION_MODES),
             ("fitted", ("--cost cost_model.json of `simctl fit`: a simctl profile's steps, or operator "
