@@ -34,7 +34,8 @@ def worker(n: int, qps: float, scale: float) -> None:
     print(json.dumps({"wall_s": wall, "requests_per_s": n / wall, "completed": r.summary["completed"],
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "iterations": r.summary["iterations"], "iteration_rows": len(r.iterations),
-                      "sustainable": r.summary["sustainable"], "tokens": int(r.result.requests.output_tokens.sum())}))
+                      "sustainable": r.summary["sustainable"],
+                      "tokens": int(r.result.requests.output_tokens.sum())}))
 
 
 def measure(n: int, qps: float, scale: float = 1.0) -> dict:
@@ -55,10 +56,12 @@ def main() -> None:
     rows.append({"requests": SIZES[-1], "scale": 2.0, **measure(SIZES[-1], qps / 2, 2.0)})
     for r in rows:
         print(f"{r['requests']:>7} requests (lengths x{r['scale']:g}): {r['wall_s']:.2f} s, "
-              f"{r['requests_per_s']:,.0f} req/s, peak RSS {r['peak_rss_mb']:.0f} MB, {r['tokens']:,} output tokens, "
+              f"{r['requests_per_s']:,.0f} req/s, peak RSS {r['peak_rss_mb']:.0f} MB, "
+              f"{r['tokens']:,} output tokens, "
               f"sustainable {r['sustainable']}")
     out = ROOT / "bench" / "results" / "cluster_speed.json"
-    out.write_text(json.dumps({"when": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.node(),
+    out.write_text(json.dumps({"when": datetime.now(UTC).isoformat(timespec="seconds"),
+                               "machine": platform.node(),
                                "policy": POLICY, "replicas": REPLICAS, "router": "least-outstanding",
                                "one_replica_capacity_qps": one, "qps": qps, "runs": rows}, indent=2) + "\n")
 

@@ -44,7 +44,8 @@ class SarathiServe(Policy):
             return s.prefill_remaining if first or used + s.prefill_remaining <= self.token_budget else 0
         return min(s.prefill_remaining, self.token_budget - used)
 
-    def _prefill_chunks(self, used: int, ongoing: bool = True, admit: bool = True) -> tuple[list[Seq], list[int]]:
+    def _prefill_chunks(self, used: int, ongoing: bool = True,
+                        admit: bool = True) -> tuple[list[Seq], list[int]]:
         """The prefill segments of the iteration; `ongoing`: some running sequence may be mid-prefill (False
         when every running sequence is a decode, which saves the scan); `admit`: new requests may join (not in
         a step that preempted, as vLLM v1 schedules: under an order other than arrival a victim could
@@ -58,7 +59,8 @@ class SarathiServe(Policy):
                     seqs.append(s)
                     chunks.append(c)
                     used += c
-        while (admit and self.waiting and (used < self.token_budget or not seqs and not self.chunked)  # lines 13-20
+        while (admit and self.waiting  # lines 13-20
+               and (used < self.token_budget or not seqs and not self.chunked)
                and len(self.running) < self.max_batch_size and self.kv.can_admit(self.waiting.head())):
             s = self.waiting.head()
             c = self._chunk(s, used, not seqs)
@@ -90,7 +92,8 @@ class SarathiServe(Policy):
             decodes = self._grow_decodes()
             return hybrid(decodes, [], []) if decodes else None
         decodes = self._grow_decodes()  # lines 6-8
-        seqs, chunks = self._prefill_chunks(len(decodes), len(decodes) < len(self.running), not self.preempted)
+        seqs, chunks = self._prefill_chunks(len(decodes), len(decodes) < len(self.running),
+                                            not self.preempted)
         if not decodes and not seqs:
             return None
         return hybrid(decodes, seqs, chunks)

@@ -1,5 +1,5 @@
-"""Every simulation is a cluster in simulated time: pools of replicas behind routers, and disaggregated prefill
-and decode; one replica is a cluster of one, driven by the same process (`drive`).
+"""Every simulation is a cluster in simulated time: pools of replicas behind routers, and disaggregated
+prefill and decode; one replica is a cluster of one, driven by the same process (`drive`).
 
 Every replica runs the one replica loop (`serving.loop.Replica`) with its own policy, KV manager and a
 `RoutedInbox`, as a SimPy process of one shared environment. Requests reach a pool at the instant they are
@@ -42,7 +42,8 @@ from sim.replica import CostBackend, SimulatedTime
 from traces.request import Request
 
 Progress = Callable[[int, int], None]  # (requests arrived, requests in all)
-PROGRESS_EVERY = 8  # SimPy events between two progress reports (a lone replica yields every YIELD_EVERY waits)
+# SimPy events between two progress reports (a lone replica yields every YIELD_EVERY waits)
+PROGRESS_EVERY = 8
 YIELD_EVERY = 1024  # at most this many waits run without handing control back to SimPy (progress reports)
 
 
@@ -76,8 +77,8 @@ class Member:
 
     def view(self) -> ReplicaView:  # every replica's, at every arrival: kept to plain reads
         p, inbox = self.policy, self.inbox
-        return ReplicaView(len(p.waiting) + len(p.arrived_with_kv) + inbox.pending, inbox.pushed - self.released,
-                           p.kv.used)
+        return ReplicaView(len(p.waiting) + len(p.arrived_with_kv) + inbox.pending,
+                           inbox.pushed - self.released, p.kv.used)
 
     def push(self, seq: Seq, due: float) -> None:
         self.inbox.push_due(seq, due)
@@ -143,9 +144,11 @@ def at(env: simpy.Environment, when: float, callback: Callable[[simpy.Event], No
 
 
 class Cluster:
-    """Pools and the link between them; `run(requests)` serves every request and returns its filled-in `Seq`."""
+    """Pools and the link between them; `run(requests)` serves every request and returns its filled-in
+    `Seq`."""
 
-    def __init__(self, env: simpy.Environment, link: KVLink | None = None, kv_bytes_per_token: int = 0) -> None:
+    def __init__(self, env: simpy.Environment, link: KVLink | None = None,
+                 kv_bytes_per_token: int = 0) -> None:
         self.env, self.link, self.kv_bytes_per_token = env, link, kv_bytes_per_token
         self.entry: Pool  # where requests arrive (the colocated replicas, or the prefill instances)
         self.decode: Pool | None = None
@@ -157,8 +160,8 @@ class Cluster:
         return self.entry.members + (self.decode.members if self.decode else [])
 
     def run(self, requests: list[Request], progress: Progress | None = None) -> list[Seq]:
-        """Serve `requests` (in arrival order); `progress(arrived, total)` every few thousand events, if given.
-        Returns each request's `Seq`, filled in."""
+        """Serve `requests` (in arrival order); `progress(arrived, total)` every few thousand events, if
+        given. Returns each request's `Seq`, filled in."""
         env = self.env
         seqs = [Seq.of(r) for r in requests]
         entering = seqs if self.decode is None else [self._prefill_copy(s) for s in seqs]
@@ -187,7 +190,8 @@ class Cluster:
         return sum(len(m.replica.records.queue_at_arrival) for m in self.entry.members)
 
     def _prefill_copy(self, seq: Seq) -> Seq:
-        """What a prefill instance serves of `seq`: its prefill copy, or itself when one token is all it asks."""
+        """What a prefill instance serves of `seq`: its prefill copy, or itself when one token is all it
+        asks."""
         if not needs_decode_instance(seq):
             return seq
         self.originals[seq.id] = seq

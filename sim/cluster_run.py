@@ -79,10 +79,12 @@ class ClusterConfig:
             raise InputError("--replicas is for colocated serving; with --prefill-instances and "
                              "--decode-instances the instances are the replicas")
         if self.kv_link_gbps is None:
-            raise InputError("disaggregated serving needs --kv-link-gbps (the bandwidth of the link KV moves on)")
+            raise InputError("disaggregated serving needs --kv-link-gbps "
+                             "(the bandwidth of the link KV moves on)")
         gbps = self.kv_link_gbps
         if not is_number(gbps) or not (gbps > 0 and math.isfinite(gbps)):
-            raise InputError(f"--kv-link-gbps must be a finite number > 0 (gigabits per second), got {gbps!r}")
+            raise InputError(f"--kv-link-gbps must be a finite number > 0 (gigabits per second), "
+                             f"got {gbps!r}")
         for name, tp in (("prefill-tp", self.prefill_tp), ("decode-tp", self.decode_tp)):
             if tp is not None and (not is_int(tp) or tp < 1):
                 raise InputError(f"--{name} must be an integer >= 1, got {tp!r}")
@@ -105,7 +107,8 @@ def check_instances(**counts: int | None) -> None:
     """Instance counts (replicas=..., prefill_instances=...) given are integers from 1 to MAX_INSTANCES."""
     for name, v in counts.items():
         if v is not None and (not is_int(v) or not 1 <= v <= MAX_INSTANCES):
-            raise InputError(f"--{name.replace('_', '-')} must be an integer from 1 to {MAX_INSTANCES}, got {v!r}")
+            raise InputError(f"--{name.replace('_', '-')} must be an integer from 1 to {MAX_INSTANCES}, "
+                             f"got {v!r}")
 
 
 def check_disaggregable(policy: str) -> None:
@@ -167,16 +170,19 @@ def simulate_disaggregated(requests: list[Request], new_policy: Callable[[], Pol
     t0 = time.perf_counter()
     cluster = Cluster(simpy.Environment(), KVLink(link_gbps), kv_bytes_per_token)
     limit = overload_limit(len(requests))
-    cluster.entry = make_pool("prefill", 1, "", lambda: CostBackend(cost), new_policy, "round-robin", cluster, limit)
-    cluster.decode = make_pool("decode", 1, "", lambda: CostBackend(cost), new_policy, "round-robin", cluster, limit)
+    cluster.entry = make_pool("prefill", 1, "", lambda: CostBackend(cost), new_policy, "round-robin", cluster,
+                              limit)
+    cluster.decode = make_pool("decode", 1, "", lambda: CostBackend(cost), new_policy, "round-robin", cluster,
+                               limit)
     seqs = cluster.run(requests)
     members = [MemberRecords.of(p, m) for p in (cluster.entry, cluster.decode) for m in p.members]
     return summarise_cluster(head, members, seqs, cluster.link, cluster.aborted,
                              cluster.decode.members[0].policy.kv.capacity, time.perf_counter() - t0)
 
 
-def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: list[Seq], link: KVLink | None,
-                      aborted: bool, kv_capacity: int, wall_s: float) -> tuple[SimResult, dict[str, Any]]:
+def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: list[Seq],
+                      link: KVLink | None, aborted: bool, kv_capacity: int,
+                      wall_s: float) -> tuple[SimResult, dict[str, Any]]:
     """The cluster's records (every request, token gap and iteration) and summary: `head` (its configuration),
     the single-run metrics over all of it, and per replica, per pool and for the link."""
     gaps = GapHistogram()
@@ -196,12 +202,15 @@ def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: 
         busy = float(np.frombuffer(m.iterations.duration, dtype=np.float64).sum())
         q = m.queue
         rows.append({"pool": m.pool, "replica": m.index, "gpu": m.gpu, "requests": s["num_requests"],
-                     "completed": s["completed"], "busy_s": busy, "utilisation": busy / span if span > 0 else 0.0,
-                     "queue_mean": float(q.mean()) if len(q) else 0.0, "queue_max": int(q.max()) if len(q) else 0,
+                     "completed": s["completed"], "busy_s": busy,
+                     "utilisation": busy / span if span > 0 else 0.0,
+                     "queue_mean": float(q.mean()) if len(q) else 0.0,
+                     "queue_max": int(q.max()) if len(q) else 0,
                      "kv_peak_tokens": s["kv_peak_tokens"], "kv_capacity_tokens": s["kv_capacity_tokens"],
                      "iterations": s["iterations"], "preemptions": s["preemptions"],
                      "sustainable": s["sustainable"], "unsustainable_reason": s["unsustainable_reason"]})
-    unsustainable = [f"{r['pool']} {r['replica']}: {r['unsustainable_reason']}" for r in rows if not r["sustainable"]]
+    unsustainable = [f"{r['pool']} {r['replica']}: {r['unsustainable_reason']}"
+                     for r in rows if not r["sustainable"]]
     if len(rows) > 1 and unsustainable:  # one replica: the run's own verdict, as `sim.run`'s
         summary["sustainable"] = False
         summary["unsustainable_reason"] = "; ".join(unsustainable)
@@ -243,7 +252,8 @@ def _pool_summary(name: str, gpu: str, rows: list[dict[str, Any]]) -> dict[str, 
     util = [r["utilisation"] for r in rows]
     return {"instances": len(rows), "gpu": gpu, "requests": sum(r["requests"] for r in rows),
             "utilisation_mean": float(np.mean(util)), "utilisation_max": float(np.max(util)),
-            "queue_max": max(r["queue_max"] for r in rows), "kv_peak_tokens": max(r["kv_peak_tokens"] for r in rows)}
+            "queue_max": max(r["queue_max"] for r in rows),
+            "kv_peak_tokens": max(r["kv_peak_tokens"] for r in rows)}
 
 
 def _link_summary(link: KVLink, span: float) -> dict[str, Any]:
@@ -279,7 +289,8 @@ def write_cluster_files(out: Path, summary: dict[str, Any], requests: pd.DataFra
     """A run's files into `out` (a simulated or a real one), all or none (summary.json renamed last), with
     timeline.parquet when given; an earlier run's timeline.parquet goes when this run recorded none."""
     summary_text = json_text(summary)
-    timeline_writer = {} if timeline is None else {TIMELINE_FILE: lambda p: timeline.to_parquet(p, index=False)}
+    timeline_writer = ({} if timeline is None
+                       else {TIMELINE_FILE: lambda p: timeline.to_parquet(p, index=False)})
     write_files(Path(out), {
         "requests.parquet": lambda p: requests.to_parquet(p, index=False),
         "iterations.parquet": lambda p: iterations.to_parquet(p, index=False),

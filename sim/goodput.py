@@ -63,7 +63,8 @@ class Goodput:
                 "gpus": self.gpus,
                 "goodput_qps": self.qps, "goodput_per_gpu": self.per_gpu,
                 "slo_attainment": at.get("slo_attainment"), "ttft_p90": at.get("ttft_p90"),
-                "tpot_p90": at.get("tpot_p90"), "probes": len(self.search.probes), "problem": self.search.problem}
+                "tpot_p90": at.get("tpot_p90"), "probes": len(self.search.probes),
+                "problem": self.search.problem}
 
 
 def find_goodput(config: RunConfig, cc: ClusterConfig, slo: SLO, start_qps: float = 1.0,

@@ -57,15 +57,18 @@ class RunConfig:
     model: str = "mistral-7b"
     gpu: str = "a100-80gb"
     tp: int = 1
-    qps: float | None = 0.5  # None: a trace file's own arrival times (with a rate, they are time-scaled to it)
+    # None: a trace file's own arrival times (with a rate, they are time-scaled to it)
+    qps: float | None = 0.5
     num_requests: int = 1000
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)  # the policy's settings given (its Settings fields)
     arrival: str = "poisson"
     cv: float = 1.0  # burstiness of gamma arrivals
-    scale: float = 1.0  # prompt and output lengths multiplied by this (rounded, >= 1), as `simctl real --scale`
+    # prompt and output lengths multiplied by this (rounded, >= 1), as `simctl real --scale`
+    scale: float = 1.0
     fast: bool = True  # advance decode-only stretches in one step (identical results)
-    cost: str | None = None  # a fitted cost_model.json; None: the roofline (or, for --gpu cpu, the shipped fit)
+    # a fitted cost_model.json; None: the roofline (or, for --gpu cpu, the shipped fit)
+    cost: str | None = None
     routing_skew: float = 0.0  # an MoE's imbalanced routing for the roofline (sim.moe); 0: uniform
 
     def __post_init__(self) -> None:
@@ -86,7 +89,8 @@ class RunConfig:
             raise InputError(f"--tp must be an integer >= 1, got {self.tp!r}")
         if self.qps is None and is_profile(self.trace):
             raise InputError(f"--qps is needed: length profile {self.trace!r} gives no arrival times")
-        if self.qps is not None and (not is_number(self.qps) or not (self.qps > 0 and math.isfinite(self.qps))):
+        if self.qps is not None and (not is_number(self.qps)
+                                     or not (self.qps > 0 and math.isfinite(self.qps))):
             raise InputError(f"--qps must be a finite number > 0 (requests per second), got {self.qps!r}")
         if not is_int(self.num_requests) or not 1 <= self.num_requests <= MAX_REQUESTS:
             raise InputError(f"--num-requests must be an integer from 1 to {MAX_REQUESTS}, "
@@ -178,7 +182,8 @@ class Deployment:
         """The max model length (the trace's cap, within the model's context), once every request is checked
         to fit (only its prompt and first token on a prefill-only instance); InputError naming one that does
         not."""
-        max_seq_len = min(trace_max_total_tokens(config.trace, requests, config.scale), self.model.max_position)
+        max_seq_len = min(trace_max_total_tokens(config.trace, requests, config.scale),
+                          self.model.max_position)
         fits = max_admissible_tokens(config.policy, self.kv_capacity, max_seq_len)
         big = max(requests, key=lambda r: r.prompt_tokens + (1 if prefill_only else r.output_tokens))
         output = 1 if prefill_only else big.output_tokens
@@ -189,12 +194,13 @@ class Deployment:
                 raise InputError(
                     f"request {big.id} does not fit: {config.policy} reserves the max sequence length "
                     f"({max_seq_len} tokens) of KV cache for every request, but {where} has only "
-                    f"{self.kv_capacity} KV slots; use a paged policy (vllm, sarathi), a larger GPU, a higher "
-                    "--tp or shorter requests")
+                    f"{self.kv_capacity} KV slots; use a paged policy (vllm, sarathi), a larger GPU, "
+                    "a higher --tp or shorter requests")
             raise InputError(
-                f"request {big.id} does not fit: it needs {need} tokens of KV cache ({big.prompt_tokens} prompt "
-                f"+ {output} output) but {config.policy} can hold at most {fits} for one request on {where} "
-                f"({self.kv_capacity} KV slots); use a larger GPU, a higher --tp or shorter requests")
+                f"request {big.id} does not fit: it needs {need} tokens of KV cache "
+                f"({big.prompt_tokens} prompt + {output} output) but {config.policy} can hold at most {fits} "
+                f"for one request on {where} ({self.kv_capacity} KV slots); use a larger GPU, a higher --tp "
+                "or shorter requests")
         return max_seq_len
 
 
@@ -249,13 +255,13 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
     built = Cluster(simpy.Environment(), KVLink(cc.kv_link_gbps) if cc.disaggregated else None,
                     serving.model.kv_bytes_per_token())
     if entry is not None:
-        built.entry = _pool("prefill", cc.prefill_instances, entry, entry.check_fits(config, requests, prefill_only=True),
-                            config, cc, built)
+        built.entry = _pool("prefill", cc.prefill_instances, entry,
+                            entry.check_fits(config, requests, prefill_only=True), config, cc, built)
         built.decode = _pool("decode", cc.decode_instances, serving, serving.check_fits(config, requests),
                              config, cc, built)
     else:
-        built.entry = _pool("replicas", cc.replicas, serving, serving.check_fits(config, requests), config, cc,
-                            built, recorder)
+        built.entry = _pool("replicas", cc.replicas, serving, serving.check_fits(config, requests), config,
+                            cc, built, recorder)
     t0 = time.perf_counter()
     seqs = built.run(requests, progress)
     wall_s = time.perf_counter() - t0
@@ -267,7 +273,8 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
     summary["arrivals_from_file"] = has_arrival_times(config.trace)  # replayed (qps None) or time-scaled
     summary["cost_model"] = serving.cost_label
     summary["cost_assumptions"] = serving.cost.assumptions()
-    summary["warnings"] = list(dict.fromkeys(w for d in (entry, serving) if d is not None for w in d.warnings))
+    summary["warnings"] = list(dict.fromkeys(w for d in (entry, serving) if d is not None
+                                             for w in d.warnings))
     summary.update(policies[0].settings.as_dict())  # every setting of the policy, given or default
     summary.update(run_stats(policies))  # what the policies counted (vllm-v1: prefix-cache hits), if anything
     return Run(config, result, summary, iterations_frame(members), pd.DataFrame(summary["replica_metrics"]),

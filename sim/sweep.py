@@ -54,7 +54,8 @@ def compute_point(point: SweepPoint) -> dict[str, Any]:
     else:
         found = find_capacity(point.config, slo, point.start_qps)
     at = found.at_capacity or {}
-    row = {**labels, "mode": "capacity", "slo": name, "slo_text": slo.describe(), "capacity_qps": found.qps, **per_gpu,
+    row = {**labels, "mode": "capacity", "slo": name, "slo_text": slo.describe(), "capacity_qps": found.qps,
+           **per_gpu,
            "problem": found.problem, "probes": len(found.probes), **{k: at.get(k) for k in AT_CAPACITY}}
     probes = [{**{k: v for k, v in p.items() if k not in ("warnings", "options")}, **labels, "slo": name,
                **({"attainment": slo.attainment} if slo.per_request else {})}
@@ -188,5 +189,7 @@ def _run(points: list[SweepPoint], out: Path, folder: Path, workers: int, ray_ad
     table = pd.DataFrame([row for r in ordered for row in r["rows"]])
     probes = pd.DataFrame([p for r in ordered for p in r["probes"]])
     write_files(Path(out), {"sweep.parquet": lambda p: table.to_parquet(p, index=False),
-                            "probes.parquet": lambda p: probes.to_parquet(p, index=False)}, "the sweep's table")
-    return SweepResult(table, probes, reused, list(dict.fromkeys(w for r in ordered for w in r["warnings"])))
+                            "probes.parquet": lambda p: probes.to_parquet(p, index=False)},
+                "the sweep's table")
+    return SweepResult(table, probes, reused,
+                       list(dict.fromkeys(w for r in ordered for w in r["warnings"])))

@@ -68,9 +68,9 @@ def run(
     gpu: Gpu = "a100-80gb",
     tp: Tp = 1,
     routing_skew: RoutingSkew = 0.0,
-    qps: Annotated[float | None, typer.Option(help=f"Mean arrival rate, requests per second [default: {DEFAULT_QPS}; "
-                                              "a trace file's own arrival times are replayed, or time-scaled to "
-                                              "the rate given].")] = None,
+    qps: Annotated[float | None, typer.Option(help="Mean arrival rate, requests per second [default: "
+                                              f"{DEFAULT_QPS}; a trace file's own arrival times are "
+                                              "replayed, or time-scaled to the rate given].")] = None,
     num_requests: Annotated[int | None, typer.Option(help="Requests to simulate [default: 1000 for a length "
                                                       "profile, every row of a trace file].")] = None,
     seed: Seed = 0,
@@ -79,17 +79,18 @@ def run(
     cv: Cv = 1.0,
     scale: Scale = 1.0,
     cost: Cost = None,
-    out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet, iterations.parquet "
-                                                "and replicas.parquet (one row per replica).")] = None,
+    out: Annotated[Path | None, typer.Option(help=(
+        "Folder for summary.json, requests.parquet, iterations.parquet and "
+        "replicas.parquet (one row per replica)."))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
     timeline: Annotated[int, typer.Option(help="Also record which requests the first N iterations ran "
                                           "(timeline.parquet in --out, for `simctl plot timeline`).")] = 0,
     trace_events: Annotated[Path | None, typer.Option(help="Write the iterations as a Chrome/Perfetto trace "
                                                       "(JSON trace events) to this file.")] = None,
     goodput: Annotated[list[str] | None, typer.Option(metavar="KEY:MS[,KEY:MS]", help=(
-        "vLLM bench's --goodput: per-request limits in ms on ttft, tpot and e2el (e.g. ttft:500,tpot:50, or the "
-        "option repeated); adds vllm_bench.request_goodput to the summary, the requests meeting all of them "
-        "per second, as vLLM computes it."))] = None,
+        "vLLM bench's --goodput: per-request limits in ms on ttft, tpot and e2el (e.g. ttft:500,tpot:50, or "
+        "the option repeated); adds vllm_bench.request_goodput to the summary, the requests meeting all of "
+        "them per second, as vLLM computes it."))] = None,
     cluster: Any = None,  # --replicas, --router, --prefill-instances, ... (simctl.cluster_options)
     slo: Any = None,  # --slo, --attainment: the SLO (simctl.cluster_options)
 ) -> None:
@@ -123,23 +124,23 @@ def run(
 @with_policy_options
 def real(
     ctx: typer.Context,
-    engine: Annotated[str, typer.Option(help="What serves the trace: simctl (its own engine, scheduled by --policy "
-                                        "and its settings) or vllm (the installed vLLM and its own scheduler, "
-                                        "which --policy vllm-v1 models: vllm-v1's settings given are passed to "
-                                        "vLLM, --max-batch-size as its max_num_seqs; vLLM's defaults otherwise. "
-                                        "`make vllm` installs it).")] = "simctl",
+    engine: Annotated[str, typer.Option(help="What serves the trace: simctl (its own engine, scheduled by "
+                                        "--policy and its settings) or vllm (the installed vLLM and its own "
+                                        "scheduler, which --policy vllm-v1 models: vllm-v1's settings given "
+                                        "are passed to vLLM, --max-batch-size as its max_num_seqs; vLLM's "
+                                        "defaults otherwise. `make vllm` installs it).")] = "simctl",
     policy: Policy = "sarathi",
     trace: Trace = "sharegpt",
-    model: Annotated[str, typer.Option(help="Model shape, built with random weights (`tiny`, `tiny-2l` suit a "
-                                       "CPU).")] = "tiny",
+    model: Annotated[str, typer.Option(help=(
+        "Model shape, built with random weights (`tiny`, `tiny-2l` suit a CPU)."))] = "tiny",
     device: Annotated[str, typer.Option(help="cpu, or cuda.")] = "cpu",
     qps: Annotated[float | None, typer.Option(help="Mean arrival rate, requests per second (real time) "
-                                              "[default: 1; a trace file's own arrival times are replayed, or "
-                                              "time-scaled to the rate given].")] = None,
+                                              "[default: 1; a trace file's own arrival times are replayed, "
+                                              "or time-scaled to the rate given].")] = None,
     num_requests: Annotated[int | None, typer.Option(help="Requests to serve [default: 100 for a length "
                                                       "profile, every row of a trace file].")] = None,
-    scale: Annotated[float, typer.Option(help="Multiply prompt and output lengths: the default makes sharegpt fit "
-                                          "the tiny model's 2,048-token context.")] = 0.05,
+    scale: Annotated[float, typer.Option(help="Multiply prompt and output lengths: the default makes "
+                                         "sharegpt fit the tiny model's 2,048-token context.")] = 0.05,
     seed: Seed = 0,
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
     threads: Annotated[int | None, typer.Option(help="CPU threads [default: every core available].")] = None,
@@ -151,22 +152,24 @@ def real(
     cv: Cv = 1.0,
     prefill_instances: Annotated[int | None, typer.Option(help=(
         "Disaggregated serving (with --decode-instances 1): 1 prefill instance, a process with its own model "
-        "and KV that only prefills, then hands each request's KV through shared memory to the decode instance; "
-        "--threads is then per instance [default: half the cores]."))] = None,
+        "and KV that only prefills, then hands each request's KV through shared memory to the decode "
+        "instance; --threads is then per instance [default: half the cores]."))] = None,
     decode_instances: Annotated[int | None, typer.Option(help=(
-        "Disaggregated serving (with --prefill-instances 1): 1 decode instance, which admits requests whose KV "
-        "has arrived and never prefills them."))] = None,
-    out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet, iterations.parquet "
-                                                "and replicas.parquet, as `simctl run` (--engine vllm: the first "
-                                                "three).")] = None,
+        "Disaggregated serving (with --prefill-instances 1): 1 decode instance, which admits requests whose "
+        "KV has arrived and never prefills them."))] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet, "
+                                             "iterations.parquet and replicas.parquet, as `simctl run` "
+                                             "(--engine vllm: the first three).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
 ) -> None:
     """Serve a trace in real time on a real model, driven by the same policy objects as the simulator.
 
     Timestamps are measured; the outputs have the simulator's format, so predictions can be checked.
     Example: simctl real --policy vllm --trace sharegpt --scale 0.05 --qps 4 --num-requests 50 --out out/real
-    Disaggregated: simctl real --policy vllm --qps 4 --prefill-instances 1 --decode-instances 1 --out out/real-pd
-    On vLLM: simctl real --engine vllm --trace sharegpt --scale 0.05 --qps 4 --num-requests 60 --out out/vllm-real
+    Disaggregated: simctl real --policy vllm --qps 4 --prefill-instances 1 --decode-instances 1
+    --out out/real-pd
+    On vLLM: simctl real --engine vllm --trace sharegpt --scale 0.05 --qps 4 --num-requests 60
+    --out out/vllm-real
     (vLLM's settings as vllm-v1's, e.g. --max-batch-size 64 --enable-prefix-caching 0)
     """
     from engine.real import real_main
@@ -185,10 +188,11 @@ def real(
         else:
             summary = real_main(policy=policy, trace=trace, model=model, device=device, qps=qps,
                                 num_requests=num_requests, out=out, scale=scale, seed=seed, dtype=dtype,
-                                threads=threads, options=options, kv_capacity=kv_capacity, attention=attention,
-                                arrival=arrival, cv=cv,
+                                threads=threads, options=options, kv_capacity=kv_capacity,
+                                attention=attention, arrival=arrival, cv=cv,
                                 prefill_instances=prefill_instances, decode_instances=decode_instances)
-    except RuntimeError as e:  # the serving child (or vLLM's engine) crashed: its last words are in the message
+    except RuntimeError as e:
+        # the serving child (or vLLM's engine) crashed: its last words are in the message
         raise InputError(f"real execution failed: {e}") from None
     if as_json:
         sys.stdout.write(json_text(summary))
@@ -207,32 +211,32 @@ def _check_vllm_options(ctx: typer.Context, policy: str) -> None:
                          f"{TWIN_POLICY} models (its settings are passed to vLLM)")
     for name in ("device", "threads", "kv_capacity", "attention", "prefill_instances", "decode_instances"):
         if ctx.get_parameter_source(name).name != "DEFAULT":
-            raise InputError(f"--{name.replace('_', '-')} applies to --engine simctl; vLLM runs on the CPU with "
-                             f"its own threads, KV cache and attention")
+            raise InputError(f"--{name.replace('_', '-')} applies to --engine simctl; vLLM runs on the CPU "
+                             f"with its own threads, KV cache and attention")
 
 
 @app.command()
 def validate(
     ctx: typer.Context,
-    engine: Annotated[str, typer.Option(help="What the real runs run on: simctl (its own engine, each --policy) or "
-                                        "vllm (the installed vLLM, `make vllm`, against the vllm-v1 twin priced "
-                                        "by --cost, a fit of `simctl profile --engine vllm`; loads default "
-                                        "0.5,0.7,0.9, 150 requests per run; out/validate-vllm).")] = "simctl",
-    policy: Annotated[str, typer.Option(help="Policies to check: `all` or a comma-separated list (with "
-                                        "--from-vllm-bench: the one policy predicting it [default: vllm-v1]).")
-                      ] = "all",
+    engine: Annotated[str, typer.Option(help=(
+        "What the real runs run on: simctl (its own engine, each --policy) or vllm (the installed vLLM, "
+        "`make vllm`, against the vllm-v1 twin priced by --cost, a fit of `simctl profile --engine vllm`; "
+        "loads default 0.5,0.7,0.9, 150 requests per run; out/validate-vllm)."))] = "simctl",
+    policy: Annotated[str, typer.Option(help=(
+        "Policies to check: `all` or a comma-separated list (with --from-vllm-bench: the one policy "
+        "predicting it [default: vllm-v1])."))] = "all",
     trace: Trace = "sharegpt",
     loads: Annotated[str, typer.Option(help="Loads as fractions of each policy's simulated capacity.")
                      ] = "0.5,0.7",
-    cost: Annotated[str | None, typer.Option(help="The fitted cost_model.json of --device in --dtype [default: "
-                                             "the shipped CPU fit].")] = None,
-    device: Annotated[str, typer.Option(help="Where the real runs run: cpu, cuda or cuda:N. A fitted cost model "
-                                        "prices only the device it was profiled on: another is refused.")
-                      ] = "cpu",
-    dtype: Annotated[str | None, typer.Option(help="float32, float16 or bfloat16 [default: the dtype the cost "
-                                              "model was profiled in; another is refused].")] = None,
-    attention: Annotated[str | None, typer.Option(help=f"{ATTENTION_HELP} [default: the kernels the cost model "
-                                                  "was profiled with; others are refused].")] = None,
+    cost: Annotated[str | None, typer.Option(help="The fitted cost_model.json of --device in --dtype "
+                                             "[default: the shipped CPU fit].")] = None,
+    device: Annotated[str, typer.Option(help=(
+        "Where the real runs run: cpu, cuda or cuda:N. A fitted cost model prices only the device it was "
+        "profiled on: another is refused."))] = "cpu",
+    dtype: Annotated[str | None, typer.Option(help="float32, float16 or bfloat16 [default: the dtype the "
+                                              "cost model was profiled in; another is refused].")] = None,
+    attention: Annotated[str | None, typer.Option(help=f"{ATTENTION_HELP} [default: the kernels the cost "
+                                                  "model was profiled with; others are refused].")] = None,
     model: Annotated[str, typer.Option(help="Model shape (the one the cost model was fitted for).")] = "tiny",
     scale: Annotated[float, typer.Option(help="Multiply prompt and output lengths (CPU-sized runs).")] = 0.05,
     num_requests: Annotated[int, typer.Option(help="Requests per run.")] = 300,
@@ -246,14 +250,15 @@ def validate(
     prefill_instances: Annotated[int | None, typer.Option(help=(
         "With --decode-instances 1: real disaggregated runs (simctl real --prefill-instances 1 "
         "--decode-instances 1, --threads per instance) against the simulated cluster."))] = None,
-    decode_instances: Annotated[int | None, typer.Option(help="With --prefill-instances 1: see there.")] = None,
+    decode_instances: Annotated[int | None, typer.Option(help=(
+        "With --prefill-instances 1: see there."))] = None,
     from_vllm_bench: Annotated[Path | None, typer.Option(help=(
-        "Instead of real runs: a result of `vllm bench serve --save-result --save-detailed`, predicted on the "
-        "same requests (their lengths, sent when the bench sent them) and shown beside it under vLLM's metric "
-        "names, with the errors; needs --model and --gpu; writes vllm_bench_comparison.json and .md "
+        "Instead of real runs: a result of `vllm bench serve --save-result --save-detailed`, predicted on "
+        "the same requests (their lengths, sent when the bench sent them) and shown beside it under vLLM's "
+        "metric names, with the errors; needs --model and --gpu; writes vllm_bench_comparison.json and .md "
         "[--out default: out/vllm-bench]."))] = None,
-    gpu: Annotated[str | None, typer.Option(help="With --from-vllm-bench: the GPU the bench ran on (catalogue)."
-                                            )] = None,
+    gpu: Annotated[str | None, typer.Option(help=(
+        "With --from-vllm-bench: the GPU the bench ran on (catalogue)."))] = None,
     tp: Annotated[int, typer.Option(help="With --from-vllm-bench: the server's tensor-parallel degree.")] = 1,
     goodput: Annotated[list[str] | None, typer.Option(metavar="KEY:MS[,KEY:MS]", help=(
         "With --from-vllm-bench: the bench's --goodput limits in ms (ttft, tpot, e2el), to compare "
@@ -267,9 +272,9 @@ def validate(
     its profile: simctl validate --device cuda --cost profiles/gpu/cost_model.json --out out/validate-gpu;
     disaggregated, with a fit profiled on one thread: simctl validate --policy vllm --prefill-instances 1
     --decode-instances 1 --threads 1 --cost profiles/cpu1/cost_model.json --out out/validate-pd;
-    a vLLM bench result of your own: simctl validate --from-vllm-bench result.json --model llama-3-8b --gpu h100
-    --goodput ttft:500,tpot:50 --out out/bench; the real vLLM engine against its twin: simctl validate --engine
-    vllm --cost profiles/vllm-cpu/cost_model.json --repeats 3 --capacity
+    a vLLM bench result of your own: simctl validate --from-vllm-bench result.json --model llama-3-8b
+    --gpu h100 --goodput ttft:500,tpot:50 --out out/bench; the real vLLM engine against its twin:
+    simctl validate --engine vllm --cost profiles/vllm-cpu/cost_model.json --repeats 3 --capacity
     """
     from engine.report import markdown
     from engine.validate import validate_main
@@ -310,19 +315,19 @@ def validate(
 def profile(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="Folder for profile.csv and meta.json, e.g. profiles/my-gpu.")],
-    engine: Annotated[str, typer.Option(help="Whose iterations to time: simctl (its own executor) or vllm (the "
-                                        "installed vLLM's engine steps, host overhead included, on the CPU; "
-                                        "`make vllm` installs it).")] = "simctl",
+    engine: Annotated[str, typer.Option(help="Whose iterations to time: simctl (its own executor) or vllm "
+                                        "(the installed vLLM's engine steps, host overhead included, on the "
+                                        "CPU; `make vllm` installs it).")] = "simctl",
     model: Annotated[str, typer.Option(help="Model shape to build with random weights (Llama-style "
                                        "catalogue entries; `tiny` and `tiny-2l` suit a CPU).")] = "tiny",
     device: Annotated[str, typer.Option(help="cpu, or cuda (uses CUDA events and synchronizes).")] = "cpu",
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
     threads: Annotated[int | None, typer.Option(help="CPU threads [default: every core available].")] = None,
     quick: Annotated[bool, typer.Option(help="A coarse grid (about a minute on a CPU).")] = False,
-    protocol: Annotated[str, typer.Option(help="served: a shape's repetitions move its cached contexts by a few "
-                                          "tokens and its KV slab rows, as serving does, so no per-shape "
-                                          "cache flatters it; fixed: the same shape every repetition.")
-                        ] = "served",
+    protocol: Annotated[str, typer.Option(help=(
+        "served: a shape's repetitions move its cached contexts by a few tokens and its KV slab rows, as "
+        "serving does, so no per-shape cache flatters it; fixed: the "
+        "same shape every repetition."))] = "served",
     attention: Attention = "auto",
 ) -> None:
     """Time real prefill, decode, hybrid and padded iterations of a model on this device.
@@ -341,13 +346,15 @@ def profile(
 
             for name in ("threads", "protocol", "attention"):
                 if ctx.get_parameter_source(name).name != "DEFAULT":
-                    raise InputError(f"--{name} applies to --engine simctl; vLLM steps run with its own threads "
-                                     f"and attention, each timed as served")
+                    raise InputError(f"--{name} applies to --engine simctl; vLLM steps run with its own "
+                                     f"threads and attention, each timed as served")
             if device != "cpu":
-                raise InputError(f"--device {device}: the vLLM profile runs the installed CPU build (--device cpu)")
+                raise InputError(f"--device {device}: the vLLM profile runs the installed CPU build "
+                                 "(--device cpu)")
             path = profile_vllm(model, dtype, quick, out)
         else:
-            path = run_profile(model, device, dtype, threads, quick, out, protocol=protocol, attention=attention)
+            path = run_profile(model, device, dtype, threads, quick, out, protocol=protocol,
+                               attention=attention)
     except RuntimeError as e:  # the timing child crashed: its last words are in the message
         raise InputError(f"profiling failed: {e}") from None
     Console().print(escape(f"wrote {path}/profile.csv and meta.json; next: simctl fit {path}"))
@@ -356,27 +363,32 @@ def profile(
 @app.command()
 def fit(
     ctx: typer.Context,
-    profile_dir: Annotated[Path, typer.Argument(help="A folder written by `simctl profile`, or operator profiles "
-                                                "in Vidur's layout (compute/GPU/ORG/MODEL/mlp.csv, network/).")],
-    out: Annotated[Path | None, typer.Option(help="Where to write cost_model.json (and fit.png) [default: the "
-                                             "profile folder; required for operator profiles].")] = None,
-    holdout: Annotated[float, typer.Option(help="Share of each kind of iteration (operator profiles: of the token "
-                                           "counts and attention rows) held out to measure the error.")] = 0.2,
+    profile_dir: Annotated[Path, typer.Argument(help=(
+        "A folder written by `simctl profile`, or operator profiles in Vidur's layout "
+        "(compute/GPU/ORG/MODEL/mlp.csv, network/)."))],
+    out: Annotated[Path | None, typer.Option(help="Where to write cost_model.json (and fit.png) [default: "
+                                             "the profile folder; required for operator profiles].")] = None,
+    holdout: Annotated[float, typer.Option(help=(
+        "Share of each kind of iteration (operator profiles: of the token counts and attention rows) held "
+        "out to measure the error."))] = 0.2,
     seed: Annotated[int, typer.Option(help="Seed of the holdout split.")] = 0,
     roofline_gpu: Annotated[str | None, typer.Option(help="Also calibrate the roofline's efficiencies "
                                                      "(mfu, mbu, overhead) for this catalogue GPU.")] = None,
-    model: Annotated[str | None, typer.Option(help="Operator profiles: the model (catalogue name or "
-                                              "config.json); the profile of its layer shape is used.")] = None,
+    model: Annotated[str | None, typer.Option(help=(
+        "Operator profiles: the model (catalogue name or config.json); the profile of "
+        "its layer shape is used."))] = None,
     gpu: Annotated[str | None, typer.Option(help="Operator profiles: the catalogue GPU.")] = None,
     tp: Annotated[int, typer.Option(help="Operator profiles: the tensor-parallel degree.")] = 1,
-    execution: Annotated[str, typer.Option(help="Operator profiles: eager or cuda-graph, whose step overheads "
-                                           "the fit assumes (the profiles time kernels only).")] = "cuda-graph",
+    execution: Annotated[str, typer.Option(help=(
+        "Operator profiles: eager or cuda-graph, whose step overheads the fit assumes (the "
+        "profiles time kernels only)."))] = "cuda-graph",
 ) -> None:
     """Fit a cost model to a profile and report its held-out error per kind of iteration (per operator class
     for operator profiles).
 
-    Example: simctl fit profiles/cpu, then simctl run --gpu cpu --model tiny --cost profiles/cpu/cost_model.json;
-    simctl fit ../shared/reference/gpu_profiles --model llama-2-70b --gpu h100 --tp 4 --out fits/h100-70b-tp4
+    Example: simctl fit profiles/cpu, then simctl run --gpu cpu --model tiny
+    --cost profiles/cpu/cost_model.json; simctl fit ../shared/reference/gpu_profiles --model llama-2-70b
+    --gpu h100 --tp 4 --out fits/h100-70b-tp4
     """
     operators = (Path(profile_dir) / "compute").is_dir()
     given = [n for n in ("model", "gpu", "tp", "execution") if ctx.get_parameter_source(n).name != "DEFAULT"]
@@ -385,15 +397,17 @@ def fit(
         from sim.models import get_model
 
         if roofline_gpu is not None:
-            raise InputError("--roofline-gpu calibrates on a simctl profile; operator profiles are fitted as they are")
+            raise InputError("--roofline-gpu calibrates on a simctl profile; operator profiles are fitted "
+                             "as they are")
         if model is None or gpu is None:
-            raise InputError(f"{profile_dir} holds operator profiles: give --model and --gpu (and --tp) to fit")
+            raise InputError(f"{profile_dir} holds operator profiles: give --model and --gpu (and --tp) "
+                             "to fit")
         report = fit_operator_profile(profile_dir, get_model(model), gpu, tp, execution, out, holdout, seed)
         print(format_operator_report(report))
         return
     if given:
-        raise InputError(f"--{given[0]} applies to operator profiles (a folder with compute/); {profile_dir} is "
-                         "fitted as a simctl profile")
+        raise InputError(f"--{given[0]} applies to operator profiles (a folder with compute/); "
+                         f"{profile_dir} is fitted as a simctl profile")
     from profiler.fit import fit_profile
     from profiler.fit_report import format_report
 
@@ -427,12 +441,14 @@ def list_catalogue() -> None:
         ("models", [(n, m.description) for n, m in MODELS.items()]),
         ("gpus", [(n, g.description) for n, g in GPUS.items()]),
         ("cost models", [
-            ("roofline", (f"published specs x efficiencies (mfu {DEFAULT_MFU}, mbu {DEFAULT_MBU}, attention mfu "
-                         f"{DEFAULT_ATTN_MFU}), tile per GPU; step overheads by execution mode:")),
+            ("roofline", (f"published specs x efficiencies (mfu {DEFAULT_MFU}, mbu {DEFAULT_MBU}, "
+                         f"attention mfu {DEFAULT_ATTN_MFU}), tile per GPU; "
+                         "step overheads by execution mode:")),
             *((f"  {mode}", StepOverheads.defaults(mode, 32).describe() + " for 32 layers")
               for mode in EXECUTION_MODES),
-            ("fitted", ("--cost cost_model.json of `simctl fit`: a simctl profile's steps, or operator profiles "
-                       "(Vidur's layout) with the execution mode's step overheads; summary.json: cost_assumptions")),
+            ("fitted", ("--cost cost_model.json of `simctl fit`: a simctl profile's steps, or operator "
+                       "profiles (Vidur's layout) with the execution mode's step overheads; "
+                       "summary.json: cost_assumptions")),
         ]),
     ):
         table = Table(title=title, show_header=False, title_justify="left")

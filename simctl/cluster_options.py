@@ -35,9 +35,10 @@ OPTIONS: dict[str, tuple[Any, Any, str]] = {  # name: (type, default, help)
 
 
 SLO_OPTIONS: dict[str, tuple[Any, Any, str]] = {
-    "slo": (list[str] | None, None, ("SLO limits, KEY=SECONDS[,KEY=SECONDS] (sim/slo.py's grammar, as `capacity "
-            "--slo`): per-request ttft, tbt, tpot, e2e (the summary's slo_attainment is the share of requests "
-            "meeting all of them) or percentiles such as p99_tbt; slo_met says whether the run meets them.")),
+    "slo": (list[str] | None, None, ("SLO limits, KEY=SECONDS[,KEY=SECONDS] (sim/slo.py's grammar, as "
+            "`capacity --slo`): per-request ttft, tbt, tpot, e2e (the summary's slo_attainment is the share "
+            "of requests meeting all of them) or percentiles such as p99_tbt; slo_met says whether the run "
+            "meets them.")),
     "attainment": (float | None, None, ("Share of requests that must meet the per-request --slo limits "
                    "[default: 0.9].")),
 }
@@ -45,7 +46,8 @@ GOODPUT_OPTION = (bool, False, ("Goodput (DistServe): the highest rate meeting -
                   "cluster options describe, per GPU it uses; writes goodput.json to --out."))
 
 
-def with_cluster_options(slo: bool = False, goodput: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def with_cluster_options(slo: bool = False,
+                         goodput: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command the cluster options, received as `cluster` (a ClusterConfig); with `slo`, also --slo and
     --attainment, received as `slo` (an SLO, or None); with `goodput`, the --goodput flag."""
     extra = {**(SLO_OPTIONS if slo else {}), **({"goodput": GOODPUT_OPTION} if goodput else {})}
@@ -54,10 +56,12 @@ def with_cluster_options(slo: bool = False, goodput: bool = False) -> Callable[[
         signature = inspect.signature(command)
         hints = get_type_hints(command, include_extras=True)
         own = ("cluster", *extra)  # what this decorator gives the command
-        params = [p.replace(annotation=hints[p.name]) for p in signature.parameters.values() if p.name not in own]
+        params = [p.replace(annotation=hints[p.name]) for p in signature.parameters.values()
+                  if p.name not in own]
         annotations = {p.name: p.annotation for p in params}
         for name, (kind, default, text) in {**OPTIONS, **extra}.items():
-            option = typer.Option(help=text, metavar="KEY=S[,KEY=S]") if name == "slo" else typer.Option(help=text)
+            option = (typer.Option(help=text, metavar="KEY=S[,KEY=S]") if name == "slo"
+                      else typer.Option(help=text))
             annotation = Annotated[kind, option]
             params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                             annotation=annotation))
@@ -118,7 +122,8 @@ def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, time
     if trace_events is not None:
         its = result.result.iterations.frame()
         if write_trace_events(trace_events, its, result.summary):
-            warn_all([f"--trace-events: only the first {MAX_EVENTS} of {len(its)} iteration rows were written"])
+            warn_all([(f"--trace-events: only the first {MAX_EVENTS} of {len(its)} iteration rows "
+                       "were written")])
     if as_json:
         sys.stdout.write(json_text(result.summary))
         return

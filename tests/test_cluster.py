@@ -33,8 +33,9 @@ MAX_SEQ_LEN = 512
 CONTINUOUS = [n for n, c in POLICIES.items() if not c.padded_batches]  # can admit a request with its KV
 
 
-def serve(policy: str, reqs: list[tuple[float, int, int]], replicas: int = 1, router: str | Router = "round-robin",
-          split: tuple[int, int] | None = None, kv: int = 100_000, gbps: float = 1.0) -> tuple[Cluster, list[Seq]]:
+def serve(policy: str, reqs: list[tuple[float, int, int]], replicas: int = 1,
+          router: str | Router = "round-robin", split: tuple[int, int] | None = None, kv: int = 100_000,
+          gbps: float = 1.0) -> tuple[Cluster, list[Seq]]:
     """Serve (arrival, prompt, output) requests on `replicas` colocated replicas, or `split` = (prefill,
     decode) instances, each with `kv` token slots, on the tiny model's CPU cost."""
     cluster = Cluster(simpy.Environment(), KVLink(gbps) if split else None, TINY.kv_bytes_per_token())
@@ -71,7 +72,8 @@ def check_invariants(cluster: Cluster, seqs: list[Seq]) -> None:
         assert used.max(initial=0) <= kv.capacity
 
 
-requests = st.lists(st.tuples(st.floats(0, 2), st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=25)
+requests = st.lists(st.tuples(st.floats(0, 2), st.integers(1, 300), st.integers(1, 40)), min_size=1,
+                    max_size=25)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -82,8 +84,9 @@ def test_replicas_serve_every_request_once_within_kv(reqs, policy, replicas, rou
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(reqs=requests, policy=st.sampled_from(CONTINUOUS), split=st.tuples(st.integers(1, 3), st.integers(1, 3)),
-       router=st.sampled_from(list(ROUTERS)), kv=st.integers(520, 3000), gbps=st.sampled_from([0.01, 1.0, 100.0]))
+@given(reqs=requests, policy=st.sampled_from(CONTINUOUS),
+       split=st.tuples(st.integers(1, 3), st.integers(1, 3)), router=st.sampled_from(list(ROUTERS)),
+       kv=st.integers(520, 3000), gbps=st.sampled_from([0.01, 1.0, 100.0]))
 def test_disaggregated_serves_every_request_once_within_kv(reqs, policy, split, router, kv, gbps) -> None:
     check_invariants(*serve(policy, reqs, split=split, router=router, kv=kv, gbps=gbps))
 
@@ -115,7 +118,8 @@ def test_decode_instances_never_prefill_and_ttft_includes_the_transfer() -> None
     assert ready[0] == ready[1]  # the same prompt on two idle instances: both on the link at once
     assert list(link.end) == [ready[0] + took, ready[0] + took + took]  # the second waits for the first
     assert sorted(s.first_token_s for s in seqs[:2]) == list(link.end)  # TTFT ends when the KV has arrived
-    assert seqs[2].first_token_s == seqs[2].completion_s < 0.6 and len(link.end) == 2  # one token: no transfer
+    # one token: no transfer
+    assert seqs[2].first_token_s == seqs[2].completion_s < 0.6 and len(link.end) == 2
 
 
 def test_pools_of_their_own_tp_count_their_gpus_size_their_kv_and_send_the_whole_kv() -> None:
@@ -155,7 +159,8 @@ def test_round_robin_spreads_evenly() -> None:
 
 @settings(max_examples=30, deadline=None)
 @given(reqs=requests, replicas=st.integers(2, 4))
-def test_least_outstanding_picks_a_replica_with_the_fewest_outstanding_at_that_instant(reqs, replicas) -> None:
+def test_least_outstanding_picks_a_replica_with_the_fewest_outstanding_at_that_instant(
+        reqs, replicas) -> None:
     cluster, seqs = serve("vllm", reqs, replicas=replicas, router="least-outstanding", kv=2000)
     where = {s.id: m.index for m in cluster.entry.members for s in m.seqs}
     for i, s in enumerate(seqs):  # routed before any iteration ending at its arrival is applied
@@ -167,9 +172,11 @@ def test_least_outstanding_picks_a_replica_with_the_fewest_outstanding_at_that_i
 
 
 def test_same_seed_same_results() -> None:
-    config = RunConfig(policy="vllm", trace="sharegpt", qps=6.0, num_requests=200, seed=3, arrival="gamma", cv=3.0)
+    config = RunConfig(policy="vllm", trace="sharegpt", qps=6.0, num_requests=200, seed=3, arrival="gamma",
+                       cv=3.0)
     for cc in (ClusterConfig(replicas=3, router="least-kv"),
-               ClusterConfig(prefill_instances=2, decode_instances=1, kv_link_gbps=50.0, router="shortest-queue")):
+               ClusterConfig(prefill_instances=2, decode_instances=1, kv_link_gbps=50.0,
+                             router="shortest-queue")):
         a, b = run(config, cc), run(config, cc)
         assert a.result.requests.equals(b.result.requests) and a.replicas.equals(b.replicas)
         assert a.iterations.equals(b.iterations)
