@@ -218,8 +218,7 @@ class Fitted(CurveTables, CostModel):
         self.tp = tp
         self.step_overheads = step_overheads
         steps = step_overheads or StepOverheads(iteration_s=0.0)
-        self._it, self._req, self._tok = steps.iteration_s, steps.request_s, steps.sampled_token_s
-        self._floor = steps.launch_floor_s
+        self._steps, self._floor = steps, steps.launch_floor_s
         self.coefficients = {k: float(coefficients[k]) for k in COEFFICIENTS}
         self.tile = tile
         self.curves = {k: check_knots(k, curves[k], first) for k, (_, first) in CURVES.items()}
@@ -295,21 +294,14 @@ class Fitted(CurveTables, CostModel):
 
     def _host(self, plan: BatchPlan) -> float:
         """overhead_s and the step overheads (terms that are 0 add nothing, so older fits price as before)."""
-        t = self._ovh
-        if self._it:
-            t += self._it
-        if self._req:
-            t += self._req * len(plan.seqs)
-        if self._tok:
-            t += self._tok * plan.sampled_tokens
-        return t
+        return self._ovh + self._steps.host(len(plan.seqs), plan.sampled_tokens)
 
     def _floored(self, plan: BatchPlan, t: float | np.ndarray) -> float | np.ndarray:
         """Eager execution: the GPU terms (all but the host's step overheads) take at least the launch
         floor."""
         if not self._floor:
             return t
-        host = self._it + self._req * len(plan.seqs) + self._tok * plan.sampled_tokens
+        host = self._steps.host(len(plan.seqs), plan.sampled_tokens)
         return np.maximum(t, host + self._floor) if isinstance(t, np.ndarray) else max(t, host + self._floor)
 
     def iteration_time(self, plan: BatchPlan) -> float:

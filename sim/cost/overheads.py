@@ -66,8 +66,14 @@ class StepOverheads:
         return cls(execution, DEFAULT_ITERATION_S, 0.0, 0.0, floor, f"{execution} defaults")
 
     def host(self, requests: int, sampled: int) -> float:
-        """The additive host terms of a step of `requests` scheduled requests sampling `sampled` tokens."""
-        return self.iteration_s + self.request_s * requests + self.sampled_token_s * sampled
+        """The additive host terms of a step of `requests` scheduled requests sampling `sampled` tokens (every
+        cost model's; a term that is 0 is skipped: the hot path pays nothing for it)."""
+        t = self.iteration_s
+        if self.request_s:
+            t += self.request_s * requests
+        if self.sampled_token_s:
+            t += self.sampled_token_s * sampled
+        return t
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -146,7 +146,7 @@ class Roofline(CostModel):
         self.steps = StepOverheads(execution, self.overhead_s, request_s, sampled_token_s, floor,
                                    "roofline defaults" if (overhead_s, request_s, sampled_token_s)
                                    == (DEFAULT_OVERHEAD_S, 0.0, 0.0) else "given")
-        self._req, self._tok, self._floor = self.steps.request_s, self.steps.sampled_token_s, floor
+        self._floor = floor
         self.tile = tile
         self.gpu_memory_utilization = _fraction("gpu_memory_utilization", gpu_memory_utilization)
         self.activation_reserve_bytes = float(activation_reserve_bytes)
@@ -270,13 +270,8 @@ class Roofline(CostModel):
         return t
 
     def _host(self, plan: BatchPlan) -> float:
-        """The host's additive step overheads (the terms not used add nothing, so their order is kept)."""
-        t = self.overhead_s
-        if self._req:
-            t += self._req * len(plan.seqs)
-        if self._tok:
-            t += self._tok * plan.sampled_tokens
-        return t
+        """The host's additive step overheads (`overhead_s` is their per-step term)."""
+        return self.steps.host(len(plan.seqs), plan.sampled_tokens)
 
     def _dense(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
         """The host overheads, the linear layers (and their all-reduces) and the LM head, summed in that
