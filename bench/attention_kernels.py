@@ -17,11 +17,11 @@ from collections.abc import Callable
 
 import torch
 
+from catalogue.models import get_model
 from common.errors import InputError
 from executor.config import ATTENTION, ExecutorConfig
 from executor.model import build_model
 from executor.ragged import RaggedExecutor, Segment, attention_kernels
-from sim.models import get_model
 
 STEPS = 8  # calls per timing (a decode "step" sequence: contexts fixed, or growing by one per call)
 

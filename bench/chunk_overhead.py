@@ -33,11 +33,11 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from catalogue.models import get_model
+from costs.roofline import Roofline
 from policies.plan import hybrid
 from policies.seq import Seq
 from profiler.operator_profiles import LAYER_OPERATORS, OperatorProfile, load_operator_profile
-from sim.cost.roofline import Roofline
-from sim.models import get_model
 
 RESULTS = ROOT / "bench" / "results"
 GPU, TP = "a100-80gb", 2

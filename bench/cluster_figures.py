@@ -4,7 +4,7 @@
    ShareGPT trace (`../shared/reference/traces/`) filtered to prompts and outputs under 2,048 tokens (rows
    dropped, not scaled), SLO TTFT <= 0.25 s and TPOT <= 0.1 s for 90% of requests; colocated vllm at TP1 and
    TP2 against disaggregated placements, DistServe's own (1 prefill instance at TP2, 1 decode instance at
-   TP1) among them, the KV on NVLink (2,400 Gbit/s). Goodput per GPU (sim.goodput), SLO attainment against
+   TP1) among them, the KV on NVLink (2,400 Gbit/s). Goodput per GPU (studies.goodput), SLO attainment against
    the rate per GPU, and the measurements that explain the result: pool occupancy and KV at a common rate,
    and the goodput again with other step overheads, decode batch bounds and decode KV
    (cluster_goodput.png, cluster_goodput.md).
@@ -31,14 +31,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from catalogue.gpus import get_gpu
+from costs.calibration import CALIBRATION_FORMAT
+from results.slo import SLO, parse_slo
 from serving.routers import ROUTERS
-from sim.capacity import find_capacity
 from sim.cluster_run import ClusterConfig
-from sim.cost.calibration import CALIBRATION_FORMAT
-from sim.goodput import deployment_name, find_goodput, with_attainment
-from sim.gpus import get_gpu
 from sim.run import RunConfig, run
-from sim.slo import SLO, parse_slo
+from studies.capacity import find_capacity
+from studies.goodput import deployment_name, find_goodput, with_attainment
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

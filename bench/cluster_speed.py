@@ -45,9 +45,9 @@ def measure(n: int, qps: float, scale: float = 1.0) -> dict:
 
 
 def main() -> None:
-    from sim.capacity import find_capacity
+    from results.slo import SLO
     from sim.run import RunConfig
-    from sim.slo import SLO
+    from studies.capacity import find_capacity
 
     one = find_capacity(RunConfig(policy=POLICY, trace="sharegpt", num_requests=1000, seed=0), SLO()).qps
     qps = 0.7 * one * REPLICAS

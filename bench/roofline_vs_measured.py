@@ -7,10 +7,10 @@ prices them: one blend over their sum, norms, all-reduce, attention where measur
 at 1..4096 tokens: the roofline's time against the measured median, as signed errors (roofline / measured -
 1).
 
-The efficiencies the catalogue now holds per GPU (`sim.gpus`: mfu, mbu, gemm_latency_s) are fitted here on the
-TRAIN models only (least squares of log(roofline / measured) of the layer's linears), and the errors are
-reported apart on the models they were not fitted on. Writes bench/results/roofline_vs_measured.md and .png.
-"""
+The efficiencies the catalogue now holds per GPU (`catalogue.gpus`: mfu, mbu, gemm_latency_s) are fitted here
+on the TRAIN models only (least squares of log(roofline / measured) of the layer's linears), and the errors
+are reported apart on the models they were not fitted on. Writes bench/results/roofline_vs_measured.md and
+.png. """
 
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from catalogue.gpus import catalogue_gpu_of, get_gpu
+from catalogue.models import ModelSpec
 from common.errors import InputError
+from costs.roofline import GEMMS_PER_LAYER, Roofline
 from profiler.operator_profiles import load_operator_profile
-from sim.cost.roofline import GEMMS_PER_LAYER, Roofline
-from sim.gpus import catalogue_gpu_of, get_gpu
-from sim.models import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT.parent / "shared" / "reference" / "gpu_profiles"
@@ -231,7 +231,8 @@ def main() -> None:
         f"H100, A40; every model and TP degree, 1..{MAX_TOKENS} tokens). Error = roofline / measured median "
         "- 1."), "",
         (f"Fitted per GPU on {', '.join(TRAIN)} only (the `linears` row: one blend over a layer's linears, "
-        "as the roofline prices them); every other model is held out. Fitted values (now in `sim/gpus.py`):"),
+        "as the roofline prices them); every other model is held out. Fitted values (now in "
+         "`catalogue/gpus.py`):"),
         "", "| gpu | mfu | mbu | gemm latency (us) |", "|---|---|---|---|",
         *(f"| {g} | {v['mfu']} | {v['mbu']} | {v['gemm_latency_s'] * 1e6:.2f} |" for g, v in fitted.items()),
         "", "## Linear operators, held-out models, with the catalogue's efficiencies", "",
@@ -247,7 +248,8 @@ def main() -> None:
         ("## All-reduce: ring 2 (tp - 1) / tp x bytes / (link x efficiency) + latency, against the measured "
          "one"),
         "", (f"Fitted on tp {AR_TRAIN_TP} (held out: tp 8), messages up to 4096 tokens x 8192 x 2 bytes "
-        "(NVSwitch systems, `*_dgx`, as `simctl fit` picks): efficiency and latency now in `sim/gpus.py`:"),
+        "(NVSwitch systems, `*_dgx`, as `simctl fit` picks): efficiency and latency now in "
+        "`catalogue/gpus.py`:"),
         "", "| gpu | efficiency | latency (us) |", "|---|---|---|",
         *(f"| {g} | {v['allreduce_efficiency']} | {v['allreduce_latency_s'] * 1e6:.1f} |"
           for g, v in ar_fit.items()),

@@ -62,8 +62,8 @@ def time_cli() -> float:
 
 def main() -> None:
     from policies.registry import POLICIES
-    from sim.capacity import SLO, find_capacity
     from sim.run import RunConfig
+    from studies.capacity import SLO, find_capacity
 
     console = Console(width=130)
     rows = []

@@ -43,7 +43,7 @@ def find_cost(out: Path, console: Console) -> Path | None:
     """The cost model to validate: the shipped CPU fit (refitted from its profile if its format is outdated),
     else None."""
     from common.errors import InputError
-    from sim.cost.fitted import Fitted
+    from costs.fitted import Fitted
 
     if not SHIPPED.is_file():
         return None
@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                              "CPU fit, profiled on another machine of the same kind]")
     args = parser.parse_args(argv)
 
-    from engine.report import jsonable, load_report, markdown, metric_label
-    from engine.validate import validate_main
+    from results.validation_report import jsonable, load_report, markdown, metric_label
+    from validation.validate import validate_main
 
     console = Console(width=170)
     if args.report is not None:
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{len(misses)} of {len(report.rows) * len(TARGETS) + len(report.capacity)} targets missed")
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    from sim.output import atomic_write, json_text
+    from results.output import atomic_write, json_text
 
     data = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),

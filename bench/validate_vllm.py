@@ -1,5 +1,5 @@
 """simctl's vllm-v1 twin against the real vLLM engine on this CPU: profile vLLM's steps, fit them, then
-`engine.vllm_validate` at loads 0.5, 0.7 and 0.9 of the twin's capacity (3 rounds, medians), the real
+`validation.vllm_validate` at loads 0.5, 0.7 and 0.9 of the twin's capacity (3 rounds, medians), the real
 capacity bisected too.
 
 Targets (issue 20): |error| <= 10% for P50 TTFT, TPOT, ITL and E2E and <= 20% for their P99s, and |capacity
@@ -38,7 +38,7 @@ def fit_of_vllm(out: Path) -> Path:
 
 def misses(report: dict) -> list[str]:
     """The targets missed, at the machine's speed."""
-    from engine.vllm_validate import metric_label
+    from validation.vllm_validate import metric_label
 
     out = []
     for row in report["rows"]:
@@ -56,7 +56,7 @@ def misses(report: dict) -> list[str]:
 
 def main() -> None:
     sys.path.insert(0, str(ROOT))
-    from engine.vllm_validate import VLLMValidation, markdown, validate_vllm
+    from validation.vllm_validate import VLLMValidation, markdown, validate_vllm
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cost", help="a fit of vLLM's steps on this machine [default: profile and fit now]")

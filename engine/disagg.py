@@ -61,8 +61,8 @@ START_TIMEOUT_S = 300.0  # the prefill instance's start-up (spawn, torch import,
 def build_instance(config: RealConfig, requests: list[Request], size: Sizing) -> tuple[Engine, float]:
     """The prefill instance's engine, built as the decode instance's (`engine.real.run_real`) is: same seed,
     same weights, same slab and policy; and its warm-up's seconds."""
+    from catalogue.models import get_model
     from executor.model import build_model, resolve_device
-    from sim.models import get_model
 
     torch.set_num_threads(config.threads or 1)
     model = build_model(get_model(config.model), resolve_device(config.device), config.dtype, config.seed)
@@ -237,9 +237,9 @@ def run_disaggregated(config: RealConfig, size: Sizing, requests: list[Request],
     """Serve `requests` on a prefill instance (a child process) and a decode instance (this process, on
     `model`); return the run (its records in the cluster's form), the decode engine, the longer warm-up and
     what the summary adds about the pair."""
+    from catalogue.models import get_model
     from sim.cluster_run import MemberRecords, iterations_frame, summarise_cluster
     from sim.kv_link import KVLink
-    from sim.models import get_model
 
     spec = get_model(config.model)
     dtype = getattr(torch, config.dtype)

@@ -1,4 +1,4 @@
-"""`simctl prefill-bench --real`: the prefills a policy plans (`sim.prefill_bench.serve_prefills`), run on
+"""`simctl prefill-bench --real`: the prefills a policy plans (`studies.prefill_bench.serve_prefills`), run on
 this machine's engine (random weights, greedy sampling), each timed as one synchronized forward. The same
 plans are priced by the cost model, so measured and predicted prefill times compare batch for batch."""
 
@@ -9,12 +9,12 @@ import time
 
 import numpy as np
 
+from catalogue.models import ModelSpec
 from engine.serve import prompt_ids
 from executor.model import build_model
 from executor.plans import PlanExecutor
 from executor.ragged import RaggedExecutor
-from sim.models import ModelSpec
-from sim.prefill_bench import serve_prefills
+from studies.prefill_bench import serve_prefills
 
 
 def measure_prefills(policy_name: str, lengths: np.ndarray, batch_size: int, model: ModelSpec, device: str,

@@ -78,8 +78,8 @@ class DeviceProbe:
 def measure_device(config: RealConfig) -> DeviceProbe:
     """Build `config`'s model on its device and measure it (in the probing child); InputError for cuda
     missing."""
+    from catalogue.models import get_model
     from executor.model import build_model, resolve_device
-    from sim.models import get_model
 
     device = resolve_device(config.device)
     build_model(get_model(config.model), device, config.dtype, config.seed)
@@ -96,9 +96,9 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     import torch
     import transformers
 
+    from catalogue.models import get_model
     from executor.model import build_model, resolve_device
     from executor.ragged import attention_kernels
-    from sim.models import get_model
 
     threads = config.threads if config.threads is not None else default_threads()
     torch.set_num_threads(threads)
@@ -229,8 +229,8 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     `out`; a disaggregated run's child starts the prefill instance as its own child), and return the summary.
     InputError for bad options (also those only the child can check, e.g. cuda missing); RuntimeError, with
     the end of the child's stderr, if the child crashed."""
+    from results.output import check_out_dir
     from sim.cluster_run import CLUSTER_RUN_FILES
-    from sim.output import check_out_dir
 
     if qps is None and (not str(trace).strip() or not has_arrival_times(trace)):
         qps = DEFAULT_QPS
@@ -246,7 +246,7 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     if config.threads is None:  # a disaggregated run's instances share the cores
         config = replace(config, threads=max(1, default_threads() // (2 if config.disaggregated else 1)))
     # sizing errors (a request longer than the model or the KV capacity) before starting torch
-    from sim.models import get_model
+    from catalogue.models import get_model
 
     spec = get_model(config.model)
     requests = build_trace(config.trace, config.num_requests, config.qps, config.seed, arrival=config.arrival,

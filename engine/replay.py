@@ -1,6 +1,6 @@
 """The replay of a real run's iterations: the same policy re-plans every logged iteration through the replica
 loop (`serving.replay.LoggedRun`), each plan priced by the cost model next to its measured duration (point 4
-of `engine.validate`), and the per-iteration evidence drawn from it."""
+of `validation.validate`), and the per-iteration evidence drawn from it."""
 
 from __future__ import annotations
 

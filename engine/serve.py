@@ -25,12 +25,12 @@ from executor.ragged import RaggedExecutor, Segment
 from policies.base import Policy
 from policies.plan import BatchPlan
 from policies.seq import Seq
+from results.run_result import SimResult
 from serving.executor import Executor
 from serving.inbox import Inbox
 from serving.loop import Replica
 from serving.realtime import RealTime
 from serving.records import GapHistogram, IterationLog, request_frame
-from sim.simulate import SimResult
 from traces.request import Request
 
 
@@ -54,7 +54,8 @@ class EngineResult:
     peak_slots: int  # most KV slots held at once
 
     def sim_result(self, kv_capacity: int) -> SimResult:
-        """The records in the simulator's form, for `sim.metrics.summarize` and `sim.output.write_run`."""
+        """The records in the simulator's form, for `results.metrics.summarize` and
+        `results.output.write_run`."""
         return SimResult(requests=request_frame(self.seqs), iterations=self.iterations, gaps=self.gaps,
                          queue_at_arrival=self.queue_at_arrival, aborted=self.aborted,
                          kv_capacity=kv_capacity, wall_s=self.wall_s)

@@ -23,12 +23,12 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from catalogue.models import model_in_working_folder
 from common.checks import is_int
 from common.errors import InputError
 from executor.config import ExecutorConfig
 from policies.base import Policy
 from policies.registry import make_policy, max_admissible_tokens, policy_class
-from sim.models import model_in_working_folder
 from traces.build import aligned, build_trace, check_scale, is_profile, trace_in_working_folder
 from traces.request import Request
 
@@ -74,8 +74,8 @@ class RealConfig:
     def validate(self) -> None:
         """Check every option that needs neither torch nor the trace's lengths (InputError, as the CLI
         spells the option)."""
+        from catalogue.models import get_model
         from executor.model import DEVICES, DTYPES
-        from sim.models import get_model
         from sim.run import RunConfig
 
         RunConfig(policy=self.policy, trace=self.trace, model=self.model, qps=self.qps,
@@ -146,7 +146,7 @@ def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: in
              budget_bytes: int) -> Sizing:
     """Slab shape, KV capacity and batch size of a run (see the module docstring); InputError if a request
     cannot run."""
-    from sim.models import get_model
+    from catalogue.models import get_model
 
     spec = get_model(config.model)
     longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
@@ -207,9 +207,9 @@ class RealRun:
 def build_engine(config: RealConfig, requests: list[Request], size: Sizing, model: Any) -> tuple[Any, float]:
     """The engine of a run on a built `model`: its slab, policy and prompts, warmed up (and the seconds that
     took)."""
+    from catalogue.models import get_model
     from engine.serve import Engine, prompt_ids, warm_up
     from executor.ragged import RaggedExecutor
-    from sim.models import get_model
 
     vocab = get_model(config.model).vocab_size
     executor = RaggedExecutor(model, size.kv_slots, size.kv_slot_tokens, config.executor)

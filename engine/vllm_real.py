@@ -1,7 +1,7 @@
 """`simctl real --engine vllm`: a simctl trace served by the installed vLLM (`AsyncLLM` in this process; its
 engine core and model worker are processes of their own), written as simctl's own real runs are
-(`sim.output.write_run`, the summary of `sim.metrics.summarize`), so TTFT, TBT, TPOT and E2E are computed by
-the same code.
+(`results.output.write_run`, the summary of `results.metrics.summarize`), so TTFT, TBT, TPOT and E2E are
+computed by the same code.
 
     with VLLMServer("tiny", deployment_for("tiny", seed=0, settings={})) as server:   # 20-35 s on a CPU
         for requests in runs:
@@ -33,6 +33,7 @@ from typing import Any, Self
 
 import numpy as np
 
+from catalogue.models import get_model
 from common.errors import InputError
 from engine.setup import RealConfig
 from engine.vllm_steps import StepLog, step_recorder
@@ -40,9 +41,8 @@ from executor.vllm_runtime import VLLMDeployment, engine_args, require_vllm, set
 from policies.admission import FCFS
 from policies.registry import check_options, policy_class
 from policies.seq import Seq
+from results.run_result import SimResult
 from serving.records import request_frame
-from sim.models import get_model
-from sim.simulate import SimResult
 from traces.request import Request
 from traces.tokens import prompt_token_ids
 
@@ -259,9 +259,9 @@ def _check(requests: list[Request], tokens: list[int], log: StepLog) -> None:
 
 def run_summary(config: RealConfig, server: VLLMServer, run: VLLMRun, wall_s: float) -> dict[str, Any]:
     """summary.json of a vLLM run: the trace's parameters as `simctl real` records them, the metrics of
-    `sim.metrics.summarize`, the engine's settings, and what could not be recorded."""
+    `results.metrics.summarize`, the engine's settings, and what could not be recorded."""
     from executor.runtime import cpu_name
-    from sim.metrics import summarize
+    from results.metrics import summarize
     from traces.build import has_arrival_times
 
     trace = {k: getattr(config, k) for k in ("trace", "model", "device", "qps", "num_requests", "scale",
@@ -282,7 +282,7 @@ def vllm_real_main(*, trace: str = "sharegpt", model: str = "tiny", qps: float |
     in one line for what cannot run."""
     from engine.real import DEFAULT_QPS
     from engine.setup import DEFAULT_NUM_REQUESTS, resolved
-    from sim.output import RUN_FILES, check_out_dir, write_run
+    from results.output import RUN_FILES, check_out_dir, write_run
     from traces.build import build_trace, has_arrival_times
 
     t0 = time.perf_counter()

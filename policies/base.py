@@ -119,7 +119,7 @@ class Policy(ABC):
               gpu: str | None = None) -> Policy:
         """The policy on a deployment: `max_seq_len` is its max model length (what a reserving policy sets
         aside per request); `options` are settings the user gave (None: the default); `gpu` the device's
-        catalogue name (`sim.gpus`, None: not known), for a policy whose defaults depend on it."""
+        catalogue name (`catalogue.gpus`, None: not known), for a policy whose defaults depend on it."""
         given = {k: v for k, v in options.items() if v is not None}
         return cls(cls.kv_manager(kv_capacity_tokens, max_seq_len), **given)
 

@@ -4,7 +4,7 @@
     print(format_report(report))
     cost = Fitted.load(report.cost_model_path)            # a CostModel for the simulator
 
-The functional form is `sim.cost.fitted`'s (see its docstring): scalar coefficients and three monotone
+The functional form is `costs.fitted`'s (see its docstring): scalar coefficients and three monotone
 piecewise-linear curves (the linear layers over tiled T, the LM head over tiled r, a decode row's attention
 over its KV length). The fit:
 
@@ -52,19 +52,19 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
+from catalogue.gpus import get_gpu
 from common.errors import InputError
+from costs.calibration import CALIBRATION_FORMAT
+from costs.curves import CurveTables, tiled_array
+from costs.fit_results import ErrorStats, FitReport, RooflineCalibration
+from costs.fitted import COEFFICIENTS, CURVES, Fitted, dtype_bytes_of, predict_arrays
+from costs.provenance import measured_on
 from executor.config import ExecutorConfig
-from profiler.fit_figure import fit_figure
-from profiler.fit_results import ErrorStats, FitReport, RooflineCalibration
+from plots.fit import fit_figure
 from profiler.fit_roofline import calibrate_roofline
 from profiler.profile import PROFILE_FILES
 from profiler.profile_data import load_profile, split_holdout
-from sim.cost.calibration import CALIBRATION_FORMAT
-from sim.cost.curves import CurveTables, tiled_array
-from sim.cost.fitted import COEFFICIENTS, CURVES, Fitted, dtype_bytes_of, predict_arrays
-from sim.cost.provenance import measured_on
-from sim.gpus import get_gpu
-from sim.output import check_out_dir, json_text, write_files
+from results.output import check_out_dir, json_text, write_files
 
 TILE_CANDIDATES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TILE_CHI2 = 10.83  # chi-square(1 dof) at p = 0.001: how much a tile step must lower the error to be believed
@@ -129,7 +129,7 @@ def ramp_columns(x: np.ndarray, knots: list[int]) -> np.ndarray:
 class CoefficientFit(CurveTables):
     tile: int
     coefficients: dict[str, float]
-    # knot tables (n, seconds) by name, as `sim.cost.fitted.CURVES`
+    # knot tables (n, seconds) by name, as `costs.fitted.CURVES`
     curves: dict[str, list[tuple[int, float]]]
     stderr: dict[str, float]  # standard error of each scalar coefficient (0 for those not covered)
     tile_errors: dict[int, float]  # training RMS relative error of the best fit at each candidate tile

@@ -15,7 +15,7 @@ curves are the measured operators of one model on one GPU at one TP degree.
   blended (the fit's form is linear: up to sqrt(2) above the roofline where compute and KV reads are equal).
 - LM head: not in the profiles: the roofline's, tabulated with its tile steps.
 - Step overheads: the profiles time kernels, not steps: the execution mode's defaults
-  (`sim/cost/overheads.py`).
+  (`costs/overheads.py`).
 
 A seeded share of the interior token counts (and of the attention rows) is held out: the model written is
 fitted without them, and the report gives its error on them per operator class.
@@ -30,9 +30,15 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import isotonic_regression
 
+from catalogue.gpus import get_gpu
+from catalogue.models import ModelSpec
 from common.errors import InputError
+from costs.curves import pwl_array, tiled_array
+from costs.fit_results import ErrorStats
+from costs.fitted import Fitted
+from costs.overheads import StepOverheads
+from costs.roofline import Roofline
 from profiler.fit import error_stats, fit_coefficients, predict
-from profiler.fit_results import ErrorStats
 from profiler.operator_profiles import (
     ALL_REDUCES_PER_LAYER,
     LAYER_OPERATORS,
@@ -40,13 +46,7 @@ from profiler.operator_profiles import (
     load_operator_profile,
 )
 from profiler.profile_data import split_holdout
-from sim.cost.curves import pwl_array, tiled_array
-from sim.cost.fitted import Fitted
-from sim.cost.overheads import StepOverheads
-from sim.cost.roofline import Roofline
-from sim.gpus import get_gpu
-from sim.models import ModelSpec
-from sim.output import check_out_dir, json_text, write_files
+from results.output import check_out_dir, json_text, write_files
 
 COST_MODEL_FILE = "cost_model.json"
 DTYPE_BYTES = 2  # Vidur profiles in fp16

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from profiler.fit_results import FitReport
-from sim.cost.fitted import (
+from costs.fit_results import FitReport
+from costs.fitted import (
     CURVES,
 )
 

@@ -10,15 +10,15 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from policies.plan import BatchPlan, Layout
-from policies.seq import Seq
-from sim.cost.calibration import ROOFLINE_PARAMS
-from sim.cost.fitted import (
+from catalogue.gpus import get_gpu
+from costs.calibration import ROOFLINE_PARAMS
+from costs.fitted import (
     dtype_bytes_of,
     model_spec_from_shape,
 )
-from sim.cost.roofline import Roofline
-from sim.gpus import get_gpu
+from costs.roofline import Roofline
+from policies.plan import BatchPlan, Layout
+from policies.seq import Seq
 
 
 def plans_from_rows(df: pd.DataFrame) -> list[BatchPlan]:

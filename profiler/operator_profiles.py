@@ -7,10 +7,9 @@ model, GPU and tensor-parallel degree (the fit that turns them into a cost model
     ROOT/attention_GPU_*/attention.csv        the same, kept beside the layout (the reference data's A100 one)
     ROOT/network/GPU_*/all_reduce.csv         all-reduce times (ms) vs message bytes and workers
 
-A catalogue GPU is found by its device-name word (`sim.gpus.catalogue_gpu_of`: folder `a100` is the A100),
-a model by its per-layer shape (heads, KV heads, hidden, MLP width, gated MLP), which is all the operators
-depend on: among equal shapes, the profile whose vocabulary is closest to the model's.
-"""
+A catalogue GPU is found by its device-name word (`catalogue.gpus.catalogue_gpu_of`: folder `a100` is the
+A100), a model by its per-layer shape (heads, KV heads, hidden, MLP width, gated MLP), which is all the
+operators depend on: among equal shapes, the profile whose vocabulary is closest to the model's. """
 
 from __future__ import annotations
 
@@ -20,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from catalogue.gpus import catalogue_gpu_of
+from catalogue.models import ModelSpec
 from common.errors import InputError
-from sim.gpus import catalogue_gpu_of
-from sim.models import ModelSpec
 
 # Operators per layer as Vidur names them, with how many times a Llama layer runs each: its two RMS norms are
 # two columns, its two residual adds one column timed once.

@@ -33,7 +33,7 @@ PROFILE_FILES = ("profile.csv", "meta.json")
 
 def _check_inputs(model_name: str, device: str, dtype: str, threads: int | None, grid: str,
                   protocol: str) -> tuple[Any, str, int]:
-    from sim.models import get_model
+    from catalogue.models import get_model
 
     spec = get_model(model_name)  # InputError for an unknown model
     if spec.mlp != "gated":
@@ -74,7 +74,7 @@ def write_profile(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -
     """profile.csv then meta.json, all or none."""
     import pandas as pd
 
-    from sim.output import json_text, write_files
+    from results.output import json_text, write_files
 
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     meta_text = json_text(meta)
@@ -154,8 +154,8 @@ def profile(model_name: str, device: str, dtype: str, threads: int | None, quick
     call ran.
     Raises InputError for an unknown model, dtype or device, cuda requested but missing, or a bad out_dir.
     """
-    from sim.models import model_in_working_folder
-    from sim.output import check_out_dir
+    from catalogue.models import model_in_working_folder
+    from results.output import check_out_dir
 
     grid = grid if grid is not None else ("quick" if quick else "full")
     model_name = model_in_working_folder(model_name)  # the timing child finds the same config.json

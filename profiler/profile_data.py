@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from common.errors import InputError
-from sim.cost.fitted import (
+from costs.fitted import (
     dtype_bytes_of,
     model_spec_from_shape,
 )

@@ -12,7 +12,7 @@ A `StepProbe` names the step it times; the worker makes it as serving does:
 
 Chunk sizes are set per step by the scheduler's token budget (see the worker); every timed step's shape is
 the one the scheduler actually scheduled, and the profile row's features are that shape's
-(`policies.plan.packed` + `sim.cost.features.plan_features`, as the simulator's). `VLLM_GRIDS`: `full` (a
+(`policies.plan.packed` + `costs.features.plan_features`, as the simulator's). `VLLM_GRIDS`: `full` (a
 few minutes for `tiny` on a 2-core CPU, engine start included), `quick` (under two minutes) and `test`.
 """
 

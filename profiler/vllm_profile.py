@@ -28,8 +28,8 @@ def profile_vllm(model_name: str, dtype: str, quick: bool, out_dir: str | Path, 
     """Profile vLLM's steps on `model_name` (a catalogue shape, random weights) on the CPU into `out_dir`;
     returns `out_dir`. grid: "full" (default), "quick" (`quick`) or "test". InputError without vLLM, for an
     unknown model or dtype, or a bad `out_dir`."""
-    from sim.models import get_model, model_in_working_folder
-    from sim.output import check_out_dir
+    from catalogue.models import get_model, model_in_working_folder
+    from results.output import check_out_dir
 
     require_vllm()
     grid = grid if grid is not None else ("quick" if quick else "full")

@@ -16,7 +16,7 @@ then chunks in arrival order, so a budget of B + q gives a running batch of B de
 newest prompt. Every step's actual shape is read from the scheduler's output (`schedule()` is wrapped:
 `num_scheduled_tokens` and each request's `num_computed_tokens` before the step) and turned into the plan the
 simulator would build (`policies.plan.packed`); a timed step whose shape is not the probe's is an error. The
-row's features are `sim.cost.features.plan_features` of the middle timed step of the first visit (contexts
+row's features are `costs.features.plan_features` of the middle timed step of the first visit (contexts
 move by a token a step around it, so the median step is that one).
 
 Timing reuses the profiler's machinery: each visit of a probe is a `profiler.worker.Block` (its timed steps
@@ -40,13 +40,13 @@ from typing import Any, TextIO
 import numpy as np
 
 from common.errors import InputError
+from costs.features import plan_features
 from executor.runtime import cpu_name
 from executor.vllm_runtime import CPU_KV_CACHE_GIB, VLLMDeployment, engine_args, require_vllm, set_vllm_env
 from policies.plan import BatchPlan, packed
 from policies.seq import Seq
 from profiler.vllm_grid import VLLM_GRIDS, StepProbe, VLLMGrid, vllm_grid
 from profiler.worker import QUIET_SHARE, Block, summarize_blocks
-from sim.cost.features import plan_features
 
 # the engine settings recorded in meta.json: the vLLM config field each is read from
 _SETTINGS = {"max_model_len": ("model_config", "max_model_len"),
@@ -202,7 +202,7 @@ def _row(probe: StepProbe, plan: BatchPlan) -> dict[str, Any]:
 
 class VLLMWorker:
     def __init__(self, model: str, dtype: str, grid: str, seed: int, out: TextIO) -> None:
-        from sim.models import get_model
+        from catalogue.models import get_model
 
         if grid not in VLLM_GRIDS:
             raise InputError(f"grid {grid!r} unknown; choose one of {', '.join(VLLM_GRIDS)}")

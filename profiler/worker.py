@@ -147,9 +147,9 @@ class Worker:
                  out: TextIO, protocol: str = "served", attention: str = "auto") -> None:
         import torch
 
+        from catalogue.models import get_model
         from executor.config import ExecutorConfig
         from executor.model import resolve_device, torch_dtype
-        from sim.models import get_model
 
         self.out = out
         self.spec = get_model(model)

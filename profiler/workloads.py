@@ -24,12 +24,12 @@ BatchPlan field):
   (which repetitions: `profiler/worker.py`)
 
 Every shape builds its plan with the policies' plan builders (`Shape.plan`) and its columns come from
-`sim.cost.features.plan_features(plan)`: the features exist in one place.
+`costs.features.plan_features(plan)`: the features exist in one place.
 
 Grids (`GRID_NAMES`): `full` (a CPU profile of `tiny` in under 5 minutes), `quick` (under a minute) and `test`
 (seconds, for the test suite). All cap token positions at the model's `max_position` and skip shapes whose KV
 slab would exceed the memory budget the caller gives. What the full grid is for (the fitted form is
-`sim.cost.fitted`'s: piecewise-linear curves with knots where the profile measured):
+`costs.fitted`'s: piecewise-linear curves with knots where the profile measured):
 
 - single prompts at every power of two, on both sides of each (2^k - 1, 2^k + 1, 2^k + 2: a tile or
   kernel step shows between knots), and densely in between (held-out rows there check the interpolation);
@@ -60,6 +60,8 @@ from typing import Literal
 
 import numpy as np
 
+from catalogue.moe import MoE, expected_distinct_experts
+from costs.features import plan_features
 from policies.binpack import first_fit_decreasing
 from policies.plan import BatchPlan
 from policies.plan import binpacked_prefill as binpacked_prefill_plan
@@ -68,8 +70,6 @@ from policies.plan import padded_decode as padded_decode_plan
 from policies.plan import padded_insertion as padded_insertion_plan
 from policies.plan import padded_prefill as padded_prefill_plan
 from policies.seq import Seq
-from sim.cost.features import plan_features
-from sim.moe import MoE, expected_distinct_experts
 
 Kind = Literal["prefill", "decode", "hybrid", "padded_prefill", "padded_decode", "padded_insertion",
                "binpacked_prefill"]
@@ -400,7 +400,8 @@ def _dense_prefill(max_t: int) -> list[int]:
 def expert_union_tokens(moe: MoE, most: int = 16) -> list[int]:
     """Token counts at which a mixture of experts' union of routed experts grows: 1, 2, ... up to where the
     expected distinct experts under uniform routing come within half an expert of all of them (at most
-    `most`): the linear-layer curve needs knots there, as its weight reads follow the union (`sim.moe`)."""
+    `most`): the linear-layer curve needs knots there, as its weight reads follow the union
+    (`catalogue.moe`)."""
     ts = [1]
     while (ts[-1] < most
            and expected_distinct_experts(moe.experts, moe.experts_per_token, ts[-1]) < moe.experts - 0.5):

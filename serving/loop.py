@@ -45,8 +45,8 @@ MAX_STRETCH = 4096  # longest decode stretch priced at once; bounds the arrays, 
 
 def overload_limit(num_requests: int) -> int:
     """Waiting requests past which a run gives up as overloaded: half the run (more than half waiting at once
-    is unsustainable by `sim.metrics`' own verdict), at least 64 so that bursts of small runs finish, and at
-    most 2048 so that an overload is detected in bounded time and memory however long the run."""
+    is unsustainable by `results.metrics`' own verdict), at least 64 so that bursts of small runs finish, and
+    at most 2048 so that an overload is detected in bounded time and memory however long the run."""
     return min(max(64, num_requests // 2), 2048)
 
 

@@ -1,6 +1,6 @@
 """A real run's iteration log as the replica loop's clock and backend: the same policy re-plans every logged
 iteration at its logged start, and each plan "runs" for its logged duration. Used to put the cost model's
-price of every real iteration next to its measured time (`engine.validate`)."""
+price of every real iteration next to its measured time (`validation.validate`)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 decode), its pools, and its summary and files: `sim.run.run` serves every run through these, one replica
 being a cluster of one.
 
-The summary is a single run's (`sim.metrics.summarize` over every request, every token gap and every
+The summary is a single run's (`results.metrics.summarize` over every request, every token gap and every
 iteration of the cluster), plus per replica and per pool: requests served, utilisation (busy time / the
 run's span), the waiting queue each arrival met, KV peak; and the KV link's use. The cluster is
 sustainable when every replica is, by the single-replica rules applied to the requests it served.
@@ -23,19 +23,19 @@ import simpy
 
 from common.checks import is_int, is_number
 from common.errors import InputError
+from costs.base import CostModel
 from policies.base import Policy
 from policies.registry import policy_class
 from policies.seq import Seq
+from results.metrics import summarize
+from results.output import TIMELINE_FILE, json_text, write_files
+from results.run_result import SimResult
 from serving.loop import overload_limit
 from serving.records import GapHistogram, IterationLog, request_frame
 from serving.routers import check_router, make_router
 from sim.cluster import Cluster, Member, Pool
-from sim.cost.base import CostModel
 from sim.kv_link import KVLink
-from sim.metrics import summarize
-from sim.output import TIMELINE_FILE, json_text, write_files
 from sim.replica import CostBackend
-from sim.simulate import SimResult
 from traces.request import Request
 
 MAX_INSTANCES = 1024

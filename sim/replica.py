@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from costs.base import CostModel
 from policies.plan import BatchPlan
 from policies.seq import Seq
-from sim.cost.base import CostModel
 
 
 class SimulatedTime:

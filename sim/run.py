@@ -13,25 +13,25 @@ from typing import Any
 import pandas as pd
 import simpy
 
+from catalogue.gpus import GPUSpec, get_gpu
+from catalogue.models import ModelSpec, get_model, model_in_working_folder
+from catalogue.moe import check_routing_skew
 from common.checks import is_int, is_number
 from common.errors import InputError
 from common.files import in_working_folder
+from costs.base import CostModel
+from costs.calibration import is_roofline_calibration, load_roofline_calibration
+from costs.fitted import Fitted
+from costs.provenance import calibration_warnings, check_fitted_device
+from costs.roofline import Roofline
 from policies.base import Policy, run_stats
 from policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
+from results.run_result import SimResult
 from serving.loop import overload_limit
 from sim.cluster import Cluster, Pool, Progress
 from sim.cluster_run import ClusterConfig, MemberRecords, iterations_frame, make_pool, summarise_cluster
-from sim.cost.base import CostModel
-from sim.cost.calibration import is_roofline_calibration, load_roofline_calibration
-from sim.cost.fitted import Fitted
-from sim.cost.provenance import calibration_warnings, check_fitted_device
-from sim.cost.roofline import Roofline
-from sim.gpus import GPUSpec, get_gpu
 from sim.kv_link import KVLink
-from sim.models import ModelSpec, get_model, model_in_working_folder
-from sim.moe import check_routing_skew
 from sim.replica import CostBackend
-from sim.simulate import SimResult
 from sim.timeline import TimelineBackend, check_timeline
 from traces import (
     ARRIVAL_PROCESSES,
@@ -69,7 +69,7 @@ class RunConfig:
     fast: bool = True  # advance decode-only stretches in one step (identical results)
     # a fitted cost_model.json; None: the roofline (or, for --gpu cpu, the shipped fit)
     cost: str | None = None
-    routing_skew: float = 0.0  # an MoE's imbalanced routing for the roofline (sim.moe); 0: uniform
+    routing_skew: float = 0.0  # an MoE's imbalanced routing for the roofline (catalogue.moe); 0: uniform
 
     def __post_init__(self) -> None:
         # the user's paths, absolute before a child process (a capacity worker, a Ray task) reads them

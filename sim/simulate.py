@@ -3,39 +3,16 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
-import numpy as np
-import pandas as pd
 import simpy
 
+from costs.base import CostModel
 from policies.base import Policy
-from policies.seq import Seq
-from serving.loop import Replica
-from serving.records import GapHistogram, IterationLog, request_frame
+from results.run_result import SimResult
 from serving.routers import make_router
 from sim.cluster import Cluster, Member, Pool, Progress
-from sim.cost.base import CostModel
 from sim.replica import CostBackend
 from traces.request import Request
-
-
-@dataclass
-class SimResult:
-    requests: pd.DataFrame  # one row per request (records.request_frame)
-    iterations: IterationLog
-    gaps: GapHistogram  # time between consecutive tokens, weighted
-    queue_at_arrival: np.ndarray  # waiting-queue length seen at each arrival
-    aborted: bool  # stopped early: the waiting queue passed its limit
-    kv_capacity: int
-    wall_s: float
-
-    @classmethod
-    def of(cls, seqs: list[Seq], replica: Replica, wall_s: float) -> SimResult:
-        records = replica.records
-        return cls(requests=request_frame(seqs), iterations=records.iterations, gaps=records.gaps,
-                   queue_at_arrival=records.queue_lengths(), aborted=replica.aborted,
-                   kv_capacity=replica.policy.kv.capacity, wall_s=wall_s)
 
 
 def simulate(requests: list[Request], policy: Policy, cost: CostModel, fast: bool = True,

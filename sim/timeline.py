@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from common.errors import InputError
+from costs.base import CostModel
 from policies.plan import BatchPlan
-from sim.cost.base import CostModel
 from sim.replica import CostBackend
 
 MAX_TIMELINE_ITERATIONS = 10_000  # x at most a batch of members each: a few million rows at the most

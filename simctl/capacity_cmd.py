@@ -1,4 +1,4 @@
-"""`simctl capacity`: the highest rate each policy sustains within SLOs given with --slo (sim/slo.py's
+"""`simctl capacity`: the highest rate each policy sustains within SLOs given with --slo (results/slo.py's
 grammar), or by default under Sarathi-Serve's strict and relaxed SLOs for the deployment (Table 3's rule)."""
 
 from __future__ import annotations
@@ -66,11 +66,12 @@ def capacity(
     Example: simctl capacity --policy orca,vllm,sarathi --trace arxiv --slo p99_tbt=0.5 --seeds 3 --out
     out/cap
     """
-    from sim.capacity import CapacityConfig, capacity_warnings, search_capacities, table3_slos_for
-    from sim.capacity_files import CAPACITY_FILES, write_capacity
-    from sim.output import check_out_dir
+    from plots.capacity_search import capacity_figure
+    from results.output import check_out_dir
+    from results.slo import TABLE3_BATCH, TABLE3_CONTEXT, parse_slo
     from sim.run import RunConfig
-    from sim.slo import TABLE3_BATCH, TABLE3_CONTEXT, parse_slo
+    from studies.capacity import CapacityConfig, capacity_warnings, search_capacities, table3_slos_for
+    from studies.capacity_files import CAPACITY_FILES, probes_frame, write_capacity
 
     policies = [p.strip() for p in policy.split(",") if p.strip()]
     configs = [RunConfig(policy=p, trace=trace, model=model, gpu=gpu, tp=tp, qps=start_qps,
@@ -120,5 +121,5 @@ def capacity(
              for r in results for seed, problem in r.problems.items())
     if out is not None:
         note_replaced(out, CAPACITY_FILES)
-        write_capacity(out, spec, results, origin)
+        write_capacity(out, spec, results, origin, capacity_figure(probes_frame(results), results))
         console.print(escape(f"wrote {out}/capacity.json, probes.parquet, capacity.png"))

@@ -101,8 +101,8 @@ def run(
     """
     from dataclasses import replace
 
+    from results.vllm_bench import parse_goodput
     from sim.run import RunConfig
-    from sim.vllm_bench import parse_goodput
     from traces import build_trace, has_arrival_times, is_profile
 
     if qps is None and (not trace.strip() or not has_arrival_times(trace)):
@@ -173,7 +173,7 @@ def real(
     (vLLM's settings as vllm-v1's, e.g. --max-batch-size 64 --enable-prefix-caching 0)
     """
     from engine.real import real_main
-    from sim.output import json_text
+    from results.output import json_text
 
     if engine not in ("simctl", "vllm"):
         raise InputError(f"--engine {engine!r}: choose simctl or vllm")
@@ -276,12 +276,12 @@ def validate(
     --gpu h100 --goodput ttft:500,tpot:50 --out out/bench; the real vLLM engine against its twin:
     simctl validate --engine vllm --cost profiles/vllm-cpu/cost_model.json --repeats 3 --capacity
     """
-    from engine.report import markdown
-    from engine.validate import validate_main
-    from sim.gpus import get_gpu
+    from catalogue.gpus import get_gpu
+    from results.validation_report import markdown
     from sim.run import default_cost_path
     from simctl.vllm_bench_cmd import check_bench_options, vllm_bench_command
     from simctl.vllm_validate_cmd import check_engine_options, vllm_validate_command
+    from validation.validate import validate_main
 
     check_engine_options(ctx, engine, policy)
     check_bench_options(ctx, from_vllm_bench)
@@ -393,8 +393,8 @@ def fit(
     operators = (Path(profile_dir) / "compute").is_dir()
     given = [n for n in ("model", "gpu", "tp", "execution") if ctx.get_parameter_source(n).name != "DEFAULT"]
     if operators:
+        from catalogue.models import get_model
         from profiler.fit_operators import fit_operator_profile, format_operator_report
-        from sim.models import get_model
 
         if roofline_gpu is not None:
             raise InputError("--roofline-gpu calibrates on a simctl profile; operator profiles are fitted "
@@ -425,10 +425,10 @@ app.command("sweep")(sweep)
 @app.command("list")
 def list_catalogue() -> None:
     """Show the policies, traces, models and GPUs simctl knows."""
-    from sim.cost.overheads import EXECUTION_MODES, StepOverheads
-    from sim.cost.roofline import DEFAULT_ATTN_MFU, DEFAULT_MBU, DEFAULT_MFU
-    from sim.gpus import GPUS
-    from sim.models import MODELS
+    from catalogue.gpus import GPUS
+    from catalogue.models import MODELS
+    from costs.overheads import EXECUTION_MODES, StepOverheads
+    from costs.roofline import DEFAULT_ATTN_MFU, DEFAULT_MBU, DEFAULT_MFU
     from traces import PROFILES
 
     console = Console()

@@ -35,7 +35,7 @@ OPTIONS: dict[str, tuple[Any, Any, str]] = {  # name: (type, default, help)
 
 
 SLO_OPTIONS: dict[str, tuple[Any, Any, str]] = {
-    "slo": (list[str] | None, None, ("SLO limits, KEY=SECONDS[,KEY=SECONDS] (sim/slo.py's grammar, as "
+    "slo": (list[str] | None, None, ("SLO limits, KEY=SECONDS[,KEY=SECONDS] (results/slo.py's grammar, as "
             "`capacity --slo`): per-request ttft, tbt, tpot, e2e (the summary's slo_attainment is the share "
             "of requests meeting all of them) or percentiles such as p99_tbt; slo_met says whether the run "
             "meets them.")),
@@ -69,8 +69,8 @@ def with_cluster_options(slo: bool = False,
 
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> Any:
+            from results.slo import parse_slo
             from sim.cluster_run import ClusterConfig
-            from sim.slo import parse_slo
 
             cluster = ClusterConfig(**{n: kwargs.pop(n) for n in OPTIONS})
             if slo:
@@ -89,15 +89,15 @@ def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, time
                 trace_events: Path | None, goodput: Any = None, slo: Any = None) -> None:
     """`simctl run` once its options are read: summary.json, requests.parquet, iterations.parquet (with pool
     and replica columns), replicas.parquet and, with --timeline, timeline.parquet in --out."""
+    from results.output import TIMELINE_FILE, check_out_dir, json_text
+    from results.trace_events import MAX_EVENTS, check_trace_path, write_trace_events
+    from results.vllm_bench import with_goodput
     from sim.cluster_run import CLUSTER_RUN_FILES, write_cluster_files
-    from sim.goodput import with_attainment
-    from sim.output import TIMELINE_FILE, check_out_dir, json_text
     from sim.run import run
     from sim.timeline import check_timeline
-    from sim.trace_events import MAX_EVENTS, check_trace_path, write_trace_events
-    from sim.vllm_bench import with_goodput
     from simctl.display import print_summary, progress_bar
     from simctl.usage_errors import note_replaced, warn_all
+    from studies.goodput import with_attainment
 
     for name, given in (("timeline", timeline), ("trace-events", trace_events)):
         if given and cluster.is_cluster:

@@ -1,5 +1,5 @@
 """`simctl capacity --goodput` (or capacity with cluster options): the highest rate each policy's deployment
-meets the --slo at, and that rate per GPU (DistServe's goodput), from `sim.goodput`."""
+meets the --slo at, and that rate per GPU (DistServe's goodput), from `studies.goodput`."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ GOODPUT_FILES = ("goodput.json",)
 
 def goodput_command(configs: list[Any], cluster: Any, slo: Any, slo_given: bool, start_qps: float, seeds: int,
                     out: Path | None) -> None:
-    from sim.goodput import find_goodput
-    from sim.output import check_out_dir, json_text, write_files
+    from results.output import check_out_dir, json_text, write_files
     from simctl.display import fmt
     from simctl.usage_errors import note_replaced, warn_all
+    from studies.goodput import find_goodput
 
     if not slo_given:
         raise InputError("--goodput (and capacity with cluster options) needs --slo, e.g. --slo "

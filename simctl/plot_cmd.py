@@ -40,10 +40,10 @@ def parse_window(text: str | None) -> tuple[float, float] | None:
 
 def figure(kind: str, dirs: list[Path], window: tuple[float, float] | None = None) -> Figure:
     """Read the folders (InputError naming what is missing) and draw the figure."""
-    from sim.plot_inputs import load_results, load_run
+    from plots.inputs import load_results, load_run
 
     if kind in ("cdf", "tbt", "timeline"):
-        from sim.plots_latency import cdf_figure, tbt_figure, timeline_figure
+        from plots.single_run import cdf_figure, tbt_figure, timeline_figure
 
         runs = [load_run(d) for d in dirs]
         if kind == "timeline":
@@ -51,7 +51,7 @@ def figure(kind: str, dirs: list[Path], window: tuple[float, float] | None = Non
                 raise InputError("the timeline figure draws one run: give one folder")
             return timeline_figure(runs[0], window)
         return cdf_figure(runs) if kind == "cdf" else tbt_figure(runs, window)
-    from sim.plots_capacity import attainment_figure, capacity_figure, pareto_figure
+    from plots.across_runs import attainment_figure, capacity_figure, pareto_figure
 
     caps, points = load_results(dirs)
     if kind == "capacity":
@@ -75,7 +75,7 @@ def plot(
     from rich.console import Console
     from rich.markup import escape
 
-    from sim.output import write_files
+    from results.output import write_files
 
     if kind not in KINDS:
         raise InputError(f"unknown figure {kind!r}; known: {', '.join(KINDS)}")

@@ -56,13 +56,13 @@ def prefill_bench(
     import numpy as np
     import pandas as pd
 
+    from catalogue.gpus import get_gpu
+    from catalogue.models import get_model
     from policies.registry import policy_class
-    from sim.gpus import get_gpu
-    from sim.models import get_model
-    from sim.output import check_out_dir, json_text, write_files
-    from sim.prefill_bench import PROFILES, bench, largest_batch, prompt_lengths
+    from results.output import check_out_dir, json_text, write_files
     from sim.run import cost_model
     from simctl.usage_errors import warn_all
+    from studies.prefill_bench import PROFILES, bench, largest_batch, prompt_lengths
 
     policies = comma_list(policy, "policy")
     for p in policies:

@@ -16,9 +16,9 @@ from common.errors import InputError
 from simctl.options import batch_sizes, comma_list
 
 if TYPE_CHECKING:
-    from sim.cost.base import CostModel
-    from sim.gpus import GPUSpec
-    from sim.models import ModelSpec
+    from catalogue.gpus import GPUSpec
+    from catalogue.models import ModelSpec
+    from costs.base import CostModel
 
 FILES = ("query_set.parquet", "summary.json")
 
@@ -31,10 +31,10 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
     project's CPU)."""
     import statistics
 
+    from catalogue.gpus import get_gpu
     from engine.real import real_main
-    from engine.twin import load_cost, simulate_twin
-    from sim.gpus import get_gpu
     from sim.run import default_cost_path
+    from validation.twin import load_cost, simulate_twin
 
     if real_cost is None and device != "cpu":
         raise InputError("--real-cost: give the fitted cost model (cost_model.json) of the --real device")
@@ -59,7 +59,7 @@ def _cost(cost: str | None, spec: ModelSpec, gpu: GPUSpec, execution: str | None
           step_overhead_ms: float | None) -> tuple[CostModel, int, str, list[str]]:
     """`sim.run.cost_model`'s model, or the roofline with the step overheads given (they are the roofline's:
     a fit carries what its profile measured)."""
-    from sim.cost.roofline import DEFAULT_OVERHEAD_S, Roofline
+    from costs.roofline import DEFAULT_OVERHEAD_S, Roofline
     from sim.run import cost_model
 
     if execution is None and step_overhead_ms is None:
@@ -88,7 +88,7 @@ def query_set_cmd(
                                              "instead of the roofline.")] = None,
     execution: Annotated[str | None, typer.Option(help="Roofline: cuda-graph (the default: 2 ms a step) or "
                                                   "eager (its launch floor too: the paper's Hugging Face "
-                                                  "engine runs eager PyTorch; see sim/cost/overheads.py)."
+                                                  "engine runs eager PyTorch; see costs/overheads.py)."
                                                   )] = None,
     step_overhead_ms: Annotated[float | None, typer.Option(help="Roofline: the host's time per step, ms "
                                                            "(default: the execution mode's, 2 ms).")] = None,
@@ -116,12 +116,12 @@ def query_set_cmd(
     """
     import pandas as pd
 
+    from catalogue.gpus import get_gpu
+    from catalogue.models import get_model
     from policies.registry import policy_class
-    from sim.gpus import get_gpu
-    from sim.models import get_model
-    from sim.output import check_out_dir, json_text, write_files
-    from sim.query_set import completion_time, query_set
+    from results.output import check_out_dir, json_text, write_files
     from simctl.usage_errors import warn_all
+    from studies.query_set import completion_time, query_set
 
     policies = comma_list(policy, "policy")
     for p in policies:

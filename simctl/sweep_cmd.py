@@ -39,10 +39,10 @@ def sweep(
         TimeRemainingColumn,
     )
 
-    from sim.output import check_out_dir
-    from sim.sweep import POINTS_DIR, SWEEP_FILES, run_sweep
-    from sim.sweep_spec import read_sweep, sweep_points
+    from results.output import check_out_dir
     from simctl.usage_errors import warn_all
+    from studies.sweep import POINTS_DIR, SWEEP_FILES, run_sweep
+    from studies.sweep_spec import read_sweep, sweep_points
 
     if workers is not None and workers < 1:
         raise InputError(f"--workers must be >= 1, got {workers}")

@@ -1,5 +1,5 @@
 """`simctl validate --from-vllm-bench FILE`: a user's `vllm bench serve` result beside simctl's prediction
-(engine.vllm_bench_compare), as a table, and vllm_bench_comparison.json / .md in --out."""
+(validation.vllm_bench_compare), as a table, and vllm_bench_comparison.json / .md in --out."""
 
 from __future__ import annotations
 
@@ -46,10 +46,10 @@ def check_bench_options(ctx: typer.Context, from_bench: Path | None) -> None:
 def vllm_bench_command(ctx: typer.Context, path: Path, model: str, gpu: str, policy: str, cost: str | None,
                        tp: int, goodput: list[str] | None, out: Path) -> None:
     """The comparison of the bench result at `path` (validate's options, checked by check_bench_options)."""
-    from engine.vllm_bench_compare import DEFAULT_POLICY, FILES, compare, write_comparison
-    from sim.output import check_out_dir
-    from sim.vllm_bench import parse_goodput
+    from results.output import check_out_dir
+    from results.vllm_bench import parse_goodput
     from simctl.usage_errors import note_replaced, warn_all
+    from validation.vllm_bench_compare import DEFAULT_POLICY, FILES, compare, write_comparison
 
     limits = parse_goodput(goodput)
     out = check_out_dir(out if _given(ctx, "out") else DEFAULT_OUT, FILES)
@@ -62,9 +62,9 @@ def vllm_bench_command(ctx: typer.Context, path: Path, model: str, gpu: str, pol
 
 
 def _print(record: dict[str, Any]) -> None:
-    from engine.report import fmt_err
-    from engine.vllm_bench_compare import fmt_value
-    from sim.vllm_bench import ITL_PERCENTILES
+    from results.validation_report import fmt_err
+    from results.vllm_bench import ITL_PERCENTILES
+    from validation.vllm_bench_compare import fmt_value
 
     p = record["prediction"]
     title = (f"{Path(record['file']).name}: {record['completed']}/{record['sent']} requests measured; "

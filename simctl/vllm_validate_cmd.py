@@ -1,5 +1,5 @@
 """`simctl validate --engine vllm`: the simulated vllm-v1 twin against the installed vLLM
-(engine.vllm_validate), its table on stdout and validation_vllm.{json,md,csv} in --out."""
+(validation.vllm_validate), its table on stdout and validation_vllm.{json,md,csv} in --out."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def check_engine_options(ctx: typer.Context, engine: str, policy: str) -> None:
 def vllm_validate_command(ctx: typer.Context, trace: str, loads: list[float], cost: str | None, model: str,
                           scale: float, num_requests: int, seed: int, capacity: bool, repeats: int,
                           out: Path) -> None:
-    from engine.vllm_validate import VLLMValidation, markdown, validate_vllm
+    from validation.vllm_validate import VLLMValidation, markdown, validate_vllm
 
     if cost is None:
         raise InputError("--engine vllm needs --cost: the fit of vLLM's steps on this machine (`simctl "

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from costs.base import CostModel
 from policies.plan import BatchPlan
-from sim.cost.base import CostModel
 from traces.request import Request
 
 
@@ -69,8 +69,8 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def model():
+    from catalogue.models import get_model
     from executor.model import build_model
-    from sim.models import get_model
 
     return build_model(get_model(ENGINE_MODEL), "cpu", "float32", ENGINE_SEED)
 
@@ -78,9 +78,9 @@ def model():
 @pytest.fixture(scope="module")
 def alone(model):
     """Greedy tokens of a request run by itself (cached by prompt length, output length and id)."""
+    from catalogue.models import get_model
     from engine.serve import generate_alone, prompt_ids
     from executor.ragged import RaggedExecutor
-    from sim.models import get_model
 
     vocab = get_model(ENGINE_MODEL).vocab_size
     cache: dict[tuple[int, int, int], list[int]] = {}

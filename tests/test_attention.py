@@ -23,12 +23,12 @@ pytest.importorskip("transformers")
 
 from torch.nn.attention import sdpa_kernel
 
+from catalogue.models import get_model
 from common.errors import InputError
 from executor import ragged
 from executor.config import ATTENTION, ExecutorConfig, check_same
 from executor.model import build_model, reference_model
 from executor.ragged import RaggedExecutor, Segment, _Attention, _sdpa, attention_kernels
-from sim.models import get_model
 
 pytestmark = pytest.mark.torch
 
@@ -279,9 +279,9 @@ def simctl_error(*args: str, cwd: Path) -> str:
 
 
 def test_a_fit_records_its_profiles_executor_and_the_twin_refuses_another(tmp_path):
-    from engine.twin import Setup, check_executor, twin_summary
+    from costs.fitted import Fitted
     from profiler.fit import fit_profile
-    from sim.cost.fitted import Fitted
+    from validation.twin import Setup, check_executor, twin_summary
 
     profile = tmp_path / "cpu"
     shutil.copytree(SHIPPED_CPU_PROFILE, profile)
@@ -297,7 +297,7 @@ def test_a_fit_records_its_profiles_executor_and_the_twin_refuses_another(tmp_pa
 
 
 def test_validate_refuses_real_runs_with_other_kernels_than_the_fits(tmp_path):
-    from engine.validate import validate_main
+    from validation.validate import validate_main
 
     with pytest.raises(InputError, match="--attention math"):
         validate_main(["vllm"], cost=SHIPPED_CPU_PROFILE / "cost_model.json", out=tmp_path / "v",

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from costs.roofline import Roofline
 from policies.baton import Baton, BatonPD
 from policies.padded_kv import PaddedBatchKV
 from policies.plan import BatchPlan, Layout, padded_prefill
 from policies.registry import make_policy
 from policies.seq import Seq
-from sim.cost.roofline import Roofline
 
 
 def step(policy) -> BatchPlan | None:

@@ -17,6 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import serving.loop
+from costs.base import ScaledCost
+from costs.fitted import Fitted
+from costs.roofline import Roofline
 from policies.kv import PagedKV
 from policies.plan import hybrid
 from policies.registry import make_policy
@@ -26,9 +29,6 @@ from serving.inbox import Inbox
 from serving.loop import Replica
 from serving.routers import make_router
 from sim.cluster import Cluster, Member, Pool
-from sim.cost.base import ScaledCost
-from sim.cost.fitted import Fitted
-from sim.cost.roofline import Roofline
 from sim.replica import CostBackend, SimulatedTime
 from sim.simulate import simulate
 from traces.request import Request

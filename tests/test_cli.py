@@ -279,7 +279,7 @@ def test_failed_run_leaves_earlier_outputs_untouched(tmp_path: Path, traces: dic
 
 def test_write_run_is_all_or_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A failure while writing (here: the second parquet file) leaves no new file and no temporary file."""
-    from sim.output import write_run
+    from results.output import write_run
 
     out = tmp_path / "out"
     frame = pd.DataFrame({"a": [1, 2]})

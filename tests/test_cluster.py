@@ -14,15 +14,15 @@ import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from catalogue.gpus import get_gpu
+from catalogue.models import get_model
 from policies.registry import POLICIES, make_policy
 from policies.seq import Seq
 from serving.records import request_frame
 from serving.routers import ROUTERS, ReplicaView, Router, make_router
 from sim.cluster import Cluster, Member, Pool
 from sim.cluster_run import ClusterConfig
-from sim.gpus import get_gpu
 from sim.kv_link import KVLink, kv_transfer_bytes
-from sim.models import get_model
 from sim.replica import CostBackend
 from sim.run import RunConfig, cost_model, run
 from traces.request import Request

@@ -30,13 +30,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from policy_cases import Step, build, cases, drive
 
+from costs.base import CostModel
+from costs.roofline import Roofline
 from policies.base import Policy
 from policies.kv import ReservedKV
 from policies.registry import POLICIES
-from sim.cost.base import CostModel
-from sim.cost.roofline import Roofline
-from sim.metrics import summarize
-from sim.simulate import SimResult, simulate
+from results.metrics import summarize
+from results.run_result import SimResult
+from sim.simulate import simulate
 from traces.request import Request
 
 # ----------------------------------------------------------------------------------------------------------

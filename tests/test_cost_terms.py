@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from catalogue.gpus import get_gpu
+from costs.fitted import Fitted
+from costs.roofline import Roofline
 from policies.plan import hybrid
 from policies.seq import Seq
-from sim.cost.fitted import Fitted
-from sim.cost.roofline import Roofline
-from sim.gpus import get_gpu
 from sim.run import default_cost_path
 
 MODELS = {

@@ -110,8 +110,8 @@ def test_bad_real_pd_input_is_one_line_exit_2(tmp_path: Path, args: tuple[str, .
 
 
 def test_validate_compares_a_real_pd_run_with_the_simulated_cluster(tmp_path: Path) -> None:
-    from engine.validate import validate_main
-    from sim.capacity import SLO
+    from studies.capacity import SLO
+    from validation.validate import validate_main
 
     out = tmp_path / "val"
     report = validate_main(["vllm"], "sharegpt", [0.5], cost=TinyCost(), out=out, model=MODEL, scale=0.02,
@@ -133,8 +133,8 @@ def test_validate_compares_a_real_pd_run_with_the_simulated_cluster(tmp_path: Pa
 
 def test_validate_pd_refuses_threads_the_cores_cannot_hold(tmp_path: Path) -> None:
     from common.errors import InputError
-    from engine.validate import validate_main
     from executor.runtime import default_threads
+    from validation.validate import validate_main
 
     with pytest.raises(InputError, match="two instances"):
         validate_main(["vllm"], "sharegpt", [0.5], cost=TinyCost(), out=tmp_path / "val", model=MODEL,

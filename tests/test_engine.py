@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 
 from conftest import ENGINE_MODEL, ENGINE_SEED
 
+from catalogue.models import get_model
 from common.errors import InputError
 from engine.real import real_main, run_real, twin_inputs, write_real
 from engine.serve import Engine, prompt_ids
@@ -22,7 +23,6 @@ from executor.plans import SlotPool
 from executor.ragged import RaggedExecutor, Segment
 from policies.registry import POLICIES
 from sim.cluster_run import write_cluster_files
-from sim.models import get_model
 from sim.run import RunConfig, run
 from traces import build_trace
 from traces.request import Request

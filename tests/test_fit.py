@@ -22,20 +22,20 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from catalogue.gpus import get_gpu
+from catalogue.models import get_model
 from common.errors import InputError
+from costs import Fitted, Roofline
+from costs.calibration import load_roofline_calibration
+from costs.curves import pwl_array
+from costs.features import decode_pad_kv
+from costs.fitted import COEFFICIENTS
 from policies.plan import BatchPlan, Layout, packed, padded_decode, padded_prefill
 from policies.seq import Seq
 from profiler.fit import COST_MODEL_FILE, choose_knots, fit_coefficients, fit_profile
 from profiler.fit_report import format_report
 from profiler.fit_roofline import plans_from_rows
 from profiler.profile_data import PROFILE_COLUMNS
-from sim.cost import Fitted, Roofline
-from sim.cost.calibration import load_roofline_calibration
-from sim.cost.curves import pwl_array
-from sim.cost.features import decode_pad_kv
-from sim.cost.fitted import COEFFICIENTS
-from sim.gpus import get_gpu
-from sim.models import get_model
 from sim.run import cost_model
 
 TINY = get_model("tiny")
@@ -117,7 +117,7 @@ def design() -> pd.DataFrame:
 
 
 def curve(x: np.ndarray, knots: list[tuple[float, float]]) -> np.ndarray:
-    """A knot table as a function (written out independently of sim/cost/fitted.py): linear interpolation,
+    """A knot table as a function (written out independently of costs/fitted.py): linear interpolation,
     the last slope beyond the last knot, 0 at 0."""
     xs, ys = (np.array(v, dtype=float) for v in zip(*knots))
     out = np.interp(x, xs, ys) + np.maximum(x - xs[-1], 0) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from results.slo import parse_slo
 from sim.cluster_run import ClusterConfig
-from sim.goodput import find_goodput, with_attainment
 from sim.run import RunConfig, run
-from sim.slo import parse_slo
+from studies.goodput import find_goodput, with_attainment
 
 CONFIG = RunConfig(policy="vllm", trace="sharegpt", qps=4.0, num_requests=100, seed=2)
 

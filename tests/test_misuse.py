@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 from common.errors import InputError
-from sim.capacity import SLO, find_capacity, search_qps
 from sim.run import RunConfig, run
+from studies.capacity import SLO, find_capacity, search_qps
 from traces import build_trace
 
 pytestmark = pytest.mark.cli
@@ -118,7 +118,7 @@ def test_validate_with_few_requests_is_refused_or_close(monkeypatch: pytest.Monk
     with 300 requests) and went on to real runs at 216 and 302 QPS, without a word. The real runs are stubbed
     out here: only the simulated capacity is checked."""
     import engine.real
-    from engine.validate import validate_main
+    from validation.validate import validate_main
 
     class RealRunStarted(Exception):
         pass
@@ -300,8 +300,8 @@ def test_a_request_within_the_context_but_beyond_the_kv_cache_is_refused(
 
 def test_real_with_every_default_fits_its_model() -> None:
     """`simctl real` with no options used to fail: unscaled sharegpt is longer than tiny's context."""
+    from catalogue.models import get_model
     from engine.real import RealConfig, size_run
-    from sim.models import get_model
 
     assert "[default: 0.05]" in " ".join(simctl("real", "--help").stdout.split())
     config = RealConfig(scale=0.05)
@@ -374,7 +374,7 @@ def test_validate_into_a_folder_holding_other_files_is_refused(tmp_path: Path) -
 def test_an_interrupted_write_leaves_no_new_folder(tmp_path: Path) -> None:
     """SIGTERM during `simctl run --out NEW`'s write phase (or during `simctl validate`) left NEW behind,
     empty: --out was not "left as it was"."""
-    from sim.output import write_files
+    from results.output import write_files
 
     class Stop(BaseException):  # what simctl.cli raises on SIGTERM
         pass
@@ -508,7 +508,7 @@ def test_a_bad_start_rate_names_its_option() -> None:
 
 def test_an_interruption_while_writing_leaves_no_temporaries(tmp_path: Path) -> None:
     """SIGTERM during `simctl run`'s write phase left a 13 MB hidden temporary: now it unwinds through it."""
-    from sim.output import write_files
+    from results.output import write_files
 
     class Stop(BaseException):  # what simctl.cli raises on SIGTERM: not an Exception
         pass

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from catalogue.models import MODELS, get_model
+from catalogue.moe import MoE
 from common.errors import InputError
+from costs.roofline import Roofline
 from policies.plan import hybrid
 from policies.seq import Seq
-from sim.cost.roofline import Roofline
-from sim.models import MODELS, get_model
-from sim.moe import MoE
 
 pytestmark = pytest.mark.cli
 

@@ -8,13 +8,13 @@ import math
 import numpy as np
 import pytest
 
+from catalogue.gpus import GiB, get_gpu
+from catalogue.models import MODELS, ModelSpec
+from catalogue.moe import MoE, expected_distinct_experts, routing_probabilities
 from common.errors import InputError
+from costs.roofline import Roofline
 from policies.plan import hybrid
 from policies.seq import Seq
-from sim.cost.roofline import Roofline
-from sim.gpus import GiB, get_gpu
-from sim.models import MODELS, ModelSpec
-from sim.moe import MoE, expected_distinct_experts, routing_probabilities
 
 
 def decodes(batch: int, context: int = 100) -> object:
@@ -162,7 +162,7 @@ def test_profile_grid_spans_the_expert_union() -> None:
 def test_a_profile_records_the_moe_shape_and_a_fit_checks_it() -> None:
     from dataclasses import asdict, replace
 
-    from sim.cost.fitted import Fitted, model_spec_from_shape
+    from costs.fitted import Fitted, model_spec_from_shape
 
     spec = MODELS["tiny-moe"]
     assert model_spec_from_shape("tiny-moe", asdict(spec)) == spec  # meta.json's model_shape, read back

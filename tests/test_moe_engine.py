@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from catalogue.models import MODELS, get_model
 from common.errors import InputError
 from executor.model import build_model, llama_config, reference_model
 from executor.ragged import RaggedExecutor, Segment
-from sim.models import MODELS, get_model
 
 pytestmark = pytest.mark.torch
 

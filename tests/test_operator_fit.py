@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from catalogue.gpus import get_gpu
+from catalogue.models import get_model
 from common.errors import InputError
 from policies.plan import hybrid
 from policies.seq import Seq
 from profiler.fit_operators import fit_operator_profile, iteration_seconds
 from profiler.operator_profiles import load_operator_profile
-from sim.gpus import get_gpu
-from sim.models import get_model
 from sim.run import cost_model
 
 PROFILES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gpu_profiles"

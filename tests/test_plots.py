@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from common.errors import InputError
-from sim.decode_gaps import decode_gaps
+from plots.decode_gaps import decode_gaps
 from sim.run import RunConfig, run
 from simctl.cli import main
 from simctl.plot_cmd import KINDS
@@ -140,9 +140,9 @@ def test_trace_events_are_ordered_and_bounded(folders: dict[str, Path], monkeypa
     assert (np.diff(ts) > 0).all() and (ends[:-1] <= ts[1:]).all() and (ends > ts).all()
     assert {e["pid"] for e in x} == {0} and {e["tid"] for e in x} == {0}
     assert sum(e["args"]["prefill_tokens"] * e["args"]["count"] for e in x) >= summary["num_requests"]
-    import sim.trace_events
+    import results.trace_events
 
-    monkeypatch.setattr(sim.trace_events, "MAX_EVENTS", 50)
+    monkeypatch.setattr(results.trace_events, "MAX_EVENTS", 50)
     path = tmp_path / "t.json"
     code, _, err = cli(capsys, "run", "--num-requests", "30", "--trace-events", path)
     assert code == 0 and "only the first 50" in err

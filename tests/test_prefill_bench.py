@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from catalogue.models import get_model
 from common.errors import InputError
-from sim.cost.roofline import Roofline
-from sim.models import get_model
-from sim.prefill_bench import PROFILES, bench, largest_batch, prefill_plans, prompt_lengths
+from costs.roofline import Roofline
+from studies.prefill_bench import PROFILES, bench, largest_batch, prefill_plans, prompt_lengths
 
 pytestmark = pytest.mark.torch
 

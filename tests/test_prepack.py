@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from catalogue.gpus import get_gpu
+from costs.features import plan_features
+from costs.fitted import Fitted
+from costs.roofline import Roofline
 from policies.binpack import first_fit_decreasing
 from policies.plan import Layout, binpacked_prefill, padded_prefill
 from policies.registry import make_policy
 from policies.seq import Seq
-from sim.cost.features import plan_features
-from sim.cost.fitted import Fitted
-from sim.cost.roofline import Roofline
-from sim.gpus import get_gpu
 from sim.run import default_cost_path
 
 MODELS = {

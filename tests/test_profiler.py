@@ -21,6 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from catalogue.models import get_model
 from common.errors import InputError
 from executor.model import build_model, reference_model
 from executor.ragged import RaggedExecutor, Segment
@@ -37,7 +38,6 @@ from profiler.workloads import (
     padded_decode,
     padded_insertion,
 )
-from sim.models import get_model
 
 pytestmark = pytest.mark.torch
 

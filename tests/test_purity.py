@@ -30,5 +30,6 @@ def test_simulator_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, simctl.cli, sim.run, sim.metrics; assert 'torch' not in sys.modules, 'torch imported'"
+    code = ("import sys, simctl.cli, sim.run, results.metrics; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

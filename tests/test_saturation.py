@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from results.saturation import BACKLOGGED, OVERLOADED, STABLE, served_rate, verdict
 from sim.run import RunConfig, run
-from sim.saturation import BACKLOGGED, OVERLOADED, STABLE, served_rate, verdict
 
 
 def test_rules_by_hand() -> None:

@@ -18,9 +18,10 @@ from conftest import AffineCost, random_requests
 
 from policies.base import Policy
 from policies.registry import make_policy
-from sim.metrics import summarize
+from results.metrics import summarize
+from results.run_result import SimResult
 from sim.run import RunConfig, run
-from sim.simulate import SimResult, simulate
+from sim.simulate import simulate
 from traces.request import Request
 
 A, B, C, D = 0.01, 0.001, 1e-5, 1e-4  # overhead, per linear token, per attention unit, per KV token read
@@ -298,7 +299,7 @@ def test_tbt_percentiles_match_brute_force(name: str) -> None:
 def test_scaled_cost_scales_every_time_when_all_arrive_at_once(name: str) -> None:
     """ScaledCost(base, 2): with every request arriving at 0 no decision depends on the clock, so the same
     iterations run and every timestamp doubles (decode stretches included)."""
-    from sim.cost.base import ScaledCost
+    from costs.base import ScaledCost
 
     requests = [Request(i, 0.0, r.prompt_tokens, r.output_tokens)
                 for i, r in enumerate(random_requests(40, 1.0, seed=3, max_prompt=600, max_output=60))]

@@ -7,7 +7,7 @@ import pytest
 from conftest import AffineCost, random_requests
 
 from policies.registry import POLICIES, make_policy
-from sim.metrics import summarize
+from results.metrics import summarize
 from sim.simulate import simulate
 
 

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from common.errors import InputError
-from sim.capacity import Capacity, CapacityResult, probe_summary
-from sim.cost.roofline import Roofline
+from costs.roofline import Roofline
+from results.slo import SLO, parse_slo, table3_decode_time, table3_slos
 from sim.run import RunConfig
-from sim.slo import SLO, parse_slo, table3_decode_time, table3_slos
+from studies.capacity import Capacity, CapacityResult, probe_summary
 
 
 def test_parse_combines_items_and_repeats() -> None:

@@ -1,4 +1,4 @@
-"""Step overheads (sim/cost/overheads.py) in both cost models, each term checked by hand."""
+"""Step overheads (costs/overheads.py) in both cost models, each term checked by hand."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from catalogue.gpus import get_gpu
 from common.errors import InputError
+from costs.fitted import Fitted
+from costs.overheads import EAGER_LAUNCH_S_PER_LAYER, StepOverheads
+from costs.roofline import Roofline
 from policies.plan import hybrid
 from policies.seq import Seq
-from sim.cost.fitted import Fitted
-from sim.cost.overheads import EAGER_LAUNCH_S_PER_LAYER, StepOverheads
-from sim.cost.roofline import Roofline
-from sim.gpus import get_gpu
 from sim.run import default_cost_path
 
 

@@ -1,4 +1,4 @@
-"""`engine.validate`: a tiny end-to-end validation (one policy, one load, two real runs against their
+"""`validation.validate`: a tiny end-to-end validation (one policy, one load, two real runs against their
 simulated twin) writes its files with sane values; bad input fails before anything runs."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ pytest.importorskip("transformers")
 from conftest import TinyCost
 
 from common.errors import InputError
-from engine.report import METRICS
-from engine.validate import rescore, validate_main
-from sim.capacity import SLO, search_qps
+from results.validation_report import METRICS
+from studies.capacity import SLO, search_qps
+from validation.validate import rescore, validate_main
 
 pytestmark = pytest.mark.torch
 
@@ -158,7 +158,7 @@ def test_slo_that_never_binds_is_an_input_error(cost, tmp_path):
 
 
 def test_search_qps_brackets_and_bisects():
-    """The same search as sim.capacity.find_capacity on any probe, with a bracketing factor."""
+    """The same search as studies.capacity.find_capacity on any probe, with a bracketing factor."""
     def probe(q):
         return {"qps": q, "sustainable": True, "completed": 1, "num_requests": 1, "tbt_p99": 0.0,
                 "ttft_p50": 0.0, "sched_delay_p50": 1.0 if q <= 3.3 else 5.0}

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import InputError
-from sim.cost.provenance import check_fitted_run
+from costs.provenance import check_fitted_run
 
 pytestmark = pytest.mark.torch
 
@@ -120,7 +120,7 @@ class RealRunStarted(Exception):
 
 
 def stub_cost(meta, overhead=1.5e-3):
-    from sim.cost.base import CostModel
+    from costs.base import CostModel
 
     class StubCost(CostModel):
         """Tiny-2l on a CPU thread, roughly (as tests/test_validate.py's), for a capacity search in
@@ -159,7 +159,7 @@ ARGS = {"policies": ["vllm"], "trace": "sharegpt", "loads": [0.5], "model": "tin
 
 def test_cpu_float32_reaches_the_real_runs_as_before(real_runs, tmp_path):
     from engine.real import CPU_KV_BYTES
-    from engine.validate import validate_main
+    from validation.validate import validate_main
 
     cost = stub_cost({"device": "cpu", "device_name": "AMD EPYC", "dtype": "float32", "threads": 1})
     with pytest.raises(RealRunStarted):
@@ -174,10 +174,10 @@ def test_cuda_plumbing_and_sizing_on_the_probed_budget(real_runs, monkeypatch, t
     capacity) are sized as the real runs will be, here with the batch capped by a small budget. The dtype
     defaults to the fit's."""
     import engine.real
+    from catalogue.models import get_model
     from engine.real import DeviceProbe
-    from engine.twin import Setup, twin_summary
-    from engine.validate import validate_main
-    from sim.models import get_model
+    from validation.twin import Setup, twin_summary
+    from validation.validate import validate_main
 
     budget = 20 * 2**20  # tiny-2l in bfloat16: 1 KiB per token, slots of 416 tokens: 49 fit, not 100
     probed: list = []
@@ -215,7 +215,7 @@ def test_cuda_plumbing_and_sizing_on_the_probed_budget(real_runs, monkeypatch, t
 def test_a_probed_gpu_other_than_the_fits_is_refused_before_any_real_run(real_runs, monkeypatch, tmp_path):
     import engine.real
     from engine.real import DeviceProbe
-    from engine.validate import validate_main
+    from validation.validate import validate_main
 
     monkeypatch.setattr(engine.real, "probe_device",
                         lambda config: DeviceProbe("cuda", "NVIDIA A100", 1 << 30))
@@ -240,7 +240,7 @@ def test_a_real_run_sizes_its_kv_on_the_budget_given():
     """What validate hands every real run: the budget caps the slots and the batch, as the twin's sizing."""
     pytest.importorskip("torch")
     from engine.real import RealConfig, run_real
-    from engine.twin import Setup, twin_summary
+    from validation.twin import Setup, twin_summary
 
     budget = 2 * 2**20  # tiny-2l in float32: 2 KiB per token; 8 requests' slots of 352 tokens: 2 fit
     run = run_real(RealConfig(policy="vllm", model="tiny-2l", qps=50.0, num_requests=8, scale=0.05, threads=1,
@@ -274,8 +274,8 @@ def test_a_tiny_validation_on_cuda(tmp_path):
     are of the plumbing, not of the GPU's speed."""
     import torch
 
-    from engine.validate import validate_main
-    from sim.capacity import SLO
+    from studies.capacity import SLO
+    from validation.validate import validate_main
 
     name = torch.cuda.get_device_name(0)
     cost = stub_cost({"device": "cuda", "device_name": name, "dtype": "bfloat16", "threads": 2},

@@ -1,6 +1,6 @@
 """vLLM's bench in simctl: reading a `vllm bench serve --save-result --save-detailed` file
-(traces.vllm_bench), `simctl validate --from-vllm-bench` (engine.vllm_bench_compare), the `vllm_bench`
-block of every summary and `simctl run --goodput` (sim.vllm_bench). The bench files are made by hand, in
+(traces.vllm_bench), `simctl validate --from-vllm-bench` (validation.vllm_bench_compare), the `vllm_bench`
+block of every summary and `simctl run --goodput` (results.vllm_bench). The bench files are made by hand, in
 the format vllm/benchmarks/serve.py writes, with values whose vLLM metrics are worked out below."""
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ import pandas as pd
 import pytest
 
 from common.errors import InputError
-from engine.vllm_bench_compare import compare, measured
+from costs.base import CostModel
 from policies.registry import make_policy
-from sim.cost.base import CostModel
-from sim.metrics import summarize
+from results.metrics import summarize
+from results.vllm_bench import parse_goodput
 from sim.simulate import simulate
-from sim.vllm_bench import parse_goodput
 from simctl.cli import main
 from traces import build_trace
 from traces.request import Request
 from traces.vllm_bench import read_vllm_bench
+from validation.vllm_bench_compare import compare, measured
 
 
 def bench(**changes: Any) -> dict[str, Any]:

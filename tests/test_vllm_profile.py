@@ -12,12 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from costs.features import plan_features
 from executor.vllm_runtime import INSTALL_HINT
 from policies.plan import hybrid
 from policies.seq import Seq
 from profiler.vllm_grid import StepProbe, vllm_grid
 from profiler.vllm_worker import StepDriver, cohort_lengths, kind_of
-from sim.cost.features import plan_features
 from simctl.cli import main
 
 pytestmark = pytest.mark.vllm
@@ -106,8 +106,8 @@ def test_a_quick_vllm_profile_fits_unchanged(tmp_path, capsys) -> None:
     actually scheduled (the probe's shape), the fit reports its held-out error, and vLLM's per-step overhead
     comes out positive."""
     pytest.importorskip("vllm")
+    from costs.fitted import Fitted
     from profiler.fit import fit_profile
-    from sim.cost.fitted import Fitted
 
     out = tmp_path / "vllm-tiny"
     with pytest.raises(SystemExit) as exit_:

@@ -258,8 +258,8 @@ def test_a_victim_may_come_back_at_once_so_its_step_does_not_repeat() -> None:
 
 
 def test_simctl_s_own_engine_refuses_shared_prefixes_it_cannot_share() -> None:
+    from catalogue.models import get_model
     from engine.setup import RealConfig, size_run
-    from sim.models import get_model
 
     requests = [Request(i, 0.0, 40, 4, prefix_group=0, prefix_tokens=32) for i in range(3)]
     per_token = get_model("tiny").kv_bytes_per_token(4)

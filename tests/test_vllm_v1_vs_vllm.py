@@ -31,8 +31,8 @@ def vllm_config(block: int, tokens: int, seqs: int, caching: int, threshold: int
     from vllm.engine.arg_utils import EngineArgs
     from vllm.usage.usage_lib import UsageContext
 
+    from catalogue.models import get_model
     from executor.vllm_runtime import VLLMDeployment, engine_args, vllm_model_dir
-    from sim.models import get_model
 
     with vllm_model_dir(get_model("tiny")) as d:
         kw = engine_args(d, VLLMDeployment(max_model_len=2048, block_size=block,

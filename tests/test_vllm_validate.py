@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 from conftest import TinyCost
 
-from engine.report import pct_error
-from engine.vllm_validate import METRICS, VLLMValidation, validate_vllm
-from sim.capacity import SLO
+from results.validation_report import pct_error
+from studies.capacity import SLO
+from validation.vllm_validate import METRICS, VLLMValidation, validate_vllm
 
 pytestmark = pytest.mark.vllm
 

@@ -21,11 +21,11 @@ pytest.importorskip("transformers")
 
 from conftest import TinyCost
 
-from engine.validate import validate_main
 from profiler.profile import profile
-from sim.capacity import SLO
 from sim.run import RunConfig
-from sim.sweep_spec import read_sweep, sweep_points
+from studies.capacity import SLO
+from studies.sweep_spec import read_sweep, sweep_points
+from validation.validate import validate_main
 
 pytestmark = pytest.mark.torch
 

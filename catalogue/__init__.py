@@ -1,0 +1,1 @@
+"""Published shapes and specs: models (dense and MoE) and accelerators."""

@@ -1,0 +1,56 @@
+"""What `simctl fit` produces: the error statistics, the roofline calibration and the fit report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from costs.curves import CurveTables
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    """Absolute percentage errors of one group of rows, as fractions (0.01 = 1%)."""
+
+    n: int
+    mape: float
+    p95: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"n": self.n, "mape": self.mape, "p95_ape": self.p95}
+
+
+
+@dataclass
+class RooflineCalibration:
+    gpu: str
+    params: dict[str, float]  # mfu, mbu (= attn_mbu), attn_mfu, overhead_s
+    tile: int
+    at_bound: list[str]
+    holdout: dict[str, ErrorStats]
+    train: dict[str, ErrorStats]
+    path: Path | None = None
+
+
+
+@dataclass
+class FitReport(CurveTables):
+    profile_dir: Path
+    model: str
+    device: str
+    tile: int
+    coefficients: dict[str, float]
+    # knot tables (n, seconds) by name, as `costs.fitted.CURVES`
+    curves: dict[str, list[tuple[int, float]]]
+    stderr: dict[str, float]  # linearised standard error of each coefficient (inf: not identifiable)
+    holdout: dict[str, ErrorStats]  # per kind and "overall"; empty when holdout=0
+    train: dict[str, ErrorStats]
+    tile_errors: dict[int, float]  # training RMS relative error of the best fit at each candidate tile
+    not_covered: list[str]
+    rows: int
+    train_rows: int
+    holdout_rows: int
+    cost_model_path: Path
+    plot_path: Path | None = None
+    roofline: RooflineCalibration | None = None
+

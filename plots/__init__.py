@@ -1,0 +1,1 @@
+"""Figures: single runs, across runs, capacity searches, and a profile's fit."""

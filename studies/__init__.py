@@ -1,0 +1,1 @@
+"""Experiments over many runs: capacity, goodput, sweeps, and the papers' experiments."""

@@ -1,0 +1,485 @@
+"""`simctl validate`: check the simulator against real execution on this machine's CPU or GPU.
+
+    report = validate_main(["sarathi", "vllm"], "sharegpt", [0.5, 0.7], cost="cost_model.json", out="out/val")
+
+For each policy:
+
+1. **Simulated capacity on the twin setup.** The highest QPS whose *simulated* run meets the SLO (default:
+   sustainable and median scheduling delay <= 2 s; optionally P99 TBT), by bisection over QPS. Every probe
+   is the run a real run at that rate would be: the same request generator (`traces.build_trace`:
+   trace, count, seed, scaled lengths), the same KV sizing (`engine.real.size_run` on the real runs' slab
+   budget), the policy rebuilt by `engine.real.twin_inputs`, priced by the fitted cost model.
+2. **Loads.** For each load (a fraction of that capacity) `repeats` real runs (`engine.real.real_main`, a
+   child process each) and the simulator on the identical requests (`twin_inputs(summary)`): signed errors
+   (sim - real) / real of P50/P90/P99 TTFT, TBT and E2E and of throughput (requests/s, output tokens/s), the
+   measured value of each metric being its median over the repeats (their min and max are kept: the
+   run-to-run spread). Repeats run in rounds (every policy and load once per round), so a slow spell of a
+   shared machine lands on one repeat of several points rather than on every repeat of one: on this
+   project's 2-core VM the same run's decode steps took 2.1 ms in one run and 3.0 ms a minute later.
+3. **Real capacity** (`capacity=True`): the same SLO bisected with at most `MAX_REAL_PROBES` real runs,
+   starting at the simulated capacity (or, if a real run at a load already missed the SLO, at the highest
+   load rate that met it) and bracketing by factors of `REAL_STEP`; capacity error = (sim - real) / real
+   against the highest real rate that met the SLO.
+4. **Per-iteration evidence.** The real run's iterations are *replayed*: its policy is rebuilt, handed each
+   arrival before the first iteration that started after it, and asked to schedule at each logged iteration
+   start -- policies are deterministic and never read a clock, so it plans exactly the batches the engine ran
+   (checked against the logged prefill/decode tokens, batch size and linear tokens). Each replayed plan is
+   priced by the cost model (with its term breakdown) next to its measured duration, and the bookkeeping,
+   run with the real start/end times, rebuilds the real run's TBT gaps (they are not in its files) for the
+   CDFs. The time the engine spends *between* iterations while work is pending (argmax sampling,
+   bookkeeping) is measured too: the simulator has no such term.
+
+Outputs in `out`: validation.csv (one row per policy and load), validation.md, validation.png (predicted vs
+measured CDFs of TTFT and TBT), validation.json (everything, with the capacity probes and the per-iteration
+evidence), and per run `runs/<policy>/load_<x>/{real,sim}/` (summary.json, requests.parquet,
+iterations.parquet; further repeats in `real_2/`, `real_3/`, ...) with `replay.parquet` (measured vs predicted
+per iteration, every repeat's, with a `repeat` column) beside them;
+real capacity probes under `capacity/<policy>/qps_<q>/`.
+
+`rescore(validation, cost, out)` scores another cost model against the real runs of a finished validation in
+seconds (nothing real is run): for iterating on a cost model without minutes of noisy real runs.
+
+Defaults: sharegpt x 0.05 (median prompt ~80 tokens, output ~20) and 300 requests per run. Fewer requests
+and the whole trace is served before a 2 s median scheduling delay can build, at any rate (60 requests: the
+simulated vLLM meets the SLO at 5e11 QPS): the capacity would not exist. With 300, every policy's simulated
+capacity is within ~20% of its saturation throughput, and `--policy all --loads 0.5,0.7` takes ~4 minutes
+here (each real run: ~4 s of child start-up plus 300 / QPS seconds).
+
+Devices (`device`, `dtype`): the real runs run on the CPU or a CUDA device, in a dtype; the cost model must
+have been profiled on that device in that dtype (`costs.provenance.check_fitted_run`: the kind of device
+and the dtype are checked before anything runs, a GPU's name once it is probed). On the CPU the KV slab budget
+is `engine.real.CPU_KV_BYTES`; on cuda it depends on the free device memory, so it is measured once, in a
+child that builds the model as a real run does (`engine.real.probe_device`, which also fails for cuda
+missing), and handed to every real run: the twins and the simulated capacities are sized on the budget the
+real runs use, whatever the free memory does between runs. The device, its name and the dtype are recorded
+in validation.json (`config`) and the report.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from common.errors import InputError
+from costs.base import ScaledCost
+from costs.provenance import check_fitted_run, fitted_dtype
+from engine.replay import iteration_evidence, merge_replays, replay_real
+from results.validation_report import (
+    METRICS,
+    VALIDATION_FILES,
+    RunPair,
+    ValidationReport,
+    fmt_err,
+    fmt_ratio,
+    load_report,
+    pct_error,
+)
+from studies.capacity import SLO, CapacityResult, check_probe_requests, search_qps
+from validation.machine_load import LoadMeter, loadavg, wait_quiet
+from validation.report import write_report
+from validation.twin import (
+    DEFAULT_NUM_REQUESTS,
+    DEFAULT_SCALE,
+    DEFAULT_TRACE,
+    Setup,
+    check_executor,
+    cost_meta,
+    cost_name,
+    fitted_executor,
+    load_cost,
+    real_dirs,
+    simulate_twin,
+    twin_summary,
+)
+
+DEFAULT_LOADS = (0.5, 0.7)
+DEFAULT_SLO = SLO()  # sustainable, median scheduling delay <= 2 s
+MAX_LOAD = 10.0
+SIM_REL_TOL = 0.01  # the simulated capacity's bisection (cheap: milliseconds per probe)
+SIM_MAX_PROBES = 40
+REAL_REL_TOL = 0.03
+REAL_STEP = 1.25  # real capacity: bracket by this factor around the simulated capacity...
+MAX_REAL_PROBES = 6  # ...with at most this many real runs per policy
+MAX_REPEATS = 20
+VALIDATION_DIRS = ("runs", "capacity")  # beside VALIDATION_FILES in `out`
+
+
+# ---- bisection over QPS (one search, any probe) ------------------------------------------------------------
+
+
+def bracket(result: CapacityResult) -> tuple[float, float | None]:
+    """(highest rate that met the SLO, lowest rate above it that did not; None if none was probed)."""
+    above = [p["qps"] for p in result.probes if not p["slo_met"] and p["qps"] > result.qps]
+    return result.qps, (min(above) if above else None)
+
+
+# ---- the twin setup ----------------------------------------------------------------------------------------
+
+
+# ---- replaying a real run's iterations ---------------------------------------------------------------------
+
+
+# ---- machine load while a real run ran ---------------------------------------------------------------------
+
+
+# ---- validation ------------------------------------------------------------------------------------------
+
+
+def _check_inputs(policies: list[str], loads: list[float], fitted: Any, out: str | Path,
+                  setup: Setup) -> tuple[list[str], list[float]]:
+    """Every check that needs neither the device nor torch; the policies and loads, normalised."""
+    from common.checks import is_number
+    from policies.registry import POLICIES
+    from results.output import check_out_dir
+
+    if isinstance(policies, str):
+        policies = [p.strip() for p in policies.split(",")]
+    names = list(POLICIES) if any(p == "all" for p in policies) else list(policies)
+    if not names:
+        raise InputError("no policy given")
+    for p in names:
+        if p not in POLICIES:
+            raise InputError(f"unknown policy {p!r}; known policies: {', '.join(POLICIES)} (or all)")
+    if len(set(names)) != len(names):
+        raise InputError(f"a policy is listed twice: {', '.join(names)}")
+    if isinstance(loads, (int, float)):
+        loads = [loads]
+    loads = list(loads)
+    if not loads:
+        raise InputError("no load given (fractions of the simulated capacity, e.g. 0.5,0.7)")
+    for v in loads:
+        if not is_number(v) or not (0 < v <= MAX_LOAD and math.isfinite(v)):
+            raise InputError(f"--loads: each load must be a number in (0, {MAX_LOAD:g}] (a fraction of the "
+                             f"simulated capacity), got {v!r}")
+    if len(set(loads)) != len(loads):
+        raise InputError(f"a load is listed twice: {', '.join(f'{v:g}' for v in loads)}")
+    loads = [float(v) for v in loads]
+    for p in names:
+        setup.real_config(p, 1.0).validate()
+    check_fitted_run(getattr(fitted, "meta", {}), setup.device, None, setup.dtype)
+    check_out_dir(Path(out), VALIDATION_FILES, VALIDATION_DIRS)
+    check_probe_requests(setup.num_requests)
+    return names, loads
+
+
+def remove_earlier(out: Path, say: Callable[[str], None],
+                   names: tuple[str, ...] = (*VALIDATION_FILES, *VALIDATION_DIRS)) -> None:
+    """Remove an earlier validation's `names` from `out` (check_out_dir let nothing else be there): a
+    validation writes its runs as it goes, and another's runs left beside them would pass for this one's."""
+    earlier = [out / name for name in names if (out / name).exists()]
+    if earlier:
+        say(f"replacing the earlier {', '.join(p.name for p in earlier)} in {out}")
+    for p in earlier:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def _frames_identical(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    cols = ["request_id", "arrival_s", "prompt_tokens", "output_tokens"]
+    if len(a) != len(b):
+        return False
+    a = a.sort_values("request_id")[cols].reset_index(drop=True)
+    b = b.sort_values("request_id")[cols].reset_index(drop=True)
+    return bool(a.equals(b))
+
+
+def _ttft(req: pd.DataFrame) -> np.ndarray:
+    done = req[req["first_token_s"] >= 0]
+    return (done["first_token_s"] - done["arrival_s"]).to_numpy()
+
+
+def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[float] = DEFAULT_LOADS,
+                  cost: str | Path | Any = None, out: str | Path = "out/validate", model: str = "tiny",
+                  scale: float = DEFAULT_SCALE, num_requests: int = DEFAULT_NUM_REQUESTS, seed: int = 0,
+                  threads: int | None = None, slo: SLO = DEFAULT_SLO, capacity: bool = False,
+                  quiet_wait_s: float = 0.0, repeats: int = 1, device: str = "cpu", dtype: str | None = None,
+                  attention: str | None = None, prefill_instances: int | None = None,
+                  decode_instances: int | None = None,
+                  log: Callable[[str], None] | None = None) -> ValidationReport:
+    """Validate the simulator with `cost` (a fitted cost_model.json of `device`, or a `CostModel`) against
+    real runs on `device` (cpu, cuda, cuda:N; see the module docstring) and write
+    validation.{csv,md,png,json} and the runs' folders into `out`. `policies` may contain "all". `threads`:
+    the real runs' CPU threads [default: those the cost model was profiled with, else every core]. `dtype`:
+    the real runs' [default: the one the cost model was profiled in, else float32; another is refused], and so
+    is `attention` (`executor.config.ATTENTION`) [default: the cost model's, else auto]. `repeats`:
+    real runs per policy and load (measured metrics are their medians; capacity probes run once). `log`
+    receives one line per step. `quiet_wait_s`: before each real run, wait up to this long for a second in
+    which other processes use at most 15% of the machine (a shared machine's load slows the real run, not
+    the simulation); the other processes' share during each run is reported either way. InputError for bad
+    input (before anything runs); RuntimeError if a real run crashed. `prefill_instances` and
+    `decode_instances` (both 1): real disaggregated runs (`engine.disagg`, `threads` per instance) against the
+    simulated cluster, its link as each real run measured it (`DEFAULT_LINK_GBPS` for the capacity search);
+    each pool's iterations are replayed apart."""
+    from common.checks import is_number
+    from engine.real import probe_device, real_main
+    from executor.runtime import default_threads
+
+    say = log or (lambda _msg: None)
+    if not (is_number(quiet_wait_s) and 0 <= quiet_wait_s < math.inf):
+        raise InputError(f"--quiet-wait must be a number of seconds >= 0, got {quiet_wait_s!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
+        raise InputError(f"--repeats must be an integer from 1 to {MAX_REPEATS}, got {repeats!r}")
+    fitted = load_cost(cost, model)
+    fit = cost_meta(fitted)
+    if threads is None and isinstance(fit["threads"], int):
+        threads = fit["threads"]
+    setup = Setup(trace=trace, model=model, num_requests=num_requests, scale=scale, seed=seed,
+                  threads=threads, dtype=dtype if dtype is not None else fitted_dtype(fit) or "float32",
+                  device=str(device), attention=attention if attention is not None
+                  else fitted_executor(fitted).attention, prefill_instances=prefill_instances,
+                  decode_instances=decode_instances)
+    pair = setup.real_config(policies[0] if policies else "vllm", 1.0)
+    if pair.disaggregated and setup.threads is not None and 2 * setup.threads > default_threads():
+        raise InputError(f"a disaggregated validation runs two instances of {setup.threads} thread(s) each "
+                         f"(the cost model's) on {default_threads()} core(s): give --threads, and a cost "
+                         "model profiled with that many (simctl profile --threads N)")
+    names, loads = _check_inputs(policies, loads, fitted, out, setup)
+    runs = setup.real_config(names[0], 1.0)
+    check_executor(fitted, {"device": runs.device, "executor_config": runs.executor.record(runs.device)})
+    # the device as the real runs will find it (on cuda: a child builds the model; cuda missing fails here)
+    probe = probe_device(setup.real_config(names[0], 1.0))
+    check_fitted_run(getattr(fitted, "meta", {}), probe.device, probe.device_name, setup.dtype)
+    setup = replace(setup, device=probe.device, kv_budget_bytes=probe.kv_budget_bytes)
+    say(f"real runs on {probe.device_name} ({probe.device}, {setup.dtype}), KV slab budget "
+        f"{probe.kv_budget_bytes / 2**30:.3g} GiB")
+    for p in names:
+        twin_summary(setup, p, 1.0)  # sizing: every request fits the model and the KV slab
+    t_start = time.perf_counter()
+    config: dict[str, Any] = {
+        "policies": names, "loads": loads, "cost": cost_name(cost), **asdict(setup),
+        "device_name": probe.device_name, "slo": slo.to_dict(), "slo_text": slo.describe(),
+        "capacity": capacity, "repeats": repeats, "cost_model_fit": fit,
+        "loadavg_start": loadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    rows: list[dict[str, Any]] = []
+    caps: dict[str, dict[str, Any]] = {}
+    evidence: list[dict[str, Any]] = []
+    pairs: list[RunPair] = []
+    meter = LoadMeter()
+
+    def real_run(**kw: Any) -> tuple[dict[str, Any], float | None]:
+        if quiet_wait_s > 0:
+            waited, share = wait_quiet(quiet_wait_s)
+            if share is not None and share > 0.15:
+                say(f"  the machine is busy ({share:.0%} of it used by other processes after {waited:.0f} "
+                    "s); running anyway")
+        meter.start()
+        s = real_main(trace=setup.trace, model=setup.model, num_requests=setup.num_requests,
+                      scale=setup.scale, seed=setup.seed, dtype=setup.dtype, threads=setup.threads,
+                      device=setup.device, kv_budget_bytes=setup.kv_budget_bytes, attention=setup.attention,
+                      prefill_instances=setup.prefill_instances, decode_instances=setup.decode_instances,
+                      **kw)
+        return s, meter.stop()
+
+    out = Path(out)
+    # 1. the simulated capacities on the twin setup (cheap; all before any real run, so an SLO that does not
+    # bind fails fast)
+    for policy in names:
+        sim_cap = search_qps(lambda q, p=policy: simulate_twin(twin_summary(setup, p, q), fitted)[0], slo,
+                             1.0, SIM_REL_TOL, SIM_MAX_PROBES)
+        lo, hi = bracket(sim_cap)
+        if lo <= 0:
+            raise InputError(f"{policy}: no simulated rate meets the SLO ({slo.describe()}); relax it")
+        if hi is None:
+            raise InputError(f"{policy}: the SLO ({slo.describe()}) is met at every simulated rate up to "
+                             f"{lo:.3g} QPS: {setup.num_requests} requests are served before a queue builds; "
+                             "raise --num-requests (or tighten the SLO)")
+        caps[policy] = {"sim_qps": lo, "sim_fail_qps": hi, "sim_probes": [
+            {k: p[k] for k in ("qps", "slo_met", "sched_delay_p50", "tbt_p99", "ttft_p50", "sustainable",
+                               "completed", "throughput_rps")} for p in sim_cap.probes]}
+        say(f"{policy}: simulated capacity {lo:.4g} QPS ({len(sim_cap.probes)} simulated probes)")
+
+    remove_earlier(out, say)  # `out` itself is created by the first run written, not before
+    # 2. real runs at each load, in rounds (every policy and load once per round), then their twins
+    points = [(policy, load, load * caps[policy]["sim_qps"]) for policy in names for load in loads]
+    foreign_shares: dict[tuple[str, float], list[float]] = {}
+    for k in range(repeats):
+        for policy, load, qps in points:
+            run_dir = out / "runs" / policy / f"load_{load:g}"
+            say(f"{policy}: real run at load {load:g} ({qps:.4g} QPS, {setup.num_requests} requests)"
+                + (f", repeat {k + 1} of {repeats}" if repeats > 1 else ""))
+            _, share = real_run(policy=policy, qps=qps, out=real_dirs(run_dir, repeats)[k])
+            if share is not None:
+                foreign_shares.setdefault((policy, load), []).append(share)
+    for policy, load, qps in points:
+        run_dir = out / "runs" / policy / f"load_{load:g}"
+        shares = foreign_shares.get((policy, load))
+        row, ev, pair = compare_run(policy, load, qps, caps[policy]["sim_qps"], real_dirs(run_dir, repeats),
+                                    run_dir, fitted, slo, max(shares) if shares else None)
+        rows.append(row)
+        evidence.append(ev)
+        pairs.append(pair)
+        say(f"{policy} @ {load:g}: P50 TTFT {fmt_err(row['ttft_p50_err_pct'])}, P50 TBT "
+            f"{fmt_err(row['tbt_p50_err_pct'])}, P50 E2E {fmt_err(row['e2e_p50_err_pct'])}; busy real/"
+            f"repriced {fmt_ratio(ev['busy_ratio_real_over_repriced'])}")
+
+    for policy in names:
+        lo = caps[policy]["sim_qps"]
+        # 4. the real capacity, a few real runs from the simulated one
+        if capacity:
+            def probe(q: float, p: str = policy) -> dict[str, Any]:
+                s, foreign = real_run(policy=p, qps=q, out=out / "capacity" / p / f"qps_{q:.5g}")
+                s["foreign_cpu_share"] = foreign
+                say(f"{p}: real capacity probe at {q:.4g} QPS: SLO {'met' if slo.met(s) else 'missed'} "
+                    f"(median scheduling delay {s['sched_delay_p50']:.3g} s, other CPU "
+                    f"{'n/a' if foreign is None else f'{foreign:.0%}'})")
+                return s
+
+            # start at the simulated capacity, unless a real run at a load already missed the SLO: then at
+            # the highest load rate that met it (the real capacity is above it and below the miss)
+            runs = [r for r in rows if r["policy"] == policy]
+            start = lo
+            if not all(r["real_slo_met"] for r in runs):
+                met = [r["qps"] for r in runs if r["real_slo_met"]]
+                start = max(met) if met else min(r["qps"] for r in runs) / REAL_STEP
+            real_cap = search_qps(probe, slo, start, REAL_REL_TOL, MAX_REAL_PROBES, REAL_STEP)
+            rlo, rhi = bracket(real_cap)
+            caps[policy].update({
+                "real_qps": rlo, "real_fail_qps": rhi,
+                "error_pct": pct_error(lo, rlo) if rlo > 0 else None,
+                "real_probes": [{k: p.get(k) for k in ("qps", "slo_met", "sched_delay_p50", "tbt_p99",
+                                                       "ttft_p50", "sustainable", "completed",
+                                                       "throughput_rps", "foreign_cpu_share")}
+                                for p in real_cap.probes]})
+            say(f"{policy}: real capacity {rlo:.4g} QPS (first failing "
+                f"{rhi if rhi is None else f'{rhi:.4g}'}), capacity error "
+                f"{fmt_err(caps[policy]['error_pct'])}")
+
+    config["loadavg_end"] = loadavg()
+    config["wall_s"] = round(time.perf_counter() - t_start, 1)
+    report = ValidationReport(config, rows, caps, evidence, out, pairs)
+    write_report(report)
+    return report
+
+
+def compare_run(policy: str, load: float, qps: float, sim_capacity: float, reals: list[Path], run_dir: Path,
+                cost: Any, slo: SLO,
+                foreign: float | None = None) -> tuple[dict[str, Any], dict[str, Any], RunPair]:
+    """Finished real runs (their folders `reals`: repeats of one run) against the simulator on identical
+    requests: writes `run_dir/sim/` and `run_dir/replay.parquet`; returns (report row, per-iteration evidence,
+    CDF data). A measured metric is the median over the repeats."""
+    import json
+
+    from results.output import atomic_write, write_run
+
+    summaries = [json.loads((d / "summary.json").read_text(encoding="utf-8")) for d in reals]
+    sim, result = simulate_twin(summaries[0], cost)
+    sim_its = result.iterations.frame()
+    write_run(run_dir / "sim", sim, result.requests, sim_its)
+    real_reqs = [pd.read_parquet(d / "requests.parquet") for d in reals]
+    reps, tbt_matches = [], []
+    for d, real in zip(reals, summaries):
+        rep = replay_real(real, pd.read_parquet(d / "iterations.parquet"), cost,
+                          pd.read_parquet(d / "requests.parquet"))
+        tbt_matches.append(rep.matched == rep.total and all(
+            v is not None and real[k] is not None and math.isclose(v, real[k], rel_tol=1e-9)
+            for v, k in zip(rep.gaps.percentiles((50, 99)), ("tbt_p50", "tbt_p99"))))
+        reps.append(rep)
+    rep = merge_replays(reps)
+    atomic_write(run_dir / "replay.parquet", lambda p: rep.frame.to_parquet(p, index=False))
+    forward = [s.get("forward_s_total") for s in summaries]
+    ev = iteration_evidence(rep, None if None in forward else float(sum(forward)), sim_its, len(reals))
+    ev["replay_tbt_matches"] = all(tbt_matches)
+    row: dict[str, Any] = {"policy": policy, "load": load, "qps": qps, "sim_capacity_qps": sim_capacity,
+                           "repeats": len(reals)}
+    for m in METRICS:
+        measured = [s.get(m) for s in summaries]
+        known = [v for v in measured if v is not None and math.isfinite(v)]
+        row[f"{m}_real"] = float(np.median(known)) if len(known) == len(measured) else None
+        row[f"{m}_real_min"] = min(known) if known else None
+        row[f"{m}_real_max"] = max(known) if known else None
+        row[f"{m}_sim"] = sim.get(m)
+        row[f"{m}_err_pct"] = pct_error(sim.get(m), row[f"{m}_real"])
+    # the same simulation on a machine as fast as the real runs were (their measured / repriced busy time):
+    # what remains is the scheduling and queueing model's error, not the machine's drift since the profile
+    speed = ev["busy_ratio_real_over_repriced"]
+    adjusted = simulate_twin(summaries[0], ScaledCost(cost, speed))[0] if speed else {}
+    for m in METRICS:
+        row[f"{m}_adj_err_pct"] = pct_error(adjusted.get(m), row[f"{m}_real"])
+    row.update({
+        "identical_requests": all(_frames_identical(r, result.requests) for r in real_reqs),
+        "real_completed": min(s["completed"] for s in summaries), "sim_completed": sim["completed"],
+        "real_sustainable": all(s["sustainable"] for s in summaries), "sim_sustainable": sim["sustainable"],
+        "real_slo_met": 2 * sum(slo.met(s) for s in summaries) > len(summaries),  # by most repeats
+        "sim_slo_met": slo.met(sim),
+        "real_iterations": float(np.median([s["iterations"] for s in summaries])),
+        "sim_iterations": sim["iterations"],
+        "busy_ratio_real_over_repriced": ev["busy_ratio_real_over_repriced"],
+        "busy_ratio_real_over_sim": ev["busy_ratio_real_over_sim"],
+        "real_between_mean_ms": (ev["real_between_mean_s"] * 1e3 if ev["real_between_mean_s"] is not None
+                                 else None),
+        "replay_matched": f"{rep.matched}/{rep.total}",
+        "foreign_cpu_share": foreign,
+        "real_wall_s": float(np.median([s.get("real_wall_s") or 0.0 for s in summaries])),
+    })
+    pair = RunPair(policy, load, np.concatenate([_ttft(r) for r in real_reqs]), _ttft(result.requests),
+                   rep.gaps, result.gaps, rep.matched == rep.total)
+    return row, {"policy": policy, "load": load, **ev}, pair
+
+
+def rescore(validation: str | Path, cost: str | Path, out: str | Path,
+            log: Callable[[str], None] | None = None) -> ValidationReport:
+    """Score another cost model against the real runs of a finished validation, without running anything
+    real: the simulated capacities, every twin simulation, the replays and the report are redone with `cost`
+    and written to `out` (the real runs stay in `validation`). The rates are those the real runs used (the
+    loads stay relative to the original simulated capacity); capacity errors use the real capacities found
+    then. Real runs are minutes of a noisy machine; this takes seconds, for iterating on a cost model."""
+    from results.output import check_out_dir
+
+    say = log or (lambda _msg: None)
+    src = Path(validation)
+    old = load_report(src)
+    c = old.config
+    fitted = load_cost(cost, c["model"])
+    out = Path(out)
+    if out.resolve() == src.resolve():
+        raise InputError(f"--out {out}: write the rescored report to another folder than the validation's")
+    check_out_dir(out, VALIDATION_FILES, VALIDATION_DIRS)
+    remove_earlier(out, say)
+    slo = SLO.from_dict(c["slo"])
+    # a validation from before executor configurations were recorded let torch pick its kernels: "any"
+    setup = Setup(trace=c["trace"], model=c["model"], num_requests=c["num_requests"], scale=c["scale"],
+                  seed=c["seed"], threads=c["threads"], dtype=c["dtype"], device=c.get("device", "cpu"),
+                  kv_budget_bytes=c.get("kv_budget_bytes"), attention=c.get("attention", "any"))
+    check_fitted_run(getattr(fitted, "meta", {}), setup.device, c.get("device_name"), setup.dtype)
+    caps: dict[str, dict[str, Any]] = {}
+    for policy, was in old.capacity.items():
+        sim_cap = search_qps(lambda q, p=policy: simulate_twin(twin_summary(setup, p, q), fitted)[0], slo,
+                             1.0, SIM_REL_TOL, SIM_MAX_PROBES)
+        lo, hi = bracket(sim_cap)
+        caps[policy] = {**{k: v for k, v in was.items() if k.startswith("real")},
+                        "sim_qps": lo, "sim_fail_qps": hi, "original_sim_qps": was["sim_qps"],
+                        "error_pct": pct_error(lo, was.get("real_qps")) if was.get("real_qps") else None}
+        say(f"{policy}: simulated capacity {lo:.4g} QPS (was {was['sim_qps']:.4g})")
+    rows, evidence, pairs = [], [], []
+    for r in old.rows:
+        reals = real_dirs(src / "runs" / r["policy"] / f"load_{r['load']:g}", c.get("repeats", 1))
+        run_dir = out / "runs" / r["policy"] / f"load_{r['load']:g}"
+        row, ev, pair = compare_run(r["policy"], r["load"], r["qps"], caps[r["policy"]]["sim_qps"], reals,
+                                    run_dir, fitted, slo, r.get("foreign_cpu_share"))
+        rows.append(row)
+        evidence.append(ev)
+        pairs.append(pair)
+    config = {**c, "cost": cost_name(cost), "rescored_from": str(src), "original_cost": c["cost"],
+              "cost_model_fit": cost_meta(fitted)}
+    report = ValidationReport(config, rows, caps, evidence, out, pairs)
+    write_report(report)
+    return report
+
+
+# ---- report text -------------------------------------------------------------------------------------------
+
+
+# ---- figure ------------------------------------------------------------------------------------------------
+
+

@@ -1,0 +1,321 @@
+"""`simctl validate --engine vllm`: the simulated `vllm-v1` twin against the installed vLLM, side by side.
+
+    report = validate_vllm(VLLMValidation(cost="profiles/vllm-tiny/cost_model.json", out="out/val-vllm"))
+
+1. **One engine.** vLLM is started once (`engine.vllm_real.VLLMServer`); the settings it resolved configure
+   the twin: policy `vllm-v1` with vLLM's block size, token budget, max_num_seqs, long-prefill threshold,
+   prefix caching and KV blocks, at its max_model_len, priced by the fitted cost model of vLLM's own steps
+   (`simctl profile --engine vllm`, then `simctl fit`).
+2. **Twin capacity.** The highest rate whose simulated run meets the SLO (`studies.capacity.search_qps`).
+3. **Loads.** In each of `repeats` rounds, each load (a fraction of that capacity) is served for real and
+   simulated on the identical requests (`traces.build_trace`: same trace, count, seed, scaled lengths and
+   rate). Measured values are medians over the rounds (min and max kept). Errors are (sim - real) / real, raw
+   and at the machine's speed: before each round a fixed closed batch (`SPEED_PROBE` requests of the trace,
+   all at t=0) is served for real and priced by the twin, and their ratio, the machine's speed then, scales
+   the twin of that round (`costs.base.ScaledCost`). The batch is decode-heavy steps the profile measured,
+   so the ratio is mostly the machine's drift, but any error of the model on such steps is in it too: the
+   raw errors are the result, the scaled ones say how much of them a slow spell explains.
+4. **Real capacity** (`capacity=True`): the SLO bisected over real runs, from the twin's capacity, at most
+   `MAX_REAL_PROBES` runs.
+
+Outputs in `out`: validation_vllm.json (everything), .md (the table), .csv (one row per load); each run's
+files under `runs/load_<x>/{real,real_2,...,sim}/` and the real capacity probes under `capacity/qps_<q>/`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from common.errors import InputError
+from costs.base import CostModel, ScaledCost
+from results.validation_report import fmt_err, pct_error
+from studies.capacity import SLO, CapacityResult, check_probe_requests, search_qps
+from traces.request import Request
+
+METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpot_p99", "tbt_p50", "tbt_p90",
+           "tbt_p99", "e2e_p50", "e2e_p90", "e2e_p99", "throughput_rps", "throughput_tokens_per_s")
+# vLLM's bench names for the rows of the report (TBT pooled over every token is vLLM's ITL)
+LABELS = {"ttft": "TTFT", "tpot": "TPOT", "tbt": "ITL", "e2e": "E2E", "throughput_rps": "req/s",
+          "throughput_tokens_per_s": "out tok/s"}
+FILES = ("validation_vllm.json", "validation_vllm.md", "validation_vllm.csv")
+DIRS = ("runs", "capacity")
+SPEED_PROBE = 16  # requests of the closed batch that measures the machine's speed before each round
+SIM_REL_TOL = 0.01
+REAL_REL_TOL = 0.05
+REAL_STEP = 1.25
+MAX_REAL_PROBES = 6
+MAX_LOAD = 10.0
+
+
+@dataclass(frozen=True)
+class VLLMValidation:
+    """What a vLLM validation runs: the workload, the loads, the twin's cost model and vLLM's settings."""
+
+    cost: str | CostModel | None = None  # the fitted cost model of vLLM's steps on this device
+    out: str | Path = "out/validate-vllm"
+    loads: tuple[float, ...] = (0.5, 0.7, 0.9)
+    trace: str = "sharegpt"
+    model: str = "tiny"
+    scale: float = 0.05
+    num_requests: int = 150
+    seed: int = 0
+    repeats: int = 1
+    capacity: bool = False
+    slo: SLO = field(default_factory=SLO)
+    settings: dict[str, int | None] = field(default_factory=dict)  # vLLM's, by vLLM's names (deployment_for)
+
+
+def metric_label(m: str) -> str:
+    if m in LABELS:
+        return LABELS[m]
+    base, p = m.rsplit("_", 1)
+    return f"{p.upper()} {LABELS[base]}"
+
+
+def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: CostModel
+                      ) -> tuple[dict[str, Any], Any]:
+    """The twin's prediction of serving `requests` on the engine `settings` describe (`VLLMServer.settings`:
+    vllm-v1 with the engine's settings, on its KV blocks): (summary, SimResult)."""
+    from engine.real import twin_policy
+    from policies.base import run_stats
+    from results.metrics import summarize
+    from serving.loop import overload_limit
+    from sim.simulate import simulate
+
+    policy = twin_policy({**settings, "kv_capacity_tokens": settings["kv_cache_tokens"],
+                          "max_seq_len": settings["max_model_len"]})
+    result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)))
+    return {"mode": "sim", "policy": policy.name, **policy.settings.as_dict(), **summarize(result),
+            **run_stats([policy])}, result
+
+
+class Workload:
+    """The requests of a run at a rate, as `simctl real` builds them (same trace, count, seed, scale)."""
+
+    def __init__(self, v: VLLMValidation) -> None:
+        self.v = v
+
+    def at(self, qps: float) -> list[Request]:
+        from traces.build import build_trace
+
+        v = self.v
+        return build_trace(v.trace, v.num_requests, qps, v.seed, scale=v.scale)
+
+    def closed_batch(self) -> list[Request]:
+        """The speed probe: the first SPEED_PROBE requests of the trace, all arriving at once."""
+        return [replace(r, arrival_s=0.0) for r in self.at(1.0)[:SPEED_PROBE]]
+
+
+def check(v: VLLMValidation) -> tuple[CostModel, list[float]]:
+    """Every check that needs no engine: (the cost model, the loads); InputError in one line."""
+    from common.checks import is_number
+    from results.output import check_out_dir
+    from traces.build import check_scale
+    from validation.twin import load_cost
+
+    loads = [float(x) for x in v.loads] if all(is_number(x) for x in v.loads) else []
+    if not loads or any(not (0 < x <= MAX_LOAD) for x in loads) or len(set(loads)) != len(loads):
+        raise InputError(f"--loads: distinct fractions of the twin's capacity in (0, {MAX_LOAD:g}], got "
+                         f"{list(v.loads)!r}")
+    if isinstance(v.repeats, bool) or not isinstance(v.repeats, int) or not 1 <= v.repeats <= 20:
+        raise InputError(f"--repeats must be an integer from 1 to 20, got {v.repeats!r}")
+    check_scale(v.scale)
+    check_probe_requests(v.num_requests)
+    cost = load_cost(v.cost, v.model)
+    engine = (getattr(cost, "meta", None) or {}).get("engine")
+    if not isinstance(v.cost, CostModel) and engine != "vllm":
+        raise InputError(f"--cost {v.cost}: a fit of simctl's own engine, not of vLLM's steps; profile with "
+                         "`simctl profile --engine vllm`, then `simctl fit`")
+    check_out_dir(Path(v.out), FILES, DIRS)
+    return cost, loads
+
+
+def _errors(real: dict[str, Any], sim: dict[str, Any], suffix: str = "") -> dict[str, float | None]:
+    return {f"{m}_err_pct{suffix}": pct_error(sim.get(m), real.get(m)) for m in METRICS}
+
+
+def _median_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each metric's median over the repeats (min and max kept: the run-to-run spread)."""
+    out: dict[str, Any] = {}
+    for m in METRICS:
+        values = [r[m] for r in runs if r.get(m) is not None]
+        out[m] = statistics.median(values) if values else None
+        out[f"{m}_min"], out[f"{m}_max"] = (min(values), max(values)) if values else (None, None)
+    return out
+
+
+def _run_dir(out: Path, load: float, repeat: int) -> Path:
+    return out / "runs" / f"load_{load:g}" / ("real" if repeat == 0 else f"real_{repeat + 1}")
+
+
+def validate_vllm(v: VLLMValidation, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the validation `v` describes and write its files; returns the report (what validation_vllm.json
+    holds). InputError for bad input, before vLLM starts."""
+    from engine.vllm_real import VLLMServer, deployment_for
+    from executor.vllm_runtime import require_vllm
+    from results.output import prepare_out_dir
+    from validation.twin import cost_name
+    from validation.validate import remove_earlier
+
+    say = log or (lambda _msg: None)
+    require_vllm()
+    cost, loads = check(v)
+    workload = Workload(v)
+    t0 = time.perf_counter()
+    with VLLMServer(v.model, deployment_for(v.model, v.seed, v.settings)) as server:
+        settings = server.settings()
+        server.check(workload.at(1.0))
+        say(f"vLLM started in {settings['engine_start_s']:.0f} s: {settings['num_gpu_blocks']} KV blocks of "
+            f"{settings['block_size']}, token budget {settings['max_num_batched_tokens']}")
+        capacity = search_qps(lambda q: simulate_requests(workload.at(q), settings, cost)[0], v.slo,
+                              rel_tol=SIM_REL_TOL, max_probes=40)
+        if capacity.problem:
+            raise InputError(f"the twin's capacity under the SLO: {capacity.problem}")
+        say(f"twin capacity: {capacity.qps:.3g} QPS")
+        out = prepare_out_dir(Path(v.out))
+        remove_earlier(out, say, (*FILES, *DIRS))
+        real: dict[float, list[dict[str, Any]]] = {x: [] for x in loads}
+        scaled: dict[float, list[dict[str, Any]]] = {x: [] for x in loads}
+        speeds = []
+        for repeat in range(v.repeats):
+            speed = _speed(server, workload, settings, cost, v.seed)
+            speeds.append(speed)
+            say(f"round {repeat + 1}: machine speed factor {speed:.2f} (real / twin on a closed batch)")
+            for load in loads:
+                requests = workload.at(load * capacity.qps)
+                summary = _serve(server, requests, v, load * capacity.qps, _run_dir(out, load, repeat))
+                real[load].append(summary)
+                scaled[load].append(simulate_requests(requests, settings, ScaledCost(cost, speed))[0])
+                say(f"load {load:g} round {repeat + 1}: P50 TTFT {summary['ttft_p50']:.3f} s, "
+                    f"P50 ITL {summary['tbt_p50'] * 1e3:.1f} ms")
+        rows = []
+        for load in loads:
+            requests = workload.at(load * capacity.qps)
+            sim, result = simulate_requests(requests, settings, cost)
+            _write_sim(out / "runs" / f"load_{load:g}" / "sim", sim, result)
+            measured = _median_summary(real[load])
+            at_speed = _median_summary(scaled[load])
+            rows.append({"load": load, "qps": load * capacity.qps,
+                         **{f"real_{k}": x for k, x in measured.items()},
+                         **{f"sim_{m}": sim.get(m) for m in METRICS}, **_errors(measured, sim),
+                         **_errors(measured, at_speed, "_at_speed"),
+                         "prefix_cache_hit_rate_real": real[load][0].get("prefix_cache_hit_rate"),
+                         "prefix_cache_hit_rate_sim": sim.get("prefix_cache_hit_rate")})
+        real_capacity = _real_capacity(server, workload, v, capacity, out) if v.capacity else None
+    report = {
+        "config": {**{k: x for k, x in asdict(v).items() if k not in ("cost", "out")},
+                   "cost": cost_name(v.cost), "out": str(out), "engine": settings,
+                   "wall_s": time.perf_counter() - t0},
+        "speed_factors": speeds,
+        "capacity": {"sim_qps": capacity.qps, "sim_probes": len(capacity.probes),
+                     **(_capacity_row(capacity, real_capacity) if real_capacity else {})},
+        "rows": rows,
+    }
+    _write_report(out, report)
+    return report
+
+
+def _speed(server: Any, workload: Workload, settings: dict[str, Any], cost: CostModel, seed: int) -> float:
+    """Real / predicted makespan of the closed batch now: the machine's speed against the fit's."""
+    batch = workload.closed_batch()
+    run = server.serve(batch, seed)
+    predicted, _ = simulate_requests(batch, settings, cost)
+    from results.metrics import summarize
+
+    return summarize(run.result)["makespan_s"] / predicted["makespan_s"]
+
+
+def _serve(server: Any, requests: list[Request], v: VLLMValidation, qps: float, where: Path
+           ) -> dict[str, Any]:
+    """One real run, written to `where` as `simctl real --engine vllm` writes it; its summary."""
+    from engine.setup import RealConfig
+    from engine.vllm_real import run_summary
+    from results.output import write_run
+
+    t0 = time.perf_counter()
+    run = server.serve(requests, v.seed)
+    config = RealConfig(policy="vllm", trace=v.trace, model=v.model, qps=qps, num_requests=v.num_requests,
+                        scale=v.scale, seed=v.seed)
+    summary = run_summary(config, server, run, time.perf_counter() - t0)
+    write_run(where, summary, run.result.requests, run.result.iterations.frame())
+    return summary
+
+
+def _write_sim(where: Path, summary: dict[str, Any], result: Any) -> None:
+    from results.output import write_run
+
+    write_run(where, summary, result.requests, result.iterations.frame())
+
+
+def _real_capacity(server: Any, workload: Workload, v: VLLMValidation, sim: CapacityResult,
+                   out: Path) -> CapacityResult:
+    """The SLO bisected over real runs, from the twin's capacity."""
+    def probe(qps: float) -> dict[str, Any]:
+        return _serve(server, workload.at(qps), v, qps, out / "capacity" / f"qps_{qps:.4g}")
+
+    return search_qps(probe, v.slo, start_qps=sim.qps, rel_tol=REAL_REL_TOL, max_probes=MAX_REAL_PROBES,
+                      step=REAL_STEP)
+
+
+def _capacity_row(sim: CapacityResult, real: CapacityResult) -> dict[str, Any]:
+    probes = [{"qps": p["qps"], "slo_met": p["slo_met"]} for p in real.probes]
+    return {"real_qps": real.qps, "real_probes": probes, "real_problem": real.problem,
+            "err_pct": pct_error(sim.qps, real.qps) if not real.problem else None}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report's table: per load, each metric measured (median of the rounds), predicted and the error,
+    raw and at the machine's speed."""
+    cfg, cap = report["config"], report["capacity"]
+    eng = cfg["engine"]
+    setup = (f"{eng['vllm_version']} on {cfg['model']} (random weights, {eng['dtype']}), {cfg['trace']} x "
+             f"{cfg['scale']}, {cfg['num_requests']} requests per run, {cfg['repeats']} round(s); KV "
+             f"{eng['num_gpu_blocks']} blocks of {eng['block_size']}, token budget "
+             f"{eng['max_num_batched_tokens']}, max_num_seqs {eng['max_num_seqs']}, prefix caching "
+             f"{'on' if eng['enable_prefix_caching'] else 'off'}; cost model {cfg['cost']}.")
+    capacity = f"Twin capacity {cap['sim_qps']:.3g} QPS"
+    if "real_qps" in cap:
+        capacity += f"; real capacity {cap['real_qps']:.3g} QPS (error {fmt_err(cap.get('err_pct'))})"
+    speeds = ", ".join(f"{s:.2f}" for s in report["speed_factors"])
+    lines = ["# simctl's vllm-v1 twin vs the real vLLM engine", "", setup, "",
+             f"{capacity}. Machine speed factors (real / twin on a closed batch, per round): {speeds}.", "",
+             "| load | metric | real (median) | real min..max | sim | error | error at machine speed |",
+             "|---|---|---|---|---|---|---|"]
+    for row in report["rows"]:
+        for m in METRICS:
+            lines.append(f"| {row['load']:g} | {metric_label(m)} | {_fmt(m, row[f'real_{m}'])} | "
+                         f"{_fmt(m, row[f'real_{m}_min'])}..{_fmt(m, row[f'real_{m}_max'])} | "
+                         f"{_fmt(m, row[f'sim_{m}'])} | {fmt_err(row[f'{m}_err_pct'])} | "
+                         f"{fmt_err(row[f'{m}_err_pct_at_speed'])} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _fmt(metric: str, value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    if metric.startswith("throughput"):
+        return f"{value:.3g}"
+    return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _write_report(out: Path, report: dict[str, Any]) -> None:
+    from results.output import json_text, write_files
+    from results.validation_report import jsonable
+
+    text = json_text(jsonable(report))
+    md = markdown(report)
+    frame = pd.DataFrame(report["rows"])
+    write_files(out, {
+        "validation_vllm.json": lambda p: p.write_text(text, encoding="utf-8"),
+        "validation_vllm.md": lambda p: p.write_text(md, encoding="utf-8"),
+        "validation_vllm.csv": lambda p: frame.to_csv(p, index=False),
+    }, "the vLLM validation report")
