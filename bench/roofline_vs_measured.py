@@ -10,7 +10,8 @@ at 1..4096 tokens: the roofline's time against the measured median, as signed er
 The efficiencies the catalogue now holds per GPU (`catalogue.gpus`: mfu, mbu, gemm_latency_s) are fitted here
 on the TRAIN models only (least squares of log(roofline / measured) of the layer's linears), and the errors
 are reported apart on the models they were not fitted on. Writes bench/results/roofline_vs_measured.md and
-.png. """
+.png.
+"""
 
 from __future__ import annotations
 

@@ -8,9 +8,8 @@ Per iteration (per GPU of a tensor-parallel group; all GPUs of the group run in 
   Llama-2-7B's linears on an A100 that max(t_c, t_m) is up to ~25% low near T = 128 while the sqrt blend with
   mfu 0.70 / mbu 0.75 stays within ~5% from T = 1 to 4096.
 - Mixture of experts (`catalogue.moe`): a sparse layer's MLP is its router (hidden x E, replicated over tp),
-its
-  shared experts and its routed experts. FLOPs count the router, the shared experts and the k experts of every
-  token (the active parameters); the weights read are the router's, the shared experts' and those of the
+  its shared experts and its routed experts. FLOPs count the router, the shared experts and the k experts of
+  every token (the active parameters); the weights read are the router's, the shared experts' and those of the
   distinct experts the iteration's T tokens route to, E (1 - (1 - k/E)^T) expected under uniform routing
   (`routing_skew` > 0: fewer, `catalogue.moe`): one blend as above. So a one-token decode prices as a dense
   model of the active parameters plus the router, and a large batch reads every expert. Tile rounding stays on
