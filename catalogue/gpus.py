@@ -28,6 +28,17 @@ PCIE4_X16_PER_DIRECTION = 32e9  # source: PCI-SIG PCIe 4.0 spec, 16 GT/s x 16 la
 
 
 @dataclass(frozen=True, slots=True)
+class AllReduceFit:
+    """A ring all-reduce of `tp` GPUs in one node as measured: latency_s + 2 (tp - 1) / tp x bytes over the
+    link at `efficiency` of its peak. Per degree: NCCL's latency and reachable bandwidth differ with it (A100:
+    39-44 us and 0.50-0.57 of the link over tp 2-8, bench/results/roofline_vs_measured.md)."""
+
+    tp: int
+    efficiency: float
+    latency_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class GPUSpec:
     name: str
     peak_flops: float  # dense bf16/fp16 FLOP/s
@@ -39,8 +50,7 @@ class GPUSpec:
     mfu: float | None = None
     mbu: float | None = None
     gemm_latency_s: float | None = None
-    allreduce_efficiency: float | None = None  # share of interconnect_bandwidth a ring all-reduce reaches
-    allreduce_latency_s: float | None = None
+    allreduce: tuple[AllReduceFit, ...] = ()  # measured all-reduces, by TP degree (none: the defaults)
 
     def __post_init__(self) -> None:
         for f in ("peak_flops", "mem_bandwidth", "memory_bytes", "interconnect_bandwidth", "tile"):
@@ -48,21 +58,27 @@ class GPUSpec:
             if not v > 0:
                 raise InputError(f"GPU {self.name!r}: {f} must be positive, got {v!r}")
 
+    def allreduce_at(self, tp: int) -> AllReduceFit | None:
+        """The measured all-reduce of the degree nearest `tp` (the larger on a tie), or None."""
+        return max(self.allreduce, key=lambda a: (-abs(a.tp - tp), a.tp), default=None)
+
 
 GPUS: dict[str, GPUSpec] = {g.name: g for g in [
     # source: NVIDIA A100 Tensor Core GPU datasheet: BF16 tensor 312 TFLOPS dense (624 sparse); A100 80GB SXM
     # 2,039 GB/s HBM2e, 80 GB; NVLink 600 GB/s (bidirectional, 300 GB/s each way)
     # measured (bench/results/roofline_vs_measured.md, Vidur's A100 profiles): mfu 0.757, mbu 0.819, 6.9 us
-    # per GEMM; NCCL all-reduce at 0.549 of the link, 41.4 us
+    # per GEMM; NCCL all-reduce per TP degree (DGX A100)
     GPUSpec("a100-80gb", 312e12, 2039e9, 80 * GiB, 300e9, mfu=0.757, mbu=0.819, gemm_latency_s=6.9e-6,
-            allreduce_efficiency=0.549, allreduce_latency_s=41.4e-6,
+            allreduce=(AllReduceFit(2, 0.565, 43.7e-6), AllReduceFit(4, 0.536, 38.8e-6),
+                       AllReduceFit(8, 0.503, 42.5e-6)),
             description="NVIDIA A100 80GB SXM: 312 TFLOP/s bf16, 2039 GB/s HBM2e, NVLink 600 GB/s"),
     # source: NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 1,979 TFLOPS with sparsity (989 dense);
     # 3.35 TB/s HBM3, 80 GB; NVLink 900 GB/s (bidirectional)
     # measured (as the A100): mfu 0.717, mbu 0.994 (weight streaming at the datasheet's bandwidth once each
-    # GEMM's 7.6 us are apart), all-reduce at 0.797 of the link, 29.5 us
+    # GEMM's 7.6 us are apart), all-reduce per TP degree (DGX H100)
     GPUSpec("h100", 989e12, 3350e9, 80 * GiB, 450e9, mfu=0.717, mbu=0.994, gemm_latency_s=7.57e-6,
-            allreduce_efficiency=0.797, allreduce_latency_s=29.5e-6,
+            allreduce=(AllReduceFit(2, 0.726, 26.1e-6), AllReduceFit(4, 0.863, 33.0e-6),
+                       AllReduceFit(8, 0.759, 29.7e-6)),
             description="NVIDIA H100 SXM 80GB: 989 TFLOP/s bf16, 3350 GB/s HBM3, NVLink 900 GB/s"),
     # source: NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: BF16 1,979 TFLOPS with sparsity (989 dense);
     # 4.8 TB/s HBM3e, 141 GB; NVLink 900 GB/s (bidirectional)

@@ -48,7 +48,8 @@ Terms are added (no overlap between them is assumed). Defaults and where they co
 - overhead_s = 2 ms per step, request_s = sampled_token_s = 0, and eager's launch floor: the execution mode's
   defaults, whose sources `costs/overheads.py` gives (the 2 ms is an ASSUMPTION; a fit replaces it).
 - allreduce_latency_s = 10 us and the link at its peak: an ASSUMPTION (the order of a small-message NCCL
-  all-reduce within a node), replaced by the catalogue's measured values where it has them (A100, H100).
+  all-reduce within a node), replaced by the catalogue's measured values, per TP degree, where it has them
+  (A100, H100: `GPUSpec.allreduce`; the nearest measured degree for another).
 - gpu_memory_utilization = 0.9: vLLM's default share of GPU memory it manages.
 - activation_reserve_bytes = 2 GiB per GPU: an ASSUMPTION covering the CUDA context, NCCL buffers and the peak
   activations of a few-thousand-token batch of a 7-70B model, which serving engines subtract before sizing
@@ -122,12 +123,12 @@ class Roofline(CostModel):
         tile = g.tile if tile is None else tile
         if not isinstance(tile, int) or tile < 1:
             raise InputError(f"tile must be a positive integer, got {tile!r}")
+        measured = g.allreduce_at(tp)  # the GPU's measured all-reduce of this degree (or the nearest)
         if allreduce_latency_s is None:
-            allreduce_latency_s = (g.allreduce_latency_s if g.allreduce_latency_s is not None
-                                   else DEFAULT_ALLREDUCE_LATENCY_S)
+            allreduce_latency_s = measured.latency_s if measured else DEFAULT_ALLREDUCE_LATENCY_S
         self.allreduce_efficiency = _fraction("allreduce_efficiency", allreduce_efficiency
                                               if allreduce_efficiency is not None
-                                              else g.allreduce_efficiency or 1.0)
+                                              else measured.efficiency if measured else 1.0)
         if not overhead_s >= 0 or not allreduce_latency_s >= 0 or not activation_reserve_bytes >= 0:
             raise InputError("overhead_s, allreduce_latency_s and activation_reserve_bytes must be >= 0")
         self.model = m

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from catalogue.gpus import AllReduceFit, get_gpu
 from common.errors import InputError
 from costs import CostModel, Roofline
 from policies.plan import BatchPlan, Layout, packed, padded_decode, padded_prefill
@@ -165,6 +166,18 @@ def test_lm_head_only_on_sampled_rows(rf):
     assert rf.breakdown(prefill_plan([2048], [0]))["lm_head"] == pytest.approx(hand_lm_head(1), rel=1e-9)
 
 
+def test_allreduce_of_the_nearest_measured_degree():
+    fits = (AllReduceFit(2, 0.5, 40e-6), AllReduceFit(8, 0.8, 20e-6))
+    gpu = dataclasses.replace(get_gpu("a100-80gb"), allreduce=fits)
+    assert [gpu.allreduce_at(tp).tp for tp in (1, 2, 4, 5, 8, 16)] == [2, 2, 2, 8, 8, 8]  # 5: tie, the larger
+    assert get_gpu("a40").allreduce_at(2) is None  # none measured: the roofline's defaults
+    rf = Roofline("llama-2-70b", gpu, tp=4)
+    # one all-reduce of 1 MB over 4 GPUs at tp 2's fit: 2 x 3/4 x 1e6 / (300e9 x 0.5) + 40 us = 50 us
+    assert rf.allreduce_time(1e6) == pytest.approx(50e-6, rel=1e-12)
+    assert Roofline("llama-2-70b", "a40", tp=2).allreduce_time(1e6) == pytest.approx(
+        2 * 0.5 * 1e6 / 32e9 + 10e-6, rel=1e-12)  # PCIe at its peak, the 10 us default
+
+
 def test_allreduce_only_for_tp_above_one():
     plan = prefill_plan([1000], [0])
     defaults = {"mfu": MFU, "mbu": MBU, "gemm_latency_s": 0.0}
@@ -172,10 +185,10 @@ def test_allreduce_only_for_tp_above_one():
     two = Roofline("llama-2-70b", "a100-80gb", tp=2, **defaults)
     four = Roofline("llama-2-70b", "a100-80gb", tp=4, **defaults)
     assert one.breakdown(plan)["allreduce"] == 0.0
-    # two all-reduces per layer of T x hidden x 2 bytes, ring: 2 (tp-1)/tp x bytes / (300 GB/s x 0.549) + 41.4
-    # us (the A100's measured link efficiency and latency)
-    for rf, tp in ((two, 2), (four, 4)):
-        hand = 2 * 80 * (2 * (tp - 1) / tp * 1000 * 8192 * 2 / (300e9 * 0.549) + 41.4e-6)
+    # two all-reduces per layer of T x hidden x 2 bytes, ring: 2 (tp-1)/tp x bytes / (300 GB/s x efficiency)
+    # + latency, the A100's measured ones of that degree (tp 2: 0.565, 43.7 us; tp 4: 0.536, 38.8 us)
+    for rf, tp, eff, lat in ((two, 2, 0.565, 43.7e-6), (four, 4, 0.536, 38.8e-6)):
+        hand = 2 * 80 * (2 * (tp - 1) / tp * 1000 * 8192 * 2 / (300e9 * eff) + lat)
         assert rf.breakdown(plan)["allreduce"] == pytest.approx(hand, rel=1e-9)
     # the linear layers split over tp (70B: 8 KV heads, so tp=2 and 4 shard them exactly)
     p70 = 80 * (8192 * (64 + 16) * 128 + 64 * 128 * 8192 + 3 * 8192 * 28672)
