@@ -84,3 +84,34 @@ def expected_distinct_experts(experts: int, k: int, tokens: int, skew: float = 0
         return experts * (1.0 - (1.0 - k / experts) ** tokens)
     p = routing_probabilities(experts, k, skew)
     return float(np.sum(1.0 - (1.0 - p) ** tokens))
+
+
+@dataclass(frozen=True, slots=True)
+class BusiestGPU:
+    """Expert parallelism: what the busiest of `ep` GPUs does in one sparse layer, each GPU holding E / ep
+    whole experts. `passes`: token-expert pairs it computes; `experts`: the distinct experts of its own it
+    reads."""
+
+    passes: float
+    experts: float
+
+
+EP_SAMPLES = 256  # routings drawn per token count: the standard error of the maxima is a few percent
+
+
+def busiest_gpu(experts: int, k: int, tokens: int, ep: int, skew: float = 0.0) -> BusiestGPU:
+    """Expected maxima over `ep` GPUs (`ep` divides `experts`) of their routed work for `tokens` tokens, by
+    Monte Carlo (the maximum of dependent binomial loads has no closed form; seeded by the token count, so the
+    same inputs give the same price). Experts go to GPUs round-robin by popularity (expert i on GPU i mod ep:
+    the popular ones spread, as a load balancer places them); a routing draws the T x k picks from p_i / k,
+    i.e. a token may pick an expert twice, which matters only when E is close to k. The mean work per GPU is
+    the tensor-parallel share (T k / ep passes, distinct experts / ep), so the maxima are what expert
+    parallelism adds."""
+    if tokens <= 0:
+        return BusiestGPU(0.0, 0.0)
+    p = routing_probabilities(experts, k, skew) / k
+    counts = np.random.default_rng(tokens).multinomial(tokens * k, p, size=EP_SAMPLES)
+    by_gpu = counts.reshape(EP_SAMPLES, experts // ep, ep)  # [:, j, g]: expert j * ep + g, on GPU g
+    passes = by_gpu.sum(axis=1).max(axis=1).mean()
+    read = (by_gpu > 0).sum(axis=1).max(axis=1).mean()
+    return BusiestGPU(float(passes), float(read))

@@ -15,6 +15,12 @@ Per iteration (per GPU of a tensor-parallel group; all GPUs of the group run in 
   model of the active parameters plus the router, and a large batch reads every expert. Tile rounding stays on
   T (the experts' grouped GEMMs split T x k rows among the experts: not modelled), all experts' weights are
   resident (memory), and the router's softmax and top-k are not priced (elementwise, as norms are not).
+  Expert parallelism (`ep` = tp, as vLLM's --enable-expert-parallel without data parallelism): each GPU holds
+  E / ep whole experts instead of 1/tp of every expert, and the iteration waits for the busiest GPU: its
+  token-expert passes and its distinct experts read (`catalogue.moe.busiest_gpu`). The hidden states are on
+  every GPU after attention's all-reduce and the experts' outputs are summed by the all-reduce the MLP needs
+  under TP anyway, so the communication is unchanged (an all-to-all arises with data-parallel attention,
+  which is not modelled). On average a GPU does the TP share; EP adds the imbalance, large at small batches.
 - Each GEMM also pays a fixed time (`gemm_latency_s`, 4 per layer (a sparse layer's 5, 7 with shared
   experts) and the LM head's: kernel ramp-up and tail), which the GPU's catalogue entry holds where measured
   (bench/roofline_vs_measured.py).
@@ -65,7 +71,7 @@ import numpy as np
 
 from catalogue.gpus import GiB, GPUSpec, get_gpu
 from catalogue.models import ModelSpec, get_model
-from catalogue.moe import check_routing_skew, expected_distinct_experts
+from catalogue.moe import busiest_gpu, check_routing_skew, expected_distinct_experts
 from common.errors import InputError
 from costs.base import CostModel, tiled
 from costs.overheads import DEFAULT_ITERATION_S, StepOverheads
@@ -79,6 +85,22 @@ DEFAULT_ALLREDUCE_LATENCY_S = 10e-6
 GEMMS_PER_LAYER = 4  # QKV, O, gate+up (or up), down
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GiB
+
+
+def _expert_parallel(ep: int, model: ModelSpec, tp: int) -> int:
+    """`ep` checked: 1, or the TP degree of an MoE whose experts it divides (`catalogue.moe.busiest_gpu`)."""
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+        raise InputError(f"--ep must be a positive integer, got {ep!r}")
+    if ep == 1:
+        return ep
+    if model.moe is None:
+        raise InputError(f"--ep {ep}: {model.name} is dense (no experts to spread)")
+    if ep != tp:
+        raise InputError(f"--ep {ep} must equal --tp {tp}: the experts are spread over the replica's TP "
+                         "group (vLLM's --enable-expert-parallel without data parallelism)")
+    if model.moe.experts % ep:
+        raise InputError(f"--ep {ep} must divide {model.name}'s {model.moe.experts} experts")
+    return ep
 
 
 def _fraction(name: str, v: float) -> float:
@@ -109,6 +131,7 @@ class Roofline(CostModel):
         execution: str = "cuda-graph",
         gemm_latency_s: float | None = None,
         routing_skew: float = 0.0,
+        ep: int = 1,
     ) -> None:
         m = get_model(model) if isinstance(model, str) else model
         g = get_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -160,6 +183,7 @@ class Roofline(CostModel):
         heads_gpu = m.num_heads // tp
         self.kv_heads_per_gpu = max(1, m.num_kv_heads // tp)
         self.routing_skew = check_routing_skew(routing_skew)
+        self.ep = _expert_parallel(ep, m, tp)
         if m.moe is None:
             lin_per_layer_gpu = (h * d * (heads_gpu + 2 * self.kv_heads_per_gpu)  # QKV
                                  + heads_gpu * d * h  # O
@@ -170,7 +194,7 @@ class Roofline(CostModel):
         else:
             # MoE: every expert's columns split over tp (each GPU runs its share of every expert); the router
             # is replicated. A token computes its k routed experts; an iteration reads the experts its tokens
-            # chose (`experts_read`), the rest of the weights once.
+            # chose (`_experts`), the rest of the weights once.
             moe, sparse = m.moe, m.sparse_layers
             attention = L * (h * d * (heads_gpu + 2 * self.kv_heads_per_gpu) + heads_gpu * d * h)
             always = (attention + moe.dense_layers * m.mlp_params_per_layer / tp
@@ -180,7 +204,11 @@ class Roofline(CostModel):
             active = always + moe.experts_per_token * experts
             read = always
             self._expert_m = experts * dtype_bytes / (g.mem_bandwidth * self.mbu)
-            self._experts_read: dict[int, float] = {}
+            if self.ep > 1:  # whole experts: the busiest GPU's passes and reads, priced apart (`_experts`)
+                active = always
+                self._expert_c = 2.0 * experts * tp / (g.peak_flops * self.mfu)
+                self._expert_m *= tp
+            self._experts_cm: dict[int, tuple[float, float]] = {}
             # a sparse layer's GEMMs: QKV, O, the router, the experts' gate+up and down (grouped), the shared
             # expert's two
             gemms = GEMMS_PER_LAYER * moe.dense_layers + sparse * (5 + (2 if moe.shared_size else 0))
@@ -191,7 +219,7 @@ class Roofline(CostModel):
 
         self._flops = flops = g.peak_flops * self.mfu
         self._bw = bw = g.mem_bandwidth * self.mbu
-        # linears: t_c = _lin_c x T_eff, t_m = _lin_m (+ _expert_m x experts read, MoE)
+        # linears: t_c = _lin_c x T_eff, t_m = _lin_m (+ the routed experts' `_experts`, MoE)
         self._lin_c = 2.0 * active / flops
         self._lin_m = read * dtype_bytes / bw
         # LM head: t_c = _lm_c x rows_eff, t_m = _lm_m
@@ -220,7 +248,7 @@ class Roofline(CostModel):
     def assumptions(self) -> dict[str, Any]:
         return {"kind": "roofline", "gpu": self.gpu.name, "tp": self.tp, "mfu": self.mfu, "mbu": self.mbu,
                 "gemm_latency_s": self.gemm_latency_s,
-                **({"routing_skew": self.routing_skew} if self.model.moe else {}),
+                **({"routing_skew": self.routing_skew, "ep": self.ep} if self.model.moe else {}),
                 "attn_mfu": self.attn_mfu, "attn_mbu": self.attn_mbu, "tile": self.tile,
                 "step_overheads": self.steps.to_json()}
 
@@ -237,15 +265,21 @@ class Roofline(CostModel):
         m = params * self.dtype_bytes / self._bw
         return math.sqrt(c * c + m * m) + self.gemm_latency_s
 
-    def experts_read(self, tokens: int) -> float:
-        """Expected distinct routed experts per sparse layer whose weights an iteration of `tokens` tokens
-        reads (`catalogue.moe.expected_distinct_experts` at this model's routing skew)."""
-        n = self._experts_read.get(tokens)
-        if n is None:
+    def _experts(self, tokens: int) -> tuple[float, float]:
+        """(compute, weight-read) seconds of the routed experts in an iteration of `tokens` tokens, beyond
+        `_lin_c`'s per-token FLOPs: under TP the expected distinct experts' reads
+        (`catalogue.moe.expected_distinct_experts`); under EP the busiest GPU's passes and reads."""
+        cm = self._experts_cm.get(tokens)
+        if cm is None:
             moe = self.model.moe
-            n = self._experts_read[tokens] = expected_distinct_experts(
-                moe.experts, moe.experts_per_token, tokens, self.routing_skew)
-        return n
+            if self.ep == 1:
+                cm = (0.0, self._expert_m * expected_distinct_experts(
+                    moe.experts, moe.experts_per_token, tokens, self.routing_skew))
+            else:
+                b = busiest_gpu(moe.experts, moe.experts_per_token, tokens, self.ep, self.routing_skew)
+                cm = (self._expert_c * b.passes, self._expert_m * b.experts)
+            self._experts_cm[tokens] = cm
+        return cm
 
     def allreduce_time(self, nbytes: float, latency: bool = True) -> float:
         """Seconds of one ring all-reduce of `nbytes` over the group: 2 (tp - 1) / tp x bytes over the link at
@@ -283,7 +317,11 @@ class Roofline(CostModel):
         T, r = plan.linear_tokens, plan.sampled_tokens
         if T > 0:
             c = self._lin_c * tiled(T, self.tile)
-            m = self._lin_m + self._expert_m * self.experts_read(T) if self._expert_m else self._lin_m
+            m = self._lin_m
+            if self._expert_m:
+                ec, em = self._experts(T)
+                c += ec
+                m += em
             linear = math.sqrt(c * c + m * m) + self._lin_lat
             t += linear
             if self._ar_tok:
@@ -324,7 +362,11 @@ class Roofline(CostModel):
             host += self._host(p)
             T, r = p.linear_tokens, p.sampled_tokens
             lin_c += self._lin_c * tiled(T, self.tile)
-            lin_m += self._lin_m + self._expert_m * self.experts_read(T) if self._expert_m else self._lin_m
+            lin_m += self._lin_m
+            if self._expert_m:
+                ec, em = self._experts(T)
+                lin_c += ec
+                lin_m += em
             if self._ar_tok:
                 allreduce += self._ar_tok * T + self._ar_fixed
             if r > 0:

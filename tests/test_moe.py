@@ -10,7 +10,7 @@ import pytest
 
 from catalogue.gpus import GiB, get_gpu
 from catalogue.models import MODELS, ModelSpec
-from catalogue.moe import MoE, expected_distinct_experts, routing_probabilities
+from catalogue.moe import MoE, busiest_gpu, expected_distinct_experts, routing_probabilities
 from common.errors import InputError
 from costs.roofline import Roofline
 from policies.plan import hybrid
@@ -176,3 +176,63 @@ def test_a_profile_records_the_moe_shape_and_a_fit_checks_it() -> None:
     fit.check_model(spec)
     with pytest.raises(InputError, match="moe"):
         fit.check_model(replace(spec, moe=replace(spec.moe, experts_per_token=1)))
+
+
+def top1_model() -> ModelSpec:
+    # 8 experts, top-1: every routing of one token is one pick, so the busiest GPU's work is exact by hand
+    return ModelSpec("top1", 2, 512, 8, 8, 64, 1024, 4096, 4096, moe=MoE(8, 1, 1024))
+
+
+def test_expert_parallel_one_token_by_hand() -> None:
+    m = top1_model()
+    b = busiest_gpu(8, 1, 1, 8)
+    assert (b.passes, b.experts) == (1.0, 1.0)  # one token, one expert, on one GPU of eight
+    tp = Roofline(m, "h100", tp=8, gemm_latency_s=0.0)
+    ep = Roofline(m, "h100", tp=8, ep=8, gemm_latency_s=0.0)
+    g, r = get_gpu("h100"), tp
+    expert = 2 * 3 * 512 * 1024  # both layers' experts: SwiGLU gate, up and down
+    always = r.linear_params_per_gpu - 8 * expert / 8  # attention and routers, this GPU's share
+    # TP: one token computes 1/8 of its expert on every GPU and reads 1/8 of it; EP: the busiest GPU holds
+    # that whole expert
+    c_tp = 2 * (always + expert / 8) / (g.peak_flops * r.mfu)
+    m_tp = (always + expert / 8) * 2 / (g.mem_bandwidth * r.mbu)
+    c_ep = 2 * always / (g.peak_flops * r.mfu) + 2 * expert / (g.peak_flops * r.mfu)
+    m_ep = always * 2 / (g.mem_bandwidth * r.mbu) + expert * 2 / (g.mem_bandwidth * r.mbu)
+    assert tp.breakdown(decodes(1))["linear"] == pytest.approx(math.hypot(c_tp, m_tp), rel=1e-12)
+    assert ep.breakdown(decodes(1))["linear"] == pytest.approx(math.hypot(c_ep, m_ep), rel=1e-12)
+    assert ep.weight_bytes_per_gpu == tp.weight_bytes_per_gpu  # E / ep whole experts = 1/tp of each
+    assert ep.breakdown(decodes(1))["allreduce"] == tp.breakdown(decodes(1))["allreduce"]
+
+
+@pytest.mark.parametrize("experts,k,ep", [(8, 2, 2), (8, 2, 8), (128, 8, 8), (64, 6, 4)])
+def test_busiest_gpu_does_the_tp_share_and_more(experts: int, k: int, ep: int) -> None:
+    for tokens in (1, 4, 32, 256, 4096):
+        b = busiest_gpu(experts, k, tokens, ep)
+        assert b == busiest_gpu(experts, k, tokens, ep)  # seeded: same inputs, same price
+        assert tokens * k / ep <= b.passes <= tokens * k
+        assert expected_distinct_experts(experts, k, tokens) / ep * 0.95 <= b.experts <= experts / ep
+    # a large batch balances: within a few percent of the mean, every GPU's experts read
+    big = busiest_gpu(experts, k, 8192, ep)
+    assert big.passes == pytest.approx(8192 * k / ep, rel=0.05) and big.experts == experts / ep
+
+
+def test_expert_parallelism_costs_small_batches_and_converges_on_large() -> None:
+    m = MODELS["mixtral-8x7b"]
+    tp, ep = (Roofline(m, "h100", tp=2, ep=e) for e in (1, 2))
+    lin = [[r.breakdown(decodes(b))["linear"] for r in (tp, ep)] for b in (1, 1024)]
+    assert lin[0][1] > 1.2 * lin[0][0]  # one token: its two experts often on one GPU, read whole
+    assert lin[1][1] == pytest.approx(lin[1][0], rel=0.03)  # every GPU busy with every expert it holds
+    skewed = Roofline(m, "h100", tp=2, ep=2, routing_skew=1.5)
+    assert skewed.breakdown(decodes(1024))["linear"] > lin[1][1]  # the popular experts' GPU waits longest
+
+
+def test_expert_parallelism_refused_where_meaningless() -> None:
+    with pytest.raises(InputError, match="is dense"):
+        Roofline("llama-2-7b", "h100", tp=2, ep=2)
+    with pytest.raises(InputError, match="must equal --tp 4"):
+        Roofline("mixtral-8x7b", "h100", tp=4, ep=2)
+    with pytest.raises(InputError, match="must divide"):
+        Roofline(ModelSpec("six", 2, 512, 8, 8, 64, 1024, 4096, 4096, moe=MoE(6, 2, 512)), "h100", tp=4, ep=4)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(InputError, match="--ep must be a positive integer"):
+            Roofline("mixtral-8x7b", "h100", tp=2, ep=bad)
