@@ -310,6 +310,8 @@ def test_cpu_monitor_sees_another_process():
     assert mon.foreign_share(r0, r1, wall) > 0.6 / mon.cpus
     assert not mon.quiet(r0, r1, wall, 0.05)
     assert mon.foreign_ticks(r1, r1) == 0 and mon.quiet(r1, r1, 0.1, 0.05)
+    # a whole tick in a block shorter than a tick is a share of at most 1, not 1 / (hz x cpus x wall)
+    assert mon.foreign_share((0, 0), (2, 0), 0.5 / mon.hz) == 1.0
 
 
 def test_blocks_timed_on_a_busy_machine_are_not_used():
