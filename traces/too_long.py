@@ -34,7 +34,7 @@ class Screened:
         done = (f"{self.refused} refused" if self.refused else "") + (
             f"{', ' if self.refused else ''}{self.truncated} prompts truncated" if self.truncated else "")
         total = len(self.requests) + self.refused
-        return (f"{self.refused + self.truncated} of {total} requests exceed --max-model-len {max_len} "
+        return (f"{self.refused + self.truncated} of {total} requests exceed the max model length, {max_len} "
                 f"(the longest needs {self.longest} positions): {done}")
 
 
