@@ -36,6 +36,7 @@ from simctl.options import (
     Tps,
     Trace,
 )
+from simctl.plan_cmd import plan_cmd
 from simctl.plot_cmd import plot
 from simctl.policy_options import with_policy_options
 from simctl.prefill_bench_cmd import prefill_bench
@@ -45,8 +46,8 @@ from simctl.usage_errors import error_types, fail, given_value, usage_message
 
 DEFAULT_NUM_REQUESTS = 1000
 DEFAULT_QPS = 0.5
-COMMANDS = ("run", "capacity", "real", "validate", "profile", "fit", "prefill-bench", "query-set", "plot",
-            "sweep", "list")
+COMMANDS = ("run", "capacity", "plan", "real", "validate", "profile", "fit", "prefill-bench", "query-set",
+            "plot", "sweep", "list")
 
 
 _USAGE_ERRORS, _ABORTS = error_types()
@@ -433,6 +434,7 @@ app.command("prefill-bench")(prefill_bench)
 app.command("query-set")(query_set_cmd)
 app.command("plot")(plot)
 app.command("sweep")(sweep)
+app.command("plan")(with_policy_options(plan_cmd, lists=True))
 
 
 @app.command("list")
