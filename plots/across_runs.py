@@ -126,7 +126,8 @@ def pareto_figure(points: pd.DataFrame) -> Figure:
     # a run judged against several SLOs (a sweep's rows) is one point here
     # a configuration of settings compared (capacity's or plan's lists) is one line, named by what varies
     split = ("config",) if "config" in points.columns else ("policy", *SETUP)
-    points = points.drop_duplicates([c for c in (*split, "policy", *SETUP, "qps", "seed") if c in points.columns])
+    points = points.drop_duplicates([c for c in (*split, "policy", *SETUP, "qps", "seed")
+                                     if c in points.columns])
     fig, ax = plt.subplots(figsize=(9, 6), constrained_layout=True)
     for i, (label, g) in enumerate(_series(points, split)):
         x, y = 1.0 / g["tpot_p50"].to_numpy(float), _per_gpu(g)
