@@ -127,7 +127,7 @@ def test_choice_is_a_frozen_dataclass() -> None:
     assert isinstance(c, Choice) and c.price is None and c.cost_per_million_tokens is None
 
 
-# ---- comma lists --------------------------------------------------------------------------------------------
+# ---- comma lists -------------------------------------------------------------------------------------------
 def test_a_grid_names_what_varies() -> None:
     from simctl.option_grid import grid
 
@@ -149,7 +149,8 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     return e.value.code, err
 
 
-PLAN = ("plan", "--model", "llama-2-7b", "--trace", "sharegpt", "--slo", "p99_tbt=0.1", "--num-requests", "100")
+PLAN = ("plan", "--model", "llama-2-7b", "--trace", "sharegpt", "--slo", "p99_tbt=0.1",
+        "--num-requests", "100")
 
 
 @pytest.mark.parametrize(("args", "words"), [
@@ -161,7 +162,8 @@ PLAN = ("plan", "--model", "llama-2-7b", "--trace", "sharegpt", "--slo", "p99_tb
     (("capacity", "--capacity-definition", "typical"), "--capacity-definition 'typical'"),
     (("run", "--on-too-long", "drop"), "--on-too-long 'drop': choose refuse, error, truncate"),
     (("run", "--max-model-len", "9000", "--model", "llama-2-7b"), "exceeds llama-2-7b's context of 4096"),
-    (("run", "--trace", "sharegpt", "--model", "llama-2-7b", "--on-too-long", "error", "--num-requests", "50"),
+    (("run", "--trace", "sharegpt", "--model", "llama-2-7b", "--on-too-long", "error",
+      "--num-requests", "50"),
      "but llama-2-7b has a context of 4096"),
     (("run", "--tp", "1,2", "--out", "x"), "--out writes one run"),
     ((*PLAN, "--rate", "20", "--gpu-cost", "h100=2"), "--gpu-cost h100: not a GPU searched (a100-80gb)"),
