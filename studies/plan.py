@@ -125,10 +125,10 @@ def check(choice: Choice, slo: SLO) -> Choice:
     return replace(choice, checked=False)
 
 
-def rank_key(c: Choice) -> tuple[float, float]:
-    """Fewest GPUs first, then the cheapest (or the most headroom)."""
+def rank_key(c: Choice) -> tuple[float, float, float]:
+    """Fewest GPUs first, then the cheapest, then the most headroom."""
     cost = c.cost_per_million_tokens
-    return (c.gpus, cost if cost is not None else -c.headroom)
+    return (c.gpus, cost if cost is not None else 0.0, -c.headroom)
 
 
 def plan(spec: PlanSpec) -> tuple[list[Choice], list[Capacity]]:
