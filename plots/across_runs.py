@@ -124,9 +124,12 @@ def pareto_figure(points: pd.DataFrame) -> Figure:
     _need(points, ("tpot_p50", "throughput_tokens_per_s", "qps", "policy"), "pareto")
     points = points[points["tpot_p50"].notna() & (points["tpot_p50"] > 0)]
     # a run judged against several SLOs (a sweep's rows) is one point here
-    points = points.drop_duplicates([c for c in ("policy", *SETUP, "qps", "seed") if c in points.columns])
+    # a configuration of settings compared (capacity's or plan's lists) is one line, named by what varies
+    split = ("config",) if "config" in points.columns else ("policy", *SETUP)
+    points = points.drop_duplicates([c for c in (*split, "policy", *SETUP, "qps", "seed")
+                                     if c in points.columns])
     fig, ax = plt.subplots(figsize=(9, 6), constrained_layout=True)
-    for i, (label, g) in enumerate(_series(points, ("policy", *SETUP))):
+    for i, (label, g) in enumerate(_series(points, split)):
         x, y = 1.0 / g["tpot_p50"].to_numpy(float), _per_gpu(g)
         ok = g["sustainable"].to_numpy(bool) if "sustainable" in g.columns else np.ones(len(g), bool)
         ax.plot(x, y, "-", color=f"C{i}", lw=1, alpha=0.6)

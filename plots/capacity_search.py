@@ -40,10 +40,10 @@ def capacity_figure(probes: pd.DataFrame, results: list[Capacity]) -> Figure:
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), constrained_layout=True,
                              squeeze=False)
     axes = axes[0]
-    runs = probes.sort_values("qps").drop_duplicates(["policy", "seed", "qps"])
-    for i, (policy, group) in enumerate(runs.groupby("policy", sort=False)):
-        caps = [r for r in results if r.policy == policy]
-        label = f"{policy}: " + ", ".join(f"{r.slo_name} {r.qps:.3g}" for r in caps)
+    runs = probes.sort_values("qps").drop_duplicates(["config", "seed", "qps"])
+    for i, (name, group) in enumerate(runs.groupby("config", sort=False)):
+        caps = [r for r in results if r.name == name]
+        label = f"{name}: " + ", ".join(f"{r.slo_name} {r.qps:.3g}" for r in caps)
         for ax, (col, _, _) in zip(axes, panels):
             for j, (_, seed_runs) in enumerate(group.groupby("seed")):
                 ax.plot(seed_runs["qps"], seed_runs[col], "o-", color=f"C{i}", ms=3, lw=1,
@@ -65,6 +65,9 @@ def capacity_figure(probes: pd.DataFrame, results: list[Capacity]) -> Figure:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(title="capacity (QPS, median over seeds)", fontsize=8)
     first = probes.iloc[0]
-    fig.suptitle(f"capacity on {first['trace']}: {first['model']} / {first['gpu']} x{first['tp']} "
-                 f"(dotted: capacity; dashed: SLO)")
+    setups = probes[["model", "gpu", "tp"]].drop_duplicates()
+    where = f": {first['model']} / {first['gpu']} x{first['tp']}" if len(setups) == 1 else ""
+    definition = "sustainable" if all(r.slo.definition == "sustainable" for r in results) else "paper"
+    fig.suptitle(f"capacity ({definition} definition) on {first['trace']}{where} (dotted: capacity; "
+                 "dashed: SLO)")
     return fig

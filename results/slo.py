@@ -9,7 +9,9 @@
   `attainment` (default 0.9). DistServe's goodput is the highest rate at which that share is met.
 
 Every SLO also asks for a sustainable run whose requests all finished, and a median scheduling delay within a
-limit (2 s: Sarathi-Serve's capacity rule, "the queuing delay does not blow up").
+limit (2 s: Sarathi-Serve's capacity rule, "the queuing delay does not blow up"). Under the `sustainable`
+definition (the default) the run must also not be backlogged (`results.saturation`: a queue that grows within
+the run is no capacity, even while the median delay is still short); `paper` is Sarathi-Serve's rule alone.
 
 A summary carries percentiles but not per-request outcomes: `slo_attainment` is computed from the run's
 requests table (`SLO.attainment`), by whoever holds it (the capacity probe adds it to each probe's summary),
@@ -31,6 +33,7 @@ from common.errors import InputError
 from costs.base import CostModel
 from policies.plan import hybrid
 from policies.seq import Seq
+from results.saturation import BACKLOGGED
 
 METRICS = ("ttft", "tbt", "tpot", "e2e")
 PERCENTILES = (50, 90, 99)
@@ -43,6 +46,9 @@ DEFAULT_SCHED_DELAY_P50_S = 2.0  # Sarathi-Serve Section 5: median scheduling de
 TABLE3_BATCH = 32
 TABLE3_CONTEXT = 4096
 TABLE3_FACTORS = {"strict": 5.0, "relaxed": 25.0}
+SUSTAINABLE, PAPER = "sustainable", "paper"
+DEFINITIONS = {SUSTAINABLE: "a backlogged run (a growing or standing queue) misses the SLO",
+               PAPER: "Sarathi-Serve's rule only: a backlogged run may meet the SLO"}
 
 
 def _seconds(key: str, v: object) -> float:
@@ -57,8 +63,11 @@ class SLO:
     per_request: Mapping[str, float] = field(default_factory=dict)  # e.g. {"ttft": 2.0, "tpot": 0.1}
     attainment: float = DEFAULT_ATTAINMENT  # share of requests that must meet every per-request limit
     sched_delay_p50_s: float = DEFAULT_SCHED_DELAY_P50_S
+    definition: str = SUSTAINABLE  # of capacity: `paper` lets a backlogged run meet the SLO
 
     def __post_init__(self) -> None:
+        if self.definition not in DEFINITIONS:
+            raise InputError(f"--capacity-definition {self.definition!r}: choose {', '.join(DEFINITIONS)}")
         for key, v in self.percentiles.items():
             if key not in PERCENTILE_KEYS:
                 raise InputError(f"unknown SLO key {key!r}; known: {_known_keys()}")
@@ -79,6 +88,8 @@ class SLO:
         against per-request limits: that is a caller's bug (see the module docstring), not a miss."""
         if not s["sustainable"] or s["completed"] < s["num_requests"]:
             return False
+        if self.definition == SUSTAINABLE and s.get("saturation") == BACKLOGGED:
+            return False
         delay = s["sched_delay_p50"]
         if delay is None or delay > self.sched_delay_p50_s:
             return False
@@ -92,10 +103,11 @@ class SLO:
             return s["slo_attainment"] >= self.attainment
         return True
 
-    def attainment_of(self, requests: pd.DataFrame) -> float:
+    def attainment_of(self, requests: pd.DataFrame, refused: int = 0) -> float:
         """The share of requests meeting every per-request limit (1.0 without any); a request that never
-        finished meets none. Reads a requests table (serving.records.request_frame)."""
-        n = len(requests)
+        finished meets none, nor does one the server refused (`refused`, too long: not in the table). Reads a
+        requests table (serving.records.request_frame)."""
+        n = len(requests) + refused
         return self.meeting(requests) / n if n else 0.0
 
     def meeting(self, requests: pd.DataFrame) -> int:
@@ -123,7 +135,8 @@ class SLO:
             limits = " and ".join(f"{key.upper()} <= {limit:.4g} s"
                                   for key, limit in self.per_request.items())
             parts.append(f"{limits} for >= {self.attainment:.0%} of requests")
-        parts += [f"P50 scheduling delay <= {self.sched_delay_p50_s:g} s", "sustainable"]
+        parts += [f"P50 scheduling delay <= {self.sched_delay_p50_s:g} s",
+                  "sustainable" if self.definition == PAPER else "sustainable, not backlogged"]
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,7 +148,7 @@ class SLO:
         (`tbt_p99_s`, `ttft_p50_s`, `sched_delay_p50_s`), so that older validations can still be rescored."""
         if "percentiles" in d:
             return cls(dict(d["percentiles"]), dict(d["per_request"]), d["attainment"],
-                       d["sched_delay_p50_s"])
+                       d["sched_delay_p50_s"], d.get("definition", PAPER))  # written before: the paper's
         old = {"p99_tbt": d.get("tbt_p99_s"), "p50_ttft": d.get("ttft_p50_s")}
         return cls({k: v for k, v in old.items() if v is not None},
                    sched_delay_p50_s=d.get("sched_delay_p50_s", DEFAULT_SCHED_DELAY_P50_S))

@@ -43,6 +43,7 @@ from traces import (
 )
 from traces.build import check_scale, trace_in_working_folder
 from traces.request import Request
+from traces.too_long import ERROR, REFUSE, Screened, check_on_too_long, screen
 
 # Upper bounds that keep a run from exhausting memory or the float clock's resolution: at 1e9 s
 # (~32 years) a float64 time still resolves 0.2 us, far below any iteration's duration.
@@ -70,6 +71,8 @@ class RunConfig:
     # a fitted cost_model.json; None: the roofline (or, for --gpu cpu, the shipped fit)
     cost: str | None = None
     routing_skew: float = 0.0  # an MoE's imbalanced routing for the roofline (catalogue.moe); 0: uniform
+    max_model_len: int | None = None  # positions a request may need (prompt + output); None: the model's
+    on_too_long: str = REFUSE  # a longer request: refused and counted, an error, or its prompt truncated
 
     def __post_init__(self) -> None:
         # the user's paths, absolute before a child process (a capacity worker, a Ray task) reads them
@@ -110,12 +113,17 @@ class RunConfig:
         if self.arrival == "poisson" and self.cv != 1.0:
             raise InputError(f"--cv {self.cv!r} needs --arrival gamma (Poisson arrivals always have cv 1)")
         check_routing_skew(self.routing_skew)
+        check_on_too_long(self.on_too_long)
+        if self.max_model_len is not None and (not is_int(self.max_model_len) or self.max_model_len < 2):
+            raise InputError(f"--max-model-len must be an integer >= 2, got {self.max_model_len!r}")
 
     def recorded(self) -> dict[str, Any]:
         """The settings a summary starts with: all but `fast` and the policy's options (recorded apart), and
-        the routing skew only when given (a run without it keeps the summary it had before MoE models)."""
+        the routing skew, max model length and what happens to a longer request only when given (a run
+        without them keeps the summary it had before them)."""
+        defaults = {"routing_skew": 0.0, "max_model_len": None, "on_too_long": REFUSE}
         return {k: v for k, v in asdict(self).items()
-                if k not in ("fast", "options") and (k != "routing_skew" or v)}
+                if k not in ("fast", "options") and (k not in defaults or v != defaults[k])}
 
 
 @dataclass
@@ -183,7 +191,7 @@ class Deployment:
         to fit (only its prompt and first token on a prefill-only instance); InputError naming one that does
         not."""
         max_seq_len = min(trace_max_total_tokens(config.trace, requests, config.scale),
-                          self.model.max_position)
+                          max_model_len(config, self.model))
         fits = max_admissible_tokens(config.policy, self.kv_capacity, max_seq_len)
         big = max(requests, key=lambda r: r.prompt_tokens + (1 if prefill_only else r.output_tokens))
         output = 1 if prefill_only else big.output_tokens
@@ -223,19 +231,34 @@ def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> Deployment:
         raise InputError(f"--{pool}-tp {tp}: {e}") from None
 
 
-def trace_for(config: RunConfig) -> list[Request]:
-    """The run's requests, checked against the model's context and the simulated clock."""
+def max_model_len(config: RunConfig, model: ModelSpec) -> int:
+    """The positions a request may need: --max-model-len, within the model's context (its default)."""
+    if config.max_model_len is None:
+        return model.max_position
+    if config.max_model_len > model.max_position:
+        raise InputError(f"--max-model-len {config.max_model_len} exceeds {model.name}'s context of "
+                         f"{model.max_position} positions")
+    return config.max_model_len
+
+
+def trace_for(config: RunConfig) -> Screened:
+    """The run's requests, those longer than the max model length refused or truncated (`on_too_long`),
+    checked against the simulated clock."""
     config.validate()
     model = get_model(config.model)
     requests = build_trace(config.trace, config.num_requests, config.qps, config.seed,
                            arrival=config.arrival, cv=config.cv, scale=config.scale)
-    model.check_context(requests, config.scale)
+    limit = max_model_len(config, model)
+    if config.on_too_long == ERROR and config.max_model_len is None:
+        model.check_context(requests, config.scale)  # the catalogue's words: the model's context
+    screened = screen(requests, limit, config.on_too_long)
+    requests = screened.requests
     last = requests[-1].arrival_s
     if last > MAX_CLOCK_S:
         raise InputError(f"request {requests[-1].id} arrives at {last:.6g} s, beyond the simulated clock's "
                          f"{MAX_CLOCK_S:.0e} s (raise --qps, or check that the trace file's arrival times "
                          "are in seconds)")
-    return requests
+    return screened
 
 
 def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progress | None = None,
@@ -250,7 +273,8 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
         raise InputError("--timeline records one replica; it is not available with a cluster")
     entry = _deploy_pool(config, cc, "prefill") if cc.disaggregated else None
     serving = _deploy_pool(config, cc, "decode" if cc.disaggregated else "replicas")
-    requests = trace_for(config)
+    screened = trace_for(config)
+    requests = screened.requests
     recorder = TimelineBackend(serving.cost, config.fast, timeline) if timeline else None
     built = Cluster(simpy.Environment(), KVLink(cc.kv_link_gbps) if cc.disaggregated else None,
                     serving.model.kv_bytes_per_token())
@@ -275,10 +299,24 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
     summary["cost_assumptions"] = serving.cost.assumptions()
     summary["warnings"] = list(dict.fromkeys(w for d in (entry, serving) if d is not None
                                              for w in d.warnings))
+    _note_too_long(summary, screened, max_model_len(config, serving.model))
     summary.update(policies[0].settings.as_dict())  # every setting of the policy, given or default
     summary.update(run_stats(policies))  # what the policies counted (vllm-v1: prefix-cache hits), if anything
     return Run(config, result, summary, iterations_frame(members), pd.DataFrame(summary["replica_metrics"]),
                built, recorder.frame() if recorder else None)
+
+
+def _note_too_long(summary: dict[str, Any], screened: Screened, limit: int) -> None:
+    """`rejected` and `truncated` in the summary (and a warning) when some request exceeded the max model
+    length; a run whose requests all fit keeps the summary it had before."""
+    note = screened.note(limit)
+    if note is None:
+        return
+    summary["max_model_len"] = limit
+    summary["rejected"] = screened.refused
+    summary["truncated"] = screened.truncated
+    summary["longest_rejected_positions"] = screened.longest
+    summary["warnings"].append(note)
 
 
 def _pool(name: str, count: int, d: Deployment, max_seq_len: int, config: RunConfig, cc: ClusterConfig,

@@ -12,10 +12,24 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from common.errors import InputError
 from simctl.cluster_options import with_cluster_options
 from simctl.display import fmt
 from simctl.goodput_cmd import goodput_command
-from simctl.options import Arrival, Cost, Cv, Gpu, Model, RoutingSkew, Scale, Seed, Tp, Trace
+from simctl.options import (
+    Arrival,
+    Cost,
+    Cv,
+    Gpus,
+    MaxModelLen,
+    Models,
+    OnTooLong,
+    RoutingSkew,
+    Scale,
+    Seed,
+    Tps,
+    Trace,
+)
 from simctl.usage_errors import note_replaced, warn_all
 
 SLO_HELP = ("SLO limits, key=seconds, comma-separated or repeated: p50/p90/p99 of ttft, tbt, tpot or e2e "
@@ -31,9 +45,9 @@ def capacity(
     policy: Annotated[str,
                       typer.Option(help="One policy or a comma-separated list to compare.")] = "vllm,sarathi",
     trace: Trace = "sharegpt",
-    model: Model = "mistral-7b",
-    gpu: Gpu = "a100-80gb",
-    tp: Tp = 1,
+    model: Models = "mistral-7b",
+    gpu: Gpus = "a100-80gb",
+    tp: Tps = "1",
     routing_skew: RoutingSkew = 0.0,
     num_requests: Annotated[int, typer.Option(help="Requests per probed run.")] = 1000,
     seed: Seed = 0,
@@ -42,6 +56,13 @@ def capacity(
     cv: Cv = 1.0,
     scale: Scale = 1.0,
     cost: Cost = None,
+    max_model_len: MaxModelLen = None,
+    on_too_long: OnTooLong = "refuse",
+    capacity_definition: Annotated[str, typer.Option(help=(
+        "sustainable: a rate whose run is backlogged (a queue that grows, or stands, though the median "
+        "scheduling delay is still within its limit: results/saturation.py) is not the capacity; paper: "
+        "Sarathi-Serve's definition only (the SLO, the delay limit and a sustainable run)."),
+        metavar="sustainable|paper")] = "sustainable",
     slo: Annotated[list[str] | None, typer.Option(help=SLO_HELP, metavar="KEY=S[,KEY=S]")] = None,
     attainment: Annotated[float | None, typer.Option(help="Share of requests that must meet the per-request "
                                                      "--slo limits [default: 0.9].")] = None,
@@ -66,30 +87,38 @@ def capacity(
     Example: simctl capacity --policy orca,vllm,sarathi --trace arxiv --slo p99_tbt=0.5 --seeds 3 --out
     out/cap
     """
+    from dataclasses import replace
+
     from plots.capacity_search import capacity_figure
     from results.output import check_out_dir
     from results.slo import TABLE3_BATCH, TABLE3_CONTEXT, parse_slo
     from sim.run import RunConfig
+    from simctl.option_grid import grid
     from studies.capacity import CapacityConfig, capacity_warnings, search_capacities, table3_slos_for
     from studies.capacity_files import CAPACITY_FILES, probes_frame, write_capacity
 
-    policies = [p.strip() for p in policy.split(",") if p.strip()]
-    configs = [RunConfig(policy=p, trace=trace, model=model, gpu=gpu, tp=tp, qps=start_qps,
-                         num_requests=num_requests, seed=seed, options=options, arrival=arrival, cv=cv,
-                         scale=scale, cost=cost, routing_skew=routing_skew)
-               for p in policies]
+    base = RunConfig(trace=trace, qps=start_qps, num_requests=num_requests, seed=seed, arrival=arrival, cv=cv,
+                     scale=scale, cost=cost, routing_skew=routing_skew, max_model_len=max_model_len,
+                     on_too_long=on_too_long)
+    combos = grid(base, policy, model, gpu, tp, options or {})
+    configs, labels = [c.config for c in combos], [c.label for c in combos]
     given = parse_slo(slo or [], attainment, max_sched_delay_p50)  # also checks --attainment and the delay
+    given = replace(given, definition=capacity_definition)
     if goodput or cluster.is_cluster:  # a deployment's rate per GPU (simctl.goodput_cmd)
         return goodput_command(configs, cluster, given, bool(slo), start_qps, seeds, out)
-    CapacityConfig(configs, {"given": given}, start_qps, workers, seeds).validate()  # before any cost model
+    CapacityConfig(configs, {"given": given}, start_qps, workers, seeds, labels).validate()  # before costs
     if slo:
         slos, origin = {"given": given}, "given (--slo)"
     else:
+        if len({(c.model, c.gpu, c.tp) for c in configs}) > 1:
+            raise InputError("comparing models, GPUs or TP degrees needs --slo (Table 3's default SLOs "
+                             "differ from one deployment to the next)")
         slos, decode = table3_slos_for(configs[0], max_sched_delay_p50)
+        slos = {name: replace(s, definition=capacity_definition) for name, s in slos.items()}
         origin = ("Sarathi-Serve Table 3 rule: P99 TBT within 5x (strict) and 25x (relaxed) a decode "
                   f"iteration of {TABLE3_BATCH} requests with {TABLE3_CONTEXT}-token contexts, "
                   f"{decode * 1e3:.2f} ms on {model} / {gpu} x{tp}")
-    spec = CapacityConfig(configs, slos, start_qps, workers, seeds)
+    spec = CapacityConfig(configs, slos, start_qps, workers, seeds, labels)
     if out is not None:
         check_out_dir(out, CAPACITY_FILES)
     console = Console()
@@ -97,25 +126,9 @@ def capacity(
     for name, s in slos.items():
         console.print(escape(f"  {name}: {s.describe()}"))
     results = search_capacities(spec, progress=sys.stderr.isatty())
-    spread = seeds > 1
-    table = Table(title=escape(f"capacity on {trace}: {model} / {gpu} x{tp}"
-                               + (f", median of {seeds} seeds" if spread else "")))
-    for col in ("policy", "SLO", "capacity QPS", *(("min..max",) if spread else ()), "P99 TBT at capacity",
-                "P50 TTFT at capacity", "saturation at capacity", "probes"):
-        table.add_column(col, justify="right")
-    for r in results:
-        at = r.median_search.at_capacity
-        shown = (f"{r.qps:.3f}" if not r.problems else
-                 f">= {r.qps:.3g}" if r.qps > 0 and r.median_search.problem else
-                 "none found" if r.qps == 0 else f"{r.qps:.3f}")
-        table.add_row(r.policy, r.slo_name, shown, *((f"{r.qps_min:.3g}..{r.qps_max:.3g}",) if spread
-                                                     else ()),
-                      fmt(at.get("tbt_p99") if at else None), fmt(at.get("ttft_p50") if at else None),
-                      at["saturation"] if at else "-",
-                      str(sum(len(s.probes) for s in r.searches.values())))
-    console.print(table)
+    console.print(capacity_table(results, trace, seeds, capacity_definition))
     warn_all(capacity_warnings(results))
-    warn_all(f"{r.policy} ({r.slo_name}{f', seed {seed}' if spread else ''}): {problem}"
+    warn_all(f"{r.name} ({r.slo_name}{f', seed {seed}' if seeds > 1 else ''}): {problem}"
              + ("; probe more requests (--num-requests) or set a latency SLO (--slo)"
                 if r.searches[seed].qps > 0 else "")
              for r in results for seed, problem in r.problems.items())
@@ -123,3 +136,33 @@ def capacity(
         note_replaced(out, CAPACITY_FILES)
         write_capacity(out, spec, results, origin, capacity_figure(probes_frame(results), results))
         console.print(escape(f"wrote {out}/capacity.json, probes.parquet, capacity.png"))
+
+
+def capacity_table(results: list[Any], trace: str, seeds: int, definition: str) -> Table:
+    """One row per configuration and SLO; the title says the capacity's definition, and the refused column
+    the share of requests at capacity longer than the max model length."""
+    from results.slo import DEFINITIONS
+
+    spread = seeds > 1
+    setups = {(r.config.model, r.config.gpu, r.config.tp) for r in results}
+    where = ": {} / {} x{}".format(*next(iter(setups))) if len(setups) == 1 else ""
+    title = f"capacity on {trace}{where}" + (f", median of {seeds} seeds" if spread else "")
+    table = Table(title=escape(title),
+                  caption=escape(f"capacity: the highest rate meeting the SLO, {definition} definition ("
+                                 f"{DEFINITIONS[definition]}); refused: requests longer than the max model "
+                                 "length, of those offered at capacity"))
+    for col in ("configuration", "SLO", "capacity QPS", *(("min..max",) if spread else ()),
+                "P99 TBT at capacity", "P50 TTFT at capacity", "saturation at capacity", "refused", "probes"):
+        table.add_column(col, justify="right")
+    for r in results:
+        at = r.median_search.at_capacity
+        shown = (f"{r.qps:.3f}" if not r.problems else
+                 f">= {r.qps:.3g}" if r.qps > 0 and r.median_search.problem else
+                 "none found" if r.qps == 0 else f"{r.qps:.3f}")
+        refused = at.get("rejected", 0) if at else None
+        table.add_row(r.name, r.slo_name, shown, *((f"{r.qps_min:.3g}..{r.qps_max:.3g}",) if spread else ()),
+                      fmt(at.get("tbt_p99") if at else None), fmt(at.get("ttft_p50") if at else None),
+                      at["saturation"] if at else "-",
+                      "-" if refused is None else f"{refused / (refused + at['num_requests']):.1%}",
+                      str(sum(len(s.probes) for s in r.searches.values())))
+    return table

@@ -25,15 +25,18 @@ from simctl.options import (
     Attention,
     Cost,
     Cv,
-    Gpu,
-    Model,
+    Gpus,
+    MaxModelLen,
+    Models,
+    OnTooLong,
     Policy,
     RoutingSkew,
     Scale,
     Seed,
-    Tp,
+    Tps,
     Trace,
 )
+from simctl.plan_cmd import plan_cmd
 from simctl.plot_cmd import plot
 from simctl.policy_options import with_policy_options
 from simctl.prefill_bench_cmd import prefill_bench
@@ -43,8 +46,8 @@ from simctl.usage_errors import error_types, fail, given_value, usage_message
 
 DEFAULT_NUM_REQUESTS = 1000
 DEFAULT_QPS = 0.5
-COMMANDS = ("run", "capacity", "real", "validate", "profile", "fit", "prefill-bench", "query-set", "plot",
-            "sweep", "list")
+COMMANDS = ("run", "capacity", "plan", "real", "validate", "profile", "fit", "prefill-bench", "query-set",
+            "plot", "sweep", "list")
 
 
 _USAGE_ERRORS, _ABORTS = error_types()
@@ -59,14 +62,15 @@ app = typer.Typer(
 
 
 @app.command()
-@with_policy_options
+@with_policy_options(lists=True)
 @with_cluster_options(slo=True)
 def run(
-    policy: Policy = "sarathi",
+    policy: Annotated[str, typer.Option(help=Policy.__metadata__[0].help + " A comma list compares them.")
+                      ] = "sarathi",
     trace: Trace = "arxiv",
-    model: Model = "mistral-7b",
-    gpu: Gpu = "a100-80gb",
-    tp: Tp = 1,
+    model: Models = "mistral-7b",
+    gpu: Gpus = "a100-80gb",
+    tp: Tps = "1",
     routing_skew: RoutingSkew = 0.0,
     qps: Annotated[float | None, typer.Option(help="Mean arrival rate, requests per second [default: "
                                               f"{DEFAULT_QPS}; a trace file's own arrival times are "
@@ -79,6 +83,8 @@ def run(
     cv: Cv = 1.0,
     scale: Scale = 1.0,
     cost: Cost = None,
+    max_model_len: MaxModelLen = None,
+    on_too_long: OnTooLong = "refuse",
     out: Annotated[Path | None, typer.Option(help=(
         "Folder for summary.json, requests.parquet, iterations.parquet and "
         "replicas.parquet (one row per replica)."))] = None,
@@ -95,22 +101,30 @@ def run(
     slo: Any = None,  # --slo, --attainment: the SLO (simctl.cluster_options)
 ) -> None:
     """Simulate a deployment (one replica unless the cluster options say more) and print its latency and
-    throughput summary.
+    throughput summary; with comma lists, one row per combination.
 
-    Example: simctl run --policy vllm --trace sharegpt --qps 2 --out out/vllm
+    Example: simctl run --policy vllm --trace sharegpt --qps 2 --out out/vllm; compared: simctl run --policy
+    sarathi --token-budget 256,512,1024 --trace sharegpt --qps 2
     """
     from dataclasses import replace
 
     from results.vllm_bench import parse_goodput
     from sim.run import RunConfig
+    from simctl.option_grid import grid
+    from simctl.run_grid_cmd import check_single_outputs, run_grid
     from traces import build_trace, has_arrival_times, is_profile
 
     if qps is None and (not trace.strip() or not has_arrival_times(trace)):
         qps = DEFAULT_QPS
-    config = RunConfig(policy=policy, trace=trace, model=model, gpu=gpu, tp=tp, qps=qps,
-                       num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests, seed=seed,
-                       options=options, arrival=arrival, cv=cv, scale=scale, cost=cost,
-                       routing_skew=routing_skew)
+    base = RunConfig(trace=trace, qps=qps, seed=seed, arrival=arrival, cv=cv, scale=scale, cost=cost,
+                     num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests,
+                     routing_skew=routing_skew, max_model_len=max_model_len, on_too_long=on_too_long)
+    combos = grid(base, policy, model, gpu, tp, options or {})
+    if len(combos) > 1:
+        check_single_outputs(out=out, json=as_json, timeline=timeline, trace_events=trace_events,
+                             goodput=goodput)
+        return run_grid(combos, cluster, slo)
+    config = combos[0].config
     config.validate()
     if num_requests is None and not is_profile(trace):  # a trace file: every row
         rows = len(build_trace(trace, None, qps, seed, arrival=arrival, cv=cv))
@@ -415,11 +429,12 @@ def fit(
     print(format_report(report))
 
 
-app.command()(with_policy_options(capacity))
+app.command()(with_policy_options(capacity, lists=True))
 app.command("prefill-bench")(prefill_bench)
 app.command("query-set")(query_set_cmd)
 app.command("plot")(plot)
 app.command("sweep")(sweep)
+app.command("plan")(with_policy_options(plan_cmd, lists=True))
 
 
 @app.command("list")

@@ -16,7 +16,9 @@ def print_summary(s: dict) -> None:
     where = (f"{s.get('device_name', s['gpu'])} (measured)" if s.get("mode") == "real"
              else f"{s['gpu']} x{s['tp']}")
     head = (f"{s.get('vllm_version', s['policy'])} on {s['trace']}: {s['model']} / {where}, "
-            f"{fmt_rate(s['offered_qps'])} QPS offered, {s['completed']}/{s['num_requests']} requests")
+            f"{fmt_rate(s['offered_qps'])} QPS offered, {s['completed']}/{s['num_requests']} requests"
+            + (f", {s['rejected']} refused (longer than {s['max_model_len']} positions)" if s.get("rejected")
+               else ""))
     table = Table(title=escape(head), show_header=True)  # a trace path is text, not markup
     table.add_column("metric")
     for p in ("p50", "p90", "p99"):

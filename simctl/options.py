@@ -21,6 +21,18 @@ Model = Annotated[str, typer.Option(help="Model shape from the catalogue, or a p
                                     "mixture-of-experts Mixtral, Qwen2-MoE or Qwen3-MoE one.")]
 Gpu = Annotated[str, typer.Option(help="GPU from the catalogue.")]
 Tp = Annotated[int, typer.Option(help="Tensor-parallel degree (GPUs per replica).")]
+# capacity and run compare the values of a comma list (simctl.option_grid)
+Models = Annotated[str, typer.Option(help=Model.__metadata__[0].help + " A comma list compares them.")]
+Gpus = Annotated[str, typer.Option(help="GPU from the catalogue; a comma list compares them.")]
+Tps = Annotated[str, typer.Option(help="Tensor-parallel degree (GPUs per replica); a comma list compares "
+                                  "them.", metavar="INTEGER[,...]")]
+MaxModelLen = Annotated[int | None, typer.Option(help=(
+    "Positions a request may need, prompt + output, as vLLM's --max-model-len [default: the model's "
+    "context]; a longer request is handled as --on-too-long says."))]
+OnTooLong = Annotated[str, typer.Option(help=(
+    "A request longer than --max-model-len: refuse (a server answers it with an error: counted as "
+    "`rejected`, out of the latency percentiles, against SLO attainment), error (the whole run stops), or "
+    "truncate (its prompt is cut to fit)."), metavar="refuse|error|truncate")]
 RoutingSkew = Annotated[float, typer.Option(help=(
     "Mixture-of-experts models, roofline: how unevenly tokens route to experts. Expert i (by popularity) "
     "takes a share of tokens proportional to (i+1)^-skew (Zipf), so a batch reads fewer distinct experts' "

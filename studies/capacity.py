@@ -123,7 +123,8 @@ def probe_summary(config: RunConfig, slo: SLO) -> dict[str, Any]:
     r = run(config)
     if not slo.per_request:
         return r.summary
-    return {**r.summary, "slo_attainment": slo.attainment_of(r.result.requests)}
+    return {**r.summary, "slo_attainment": slo.attainment_of(r.result.requests,
+                                                                   r.summary.get("rejected", 0))}
 
 
 def find_capacity(config: RunConfig, slo: SLO, start_qps: float = 1.0, rel_tol: float = 0.02,
@@ -135,21 +136,27 @@ def find_capacity(config: RunConfig, slo: SLO, start_qps: float = 1.0, rel_tol: 
 
 @dataclass(frozen=True)
 class CapacityConfig:
-    """Capacity searches to run side by side: every configuration (typically one per policy) under every
-    named SLO, each searched once per seed (`seeds` seeds from the configuration's own)."""
+    """Capacity searches to run side by side: every configuration (one per policy, or per combination of the
+    settings compared) under every named SLO, each searched once per seed (`seeds` seeds from the
+    configuration's own)."""
 
     configs: list[RunConfig]
     slos: dict[str, SLO]  # e.g. {"strict": ..., "relaxed": ...} (Table 3), or {"given": the user's}
     start_qps: float = 1.0
     workers: int | None = None  # processes; None: one per core
     seeds: int = 1
+    labels: list[str] | None = None  # what names each configuration in a table; None: its policy
+
+    @property
+    def names(self) -> list[str]:
+        return self.labels if self.labels is not None else [c.policy for c in self.configs]
 
     def validate(self) -> None:
         if not self.configs:
             raise InputError("no policy given")
-        names = [c.policy for c in self.configs]
+        names = self.names
         if len(set(names)) != len(names):
-            raise InputError(f"a policy is listed twice: {', '.join(names)}")
+            raise InputError(f"a configuration is listed twice: {', '.join(names)}")
         if not self.slos:
             raise InputError("no SLO given")
         check_start_qps(self.start_qps, self.configs[0].num_requests)  # before the configs' own --qps check
@@ -161,10 +168,11 @@ class CapacityConfig:
         if self.workers is not None and self.workers < 1:
             raise InputError(f"--workers must be >= 1, got {self.workers}")
 
-    def jobs(self) -> list[tuple[RunConfig, str, SLO, float]]:
-        """One search per configuration, SLO and seed."""
-        return [(replace(c, seed=c.seed + i), name, slo, self.start_qps)
-                for c in self.configs for name, slo in self.slos.items() for i in range(self.seeds)]
+    def jobs(self) -> list[tuple[int, RunConfig, str, SLO, float]]:
+        """One search per configuration (by its index), SLO and seed."""
+        return [(k, replace(c, seed=c.seed + i), name, slo, self.start_qps)
+                for k, c in enumerate(self.configs) for name, slo in self.slos.items()
+                for i in range(self.seeds)]
 
 
 @dataclass
@@ -176,6 +184,12 @@ class Capacity:
     slo_name: str
     slo: SLO
     searches: dict[int, CapacityResult] = field(default_factory=dict)  # seed -> its search
+    label: str = ""  # the configuration's name in a table (its policy, or the settings compared)
+    config: RunConfig | None = None  # the configuration searched (its first seed)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.policy
 
     @property
     def qps(self) -> float:
@@ -202,7 +216,8 @@ class Capacity:
     @property
     def probes(self) -> list[dict[str, Any]]:
         """Every probe of every seed's search, named by policy, SLO and seed."""
-        return [{**p, "slo": self.slo_name} for r in self.searches.values() for p in r.probes]
+        return [{**p, "slo": self.slo_name, "config": self.name} for r in self.searches.values()
+                for p in r.probes]
 
     @property
     def warnings(self) -> list[str]:
@@ -214,9 +229,9 @@ def capacity_warnings(results: list[Capacity]) -> list[str]:
     return list(dict.fromkeys(w for r in results for w in r.warnings))
 
 
-def _search_one(args: tuple[RunConfig, str, SLO, float]) -> tuple[str, str, int, CapacityResult]:
-    config, name, slo, start_qps = args
-    return config.policy, name, config.seed, find_capacity(config, slo, start_qps)
+def _search_one(args: tuple[int, RunConfig, str, SLO, float]) -> tuple[int, str, int, CapacityResult]:
+    index, config, name, slo, start_qps = args
+    return index, name, config.seed, find_capacity(config, slo, start_qps)
 
 
 def _quiet_worker() -> None:
@@ -231,7 +246,7 @@ def search_capacities(spec: CapacityConfig, progress: bool = False) -> list[Capa
     independent and CPU-bound); one `Capacity` per configuration and SLO, in the order given. On any
     exception, an interruption included, the workers are terminated before it propagates."""
     jobs = spec.jobs()
-    found: dict[tuple[str, str, int], CapacityResult] = {}
+    found: dict[tuple[int, str, int], CapacityResult] = {}
     workers = min(spec.workers or os.cpu_count() or 1, len(jobs))
     if workers == 1:
         found = {(p, n, seed): r for p, n, seed, r in map(_search_one, jobs)}
@@ -251,12 +266,9 @@ def search_capacities(spec: CapacityConfig, progress: bool = False) -> list[Capa
         finally:
             pool.terminate()
             pool.join()
-    results = []
-    for c in spec.configs:
-        for name, slo in spec.slos.items():
-            results.append(Capacity(c.policy, name, slo, {c.seed + i: found[(c.policy, name, c.seed + i)]
-                                                          for i in range(spec.seeds)}))
-    return results
+    return [Capacity(c.policy, name, slo,
+                     {c.seed + i: found[(k, name, c.seed + i)] for i in range(spec.seeds)}, label, c)
+            for k, (c, label) in enumerate(zip(spec.configs, spec.names)) for name, slo in spec.slos.items()]
 
 
 def table3_slos_for(config: RunConfig, sched_delay_p50_s: float = DEFAULT_SCHED_DELAY_P50_S

@@ -22,11 +22,18 @@ SETUP_KEYS = ("trace", "model", "gpu", "tp")
 def capacity_rows(spec: CapacityConfig, results: list[Capacity]) -> list[dict[str, Any]]:
     """One row per policy and SLO: the median capacity over seeds (`capacity_qps`), its spread, each
     seed's."""
-    setup = {k: getattr(spec.configs[0], k) for k in SETUP_KEYS}
-    return [{"policy": r.policy, **setup, "slo": r.slo_name, "slo_text": r.slo.describe(),
+    def setup(r: Capacity) -> dict[str, Any]:
+        c = r.config or spec.configs[0]
+        return {**{k: getattr(c, k) for k in SETUP_KEYS}, "options": {k: v for k, v in c.options.items()
+                                                                       if v is not None}}
+
+    return [{"policy": r.policy, "config": r.name, **setup(r), "slo": r.slo_name,
+             "slo_text": r.slo.describe(),
+             "capacity_definition": r.slo.definition,
              "capacity_qps": r.qps, "capacity_qps_min": r.qps_min, "capacity_qps_max": r.qps_max,
              "capacity_qps_by_seed": {str(seed): s.qps for seed, s in r.searches.items()},
              "probes": sum(len(s.probes) for s in r.searches.values()),
+             "rejected_at_capacity": (r.median_search.at_capacity or {}).get("rejected", 0),
              "problems": {str(seed): p for seed, p in r.problems.items()}}
             for r in results]
 

@@ -26,7 +26,7 @@ def with_attainment(summary: dict[str, Any], requests: pd.DataFrame, slo: SLO | 
         return summary
     out = dict(summary)
     if slo.per_request:
-        out["slo_attainment"] = slo.attainment_of(requests)
+        out["slo_attainment"] = slo.attainment_of(requests, summary.get("rejected", 0))
     out["slo"] = slo.describe()
     out["slo_met"] = slo.met(out)
     return out

@@ -28,11 +28,13 @@ from studies.sweep_spec import SweepPoint
 
 SWEEP_FILES = ("sweep.parquet", "probes.parquet")
 POINTS_DIR = "points"
-AT_CAPACITY = ("ttft_p50", "tbt_p99", "tpot_p50", "e2e_p50", "throughput_tokens_per_s", "sched_delay_p50")
+AT_CAPACITY = ("ttft_p50", "tbt_p99", "tpot_p50", "e2e_p50", "throughput_tokens_per_s", "sched_delay_p50",
+               "rejected")  # requests refused as too long (absent: every request fit)
 
 
 def _judged(summary: dict[str, Any], slo: SLO, requests: pd.DataFrame) -> dict[str, Any]:
-    share = {"slo_attainment": slo.attainment_of(requests)} if slo.per_request else {}
+    share = ({"slo_attainment": slo.attainment_of(requests, summary.get("rejected", 0))}
+             if slo.per_request else {})
     required = {"attainment": slo.attainment} if slo.per_request else {}
     return {**share, **required, "slo_met": slo.met({**summary, **share})}
 

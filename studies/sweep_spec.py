@@ -30,7 +30,7 @@ import hashlib
 import itertools
 import json
 import tomllib
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,8 @@ CLUSTER_FIELDS = ("replicas", "router", "prefill_instances", "decode_instances",
                   "prefill_tp", "decode_tp", "kv_link_gbps")  # grid fields that are ClusterConfig fields
 TOP_FIELDS = {"mode": str, "num_requests": int, "seeds": list, "start_qps": (int, float), "arrival": str,
               "cv": (int, float), "scale": (int, float), "cost": str, "attainment": (int, float),
-              "max_sched_delay_p50": (int, float), "grid": dict, "slo": dict}
+              "max_sched_delay_p50": (int, float), "grid": dict, "slo": dict, "max_model_len": int,
+              "on_too_long": str}
 DEFAULTS = RunConfig()
 POINT_FORMAT = 1  # part of every key: a change to what a point computes must not reuse older results
 
@@ -67,8 +68,8 @@ class SweepPoint:
     @property
     def key(self) -> str:
         full = {"format": POINT_FORMAT, "mode": self.mode,
-                "config": {k: v for k, v in asdict(self.config).items()
-                           if k != "fast" and (k != "routing_skew" or v)},  # (keys from before MoE kept)
+                # the recorded settings: options given only (keys from before MoE kept)
+                "config": {**self.config.recorded(), "options": self.config.options},
                 "slos": {name: slo.to_dict() for name, slo in self.slos.items()}, "start_qps": self.start_qps}
         if self.cluster.is_cluster:  # (single-replica points keep the keys they had before clusters)
             full["cluster"] = self.cluster.recorded(self.config.tp)
@@ -147,7 +148,8 @@ def sweep_points(spec: dict[str, Any]) -> list[SweepPoint]:
     for s in seeds:
         _check_type("seeds", s, int)
     base = {"num_requests": spec.get("num_requests", DEFAULTS.num_requests),
-            **{k: spec[k] for k in ("arrival", "cv", "scale", "cost") if k in spec}}
+            **{k: spec[k] for k in ("arrival", "cv", "scale", "cost", "max_model_len", "on_too_long")
+               if k in spec}}
     start_qps = float(spec.get("start_qps", 1.0))
     names = list(grid)
     points: dict[str, SweepPoint] = {}

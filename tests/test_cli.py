@@ -181,7 +181,7 @@ BAD_TRACES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("string-length-jsonl", "string_jsonl", (), ("string.jsonl", "prompt_tokens", "not a number")),
     ("unsupported-extension", "txt", (), ("trace.txt", ".csv", ".jsonl")),
     ("more-requests-than-rows", "good", ("--num-requests", "100"), ("good.csv", "100", "60")),
-    ("request-beyond-the-context", "big", ("--policy", "vllm"),
+    ("request-beyond-the-context", "big", ("--policy", "vllm", "--on-too-long", "error"),
      ("request 10", "500000 prompt", "mistral-7b has a context of 32768")),
 ]
 

@@ -280,7 +280,7 @@ def test_a_length_profile_needs_a_rate() -> None:
 def test_requests_beyond_the_models_context_are_refused(model: str, trace: str, context: str) -> None:
     with pytest.raises(InputError, match=f"but {model} has a context of {context}; lower --scale"):
         run(RunConfig(model=model, gpu="cpu" if model == "tiny" else "a100-80gb", trace=trace,
-                      num_requests=100))
+                      num_requests=100, on_too_long="error"))  # refused and counted by default
 
 
 @pytest.mark.parametrize(("policy", "words"), [("vllm", "needs 2010 tokens of KV cache"),

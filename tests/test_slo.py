@@ -103,7 +103,7 @@ def test_attainment_of_a_simulated_run_matches_its_records() -> None:
 def test_describe() -> None:
     slo = SLO({"p99_tbt": 0.1, "p50_ttft": 2.0}, {"ttft": 3.0, "tbt": 0.25}, 0.95, 1.5)
     assert slo.describe() == ("P99 TBT <= 0.1 s, P50 TTFT <= 2 s, TTFT <= 3 s and TBT <= 0.25 s for >= 95% "
-                              "of requests, P50 scheduling delay <= 1.5 s, sustainable")
+                              "of requests, P50 scheduling delay <= 1.5 s, sustainable, not backlogged")
 
 
 def test_dict_round_trip_and_older_validations() -> None:

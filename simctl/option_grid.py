@@ -1,0 +1,70 @@
+"""Comma lists on the command line, compared in one table: `--policy`, `--model`, `--gpu`, `--tp` and every
+policy setting take a list in `capacity` and `run`, and each combination is one configuration, as in a sweep
+file's grid (a setting applies to the listed policies that take it; one that no listed policy takes is
+refused, in one line)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import Any
+
+from common.errors import InputError
+from policies.registry import check_options, policy_class
+from sim.run import RunConfig
+from simctl.options import comma_list
+
+
+@dataclass(frozen=True)
+class Combination:
+    config: RunConfig
+    label: str  # the policy and the values that vary across the lists, e.g. "sarathi token_budget=512"
+
+
+def int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(t) for t in comma_list(str(text), flag)]
+    except ValueError:
+        raise InputError(f"--{flag} {text!r}: comma-separated integers, e.g. 1,2") from None
+
+
+def _known(models: list[str], gpus: list[str]) -> None:
+    """An unknown model or GPU in a list is refused before anything runs."""
+    from catalogue.gpus import get_gpu
+    from catalogue.models import get_model
+
+    for m in models:
+        get_model(m)
+    for g in gpus:
+        get_gpu(g)
+
+
+def _settings(policy: str, options: dict[str, list[Any] | None]) -> list[dict[str, Any]]:
+    """Every combination of the settings `policy` takes (one, of its defaults, when it takes none given)."""
+    fields = policy_class(policy).Settings.__dataclass_fields__
+    taken = {k: v for k, v in options.items() if v is not None and k in fields}
+    return [dict(zip(taken, values)) for values in itertools.product(*taken.values())]
+
+
+def grid(base: RunConfig, policy: str, model: str, gpu: str, tp: str,
+         options: dict[str, list[Any] | None]) -> list[Combination]:
+    """One configuration per combination of the values listed, named by the policy and what varies."""
+    policies, models, gpus = comma_list(policy, "policy"), comma_list(model, "model"), comma_list(gpu, "gpu")
+    tps = int_list(tp, "tp")
+    for p in policies:
+        policy_class(p)
+    _known(models, gpus)
+    given = {k: v for k, v in options.items() if v is not None}
+    for name, values in given.items():  # a setting no listed policy takes: the registry's one line
+        if not any(name in policy_class(p).Settings.__dataclass_fields__ for p in policies):
+            check_options(policies[0], {name: values[0]})
+    varies = {"model": len(models) > 1, "gpu": len(gpus) > 1, "tp": len(tps) > 1,
+              **{k: len(v) > 1 for k, v in given.items()}}
+    out = []
+    for p, m, g, t in itertools.product(policies, models, gpus, tps):
+        for settings in _settings(p, options):
+            named = {"model": m, "gpu": g, "tp": t, **settings}
+            label = " ".join([p, *(f"{k}={v}" for k, v in named.items() if varies.get(k))])
+            config = replace(base, policy=p, model=m, gpu=g, tp=t, options=settings)
+            out.append(Combination(config, label))
+    return out

@@ -1,0 +1,184 @@
+"""Issue 25: requests longer than the max model length refused and counted, settings compared from comma
+lists, capacity as a sustainable rate, and `simctl plan`'s sizing arithmetic and bad-input lines."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.errors import InputError
+from results.slo import SLO
+from sim.run import RunConfig, run, trace_for
+from studies.capacity import Capacity, CapacityResult
+from studies.plan import Choice, cost_per_million, rank_key, size
+from traces.request import Request
+from traces.too_long import screen
+
+
+def _requests(*lengths: tuple[int, int]) -> list[Request]:
+    return [Request(i, float(i), p, o) for i, (p, o) in enumerate(lengths)]
+
+
+# ---- requests a server would refuse ------------------------------------------------------------------------
+def test_refused_requests_are_counted_with_the_longest() -> None:
+    s = screen(_requests((10, 5), (90, 20), (50, 50), (100, 1)), 100, "refuse")
+    assert [r.id for r in s.requests] == [0, 2]  # 110 and 101 positions do not fit in 100
+    assert (s.refused, s.truncated, s.longest) == (2, 0, 110)
+    assert "2 of 4 requests exceed the max model length, 100" in s.note(100)
+
+
+def test_truncate_cuts_the_prompt_and_refuses_an_output_too_long_alone() -> None:
+    s = screen(_requests((90, 20), (5, 120), (10, 10)), 100, "truncate")
+    assert [(r.id, r.prompt_tokens, r.output_tokens) for r in s.requests] == [(0, 80, 20), (2, 10, 10)]
+    assert (s.refused, s.truncated) == (1, 1)
+
+
+def test_error_mode_stops_in_one_line() -> None:
+    with pytest.raises(InputError, match="request 1 needs 110 positions .* --max-model-len is 100"):
+        screen(_requests((1, 1), (100, 10)), 100, "error")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 300), st.integers(1, 300)), min_size=1, max_size=30),
+       st.integers(2, 400), st.sampled_from(["refuse", "truncate"]))
+def test_every_request_is_served_within_the_limit_or_counted(lengths: list[tuple[int, int]], limit: int,
+                                                            mode: str) -> None:
+    try:
+        s = screen(_requests(*lengths), limit, mode)
+    except InputError:  # nothing fits
+        assert all(p + o > limit for p, o in lengths)
+        return
+    assert len(s.requests) + s.refused == len(lengths)
+    assert all(r.prompt_tokens >= 1 and r.prompt_tokens + r.output_tokens <= limit for r in s.requests)
+
+
+def test_llama2_on_sharegpt_runs_and_reports_the_refused() -> None:
+    config = RunConfig(policy="sarathi", model="llama-2-7b", trace="sharegpt", qps=2.0, num_requests=200)
+    long = sum(r.prompt_tokens + r.output_tokens > 4096 for r in trace_for(
+        RunConfig(**{**config.__dict__, "max_model_len": 8192 * 4, "model": "mistral-7b"})).requests)
+    r = run(config)
+    assert long > 0 and r.summary["rejected"] == long
+    assert r.summary["num_requests"] == 200 - long and r.summary["max_model_len"] == 4096
+    assert any("refused" in w for w in r.summary["warnings"])
+
+
+def test_a_run_whose_requests_fit_keeps_its_summary() -> None:
+    r = run(RunConfig(policy="vllm", trace="arxiv", qps=0.5, num_requests=50))
+    assert not {"rejected", "max_model_len", "on_too_long"} & set(r.summary)
+
+
+def test_refused_requests_count_against_attainment() -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame({"arrival_s": [0.0, 0.0], "first_token_s": [0.1, 5.0], "completion_s": [1.0, 6.0],
+                          "output_tokens": [10, 10], "max_tbt_s": [0.1, 0.1]})
+    slo = SLO(per_request={"ttft": 1.0})
+    assert slo.attainment_of(frame) == 0.5
+    assert slo.attainment_of(frame, refused=2) == 0.25  # 1 of 4 offered
+
+
+# ---- capacity means sustainable ---------------------------------------------------------------------------
+def test_a_backlogged_run_is_no_capacity_unless_the_paper_definition_is_asked() -> None:
+    s = {"sustainable": True, "completed": 10, "num_requests": 10, "sched_delay_p50": 0.5,
+         "saturation": "backlogged"}
+    assert not SLO().met(s)
+    assert SLO(definition="paper").met(s)
+    with pytest.raises(InputError, match="--capacity-definition 'x'"):
+        SLO(definition="x")
+
+
+# ---- sizing ------------------------------------------------------------------------------------------------
+def test_cost_per_million_tokens() -> None:
+    # 6 GPUs at $2.50 an hour: $15/h = $0.0041667/s; at 1000 tokens/s, $4.1667 per million
+    assert cost_per_million(2.5, 6, 1000.0) == pytest.approx(15 / 3600 / 1000 * 1e6)
+    assert cost_per_million(2.5, 6, 1000.0) == pytest.approx(4.16667, rel=1e-5)
+
+
+AT = {"throughput_tokens_per_s": 400.0, "throughput_rps": 2.0, "num_requests": 90, "rejected": 10,
+      "tpot_p50": 0.05}
+
+
+def _capacity(label: str, qps: float, tp: int) -> Capacity:
+    probes = [{**AT, "qps": qps, "slo_met": True}, {**AT, "qps": qps * 1.1, "slo_met": False}]
+    config = RunConfig(policy="sarathi", tp=tp)
+    return Capacity("sarathi", "plan", SLO(), {0: CapacityResult(qps, probes)}, label, config)
+
+
+def test_sizing_a_candidate_by_hand() -> None:
+    c = size(_capacity("a", 3.0, 2), rate=20.0, prices={"a100-80gb": 2.0})
+    assert c.replicas == 7 and c.gpus == 14  # ceil(20 / 3) replicas of 2 GPUs
+    assert c.qps_per_gpu == 1.5 and c.tokens_per_gpu == 200.0 and c.tokens_per_user == 20.0
+    assert c.headroom == pytest.approx(7 * 3 / 20 - 1)
+    # 20 QPS offered, 90% served, 200 output tokens each: 3600 tokens/s for 14 GPUs at $2/h
+    assert c.served_tokens_per_s == pytest.approx(3600.0)
+    assert c.cost_per_million_tokens == pytest.approx(2 * 14 / 3600 / 3600 * 1e6)
+
+
+def test_the_fewest_gpus_win_then_the_cheapest() -> None:
+    made = [size(_capacity(label, qps, tp), 20.0, {}) for label, qps, tp in
+            (("tp2", 7.0, 2), ("small", 2.0, 1), ("big", 4.0, 1))]
+    assert [c.label for c in sorted(made, key=rank_key)] == ["big", "tp2", "small"]  # 5, 6, 10 GPUs
+    assert size(_capacity("none", 0.0, 1), 20.0, {}) is None
+
+
+def test_choice_is_a_frozen_dataclass() -> None:
+    c = size(_capacity("a", 3.0, 1), 20.0, {})
+    assert isinstance(c, Choice) and c.price is None and c.cost_per_million_tokens is None
+
+
+# ---- comma lists -------------------------------------------------------------------------------------------
+def test_a_grid_names_what_varies() -> None:
+    from simctl.option_grid import grid
+
+    combos = grid(RunConfig(), "vllm,sarathi", "mistral-7b", "a100-80gb", "1,2",
+                  {"token_budget": [256, 512], "max_batch_size": None})
+    assert [c.label for c in combos] == ["vllm tp=1", "vllm tp=2", "sarathi tp=1 token_budget=256",
+                                         "sarathi tp=1 token_budget=512", "sarathi tp=2 token_budget=256",
+                                         "sarathi tp=2 token_budget=512"]
+    assert combos[2].config.options == {"token_budget": 256} and combos[1].config.tp == 2
+
+
+# ---- one line for bad input, exit 2 ----------------------------------------------------------------------
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    from simctl.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    err = capsys.readouterr().err.strip()
+    return e.value.code, err
+
+
+PLAN = ("plan", "--model", "llama-2-7b", "--trace", "sharegpt", "--slo", "p99_tbt=0.1",
+        "--num-requests", "100")
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("run", "--token-budget", "256,x"), "--token-budget '256,x': 'x' is not an integer"),
+    (("run", "--policy", "vllm", "--token-budget", "256,512"), "applies only to the policies sarathi"),
+    (("capacity", "--gpu", "a100-80gb,h1000"), "unknown GPU 'h1000'"),
+    (("capacity", "--tp", "1,x"), "--tp '1,x': comma-separated integers"),
+    (("capacity", "--tp", "1,2"), "comparing models, GPUs or TP degrees needs --slo"),
+    (("capacity", "--capacity-definition", "typical"), "--capacity-definition 'typical'"),
+    (("run", "--on-too-long", "drop"), "--on-too-long 'drop': choose refuse, error, truncate"),
+    (("run", "--max-model-len", "9000", "--model", "llama-2-7b"), "exceeds llama-2-7b's context of 4096"),
+    (("run", "--trace", "sharegpt", "--model", "llama-2-7b", "--on-too-long", "error",
+      "--num-requests", "50"),
+     "but llama-2-7b has a context of 4096"),
+    (("run", "--tp", "1,2", "--out", "x"), "--out writes one run"),
+    ((*PLAN, "--rate", "20", "--gpu-cost", "h100=2"), "--gpu-cost h100: not a GPU searched (a100-80gb)"),
+    ((*PLAN, "--rate", "20", "--gpu-cost", "a100-80gb"), "--gpu-cost 'a100-80gb': give GPU=PRICE"),
+    ((*PLAN, "--rate", "0"), "--rate must be a finite number > 0"),
+    ((*PLAN, "--rate", "20", "--token-budget", "1e3"), "'1e3' is not an integer"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], args: tuple[str, ...],
+                                          words: str) -> None:
+    code, err = _cli(capsys, *args)
+    assert code == 2 and err.count("\n") == 0 and words in err, err
+
+
+def test_a_rate_no_configuration_reaches_says_the_best(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _cli(capsys, *PLAN, "--rate", "100", "--policy", "sarathi", "--token-budget", "512",
+                     "--max-gpus", "2", "--workers", "1", "--checks", "0")
+    assert code == 2 and err.count("\n") == 0
+    assert "no configuration serves 100 QPS within --max-gpus 2: the best reaches" in err
