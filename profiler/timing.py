@@ -117,8 +117,8 @@ class CpuMonitor:
         return max(0, (after[0] - before[0]) - (after[1] - before[1])) if self.available else 0
 
     def foreign_share(self, before: tuple[int, int], after: tuple[int, int], wall_s: float) -> float:
-        """Other processes' CPU time over the machine's capacity (cpus x wall) between the two reads, at most 1:
-        ticks are whole, so a block shorter than a tick can count more than its wall (seen on a loaded
+        """Other processes' CPU time over the machine's capacity (cpus x wall) between the two reads, at most
+        1: ticks are whole, so a block shorter than a tick can count more than its wall (seen on a loaded
         machine)."""
         if not self.available or wall_s <= 0:
             return 0.0
