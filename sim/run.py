@@ -71,6 +71,7 @@ class RunConfig:
     # a fitted cost_model.json; None: the roofline (or, for --gpu cpu, the shipped fit)
     cost: str | None = None
     routing_skew: float = 0.0  # an MoE's imbalanced routing for the roofline (catalogue.moe); 0: uniform
+    ep: int = 1  # an MoE's experts spread whole over the TP group (the roofline's `ep`); 1: split by TP
     max_model_len: int | None = None  # positions a request may need (prompt + output); None: the model's
     on_too_long: str = REFUSE  # a longer request: refused and counted, an error, or its prompt truncated
 
@@ -121,7 +122,7 @@ class RunConfig:
         """The settings a summary starts with: all but `fast` and the policy's options (recorded apart), and
         the routing skew, max model length and what happens to a longer request only when given (a run
         without them keeps the summary it had before them)."""
-        defaults = {"routing_skew": 0.0, "max_model_len": None, "on_too_long": REFUSE}
+        defaults = {"routing_skew": 0.0, "ep": 1, "max_model_len": None, "on_too_long": REFUSE}
         return {k: v for k, v in asdict(self).items()
                 if k not in ("fast", "options") and (k not in defaults or v != defaults[k])}
 
@@ -144,24 +145,28 @@ def default_cost_path(gpu: GPUSpec) -> Path | None:
 
 
 def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp: int,
-               routing_skew: float = 0.0) -> tuple[CostModel, int, str, list[str]]:
+               routing_skew: float = 0.0, ep: int = 1) -> tuple[CostModel, int, str, list[str]]:
     """The cost model, KV capacity, a label and the warnings for a run: a fitted model when one is given (or
     shipped for this device), else the roofline from published specs, calibrated when a calibration is given.
-    `routing_skew`: an MoE's routing imbalance, for the roofline (a fit has its profiled router's)."""
+    `routing_skew`, `ep`: an MoE's routing imbalance and expert parallelism, for the roofline (a fit has its
+    profiled router's, on one device)."""
     if routing_skew and model.moe is None:
         raise InputError(f"--routing-skew {routing_skew:g}: {model.name} is dense (no experts to route to)")
     path = cost_path if cost_path is not None else default_cost_path(gpu)
     if path is None:
-        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew)
+        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep)
         return roofline, roofline.kv_capacity_tokens(), "roofline", []
     if is_roofline_calibration(path):  # efficiencies calibrated on one device, applied to this GPU's specs
         params = load_roofline_calibration(path)
         warnings = calibration_warnings(path, model.name, gpu.name)
-        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, **params)
+        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep, **params)
         return roofline, roofline.kv_capacity_tokens(), f"roofline calibrated by {path}", warnings
     if routing_skew:
         raise InputError(f"--routing-skew {routing_skew:g} sets the roofline's routing; the fit {path} "
                          "prices the routing its profiled router did")
+    if ep != 1:
+        raise InputError(f"--ep {ep} spreads experts over GPUs in the roofline; the fit {path} prices the "
+                         "one device it profiled")
     fitted = Fitted.load(path)
     fitted.check_model(model)
     check_fitted_device(fitted.meta, gpu.name)
@@ -215,7 +220,8 @@ class Deployment:
 def deploy(config: RunConfig, gpu_name: str, tp: int) -> Deployment:
     """A replica of `tp` GPUs named `gpu_name` for `config`'s model and cost model."""
     model, gpu = get_model(config.model), get_gpu(gpu_name)
-    return Deployment(model, gpu, tp, *cost_model(config.cost, model, gpu, tp, config.routing_skew))
+    return Deployment(model, gpu, tp, *cost_model(config.cost, model, gpu, tp, config.routing_skew,
+                                                        config.ep))
 
 
 def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> Deployment:

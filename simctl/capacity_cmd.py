@@ -20,6 +20,7 @@ from simctl.options import (
     Arrival,
     Cost,
     Cv,
+    Ep,
     Gpus,
     MaxModelLen,
     Models,
@@ -49,6 +50,7 @@ def capacity(
     gpu: Gpus = "a100-80gb",
     tp: Tps = "1",
     routing_skew: RoutingSkew = 0.0,
+    ep: Ep = 1,
     num_requests: Annotated[int, typer.Option(help="Requests per probed run.")] = 1000,
     seed: Seed = 0,
     options: dict | None = None,  # the policies' settings: generated options (simctl.policy_options)
@@ -98,7 +100,7 @@ def capacity(
     from studies.capacity_files import CAPACITY_FILES, probes_frame, write_capacity
 
     base = RunConfig(trace=trace, qps=start_qps, num_requests=num_requests, seed=seed, arrival=arrival, cv=cv,
-                     scale=scale, cost=cost, routing_skew=routing_skew, max_model_len=max_model_len,
+                     scale=scale, cost=cost, routing_skew=routing_skew, ep=ep, max_model_len=max_model_len,
                      on_too_long=on_too_long)
     combos = grid(base, policy, model, gpu, tp, options or {})
     configs, labels = [c.config for c in combos], [c.label for c in combos]

@@ -25,6 +25,7 @@ from simctl.options import (
     Attention,
     Cost,
     Cv,
+    Ep,
     Gpus,
     MaxModelLen,
     Models,
@@ -72,6 +73,7 @@ def run(
     gpu: Gpus = "a100-80gb",
     tp: Tps = "1",
     routing_skew: RoutingSkew = 0.0,
+    ep: Ep = 1,
     qps: Annotated[float | None, typer.Option(help="Mean arrival rate, requests per second [default: "
                                               f"{DEFAULT_QPS}; a trace file's own arrival times are "
                                               "replayed, or time-scaled to the rate given].")] = None,
@@ -118,7 +120,7 @@ def run(
         qps = DEFAULT_QPS
     base = RunConfig(trace=trace, qps=qps, seed=seed, arrival=arrival, cv=cv, scale=scale, cost=cost,
                      num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests,
-                     routing_skew=routing_skew, max_model_len=max_model_len, on_too_long=on_too_long)
+                     routing_skew=routing_skew, ep=ep, max_model_len=max_model_len, on_too_long=on_too_long)
     combos = grid(base, policy, model, gpu, tp, options or {})
     if len(combos) > 1:
         check_single_outputs(out=out, json=as_json, timeline=timeline, trace_events=trace_events,

@@ -37,6 +37,10 @@ RoutingSkew = Annotated[float, typer.Option(help=(
     "Mixture-of-experts models, roofline: how unevenly tokens route to experts. Expert i (by popularity) "
     "takes a share of tokens proportional to (i+1)^-skew (Zipf), so a batch reads fewer distinct experts' "
     "weights; 0 is uniform routing."))]
+Ep = Annotated[int, typer.Option(help=(
+    "Mixture-of-experts models, roofline: expert parallelism. 1 splits every expert over the --tp GPUs; "
+    "--ep equal to --tp gives each GPU whole experts (vLLM's --enable-expert-parallel), and an iteration "
+    "waits for the GPU its tokens routed most work to."))]
 Seed = Annotated[int, typer.Option(help="Seed for lengths and arrivals: same seed, same results.")]
 Arrival = Annotated[str, typer.Option(help="Arrival process: poisson, or gamma (bursty, see --cv).")]
 Cv = Annotated[float, typer.Option(help="Coefficient of variation of gamma inter-arrivals.")]

@@ -236,3 +236,16 @@ def test_expert_parallelism_refused_where_meaningless() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(InputError, match="--ep must be a positive integer"):
             Roofline("mixtral-8x7b", "h100", tp=2, ep=bad)
+
+
+def test_expert_parallelism_reaches_the_run_and_is_refused_with_a_fit() -> None:
+    from sim.run import RunConfig, run
+
+    base = RunConfig(policy="vllm", trace="sharegpt", model="qwen3-30b-a3b", gpu="h100", tp=2, qps=2.0,
+                     num_requests=60)
+    tp, ep = run(base).summary, run(RunConfig(**{**base.__dict__, "ep": 2})).summary
+    assert "ep" not in tp and tp["cost_assumptions"]["ep"] == 1
+    assert ep["ep"] == 2 and ep["cost_assumptions"]["ep"] == 2
+    assert ep["tbt_p50"] > tp["tbt_p50"]  # small decode batches wait for their busiest GPU
+    with pytest.raises(InputError, match="prices the one device it profiled"):
+        run(RunConfig(**{**base.__dict__, "model": "tiny-moe", "gpu": "cpu", "tp": 1, "ep": 2}))
