@@ -149,15 +149,19 @@ def capacity_table(results: list[Any], trace: str, seeds: int, definition: str) 
     setups = {(r.config.model, r.config.gpu, r.config.tp) for r in results}
     where = ": {} / {} x{}".format(*next(iter(setups))) if len(setups) == 1 else ""
     title = f"capacity on {trace}{where}" + (f", median of {seeds} seeds" if spread else "")
+    ats = [r.median_search.at_capacity for r in results]
+    refusing = any(at and at.get("rejected") for at in ats)  # the column only where a request was refused
     table = Table(title=escape(title),
-                  caption=escape(f"capacity: the highest rate meeting the SLO, {definition} definition ("
-                                 f"{DEFINITIONS[definition]}); refused: requests longer than the max model "
-                                 "length, of those offered at capacity"))
-    for col in ("configuration", "SLO", "capacity QPS", *(("min..max",) if spread else ()),
-                "P99 TBT at capacity", "P50 TTFT at capacity", "saturation at capacity", "refused", "probes"):
-        table.add_column(col, justify="right")
-    for r in results:
-        at = r.median_search.at_capacity
+                  caption=escape(f"capacity: the highest rate (QPS) meeting the SLO, {definition} definition "
+                                 f"({DEFINITIONS[definition]}); P99 TBT, P50 TTFT, saturation"
+                                 + (", refused" if refusing else "") + ": the run at capacity"
+                                 + ("; refused: its requests longer than the max model length"
+                                    if refusing else "")))
+    for col in ("config", "SLO", "capacity", *(("min..max",) if spread else ()),
+                "P99 TBT", "P50 TTFT", "saturation", *(("refused",) if refusing else ()), "probes"):
+        # numbers are never cut: only the two-word headers wrap on a narrow terminal
+        table.add_column(col, justify="right", no_wrap=col not in ("P99 TBT", "P50 TTFT"), min_width=6)
+    for r, at in zip(results, ats, strict=True):
         shown = (f"{r.qps:.3f}" if not r.problems else
                  f">= {r.qps:.3g}" if r.qps > 0 and r.median_search.problem else
                  "none found" if r.qps == 0 else f"{r.qps:.3f}")
@@ -165,6 +169,7 @@ def capacity_table(results: list[Any], trace: str, seeds: int, definition: str) 
         table.add_row(r.name, r.slo_name, shown, *((f"{r.qps_min:.3g}..{r.qps_max:.3g}",) if spread else ()),
                       fmt(at.get("tbt_p99") if at else None), fmt(at.get("ttft_p50") if at else None),
                       at["saturation"] if at else "-",
-                      "-" if refused is None else f"{refused / (refused + at['num_requests']):.1%}",
+                      *(("-" if refused is None else f"{refused / (refused + at['num_requests']):.1%}",)
+                        if refusing else ()),
                       str(sum(len(s.probes) for s in r.searches.values())))
     return table

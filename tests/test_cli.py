@@ -272,7 +272,8 @@ def test_failed_run_leaves_earlier_outputs_untouched(tmp_path: Path, traces: dic
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert sorted(before) == sorted(RUN_FILES)
     for bad in (("--qps", "0"), ("--policy", "nope"), ("--qps", "abc"), ("--trace", str(traces["unsorted"])),
-                ("--trace", str(traces["big"])), ("--model", "llama-2-70b", "--gpu", "l4")):
+                ("--trace", str(traces["big"]), "--on-too-long", "error"),
+                ("--model", "llama-2-70b", "--gpu", "l4")):
         assert_one_line_error(simctl("run", "--policy", "vllm", *SMALL, *bad, "--out", out))
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # same files, same bytes, no temps
 
