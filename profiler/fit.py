@@ -59,6 +59,7 @@ from profiler.fit_results import ErrorStats, FitReport, RooflineCalibration
 from profiler.fit_roofline import calibrate_roofline
 from profiler.profile import PROFILE_FILES
 from profiler.profile_data import load_profile, split_holdout
+from profiler.vllm_served import calibrate
 from sim.cost.calibration import CALIBRATION_FORMAT
 from sim.cost.curves import CurveTables, tiled_array
 from sim.cost.fitted import COEFFICIENTS, CURVES, Fitted, dtype_bytes_of, predict_arrays
@@ -317,9 +318,13 @@ def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout:
                     dtype_bytes=dtype_bytes_of(meta["dtype"]), memory_bytes=mem,
                     meta={**{k: v for k, v in meta.items() if k not in ("model", "model_shape")},
                           "executor_config": executor}, fit=fit_info)
+    fitted, served = calibrate(fitted, meta)  # a vLLM profile's served steps: its host terms
+    if served:
+        fitted.fit["served"] = served
     cost_path = out_dir / COST_MODEL_FILE
     report = FitReport(profile_dir, meta["model"], device, tile, coef, cf.curves, cf.stderr, ho, tr,
-                       tile_errors, not_covered, len(df), int(train.sum()), int(held.sum()), cost_path)
+                       tile_errors, not_covered, len(df), int(train.sum()), int(held.sum()), cost_path,
+                       served=served, step_overheads=fitted.step_overheads)
 
     cal_text = None
     if roofline_gpu is not None:
