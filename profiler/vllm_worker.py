@@ -256,7 +256,8 @@ class VLLMWorker:
         run_probe(d, StepProbe("decode", 8, 64), 4)  # warm-up: thread pools, allocator, first kernels
         n = len(grid.probes)
         self.emit(event="start", shapes=n, total=n * grid.blocks, skipped=[])
-        monitor = CpuMonitor()
+        executor = engine.engine_core.engine_core.model_executor
+        monitor = CpuMonitor(own=tuple(w.proc.pid for w in executor.workers))  # its model worker's CPU: ours
         blocks: list[list[Block]] = [[] for _ in range(n)]
         plans: list[BatchPlan | None] = [None] * n
         rng = np.random.default_rng(self.seed)
