@@ -201,7 +201,11 @@ def _row(probe: StepProbe, plan: BatchPlan) -> dict[str, Any]:
         q, c = probe.chunk, probe.cached
     else:
         q, c = 1, max(s.computed for s in plan.seqs)
-    return {"kind": probe.kind, **plan_features(plan), "q": q, "c": c}
+    # vLLM's paged attention reads each decode row's own blocks: no padding is paid. The few tokens by which
+    # a probe's rows differ are not a padding measurement, and a fit of them priced the twin's mixed-context
+    # decode steps 1.7x over served vLLM's (a pad coefficient from noise): recorded as none, so `simctl fit`
+    # leaves the padding term at 0 (not covered)
+    return {"kind": probe.kind, **plan_features(plan), "decode_pad_kv": 0, "q": q, "c": c}
 
 
 class VLLMWorker:
