@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from costs.curves import CurveTables
+from costs.overheads import StepOverheads
 
 
 @dataclass(frozen=True)
@@ -53,4 +54,7 @@ class FitReport(CurveTables):
     cost_model_path: Path
     plot_path: Path | None = None
     roofline: RooflineCalibration | None = None
+    # a vLLM profile's served-mode calibration (`profiler/vllm_served.py`): its steps and the host terms
+    served: list[dict[str, float]] = field(default_factory=list)
+    step_overheads: StepOverheads | None = None
 

@@ -64,6 +64,7 @@ from plots.fit import fit_figure
 from profiler.fit_roofline import calibrate_roofline
 from profiler.profile import PROFILE_FILES
 from profiler.profile_data import load_profile, split_holdout
+from profiler.vllm_served import calibrate
 from results.output import check_out_dir, json_text, write_files
 
 TILE_CANDIDATES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -317,9 +318,13 @@ def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout:
                     dtype_bytes=dtype_bytes_of(meta["dtype"]), memory_bytes=mem,
                     meta={**{k: v for k, v in meta.items() if k not in ("model", "model_shape")},
                           "executor_config": executor}, fit=fit_info)
+    fitted, served = calibrate(fitted, meta)  # a vLLM profile's served steps: its host terms
+    if served:
+        fitted.fit["served"] = served
     cost_path = out_dir / COST_MODEL_FILE
     report = FitReport(profile_dir, meta["model"], device, tile, coef, cf.curves, cf.stderr, ho, tr,
-                       tile_errors, not_covered, len(df), int(train.sum()), int(held.sum()), cost_path)
+                       tile_errors, not_covered, len(df), int(train.sum()), int(held.sum()), cost_path,
+                       served=served, step_overheads=fitted.step_overheads)
 
     cal_text = None
     if roofline_gpu is not None:

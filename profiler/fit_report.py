@@ -85,6 +85,11 @@ def format_report(report: FitReport) -> str:
             which = "held-out" if r.holdout.get("overall") else "training"
             lines.append(f"          calibrated roofline {which} MAPE {pct(ov.mape).strip()}, "
                          f"P95 {pct(ov.p95).strip()}")
+    if report.step_overheads is not None and report.served:
+        lines += ["", f"served    host terms {report.step_overheads.describe()}",
+                  f"{'batch':>7}{'served ms':>11}{'model ms':>10}{'profile ms':>12}{'calibrated ms':>15}"]
+        lines += [f"{r['batch']:>7}{r['served_ms']:>11.3f}{r['model_ms']:>10.3f}{r['profile_ms']:>12.3f}"
+                  f"{r['calibrated_ms']:>15.3f}" for r in report.served]
     lines.append("")
     written = (report.cost_model_path, report.plot_path, report.roofline.path if report.roofline else None)
     lines.append("wrote     " + ", ".join(str(p) for p in written if p is not None))

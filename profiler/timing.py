@@ -82,20 +82,23 @@ def adaptive_reps(estimate_s: float, budget_s: float, min_reps: int, max_reps: i
 
 
 class CpuMonitor:
-    """CPU time used by everything but this process between two `read()`s (Linux /proc; elsewhere nothing).
+    """CPU time used by everything but this process (and the processes `own` names: a child doing the timed
+    work) between two `read()`s (Linux /proc; elsewhere nothing).
 
         mon = CpuMonitor()
         r0 = mon.read(); ...timed block...; r1 = mon.read()
         share = mon.foreign_share(r0, r1, wall_s)   # other processes' CPU time / the machine's capacity
     """
 
-    def __init__(self) -> None:
+    def __init__(self, own: tuple[int, ...] = ()) -> None:
         self.available = False
         self.cpus = 1
         self.hz = 100
+        self._own: list[int] = []
         try:
             self._stat = os.open("/proc/stat", os.O_RDONLY)
             self._self = os.open("/proc/self/stat", os.O_RDONLY)
+            self._own = [os.open(f"/proc/{pid}/stat", os.O_RDONLY) for pid in own]
             with open("/proc/stat", encoding="ascii") as f:
                 self.cpus = max(1, sum(1 for line in f if line.startswith("cpu") and line[3:4].isdigit()))
             self.hz = int(os.sysconf("SC_CLK_TCK"))
@@ -110,8 +113,7 @@ class CpuMonitor:
             return 0, 0
         v = [int(x) for x in os.pread(self._stat, 512, 0).split(b"\n", 1)[0].split()[1:9]]
         busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]  # user nice system (idle iowait) irq softirq steal
-        f = os.pread(self._self, 2048, 0).rsplit(b")", 1)[1].split()
-        return busy, int(f[11]) + int(f[12])  # utime + stime (fields 14, 15)
+        return busy, sum(_process_ticks(fd) for fd in (self._self, *self._own))
 
     def foreign_ticks(self, before: tuple[int, int], after: tuple[int, int]) -> int:
         return max(0, (after[0] - before[0]) - (after[1] - before[1])) if self.available else 0
@@ -137,4 +139,13 @@ class CpuMonitor:
             if fd:
                 os.close(fd)
                 setattr(self, name, None)
+        for fd in self._own:
+            os.close(fd)
+        self._own = []
         self.available = False
+
+
+def _process_ticks(fd: int) -> int:
+    """A process's CPU ticks from its open /proc/PID/stat: utime + stime (fields 14, 15)."""
+    f = os.pread(fd, 2048, 0).rsplit(b")", 1)[1].split()
+    return int(f[11]) + int(f[12])

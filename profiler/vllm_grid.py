@@ -12,8 +12,10 @@ A `StepProbe` names the step it times; the worker makes it as serving does:
 
 Chunk sizes are set per step by the scheduler's token budget (see the worker); every timed step's shape is
 the one the scheduler actually scheduled, and the profile row's features are that shape's
-(`policies.plan.packed` + `costs.features.plan_features`, as the simulator's). `VLLM_GRIDS`: `full` (a
-few minutes for `tiny` on a 2-core CPU, engine start included), `quick` (under two minutes) and `test`.
+(`policies.plan.packed` + `costs.features.plan_features`, as the simulator's). A grid's `served` batch
+sizes are then served as closed batches (`profiler/vllm_served.py`: what serving adds per step). `VLLM_GRIDS`:
+`full` (a few minutes for `tiny` on a 2-core CPU, engine starts included), `quick` (about two minutes) and
+`test` (no served stage).
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ class VLLMGrid:
     probes: tuple[StepProbe, ...]
     blocks: int  # visits of each probe, in a fresh seeded order each sweep
     timed: int  # timed steps per visit (decode steps, or repetitions of a chunk)
+    # the served-mode calibration (`profiler/vllm_served.py`): closed decode batches served, and how often
+    served: tuple[int, ...] = ()
+    served_repeats: int = 0
 
     @property
     def shapes(self) -> tuple[StepProbe, ...]:  # as `profiler.worker.summarize_blocks` reads a grid
@@ -81,7 +86,7 @@ def _full() -> VLLMGrid:
         *(StepProbe("hybrid", b, ctx, q, c) for b, ctx in ((4, 512), (32, 256), (64, 1024))
           for q, c in ((16, 0), (256, 0), (512, 512))),
     ]
-    return VLLMGrid("full", tuple(probes), blocks=5, timed=8)
+    return VLLMGrid("full", tuple(probes), blocks=5, timed=8, served=(1, 4, 16, 64, 128), served_repeats=3)
 
 
 def _quick() -> VLLMGrid:
@@ -90,7 +95,7 @@ def _quick() -> VLLMGrid:
               StepProbe("prefill", chunk=256, cached=512),
               StepProbe("prefill", chunk=256, cached=512, sample=False), StepProbe("hybrid", 8, 256, 128, 0),
               StepProbe("hybrid", 16, 512, 256, 256)]
-    return VLLMGrid("quick", tuple(probes), blocks=3, timed=6)
+    return VLLMGrid("quick", tuple(probes), blocks=3, timed=6, served=(1, 16), served_repeats=1)
 
 
 def _test() -> VLLMGrid:

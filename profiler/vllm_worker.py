@@ -5,9 +5,12 @@ included: scheduling, input preparation, the forward pass, sampling, output proc
 runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set before vLLM is imported) and `LLMEngine.step()`
 is called one step at a time, each timed by the wall clock (every step returns its sampled tokens to the
 host, so nothing is left running when it returns). Prefix caching is off: a hit would change the shape.
-These are the engine core's steps: serving (`AsyncLLM`, `simctl real --engine vllm`) runs the core in a
-process of its own beside the front end, and on a 2-core VM its decode steps came 1.1 ms (B = 1) to 1.6x (B =
-64) slower than in-process ones (the front end's output processing takes a core from the core's threads).
+The model worker runs as served vLLM runs it (`AsyncLLM`, `simctl real --engine vllm`): vLLM's multiprocess
+executor (`distributed_executor_backend="mp"`, which serving always uses on a CPU), a process of its own
+whose OpenMP threads vLLM binds to the cores left after one reserved for the engine core and the front end.
+The in-process executor vLLM would otherwise pick binds nothing: on a 2-core VM its model ran on both cores,
+and decode steps of 16-64 requests came 1.6-1.7x and prefills 1.8-2x faster than served vLLM's (measured).
+What served steps pay beyond these (the front end beside the engine core) is `profiler.vllm_served`'s.
 
 Shapes are made by what is submitted and by the scheduler's token budget, set step by step
 (`Scheduler.max_num_scheduled_tokens`, read by every `schedule()`; lowered only, so the model runner's
@@ -46,6 +49,7 @@ from executor.vllm_runtime import CPU_KV_CACHE_GIB, VLLMDeployment, engine_args,
 from policies.plan import BatchPlan, packed
 from policies.seq import Seq
 from profiler.vllm_grid import VLLM_GRIDS, StepProbe, VLLMGrid, vllm_grid
+from profiler.vllm_served import ServedStep, served_json, time_served
 from profiler.worker import QUIET_SHARE, Block, summarize_blocks
 
 # the engine settings recorded in meta.json: the vLLM config field each is read from
@@ -197,7 +201,11 @@ def _row(probe: StepProbe, plan: BatchPlan) -> dict[str, Any]:
         q, c = probe.chunk, probe.cached
     else:
         q, c = 1, max(s.computed for s in plan.seqs)
-    return {"kind": probe.kind, **plan_features(plan), "q": q, "c": c}
+    # vLLM's paged attention reads each decode row's own blocks: no padding is paid. The few tokens by which
+    # a probe's rows differ are not a padding measurement, and a fit of them priced the twin's mixed-context
+    # decode steps 1.7x over served vLLM's (a pad coefficient from noise): recorded as none, so `simctl fit`
+    # leaves the padding term at 0 (not covered)
+    return {"kind": probe.kind, **plan_features(plan), "decode_pad_kv": 0, "q": q, "c": c}
 
 
 class VLLMWorker:
@@ -241,6 +249,7 @@ class VLLMWorker:
                                         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
                                         enable_prefix_caching=False, seed=self.seed)
             engine = LLMEngine.from_engine_args(EngineArgs(**engine_args(model_dir, deployment),
+                                                           distributed_executor_backend="mp",
                                                            disable_log_stats=True))
         engine_start_s = time.perf_counter() - t_start
         config = engine.vllm_config
@@ -251,7 +260,8 @@ class VLLMWorker:
         run_probe(d, StepProbe("decode", 8, 64), 4)  # warm-up: thread pools, allocator, first kernels
         n = len(grid.probes)
         self.emit(event="start", shapes=n, total=n * grid.blocks, skipped=[])
-        monitor = CpuMonitor()
+        executor = engine.engine_core.engine_core.model_executor
+        monitor = CpuMonitor(own=tuple(w.proc.pid for w in executor.workers))  # its model worker's CPU: ours
         blocks: list[list[Block]] = [[] for _ in range(n)]
         plans: list[BatchPlan | None] = [None] * n
         rng = np.random.default_rng(self.seed)
@@ -271,6 +281,10 @@ class VLLMWorker:
                           time_s=float(np.median([t for b in blocks[i] for t in b.times])))
         timings, timing = summarize_blocks(blocks, grid, monitor)
         monitor.close()
+        threads = engine.engine_core.engine_core.collective_rpc(_torch_threads)[0]  # the model worker's
+        engine.engine_core.shutdown()
+        t_served = time.perf_counter()
+        served = self.served() if grid.served else []
         for i, (probe, plan, tm) in enumerate(zip(grid.probes, plans, timings)):
             assert plan is not None
             self.emit(event="row", index=i, label=probe.label(), row={**_row(probe, plan), **tm})
@@ -282,11 +296,12 @@ class VLLMWorker:
             "device": "cpu",
             "device_name": cpu_name(),
             "dtype": self.dtype,
-            "engine_settings": {**settings, "kv_cache_gib": CPU_KV_CACHE_GIB, "in_process": True},
+            "engine_settings": {**settings, "kv_cache_gib": CPU_KV_CACHE_GIB,
+                                "executor": "mp: engine core in the profiler, model worker a process"},
             "environment": {k: os.environ.get(k) for k in _ENV},
             "timed": "LLMEngine.step() wall time: scheduling, input preparation, forward, sampling, output "
                      "processing (vLLM's host overhead included)",
-            "threads": _torch_threads(),
+            "threads": threads,
             "python_version": platform.python_version(),
             "platform": platform.platform(),
             "cpu_count": os.cpu_count(),
@@ -297,13 +312,26 @@ class VLLMWorker:
             "timed_steps_per_block": grid.timed,
             "num_shapes": n,
             "timing": timing,
+            "served_steps": served_json(served),  # the served-mode calibration's steps (`simctl fit`)
+            "served_s": round(time.perf_counter() - t_served, 3),
             "engine_start_s": round(engine_start_s, 3),
             "wall_s": round(time.perf_counter() - t_start, 3),
         }
         self.emit(event="done", meta=meta)
 
 
-def _torch_threads() -> int:
+    def served(self) -> list[ServedStep]:
+        """The served stage (`profiler.vllm_served`), on vLLM's multiprocessing as serving runs it (the
+        in-process engine read its settings once and cached them: cleared)."""
+        import vllm.envs
+
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        vllm.envs.disable_envs_cache()
+        return time_served(self.spec.name, self.dtype, self.seed, self.grid.served, self.grid.served_repeats)
+
+
+def _torch_threads(_worker: Any = None) -> int:
+    """The calling process's torch threads (called in vLLM's model worker)."""
     import torch
 
     return torch.get_num_threads()

@@ -20,7 +20,8 @@ LAYERS: list[set[str]] = [
     {"studies"},  # many runs: capacity, goodput, sweeps, the papers' experiments
     {"plots"},  # figures of runs, studies and fits
     {"executor"},  # torch: the model, the ragged executor, runtime settings
-    {"profiler", "engine"},  # siblings: neither imports the other
+    {"engine"},  # the real-execution mode: simctl's engine and the real vLLM as targets
+    {"profiler"},  # timing shapes and fitting them; served vLLM's steps through the engine's server
     {"validation"},  # real runs against their simulated twins
     {"simctl"},  # the command line
 ]

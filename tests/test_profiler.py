@@ -314,6 +314,23 @@ def test_cpu_monitor_sees_another_process():
     assert mon.foreign_share((0, 0), (2, 0), 0.5 / mon.hz) == 1.0
 
 
+def test_cpu_monitor_counts_the_processes_it_owns_as_its_own():
+    """The same 0.4 s of a spinning child: foreign to a monitor of this process, its own to one that owns it
+    (a vLLM profile's model worker): their foreign ticks differ by the child's ticks."""
+    spin = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 0.6: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    mon, owner = CpuMonitor(), CpuMonitor(own=(child.pid,))
+    if not mon.available:
+        pytest.skip("no /proc")
+    time.sleep(0.1)
+    a0, b0 = mon.read(), owner.read()
+    time.sleep(0.4)
+    a1, b1 = mon.read(), owner.read()
+    child.wait()
+    owner.close()
+    assert mon.foreign_ticks(a0, a1) - owner.foreign_ticks(b0, b1) >= 0.3 * mon.hz
+
+
 def test_blocks_timed_on_a_busy_machine_are_not_used():
     def block(ms: float, quiet: bool, foreign: float = 0.0) -> Block:
         return Block([ms * 1e-3] * 3, foreign if not quiet else 0.0, quiet)

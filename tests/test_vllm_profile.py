@@ -103,8 +103,8 @@ def test_without_vllm_the_cli_says_how_to_install_it(monkeypatch, capsys, tmp_pa
 @pytest.mark.vllm_profile
 def test_a_quick_vllm_profile_fits_unchanged(tmp_path, capsys) -> None:
     """The quick grid on the installed vLLM, then `simctl fit`: every row has the features of the step vLLM
-    actually scheduled (the probe's shape), the fit reports its held-out error, and vLLM's per-step overhead
-    comes out positive."""
+    actually scheduled (the probe's shape), the fit reports its held-out error, vLLM's per-step overhead
+    comes out positive, and the served stage's steps give the fit its host terms."""
     pytest.importorskip("vllm")
     from costs.fitted import Fitted
     from profiler.fit import fit_profile
@@ -138,3 +138,11 @@ def test_a_quick_vllm_profile_fits_unchanged(tmp_path, capsys) -> None:
     assert np.isfinite(report.holdout["overall"].mape)
     fitted = Fitted.load(report.cost_model_path)
     assert fitted.coefficients["overhead_s"] > 0 and fitted.meta["engine"] == "vllm"
+    # the model worker bound as serving binds it (one core kept for the engine core and the front end), and
+    # the served stage's closed batches calibrate the fit's host terms
+    assert meta["threads"] == max(1, meta["cpu_count"] - 1)
+    served = meta["served_steps"]
+    assert [s["batch"] for s in served] == list(grid.served)
+    assert all(s["time_s"] > s["model_s"] > 0 and s["steps"] > 0 for s in served)
+    assert fitted.step_overheads is not None and fitted.step_overheads.source.startswith("served")
+    assert [r["batch"] for r in fitted.fit["served"]] == list(grid.served)

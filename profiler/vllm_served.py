@@ -1,0 +1,138 @@
+"""The served-mode calibration of a vLLM profile: what served vLLM pays per step beyond the profiled steps.
+
+`simctl profile --engine vllm` times vLLM's steps with the engine core in the profiler's process, stepped one
+at a time (`profiler/vllm_worker.py`); its model worker runs as serving runs it. Served vLLM (`AsyncLLM`, as
+`simctl real --engine vllm` runs it) adds what sits around those steps: the engine core in a process of its
+own that sends each step's outputs to the front end over IPC, and the front end's request intake and output
+processing, which share the engine core's core. After the grid, the worker starts that served engine (the
+settings `simctl real --engine vllm` uses by default) and serves closed batches: B requests of the same prompt
+arriving at once (`time_served`). The steps where all B decode are read from the engine's own step log
+(`engine.vllm_steps`): the period between consecutive steps' outputs is the served step's time (`ServedStep`),
+with the model execution inside it as the engine core times it.
+
+`simctl fit` then prices each such step with the model fitted to the grid and fits the residual, served minus
+fitted, as the host terms of `costs.overheads.StepOverheads` (`served_overheads`): one non-negative least
+squares on relative residuals of `iteration_s + request_s x B`. In a decode step every scheduled request
+samples one token, so the per-request and per-sampled-token terms cannot be told apart: the fit puts them per
+request (`sampled_token_s` stays 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from common.errors import InputError
+from costs.base import CostModel
+from costs.fitted import Fitted
+from costs.overheads import StepOverheads
+
+SERVED_PROMPT = 192  # prompt tokens of every request of a closed batch
+SERVED_OUTPUTS = 40  # output tokens: 39 decode steps a batch
+
+
+@dataclass(frozen=True, slots=True)
+class ServedStep:
+    """A served decode step of `batch` requests at `context` (computed tokens each, its median step)."""
+
+    batch: int
+    context: int
+    time_s: float  # median period between consecutive steps' outputs (what a served step costs)
+    model_s: float  # median model execution in those steps, as vLLM's engine core times it
+    steps: int  # decode steps measured (over the repeats)
+
+    @classmethod
+    def from_json(cls, data: Any) -> ServedStep:
+        fields = cls.__dataclass_fields__
+        if not isinstance(data, dict) or set(data) != set(fields):
+            raise InputError(f"served_steps: each entry must have exactly {', '.join(fields)}")
+        step = cls(**data)
+        if not (isinstance(step.batch, int) and step.batch >= 1 and isinstance(step.context, int)
+                and step.context >= 1 and isinstance(step.time_s, (int, float)) and step.time_s > 0):
+            raise InputError(f"served_steps: batch and context must be integers >= 1 and time_s > 0, got "
+                             f"{data}")
+        return step
+
+
+def decode_periods(ends: np.ndarray, all_decode: np.ndarray) -> np.ndarray:
+    """Periods of the steps that decode the whole batch and follow one that did: end minus previous end."""
+    ok = all_decode[1:] & all_decode[:-1]
+    return np.diff(ends)[ok]
+
+
+def time_served(model: str, dtype: str, seed: int, batches: tuple[int, ...], repeats: int
+                ) -> list[ServedStep]:
+    """Serve closed batches of each size in `batches`, `repeats` times, on served vLLM (see the module
+    docstring); one `ServedStep` per size."""
+    from engine.vllm_real import VLLMServer, deployment_for
+    from traces.request import Request
+
+    out = []
+    with VLLMServer(model, deployment_for(model, seed, {}, dtype)) as server:
+        for batch in batches:
+            periods, model_s = [], []
+            for _ in range(repeats):
+                run = server.serve([Request(i, 0.0, SERVED_PROMPT, SERVED_OUTPUTS) for i in range(batch)])
+                it = run.result.iterations.frame()
+                all_decode = ((it.decode_tokens == batch) & (it.prefill_tokens == 0)).to_numpy()
+                periods.extend(decode_periods((it.start_s + it.duration_s).to_numpy(), all_decode))
+                model_s.extend(it.duration_s.to_numpy()[1:][all_decode[1:] & all_decode[:-1]])
+            if not periods:
+                raise RuntimeError(f"served vLLM never decoded a batch of {batch} in one step")
+            out.append(ServedStep(batch, SERVED_PROMPT + SERVED_OUTPUTS // 2 - 1, float(np.median(periods)),
+                                  float(np.median(model_s)), len(periods)))
+    return out
+
+
+def decode_plan(batch: int, context: int) -> Any:
+    """The plan of a step decoding `batch` requests of `context` computed tokens each."""
+    from policies.plan import packed
+    from policies.seq import Seq
+
+    seqs = []
+    for i in range(batch):
+        s = Seq(i, 0.0, SERVED_PROMPT, SERVED_OUTPUTS)
+        s.computed, s.generated = context, context - SERVED_PROMPT + 1
+        seqs.append(s)
+    return packed(seqs, [1] * batch)
+
+
+def served_overheads(cost: CostModel, steps: list[ServedStep]) -> StepOverheads:
+    """The host terms that make `cost` price the served steps: NNLS of the relative residuals (served -
+    `cost`'s price) on a per-step and a per-request term."""
+    if not steps:
+        raise InputError("served_steps: no served step to calibrate on")
+    t = np.array([s.time_s for s in steps])
+    predicted = np.array([cost.iteration_time(decode_plan(s.batch, s.context)) for s in steps])
+    x = np.column_stack([np.ones(len(steps)), [s.batch for s in steps]]) / t[:, None]
+    (per_step, per_request), _ = nnls(x, (t - predicted) / t)
+    batches = ", ".join(str(s.batch) for s in steps)
+    return StepOverheads("eager", float(per_step), float(per_request), 0.0, 0.0,
+                         f"served calibration: closed decode batches of {batches} through AsyncLLM")
+
+
+def served_json(steps: list[ServedStep]) -> list[dict[str, Any]]:
+    return [asdict(s) for s in steps]
+
+
+def calibrate(cost: Fitted, meta: dict[str, Any]) -> tuple[Fitted, list[dict[str, float]]]:
+    """`cost` with the host terms of its profile's served steps (meta.json's `served_steps`; unchanged
+    without), and one row per served step: its batch, served, profiled and calibrated prices (ms)."""
+    raw = meta.get("served_steps") or []
+    if not isinstance(raw, list):
+        raise InputError("served_steps must be a list")
+    steps = [ServedStep.from_json(d) for d in raw]
+    if not steps:
+        return cost, []
+    overheads = served_overheads(cost, steps)
+    data = cost.to_json()
+    data["step_overheads"] = overheads.to_json()
+    calibrated = Fitted.from_json(data)
+    rows = [{"batch": s.batch, "context": s.context, "served_ms": s.time_s * 1e3, "model_ms": s.model_s * 1e3,
+             "profile_ms": cost.iteration_time(decode_plan(s.batch, s.context)) * 1e3,
+             "calibrated_ms": calibrated.iteration_time(decode_plan(s.batch, s.context)) * 1e3}
+            for s in steps]
+    return calibrated, rows
