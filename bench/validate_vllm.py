@@ -38,7 +38,8 @@ def fit_of_vllm(out: Path) -> Path:
 
 def misses(report: dict) -> list[str]:
     """The targets missed, at the machine's speed."""
-    from validation.vllm_validate import metric_label
+    from results.validation_report import metric_label
+    from validation.vllm_validate import LABELS
 
     out = []
     for row in report["rows"]:
@@ -46,7 +47,7 @@ def misses(report: dict) -> list[str]:
             err = row.get(f"{m}_err_pct_at_speed")
             if err is None or abs(err) > limit:
                 shown = "undefined" if err is None else f"{err:+.1f}%"
-                out.append(f"load {row['load']:g} {metric_label(m)}: {shown} (target {limit:g}%)")
+                out.append(f"load {row['load']:g} {metric_label(m, LABELS)}: {shown} (target {limit:g}%)")
     err = report["capacity"].get("err_pct")
     if "real_qps" in report["capacity"] and (err is None or abs(err) > CAPACITY_TARGET):
         shown = "undefined" if err is None else f"{err:+.1f}%"

@@ -19,11 +19,12 @@ LABELS = {"ttft": "TTFT", "tbt": "TBT", "e2e": "E2E", "throughput_rps": "req/s",
           "throughput_tokens_per_s": "out tok/s"}
 
 
-def metric_label(m: str) -> str:
-    if m in LABELS:
-        return LABELS[m]
+def metric_label(m: str, labels: dict[str, str] = LABELS) -> str:
+    """A metric key as a report row names it: `ttft_p50` -> "P50 TTFT"."""
+    if m in labels:
+        return labels[m]
     base, p = m.rsplit("_", 1)
-    return f"{p.upper()} {LABELS[base]}"
+    return f"{p.upper()} {labels[base]}"
 
 
 

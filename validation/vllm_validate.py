@@ -36,14 +36,17 @@ import pandas as pd
 
 from common.errors import InputError
 from costs.base import CostModel, ScaledCost
-from results.validation_report import fmt_err, pct_error
+from results.validation_report import fmt_err, metric_label, pct_error
 from studies.capacity import SLO, CapacityResult, check_probe_requests, search_qps
 from traces.request import Request
 
-METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpot_p99", "tbt_p50", "tbt_p90",
-           "tbt_p99", "e2e_p50", "e2e_p90", "e2e_p99", "throughput_rps", "throughput_tokens_per_s")
+# scheduling delay (arrival to first scheduled step) splits TTFT into queueing and the prefill steps
+METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "sched_delay_p50", "sched_delay_p90", "tpot_p50", "tpot_p90",
+           "tpot_p99", "tbt_p50", "tbt_p90", "tbt_p99", "e2e_p50", "e2e_p90", "e2e_p99", "throughput_rps",
+           "throughput_tokens_per_s")
 # vLLM's bench names for the rows of the report (TBT pooled over every token is vLLM's ITL)
-LABELS = {"ttft": "TTFT", "tpot": "TPOT", "tbt": "ITL", "e2e": "E2E", "throughput_rps": "req/s",
+LABELS = {"ttft": "TTFT", "sched_delay": "sched delay", "tpot": "TPOT", "tbt": "ITL", "e2e": "E2E",
+          "throughput_rps": "req/s",
           "throughput_tokens_per_s": "out tok/s"}
 FILES = ("validation_vllm.json", "validation_vllm.md", "validation_vllm.csv")
 DIRS = ("runs", "capacity")
@@ -71,13 +74,6 @@ class VLLMValidation:
     capacity: bool = False
     slo: SLO = field(default_factory=SLO)
     settings: dict[str, int | None] = field(default_factory=dict)  # vLLM's, by vLLM's names (deployment_for)
-
-
-def metric_label(m: str) -> str:
-    if m in LABELS:
-        return LABELS[m]
-    base, p = m.rsplit("_", 1)
-    return f"{p.upper()} {LABELS[base]}"
 
 
 def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: CostModel
@@ -291,7 +287,7 @@ def markdown(report: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
         for m in METRICS:
-            lines.append(f"| {row['load']:g} | {metric_label(m)} | {_fmt(m, row[f'real_{m}'])} | "
+            lines.append(f"| {row['load']:g} | {metric_label(m, LABELS)} | {_fmt(m, row[f'real_{m}'])} | "
                          f"{_fmt(m, row[f'real_{m}_min'])}..{_fmt(m, row[f'real_{m}_max'])} | "
                          f"{_fmt(m, row[f'sim_{m}'])} | {fmt_err(row[f'{m}_err_pct'])} | "
                          f"{fmt_err(row[f'{m}_err_pct_at_speed'])} |")
