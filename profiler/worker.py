@@ -32,7 +32,7 @@ How a shape is timed (the measurement is the limit of the fit, so it is built fo
   estimator that kept only the faster half of the blocks made real runs 5-10% slower than their repriced
   iterations (simctl issue 4). A shape with no quiet block at all uses its least contended third of blocks
   and is listed in meta.json (`timing.shapes_without_quiet_block`): re-profile on a quieter machine.
-- Served shapes (`profiler.workloads.ShapeProtocol`, `--protocol served`, the default). Serving never runs
+- Served shapes (`profiler.shape_protocol`, `--protocol served`, the default). Serving never runs
   the same iteration twice: contexts grow by a token a step and requests sit in whichever slab rows they hold.
   A profile that repeats one shape in the same rows lets every cache keyed on it stay warm (on an H100,
   SDPA's cuDNN backend built a new plan per KV length: 124-127 ms a decode step in serving vs 31-42 ms
@@ -74,7 +74,8 @@ import numpy as np
 
 from common.errors import InputError
 from executor.runtime import cpu_name
-from profiler.workloads import PROTOCOLS, Shape, ShapeProtocol
+from profiler.shape_protocol import PROTOCOLS, ShapeProtocol
+from profiler.shapes import Shape
 
 QUIET_SHARE = 0.05  # a block is quiet if other processes used at most this share of the machine's CPU
 DEFAULT_CPU_KV_BYTES = 512 * 2 ** 20  # KV slab cap per shape on the CPU (a shared machine)
@@ -323,9 +324,11 @@ class Worker:
         import transformers
 
         from executor.model import build_model
-        from executor.ragged import ATTN_IMPLEMENTATION, RaggedExecutor, attention_kernels
+        from executor.ragged import RaggedExecutor, attention_kernels
+        from executor.ragged_attention import ATTN_IMPLEMENTATION
+        from profiler.shapes import prefill
         from profiler.timing import CpuMonitor
-        from profiler.workloads import build_grid, prefill
+        from profiler.workloads import build_grid
 
         t_start = time.perf_counter()
         load_start = _load()
