@@ -27,8 +27,9 @@ from executor.model import build_model
 from executor.ragged import RaggedExecutor
 from executor.runtime import default_threads
 from profiler.shape_protocol import PROTOCOLS, ShapeProtocol
+from profiler.sweeps import select_blocks
 from profiler.timing import CpuMonitor
-from profiler.worker import Worker, select_blocks
+from profiler.worker import Worker
 from profiler.workloads import Grid, build_grid
 
 

@@ -35,8 +35,8 @@ from profiler.shapes import (
     padded_decode,
     padded_insertion,
 )
+from profiler.sweeps import Block, select_blocks
 from profiler.timing import CpuMonitor, summarize, time_fn
-from profiler.worker import Block, select_blocks
 from profiler.workloads import build_grid
 
 pytestmark = pytest.mark.torch
