@@ -87,6 +87,17 @@ def _fraction(name: str, v: float) -> float:
     return float(v)
 
 
+def _check_split(m: ModelSpec, tp: int, dtype_bytes: int) -> None:
+    if not isinstance(tp, int) or tp < 1:
+        raise InputError(f"tp must be a positive integer, got {tp!r}")
+    if m.num_heads % tp:
+        raise InputError(f"tp={tp} must divide {m.name}'s {m.num_heads} attention heads")
+    if m.num_kv_heads % tp and tp % m.num_kv_heads:
+        raise InputError(f"tp={tp} and {m.name}'s {m.num_kv_heads} KV heads: one must divide the other")
+    if not isinstance(dtype_bytes, int) or dtype_bytes < 1:
+        raise InputError(f"dtype_bytes must be a positive integer, got {dtype_bytes!r}")
+
+
 class Roofline(CostModel):
     def __init__(
         self,
@@ -112,14 +123,7 @@ class Roofline(CostModel):
     ) -> None:
         m = get_model(model) if isinstance(model, str) else model
         g = get_gpu(gpu) if isinstance(gpu, str) else gpu
-        if not isinstance(tp, int) or tp < 1:
-            raise InputError(f"tp must be a positive integer, got {tp!r}")
-        if m.num_heads % tp:
-            raise InputError(f"tp={tp} must divide {m.name}'s {m.num_heads} attention heads")
-        if m.num_kv_heads % tp and tp % m.num_kv_heads:
-            raise InputError(f"tp={tp} and {m.name}'s {m.num_kv_heads} KV heads: one must divide the other")
-        if not isinstance(dtype_bytes, int) or dtype_bytes < 1:
-            raise InputError(f"dtype_bytes must be a positive integer, got {dtype_bytes!r}")
+        _check_split(m, tp, dtype_bytes)
         tile = g.tile if tile is None else tile
         if not isinstance(tile, int) or tile < 1:
             raise InputError(f"tile must be a positive integer, got {tile!r}")
@@ -154,12 +158,17 @@ class Roofline(CostModel):
         self.activation_reserve_bytes = float(activation_reserve_bytes)
         self.allreduce_latency_s = float(allreduce_latency_s)
 
-        # ---- per-GPU shapes (Megatron-style TP: heads, MLP columns and vocabulary split over tp; KV heads
-        # split when tp divides them, else each GPU holds one KV head, replicated) ----
+        self.routing_skew = check_routing_skew(routing_skew)
+        self._rates(m, g, tp, *self._per_gpu_shapes(m, g, tp, dtype_bytes))
+
+    def _per_gpu_shapes(self, m: ModelSpec, g: GPUSpec, tp: int, dtype_bytes: int
+                        ) -> tuple[float, float, int]:
+        """Per-GPU shapes, Megatron-style TP: heads, MLP columns and vocabulary split over tp; KV heads split
+        when tp divides them, else each GPU holds one KV head, replicated. Returns the linear parameters a
+        token computes, those an iteration reads (besides routed experts) and the GEMMs of a forward."""
         L, h, d = m.num_layers, m.hidden_size, m.head_dim
         heads_gpu = m.num_heads // tp
         self.kv_heads_per_gpu = max(1, m.num_kv_heads // tp)
-        self.routing_skew = check_routing_skew(routing_skew)
         if m.moe is None:
             lin_per_layer_gpu = (h * d * (heads_gpu + 2 * self.kv_heads_per_gpu)  # QKV
                                  + heads_gpu * d * h  # O
@@ -188,7 +197,13 @@ class Roofline(CostModel):
         self.kv_bytes_per_token_per_gpu = 2 * L * self.kv_heads_per_gpu * d * dtype_bytes
         emb_gpu = m.embedding_lm_head_params / tp
         self.weight_bytes_per_gpu = (self.linear_params_per_gpu + emb_gpu) * dtype_bytes
+        return active, read, gemms
 
+    def _rates(self, m: ModelSpec, g: GPUSpec, tp: int, active: float, read: float, gemms: int) -> None:
+        """Each term's seconds per unit of its feature, from the shapes and the efficiencies."""
+        L, h, d = m.num_layers, m.hidden_size, m.head_dim
+        heads_gpu = m.num_heads // tp
+        dtype_bytes = self.dtype_bytes
         self._flops = flops = g.peak_flops * self.mfu
         self._bw = bw = g.mem_bandwidth * self.mbu
         # linears: t_c = _lin_c x T_eff, t_m = _lin_m (+ _expert_m x experts read, MoE)
