@@ -68,6 +68,7 @@ from catalogue.models import ModelSpec, get_model
 from catalogue.moe import check_routing_skew, expected_distinct_experts
 from common.errors import InputError
 from costs.base import CostModel, tiled
+from costs.gpu_share import GPUShare, gpu_share
 from costs.overheads import DEFAULT_ITERATION_S, StepOverheads
 from policies.plan import BatchPlan
 
@@ -76,7 +77,6 @@ DEFAULT_MBU = 0.75
 DEFAULT_ATTN_MFU = 0.50
 DEFAULT_OVERHEAD_S = DEFAULT_ITERATION_S
 DEFAULT_ALLREDUCE_LATENCY_S = 10e-6
-GEMMS_PER_LAYER = 4  # QKV, O, gate+up (or up), down
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GiB
 
@@ -87,7 +87,7 @@ def _fraction(name: str, v: float) -> float:
     return float(v)
 
 
-def _check_split(m: ModelSpec, tp: int, dtype_bytes: int) -> None:
+def _check_split(m: ModelSpec, tp: int, dtype_bytes: int, tile: int) -> None:
     if not isinstance(tp, int) or tp < 1:
         raise InputError(f"tp must be a positive integer, got {tp!r}")
     if m.num_heads % tp:
@@ -96,6 +96,8 @@ def _check_split(m: ModelSpec, tp: int, dtype_bytes: int) -> None:
         raise InputError(f"tp={tp} and {m.name}'s {m.num_kv_heads} KV heads: one must divide the other")
     if not isinstance(dtype_bytes, int) or dtype_bytes < 1:
         raise InputError(f"dtype_bytes must be a positive integer, got {dtype_bytes!r}")
+    if not isinstance(tile, int) or tile < 1:
+        raise InputError(f"tile must be a positive integer, got {tile!r}")
 
 
 class Roofline(CostModel):
@@ -123,10 +125,8 @@ class Roofline(CostModel):
     ) -> None:
         m = get_model(model) if isinstance(model, str) else model
         g = get_gpu(gpu) if isinstance(gpu, str) else gpu
-        _check_split(m, tp, dtype_bytes)
         tile = g.tile if tile is None else tile
-        if not isinstance(tile, int) or tile < 1:
-            raise InputError(f"tile must be a positive integer, got {tile!r}")
+        _check_split(m, tp, dtype_bytes, tile)
         if allreduce_latency_s is None:
             allreduce_latency_s = (g.allreduce_latency_s if g.allreduce_latency_s is not None
                                    else DEFAULT_ALLREDUCE_LATENCY_S)
@@ -157,47 +157,22 @@ class Roofline(CostModel):
         self.gpu_memory_utilization = _fraction("gpu_memory_utilization", gpu_memory_utilization)
         self.activation_reserve_bytes = float(activation_reserve_bytes)
         self.allreduce_latency_s = float(allreduce_latency_s)
-
         self.routing_skew = check_routing_skew(routing_skew)
-        self._rates(m, g, tp, *self._per_gpu_shapes(m, g, tp, dtype_bytes))
+        share = gpu_share(m, tp)
+        self._hold(m, g, share)
+        self._rates(m, g, tp, share.active_params, share.read_params, share.gemms)
 
-    def _per_gpu_shapes(self, m: ModelSpec, g: GPUSpec, tp: int, dtype_bytes: int
-                        ) -> tuple[float, float, int]:
-        """Per-GPU shapes, Megatron-style TP: heads, MLP columns and vocabulary split over tp; KV heads split
-        when tp divides them, else each GPU holds one KV head, replicated. Returns the linear parameters a
-        token computes, those an iteration reads (besides routed experts) and the GEMMs of a forward."""
-        L, h, d = m.num_layers, m.hidden_size, m.head_dim
-        heads_gpu = m.num_heads // tp
-        self.kv_heads_per_gpu = max(1, m.num_kv_heads // tp)
-        if m.moe is None:
-            lin_per_layer_gpu = (h * d * (heads_gpu + 2 * self.kv_heads_per_gpu)  # QKV
-                                 + heads_gpu * d * h  # O
-                                 + m.mlp_params_per_layer / tp)  # MLP
-            self.linear_params_per_gpu = active = read = L * lin_per_layer_gpu
-            self._expert_m = 0.0
-            gemms = GEMMS_PER_LAYER * L
-        else:
-            # MoE: every expert's columns split over tp (each GPU runs its share of every expert); the router
-            # is replicated. A token computes its k routed experts; an iteration reads the experts its tokens
-            # chose (`experts_read`), the rest of the weights once.
-            moe, sparse = m.moe, m.sparse_layers
-            attention = L * (h * d * (heads_gpu + 2 * self.kv_heads_per_gpu) + heads_gpu * d * h)
-            always = (attention + moe.dense_layers * m.mlp_params_per_layer / tp
-                      + sparse * (m.router_params + m.shared_expert_params / tp))
-            experts = sparse * m.expert_params / tp  # one routed expert in every sparse layer
-            self.linear_params_per_gpu = always + moe.experts * experts
-            active = always + moe.experts_per_token * experts
-            read = always
-            self._expert_m = experts * dtype_bytes / (g.mem_bandwidth * self.mbu)
-            self._experts_read: dict[int, float] = {}
-            # a sparse layer's GEMMs: QKV, O, the router, the experts' gate+up and down (grouped), the shared
-            # expert's two
-            gemms = GEMMS_PER_LAYER * moe.dense_layers + sparse * (5 + (2 if moe.shared_size else 0))
-        self.lm_head_params_per_gpu = m.lm_head_params / tp
-        self.kv_bytes_per_token_per_gpu = 2 * L * self.kv_heads_per_gpu * d * dtype_bytes
-        emb_gpu = m.embedding_lm_head_params / tp
-        self.weight_bytes_per_gpu = (self.linear_params_per_gpu + emb_gpu) * dtype_bytes
-        return active, read, gemms
+    def _hold(self, m: ModelSpec, g: GPUSpec, share: GPUShare) -> None:
+        """What one GPU of the group holds (`costs.gpu_share`), in bytes where the pricing reads bytes."""
+        dtype_bytes = self.dtype_bytes
+        self.kv_heads_per_gpu = share.kv_heads
+        self.linear_params_per_gpu = share.linear_params
+        self.lm_head_params_per_gpu = share.lm_head_params
+        self.kv_bytes_per_token_per_gpu = 2 * m.num_layers * share.kv_heads * m.head_dim * dtype_bytes
+        self.weight_bytes_per_gpu = (share.linear_params + share.embedding_params) * dtype_bytes
+        # MoE: the weights of one routed expert in every sparse layer, read per distinct expert routed to
+        self._expert_m = share.expert_params * dtype_bytes / (g.mem_bandwidth * self.mbu) if m.moe else 0.0
+        self._experts_read: dict[int, float] = {}
 
     def _rates(self, m: ModelSpec, g: GPUSpec, tp: int, active: float, read: float, gemms: int) -> None:
         """Each term's seconds per unit of its feature, from the shapes and the efficiencies."""
