@@ -73,7 +73,10 @@ from common.errors import InputError
 from executor.runtime import cpu_name
 from profiler.shape_protocol import PROTOCOLS, ShapeProtocol
 from profiler.shapes import Shape
-from profiler.sweeps import Block, Sweeps, summarize_blocks
+from profiler.sweeps import QUIET_SHARE, Block, Sweeps, summarize_blocks
+
+# profiler/vllm_worker.py (which other work is changing) imports the blocks' names from here
+__all__ = ["QUIET_SHARE", "Block", "Worker", "main", "summarize_blocks"]
 
 DEFAULT_CPU_KV_BYTES = 512 * 2 ** 20  # KV slab cap per shape on the CPU (a shared machine)
 KEEP_CPU_BYTES = 2 * 2 ** 30  # KV slabs kept allocated between visits of their shapes (CPU; see _measure)

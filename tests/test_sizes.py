@@ -29,7 +29,6 @@ NOT_YET_SPLIT = {
     ("plots/fit.py", "fit_figure"): 101,
     ("profiler/fit.py", "fit_profile"): 100,
     ("profiler/fit_operators.py", "fit_operator_profile"): 80,
-    ("profiler/profile_data.py", "load_profile"): 68,
     ("results/validation_report.py", "markdown"): 99,
     ("validation/vllm_validate.py", "validate_vllm"): 65,
 }
