@@ -11,7 +11,8 @@ them once when torch starts it, so they cannot be set from inside a running proc
 in the calling process (tests, notebooks), where those variables are whatever the process started with; both
 record what was in effect.
 
-The configuration, the sizing of the slab and the engine's construction are `engine.setup`'s.
+The configuration, the sizing of the slab and the engine's construction are `engine.setup`'s; serving the
+deployment (one engine, or a prefill and a decode instance) is `engine.deployment`'s.
 
 `twin_inputs(summary)` rebuilds, from a real run's summary, the same Request list and the same policy
 (capacity, max_seq_len, every setting) for `sim.simulate.simulate`, to put prediction and
