@@ -1,6 +1,6 @@
 r"""The profiler's shape protocols side by side, in one run: the shapes of a grid that run on cached context
 (decodes, chunks, hybrids, padded decodes, insertions) timed by the profiler's own repetition loop
-(`profiler.worker.Worker._measure`) under `fixed` and `served` (`profiler.workloads.ShapeProtocol`), in rounds
+(`profiler.worker.Worker._measure`) under `fixed` and `served` (`profiler.shape_protocol`), in rounds
 that alternate the two so a spell of load hits both; per shape, the median of each protocol's quiet blocks
 (as the profile takes it) and served / fixed. A cache keyed on the shape (cuDNN's per-KV-length attention
 plans on an H100, simctl issue 11) shows as served / fixed >> 1 (`--attention any` lets torch pick cuDNN).
@@ -26,9 +26,11 @@ from executor.config import ATTENTION
 from executor.model import build_model
 from executor.ragged import RaggedExecutor
 from executor.runtime import default_threads
+from profiler.shape_protocol import PROTOCOLS, ShapeProtocol
+from profiler.sweeps import select_blocks
 from profiler.timing import CpuMonitor
-from profiler.worker import Worker, select_blocks
-from profiler.workloads import PROTOCOLS, Grid, ShapeProtocol, build_grid
+from profiler.worker import Worker
+from profiler.workloads import Grid, build_grid
 
 
 def main() -> None:

@@ -31,7 +31,8 @@ from scipy.optimize import least_squares
 from catalogue.gpus import catalogue_gpu_of, get_gpu
 from catalogue.models import ModelSpec
 from common.errors import InputError
-from costs.roofline import GEMMS_PER_LAYER, Roofline
+from costs.gpu_share import GEMMS_PER_LAYER
+from costs.roofline import Roofline
 from profiler.fit_operators import fit_operator_profile
 from profiler.operator_profiles import load_operator_profile
 

@@ -1,5 +1,5 @@
 """The features a cost model is fitted on and prices, derived from a plan's execution shape in one place: the
-plan builders compute the plan's fields, `plan_features` the profile columns (profiler/workloads.py describes
+plan builders compute the plan's fields, `plan_features` the profile columns (profiler/shapes.py describes
 every profiled shape with it, so a model fitted on profile.csv prices plans by the same numbers)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def decode_pad_kv(plan: BatchPlan) -> int:
 
 
 def plan_features(plan: BatchPlan) -> dict[str, int | float]:
-    """A plan's profile columns (see profiler/workloads.py for what each means)."""
+    """A plan's profile columns (see profiler/shapes.py for what each means)."""
     return {"batch_size": len(plan.seqs), "linear_tokens": plan.linear_tokens,
             "sampled_tokens": plan.sampled_tokens, "num_segments": len(plan.prefill_q),
             "attn_units": float(sum(q * (c + (q if plan.dense_attention else q / 2))

@@ -15,21 +15,16 @@ Per iteration (per GPU of a tensor-parallel group; all GPUs of the group run in 
   model of the active parameters plus the router, and a large batch reads every expert. Tile rounding stays on
   T (the experts' grouped GEMMs split T x k rows among the experts: not modelled), all experts' weights are
   resident (memory), and the router's softmax and top-k are not priced (elementwise, as norms are not).
-  Expert parallelism (`ep` = tp, as vLLM's --enable-expert-parallel without data parallelism): each GPU holds
-  E / ep whole experts instead of 1/tp of every expert, and the iteration waits for the busiest GPU: its
-  token-expert passes and its distinct experts read (`catalogue.moe.busiest_gpu`). The hidden states are on
-  every GPU after attention's all-reduce and the experts' outputs are summed by the all-reduce the MLP needs
-  under TP anyway, so the communication is unchanged (an all-to-all arises with data-parallel attention,
-  which is not modelled). On average a GPU does the TP share; EP adds the imbalance, large at small batches.
+  Expert parallelism (`ep` = tp: vLLM's --enable-expert-parallel without data parallelism): each GPU holds
+  E / ep whole experts, and the step waits for the busiest GPU's passes and reads (`moe.busiest_gpu`); the
+  communication is TP's (hidden states are on every GPU after attention; the all-reduce sums the experts').
 - Each GEMM also pays a fixed time (`gemm_latency_s`, 4 per layer (a sparse layer's 5, 7 with shared
   experts) and the LM head's: kernel ramp-up and tail), which the GPU's catalogue entry holds where measured
   (bench/roofline_vs_measured.py).
 - Tile quantization: a GEMM over T rows runs ceil(T / tile) row tiles, so above one tile T is rounded up to a
   multiple of the tile (Sarathi-Serve measured chunk 257 up to 32% slower than 256). At T <= tile the kernels
-  pick smaller row tiles (or GEMV) and the layer is weight-streaming bound, so T is used as is: rounding
-  T = 1 up to 128 would add a compute term as large as the weight-read term (the A100 ridge point for these
-  efficiencies is ~140 rows) and price a batch-1 decode ~35% too slow. Above one tile the rounding only
-  shows where compute matters, because the sqrt blend weighs it by the compute share.
+  pick smaller row tiles (or GEMV) and the layer is weight-streaming bound, so T is used as is (rounding
+  T = 1 up to 128 would price a batch-1 decode ~35% too slow on an A100).
 - LM head: only on the `sampled_tokens` rows (2 x vocab x hidden FLOPs per row, vocab-parallel over tp),
   its weights read once; same blend and tiling. No rows sampled (a mid-prompt chunk only): no LM head.
 - Prefill / chunk attention, per segment of q new tokens on c cached ones: FLOPs = 4 x layers x heads/tp x
@@ -74,6 +69,7 @@ from catalogue.models import ModelSpec, get_model
 from catalogue.moe import busiest_gpu, check_routing_skew, expected_distinct_experts
 from common.errors import InputError
 from costs.base import CostModel, tiled
+from costs.gpu_share import GPUShare, check_expert_parallel, check_split, gpu_share
 from costs.overheads import DEFAULT_ITERATION_S, StepOverheads
 from policies.plan import BatchPlan
 
@@ -82,25 +78,8 @@ DEFAULT_MBU = 0.75
 DEFAULT_ATTN_MFU = 0.50
 DEFAULT_OVERHEAD_S = DEFAULT_ITERATION_S
 DEFAULT_ALLREDUCE_LATENCY_S = 10e-6
-GEMMS_PER_LAYER = 4  # QKV, O, gate+up (or up), down
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GiB
-
-
-def _expert_parallel(ep: int, model: ModelSpec, tp: int) -> int:
-    """`ep` checked: 1, or the TP degree of an MoE whose experts it divides (`catalogue.moe.busiest_gpu`)."""
-    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
-        raise InputError(f"--ep must be a positive integer, got {ep!r}")
-    if ep == 1:
-        return ep
-    if model.moe is None:
-        raise InputError(f"--ep {ep}: {model.name} is dense (no experts to spread)")
-    if ep != tp:
-        raise InputError(f"--ep {ep} must equal --tp {tp}: the experts are spread over the replica's TP "
-                         "group (vLLM's --enable-expert-parallel without data parallelism)")
-    if model.moe.experts % ep:
-        raise InputError(f"--ep {ep} must divide {model.name}'s {model.moe.experts} experts")
-    return ep
 
 
 def _fraction(name: str, v: float) -> float:
@@ -135,25 +114,11 @@ class Roofline(CostModel):
     ) -> None:
         m = get_model(model) if isinstance(model, str) else model
         g = get_gpu(gpu) if isinstance(gpu, str) else gpu
-        if not isinstance(tp, int) or tp < 1:
-            raise InputError(f"tp must be a positive integer, got {tp!r}")
-        if m.num_heads % tp:
-            raise InputError(f"tp={tp} must divide {m.name}'s {m.num_heads} attention heads")
-        if m.num_kv_heads % tp and tp % m.num_kv_heads:
-            raise InputError(f"tp={tp} and {m.name}'s {m.num_kv_heads} KV heads: one must divide the other")
-        if not isinstance(dtype_bytes, int) or dtype_bytes < 1:
-            raise InputError(f"dtype_bytes must be a positive integer, got {dtype_bytes!r}")
         tile = g.tile if tile is None else tile
-        if not isinstance(tile, int) or tile < 1:
-            raise InputError(f"tile must be a positive integer, got {tile!r}")
-        measured = g.allreduce_at(tp)  # the GPU's measured all-reduce of this degree (or the nearest)
-        if allreduce_latency_s is None:
-            allreduce_latency_s = measured.latency_s if measured else DEFAULT_ALLREDUCE_LATENCY_S
-        self.allreduce_efficiency = _fraction("allreduce_efficiency", allreduce_efficiency
-                                              if allreduce_efficiency is not None
-                                              else measured.efficiency if measured else 1.0)
-        if not overhead_s >= 0 or not allreduce_latency_s >= 0 or not activation_reserve_bytes >= 0:
-            raise InputError("overhead_s, allreduce_latency_s and activation_reserve_bytes must be >= 0")
+        check_split(m, tp, dtype_bytes, tile)
+        self._set_allreduce(g, tp, allreduce_latency_s, allreduce_efficiency)
+        if not overhead_s >= 0 or not activation_reserve_bytes >= 0:
+            raise InputError("overhead_s and activation_reserve_bytes must be >= 0")
         self.model = m
         self.gpu = g
         self.tp = tp
@@ -175,48 +140,47 @@ class Roofline(CostModel):
         self.tile = tile
         self.gpu_memory_utilization = _fraction("gpu_memory_utilization", gpu_memory_utilization)
         self.activation_reserve_bytes = float(activation_reserve_bytes)
-        self.allreduce_latency_s = float(allreduce_latency_s)
+        self.routing_skew = check_routing_skew(routing_skew)
+        self.ep = check_expert_parallel(ep, m, tp)
+        share = gpu_share(m, tp)
+        self._hold(m, g, share)
+        # under EP the routed experts' FLOPs are the busiest GPU's, priced apart (`_experts`)
+        active = share.active_params - (m.moe.experts_per_token * share.expert_params if self.ep > 1 else 0)
+        self._rates(m, g, tp, active, share.read_params, share.gemms)
 
-        # ---- per-GPU shapes (Megatron-style TP: heads, MLP columns and vocabulary split over tp; KV heads
-        # split when tp divides them, else each GPU holds one KV head, replicated) ----
+    def _set_allreduce(self, g: GPUSpec, tp: int, latency_s: float | None, efficiency: float | None) -> None:
+        """The all-reduce's fixed latency and link efficiency: as given, else the GPU's measured ones at this
+        degree (or the nearest), else the defaults."""
+        measured = g.allreduce_at(tp)
+        if latency_s is None:
+            latency_s = measured.latency_s if measured else DEFAULT_ALLREDUCE_LATENCY_S
+        if not latency_s >= 0:
+            raise InputError(f"allreduce_latency_s must be >= 0, got {latency_s!r}")
+        self.allreduce_latency_s = float(latency_s)
+        self.allreduce_efficiency = _fraction("allreduce_efficiency", efficiency if efficiency is not None
+                                              else measured.efficiency if measured else 1.0)
+
+    def _hold(self, m: ModelSpec, g: GPUSpec, share: GPUShare) -> None:
+        """What one GPU of the group holds (`costs.gpu_share`), in bytes where the pricing reads bytes."""
+        dtype_bytes = self.dtype_bytes
+        self.kv_heads_per_gpu = share.kv_heads
+        self.linear_params_per_gpu = share.linear_params
+        self.lm_head_params_per_gpu = share.lm_head_params
+        self.kv_bytes_per_token_per_gpu = 2 * m.num_layers * share.kv_heads * m.head_dim * dtype_bytes
+        self.weight_bytes_per_gpu = (share.linear_params + share.embedding_params) * dtype_bytes
+        # MoE: the weights of one routed expert in every sparse layer, read per distinct expert routed to
+        # (under EP whole experts: this GPU's share times tp, and their FLOPs per token-expert pass)
+        self._expert_m = share.expert_params * dtype_bytes / (g.mem_bandwidth * self.mbu) if m.moe else 0.0
+        if self.ep > 1:
+            self._expert_m *= self.tp
+            self._expert_c = 2.0 * share.expert_params * self.tp / (g.peak_flops * self.mfu)
+        self._experts_cm: dict[int, tuple[float, float]] = {}
+
+    def _rates(self, m: ModelSpec, g: GPUSpec, tp: int, active: float, read: float, gemms: int) -> None:
+        """Each term's seconds per unit of its feature, from the shapes and the efficiencies."""
         L, h, d = m.num_layers, m.hidden_size, m.head_dim
         heads_gpu = m.num_heads // tp
-        self.kv_heads_per_gpu = max(1, m.num_kv_heads // tp)
-        self.routing_skew = check_routing_skew(routing_skew)
-        self.ep = _expert_parallel(ep, m, tp)
-        if m.moe is None:
-            lin_per_layer_gpu = (h * d * (heads_gpu + 2 * self.kv_heads_per_gpu)  # QKV
-                                 + heads_gpu * d * h  # O
-                                 + m.mlp_params_per_layer / tp)  # MLP
-            self.linear_params_per_gpu = active = read = L * lin_per_layer_gpu
-            self._expert_m = 0.0
-            gemms = GEMMS_PER_LAYER * L
-        else:
-            # MoE: every expert's columns split over tp (each GPU runs its share of every expert); the router
-            # is replicated. A token computes its k routed experts; an iteration reads the experts its tokens
-            # chose (`_experts`), the rest of the weights once.
-            moe, sparse = m.moe, m.sparse_layers
-            attention = L * (h * d * (heads_gpu + 2 * self.kv_heads_per_gpu) + heads_gpu * d * h)
-            always = (attention + moe.dense_layers * m.mlp_params_per_layer / tp
-                      + sparse * (m.router_params + m.shared_expert_params / tp))
-            experts = sparse * m.expert_params / tp  # one routed expert in every sparse layer
-            self.linear_params_per_gpu = always + moe.experts * experts
-            active = always + moe.experts_per_token * experts
-            read = always
-            self._expert_m = experts * dtype_bytes / (g.mem_bandwidth * self.mbu)
-            if self.ep > 1:  # whole experts: the busiest GPU's passes and reads, priced apart (`_experts`)
-                active = always
-                self._expert_c = 2.0 * experts * tp / (g.peak_flops * self.mfu)
-                self._expert_m *= tp
-            self._experts_cm: dict[int, tuple[float, float]] = {}
-            # a sparse layer's GEMMs: QKV, O, the router, the experts' gate+up and down (grouped), the shared
-            # expert's two
-            gemms = GEMMS_PER_LAYER * moe.dense_layers + sparse * (5 + (2 if moe.shared_size else 0))
-        self.lm_head_params_per_gpu = m.lm_head_params / tp
-        self.kv_bytes_per_token_per_gpu = 2 * L * self.kv_heads_per_gpu * d * dtype_bytes
-        emb_gpu = m.embedding_lm_head_params / tp
-        self.weight_bytes_per_gpu = (self.linear_params_per_gpu + emb_gpu) * dtype_bytes
-
+        dtype_bytes = self.dtype_bytes
         self._flops = flops = g.peak_flops * self.mfu
         self._bw = bw = g.mem_bandwidth * self.mbu
         # linears: t_c = _lin_c x T_eff, t_m = _lin_m (+ the routed experts' `_experts`, MoE)
@@ -417,14 +381,9 @@ class Roofline(CostModel):
         terms["launch_floor"] = max(self._floor - gpu, 0.0)  # what the floor adds above the GPU terms
         return terms
 
-    # ---- memory --------------------------------------------------------------------------------------
     def kv_capacity_tokens(self) -> int:
-        """KV tokens one replica (a TP group) can cache.
-
-        Per GPU: memory x utilization - weights/tp - activation reserve, divided by that GPU's share of a
-        token's KV (KV heads sharded over tp). Equals (memory x util x tp - weights - reserve x tp) / KV bytes
-        per token when tp divides the KV heads.
-        """
+        """KV tokens one replica (a TP group) can cache: per GPU, memory x utilization - its weights - the
+        activation reserve, over its share of a token's KV (KV heads sharded over tp)."""
         free = (self.gpu.memory_bytes * self.gpu_memory_utilization - self.weight_bytes_per_gpu
                 - self.activation_reserve_bytes)
         tokens = int(free // self.kv_bytes_per_token_per_gpu) if free > 0 else 0

@@ -37,19 +37,17 @@ import queue
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.multiprocessing as mp
 
-from engine.serve import Engine, EngineResult
-from engine.setup import RealConfig, RealRun, Sizing, build_engine
+from engine.serve import Engine, EngineResult, Instance, Served
+from engine.setup import RealConfig, Sizing, build_engine
 from policies.seq import Seq
-from serving.handoff import arrive_with_kv, needs_decode_instance, prefill_copy
-from serving.inbox import Inbox
+from serving.handoff import arrivals, arrive_with_kv
 from serving.loop import overload_limit
 from serving.routed import HELD, RoutedInbox
 from traces.request import Request
@@ -67,10 +65,6 @@ def build_instance(config: RealConfig, requests: list[Request], size: Sizing) ->
     torch.set_num_threads(config.threads or 1)
     model = build_model(get_model(config.model), resolve_device(config.device), config.dtype, config.seed)
     return build_engine(config, requests, size, model)
-
-
-def _seqs(requests: list[Request]) -> list[Seq]:
-    return [Seq.of(r) for r in requests]
 
 
 # ---- the prefill instance (child process) ------------------------------------------------------------------
@@ -121,18 +115,17 @@ class _Sender:
 def prefill_instance(config: RealConfig, size: Sizing, requests: list[Request], handoff: torch.Tensor,
                      conn: Any) -> None:
     """The prefill instance's process: build, warm up, report ready, start at the shared instant, serve every
-    request's copy, send its records."""
+    request's prefill copy, send its records."""
     try:
         engine, warm_s = build_instance(config, requests, size)
-        seqs = _seqs(requests)
-        sender = _Sender(conn, handoff, engine, {s.id for s in seqs if needs_decode_instance(s)})
+        served = arrivals(requests, disaggregated=True)
+        sender = _Sender(conn, handoff, engine, set(served.crossing))
         engine.backend.on_release = sender
         engine.time.sleep = sender.sleep
         conn.send(("ready", warm_s))
         _, t0 = conn.recv()  # ("start", the shared clock reading of time 0)
         engine.time.start(at=t0)
-        copies = [prefill_copy(s) for s in seqs]
-        out = engine.run(copies, Inbox(copies), engine.time.drive, overload_limit(len(copies)))
+        out = engine.serve_ahead(served.entering, overload_limit(len(requests)))
         conn.send(("done", {"result": out, "warmup_s": warm_s, "handoff_wait_s": sender.wait_s,
                             "kv_used_at_end": engine.policy.kv.used}))
     except (EOFError, BrokenPipeError):
@@ -232,44 +225,49 @@ class _DecodeDriver:
                 self._take(self.receiver.arrivals.get())
 
 
-def run_disaggregated(config: RealConfig, size: Sizing, requests: list[Request], model: Any
-                      ) -> tuple[RealRun, Engine, float, dict[str, Any]]:
-    """Serve `requests` on a prefill instance (a child process) and a decode instance (this process, on
-    `model`); return the run (its records in the cluster's form), the decode engine, the longer warm-up and
-    what the summary adds about the pair."""
-    from catalogue.models import get_model
-    from sim.cluster_run import MemberRecords, iterations_frame, summarise_cluster
-    from sim.kv_link import KVLink
-
-    spec = get_model(config.model)
-    dtype = getattr(torch, config.dtype)
-    shape = (HANDOFF_SLOTS, spec.num_layers, 2, spec.num_kv_heads, size.max_seq_len, spec.head_dim)
-    handoff = torch.zeros(shape, dtype=dtype).share_memory_()
+def _start_prefill_instance(config: RealConfig, size: Sizing, requests: list[Request], handoff: torch.Tensor
+                            ) -> tuple[Any, Any]:
+    """The prefill instance's process, started, and this side's end of its pipe."""
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     child = ctx.Process(target=prefill_instance, args=(config, size, requests, handoff, child_conn),
                         name="simctl-prefill", daemon=True)
     child.start()
     child_conn.close()
+    return child, conn
+
+
+def _await_ready(child: Any, conn: Any) -> None:
+    if not conn.poll(START_TIMEOUT_S):
+        raise RuntimeError(f"the prefill instance did not start within {START_TIMEOUT_S:.0f} s")
+    try:
+        msg = conn.recv()
+    except EOFError:
+        msg = ("error", f"it exited (code {child.exitcode}) while starting")
+    if msg[0] != "ready":
+        raise RuntimeError(f"prefill instance failed: {msg[1]}")
+
+
+def serve_pair(config: RealConfig, size: Sizing, requests: list[Request], model: Any) -> Served:
+    """Serve `requests` on a prefill instance (a child process) and a decode instance (this process, on
+    `model`)."""
+    from catalogue.models import get_model
+
+    spec = get_model(config.model)
+    shape = (HANDOFF_SLOTS, spec.num_layers, 2, spec.num_kv_heads, size.max_seq_len, spec.head_dim)
+    handoff = torch.zeros(shape, dtype=getattr(torch, config.dtype)).share_memory_()
+    child, conn = _start_prefill_instance(config, size, requests, handoff)
     try:
         engine, warm_s = build_engine(config, requests, size, model)
-        if not conn.poll(START_TIMEOUT_S):
-            raise RuntimeError(f"the prefill instance did not start within {START_TIMEOUT_S:.0f} s")
-        try:
-            msg = conn.recv()
-        except EOFError:
-            msg = ("error", f"it exited (code {child.exitcode}) while starting")
-        if msg[0] != "ready":
-            raise RuntimeError(f"prefill instance failed: {msg[1]}")
+        _await_ready(child, conn)
         t0 = time.monotonic()
         conn.send(("start", t0))
         engine.time.start(at=t0)
         receiver = _Receiver(conn, handoff, engine)
         receiver.start()
-        originals = {s.id: s for s in _seqs(requests)}
-        inbox = RoutedInbox()
-        driver = _DecodeDriver(receiver, engine, inbox, originals)
-        decoded = engine.run(list(originals.values()), inbox, driver.drive, overload_limit(len(requests)))
+        served = arrivals(requests, disaggregated=True)
+        driver = _DecodeDriver(receiver, engine, RoutedInbox(), served.crossing)
+        decoded = engine.run(served.seqs, driver.inbox, driver.drive, overload_limit(len(requests)))
         while driver.done is None:  # the decode loop gave up: the prefill instance still reports
             driver._take(receiver.arrivals.get(timeout=START_TIMEOUT_S))
         receiver.join()
@@ -280,40 +278,32 @@ def run_disaggregated(config: RealConfig, size: Sizing, requests: list[Request],
         conn.close()
     done = driver.done
     prefilled: EngineResult = done["result"]
-    # the records: a request that needed no decode instance is its prefill copy, whole
-    copies = {s.id: s for s in prefilled.seqs}
-    seqs = [originals[r.id] if needs_decode_instance(originals[r.id]) else copies[r.id] for r in requests]
-    tokens = {s.id: (decoded.tokens if needs_decode_instance(s) else prefilled.tokens)[s.id] for s in seqs}
-    bpt = spec.kv_bytes_per_token(handoff.element_size())
-    link = None
-    if driver.transfers:
-        t = np.asarray(driver.transfers, dtype=np.float64)
-        took = float((t[:, 2] - t[:, 1]).sum())
-        nbytes = int(t[:, 3].sum()) * bpt
-        link = KVLink(nbytes * 8 / 1e9 / took if took > 0 else float(np.finfo(float).max))
-        for ready, start, end, positions in driver.transfers:
-            link.record(ready, start, end, int(positions) * bpt)
-    wall = max(prefilled.wall_s, decoded.wall_s)
-    members = [
-        MemberRecords("prefill", 0, config.device, prefilled.iterations, prefilled.gaps,
-                      prefilled.queue_at_arrival, prefilled.seqs, prefilled.aborted, size.kv_capacity),
-        MemberRecords("decode", 0, config.device, decoded.iterations, decoded.gaps, decoded.queue_at_arrival,
-                      driver.seqs, decoded.aborted, size.kv_capacity),
-    ]
-    head = {"mode": "real", **{k: v for k, v in asdict(config).items() if k != "options"}}
-    result, summary = summarise_cluster(head, members, seqs, link, prefilled.aborted or decoded.aborted,
-                                        size.kv_capacity, wall)
-    result.requests["kv_taken_s"] = [driver.taken.get(s.id, -1.0) for s in seqs]
-    engine_result = EngineResult(seqs=seqs, iterations=result.iterations, gaps=result.gaps,
-                                 queue_at_arrival=result.queue_at_arrival, aborted=result.aborted,
-                                 wall_s=wall, tokens=tokens,
-                                 forward_s=np.concatenate([prefilled.forward_s, decoded.forward_s]),
-                                 peak_slots=max(prefilled.peak_slots, decoded.peak_slots))
+    # the records: a request that needed no decode instance is the prefill instance's, whole
+    ends = {s.id: s for s in prefilled.seqs}
+    seqs = [served.crossing.get(s.id, ends[s.id]) for s in served.seqs]
+    tokens = {s.id: (decoded.tokens if s.id in served.crossing else prefilled.tokens)[s.id] for s in seqs}
+    instances = [Instance("prefill", prefilled, prefilled.seqs), Instance("decode", decoded, driver.seqs)]
     fields = {
         "handoff_slots": HANDOFF_SLOTS,
         "handoff_wait_s": done["handoff_wait_s"],
         "kv_used_at_end": {"prefill": done["kv_used_at_end"], "decode": engine.policy.kv.used},
     }
-    run = RealRun(config, requests, summary, result, engine_result, iterations=iterations_frame(members),
-                  replicas=pd.DataFrame(summary["replica_metrics"]))
-    return run, engine, max(done["warmup_s"], warm_s), fields
+    link = _measured_link(driver.transfers, spec.kv_bytes_per_token(handoff.element_size()))
+    return Served(engine, max(done["warmup_s"], warm_s), instances, seqs, tokens, link,
+                  {"kv_taken_s": [driver.taken.get(s.id, -1.0) for s in seqs]}, fields)
+
+
+def _measured_link(transfers: list[tuple[float, float, float, int]], bytes_per_token: int) -> Any:
+    """The transfers on a `KVLink` whose bandwidth is their effective one (bytes over transfer time); None
+    when nothing crossed."""
+    from sim.kv_link import KVLink
+
+    if not transfers:
+        return None
+    t = np.asarray(transfers, dtype=np.float64)
+    took = float((t[:, 2] - t[:, 1]).sum())
+    nbytes = int(t[:, 3].sum()) * bytes_per_token
+    link = KVLink(nbytes * 8 / 1e9 / took if took > 0 else float(np.finfo(float).max))
+    for ready, start, end, positions in transfers:
+        link.record(ready, start, end, int(positions) * bytes_per_token)
+    return link

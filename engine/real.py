@@ -11,7 +11,8 @@ them once when torch starts it, so they cannot be set from inside a running proc
 in the calling process (tests, notebooks), where those variables are whatever the process started with; both
 record what was in effect.
 
-The configuration, the sizing of the slab and the engine's construction are `engine.setup`'s.
+The configuration, the sizing of the slab and the engine's construction are `engine.setup`'s; serving the
+deployment (one engine, or a prefill and a decode instance) is `engine.deployment`'s.
 
 `twin_inputs(summary)` rebuilds, from a real run's summary, the same Request list and the same policy
 (capacity, max_seq_len, every setting) for `sim.simulate.simulate`, to put prediction and
@@ -28,19 +29,15 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from common.errors import InputError
-from engine.setup import DEFAULT_NUM_REQUESTS, RealConfig, RealRun, Sizing, build_engine, resolved, size_run
+from engine.setup import DEFAULT_NUM_REQUESTS, RealConfig, RealRun, resolved, size_run
 from executor.runtime import default_threads
 from policies.base import Policy
 from policies.registry import make_policy, policy_class
-from serving.loop import overload_limit
 from traces.build import build_trace, has_arrival_times
 from traces.request import Request
-
-if TYPE_CHECKING:
-    from engine.serve import Engine  # imports torch: only for the annotation
 
 DEFAULT_QPS = 1.0  # for generated arrivals when none is given
 CPU_KV_BYTES = 1 << 30  # slab budget on the CPU
@@ -97,6 +94,7 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     import transformers
 
     from catalogue.models import get_model
+    from engine.deployment import serve_deployment
     from executor.model import build_model, resolve_device
     from executor.ragged import attention_kernels
 
@@ -109,13 +107,8 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     kv_bpt = spec.kv_bytes_per_token(model.dtype.itemsize)
     budget = config.kv_budget_bytes if config.kv_budget_bytes is not None else device_kv_budget(device)
     size = size_run(config, requests, kv_bpt, budget)
-    if config.disaggregated:  # this process is the decode instance; the prefill instance is its child
-        from engine.disagg import run_disaggregated
-
-        run, engine, warm_s, fields = run_disaggregated(config, size, requests, model)
-    else:
-        run, engine, warm_s, fields = _run_one(config, size, requests, model)
-    summary, out = run.summary, run.engine
+    run, served = serve_deployment(config, size, requests, model)
+    summary, out, engine = run.summary, run.engine, served.engine
     slab = engine.executor.executor.kv
     summary.update({
         "arrivals_from_file": has_arrival_times(config.trace),
@@ -141,32 +134,12 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
         "kv_slots_peak": out.peak_slots,
         **engine.policy.settings.as_dict(),  # every setting of the policy, given or default
         "max_batch_size_capped": size.max_batch_size_capped,
-        "warmup_s": warm_s,
+        "warmup_s": served.warmup_s,
         "forward_s_total": float(out.forward_s.sum()),
-        **fields,
+        **served.fields,
         "real_wall_s": time.perf_counter() - t_total,
     })
     return run
-
-
-def _run_one(config: RealConfig, size: Sizing, requests: list[Request], model: Any
-             ) -> tuple[RealRun, Engine, float, dict[str, Any]]:
-    """Serve `requests` on one engine (this process, on `model`): its records and summary in the cluster's
-    form (a cluster of one, as a simulated run's), as `engine.disagg.run_disaggregated` returns a pair's."""
-    import pandas as pd
-
-    from sim.cluster_run import MemberRecords, iterations_frame, summarise_cluster
-
-    engine, warm_s = build_engine(config, requests, size, model)
-    out = engine.serve(requests, max_waiting=overload_limit(len(requests)))
-    kv = engine.policy.kv.capacity
-    members = [MemberRecords("replicas", 0, config.device, out.iterations, out.gaps, out.queue_at_arrival,
-                             out.seqs, out.aborted, kv)]
-    head = {"mode": "real", **{k: v for k, v in asdict(config).items() if k != "options"}}
-    result, summary = summarise_cluster(head, members, out.seqs, None, out.aborted, kv, out.wall_s)
-    run = RealRun(config, requests, summary, result, out, iterations=iterations_frame(members),
-                  replicas=pd.DataFrame(summary["replica_metrics"]))
-    return run, engine, warm_s, {}
 
 
 def write_real(run: RealRun, out: str | Path) -> None:

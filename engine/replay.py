@@ -40,21 +40,21 @@ def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any,
     at their arrivals, then the decode instance's requests when its loop took them (`kv_taken_s`), with their
     prompts cached and their first token at their KV's arrival; its frame gets a `pool` column."""
     from engine.real import twin_inputs, twin_policy
-    from policies.seq import Seq
-    from serving.handoff import arrive_with_kv, needs_decode_instance, prefill_copy
+    from serving.handoff import arrivals, arrive_with_kv
 
     reqs, policy = twin_inputs(summary)
-    seqs = [Seq.of(r) for r in reqs]
-    if not summary.get("prefill_instances"):
-        return _replay(seqs, policy, iterations, cost)
+    disaggregated = bool(summary.get("prefill_instances"))
+    served = arrivals(reqs, disaggregated)
+    if not disaggregated:
+        return _replay(served.entering, policy, iterations, cost)
     pools = iterations["pool"]
-    prefill = _replay([prefill_copy(s) for s in seqs], policy, iterations[pools == "prefill"], cost)
+    prefill = _replay(served.entering, policy, iterations[pools == "prefill"], cost)
+    copies = {c.id: c for c in served.entering}
     by_id = requests.set_index("request_id")
     taken, arrived = by_id["kv_taken_s"], by_id["first_token_s"]
-    crossed = sorted((s for s in seqs if needs_decode_instance(s) and taken[s.id] >= 0),
-                     key=lambda s: taken[s.id])
+    crossed = sorted((s for s in served.crossing.values() if taken[s.id] >= 0), key=lambda s: taken[s.id])
     for s in crossed:
-        arrive_with_kv(s, prefill_copy(s), float(arrived[s.id]))
+        arrive_with_kv(s, copies[s.id], float(arrived[s.id]))
         s.arrival_s = float(taken[s.id])  # due when the decode loop was handed it
     decode = _replay(crossed, twin_policy(summary), iterations[pools == "decode"], cost)
     decode.gaps.merge(prefill.gaps)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from policies.plan import BatchPlan
 from policies.seq import Seq
 from results.run_result import SimResult
 from serving.executor import Executor
+from serving.handoff import arrivals
 from serving.inbox import Inbox
 from serving.loop import Replica
 from serving.realtime import RealTime
@@ -59,6 +61,29 @@ class EngineResult:
         return SimResult(requests=request_frame(self.seqs), iterations=self.iterations, gaps=self.gaps,
                          queue_at_arrival=self.queue_at_arrival, aborted=self.aborted,
                          kv_capacity=kv_capacity, wall_s=self.wall_s)
+
+
+@dataclass
+class Instance:
+    """What one engine of a deployment served."""
+
+    pool: str  # "replicas" (a lone engine), "prefill" or "decode"
+    result: EngineResult
+    seqs: list[Seq]  # the requests it was handed, in order (a prefill instance's copies)
+
+
+@dataclass
+class Served:
+    """A real deployment's run (`engine.deployment`): one engine, or a prefill and a decode instance."""
+
+    engine: Engine  # this process's engine (a pair's decode instance)
+    warmup_s: float  # the longest warm-up of its engines
+    instances: list[Instance]
+    seqs: list[Seq]  # every request's final state, in arrival order
+    tokens: dict[int, list[int]]  # request id -> generated token ids
+    link: Any = None  # a pair's measured `sim.kv_link.KVLink`
+    columns: dict[str, list[float]] = field(default_factory=dict)  # the requests table's extra columns
+    fields: dict[str, Any] = field(default_factory=dict)  # what the summary adds
 
 
 class TorchBackend:
@@ -117,12 +142,18 @@ class Engine:
 
     def serve(self, requests: Sequence[Request], max_waiting: int | None = None,
               on_iteration: Callable[[BatchPlan, float, float, float], None] | None = None) -> EngineResult:
-        """Serve `requests` (sorted by arrival; arrival_s in seconds from now) in real time.
+        """Serve `requests` (sorted by arrival; arrival_s in seconds from now) in real time, a lone instance.
 
         `on_iteration(plan, start, end, forward_s)`, if given, sees every executed plan before its bookkeeping
         (e.g. to price it with a cost model next to its measured time)."""
-        seqs = [Seq.of(r) for r in requests]
         self.time.start()
+        return self.serve_ahead(arrivals(requests).entering, max_waiting, on_iteration)
+
+    def serve_ahead(self, seqs: list[Seq], max_waiting: int | None = None,
+                    on_iteration: Callable[[BatchPlan, float, float, float], None] | None = None
+                    ) -> EngineResult:
+        """Serve `seqs` on the started clock, each pushed ahead of its arrival: an entry instance's inbox (a
+        lone engine's, or a prefill instance's)."""
         return self.run(seqs, Inbox(seqs), self.time.drive, max_waiting, on_iteration)
 
     def run(self, seqs: list[Seq], inbox: Inbox, drive: Callable[[Generator[float, None, None]], None],

@@ -49,7 +49,7 @@ def resolve_device(device: str) -> Any:
 
 def _shape(spec: ModelSpec, attn_implementation: str | None) -> dict[str, Any]:
     """The config fields a Llama and a Mixtral share, from `spec`."""
-    from executor.ragged import ATTN_IMPLEMENTATION, register_attention
+    from executor.ragged_attention import ATTN_IMPLEMENTATION, register_attention
 
     if spec.mlp != "gated":
         raise InputError(f"model {spec.name!r}: only gated (SwiGLU, Llama-style) MLPs can be built "

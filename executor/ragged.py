@@ -7,7 +7,7 @@ row, positions 0..max_len-1). It is allocated once; requests never move.
 Ragged mode (`run`): each `Segment(slot, tokens, cached)` brings q new tokens of a request whose first
 c = `cached` tokens are already in its slot. All tokens of the iteration are flattened into a single
 `[1, T]` forward with position ids c..c+q-1 per segment, so the linear layers see exactly T = sum(q) rows.
-The attention function registered below (`ragged_attention`) then, per layer:
+The attention function it registers (`executor.ragged_attention`) then, per layer:
 
 1. writes each segment's new K/V into its slot at positions c..c+q-1 (one index_put for all tokens);
 2. decode rows (q = 1) run as ONE batched attention over a view of the slab: the rows lo..hi spanning their
@@ -36,18 +36,10 @@ attention runs over the row's fresh keys (a dense-masked L x L block; or, varlen
 own span) and each prompt's K/V is written to its own slot at positions 0..q-1 (unpacked), pads nowhere.
 Each prompt gets the logits it gets alone.
 
+SDPA kernels and grouped-query heads: `executor.ragged_attention`.
+
 Only the last token of each segment with `sample=True` reaches the LM head: the final hidden states are
 gathered at those rows before `lm_head`.
-
-Kernels (`executor.config.ExecutorConfig`, given to the executor): every forward runs under
-`torch.nn.attention.sdpa_kernel` with the SDPA backends its `attention` setting allows (by default never
-cuDNN, whose plans are per KV length). Grouped-query heads (G = H / KVH query heads per K/V head) never use
-`enable_gqa` under a mask nor repeated K/V heads: a non-causal call (decode rows, chunks on cached context,
-padded and dense bin-packed rows) folds each group's G heads into the query axis, `[B, KVH, G x L, D]`
-against the group's K/V, its mask repeated G times along the query axis (once per iteration; a decode row's
-one-row mask broadcasts), so the memory-efficient kernel, the one fused CUDA kernel that takes a mask, runs
-it. A causal call (a prompt from position 0) runs as one enable_gqa call where an allowed kernel takes it
-(flash in 16-bit floats), else as G calls. `attention_kernels` records which kernel each kind of call got.
 
 Everything is device-agnostic (index tensors are built on the model's device); CPU fallback is never
 silent.
@@ -56,19 +48,23 @@ silent.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from functools import cache
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 
 from common.errors import InputError
 from executor.config import DEFAULT_CONFIG, ExecutorConfig
-
-ATTN_IMPLEMENTATION = "simctl_ragged"
-BATCH_KWARG = "simctl_batch"  # the model-forward keyword that carries the layout to the attention function
+from executor.ragged_attention import (
+    ATTN_IMPLEMENTATION,
+    BATCH_KWARG,
+    Batch,
+    DecodeRows,
+    PrefillSegment,
+    attention_layout,
+    noting_kernels,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,162 +81,6 @@ class Segment:
         return len(self.tokens)
 
 
-# ---- layout handed to the attention function --------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Decodes:
-    tokens: slice | torch.Tensor  # positions of the decode rows in the flattened [T] tokens, in slot order
-    slots: slice  # the slab rows spanning their slots, lo..hi
-    rows: torch.Tensor | None  # each decode row's place in that span (None: the span has no holes)
-    kmax: int
-    mask: torch.Tensor | None  # [span, 1, 1, kmax] additive, or None when every row sees all kmax columns
-
-
-@dataclass(slots=True)
-class _Prefill:
-    start: int
-    q: int
-    slot: int
-    cached: int
-    mask: torch.Tensor | None  # [1, 1, q, c + q] additive; None: c == 0, plain causal
-
-
-@dataclass(frozen=True, slots=True)
-class _Attention:
-    """How an executor calls SDPA (`_sdpa`): the kernels it allows and its grouped-query layout."""
-
-    backends: tuple[SDPBackend, ...]
-    groups: int  # G = query heads per KV head
-    # a causal grouped-query call runs as one enable_gqa kernel (else one per query head of a group)
-    gqa_causal: bool
-
-
-@dataclass(slots=True)
-class _Batch:
-    kv: torch.Tensor
-    attn: _Attention
-    padded: bool
-    write_slot: torch.Tensor  # ragged: [T]; padded: [B, 1]
-    write_pos: torch.Tensor  # ragged: [T]; padded: [B, L]
-    decodes: _Decodes | None = None
-    prefills: list[_Prefill] = field(default_factory=list)
-    # padded mode
-    slots: slice | torch.Tensor | None = None
-    kmax: int = 0
-    mask: torch.Tensor | None = None
-    is_causal: bool = False
-    # bin-packed mode: the real (non-pad) tokens of the flattened [B x L] rows; attention within each row
-    real: torch.Tensor | None = None
-    spans: list[tuple[int, int, int]] | None = None  # varlen bin-packed: (row, start, q) of each prompt
-
-
-_BACKEND = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-            "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}
-_BACKEND_NAME = {b: name for name, b in _BACKEND.items()}
-_kernels_seen: dict[str, str] | None = None  # while `attention_kernels` runs: kind of call -> kernel chosen
-
-
-def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
-          scale: float, gqa: bool, kind: str, layout: str) -> torch.Tensor:
-    if _kernels_seen is not None:
-        kind += "_masked" if mask is not None else "_causal" if is_causal else ""
-        chosen = SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, is_causal, scale=scale,
-                                                    enable_gqa=gqa))
-        _kernels_seen.setdefault(kind, _BACKEND_NAME.get(chosen, chosen.name.lower()) + layout)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                          enable_gqa=gqa)
-
-
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
-          scale: float, attn: _Attention, kind: str) -> torch.Tensor:
-    """SDPA of q `[B, H, L, D]` against k, v `[B, KVH, K, D]`, where the G = H / KVH query heads h = j G + g
-    share K/V head j, without repeating K/V heads. A non-causal call folds each group's G heads into the query
-    axis, `[B, KVH, G L, D]` (`mask` comes folded: query axis 1, or G L as `_fold`), so every kernel that
-    takes plain heads runs it: the memory-efficient one, the only fused CUDA kernel that takes a mask, does
-    not take grouped heads. A causal call cannot fold (each head's diagonal would shift): one enable_gqa
-    call where the allowed kernels run one, else one call per head of a group."""
-    G = attn.groups
-    if G == 1:
-        return _call(q, k, v, mask, is_causal, scale, False, kind, "")
-    B, H, L, D = q.shape
-    if not is_causal:
-        return _call(q.reshape(B, H // G, G * L, D), k, v, mask, False, scale, False, kind, " (folded)"
-                     ).view(B, H, L, D)
-    if attn.gqa_causal:
-        return _call(q, k, v, None, True, scale, True, kind, " (enable_gqa)")
-    qg = q.unflatten(1, (H // G, G))
-    return torch.stack([_call(qg[:, :, g], k, v, None, True, scale, False, kind, " (per group)")
-                        for g in range(G)], 2).flatten(1, 2)
-
-
-def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: Any, scaling: float | None = None, dropout: float = 0.0,
-                     **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """The attention function registered as ATTN_IMPLEMENTATION. query `[B, H, T, D]`, key/value
-    `[B, KVH, T, D]` (rotary applied); returns `[B, T, H, D]`."""
-    batch: _Batch | None = kwargs.get(BATCH_KWARG)
-    if batch is None:
-        raise RuntimeError(f"attention {ATTN_IMPLEMENTATION!r} runs only inside RaggedExecutor (no "
-                           f"{BATCH_KWARG!r} given)")
-    scale = module.scaling if scaling is None else scaling
-    kc = batch.kv[module.layer_idx, 0]  # [S, KVH, M, D]
-    vc = batch.kv[module.layer_idx, 1]
-    if batch.real is not None:  # bin-packed rows: each prompt's KV to its own slot; attention within the row
-        B, KVH, L, D = key.shape
-        kc[batch.write_slot, :, batch.write_pos] = key.transpose(1, 2).reshape(B * L, KVH, D)[batch.real]
-        vc[batch.write_slot, :, batch.write_pos] = value.transpose(1, 2).reshape(B * L, KVH, D)[batch.real]
-        if batch.spans is None:  # one dense-masked L x L block per row
-            return _sdpa(query, key, value, batch.mask, False, scale, batch.attn,
-                         "binpacked").transpose(1, 2), None
-        out = query.new_zeros(query.shape)  # varlen: causal attention within each prompt; pads give zeros
-        for b, start, q in batch.spans:
-            part = slice(start, start + q)
-            out[b:b + 1, :, part] = _sdpa(query[b:b + 1, :, part], key[b:b + 1, :, part],
-                                          value[b:b + 1, :, part], None, True, scale, batch.attn, "binpacked")
-        return out.transpose(1, 2), None
-    if batch.padded:
-        kc[batch.write_slot, :, batch.write_pos] = key.transpose(1, 2)  # [B, L, KVH, D]
-        vc[batch.write_slot, :, batch.write_pos] = value.transpose(1, 2)
-        k = kc[batch.slots, :, :batch.kmax]
-        v = vc[batch.slots, :, :batch.kmax]
-        return _sdpa(query, k, v, batch.mask, batch.is_causal, scale, batch.attn,
-                     "padded").transpose(1, 2), None
-
-    q0 = query[0]  # [H, T, D]
-    kc[batch.write_slot, :, batch.write_pos] = key[0].transpose(0, 1)  # [T, KVH, D]
-    vc[batch.write_slot, :, batch.write_pos] = value[0].transpose(0, 1)
-    out = query.new_empty(q0.shape[1], q0.shape[0], q0.shape[2])  # [T, H, D]
-    d = batch.decodes
-    if d is not None:
-        qd = q0[:, d.tokens].transpose(0, 1).unsqueeze(2)  # [n, H, 1, D]
-        if d.rows is not None:  # holes get a zero query (finite output, dropped)
-            qd = qd.new_zeros(d.slots.stop - d.slots.start, *qd.shape[1:]).index_copy_(0, d.rows, qd)
-        o = _sdpa(qd, kc[d.slots, :, :d.kmax], vc[d.slots, :, :d.kmax], d.mask, False, scale, batch.attn,
-                  "decode")[:, :, 0]
-        out[d.tokens] = o if d.rows is None else o.index_select(0, d.rows)
-    for p in batch.prefills:
-        qp = q0[:, p.start:p.start + p.q].unsqueeze(0)  # [1, H, q, D]
-        k = kc[p.slot:p.slot + 1, :, :p.cached + p.q]
-        v = vc[p.slot:p.slot + 1, :, :p.cached + p.q]
-        out[p.start:p.start + p.q] = _sdpa(qp, k, v, p.mask, p.mask is None, scale, batch.attn,
-                                           "prefill")[0].transpose(0, 1)
-    return out.unsqueeze(0), None
-
-
-def register_attention() -> None:
-    """Register `ragged_attention` with transformers (idempotent)."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTN_IMPLEMENTATION, ragged_attention)
-
-
-register_attention()
-
-
-# ---- the executor ------------------------------------------------------------------------------------------
-
-
 def _as_index(values: list[int], device: torch.device) -> slice | torch.Tensor:
     """A slice when `values` are consecutive ascending (indexing then gives a view), else a long tensor."""
     if values and values == list(range(values[0], values[0] + len(values))):
@@ -251,25 +91,6 @@ def _as_index(values: list[int], device: torch.device) -> slice | torch.Tensor:
 def _additive(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Bool `blocked` -> additive float mask (0 where attended, -inf where blocked)."""
     return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, float("-inf"))
-
-
-@cache
-def _attention(backends: tuple[str, ...], device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int,
-               head_dim: int) -> _Attention:
-    """The attention layout of a model on `device`: whether the allowed kernels run a causal grouped-query
-    call as one enable_gqa call (tried once on a small one)."""
-    chosen = tuple(_BACKEND[b] for b in backends)
-    gqa_causal = heads == kv_heads
-    if not gqa_causal:
-        q = torch.zeros(1, heads, 8, head_dim, dtype=dtype, device=device)
-        kv = torch.zeros(1, kv_heads, 8, head_dim, dtype=dtype, device=device)
-        try:
-            with torch.inference_mode(), sdpa_kernel(list(chosen)):
-                F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
-            gqa_causal = True
-        except RuntimeError:  # "No available kernel": e.g. fp32 on CUDA, where flash does not run
-            pass
-    return _Attention(chosen, heads // kv_heads, gqa_causal)
 
 
 class RaggedExecutor:
@@ -290,7 +111,7 @@ class RaggedExecutor:
         self.max_len = int(max_len)
         self.config = config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.attn = _attention(config.backends(self.device.type), self.device, self.dtype,
+        self.attn = attention_layout(config.backends(self.device.type), self.device, self.dtype,
                                cfg.num_attention_heads, cfg.num_key_value_heads, head_dim)
         with torch.inference_mode():
             self.kv = torch.zeros(cfg.num_hidden_layers, 2, self.slots, cfg.num_key_value_heads, self.max_len,
@@ -320,7 +141,7 @@ class RaggedExecutor:
                 raise ValueError(f"segment of slot {s.slot} reaches position {end} > max_len {self.max_len}")
 
     def _fold(self, mask: torch.Tensor) -> torch.Tensor:
-        """A mask `[B, 1, L, K]` for the folded query axis of `_sdpa`: each group's G heads, L rows each (a
+        """A mask `[B, 1, L, K]` for the folded query axis of `sdpa`: each group's G heads, L rows each (a
         mask with one query row broadcasts as it is). G times the memory: built once per iteration."""
         G = self.attn.groups
         return mask if G == 1 or mask.shape[-2] == 1 else mask.repeat(1, 1, G, 1)
@@ -343,7 +164,7 @@ class RaggedExecutor:
             if s.sample:
                 sampled.append(t - 1)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
-        batch = _Batch(self.kv, self.attn, False, torch.tensor(write_slot, dtype=torch.long, device=dev), pos)
+        batch = Batch(self.kv, self.attn, False, torch.tensor(write_slot, dtype=torch.long, device=dev), pos)
 
         rows = sorted((i for i, s in enumerate(segments) if s.q == 1), key=lambda i: segments[i].slot)
         if rows:
@@ -359,7 +180,7 @@ class RaggedExecutor:
             place = None
             if hi - lo + 1 > len(rows):
                 place = torch.tensor([segments[i].slot - lo for i in rows], dtype=torch.long, device=dev)
-            batch.decodes = _Decodes(_as_index([starts[i] for i in rows], dev), slice(lo, hi + 1), place,
+            batch.decodes = DecodeRows(_as_index([starts[i] for i in rows], dev), slice(lo, hi + 1), place,
                                      kmax, mask)
         for i, s in enumerate(segments):
             if s.q > 1:
@@ -368,7 +189,7 @@ class RaggedExecutor:
                     blocked = torch.ones(s.q, s.cached + s.q, dtype=torch.bool,
                                          device=dev).triu_(s.cached + 1)
                     mask = self._fold(_additive(blocked, self.dtype)[None, None])
-                batch.prefills.append(_Prefill(starts[i], s.q, s.slot, s.cached, mask))
+                batch.prefills.append(PrefillSegment(starts[i], s.q, s.slot, s.cached, mask))
         kwargs = {"input_ids": self._token_tensor(segments)[None], "position_ids": pos[None],
                   BATCH_KWARG: batch}
         return kwargs, torch.tensor(sampled, dtype=torch.long, device=dev)
@@ -403,7 +224,7 @@ class RaggedExecutor:
                     sampled.append((b, end - 1))
                 spans.append((b, start, s.q))
                 start = end
-        batch = _Batch(self.kv, self.attn, True, torch.tensor(write_slot, dtype=torch.long, device=dev),
+        batch = Batch(self.kv, self.attn, True, torch.tensor(write_slot, dtype=torch.long, device=dev),
                        torch.tensor(write_pos, dtype=torch.long, device=dev),
                        real=torch.tensor(real, dtype=torch.long, device=dev))
         if dense:
@@ -435,7 +256,7 @@ class RaggedExecutor:
                 raise ValueError(f"kv_len {kv_len} outside {kmax}..{self.max_len}")
             kmax = int(kv_len)
         slots = [s.slot for s in segments]
-        batch = _Batch(self.kv, self.attn, True, torch.tensor(slots, dtype=torch.long, device=dev)[:, None],
+        batch = Batch(self.kv, self.attn, True, torch.tensor(slots, dtype=torch.long, device=dev)[:, None],
                        pos, slots=_as_index(slots, dev), kmax=kmax)
         if all(s.cached == 0 for s in segments) and kmax == L and not dense:
             batch.is_causal = True  # right padding: real queries only ever see real keys
@@ -509,28 +330,24 @@ def attention_kernels(model: Any, config: ExecutorConfig = DEFAULT_CONFIG) -> di
     """The SDPA kernel each kind of attention call runs under `config` on `model`'s device, dtype and heads,
     e.g. {"decode_masked": "efficient (folded)", ...}, for meta.json and summary.json: small iterations of
     every kind (prompts, decode rows of one and of mixed lengths, a chunk on cached context, padded and
-    bin-packed batches) run through the executor while `_call` notes torch's choice
-    (`torch._fused_sdp_choice`) for each kind. InputError when the configuration has no kernel for one."""
-    global _kernels_seen
+    bin-packed batches) run through the executor while `noting_kernels` notes torch's choice for
+    each kind. InputError when the configuration has no kernel for one."""
     ex = RaggedExecutor(model, 4, 16, config)
     one = [0]
-    seen: dict[str, str] = {}
-    _kernels_seen = seen
-    try:
-        ex.run([Segment(0, [0] * 5), Segment(1, [0] * 3)])  # prompts
-        ex.run([Segment(0, one, 5), Segment(1, one, 3), Segment(2, [0] * 2, 4)])  # mixed decodes, a chunk
-        ex.run([Segment(0, one, 6), Segment(1, one, 6)])  # decode rows of one length
-        ex.run_padded([Segment(0, [0] * 3), Segment(1, [0] * 2)])  # a padded prefill
-        ex.run_padded([Segment(0, one, 7), Segment(1, one, 7)], length=1)  # a padded decode of one length
-        ex.run_padded([Segment(0, [0] * 2, 8), Segment(1, one, 4)])  # padded rows under a mask
-        for dense in (True, False):
-            ex.run_binpacked([[Segment(2, [0] * 2), Segment(3, [0] * 3)]], 6, dense=dense)
-    except RuntimeError as e:
-        kind = next(reversed(seen), "some") if seen else "some"
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise InputError(f"--attention {config.attention} ({', '.join(config.backends(ex.device.type))}) has "
-                         f"no kernel for {kind} attention on {ex.device} in "
-                         f"{str(ex.dtype).removeprefix('torch.')}: {first}") from None
-    finally:
-        _kernels_seen = None
+    with noting_kernels() as seen:
+        try:
+            ex.run([Segment(0, [0] * 5), Segment(1, [0] * 3)])  # prompts
+            ex.run([Segment(0, one, 5), Segment(1, one, 3), Segment(2, [0] * 2, 4)])  # mixed decodes, a chunk
+            ex.run([Segment(0, one, 6), Segment(1, one, 6)])  # decode rows of one length
+            ex.run_padded([Segment(0, [0] * 3), Segment(1, [0] * 2)])  # a padded prefill
+            ex.run_padded([Segment(0, one, 7), Segment(1, one, 7)], length=1)  # a padded decode of one length
+            ex.run_padded([Segment(0, [0] * 2, 8), Segment(1, one, 4)])  # padded rows under a mask
+            for dense in (True, False):
+                ex.run_binpacked([[Segment(2, [0] * 2), Segment(3, [0] * 3)]], 6, dense=dense)
+        except RuntimeError as e:
+            kind = next(reversed(seen), "some") if seen else "some"
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            allowed = ", ".join(config.backends(ex.device.type))
+            raise InputError(f"--attention {config.attention} ({allowed}) has no kernel for {kind} attention "
+                             f"on {ex.device} in {str(ex.dtype).removeprefix('torch.')}: {first}") from None
     return dict(sorted(seen.items()))

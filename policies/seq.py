@@ -51,10 +51,11 @@ class Seq:
         self.preemptions = 0
 
     @classmethod
-    def of(cls, r: Request) -> Seq:
-        """The run-time state of a request that has just arrived."""
-        return cls(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.priority, r.prefix_group,
-                   r.prefix_tokens)
+    def of(cls, r: Request | Seq, output_tokens: int | None = None) -> Seq:
+        """The run-time state of a request that has just arrived (the one place a request becomes a `Seq`);
+        `output_tokens` given: of the same request asking that many tokens (a prefill instance's copy)."""
+        outputs = r.output_tokens if output_tokens is None else output_tokens
+        return cls(r.id, r.arrival_s, r.prompt_tokens, outputs, r.priority, r.prefix_group, r.prefix_tokens)
 
     @property
     def known_tokens(self) -> int:

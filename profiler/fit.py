@@ -247,13 +247,16 @@ def error_stats(kinds: np.ndarray, predicted: np.ndarray, measured: np.ndarray) 
     return out
 
 
-# ---- the roofline calibration ------------------------------------------------------------------------------
-
-
-# ---- the plot ----------------------------------------------------------------------------------------------
-
-
 # ---- the command -------------------------------------------------------------------------------------------
+def _profiled_memory(meta: dict) -> float | None:
+    """The profiled device's memory in bytes, as the profile recorded it (older profiles: another key)."""
+    for key in ("memory_bytes", "device_memory_bytes"):
+        v = meta.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
 def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout: float = 0.2, seed: int = 0,
                 roofline_gpu: str | None = None, memory_bytes: int | None = None, plot: bool = True
                 ) -> FitReport:
@@ -292,13 +295,7 @@ def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout:
     ho = error_stats(kinds[held], pred[held], y[held])
     tr = error_stats(kinds[train], pred[train], y[train])
 
-    mem = memory_bytes
-    if mem is None:
-        for key in ("memory_bytes", "device_memory_bytes"):
-            v = meta.get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
-                mem = v
-                break
+    mem = memory_bytes if memory_bytes is not None else _profiled_memory(meta)
     device = str(meta.get("device_name") or meta.get("device") or "unknown device")
     fit_info = {
         "profile": str(profile_dir),

@@ -7,7 +7,7 @@ contention). The child streams one JSON line per shape; this process shows a ric
 both files only at the end, each to a temporary name in the output folder first, then renamed (profile.csv,
 then meta.json): a failed or interrupted profile leaves the folder as it was.
 
-profile.csv: one row per shape, the columns of `profiler.workloads.COLUMNS` (see that module's table).
+profile.csv: one row per shape, the columns of `profiler.shapes.COLUMNS` (see that module's table).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from common.errors import InputError
 from executor.config import ExecutorConfig
 from executor.model import DTYPES
 from executor.runtime import default_threads, worker_env
-from profiler.workloads import COLUMNS, GRID_NAMES, PROTOCOLS
+from profiler.shape_protocol import PROTOCOLS
+from profiler.shapes import COLUMNS
+from profiler.workloads import GRID_NAMES
 
 PROFILE_FILES = ("profile.csv", "meta.json")
 
@@ -148,7 +150,7 @@ def profile(model_name: str, device: str, dtype: str, threads: int | None, quick
     threads: CPU threads of the timing process (default: `default_threads()`).
     quick: the `quick` grid (under a minute for `tiny` on a CPU) instead of `full`.
     grid: overrides `quick`: "full", "quick" or "test" (a few shapes, for tests).
-    protocol: how a shape's repetitions run (`profiler.workloads.ShapeProtocol`): "served" (contexts and slab
+    protocol: how a shape's repetitions run (`profiler.shape_protocol`): "served" (contexts and slab
     rows vary from call to call, as in serving) or "fixed" (the same shape every call).
     attention: the SDPA kernels (`executor.config.ATTENTION`), recorded in meta.json with those each kind of
     call ran.

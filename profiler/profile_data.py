@@ -32,6 +32,47 @@ OPTIONAL_COLUMNS: tuple[str, ...] = ("decode_pad_kv",)
 
 
 
+def _numbers(raw: pd.Series, col: str, csv: Path) -> pd.Series:
+    """A numeric column of profile.csv as float64: finite, not negative (time_s and reps: positive)."""
+    num = pd.to_numeric(raw, errors="coerce").astype(np.float64)
+    bad = ~np.isfinite(num.to_numpy())
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InputError(f"profile {csv}: line {i + 2}: {col} = {raw.iloc[i]!r} is not a finite number")
+    if col not in ("time_s", "reps"):
+        neg = num.to_numpy() < 0.0
+        if neg.any():
+            i = int(np.argmax(neg))
+            raise InputError(f"profile {csv}: line {i + 2}: {col} = {raw.iloc[i]!r} is negative")
+    else:
+        nonpos = num.to_numpy() <= 0
+        if nonpos.any():
+            i = int(np.argmax(nonpos))
+            raise InputError(f"profile {csv}: line {i + 2}: {col} = {raw.iloc[i]!r} must be > 0")
+    return num
+
+
+def _read_meta(meta_path: Path) -> dict[str, Any]:
+    """meta.json, checked for what a fit reads of it."""
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"profile {meta_path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"profile {meta_path}: not a JSON object")
+    for key in ("model", "model_shape", "dtype"):
+        if key not in meta:
+            raise InputError(f"profile {meta_path}: missing key {key!r}")
+    if not isinstance(meta["model"], str) or not meta["model"]:
+        raise InputError(f"profile {meta_path}: model must be a non-empty string")
+    try:
+        model_spec_from_shape(meta["model"], meta["model_shape"])
+        dtype_bytes_of(meta["dtype"])
+    except InputError as e:
+        raise InputError(f"profile {meta_path}: {e}") from None
+    return meta
+
+
 def load_profile(profile_dir: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     """profile.csv as a validated frame and meta.json as a dict; InputError (one line, naming the file)."""
     d = Path(profile_dir)
@@ -65,41 +106,8 @@ def load_profile(profile_dir: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]
         raise InputError(f"profile {csv}: line {int(np.argmax(bad.to_numpy())) + 2}: empty kind")
     df["kind"] = kinds
     for col in NUMERIC_COLUMNS:
-        raw = df[col]
-        num = pd.to_numeric(raw, errors="coerce").astype(np.float64)
-        bad = ~np.isfinite(num.to_numpy())
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise InputError(f"profile {csv}: line {i + 2}: {col} = {raw.iloc[i]!r} is not a finite number")
-        low = 0.0 if col not in ("time_s", "reps") else None
-        if low is not None:
-            neg = num.to_numpy() < low
-            if neg.any():
-                i = int(np.argmax(neg))
-                raise InputError(f"profile {csv}: line {i + 2}: {col} = {raw.iloc[i]!r} is negative")
-        else:
-            nonpos = num.to_numpy() <= 0
-            if nonpos.any():
-                i = int(np.argmax(nonpos))
-                raise InputError(f"profile {csv}: line {i + 2}: {col} = {raw.iloc[i]!r} must be > 0")
-        df[col] = num
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"profile {meta_path}: not valid JSON ({e})") from None
-    if not isinstance(meta, dict):
-        raise InputError(f"profile {meta_path}: not a JSON object")
-    for key in ("model", "model_shape", "dtype"):
-        if key not in meta:
-            raise InputError(f"profile {meta_path}: missing key {key!r}")
-    if not isinstance(meta["model"], str) or not meta["model"]:
-        raise InputError(f"profile {meta_path}: model must be a non-empty string")
-    try:
-        model_spec_from_shape(meta["model"], meta["model_shape"])
-        dtype_bytes_of(meta["dtype"])
-    except InputError as e:
-        raise InputError(f"profile {meta_path}: {e}") from None
-    return df, meta
+        df[col] = _numbers(df[col], col, csv)
+    return df, _read_meta(meta_path)
 
 
 

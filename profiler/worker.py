@@ -32,7 +32,7 @@ How a shape is timed (the measurement is the limit of the fit, so it is built fo
   estimator that kept only the faster half of the blocks made real runs 5-10% slower than their repriced
   iterations (simctl issue 4). A shape with no quiet block at all uses its least contended third of blocks
   and is listed in meta.json (`timing.shapes_without_quiet_block`): re-profile on a quieter machine.
-- Served shapes (`profiler.workloads.ShapeProtocol`, `--protocol served`, the default). Serving never runs
+- Served shapes (`profiler.shape_protocol`, `--protocol served`, the default). Serving never runs
   the same iteration twice: contexts grow by a token a step and requests sit in whichever slab rows they hold.
   A profile that repeats one shape in the same rows lets every cache keyed on it stay warm (on an H100,
   SDPA's cuDNN backend built a new plan per KV length: 124-127 ms a decode step in serving vs 31-42 ms
@@ -59,80 +59,29 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import gc
 import json
 import math
 import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from typing import Any, TextIO
 
-import numpy as np
-
 from common.errors import InputError
 from executor.runtime import cpu_name
-from profiler.workloads import PROTOCOLS, Shape, ShapeProtocol
+from profiler.shape_protocol import PROTOCOLS, ShapeProtocol
+from profiler.shapes import Shape
+from profiler.sweeps import QUIET_SHARE, Block, Sweeps, summarize_blocks
 
-QUIET_SHARE = 0.05  # a block is quiet if other processes used at most this share of the machine's CPU
+# profiler/vllm_worker.py (which other work is changing) imports the blocks' names from here
+__all__ = ["QUIET_SHARE", "Block", "Worker", "main", "summarize_blocks"]
+
 DEFAULT_CPU_KV_BYTES = 512 * 2 ** 20  # KV slab cap per shape on the CPU (a shared machine)
 KEEP_CPU_BYTES = 2 * 2 ** 30  # KV slabs kept allocated between visits of their shapes (CPU; see _measure)
-WARM_ALWAYS_S = 0.02  # a call shorter than this gets a warm-up call before every block, even when kept
 GPU_KV_SHARE = 0.5  # share of the free device memory (after the weights) a shape's KV slab may take
 WARMUP_S = 1.0  # seconds of whole-model warm-up before the first shape (thread pools, allocator, caches)
-
-
-@dataclass(slots=True)
-class Block:
-    """One visit's timed repetitions of a shape, and the rest of the machine's CPU use meanwhile."""
-
-    times: list[float]
-    foreign: float  # other processes' CPU time / the machine's capacity during the block
-    quiet: bool  # foreign at most QUIET_SHARE (plus a tick)
-
-
-def select_blocks(bs: list[Block]) -> list[Block]:
-    """The blocks a shape's time is taken from: its quiet blocks, or, if it has none, its least contended
-    third of blocks (at least one)."""
-    return [b for b in bs if b.quiet] or sorted(bs, key=lambda b: b.foreign)[:max(1, len(bs) // 3)]
-
-
-def summarize_blocks(blocks: list[list[Block]], grid: Any, monitor: Any
-                     ) -> tuple[list[dict[str, float]], dict[str, Any]]:
-    """Per shape: reps, time_s, time_p10_s, time_p90_s (median and 10th/90th percentiles of the repetitions
-    of `select_blocks`); and a summary of the timing for meta.json."""
-    from profiler.timing import summarize
-
-    rows, no_quiet = [], []
-    for i, bs in enumerate(blocks):
-        if not any(b.quiet for b in bs):
-            no_quiet.append(grid.shapes[i].label())
-        times = [t for b in select_blocks(bs) for t in b.times]
-        rows.append({"reps": len(times), **summarize(times)})
-    every = [b for bs in blocks for b in bs]
-    wall = np.array([sum(b.times) for b in every])
-    spread = [r["time_p90_s"] / r["time_p10_s"] for r in rows]
-    quiet_spread = []
-    for bs in blocks:  # how far a shape's quiet blocks' medians stray from their median
-        m = np.array([np.median(b.times) for b in bs if b.quiet])
-        if len(m) >= 3:
-            quiet_spread.append(float(np.median(np.abs(np.log(m / np.median(m))))))
-    timing = {
-        "estimator": "median (and 10th/90th percentiles) of the repetitions of the blocks timed while the "
-                     "rest of the machine was idle (quiet)",
-        "quiet_share": QUIET_SHARE,
-        "cpu_monitor": bool(monitor.available),
-        "blocks": len(every),
-        "quiet_blocks": sum(b.quiet for b in every),
-        "quiet_blocks_wanted_per_shape": grid.quiet_blocks,
-        "foreign_cpu_share": float(np.average([b.foreign for b in every], weights=wall)) if every else 0.0,
-        "shapes_without_quiet_block": no_quiet,
-        "median_p90_over_p10": float(np.median(spread)) if spread else None,
-        "median_quiet_block_deviation": float(np.median(quiet_spread)) if quiet_spread else None,
-    }
-    return rows, timing
 
 
 def _load() -> list[float] | None:
@@ -202,110 +151,8 @@ class Worker:
 
     def _measure(self, grid: Any, model: Any, executor_cls: Any, monitor: Any, deadline: float
                  ) -> list[list[Block]]:
-        """Blocks of timed repetitions of every shape of `grid` (see the module docstring): `grid.passes`
-        sweeps in a fresh seeded order each, then re-timing of the shapes with fewer than `grid.quiet_blocks`
-        quiet blocks, most needed first, until they have them or `deadline` (perf_counter seconds) passes."""
-        from profiler.timing import adaptive_reps, time_fn
-
-        n = len(grid.shapes)
-        blocks: list[list[Block]] = [[] for _ in range(n)]
-        runs = grid.repetitions()
-        tokens = [self._tokens(shape) for shape in grid.shapes]
-        calls = [0] * n  # calls of each shape so far, warm-ups included: the next is runs[i].call(calls[i])
-        per_block = [1] * n
-        n_blocks = [grid.passes] * n  # blocks a shape gets: `passes`, fewer for shapes of fewer repetitions
-        cost = [0.0] * n  # seconds a visit takes (warm-up + block), from the first visit
-        rng = np.random.default_rng(self.seed)
-        total = n * grid.passes
-        done = 0
-        # Executors (KV slabs) kept between visits, smallest slabs first, within a memory allowance: a kept
-        # executor's next visit needs no warm-up when a call is long (its first call is then within ~1% of
-        # the next ones; a freshly allocated slab's first call is 3-4% slower).
-        kept: dict[int, Any] = {}
-        allowance = self._keep_bytes()
-        for i in sorted(range(n), key=lambda i: runs[i].kv_tokens):
-            need = runs[i].kv_tokens * self._kv_bpt
-            if need > allowance:
-                break
-            kept[i] = None
-            allowance -= need
-
-        def visit(i: int, first: bool) -> None:
-            start = time.perf_counter()
-            executor = kept.get(i)
-            fresh = executor is None
-            if fresh:
-                executor = executor_cls(model, *runs[i].slab)
-                if i in kept:
-                    kept[i] = executor
-
-            def next_call() -> tuple[Shape, list[Any]]:  # untimed: the shape and segments of the next call
-                shape, base = runs[i].call(calls[i])
-                calls[i] += 1
-                return shape, self._segments(shape, tokens[i], base)
-
-            def fn(call: tuple[Shape, list[Any]]) -> Any:
-                return self._run(executor, *call)
-
-            gc.disable()  # no collector pauses inside timed calls (as timeit does)
-            try:
-                if first:  # the warm-up call, timed, sizes the repetitions and the blocks
-                    est = time_fn(fn, max(grid.warmup - 1, 0), 1, self.device, next_call)
-                    reps = adaptive_reps(est[0], grid.budget_s, grid.min_reps, grid.max_reps)
-                    n_blocks[i] = max(1, min(grid.passes, reps))
-                    per_block[i] = max(1, round(reps / n_blocks[i]))
-                elif grid.warmup and (fresh or np.median(blocks[i][-1].times) < WARM_ALWAYS_S):
-                    time_fn(fn, grid.warmup - 1, 1, self.device, next_call)
-                r0, w0 = monitor.read(), time.perf_counter()
-                times = time_fn(fn, 0, per_block[i], self.device, next_call)
-                wall = time.perf_counter() - w0
-                r1 = monitor.read()
-            finally:
-                gc.enable()
-            blocks[i].append(Block(times, monitor.foreign_share(r0, r1, wall),
-                                   monitor.quiet(r0, r1, wall, QUIET_SHARE)))
-            if first:
-                cost[i] = time.perf_counter() - start
-
-        def visits(i: int, sweep: int) -> bool:
-            """Whether shape i is timed in this sweep: every shape in the first; then its other blocks spread
-            evenly over the remaining sweeps (a long shape has fewer, one repetition each)."""
-            if sweep == 0:
-                return True
-            m, p = n_blocks[i] - 1, grid.passes - 1
-            return (sweep * m) // p > ((sweep - 1) * m) // p
-
-        for sweep in range(grid.passes):
-            order = list(range(n)) if sweep == 0 else rng.permutation(n).tolist()
-            for i in order:
-                if not visits(i, sweep):
-                    continue
-                if sweep > 0 and time.perf_counter() + cost[i] > deadline:
-                    continue  # out of time: this shape keeps the blocks it has
-                visit(i, sweep == 0)
-                done += 1
-                # progress in sweeps: the first sweep counts one step a shape, the others share the rest
-                steps = done if sweep == 0 else n + round(
-                    (done - n) * (total - n) / max(sum(n_blocks) - n, 1))
-                self.emit(event="progress", done=min(steps, total), total=total, label=grid.shapes[i].label(),
-                          time_s=float(np.median([t for b in blocks[i] for t in b.times])))
-        # Re-time the shapes still short of quiet blocks (the machine was busy when their turn came).
-        while grid.quiet_blocks > 0:
-            short = [i for i in range(n) if sum(b.quiet for b in blocks[i]) < grid.quiet_blocks
-                     and time.perf_counter() + cost[i] <= deadline]
-            if not short:
-                break
-            fewest = min(sum(b.quiet for b in blocks[i]) for i in short)
-            for i in rng.permutation([i for i in short
-                                      if sum(b.quiet for b in blocks[i]) == fewest]).tolist():
-                if time.perf_counter() + cost[i] > deadline:
-                    continue
-                visit(i, False)
-                self.emit(event="progress", done=min(done, total), total=total,
-                          label=f"re-timing {grid.shapes[i].label()}",
-                          time_s=float(np.median([t for b in blocks[i] for t in b.times])))
-        kept.clear()
-        return blocks
+        """Blocks of timed repetitions of every shape of `grid` (`profiler.sweeps.Sweeps`)."""
+        return Sweeps(self, grid, model, executor_cls, monitor, deadline).run()
 
     def _keep_bytes(self) -> int:
         """Memory the kept executors' KV slabs may take: on the CPU a share of the machine's memory (at most
@@ -320,12 +167,11 @@ class Worker:
 
     def run(self) -> None:
         import torch
-        import transformers
 
         from executor.model import build_model
-        from executor.ragged import ATTN_IMPLEMENTATION, RaggedExecutor, attention_kernels
+        from executor.ragged import RaggedExecutor, attention_kernels
         from profiler.timing import CpuMonitor
-        from profiler.workloads import build_grid, prefill
+        from profiler.workloads import build_grid
 
         t_start = time.perf_counter()
         load_start = _load()
@@ -341,17 +187,7 @@ class Worker:
         self.emit(event="start", shapes=len(grid.shapes), total=len(grid.shapes) * grid.passes,
                   skipped=grid.skipped)
 
-        # Warm up the whole stack (thread pool start, allocator, first-call dispatch) before any shape.
-        warm = prefill(min(128, self.spec.max_position))
-        ex = executor_cls(model, 1, warm.max_len)
-        segs = self._segments(warm, self._tokens(warm))
-        t0 = time.perf_counter()
-        while True:
-            ex.run(segs)
-            if time.perf_counter() - t0 > (WARMUP_S if grid.budget_s > 0 else 0.0):
-                break
-        del ex
-
+        self._warm_up(model, executor_cls, WARMUP_S if grid.budget_s > 0 else 0.0)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         monitor = CpuMonitor()
@@ -360,7 +196,35 @@ class Worker:
         for i, shape in enumerate(grid.shapes):
             self.emit(event="row", index=i, label=shape.label(), row={**shape.features(), **rows[i]})
 
-        meta = {
+        meta = {**self._setting_meta(grid), "timing": timing, "attention_kernels": kernels,
+                "kv_bytes_per_token": kv_bpt, "weight_bytes": weight_bytes,
+                "peak_memory_bytes": (torch.cuda.max_memory_allocated(self.device)
+                                      if self.device.type == "cuda" else None),
+                "load_avg_start": load_start, "load_avg_end": _load(),
+                "wall_s": round(time.perf_counter() - t_start, 3)}
+        self.emit(event="done", meta=meta)
+
+    def _warm_up(self, model: Any, executor_cls: Any, seconds: float) -> None:
+        """Warm up the whole stack (thread pool start, allocator, first-call dispatch) before any shape."""
+        from profiler.shapes import prefill
+
+        warm = prefill(min(128, self.spec.max_position))
+        ex = executor_cls(model, 1, warm.max_len)
+        segs = self._segments(warm, self._tokens(warm))
+        t0 = time.perf_counter()
+        while True:
+            ex.run(segs)
+            if time.perf_counter() - t0 > seconds:
+                break
+
+    def _setting_meta(self, grid: Any) -> dict[str, Any]:
+        """What meta.json records of the profile's settings, software and machine."""
+        import torch
+        import transformers
+
+        from executor.ragged_attention import ATTN_IMPLEMENTATION
+
+        return {
             "model": self.spec.name,
             "model_shape": asdict(self.spec),
             "device": str(self.device),
@@ -385,25 +249,15 @@ class Worker:
             "passes": grid.passes,
             "shape_protocol": grid.protocol_meta(),
             "max_wall_s": grid.max_wall_s if math.isfinite(grid.max_wall_s) else None,
-            "timing": timing,
             "attn_implementation": ATTN_IMPLEMENTATION,
             "executor_config": self.executor_config.record(str(self.device)),
-            "attention_kernels": kernels,
             "executor": "ragged [1, T] forward over a per-layer KV slab, per-segment SDPA; padded kinds run "
                         "a real [B, L] batch; LM head on sampled rows only",
-            "kv_bytes_per_token": kv_bpt,
             "kv_bytes_per_token_spec": self.spec.kv_bytes_per_token(self.dtype.itemsize),
-            "weight_bytes": weight_bytes,
-            "peak_memory_bytes": (torch.cuda.max_memory_allocated(self.device)
-                                  if self.device.type == "cuda" else None),
             "prompt_sets": grid.prompt_sets,
             "skipped_shapes": grid.skipped,
             "num_shapes": len(grid.shapes),
-            "load_avg_start": load_start,
-            "load_avg_end": _load(),
-            "wall_s": round(time.perf_counter() - t_start, 3),
         }
-        self.emit(event="done", meta=meta)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,7 @@ from simpy.events import URGENT
 
 from policies.base import Policy
 from policies.seq import Seq
-from serving.handoff import arrive_with_kv, needs_decode_instance, prefill_copy
+from serving.handoff import arrivals, arrive_with_kv
 from serving.inbox import Inbox
 from serving.loop import Replica
 from serving.routed import HELD, RoutedInbox, RoutedTime
@@ -163,8 +163,8 @@ class Cluster:
         """Serve `requests` (in arrival order); `progress(arrived, total)` every few thousand events, if
         given. Returns each request's `Seq`, filled in."""
         env = self.env
-        seqs = [Seq.of(r) for r in requests]
-        entering = seqs if self.decode is None else [self._prefill_copy(s) for s in seqs]
+        served = arrivals(requests, disaggregated=self.decode is not None)
+        seqs, entering, self.originals = served.seqs, served.entering, served.crossing
         if len(self.entry.members) == 1:
             self.entry.members[0].take_ahead(entering)
         for m in self.members:
@@ -188,14 +188,6 @@ class Cluster:
     def arrived(self) -> int:
         """Requests handed to an entry replica's policy so far."""
         return sum(len(m.replica.records.queue_at_arrival) for m in self.entry.members)
-
-    def _prefill_copy(self, seq: Seq) -> Seq:
-        """What a prefill instance serves of `seq`: its prefill copy, or itself when one token is all it
-        asks."""
-        if not needs_decode_instance(seq):
-            return seq
-        self.originals[seq.id] = seq
-        return prefill_copy(seq)
 
     def _next_arrival(self) -> None:
         seq = next(self._arrivals, None)

@@ -2,7 +2,7 @@
 grouped-query calls folded into the query axis rather than `enable_gqa` or repeated K/V heads, and the kernels
 recorded.
 
-Exactness: `_sdpa` against a float64 reference with repeated K/V heads on random shapes (GQA 4/2 as `tiny`,
+Exactness: `sdpa` against a float64 reference with repeated K/V heads on random shapes (GQA 4/2 as `tiny`,
 and others), and whole iterations (decode rows with holes and mixed contexts, chunks on cached context, padded
 and bin-packed batches) against transformers' own SDPA model under every attention setting this device has.
 The CUDA tests skip without a GPU."""
@@ -25,10 +25,11 @@ from torch.nn.attention import sdpa_kernel
 
 from catalogue.models import get_model
 from common.errors import InputError
-from executor import ragged
+from executor import ragged_attention
 from executor.config import ATTENTION, ExecutorConfig, check_same
 from executor.model import build_model, reference_model
-from executor.ragged import RaggedExecutor, Segment, _Attention, _sdpa, attention_kernels
+from executor.ragged import RaggedExecutor, Segment, attention_kernels
+from executor.ragged_attention import AttentionLayout, sdpa
 
 pytestmark = pytest.mark.torch
 
@@ -77,23 +78,23 @@ def test_folded_and_per_group_attention_match_repeated_heads(setting, case):
     K = L + int(torch.randint(0, 20, (1,), generator=g))
     scale = 0.25
     backends = ExecutorConfig(setting).backends("cpu")
-    chosen = tuple(ragged._BACKEND[b] for b in backends)
+    chosen = tuple(ragged_attention.BACKENDS[b] for b in backends)
     q, k, v, mask = random_case(g, B, KVH, G, L, K)
     with torch.inference_mode(), sdpa_kernel(list(chosen)):
-        got = _sdpa(q, k, v, fold(mask, G), False, scale, _Attention(chosen, G, True), "x")
+        got = sdpa(q, k, v, fold(mask, G), False, scale, AttentionLayout(chosen, G, True), "x")
         assert (got.double() - reference(q, k, v, mask, False, scale)).abs().max() < 1e-5
         decode = mask[:, :, :1]  # one query row: the mask broadcasts over the folded heads
-        got = _sdpa(q[:, :, :1], k, v, decode, False, scale, _Attention(chosen, G, True), "x")
+        got = sdpa(q[:, :, :1], k, v, decode, False, scale, AttentionLayout(chosen, G, True), "x")
         assert (got.double() - reference(q[:, :, :1], k, v, decode, False, scale)).abs().max() < 1e-5
         kc, vc = k[:, :, :L], v[:, :, :L]
         expect = reference(q, kc, vc, None, True, scale)
         for gqa_causal in (True, False):  # one enable_gqa call, or one call per head of a group
-            got = _sdpa(q, kc, vc, None, True, scale, _Attention(chosen, G, gqa_causal), "x")
+            got = sdpa(q, kc, vc, None, True, scale, AttentionLayout(chosen, G, gqa_causal), "x")
             assert (got.double() - expect).abs().max() < 1e-5
     # not vacuous: the heads of a group read their own queries, and a fold that ignored the mask is far off
     if G > 1 and mask[..., 1:].isinf().any():
         with torch.inference_mode():
-            unmasked = _sdpa(q, k, v, None, False, scale, _Attention(chosen, G, True), "x")
+            unmasked = sdpa(q, k, v, None, False, scale, AttentionLayout(chosen, G, True), "x")
         assert (unmasked.double() - reference(q, k, v, mask, False, scale)).abs().max() > 1e-3
 
 
@@ -144,24 +145,24 @@ def test_kernels_of_every_kind_are_recorded(models):
     assert auto["decode_masked"] == "flash (folded)" and auto["prefill_causal"] == "flash (enable_gqa)"
     assert set(attention_kernels(model,
                                  ExecutorConfig("math")).values()) == {"math (folded)", "math (enable_gqa)"}
-    assert ragged._kernels_seen is None  # recording stops with the probe
+    assert ragged_attention._kernels_seen is None  # recording stops with the probe
 
 
 def test_a_setting_without_a_kernel_for_a_kind_is_refused_naming_it(models, monkeypatch):
     _, model, _ = models
-    sdpa = ragged.F.scaled_dot_product_attention
+    real_sdpa = ragged_attention.F.scaled_dot_product_attention
 
     def no_masks(q, k, v, attn_mask=None, **kw):
         if attn_mask is not None:
             raise RuntimeError("No available kernel. Aborting execution.")
-        return sdpa(q, k, v, attn_mask=attn_mask, **kw)
+        return real_sdpa(q, k, v, attn_mask=attn_mask, **kw)
 
-    monkeypatch.setattr(ragged.F, "scaled_dot_product_attention", no_masks)
+    monkeypatch.setattr(ragged_attention.F, "scaled_dot_product_attention", no_masks)
     with pytest.raises(InputError,
                        match=r"--attention flash \(flash\) has no kernel for decode_masked attention "
                                          r"on cpu in float32: No available kernel"):
         attention_kernels(model, ExecutorConfig("flash"))
-    assert ragged._kernels_seen is None
+    assert ragged_attention._kernels_seen is None
 
 
 def test_executor_config_values_and_records():
@@ -202,13 +203,14 @@ def test_a_fit_refuses_a_run_made_with_other_kernels():
 @pytest.mark.parametrize("setting", ["auto", "efficient", "flash"])
 def test_cuda_folded_attention_matches_repeated_heads(dtype, setting):
     g = torch.Generator().manual_seed(0)
-    chosen = tuple(ragged._BACKEND[b] for b in ExecutorConfig(setting).backends("cuda"))
+    chosen = tuple(ragged_attention.BACKENDS[b] for b in ExecutorConfig(setting).backends("cuda"))
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    attn = ragged._attention(ExecutorConfig(setting).backends("cuda"), torch.device("cuda"), dtype, 8, 2, 16)
+    backends = ExecutorConfig(setting).backends("cuda")
+    attn = ragged_attention.attention_layout(backends, torch.device("cuda"), dtype, 8, 2, 16)
     q, k, v, mask = random_case(g, 3, 2, 4, 5, 37, "cuda", dtype)
     with torch.inference_mode(), sdpa_kernel(list(chosen)):
         try:
-            got = _sdpa(q[:, :, :1], k, v, mask[:, :, :1], False, 0.125, attn, "x")  # masked decode rows
+            got = sdpa(q[:, :, :1], k, v, mask[:, :, :1], False, 0.125, attn, "x")  # masked decode rows
         except RuntimeError:
             assert setting == "flash"  # flash takes no mask: refused, never silently another kernel
         else:
@@ -216,7 +218,7 @@ def test_cuda_folded_attention_matches_repeated_heads(dtype, setting):
                                              0.125)).abs().max() < tol
         kc, vc = k[:, :, :5], v[:, :, :5]
         try:
-            got = _sdpa(q, kc, vc, None, True, 0.125, attn, "x")
+            got = sdpa(q, kc, vc, None, True, 0.125, attn, "x")
         except RuntimeError:
             assert setting == "flash" and dtype == torch.float32  # flash needs 16-bit floats
         else:

@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 from conftest import TinyCost
 from test_engine import MODEL, REQUESTS, SEED, SPEC
 
-from engine.disagg import run_disaggregated
+from engine.deployment import serve_deployment
 from engine.setup import RealConfig, size_run
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
@@ -34,8 +34,8 @@ def serve_pd(model, policy: str, kv_capacity: int | None = None, **options):
                         threads=1, prefill_instances=1, decode_instances=1)
     config.validate()
     size = size_run(config, REQUESTS, SPEC.kv_bytes_per_token(4), 1 << 30)
-    run, _, _, fields = run_disaggregated(config, size, REQUESTS, model)
-    return run, fields, size
+    run, served = serve_deployment(config, size, REQUESTS, model)
+    return run, served.fields, size
 
 
 @pytest.mark.parametrize("policy,kv_capacity,options", [

@@ -26,18 +26,18 @@ from common.errors import InputError
 from executor.model import build_model, reference_model
 from executor.ragged import RaggedExecutor, Segment
 from profiler.profile import profile
-from profiler.timing import CpuMonitor, summarize, time_fn
-from profiler.worker import Block, select_blocks
-from profiler.workloads import (
+from profiler.shapes import (
     COLUMNS,
     KINDS,
     binpacked_prompts,
-    build_grid,
     decode_mixed,
     hybrid,
     padded_decode,
     padded_insertion,
 )
+from profiler.sweeps import Block, select_blocks
+from profiler.timing import CpuMonitor, summarize, time_fn
+from profiler.workloads import build_grid
 
 pytestmark = pytest.mark.torch
 

@@ -1,4 +1,4 @@
-"""The served-shape protocol (profiler/workloads.py: ShapeProtocol): a shape's calls move its cached contexts
+"""The served-shape protocol (profiler/shape_protocol.py): a shape's calls move its cached contexts
 by a few tokens, symmetric around the shape, and its slab rows, within the model's positions and the slab; the
 profile keeps the nominal shape's features; `fixed` repeats the shape exactly."""
 
@@ -10,12 +10,10 @@ import pandas as pd
 import pytest
 
 from common.errors import InputError
-from profiler.workloads import (
+from profiler.shape_protocol import ShapeProtocol
+from profiler.shapes import (
     FEATURES,
-    Grid,
-    ShapeProtocol,
     binpacked_prompts,
-    build_grid,
     decode,
     decode_mixed,
     hybrid,
@@ -24,6 +22,7 @@ from profiler.workloads import (
     padded_insertion,
     prefill,
 )
+from profiler.workloads import Grid, build_grid
 
 pytestmark = pytest.mark.torch
 

@@ -136,7 +136,6 @@ def build_trace(
     rng = np.random.default_rng(seed)
 
     priority: list[int] = []
-    # (prefix_group, prefix_tokens) per request, when the file gives them
     prefixes: list[tuple[int, int]] = []
     if isinstance(source, str):
         if num_requests is None:
@@ -144,24 +143,8 @@ def build_trace(
         prompts, outputs = sample_lengths(source, num_requests, rng)
         arrivals = _arrivals(num_requests, qps, arrival, cv, rng)
     else:
-        n = len(source) if num_requests is None else num_requests
-        if n > len(source):
-            raise InputError(
-                f"trace file {source.path}: {n} requests asked for but it has only {len(source)}"
-            )
-        prompts, outputs = source.prompt_tokens[:n], source.output_tokens[:n]
-        if source.priority is not None:
-            priority = source.priority[:n].tolist()
-        if source.prefix_group is not None and source.prefix_tokens is not None:
-            prefixes = list(zip(source.prefix_group[:n].tolist(), source.prefix_tokens[:n].tolist()))
-        if source.arrival_s is not None:
-            if arrival != "poisson" or cv != 1.0:
-                raise InputError(f"trace file {source.path} gives its own arrival times: --arrival and --cv "
-                                 "describe generated ones (drop them, or the file's arrival column)")
-            arrivals = source.arrival_s[:n] if qps is None else _time_scaled(
-                source, source.arrival_s[:n], qps)
-        else:
-            arrivals = _arrivals(n, qps, arrival, cv, rng)
+        prompts, outputs, arrivals, priority, prefixes = _from_file(source, num_requests, qps, arrival, cv,
+                                                                    rng)
 
     prompts, outputs = np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
     if scale != 1.0:
@@ -179,6 +162,29 @@ def build_trace(
         requests = [replace(r, prefix_group=g, prefix_tokens=t)
                     for r, (g, t) in zip(requests, prefixes, strict=True)]
     return requests
+
+
+def _from_file(source: LoadedTrace, num_requests: int | None, qps: float | None, arrival: str, cv: float,
+               rng: np.random.Generator
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], list[tuple[int, int]]]:
+    """A trace file's first `num_requests` (all: None) prompt and output lengths, arrival times (the file's,
+    time-scaled to `qps` if given, else generated), priorities and (prefix_group, prefix_tokens) where the
+    file gives them (else empty)."""
+    n = len(source) if num_requests is None else num_requests
+    if n > len(source):
+        raise InputError(f"trace file {source.path}: {n} requests asked for but it has only {len(source)}")
+    priority = source.priority[:n].tolist() if source.priority is not None else []
+    prefixes = []
+    if source.prefix_group is not None and source.prefix_tokens is not None:
+        prefixes = list(zip(source.prefix_group[:n].tolist(), source.prefix_tokens[:n].tolist()))
+    if source.arrival_s is not None:
+        if arrival != "poisson" or cv != 1.0:
+            raise InputError(f"trace file {source.path} gives its own arrival times: --arrival and --cv "
+                             "describe generated ones (drop them, or the file's arrival column)")
+        arrivals = source.arrival_s[:n] if qps is None else _time_scaled(source, source.arrival_s[:n], qps)
+    else:
+        arrivals = _arrivals(n, qps, arrival, cv, rng)
+    return source.prompt_tokens[:n], source.output_tokens[:n], arrivals, priority, prefixes
 
 
 def aligned(tokens: float) -> int:

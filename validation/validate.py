@@ -65,26 +65,19 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from common.errors import InputError
-from costs.base import ScaledCost
 from costs.provenance import check_fitted_run, fitted_dtype
-from engine.replay import iteration_evidence, merge_replays, replay_real
 from results.validation_report import (
-    METRICS,
     VALIDATION_FILES,
-    RunPair,
     ValidationReport,
-    fmt_err,
-    fmt_ratio,
     load_report,
     pct_error,
 )
-from studies.capacity import SLO, CapacityResult, check_probe_requests, search_qps
-from validation.machine_load import LoadMeter, loadavg, wait_quiet
+from studies.capacity import SLO, check_probe_requests
+from validation.compare import compare_run
+from validation.machine_load import loadavg
 from validation.report import write_report
+from validation.stages import Findings, Validation, simulated_capacity
 from validation.twin import (
     DEFAULT_NUM_REQUESTS,
     DEFAULT_SCALE,
@@ -96,38 +89,14 @@ from validation.twin import (
     fitted_executor,
     load_cost,
     real_dirs,
-    simulate_twin,
     twin_summary,
 )
 
 DEFAULT_LOADS = (0.5, 0.7)
 DEFAULT_SLO = SLO()  # sustainable, median scheduling delay <= 2 s
 MAX_LOAD = 10.0
-SIM_REL_TOL = 0.01  # the simulated capacity's bisection (cheap: milliseconds per probe)
-SIM_MAX_PROBES = 40
-REAL_REL_TOL = 0.03
-REAL_STEP = 1.25  # real capacity: bracket by this factor around the simulated capacity...
-MAX_REAL_PROBES = 6  # ...with at most this many real runs per policy
 MAX_REPEATS = 20
 VALIDATION_DIRS = ("runs", "capacity")  # beside VALIDATION_FILES in `out`
-
-
-# ---- bisection over QPS (one search, any probe) ------------------------------------------------------------
-
-
-def bracket(result: CapacityResult) -> tuple[float, float | None]:
-    """(highest rate that met the SLO, lowest rate above it that did not; None if none was probed)."""
-    above = [p["qps"] for p in result.probes if not p["slo_met"] and p["qps"] > result.qps]
-    return result.qps, (min(above) if above else None)
-
-
-# ---- the twin setup ----------------------------------------------------------------------------------------
-
-
-# ---- replaying a real run's iterations ---------------------------------------------------------------------
-
-
-# ---- machine load while a real run ran ---------------------------------------------------------------------
 
 
 # ---- validation ------------------------------------------------------------------------------------------
@@ -184,20 +153,6 @@ def remove_earlier(out: Path, say: Callable[[str], None],
             p.unlink()
 
 
-def _frames_identical(a: pd.DataFrame, b: pd.DataFrame) -> bool:
-    cols = ["request_id", "arrival_s", "prompt_tokens", "output_tokens"]
-    if len(a) != len(b):
-        return False
-    a = a.sort_values("request_id")[cols].reset_index(drop=True)
-    b = b.sort_values("request_id")[cols].reset_index(drop=True)
-    return bool(a.equals(b))
-
-
-def _ttft(req: pd.DataFrame) -> np.ndarray:
-    done = req[req["first_token_s"] >= 0]
-    return (done["first_token_s"] - done["arrival_s"]).to_numpy()
-
-
 def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[float] = DEFAULT_LOADS,
                   cost: str | Path | Any = None, out: str | Path = "out/validate", model: str = "tiny",
                   scale: float = DEFAULT_SCALE, num_requests: int = DEFAULT_NUM_REQUESTS, seed: int = 0,
@@ -221,8 +176,6 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
     simulated cluster, its link as each real run measured it (`DEFAULT_LINK_GBPS` for the capacity search);
     each pool's iterations are replayed apart."""
     from common.checks import is_number
-    from engine.real import probe_device, real_main
-    from executor.runtime import default_threads
 
     say = log or (lambda _msg: None)
     if not (is_number(quiet_wait_s) and 0 <= quiet_wait_s < math.inf):
@@ -238,6 +191,37 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
                   device=str(device), attention=attention if attention is not None
                   else fitted_executor(fitted).attention, prefill_instances=prefill_instances,
                   decode_instances=decode_instances)
+    setup, names, loads, device_name = _ready(setup, fitted, policies, loads, out, say)
+    t_start = time.perf_counter()
+    config: dict[str, Any] = {
+        "policies": names, "loads": loads, "cost": cost_name(cost), **asdict(setup),
+        "device_name": device_name, "slo": slo.to_dict(), "slo_text": slo.describe(),
+        "capacity": capacity, "repeats": repeats, "cost_model_fit": cost_meta(fitted),
+        "loadavg_start": loadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    v = Validation(setup, fitted, slo, Path(out), quiet_wait_s, say)
+    # 1. the simulated capacities (cheap; all before any real run, so an SLO that does not bind fails fast)
+    for policy in names:
+        v.simulated_capacity(policy)
+    remove_earlier(v.out, say)  # `out` itself is created by the first run written, not before
+    v.run_loads(names, loads, repeats)  # 2. and 3.
+    if capacity:
+        for policy in names:
+            v.real_capacity(policy)  # 4.
+    config["loadavg_end"] = loadavg()
+    config["wall_s"] = round(time.perf_counter() - t_start, 1)
+    report = ValidationReport(config, v.found.rows, v.caps, v.found.evidence, v.out, v.found.pairs)
+    write_report(report)
+    return report
+
+
+def _ready(setup: Setup, fitted: Any, policies: list[str], loads: list[float], out: str | Path,
+           say: Callable[[str], None]) -> tuple[Setup, list[str], list[float], str]:
+    """Every check before a real run, and the setup on the device as the real runs will find it; the
+    policies and loads normalised, and the device's name."""
+    from engine.real import probe_device
+    from executor.runtime import default_threads
+
     pair = setup.real_config(policies[0] if policies else "vllm", 1.0)
     if pair.disaggregated and setup.threads is not None and 2 * setup.threads > default_threads():
         raise InputError(f"a disaggregated validation runs two instances of {setup.threads} thread(s) each "
@@ -254,177 +238,7 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
         f"{probe.kv_budget_bytes / 2**30:.3g} GiB")
     for p in names:
         twin_summary(setup, p, 1.0)  # sizing: every request fits the model and the KV slab
-    t_start = time.perf_counter()
-    config: dict[str, Any] = {
-        "policies": names, "loads": loads, "cost": cost_name(cost), **asdict(setup),
-        "device_name": probe.device_name, "slo": slo.to_dict(), "slo_text": slo.describe(),
-        "capacity": capacity, "repeats": repeats, "cost_model_fit": fit,
-        "loadavg_start": loadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    rows: list[dict[str, Any]] = []
-    caps: dict[str, dict[str, Any]] = {}
-    evidence: list[dict[str, Any]] = []
-    pairs: list[RunPair] = []
-    meter = LoadMeter()
-
-    def real_run(**kw: Any) -> tuple[dict[str, Any], float | None]:
-        if quiet_wait_s > 0:
-            waited, share = wait_quiet(quiet_wait_s)
-            if share is not None and share > 0.15:
-                say(f"  the machine is busy ({share:.0%} of it used by other processes after {waited:.0f} "
-                    "s); running anyway")
-        meter.start()
-        s = real_main(trace=setup.trace, model=setup.model, num_requests=setup.num_requests,
-                      scale=setup.scale, seed=setup.seed, dtype=setup.dtype, threads=setup.threads,
-                      device=setup.device, kv_budget_bytes=setup.kv_budget_bytes, attention=setup.attention,
-                      prefill_instances=setup.prefill_instances, decode_instances=setup.decode_instances,
-                      **kw)
-        return s, meter.stop()
-
-    out = Path(out)
-    # 1. the simulated capacities on the twin setup (cheap; all before any real run, so an SLO that does not
-    # bind fails fast)
-    for policy in names:
-        sim_cap = search_qps(lambda q, p=policy: simulate_twin(twin_summary(setup, p, q), fitted)[0], slo,
-                             1.0, SIM_REL_TOL, SIM_MAX_PROBES)
-        lo, hi = bracket(sim_cap)
-        if lo <= 0:
-            raise InputError(f"{policy}: no simulated rate meets the SLO ({slo.describe()}); relax it")
-        if hi is None:
-            raise InputError(f"{policy}: the SLO ({slo.describe()}) is met at every simulated rate up to "
-                             f"{lo:.3g} QPS: {setup.num_requests} requests are served before a queue builds; "
-                             "raise --num-requests (or tighten the SLO)")
-        caps[policy] = {"sim_qps": lo, "sim_fail_qps": hi, "sim_probes": [
-            {k: p[k] for k in ("qps", "slo_met", "sched_delay_p50", "tbt_p99", "ttft_p50", "sustainable",
-                               "completed", "throughput_rps")} for p in sim_cap.probes]}
-        say(f"{policy}: simulated capacity {lo:.4g} QPS ({len(sim_cap.probes)} simulated probes)")
-
-    remove_earlier(out, say)  # `out` itself is created by the first run written, not before
-    # 2. real runs at each load, in rounds (every policy and load once per round), then their twins
-    points = [(policy, load, load * caps[policy]["sim_qps"]) for policy in names for load in loads]
-    foreign_shares: dict[tuple[str, float], list[float]] = {}
-    for k in range(repeats):
-        for policy, load, qps in points:
-            run_dir = out / "runs" / policy / f"load_{load:g}"
-            say(f"{policy}: real run at load {load:g} ({qps:.4g} QPS, {setup.num_requests} requests)"
-                + (f", repeat {k + 1} of {repeats}" if repeats > 1 else ""))
-            _, share = real_run(policy=policy, qps=qps, out=real_dirs(run_dir, repeats)[k])
-            if share is not None:
-                foreign_shares.setdefault((policy, load), []).append(share)
-    for policy, load, qps in points:
-        run_dir = out / "runs" / policy / f"load_{load:g}"
-        shares = foreign_shares.get((policy, load))
-        row, ev, pair = compare_run(policy, load, qps, caps[policy]["sim_qps"], real_dirs(run_dir, repeats),
-                                    run_dir, fitted, slo, max(shares) if shares else None)
-        rows.append(row)
-        evidence.append(ev)
-        pairs.append(pair)
-        say(f"{policy} @ {load:g}: P50 TTFT {fmt_err(row['ttft_p50_err_pct'])}, P50 TBT "
-            f"{fmt_err(row['tbt_p50_err_pct'])}, P50 E2E {fmt_err(row['e2e_p50_err_pct'])}; busy real/"
-            f"repriced {fmt_ratio(ev['busy_ratio_real_over_repriced'])}")
-
-    for policy in names:
-        lo = caps[policy]["sim_qps"]
-        # 4. the real capacity, a few real runs from the simulated one
-        if capacity:
-            def probe(q: float, p: str = policy) -> dict[str, Any]:
-                s, foreign = real_run(policy=p, qps=q, out=out / "capacity" / p / f"qps_{q:.5g}")
-                s["foreign_cpu_share"] = foreign
-                say(f"{p}: real capacity probe at {q:.4g} QPS: SLO {'met' if slo.met(s) else 'missed'} "
-                    f"(median scheduling delay {s['sched_delay_p50']:.3g} s, other CPU "
-                    f"{'n/a' if foreign is None else f'{foreign:.0%}'})")
-                return s
-
-            # start at the simulated capacity, unless a real run at a load already missed the SLO: then at
-            # the highest load rate that met it (the real capacity is above it and below the miss)
-            runs = [r for r in rows if r["policy"] == policy]
-            start = lo
-            if not all(r["real_slo_met"] for r in runs):
-                met = [r["qps"] for r in runs if r["real_slo_met"]]
-                start = max(met) if met else min(r["qps"] for r in runs) / REAL_STEP
-            real_cap = search_qps(probe, slo, start, REAL_REL_TOL, MAX_REAL_PROBES, REAL_STEP)
-            rlo, rhi = bracket(real_cap)
-            caps[policy].update({
-                "real_qps": rlo, "real_fail_qps": rhi,
-                "error_pct": pct_error(lo, rlo) if rlo > 0 else None,
-                "real_probes": [{k: p.get(k) for k in ("qps", "slo_met", "sched_delay_p50", "tbt_p99",
-                                                       "ttft_p50", "sustainable", "completed",
-                                                       "throughput_rps", "foreign_cpu_share")}
-                                for p in real_cap.probes]})
-            say(f"{policy}: real capacity {rlo:.4g} QPS (first failing "
-                f"{rhi if rhi is None else f'{rhi:.4g}'}), capacity error "
-                f"{fmt_err(caps[policy]['error_pct'])}")
-
-    config["loadavg_end"] = loadavg()
-    config["wall_s"] = round(time.perf_counter() - t_start, 1)
-    report = ValidationReport(config, rows, caps, evidence, out, pairs)
-    write_report(report)
-    return report
-
-
-def compare_run(policy: str, load: float, qps: float, sim_capacity: float, reals: list[Path], run_dir: Path,
-                cost: Any, slo: SLO,
-                foreign: float | None = None) -> tuple[dict[str, Any], dict[str, Any], RunPair]:
-    """Finished real runs (their folders `reals`: repeats of one run) against the simulator on identical
-    requests: writes `run_dir/sim/` and `run_dir/replay.parquet`; returns (report row, per-iteration evidence,
-    CDF data). A measured metric is the median over the repeats."""
-    import json
-
-    from results.output import atomic_write, write_run
-
-    summaries = [json.loads((d / "summary.json").read_text(encoding="utf-8")) for d in reals]
-    sim, result = simulate_twin(summaries[0], cost)
-    sim_its = result.iterations.frame()
-    write_run(run_dir / "sim", sim, result.requests, sim_its)
-    real_reqs = [pd.read_parquet(d / "requests.parquet") for d in reals]
-    reps, tbt_matches = [], []
-    for d, real in zip(reals, summaries):
-        rep = replay_real(real, pd.read_parquet(d / "iterations.parquet"), cost,
-                          pd.read_parquet(d / "requests.parquet"))
-        tbt_matches.append(rep.matched == rep.total and all(
-            v is not None and real[k] is not None and math.isclose(v, real[k], rel_tol=1e-9)
-            for v, k in zip(rep.gaps.percentiles((50, 99)), ("tbt_p50", "tbt_p99"))))
-        reps.append(rep)
-    rep = merge_replays(reps)
-    atomic_write(run_dir / "replay.parquet", lambda p: rep.frame.to_parquet(p, index=False))
-    forward = [s.get("forward_s_total") for s in summaries]
-    ev = iteration_evidence(rep, None if None in forward else float(sum(forward)), sim_its, len(reals))
-    ev["replay_tbt_matches"] = all(tbt_matches)
-    row: dict[str, Any] = {"policy": policy, "load": load, "qps": qps, "sim_capacity_qps": sim_capacity,
-                           "repeats": len(reals)}
-    for m in METRICS:
-        measured = [s.get(m) for s in summaries]
-        known = [v for v in measured if v is not None and math.isfinite(v)]
-        row[f"{m}_real"] = float(np.median(known)) if len(known) == len(measured) else None
-        row[f"{m}_real_min"] = min(known) if known else None
-        row[f"{m}_real_max"] = max(known) if known else None
-        row[f"{m}_sim"] = sim.get(m)
-        row[f"{m}_err_pct"] = pct_error(sim.get(m), row[f"{m}_real"])
-    # the same simulation on a machine as fast as the real runs were (their measured / repriced busy time):
-    # what remains is the scheduling and queueing model's error, not the machine's drift since the profile
-    speed = ev["busy_ratio_real_over_repriced"]
-    adjusted = simulate_twin(summaries[0], ScaledCost(cost, speed))[0] if speed else {}
-    for m in METRICS:
-        row[f"{m}_adj_err_pct"] = pct_error(adjusted.get(m), row[f"{m}_real"])
-    row.update({
-        "identical_requests": all(_frames_identical(r, result.requests) for r in real_reqs),
-        "real_completed": min(s["completed"] for s in summaries), "sim_completed": sim["completed"],
-        "real_sustainable": all(s["sustainable"] for s in summaries), "sim_sustainable": sim["sustainable"],
-        "real_slo_met": 2 * sum(slo.met(s) for s in summaries) > len(summaries),  # by most repeats
-        "sim_slo_met": slo.met(sim),
-        "real_iterations": float(np.median([s["iterations"] for s in summaries])),
-        "sim_iterations": sim["iterations"],
-        "busy_ratio_real_over_repriced": ev["busy_ratio_real_over_repriced"],
-        "busy_ratio_real_over_sim": ev["busy_ratio_real_over_sim"],
-        "real_between_mean_ms": (ev["real_between_mean_s"] * 1e3 if ev["real_between_mean_s"] is not None
-                                 else None),
-        "replay_matched": f"{rep.matched}/{rep.total}",
-        "foreign_cpu_share": foreign,
-        "real_wall_s": float(np.median([s.get("real_wall_s") or 0.0 for s in summaries])),
-    })
-    pair = RunPair(policy, load, np.concatenate([_ttft(r) for r in real_reqs]), _ttft(result.requests),
-                   rep.gaps, result.gaps, rep.matched == rep.total)
-    return row, {"policy": policy, "load": load, **ev}, pair
+    return setup, names, loads, probe.device_name
 
 
 def rescore(validation: str | Path, cost: str | Path, out: str | Path,
@@ -454,32 +268,19 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
     check_fitted_run(getattr(fitted, "meta", {}), setup.device, c.get("device_name"), setup.dtype)
     caps: dict[str, dict[str, Any]] = {}
     for policy, was in old.capacity.items():
-        sim_cap = search_qps(lambda q, p=policy: simulate_twin(twin_summary(setup, p, q), fitted)[0], slo,
-                             1.0, SIM_REL_TOL, SIM_MAX_PROBES)
-        lo, hi = bracket(sim_cap)
+        _, lo, hi = simulated_capacity(setup, policy, fitted, slo)
         caps[policy] = {**{k: v for k, v in was.items() if k.startswith("real")},
                         "sim_qps": lo, "sim_fail_qps": hi, "original_sim_qps": was["sim_qps"],
                         "error_pct": pct_error(lo, was.get("real_qps")) if was.get("real_qps") else None}
         say(f"{policy}: simulated capacity {lo:.4g} QPS (was {was['sim_qps']:.4g})")
-    rows, evidence, pairs = [], [], []
+    found = Findings()
     for r in old.rows:
         reals = real_dirs(src / "runs" / r["policy"] / f"load_{r['load']:g}", c.get("repeats", 1))
         run_dir = out / "runs" / r["policy"] / f"load_{r['load']:g}"
-        row, ev, pair = compare_run(r["policy"], r["load"], r["qps"], caps[r["policy"]]["sim_qps"], reals,
-                                    run_dir, fitted, slo, r.get("foreign_cpu_share"))
-        rows.append(row)
-        evidence.append(ev)
-        pairs.append(pair)
+        found.add(compare_run(r["policy"], r["load"], r["qps"], caps[r["policy"]]["sim_qps"], reals, run_dir,
+                              fitted, slo, r.get("foreign_cpu_share")))
     config = {**c, "cost": cost_name(cost), "rescored_from": str(src), "original_cost": c["cost"],
               "cost_model_fit": cost_meta(fitted)}
-    report = ValidationReport(config, rows, caps, evidence, out, pairs)
+    report = ValidationReport(config, found.rows, caps, found.evidence, out, found.pairs)
     write_report(report)
     return report
-
-
-# ---- report text -------------------------------------------------------------------------------------------
-
-
-# ---- figure ------------------------------------------------------------------------------------------------
-
-

@@ -1,0 +1,64 @@
+"""Size limits (issue 21): no package module over 400 lines and no function over 60, so that a module holds
+one thing and a function does one step. A data table (a module-level literal) counts towards no function,
+and a module that is mostly one is listed in DATA_TABLES."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+from test_layering import MODULES, ROOT
+
+pytestmark = pytest.mark.unit
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+# Files other engineers are changing right now: split them once their work has landed, not under it.
+IN_FLIGHT = {
+    "simctl/cli.py", "simctl/capacity_cmd.py", "simctl/prefill_bench_cmd.py", "simctl/query_set_cmd.py",
+    "simctl/plan_cmd.py",  # the command line's options, being generated from configuration dataclasses
+    "costs/fitted.py",  # the fitted cost model
+    # the vLLM calibration
+    "profiler/vllm_worker.py", "profiler/vllm_profile.py", "profiler/vllm_grid.py", "engine/vllm_real.py",
+    "engine/vllm_steps.py",
+}
+DATA_TABLES: set[str] = set()  # modules that are mostly a data table (none today)
+# Functions still over the limit, not split yet (issue 21), with their length now: one may shrink, never grow,
+# and leaves this list once it is within the limit.
+NOT_YET_SPLIT = {
+    ("plots/fit.py", "fit_figure"): 101,
+    ("profiler/fit.py", "fit_profile"): 99,
+    ("profiler/fit_operators.py", "fit_operator_profile"): 80,
+    ("results/validation_report.py", "markdown"): 99,
+    ("validation/vllm_validate.py", "validate_vllm"): 65,
+}
+
+
+def _checked() -> list[tuple[str, str]]:
+    return sorted((str(p.relative_to(ROOT)), name) for name, p in MODULES.items()
+                  if str(p.relative_to(ROOT)) not in IN_FLIGHT)
+
+
+@pytest.mark.parametrize("path,module", _checked())
+def test_module_and_function_sizes(path: str, module: str) -> None:
+    source = (ROOT / path).read_text(encoding="utf-8")
+    lines = len(source.splitlines())
+    if path not in DATA_TABLES:
+        assert lines <= MAX_MODULE_LINES, f"{path}: {lines} lines (at most {MAX_MODULE_LINES})"
+    long = [f"{node.name} (line {node.lineno}): {node.end_lineno - node.lineno + 1} lines"
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.end_lineno - node.lineno + 1 > NOT_YET_SPLIT.get((path, node.name), MAX_FUNCTION_LINES)]
+    assert not long, f"{path}: functions over {MAX_FUNCTION_LINES} lines: {'; '.join(long)}"
+
+
+def test_the_exceptions_exist() -> None:
+    """An exception for a file or function that is gone, or now within the limit, is dropped, not kept."""
+    listed = IN_FLIGHT | DATA_TABLES | {p for p, _ in NOT_YET_SPLIT}
+    missing = sorted(p for p in listed if not (ROOT / p).is_file())
+    assert not missing, f"listed but missing: {missing}"
+    for path, name in NOT_YET_SPLIT:
+        found = [n.end_lineno - n.lineno + 1 for n in ast.walk(ast.parse((ROOT / path).read_text("utf-8")))
+                 if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name]
+        assert found and max(found) > MAX_FUNCTION_LINES, f"{path}: {name} is within the limit: unlist it"
