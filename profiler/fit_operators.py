@@ -9,7 +9,9 @@ curves are the measured operators of one model on one GPU at one TP degree.
   collective) are summed at every measured token count into the `linear` curve, made monotone (isotonic least
   squares: cuBLAS's kernel choice makes some counts slower than larger ones, and a served batch never gets
   faster by growing). The curve is priced at the token count rounded up to the profile's grid (its `tile`: 8
-  tokens in Vidur's profiles), so a GEMM's tile steps land where they were measured.
+  tokens in Vidur's profiles), so a GEMM's tile steps land where they were measured; between measured counts
+  it does not interpolate across a 64-row tile boundary (`tile_step_knots`: each side extrapolated within its
+  own tile), as the kernels step there.
 - Attention: fitted (`profiler.fit.fit_coefficients`, the same form as a simctl profile's) to the measured
   kernel where the profile has one for this shape and TP degree; else the roofline's rates, added rather than
   blended (the fit's form is linear: up to sqrt(2) above the roofline where compute and KV reads are equal).
@@ -50,6 +52,9 @@ from results.output import check_out_dir, json_text, write_files
 
 COST_MODEL_FILE = "cost_model.json"
 DTYPE_BYTES = 2  # Vidur profiles in fp16
+# the smallest M-tile (token rows) of the GEMM kernels cuBLAS runs for these shapes (CUTLASS's 64- and 128-row
+# tiles): the measured curves step at its multiples, which the fit keeps (`tile_step_knots`)
+GEMM_ROW_TILE = 64
 # operator classes reported, by the profile's operator names
 CLASSES: dict[str, tuple[str, ...]] = {
     "qkv": ("attn_pre_proj",), "o": ("attn_post_proj",), "gate_up": ("mlp_up_proj",),
@@ -111,6 +116,31 @@ def _lm_head_knots(rf: Roofline, params: float, top: int = 8192) -> list[tuple[i
     return knots
 
 
+def tile_step_knots(tokens: np.ndarray, secs: np.ndarray, grid: int, step: int = GEMM_ROW_TILE
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The measured curve with a knot on each side of every `step`-row tile boundary B (at B and at B +
+    `grid`, the next priced count), each extrapolated from the measured counts of its own tile (the two
+    nearest, linearly; one: flat), so that the curve steps between B and B + grid where a GEMM starts another
+    row of tiles, instead of interpolating across the step (a count held out beside a boundary was priced
+    ~10-20% off so). Counts up to `step` are one segment; the result is made non-decreasing."""
+    t, v = np.asarray(tokens, dtype=np.float64), np.asarray(secs, dtype=np.float64)
+    tile_of = np.where(t <= step, 0, np.ceil(t / step))
+    kt, kv = list(t), list(v)
+    for b in range(step, int(t[-1]), step):
+        for x in (b, b + grid):
+            same = np.flatnonzero(tile_of == (np.ceil(x / step) if x > step else 0))
+            if x in t or not len(same):
+                continue
+            j = np.sort(same[np.argsort(np.abs(t[same] - x), kind="stable")[:2]])
+            y = v[j[0]] if len(j) == 1 else np.interp(x, t[j], v[j], left=np.nan, right=np.nan)
+            if np.isnan(y):  # outside the two: the line through them
+                y = v[j[0]] + (v[j[1]] - v[j[0]]) * (x - t[j[0]]) / (t[j[1]] - t[j[0]])
+            kt.append(x)
+            kv.append(y)
+    order = np.argsort(kt, kind="stable")
+    return np.asarray(kt)[order], np.maximum.accumulate(np.asarray(kv)[order])
+
+
 def _attention_frame(att: pd.DataFrame, layers: int) -> pd.DataFrame:
     """Attention rows as profile rows (`profiler.fit`'s columns), times over all layers."""
     pre = (att["kind"] == "prefill").to_numpy()
@@ -150,7 +180,8 @@ def fit_operator_profile(root: str | Path, model: ModelSpec, gpu: str, tp: int =
             stats[name] = error_stats(np.array([name] * int(held.sum())), pred, meas)[name]
     s = isotonic_regression(iteration_seconds(train, model)).x
     tile = int(np.gcd.reduce(p.tokens[p.tokens >= 8])) if (p.tokens >= 8).any() else 1
-    knots = [(1, 0.0)] + [(int(n), float(v - s[0])) for n, v in zip(train.tokens, s) if n > 1]
+    kt, kv = tile_step_knots(train.tokens, s, tile)
+    knots = [(1, 0.0)] + [(int(n), float(v - s[0])) for n, v in zip(kt, kv) if n > 1]
     if held.any():
         measured = iteration_seconds(p, model)[held]
         priced = s[0] + pwl_array(tiled_array(p.tokens[held], tile), knots)
