@@ -116,6 +116,17 @@ def _lm_head_knots(rf: Roofline, params: float, top: int = 8192) -> list[tuple[i
     return knots
 
 
+def _class_stats(p: OperatorProfile, train: OperatorProfile, held: np.ndarray) -> dict[str, ErrorStats]:
+    """Each operator class's error at the held-out counts, interpolated in the training counts."""
+    stats: dict[str, ErrorStats] = {}
+    if held.any():
+        for name, ops in CLASSES.items():
+            meas = sum(p.operators[k][held] for k in ops)
+            pred = sum(np.interp(p.tokens[held], train.tokens, train.operators[k]) for k in ops)
+            stats[name] = error_stats(np.array([name] * int(held.sum())), pred, meas)[name]
+    return stats
+
+
 def tile_step_knots(tokens: np.ndarray, secs: np.ndarray, grid: int, step: int = GEMM_ROW_TILE
                     ) -> tuple[np.ndarray, np.ndarray]:
     """The measured curve with a knot on each side of every `step`-row tile boundary B (at B and at B +
@@ -132,9 +143,9 @@ def tile_step_knots(tokens: np.ndarray, secs: np.ndarray, grid: int, step: int =
             if x in t or not len(same):
                 continue
             j = np.sort(same[np.argsort(np.abs(t[same] - x), kind="stable")[:2]])
-            y = v[j[0]] if len(j) == 1 else np.interp(x, t[j], v[j], left=np.nan, right=np.nan)
-            if np.isnan(y):  # outside the two: the line through them
-                y = v[j[0]] + (v[j[1]] - v[j[0]]) * (x - t[j[0]]) / (t[j[1]] - t[j[0]])
+            y = v[j[0]]
+            if len(j) == 2:  # the line through the two
+                y += (v[j[1]] - v[j[0]]) * (x - t[j[0]]) / (t[j[1]] - t[j[0]])
             kt.append(x)
             kv.append(y)
     order = np.argsort(kt, kind="stable")
@@ -172,16 +183,11 @@ def fit_operator_profile(root: str | Path, model: ModelSpec, gpu: str, tp: int =
     # linear operators and the rest of the layer, fitted on the training counts
     held = _held_counts(len(p.tokens), holdout, seed)
     train = _subset(p, ~held)
-    stats: dict[str, ErrorStats] = {}
-    if held.any():
-        for name, ops in CLASSES.items():
-            meas = sum(p.operators[k][held] for k in ops)
-            pred = sum(np.interp(p.tokens[held], train.tokens, train.operators[k]) for k in ops)
-            stats[name] = error_stats(np.array([name] * int(held.sum())), pred, meas)[name]
+    stats = _class_stats(p, train, held)
     s = isotonic_regression(iteration_seconds(train, model)).x
     tile = int(np.gcd.reduce(p.tokens[p.tokens >= 8])) if (p.tokens >= 8).any() else 1
-    kt, kv = tile_step_knots(train.tokens, s, tile)
-    knots = [(1, 0.0)] + [(int(n), float(v - s[0])) for n, v in zip(kt, kv) if n > 1]
+    knots = [(1, 0.0)] + [(int(n), float(v - s[0])) for n, v in zip(*tile_step_knots(train.tokens, s, tile))
+                          if n > 1]
     if held.any():
         measured = iteration_seconds(p, model)[held]
         priced = s[0] + pwl_array(tiled_array(p.tokens[held], tile), knots)
