@@ -88,6 +88,8 @@ def _per_gpu(points: pd.DataFrame) -> np.ndarray:
     gpus = points["tp"].fillna(1).to_numpy(float)
     if "replicas" in points.columns:
         gpus = gpus * points["replicas"].fillna(1).to_numpy(float)
+    if "gpus" in points.columns:  # a cluster's summary counts its GPUs (a disaggregated one's pools included)
+        gpus = np.where(points["gpus"].notna(), points["gpus"].to_numpy(float), gpus)
     return points["throughput_tokens_per_s"].to_numpy(float) / gpus
 
 
@@ -118,9 +120,14 @@ def _slo_footnote(fig: Figure, points: pd.DataFrame) -> None:
         fig.get_layout_engine().set(rect=(0, 0.04 * len(slos), 1, 1 - 0.04 * len(slos)))
 
 
-def pareto_figure(points: pd.DataFrame) -> Figure:
+MARKERS = "osD^v"  # with the 10 colours, 50 lines told apart
+
+
+def pareto_figure(points: pd.DataFrame, chosen: list[tuple[str, float, float]] | None = None) -> Figure:
     """Output tokens/s per GPU against each user's token rate (1 / median TPOT), one line per policy over the
-    rates run (runs, capacity probes, sweep points); hollow markers: unsustainable runs."""
+    rates run (runs, capacity probes, sweep points); hollow markers: unsustainable runs. With `chosen`
+    ((name, tokens/s per user, per GPU) of each choice of a plan), also the Pareto front of the runs that met
+    the SLO (`slo_met`) and the choices, starred."""
     _need(points, ("tpot_p50", "throughput_tokens_per_s", "qps", "policy"), "pareto")
     points = points[points["tpot_p50"].notna() & (points["tpot_p50"] > 0)]
     # a run judged against several SLOs (a sweep's rows) is one point here
@@ -128,22 +135,45 @@ def pareto_figure(points: pd.DataFrame) -> Figure:
     split = ("config",) if "config" in points.columns else ("policy", *SETUP)
     points = points.drop_duplicates([c for c in (*split, "policy", *SETUP, "qps", "seed")
                                      if c in points.columns])
-    fig, ax = plt.subplots(figsize=(9, 6), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(12 if chosen is not None else 9, 6), constrained_layout=True)
     for i, (label, g) in enumerate(_series(points, split)):
         x, y = 1.0 / g["tpot_p50"].to_numpy(float), _per_gpu(g)
         ok = g["sustainable"].to_numpy(bool) if "sustainable" in g.columns else np.ones(len(g), bool)
-        ax.plot(x, y, "-", color=f"C{i}", lw=1, alpha=0.6)
-        ax.plot(x[ok], y[ok], "o", color=f"C{i}", ms=5, label=label)
-        ax.plot(x[~ok], y[~ok], "o", mfc="none", color=f"C{i}", ms=5)
-    ax.set_xlabel("per-user token rate (tokens/s per request = 1 / median TPOT)")
-    ax.set_ylabel("throughput per GPU (output tokens/s)")
-    ax.grid(True, alpha=0.3)
+        style = {"color": f"C{i % 10}", "marker": MARKERS[i // 10 % len(MARKERS)], "ms": 5}
+        ax.plot(x, y, "-", color=style["color"], lw=1, alpha=0.6)
+        ax.plot(x[ok], y[ok], ls="none", label=label, **style)
+        ax.plot(x[~ok], y[~ok], ls="none", mfc="none", **style)
     handles, labels = ax.get_legend_handles_labels()
     handles.append(Line2D([], [], marker="o", mfc="none", color="grey", ls="none"))
     labels.append("unsustainable run")
-    ax.legend(handles, labels, fontsize=8)
+    if chosen is not None:
+        _front_and_choices(ax, points, chosen, handles, labels)
+    ax.set_xlabel("per-user token rate (tokens/s per request = 1 / median TPOT)")
+    ax.set_ylabel("throughput per GPU (output tokens/s)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(handles, labels, fontsize=8, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1)}
+                                              if chosen is not None else {}))
     ax.set_title(f"throughput vs interactivity: {setup_text(points) or 'several setups'}", fontsize=10)
     return fig
+
+
+def _front_and_choices(ax: plt.Axes, points: pd.DataFrame, chosen: list[tuple[str, float, float]],
+                       handles: list, labels: list[str]) -> None:
+    """The upper-right envelope of the runs meeting the SLO (no other such run is both faster per user and
+    more productive per GPU), and each choice at its capacity, numbered as in the plan's table."""
+    met = points[points["slo_met"].fillna(False).astype(bool)] if "slo_met" in points.columns else points
+    x, y = 1.0 / met["tpot_p50"].to_numpy(float), _per_gpu(met)
+    order = np.argsort(-x)
+    front = [(x[k], y[k]) for n, k in enumerate(order) if y[k] > max(y[order[:n]], default=-np.inf)]
+    if front:
+        ax.plot(*zip(*front), "k--", lw=1.5, drawstyle="steps-post")
+        handles.append(Line2D([], [], color="k", ls="--"))
+        labels.append("Pareto front of the runs meeting the SLO")
+    for n, (_, cx, cy) in enumerate(chosen, 1):
+        ax.plot(cx, cy, "*", color="k", ms=14, mfc="gold", zorder=5)
+        ax.annotate(f"#{n}", (cx, cy), xytext=(6, 6), textcoords="offset points", fontsize=9, weight="bold")
+    handles.append(Line2D([], [], marker="*", color="k", mfc="gold", ms=12, ls="none"))
+    labels.append("a choice at its capacity (#: the table's row)")
 
 
 def _rate_axis(ax: plt.Axes) -> None:

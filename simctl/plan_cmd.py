@@ -19,15 +19,20 @@ from simctl.options import Arrival, Cost, Cv, Gpus, MaxModelLen, Models, OnTooLo
 
 PLAN_FILES = ("plan.json", "probes.parquet", "pareto.png")
 VLLM_POLICY = "vllm-v1"  # the policy that models `vllm serve`'s scheduler: its choice is printed as flags
+# vLLM's disaggregated serving joins a prefill and a decode instance by a KV connector (NIXL in its examples)
+KV_CONNECTOR = """--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'"""
 FOOTNOTES = (
-    ("GPUs: replicas x TP. capacity/replica: the highest rate one replica serves within the SLO (capacity "
-     "search, sustainable definition); replicas: the rate over it, rounded up (+1 while the check failed)"),
+    ("replica: one instance of TP GPUs, or with P/D P:D a unit of P prefill-only and D decode-only "
+     "instances (TP GPUs each) joined by a KV link; GPUs: replicas x the GPUs of one"),
+    ("QPS/replica: the highest rate one replica serves within the SLO (capacity search, sustainable "
+     "definition); replicas: the rate over it, rounded up (+1 while the check failed)"),
     ("QPS/GPU: capacity per GPU (goodput); tok/s/GPU: output tokens/s per GPU at capacity; tok/s/user: "
      "1 / median TPOT at capacity"),
     ("headroom: the replicas' total capacity beyond the rate asked; $/M tok: --gpu-cost x GPUs per output "
      "token made at the rate, per million (refused requests make none)"),
     ("checked: a run of the replicas behind a least-outstanding router at the rate met the SLO (yes), did "
-     "not (no), or was not run (-)"),
+     "not (no), or was not run (-: an estimate from one replica's capacity); checked choices are ranked "
+     "first"),
 )
 
 
@@ -46,14 +51,34 @@ def parse_prices(values: list[str] | None) -> dict[str, float]:
     return prices
 
 
+def parse_splits(text: str) -> list[tuple[int, int]]:
+    """`--pd-splits 1:1,1:2` -> [(1, 1), (1, 2)]; `none` -> []."""
+    if text.strip() == "none":
+        return []
+    splits = []
+    for item in (t.strip() for t in text.split(",")):
+        p, sep, d = item.partition(":")
+        if not (sep and p.isdigit() and d.isdigit() and int(p) >= 1 and int(d) >= 1):
+            raise InputError(f"--pd-splits {item!r}: give PREFILL:DECODE instances, e.g. 1:2, or none")
+        splits.append((int(p), int(d)))
+    return splits
+
+
 def plan_cmd(
-    rate: Annotated[float, typer.Option(help="Requests per second to serve.")],
+    rate: Annotated[float, typer.Option(help="Requests per second to serve (offered: those refused as too "
+                                        "long included).")],
     slo: Annotated[list[str], typer.Option(help=SLO_HELP.split(" Default:")[0], metavar="KEY=S[,KEY=S]")],
     policy: Annotated[str, typer.Option(help="Policies to search, a comma list.")] = "vllm,sarathi",
     trace: Trace = "sharegpt",
     model: Models = "mistral-7b",
     gpu: Gpus = "a100-80gb",
     tp: Tps = "1",
+    pd_splits: Annotated[str, typer.Option(help=(
+        "Disaggregated units searched too, PREFILL:DECODE instances (comma list; none: colocated only), "
+        "for the policies that can serve so, with their default settings unless given."))] = "1:1,1:2,2:1",
+    kv_link_gbps: Annotated[float | None, typer.Option(help=(
+        "Bandwidth of a P/D unit's KV link, Gbit/s [default: the GPU's interconnect, one way, e.g. 2400 "
+        "on a100-80gb's NVLink: the unit's instances on one node]."))] = None,
     gpu_cost: Annotated[list[str] | None, typer.Option(metavar="GPU=PRICE[,...]", help=(
         "Price per GPU-hour of a GPU searched: adds the cost per million output tokens and ranks equal GPU "
         "counts by it."))] = None,
@@ -78,7 +103,7 @@ def plan_cmd(
                                              "and pareto.png.")] = None,
 ) -> None:
     """Size a deployment: the fewest GPUs serving --rate within --slo, over policies, their key settings
-    (token budget: 256..2048 unless given), TP degrees and GPUs.
+    (token budget: 256..2048 unless given), TP degrees, GPUs and P/D splits.
 
     Example: simctl plan --model llama-2-7b --gpu a100-80gb --trace sharegpt --rate 20 --slo
     p99_tbt=0.1,p50_ttft=1 --policy vllm-v1,sarathi --gpu-cost a100-80gb=2.5 --out out/plan
@@ -86,39 +111,52 @@ def plan_cmd(
     from results.output import check_out_dir
     from results.slo import parse_slo
     from sim.run import RunConfig
-    from simctl.option_grid import grid
-    from studies.plan import KEY_SETTINGS, PlanSpec, plan
+    from studies.plan import PlanSpec, plan
 
     base = RunConfig(trace=trace, qps=1.0, num_requests=num_requests, seed=seed, arrival=arrival, cv=cv,
                      scale=scale, cost=cost, max_model_len=max_model_len, on_too_long=on_too_long)
-    combos = grid(base, policy, model, gpu, tp, _with_key_settings(options or {}, policy, KEY_SETTINGS))
-    spec = PlanSpec([c.config for c in combos], [c.label for c in combos], parse_slo(slo, attainment), rate,
-                    max_gpus, parse_prices(gpu_cost), checks, workers)
+    found = candidates(base, policy, model, gpu, tp, options or {}, parse_splits(pd_splits), kv_link_gbps)
+    spec = PlanSpec(found, parse_slo(slo, attainment), rate, max_gpus, parse_prices(gpu_cost), checks,
+                    workers)
     spec.validate()
-    for c in spec.configs:
-        c.validate()
     if top < 1:
         raise InputError(f"--top must be >= 1, got {top}")
     if out is not None:
         check_out_dir(out, PLAN_FILES)
     console = Console(width=max(Console().width, 150))  # a wide table: its captions explain every column
-    console.print(escape(f"searching {len(combos)} configurations for {rate:g} QPS of {trace} within "
+    console.print(escape(f"searching {len(found)} configurations for {rate:g} QPS of {trace} within "
                          f"{spec.slo.describe()}"))
     choices, capacities = plan(spec)
-    console.print(plan_table(choices[:top], spec))
-    for note in FOOTNOTES:
-        console.print(escape(note), style="dim")
-    flags = vllm_flags(choices[:top])
-    if flags:
-        console.print(escape(f"{VLLM_POLICY}'s best choice deploys as: {flags}"))
+    show(console, choices[:top], spec)
     warnings = {w for r in capacities for p in r.probes for w in p.get("warnings", [])}
     for w in sorted(warnings):
         print(f"simctl: warning: {w}", file=sys.stderr)
     if out is not None:
         from simctl.plan_files import write_plan
 
-        write_plan(out, spec, choices, capacities)
+        write_plan(out, spec, choices, capacities, top)
         console.print(escape(f"wrote {out}/plan.json, probes.parquet, pareto.png"))
+
+
+def candidates(base: Any, policy: str, model: str, gpu: str, tp: str, options: dict[str, Any],
+               splits: list[tuple[int, int]], kv_link_gbps: float | None) -> list[Any]:
+    """Every colocated combination (key settings searched by default), then each P/D split of the policies
+    that can serve disaggregated, with the settings given only (their defaults otherwise)."""
+    from policies.registry import policy_class
+    from simctl.option_grid import grid
+    from studies.plan import KEY_SETTINGS, Candidate, link_gbps
+
+    found = [Candidate(c.config, c.label) for c in grid(base, policy, model, gpu, tp,
+                                                        _with_key_settings(options, policy, KEY_SETTINGS))]
+    split_policies = ",".join(p for p in dict.fromkeys(t.strip() for t in policy.split(","))
+                              if not policy_class(p).padded_batches)
+    if not splits or not split_policies:
+        return found
+    given = {k: v for k, v in options.items() if v is not None}
+    for c in grid(base, split_policies, model, gpu, tp, given):
+        link = kv_link_gbps if kv_link_gbps is not None else link_gbps(c.config.gpu)
+        found += [Candidate(c.config, f"{c.label} P/D {p}:{d}", (p, d), link) for p, d in splits]
+    return found
 
 
 def _with_key_settings(options: dict[str, Any], policy: str, key: dict[str, tuple[int, ...]]
@@ -132,39 +170,78 @@ def _with_key_settings(options: dict[str, Any], policy: str, key: dict[str, tupl
             **{k: v for k, v in options.items() if v is not None}}
 
 
+def show(console: Console, choices: list[Any], spec: Any) -> None:
+    """The table, what every column means, the requests refused, the answer and its `vllm serve` flags."""
+    console.print(plan_table(choices, spec))
+    for note in FOOTNOTES:
+        console.print(escape(note), style="dim")
+    at = choices[0].at_capacity
+    if at.get("rejected"):
+        console.print(escape(
+            f"refused: {choices[0].refused_share:.0%} of the requests offered need more than the max model "
+            f"length, {at['max_model_len']} positions (as a server refuses them); rates count them, latency "
+            "percentiles do not, and they miss a per-request SLO"))
+    best = choices[0]
+    state = {True: f"a run at {spec.rate:g} QPS met the SLO", None: "not checked", False: "its check failed"}
+    console.print(escape(f"answer: {best.label}, {best.gpus} x {best.config.gpu} ({best.replicas} replicas "
+                         f"x {best.candidate.gpus} GPU{'s' if best.candidate.gpus > 1 else ''}; "
+                         f"{state[best.checked]})"), style="bold")
+    flags = vllm_flags(choices)
+    if flags:
+        console.print(escape(f"{VLLM_POLICY}'s best choice deploys as: {flags}"))
+
+
 def plan_table(choices: list[Any], spec: Any) -> Table:
     from simctl.display import fmt_rate
 
-    table = Table(title=escape(f"the fewest GPUs for {spec.rate:g} QPS ({len(spec.configs)} configurations "
-                               "searched)"))
-    for col in ("#", "configuration", "GPU", "TP", "replicas", "GPUs", "capacity/replica QPS", "QPS/GPU",
-                "tok/s/GPU", "tok/s/user", "headroom", "$/M tok", "checked"):
+    configs = [c.config for c in spec.candidates]
+    shared = [f"{v}" for k, v in (("model", configs[0].model), ("gpu", configs[0].gpu)) if
+              len({getattr(c, k) for c in configs}) == 1]
+    if len({c.tp for c in configs}) == 1:
+        shared.append(f"TP {configs[0].tp}")
+    table = Table(title=escape(f"the fewest GPUs for {spec.rate:g} QPS ({', '.join(shared)}; "
+                               f"{len(configs)} configurations searched)"))
+    table.add_column("#", justify="right")
+    table.add_column("configuration", no_wrap=True)
+    for col in ("replicas", "GPUs", "QPS/replica", "QPS/GPU", "tok/s/GPU", "tok/s/user", "headroom",
+                "$/M tok", "checked"):
         table.add_column(col, justify="right")
     for i, c in enumerate(choices, 1):
         cost = c.cost_per_million_tokens
         user = c.tokens_per_user
-        table.add_row(str(i), escape(c.label), c.config.gpu, str(c.config.tp), str(c.replicas), str(c.gpus),
-                      fmt_rate(c.capacity_qps), fmt_rate(c.qps_per_gpu), f"{c.tokens_per_gpu:.0f}",
-                      "-" if user is None else f"{user:.1f}", f"{c.headroom:+.0%}",
-                      "-" if cost is None else f"{cost:.3f}",
+        table.add_row(str(i), escape(c.label), str(c.replicas), str(c.gpus), fmt_rate(c.capacity_qps),
+                      fmt_rate(c.qps_per_gpu), f"{c.tokens_per_gpu:.0f}",
+                      "-" if user is None else f"{user:.1f}",
+                      f"{c.headroom:+.0%}", "-" if cost is None else f"{cost:.3f}",
                       {True: "yes", False: "no", None: "-"}[c.checked])
     return table
 
 
 def vllm_flags(choices: list[Any]) -> str | None:
-    """The `vllm serve` command line of the best vllm-v1 choice (its settings as the run resolved them)."""
-    from catalogue.models import get_model
-
+    """The `vllm serve` command line of the best vllm-v1 choice (its settings as the run resolved them; every
+    flag one of vLLM 0.32's, `tests/test_plan_vllm_flags.py` parses them with vLLM's own parser)."""
     best = next((c for c in choices if c.config.policy == VLLM_POLICY), None)
     if best is None:
         return None
-    s, cfg = best.at_capacity, best.config
-    length = cfg.max_model_len or get_model(cfg.model).max_position
-    flags = [f"--tensor-parallel-size {cfg.tp}", f"--max-num-batched-tokens {s['max_num_batched_tokens']}",
-             f"--max-num-seqs {s['max_batch_size']}", f"--max-model-len {length}",
-             f"--block-size {s['block_size']}",
+    flags, model = serve_flags(best.at_capacity, best.config)
+    split = best.candidate.split
+    where = (f"on each of {best.replicas} replicas ({best.config.gpu})" if split is None else
+             f"on each of {best.replicas * split[0]} prefill and {best.replicas * split[1]} decode instances "
+             f"({best.config.gpu}), with {KV_CONNECTOR}")
+    return f"vllm serve <{model}'s weights> {flags} {where}"
+
+
+def serve_flags(s: dict[str, Any], config: Any) -> tuple[str, str]:
+    """A vllm-v1 run's settings (`s`: its summary) as `vllm serve` flags, and the model's name."""
+    from catalogue.models import get_model
+    from costs.roofline import DEFAULT_GPU_MEMORY_UTILIZATION
+
+    model = get_model(config.model)
+    flags = [f"--tensor-parallel-size {config.tp}", f"--max-num-batched-tokens {s['max_num_batched_tokens']}",
+             f"--max-num-seqs {s['max_batch_size']}",
+             f"--max-model-len {config.max_model_len or model.max_position}",
+             f"--block-size {s['block_size']}", f"--gpu-memory-utilization {DEFAULT_GPU_MEMORY_UTILIZATION}",
              "--enable-prefix-caching" if s["enable_prefix_caching"] else "--no-enable-prefix-caching"]
     if s.get("long_prefill_token_threshold"):
         flags.append(f"--long-prefill-token-threshold {s['long_prefill_token_threshold']}")
-    return (f"vllm serve <{get_model(cfg.model).name}'s weights> " + " ".join(flags)
-            + f" on each of {best.replicas} replicas ({cfg.gpu})")
+    return " ".join(flags), model.name

@@ -1,6 +1,7 @@
 """What `simctl plan --out` writes, all or none (`results.output.write_files`): plan.json (the SLO, the rate,
 every choice and every configuration's capacity), probes.parquet (every probed run) and pareto.png (output
-tokens/s per GPU against tokens/s per user, one line per configuration: `plots.across_runs.pareto_figure`)."""
+tokens/s per GPU against tokens/s per user, one line per configuration, with the Pareto front of the runs
+meeting the SLO and the choices shown: `plots.across_runs.pareto_figure`)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ from results.output import json_text, write_files
 
 def _choice_row(c: Any) -> dict[str, Any]:
     return {"configuration": c.label, "policy": c.config.policy, "gpu": c.config.gpu, "tp": c.config.tp,
-            "options": c.config.options, "replicas": c.replicas, "gpus": c.gpus,
+            "options": c.config.options, "pd_split": c.candidate.split,
+            "kv_link_gbps": c.candidate.kv_link_gbps, "gpus_per_replica": c.candidate.gpus,
+            "refused_share": c.refused_share, "replicas": c.replicas, "gpus": c.gpus,
             "capacity_qps_per_replica": c.capacity_qps, "qps_per_gpu": c.qps_per_gpu,
             "tokens_per_s_per_gpu": c.tokens_per_gpu, "tokens_per_s_per_user": c.tokens_per_user,
             "headroom": c.headroom, "price_per_gpu_hour": c.price,
             "cost_per_million_output_tokens": c.cost_per_million_tokens, "checked": c.checked}
 
 
-def write_plan(out: Path, spec: Any, choices: list[Any], capacities: list[Any]) -> None:
+def write_plan(out: Path, spec: Any, choices: list[Any], capacities: list[Any], top: int) -> None:
     import matplotlib.pyplot as plt
 
     from plots.across_runs import pareto_figure
@@ -31,7 +34,8 @@ def write_plan(out: Path, spec: Any, choices: list[Any], capacities: list[Any]) 
         "max_gpus": spec.max_gpus, "prices": spec.prices, "choices": [_choice_row(c) for c in choices],
         "capacities": [{"configuration": r.name, "capacity_qps": r.qps, "problem": r.median_search.problem}
                        for r in capacities]})
-    figure = pareto_figure(probes)
+    figure = pareto_figure(probes, [(c.label, c.tokens_per_user, c.tokens_per_gpu) for c in choices[:top]
+                                    if c.tokens_per_user is not None])
     try:
         write_files(Path(out), {
             "plan.json": lambda p: p.write_text(text, encoding="utf-8"),

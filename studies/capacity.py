@@ -20,6 +20,7 @@ from results.slo import (  # SLO: callers import it from here too
     table3_decode_time,
     table3_slos,
 )
+from sim.cluster_run import ClusterConfig
 from sim.run import MAX_CLOCK_S, RunConfig, cost_model, run
 
 MAX_QPS = 1e9  # the search stops doubling here: no replica serves a billion requests a second
@@ -117,10 +118,11 @@ def search_qps(probe: Callable[[float], dict[str, Any]], slo: SLO, start_qps: fl
     return CapacityResult(lo, probes)
 
 
-def probe_summary(config: RunConfig, slo: SLO) -> dict[str, Any]:
-    """One simulated run's summary, with `slo_attainment` (the share of requests meeting the SLO's
-    per-request limits, read off the run's requests table) when the SLO has such limits."""
-    r = run(config)
+def probe_summary(config: RunConfig, slo: SLO, cluster: ClusterConfig | None = None) -> dict[str, Any]:
+    """One simulated run's summary (on one replica, or the deployment `cluster` describes), with
+    `slo_attainment` (the share of requests meeting the SLO's per-request limits, read off the run's requests
+    table) when the SLO has such limits."""
+    r = run(config, cluster)
     if not slo.per_request:
         return r.summary
     return {**r.summary, "slo_attainment": slo.attainment_of(r.result.requests,
@@ -128,10 +130,13 @@ def probe_summary(config: RunConfig, slo: SLO) -> dict[str, Any]:
 
 
 def find_capacity(config: RunConfig, slo: SLO, start_qps: float = 1.0, rel_tol: float = 0.02,
-                  max_probes: int = 60) -> CapacityResult:
-    """The capacity of one simulated configuration (its seed) under `slo`."""
-    return search_qps(lambda qps: probe_summary(replace(config, qps=qps), slo), slo, start_qps, rel_tol,
-                      max_probes, min_qps=lowest_qps(config.num_requests))
+                  max_probes: int = 60, cluster: ClusterConfig | None = None) -> CapacityResult:
+    """The capacity of one simulated configuration (its seed) under `slo`, on one replica or `cluster`."""
+    return search_qps(lambda qps: probe_summary(replace(config, qps=qps), slo, cluster), slo, start_qps,
+                      rel_tol, max_probes, min_qps=lowest_qps(config.num_requests))
+
+
+Job = tuple[int, RunConfig, str, SLO, float, ClusterConfig | None]
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,7 @@ class CapacityConfig:
     workers: int | None = None  # processes; None: one per core
     seeds: int = 1
     labels: list[str] | None = None  # what names each configuration in a table; None: its policy
+    clusters: list[ClusterConfig | None] | None = None  # each configuration's deployment; None: one replica
 
     @property
     def names(self) -> list[str]:
@@ -168,9 +174,10 @@ class CapacityConfig:
         if self.workers is not None and self.workers < 1:
             raise InputError(f"--workers must be >= 1, got {self.workers}")
 
-    def jobs(self) -> list[tuple[int, RunConfig, str, SLO, float]]:
+    def jobs(self) -> list[Job]:
         """One search per configuration (by its index), SLO and seed."""
-        return [(k, replace(c, seed=c.seed + i), name, slo, self.start_qps)
+        clusters = self.clusters or [None] * len(self.configs)
+        return [(k, replace(c, seed=c.seed + i), name, slo, self.start_qps, clusters[k])
                 for k, c in enumerate(self.configs) for name, slo in self.slos.items()
                 for i in range(self.seeds)]
 
@@ -229,9 +236,9 @@ def capacity_warnings(results: list[Capacity]) -> list[str]:
     return list(dict.fromkeys(w for r in results for w in r.warnings))
 
 
-def _search_one(args: tuple[int, RunConfig, str, SLO, float]) -> tuple[int, str, int, CapacityResult]:
-    index, config, name, slo, start_qps = args
-    return index, name, config.seed, find_capacity(config, slo, start_qps)
+def _search_one(args: Job) -> tuple[int, str, int, CapacityResult]:
+    index, config, name, slo, start_qps, cluster = args
+    return index, name, config.seed, find_capacity(config, slo, start_qps, cluster=cluster)
 
 
 def _quiet_worker() -> None:

@@ -3,6 +3,8 @@ lists, capacity as a sustainable rate, and `simctl plan`'s sizing arithmetic and
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +13,16 @@ from common.errors import InputError
 from results.slo import SLO
 from sim.run import RunConfig, run, trace_for
 from studies.capacity import Capacity, CapacityResult
-from studies.plan import Choice, cost_per_million, rank_key, size
+from studies.plan import (
+    Candidate,
+    Choice,
+    best_reached,
+    cost_per_million,
+    final_key,
+    link_gbps,
+    rank_key,
+    size,
+)
 from traces.request import Request
 from traces.too_long import screen
 
@@ -105,8 +116,15 @@ def _capacity(label: str, qps: float, tp: int) -> Capacity:
     return Capacity("sarathi", "plan", SLO(), {0: CapacityResult(qps, probes)}, label, config)
 
 
+def _sized(label: str, qps: float, tp: int, prices: dict[str, float] | None = None,
+           split: tuple[int, int] | None = None) -> Choice | None:
+    c = _capacity(label, qps, tp)
+    assert c.config is not None
+    return size(c, Candidate(c.config, label, split, 100.0 if split else None), 20.0, prices or {})
+
+
 def test_sizing_a_candidate_by_hand() -> None:
-    c = size(_capacity("a", 3.0, 2), rate=20.0, prices={"a100-80gb": 2.0})
+    c = _sized("a", 3.0, 2, {"a100-80gb": 2.0})
     assert c.replicas == 7 and c.gpus == 14  # ceil(20 / 3) replicas of 2 GPUs
     assert c.qps_per_gpu == 1.5 and c.tokens_per_gpu == 200.0 and c.tokens_per_user == 20.0
     assert c.headroom == pytest.approx(7 * 3 / 20 - 1)
@@ -116,15 +134,41 @@ def test_sizing_a_candidate_by_hand() -> None:
 
 
 def test_the_fewest_gpus_win_then_the_cheapest() -> None:
-    made = [size(_capacity(label, qps, tp), 20.0, {}) for label, qps, tp in
+    made = [_sized(label, qps, tp) for label, qps, tp in
             (("tp2", 7.0, 2), ("small", 2.0, 1), ("big", 4.0, 1))]
     assert [c.label for c in sorted(made, key=rank_key)] == ["big", "tp2", "small"]  # 5, 6, 10 GPUs
-    assert size(_capacity("none", 0.0, 1), 20.0, {}) is None
+    assert _sized("none", 0.0, 1) is None
 
 
 def test_choice_is_a_frozen_dataclass() -> None:
-    c = size(_capacity("a", 3.0, 1), 20.0, {})
+    c = _sized("a", 3.0, 1)
     assert isinstance(c, Choice) and c.price is None and c.cost_per_million_tokens is None
+
+
+def test_a_disaggregated_unit_by_hand() -> None:
+    c = _sized("pd", 11.0, 1, split=(1, 2))
+    # a unit of 1 prefill and 2 decode instances is 3 GPUs; 20 QPS over 11 per unit: 2 units, 6 GPUs
+    assert (c.candidate.gpus, c.replicas, c.gpus) == (3, 2, 6)
+    assert c.qps_per_gpu == pytest.approx(11 / 3) and c.tokens_per_gpu == pytest.approx(400 / 3)
+    assert c.headroom == pytest.approx(0.1)
+    cc = c.candidate.cluster(2)
+    assert (cc.prefill_instances, cc.decode_instances, cc.kv_link_gbps, cc.replicas) == (2, 4, 100.0, 1)
+    assert c.candidate.cluster(1).router == "least-outstanding"
+    assert _sized("co", 3.0, 2).candidate.cluster(3).replicas == 3
+    assert link_gbps("a100-80gb") == pytest.approx(2400.0)  # NVLink: 300 GB/s each way
+
+
+def test_checked_choices_rank_first_then_unchecked_then_failed() -> None:
+    four, six, five = (replace(_sized(n, q, 1), checked=k) for n, q, k in
+                       (("four", 5.0, False), ("six", 3.4, True), ("five", 4.0, None)))
+    assert [c.label for c in sorted([four, six, five], key=final_key)] == ["six", "five", "four"]
+
+
+def test_the_best_reached_on_the_gpus_allowed() -> None:
+    made = [_sized("tp2", 7.0, 2), _sized("one", 4.0, 1), _sized("pd", 11.0, 1, split=(1, 2))]
+    # on 5 GPUs: tp2 fits 2 replicas (14 QPS), one 5 (20 QPS), pd 1 unit (11 QPS)
+    assert best_reached(made, 5) == "the best reaches 20 QPS (one, 5 x 1 GPUs, 4 QPS each)"
+    assert best_reached(made[:1] + made[2:], 1) == "the smallest unit needs 2 GPUs"
 
 
 # ---- comma lists -------------------------------------------------------------------------------------------
@@ -170,6 +214,10 @@ PLAN = ("plan", "--model", "llama-2-7b", "--trace", "sharegpt", "--slo", "p99_tb
     ((*PLAN, "--rate", "20", "--gpu-cost", "a100-80gb"), "--gpu-cost 'a100-80gb': give GPU=PRICE"),
     ((*PLAN, "--rate", "0"), "--rate must be a finite number > 0"),
     ((*PLAN, "--rate", "20", "--token-budget", "1e3"), "'1e3' is not an integer"),
+    ((*PLAN, "--rate", "20", "--pd-splits", "1:0"), "--pd-splits '1:0': give PREFILL:DECODE instances"),
+    ((*PLAN, "--rate", "20", "--checks", "-1"), "--checks must be >= 0, got -1"),
+    ((*PLAN, "--rate", "20", "--kv-link-gbps", "0"), "--kv-link-gbps must be a finite number > 0"),
+    ((*PLAN, "--rate", "20", "--max-num-batched-tokens", "512,x"), "'x' is not an integer"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], args: tuple[str, ...],
                                           words: str) -> None:
@@ -178,7 +226,33 @@ def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], ar
 
 
 def test_a_rate_no_configuration_reaches_says_the_best(capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = _cli(capsys, *PLAN, "--rate", "100", "--policy", "sarathi", "--token-budget", "512",
-                     "--max-gpus", "2", "--workers", "1", "--checks", "0")
+    code, err = _cli(capsys, *PLAN, "--rate", "1e6", "--policy", "sarathi", "--token-budget", "512",
+                     "--max-gpus", "2", "--workers", "1", "--pd-splits", "none")
     assert code == 2 and err.count("\n") == 0
-    assert "no configuration serves 100 QPS within --max-gpus 2: the best reaches" in err
+    assert "no configuration serves 1e+06 QPS within --max-gpus 2: the best reaches" in err
+    assert "(sarathi, 2 x 1 GPUs," in err
+
+
+def test_disaggregated_candidates_only_where_the_policy_can_serve_so() -> None:
+    from simctl.plan_cmd import candidates, parse_splits
+
+    found = candidates(RunConfig(), "sarathi,hf-padded", "mistral-7b", "a100-80gb", "1",
+                       {"token_budget": [512]}, parse_splits("1:1,1:2"), None)
+    assert [(c.label, c.split) for c in found] == [
+        ("sarathi", None), ("hf-padded", None), ("sarathi P/D 1:1", (1, 1)), ("sarathi P/D 1:2", (1, 2))]
+    assert found[2].kv_link_gbps == pytest.approx(2400.0) and found[2].config.options == {"token_budget": 512}
+    assert parse_splits("none") == [] and len(candidates(RunConfig(), "vllm", "mistral-7b", "a100-80gb", "1",
+                                                         {}, [], 5.0)) == 1
+
+
+SERVED = {"max_num_batched_tokens": 512, "max_batch_size": 256, "block_size": 16, "enable_prefix_caching": 0,
+          "long_prefill_token_threshold": 128}
+FLAGS = ("--tensor-parallel-size 2 --max-num-batched-tokens 512 --max-num-seqs 256 --max-model-len 4096 "
+         "--block-size 16 --gpu-memory-utilization 0.9 --no-enable-prefix-caching "
+         "--long-prefill-token-threshold 128")
+
+
+def test_a_vllm_v1_choice_as_vllm_serve_flags() -> None:
+    from simctl.plan_cmd import serve_flags
+
+    assert serve_flags(SERVED, RunConfig(policy="vllm-v1", model="llama-2-7b", tp=2)) == (FLAGS, "llama-2-7b")
