@@ -23,6 +23,7 @@ import simpy
 
 from common.checks import is_int, is_number
 from common.errors import InputError
+from common.option_fields import option_field
 from costs.base import CostModel
 from policies.base import Policy
 from policies.registry import policy_class
@@ -32,7 +33,7 @@ from results.output import TIMELINE_FILE, json_text, write_files
 from results.run_result import SimResult
 from serving.loop import overload_limit
 from serving.records import GapHistogram, IterationLog, request_frame
-from serving.routers import check_router, make_router
+from serving.routers import ROUTERS, check_router, make_router
 from sim.cluster import Cluster, Member, Pool
 from sim.kv_link import KVLink
 from sim.replica import CostBackend
@@ -43,15 +44,29 @@ MAX_INSTANCES = 1024
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    replicas: int = 1
-    router: str = "round-robin"
-    prefill_instances: int | None = None  # both set: disaggregated prefill and decode
-    decode_instances: int | None = None
-    prefill_gpu: str | None = None  # None: the run's --gpu
-    decode_gpu: str | None = None
-    kv_link_gbps: float | None = None
-    prefill_tp: int | None = None  # None: the run's --tp
-    decode_tp: int | None = None
+    """The deployment's replicas: their number and router, or disaggregated prefill and decode pools (their
+    instances, GPUs, TP degrees and the KV link between them). Its fields are `simctl run`'s and `capacity`'s
+    cluster options."""
+
+    replicas: int = option_field(1, "Replicas of the deployment behind a router (each its own policy and "
+                                 "KV).")
+    router: str = option_field("round-robin", f"How a request picks its replica at its arrival: "
+                               f"{', '.join(ROUTERS)}.")
+    # both set: disaggregated prefill and decode
+    prefill_instances: int | None = option_field(None, (
+        "Disaggregated serving: instances that only prefill (with --decode-instances and --kv-link-gbps)."))
+    decode_instances: int | None = option_field(None, (
+        "Disaggregated serving: instances that only decode, admitting requests whose KV has crossed the "
+        "link."))
+    prefill_gpu: str | None = option_field(None, "GPU of the prefill instances [default: --gpu].")
+    decode_gpu: str | None = option_field(None, "GPU of the decode instances [default: --gpu].")
+    kv_link_gbps: float | None = option_field(None, (
+        "Bandwidth of the link prefill instances send KV over, Gbit/s (one transfer at a time, first come "
+        "first served; a request's whole KV crosses it whatever the two pools' TP degrees)."))
+    prefill_tp: int | None = option_field(None, "Tensor-parallel degree of each prefill instance (its GPUs) "
+                                          "[default: --tp].")
+    decode_tp: int | None = option_field(None, "Tensor-parallel degree of each decode instance [default: "
+                                         "--tp].")
 
     @property
     def disaggregated(self) -> bool:

@@ -15,7 +15,9 @@ from rich.table import Table
 
 from common.errors import InputError
 from simctl.capacity_cmd import SLO_HELP
-from simctl.options import Arrival, Cost, Cv, Gpus, MaxModelLen, Models, OnTooLong, Scale, Seed, Tps, Trace
+from simctl.configs import Deployment, Workload
+from simctl.options import Attainment
+from simctl.policy_options import PolicyLists
 
 PLAN_FILES = ("plan.json", "probes.parquet", "pareto.png")
 VLLM_POLICY = "vllm-v1"  # the policy that models `vllm serve`'s scheduler: its choice is printed as flags
@@ -48,30 +50,19 @@ def parse_prices(values: list[str] | None) -> dict[str, float]:
 
 def plan_cmd(
     rate: Annotated[float, typer.Option(help="Requests per second to serve.")],
-    slo: Annotated[list[str], typer.Option(help=SLO_HELP.split(" Default:")[0], metavar="KEY=S[,KEY=S]")],
-    policy: Annotated[str, typer.Option(help="Policies to search, a comma list.")] = "vllm,sarathi",
-    trace: Trace = "sharegpt",
-    model: Models = "mistral-7b",
-    gpu: Gpus = "a100-80gb",
-    tp: Tps = "1",
+    slo: Annotated[list[str], typer.Option(help=SLO_HELP, metavar="KEY=S[,KEY=S]")],
+    policies: PolicyLists = PolicyLists(policy="vllm,sarathi"),
+    workload: Workload = Workload(),
+    deployment: Deployment = Deployment(),
     gpu_cost: Annotated[list[str] | None, typer.Option(metavar="GPU=PRICE[,...]", help=(
         "Price per GPU-hour of a GPU searched: adds the cost per million output tokens and ranks equal GPU "
         "counts by it."))] = None,
     max_gpus: Annotated[int, typer.Option(help="Most GPUs a choice may use.")] = 64,
     top: Annotated[int, typer.Option(help="Choices shown.")] = 5,
     checks: Annotated[int, typer.Option(help="The best choices checked by a cluster run at the rate.")] = 3,
-    attainment: Annotated[float | None, typer.Option(help="Share of requests that must meet the per-request "
-                                                     "--slo limits [default: 0.9].")] = None,
+    attainment: Attainment = None,
     num_requests: Annotated[int, typer.Option(help="Requests per probed run (per replica in a check).")
                             ] = 1000,
-    seed: Seed = 0,
-    options: dict | None = None,  # the policies' settings as lists (simctl.policy_options)
-    arrival: Arrival = "poisson",
-    cv: Cv = 1.0,
-    scale: Scale = 1.0,
-    cost: Cost = None,
-    max_model_len: MaxModelLen = None,
-    on_too_long: OnTooLong = "refuse",
     workers: Annotated[int | None, typer.Option(help="Processes searching in parallel [default: one per "
                                                 "core].")] = None,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.json, probes.parquet (every probed run) "
@@ -85,13 +76,12 @@ def plan_cmd(
     """
     from results.output import check_out_dir
     from results.slo import parse_slo
-    from sim.run import RunConfig
-    from simctl.option_grid import grid
+    from simctl.option_grid import base_config, grid
     from studies.plan import KEY_SETTINGS, PlanSpec, plan
 
-    base = RunConfig(trace=trace, qps=1.0, num_requests=num_requests, seed=seed, arrival=arrival, cv=cv,
-                     scale=scale, cost=cost, max_model_len=max_model_len, on_too_long=on_too_long)
-    combos = grid(base, policy, model, gpu, tp, _with_key_settings(options or {}, policy, KEY_SETTINGS))
+    policy, settings = policies.policy, policies.settings()
+    combos = grid(base_config(workload, deployment, 1.0, num_requests), policy, deployment,
+                  _with_key_settings(settings, policy, KEY_SETTINGS))
     spec = PlanSpec([c.config for c in combos], [c.label for c in combos], parse_slo(slo, attainment), rate,
                     max_gpus, parse_prices(gpu_cost), checks, workers)
     spec.validate()
@@ -102,8 +92,8 @@ def plan_cmd(
     if out is not None:
         check_out_dir(out, PLAN_FILES)
     console = Console(width=max(Console().width, 150))  # a wide table: its captions explain every column
-    console.print(escape(f"searching {len(combos)} configurations for {rate:g} QPS of {trace} within "
-                         f"{spec.slo.describe()}"))
+    console.print(escape(f"searching {len(combos)} configurations for {rate:g} QPS of {workload.trace} "
+                         f"within {spec.slo.describe()}"))
     choices, capacities = plan(spec)
     console.print(plan_table(choices[:top], spec))
     for note in FOOTNOTES:
