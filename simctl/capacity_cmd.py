@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from common.errors import InputError
-from sim.cluster_run import ClusterConfig
+from sim.cluster_config import ClusterConfig
 from simctl.configs import Deployment, Workload
 from simctl.display import fmt
 from simctl.goodput_cmd import goodput_command
@@ -67,12 +67,9 @@ def capacity(
     """
     from dataclasses import replace
 
-    from plots.capacity_search import capacity_figure
-    from results.output import check_out_dir
     from results.slo import parse_slo
     from simctl.option_grid import base_config, grid
-    from studies.capacity import CapacityConfig, capacity_warnings, search_capacities
-    from studies.capacity_files import CAPACITY_FILES, probes_frame, write_capacity
+    from studies.capacity import CapacityConfig
 
     base = base_config(workload, deployment, start_qps, num_requests)
     combos = grid(base, policies.policy, deployment, policies.settings())
@@ -86,15 +83,26 @@ def capacity(
         slos, origin = {"given": given}, "given (--slo)"
     else:
         slos, origin = _table3(configs, deployment, max_sched_delay_p50, capacity_definition)
-    spec = CapacityConfig(configs, slos, start_qps, workers, seeds, labels)
+    _search(CapacityConfig(configs, slos, start_qps, workers, seeds, labels), origin, workload.trace,
+            capacity_definition, out)
+
+
+def _search(spec: Any, origin: str, trace: str, definition: str, out: Path | None) -> None:
+    """The searches of `spec`: its SLOs and table printed, its problems warned of, its files in `out`."""
+    from plots.capacity_search import capacity_figure
+    from results.output import check_out_dir
+    from studies.capacity import capacity_warnings, search_capacities
+    from studies.capacity_files import CAPACITY_FILES, probes_frame, write_capacity
+
     if out is not None:
         check_out_dir(out, CAPACITY_FILES)
     console = Console()
     console.print(escape(f"SLOs: {origin}"))
-    for name, s in slos.items():
+    for name, s in spec.slos.items():
         console.print(escape(f"  {name}: {s.describe()}"))
     results = search_capacities(spec, progress=sys.stderr.isatty())
-    console.print(capacity_table(results, workload.trace, seeds, capacity_definition))
+    seeds = spec.seeds
+    console.print(capacity_table(results, trace, seeds, definition))
     warn_all(capacity_warnings(results))
     warn_all(f"{r.name} ({r.slo_name}{f', seed {seed}' if seeds > 1 else ''}): {problem}"
              + ("; probe more requests (--num-requests) or set a latency SLO (--slo)"

@@ -42,7 +42,7 @@ app = typer.Typer(
 )
 # commands whose options come in sections (simctl.config_options), in the order `simctl --help` lists them
 for command, name in ((run, "run"), (capacity, "capacity"), (plan_cmd, "plan"), (real, "real"),
-                      (validate, "validate")):
+                      (validate, "validate"), (prefill_bench, "prefill-bench"), (query_set_cmd, "query-set")):
     app.command(name)(with_config_options(command))
 
 
@@ -150,8 +150,6 @@ def fit(
     print(format_report(report))
 
 
-app.command("prefill-bench")(prefill_bench)
-app.command("query-set")(query_set_cmd)
 app.command("plot")(plot)
 app.command("sweep")(sweep)
 

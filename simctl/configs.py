@@ -1,7 +1,7 @@
 """The sections several commands share, as frozen dataclasses whose fields are their options
 (`simctl.config_options`): the workload served (`run`, `capacity`, `plan`, `real`), the deployment serving it
 (`run`, `capacity`, `plan`) and the real engine's disaggregation (`real`, `validate`). The policy section is
-`simctl.policy_options`, the simulated cluster `sim.cluster_run.ClusterConfig`. Each command gives its own
+`simctl.policy_options`, the simulated cluster `sim.cluster_config.ClusterConfig`. Each command gives its own
 defaults as the instance it declares."""
 
 from __future__ import annotations

@@ -79,9 +79,8 @@ def plan_cmd(
     from simctl.option_grid import base_config, grid
     from studies.plan import KEY_SETTINGS, PlanSpec, plan
 
-    policy, settings = policies.policy, policies.settings()
-    combos = grid(base_config(workload, deployment, 1.0, num_requests), policy, deployment,
-                  _with_key_settings(settings, policy, KEY_SETTINGS))
+    combos = grid(base_config(workload, deployment, 1.0, num_requests), policies.policy, deployment,
+                  _with_key_settings(policies.settings(), policies.policy, KEY_SETTINGS))
     spec = PlanSpec([c.config for c in combos], [c.label for c in combos], parse_slo(slo, attainment), rate,
                     max_gpus, parse_prices(gpu_cost), checks, workers)
     spec.validate()

@@ -7,20 +7,37 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from common.errors import InputError
+from common.option_fields import option_field
 from simctl.options import batch_sizes, comma_list
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from catalogue.gpus import GPUSpec
     from catalogue.models import ModelSpec
     from costs.base import CostModel
 
 FILES = ("query_set.parquet", "summary.json")
+
+
+@dataclass(frozen=True)
+class RealQuerySet:
+    """--real: the set served on this machine's engine, beside the simulator's twin of those runs."""
+
+    real: bool = option_field(False, "Also serve the set on this machine's engine (random weights of "
+                              "--real-model) and simulate its twin.", flags=("--real",))
+    real_model: str = option_field("tiny", "Model of --real.")
+    device: str = option_field("cpu", "Device of --real (cpu, cuda).")
+    repeats: int = option_field(3, "Real runs per point with --real (their median).")
+    real_cost: Path | None = option_field(None, "Fitted cost model of the --real device, for the twin "
+                                          "(default: the fit shipped for cpu).")
 
 
 def _real_point(policy: str, requests: list, batch: int, model: str, device: str, seed: int,
@@ -98,14 +115,7 @@ def query_set_cmd(
     scale: Annotated[float, typer.Option(help="Multiply every length (e.g. 0.25 for a CPU-sized --real)."
                                          )] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of the lengths and their order.")] = 0,
-    real: Annotated[bool, typer.Option("--real", help="Also serve the set on this machine's engine (random "
-                                       "weights of --real-model) and simulate its twin.")] = False,
-    real_model: Annotated[str, typer.Option(help="Model of --real.")] = "tiny",
-    device: Annotated[str, typer.Option(help="Device of --real (cpu, cuda).")] = "cpu",
-    repeats: Annotated[int, typer.Option(help="Real runs per point with --real (their median).")] = 3,
-    real_cost: Annotated[Path | None,
-                         typer.Option(help="Fitted cost model of the --real device, for the twin "
-                                                   "(default: the fit shipped for cpu).")] = None,
+    serving: RealQuerySet = RealQuerySet(),
     out: Annotated[Path | None, typer.Option(help="Folder for query_set.parquet and summary.json.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
@@ -114,14 +124,12 @@ def query_set_cmd(
 
     Example: simctl query-set --set mixed --batch-size 4,8 --gpu a6000
     """
-    import pandas as pd
-
     from catalogue.gpus import get_gpu
     from catalogue.models import get_model
     from policies.registry import policy_class
     from results.output import check_out_dir, json_text, write_files
     from simctl.usage_errors import warn_all
-    from studies.query_set import completion_time, query_set
+    from studies.query_set import query_set
 
     policies = comma_list(policy, "policy")
     for p in policies:
@@ -129,8 +137,8 @@ def query_set_cmd(
     sizes = batch_sizes(batch_size)
     if not scale > 0:
         raise InputError(f"--scale must be > 0, got {scale}")
-    if repeats < 1:
-        raise InputError(f"--repeats must be >= 1, got {repeats}")
+    if serving.repeats < 1:
+        raise InputError(f"--repeats must be >= 1, got {serving.repeats}")
     if out is not None:
         check_out_dir(out, FILES)
     requests = query_set(name, seed, scale)
@@ -138,23 +146,7 @@ def query_set_cmd(
     spec.check_context(requests, scale)
     price, kv, label, warnings = _cost(cost, spec, g, execution, step_overhead_ms)
     warn_all(warnings)
-    rows = []
-    for b in sizes:
-        for p in policies:
-            options = {"overlap": overlap} if p == "baton-pd" else {}
-            row = {"set": name, "batch_size": b, "policy": p,
-                   **completion_time(p, requests, b, price, kv, options)}
-            if real:
-                row.update(_real_point(p, requests, b, real_model, device, seed, real_cost, repeats, options))
-            rows.append(row)
-    frame = pd.DataFrame(rows)
-    if "hf-padded" in policies:
-        base = frame[frame["policy"] == "hf-padded"].set_index("batch_size")["completion_s"]
-        frame["speedup_vs_hf_padded"] = frame["batch_size"].map(base) / frame["completion_s"]
-        if real:
-            real_base = frame[frame["policy"] == "hf-padded"].set_index("batch_size")["real_completion_s"]
-            frame["real_speedup_vs_hf_padded"] = (frame["batch_size"].map(real_base)
-                                                  / frame["real_completion_s"])
+    frame = _completions(name, requests, policies, sizes, price, kv, overlap, serving, seed)
     summary = {"set": name, "queries": len(requests), "model": spec.name, "gpu": g.name, "cost_model": label,
                "cost_assumptions": price.assumptions(),
                "scale": scale, "seed": seed, "overlap": overlap, "warnings": warnings,
@@ -166,7 +158,36 @@ def query_set_cmd(
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=1) + "\n")
         return
-    _print(frame, summary, real)
+    _print(frame, summary, serving.real)
+
+
+def _completions(name: str, requests: list, policies: list[str], sizes: list[int], price: CostModel, kv: int,
+                 overlap: int, serving: RealQuerySet, seed: int) -> pd.DataFrame:
+    """One row per batch size and policy: the set's completion time simulated (and with --real served, with
+    its twin), and each policy's speedup over hf-padded when it is compared."""
+    import pandas as pd
+
+    from studies.query_set import completion_time
+
+    rows = []
+    for b in sizes:
+        for p in policies:
+            options = {"overlap": overlap} if p == "baton-pd" else {}
+            row = {"set": name, "batch_size": b, "policy": p,
+                   **completion_time(p, requests, b, price, kv, options)}
+            if serving.real:
+                row.update(_real_point(p, requests, b, serving.real_model, serving.device, seed,
+                                       serving.real_cost, serving.repeats, options))
+            rows.append(row)
+    frame = pd.DataFrame(rows)
+    if "hf-padded" in policies:
+        base = frame[frame["policy"] == "hf-padded"].set_index("batch_size")["completion_s"]
+        frame["speedup_vs_hf_padded"] = frame["batch_size"].map(base) / frame["completion_s"]
+        if serving.real:
+            real_base = frame[frame["policy"] == "hf-padded"].set_index("batch_size")["real_completion_s"]
+            frame["real_speedup_vs_hf_padded"] = (frame["batch_size"].map(real_base)
+                                                  / frame["real_completion_s"])
+    return frame
 
 
 def _print(frame, summary: dict, real: bool) -> None:

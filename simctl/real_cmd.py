@@ -54,8 +54,6 @@ def real(
     (vLLM's settings as vllm-v1's, e.g. --max-batch-size 64 --enable-prefix-caching 0)
     """
     from engine.real import real_main
-    from results.output import json_text
-    from simctl.display import print_cluster, print_summary
 
     if engine not in ("simctl", "vllm"):
         raise InputError(f"--engine {engine!r}: choose simctl or vllm")
@@ -73,12 +71,19 @@ def real(
     except RuntimeError as e:
         # the serving child (or vLLM's engine) crashed: its last words are in the message
         raise InputError(f"real execution failed: {e}") from None
+    _show(summary, as_json)
+
+
+def _show(summary: dict[str, Any], as_json: bool) -> None:
+    from results.output import json_text
+    from simctl.display import print_cluster, print_summary
+
     if as_json:
         sys.stdout.write(json_text(summary))
-    else:
-        print_summary(summary)
-        if len(summary.get("replica_metrics", ())) > 1:
-            print_cluster(summary)
+        return
+    print_summary(summary)
+    if len(summary.get("replica_metrics", ())) > 1:
+        print_cluster(summary)
 
 
 def _on_vllm(ctx: typer.Context, policies: Any, common: dict[str, Any]) -> dict[str, Any]:

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from common.errors import InputError
-from sim.cluster_run import ClusterConfig
+from sim.cluster_config import ClusterConfig
 from simctl.configs import Deployment, Workload
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
+
+if TYPE_CHECKING:
+    from sim.run import RunConfig
 
 DEFAULT_NUM_REQUESTS = 1000
 DEFAULT_QPS = 0.5
@@ -54,13 +57,11 @@ def run(
     Example: simctl run --policy vllm --trace sharegpt --qps 2 --out out/vllm; compared: simctl run --policy
     sarathi --token-budget 256,512,1024 --trace sharegpt --qps 2
     """
-    from dataclasses import replace
-
     from results.slo import parse_slo
     from results.vllm_bench import parse_goodput
     from simctl.option_grid import base_config, grid
     from simctl.run_grid_cmd import check_single_outputs, run_grid
-    from traces import build_trace, has_arrival_times, is_profile
+    from traces import has_arrival_times, is_profile
 
     trace = workload.trace
     if qps is None and (not trace.strip() or not has_arrival_times(trace)):
@@ -75,12 +76,23 @@ def run(
         return run_grid(combos, cluster, judged)
     config = combos[0].config
     config.validate()
-    if num_requests is None and not is_profile(trace):  # a trace file: every row
-        rows = len(build_trace(trace, None, qps, workload.seed, arrival=workload.arrival, cv=workload.cv))
-        config = replace(config, num_requests=rows)
-        config.validate()
+    if num_requests is None and not is_profile(trace):
+        config = _every_row(config, workload)
     cluster.validate(config.policy)
     run_command(config, cluster, out, as_json, timeline, trace_events, parse_goodput(goodput), judged)
+
+
+def _every_row(config: RunConfig, workload: Workload) -> RunConfig:
+    """A trace file's run serves every row unless --num-requests says otherwise."""
+    from dataclasses import replace
+
+    from traces import build_trace
+
+    rows = len(build_trace(workload.trace, None, config.qps, workload.seed, arrival=workload.arrival,
+                           cv=workload.cv))
+    config = replace(config, num_requests=rows)
+    config.validate()
+    return config
 
 
 def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, timeline: int,
