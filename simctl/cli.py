@@ -29,10 +29,6 @@ from simctl.sweep_cmd import sweep
 from simctl.usage_errors import error_types, fail, given_value, usage_message
 from simctl.validate_cmd import validate
 
-COMMANDS = ("run", "capacity", "plan", "real", "validate", "profile", "fit", "prefill-bench", "query-set",
-            "plot", "sweep", "list")
-
-
 _USAGE_ERRORS, _ABORTS = error_types()
 
 app = typer.Typer(
@@ -40,13 +36,8 @@ app = typer.Typer(
          "throughput and capacity before spending GPU hours.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
 )
-# commands whose options come in sections (simctl.config_options), in the order `simctl --help` lists them
-for command, name in ((run, "run"), (capacity, "capacity"), (plan_cmd, "plan"), (real, "real"),
-                      (validate, "validate"), (prefill_bench, "prefill-bench"), (query_set_cmd, "query-set")):
-    app.command(name)(with_config_options(command))
 
 
-@app.command()
 def profile(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="Folder for profile.csv and meta.json, e.g. profiles/my-gpu.")],
@@ -95,7 +86,6 @@ def profile(
     Console().print(escape(f"wrote {path}/profile.csv and meta.json; next: simctl fit {path}"))
 
 
-@app.command()
 def fit(
     ctx: typer.Context,
     profile_dir: Annotated[Path, typer.Argument(help=(
@@ -150,11 +140,6 @@ def fit(
     print(format_report(report))
 
 
-app.command("plot")(plot)
-app.command("sweep")(sweep)
-
-
-@app.command("list")
 def list_catalogue() -> None:
     """Show the policies, traces, models and GPUs simctl knows."""
     from catalogue.gpus import GPUS
@@ -191,6 +176,14 @@ def list_catalogue() -> None:
         console.print(table)
 
 
+# every command, in the order `simctl --help` lists them; a command's sections become its options
+COMMANDS = {"run": run, "capacity": capacity, "plan": plan_cmd, "real": real, "validate": validate,
+            "profile": profile, "fit": fit, "prefill-bench": prefill_bench, "query-set": query_set_cmd,
+            "plot": plot, "sweep": sweep, "list": list_catalogue}
+for _name, _command in COMMANDS.items():
+    app.command(_name)(with_config_options(_command))
+
+
 class Interrupted(BaseException):
     """Ctrl-C or SIGTERM, raised where the program is so that it unwinds: `finally` blocks remove
     temporaries, a serving child or pool workers are stopped, and --out is left as it was. Not a
@@ -221,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     except InputError as e:
         fail(str(e))
     except _USAGE_ERRORS as e:
-        fail(usage_message(e, args, COMMANDS))
+        fail(usage_message(e, args, tuple(COMMANDS)))
     except Interrupted as e:
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the message short
             signal.signal(sig, signal.SIG_IGN)

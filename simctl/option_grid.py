@@ -13,7 +13,7 @@ from common.errors import InputError
 from policies.registry import check_options, policy_class
 from sim.run import RunConfig
 from simctl.configs import Deployment, Workload
-from simctl.options import comma_list
+from simctl.options import comma_list, policy_list
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,9 @@ def base_config(workload: Workload, deployment: Deployment, qps: float | None,
 def grid(base: RunConfig, policy: str, deployment: Deployment,
          options: dict[str, list[Any] | None]) -> list[Combination]:
     """One configuration per combination of the values listed, named by the policy and what varies."""
-    policies = comma_list(policy, "policy")
+    policies = policy_list(policy)
     models, gpus = comma_list(deployment.model, "model"), comma_list(deployment.gpu, "gpu")
     tps = int_list(deployment.tp, "tp")
-    for p in policies:
-        policy_class(p)
     _known(models, gpus)
     given = {k: v for k, v in options.items() if v is not None}
     for name, values in given.items():  # a setting no listed policy takes: the registry's one line

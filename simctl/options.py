@@ -32,6 +32,16 @@ def comma_list(text: str, what: str) -> list[str]:
     return items
 
 
+def policy_list(text: str) -> list[str]:
+    """The policies of a `--policy` comma list, each known (the registry's one line if not)."""
+    from policies.registry import policy_class
+
+    policies = comma_list(text, "policy")
+    for p in policies:
+        policy_class(p)
+    return policies
+
+
 def batch_sizes(text: str) -> list[int]:
     try:
         sizes = [int(t) for t in comma_list(text, "batch-size")]

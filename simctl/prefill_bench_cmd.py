@@ -14,7 +14,7 @@ import typer
 
 from common.errors import InputError
 from common.option_fields import option_field
-from simctl.options import batch_sizes, comma_list
+from simctl.options import batch_sizes, comma_list, policy_list
 
 if TYPE_CHECKING:
     import numpy as np
@@ -24,6 +24,18 @@ if TYPE_CHECKING:
     from costs.base import CostModel
 
 FILES = ("prefill_bench.parquet", "summary.json")
+
+
+@dataclass(frozen=True)
+class PromptPools:
+    """The prompts: a pool of lengths drawn from each profile."""
+
+    lengths: str = option_field("mmlu", "Length profiles from Prepacking's Table 2 (mmlu, samsum, alpaca, "
+                                "wikitext256, wikitext512, hh-rlhf) or files of one prompt length per line, "
+                                "comma-separated.")
+    prompts: int = option_field(1000, "Prompts drawn from each profile (the paper subsamples 1,000).")
+    scale: float = option_field(1.0, "Multiply prompt lengths (e.g. 0.25 for a CPU-sized --real).")
+    seed: int = option_field(0, "Seed of the lengths and their order.")
 
 
 @dataclass(frozen=True)
@@ -41,21 +53,13 @@ def prefill_bench(
     policy: Annotated[str, typer.Option(help="Policies that prefill whole batches, comma-separated: "
                                         "hf-padded (full batching), length-ordered, prepack, "
                                         "faster-transformer.")] = "hf-padded,length-ordered,prepack",
-    lengths: Annotated[str,
-                       typer.Option(help="Length profiles from Prepacking's Table 2 (mmlu, samsum, alpaca, "
-                                         "wikitext256, wikitext512, hh-rlhf) or files of one prompt length "
-                                         "per line, comma-separated.")] = "mmlu",
     batch_size: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "8,16,32,64",
     model: Annotated[str, typer.Option(help="Model shape from the catalogue.")] = "llama-2-7b",
     gpu: Annotated[str,
                    typer.Option(help="GPU from the catalogue (cpu: this machine's shipped fit).")] = "a6000",
     cost: Annotated[str | None, typer.Option(help="A fitted cost_model.json or roofline_calibration.json "
                                              "instead of the roofline.")] = None,
-    prompts: Annotated[int, typer.Option(help="Prompts drawn from each profile (the paper subsamples "
-                                         "1,000).")] = 1000,
-    scale: Annotated[float, typer.Option(help="Multiply prompt lengths (e.g. 0.25 for a CPU-sized --real)."
-                                         )] = 1.0,
-    seed: Annotated[int, typer.Option(help="Seed of the lengths and their order.")] = 0,
+    pools: PromptPools = PromptPools(),
     timing: RealPrefills = RealPrefills(),
     out: Annotated[Path | None,
                    typer.Option(help="Folder for prefill_bench.parquet and summary.json.")] = None,
@@ -72,33 +76,30 @@ def prefill_bench(
 
     from catalogue.gpus import get_gpu
     from catalogue.models import get_model
-    from policies.registry import policy_class
     from results.output import check_out_dir, json_text, write_files
     from sim.run import cost_model
     from simctl.usage_errors import warn_all
 
-    policies = comma_list(policy, "policy")
-    for p in policies:
-        policy_class(p)
+    policies = policy_list(policy)
     sizes = batch_sizes(batch_size)
-    if prompts < 1 or timing.real_batches < 1 or timing.repeats < 1:
+    if pools.prompts < 1 or timing.real_batches < 1 or timing.repeats < 1:
         raise InputError("--prompts, --real-batches and --repeats must be >= 1")
-    if not scale > 0:
-        raise InputError(f"--scale must be > 0, got {scale}")
+    if not pools.scale > 0:
+        raise InputError(f"--scale must be > 0, got {pools.scale}")
     if out is not None:
         check_out_dir(out, FILES)
     spec, g = get_model(model), get_gpu(gpu)
     price, _, label, warnings = cost_model(cost, spec, g, 1)
     warn_all(warnings)
     rows, profiles = [], {}
-    for name in comma_list(lengths, "lengths"):
-        pool = _pool(name, prompts, seed, scale, spec)
+    for name in comma_list(pools.lengths, "lengths"):
+        pool = _pool(name, pools, spec)
         profiles[name] = _profile(pool, name)
-        rows += _points(name, pool, policies, sizes, spec, g, price, timing, seed)
+        rows += _points(name, pool, policies, sizes, spec, g, price, timing, pools.seed)
     frame = pd.DataFrame(rows)
     summary = {"model": spec.name, "gpu": g.name, "cost_model": label, "warnings": warnings,
-               "prompts": prompts, "scale": scale, "seed": seed, "profiles": profiles, "real": timing.real,
-               "device": timing.device if timing.real else None}
+               "prompts": pools.prompts, "scale": pools.scale, "seed": pools.seed, "profiles": profiles,
+               "real": timing.real, "device": timing.device if timing.real else None}
     if out is not None:
         write_files(out, {"prefill_bench.parquet": lambda t: frame.to_parquet(t, index=False),
                           "summary.json": lambda t: t.write_text(json_text(summary))}, "the benchmark")
@@ -108,11 +109,11 @@ def prefill_bench(
     _print(frame, summary)
 
 
-def _pool(name: str, prompts: int, seed: int, scale: float, spec: ModelSpec) -> np.ndarray:
+def _pool(name: str, pools: PromptPools, spec: ModelSpec) -> np.ndarray:
     """The prompt lengths drawn from profile `name`; InputError if one exceeds the model's context."""
     from studies.prefill_bench import prompt_lengths
 
-    pool = prompt_lengths(name, prompts, seed, scale)
+    pool = prompt_lengths(name, pools.prompts, pools.seed, pools.scale)
     if pool.max() > spec.max_position:
         raise InputError(f"--lengths {name}: prompts up to {pool.max()} tokens exceed {spec.name}'s "
                          f"context of {spec.max_position}; lower --scale")

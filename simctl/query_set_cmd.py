@@ -15,7 +15,7 @@ import typer
 
 from common.errors import InputError
 from common.option_fields import option_field
-from simctl.options import batch_sizes, comma_list
+from simctl.options import batch_sizes, policy_list
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -25,6 +25,19 @@ if TYPE_CHECKING:
     from costs.base import CostModel
 
 FILES = ("query_set.parquet", "summary.json")
+
+
+@dataclass(frozen=True)
+class StepPricing:
+    """How a step is priced: a cost model given, or the roofline with the step overheads given."""
+
+    cost: str | None = option_field(None, "A fitted cost_model.json or roofline_calibration.json instead of "
+                                    "the roofline.")
+    execution: str | None = option_field(None, "Roofline: cuda-graph (the default: 2 ms a step) or eager "
+                                         "(its launch floor too: the paper's Hugging Face engine runs eager "
+                                         "PyTorch; see costs/overheads.py).")
+    step_overhead_ms: float | None = option_field(None, "Roofline: the host's time per step, ms (default: "
+                                                  "the execution mode's, 2 ms).")
 
 
 @dataclass(frozen=True)
@@ -72,13 +85,13 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
             "twin_error": twin["makespan_s"] / real - 1, "real_batch_size": runs[0]["max_batch_size"]}
 
 
-def _cost(cost: str | None, spec: ModelSpec, gpu: GPUSpec, execution: str | None,
-          step_overhead_ms: float | None) -> tuple[CostModel, int, str, list[str]]:
+def _cost(pricing: StepPricing, spec: ModelSpec, gpu: GPUSpec) -> tuple[CostModel, int, str, list[str]]:
     """`sim.run.cost_model`'s model, or the roofline with the step overheads given (they are the roofline's:
     a fit carries what its profile measured)."""
     from costs.roofline import DEFAULT_OVERHEAD_S, Roofline
     from sim.run import cost_model
 
+    cost, execution, step_overhead_ms = pricing.cost, pricing.execution, pricing.step_overhead_ms
     if execution is None and step_overhead_ms is None:
         return cost_model(cost, spec, gpu, 1)
     if cost is not None:
@@ -101,14 +114,7 @@ def query_set_cmd(
     model: Annotated[str, typer.Option(help="Model shape from the catalogue.")] = "llama-2-7b",
     gpu: Annotated[str, typer.Option(help="GPU from the catalogue (the paper: a6000 for mixed, rtx-4090 for "
                                      "short; cpu: this machine's shipped fit).")] = "rtx-4090",
-    cost: Annotated[str | None, typer.Option(help="A fitted cost_model.json or roofline_calibration.json "
-                                             "instead of the roofline.")] = None,
-    execution: Annotated[str | None, typer.Option(help="Roofline: cuda-graph (the default: 2 ms a step) or "
-                                                  "eager (its launch floor too: the paper's Hugging Face "
-                                                  "engine runs eager PyTorch; see costs/overheads.py)."
-                                                  )] = None,
-    step_overhead_ms: Annotated[float | None, typer.Option(help="Roofline: the host's time per step, ms "
-                                                           "(default: the execution mode's, 2 ms).")] = None,
+    pricing: StepPricing = StepPricing(),
     overlap: Annotated[int, typer.Option(help="baton-pd's --overlap: 1 prefills waiting queries beside the "
                                          "batch's decode steps (the paper's asynchronous P&D decoupling); 0: "
                                          "they take turns.")] = 0,
@@ -126,14 +132,11 @@ def query_set_cmd(
     """
     from catalogue.gpus import get_gpu
     from catalogue.models import get_model
-    from policies.registry import policy_class
     from results.output import check_out_dir, json_text, write_files
     from simctl.usage_errors import warn_all
     from studies.query_set import query_set
 
-    policies = comma_list(policy, "policy")
-    for p in policies:
-        policy_class(p)
+    policies = policy_list(policy)
     sizes = batch_sizes(batch_size)
     if not scale > 0:
         raise InputError(f"--scale must be > 0, got {scale}")
@@ -144,7 +147,7 @@ def query_set_cmd(
     requests = query_set(name, seed, scale)
     spec, g = get_model(model), get_gpu(gpu)
     spec.check_context(requests, scale)
-    price, kv, label, warnings = _cost(cost, spec, g, execution, step_overhead_ms)
+    price, kv, label, warnings = _cost(pricing, spec, g)
     warn_all(warnings)
     frame = _completions(name, requests, policies, sizes, price, kv, overlap, serving, seed)
     summary = {"set": name, "queries": len(requests), "model": spec.name, "gpu": g.name, "cost_model": label,

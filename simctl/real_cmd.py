@@ -23,7 +23,7 @@ def real(
                                         "are passed to vLLM, --max-batch-size as its max_num_seqs; vLLM's "
                                         "defaults otherwise. `make vllm` installs it).")] = "simctl",
     policies: PolicyChoice = PolicyChoice(),
-    workload: Workload = Workload(scale=0.05),  # sharegpt scaled to fit the tiny model's 2,048 positions
+    workload: Workload = Workload(scale=0.05),
     model: Annotated[str, typer.Option(help=(
         "Model shape, built with random weights (`tiny`, `tiny-2l` suit a CPU)."))] = "tiny",
     device: Annotated[str, typer.Option(help="cpu, or cuda.")] = "cpu",
@@ -45,7 +45,8 @@ def real(
 ) -> None:
     """Serve a trace in real time on a real model, driven by the same policy objects as the simulator.
 
-    Timestamps are measured; the outputs have the simulator's format, so predictions can be checked.
+    Timestamps are measured; the outputs have the simulator's format, so predictions can be checked. The
+    default --scale makes sharegpt fit the tiny model's 2,048-token context.
     Example: simctl real --policy vllm --trace sharegpt --scale 0.05 --qps 4 --num-requests 50 --out out/real
     Disaggregated: simctl real --policy vllm --qps 4 --prefill-instances 1 --decode-instances 1
     --out out/real-pd
