@@ -129,9 +129,10 @@ def test_choice_is_a_frozen_dataclass() -> None:
 
 # ---- comma lists -------------------------------------------------------------------------------------------
 def test_a_grid_names_what_varies() -> None:
+    from simctl.configs import Deployment
     from simctl.option_grid import grid
 
-    combos = grid(RunConfig(), "vllm,sarathi", "mistral-7b", "a100-80gb", "1,2",
+    combos = grid(RunConfig(), "vllm,sarathi", Deployment(model="mistral-7b", gpu="a100-80gb", tp="1,2"),
                   {"token_budget": [256, 512], "max_batch_size": None})
     assert [c.label for c in combos] == ["vllm tp=1", "vllm tp=2", "sarathi tp=1 token_budget=256",
                                          "sarathi tp=1 token_budget=512", "sarathi tp=2 token_budget=256",
