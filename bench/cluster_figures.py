@@ -35,7 +35,7 @@ from catalogue.gpus import get_gpu
 from costs.calibration import CALIBRATION_FORMAT
 from results.slo import SLO, parse_slo
 from serving.routers import ROUTERS
-from sim.cluster_run import ClusterConfig
+from sim.cluster_config import ClusterConfig
 from sim.run import RunConfig, run
 from studies.capacity import find_capacity
 from studies.goodput import deployment_name, find_goodput, with_attainment

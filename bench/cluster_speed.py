@@ -24,7 +24,7 @@ SIZES = (1_000, 10_000, 100_000)
 
 
 def worker(n: int, qps: float, scale: float) -> None:
-    from sim.cluster_run import ClusterConfig
+    from sim.cluster_config import ClusterConfig
     from sim.run import RunConfig, run
 
     t0 = time.perf_counter()

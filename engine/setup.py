@@ -103,7 +103,7 @@ class RealConfig:
             self._check_disaggregated()
 
     def _check_disaggregated(self) -> None:
-        from sim.cluster_run import check_disaggregable, check_instances
+        from sim.cluster_config import check_disaggregable, check_instances
 
         check_instances(prefill_instances=self.prefill_instances, decode_instances=self.decode_instances)
         if (self.prefill_instances, self.decode_instances) != (1, 1):

@@ -23,11 +23,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 from common.checks import is_int
 from common.errors import InputError
+from common.option_fields import option_field
 from policies.admission import ADMISSION_ORDERS, FCFS, ArrivalOrder, WaitingQueue, waiting_queue
 from policies.kv import KVManager, PagedKV, ReservedKV
 from policies.plan import BatchPlan
@@ -39,12 +40,12 @@ MAX_SETTING = 1 << 20
 
 def option(default: int | None, help: str, minimum: int = 1, maximum: int = MAX_SETTING) -> Any:
     """A policy setting: an integer option with its default, its `--help` text and its bounds."""
-    return field(default=default, metadata={"help": help, "min": minimum, "max": maximum})
+    return option_field(default, help, min=minimum, max=maximum)
 
 
 def choice(default: str, help: str, choices: tuple[str, ...]) -> Any:
     """A policy setting that names one of `choices`."""
-    return field(default=default, metadata={"help": help, "choices": choices})
+    return option_field(default, help, choices=choices)
 
 
 def admission_setting(default: str = FCFS) -> Any:

@@ -1,6 +1,6 @@
-"""A run's deployment (`ClusterConfig`: one replica, replicas behind a router, or disaggregated prefill and
-decode), its pools, and its summary and files: `sim.run.run` serves every run through these, one replica
-being a cluster of one.
+"""A run's deployment served (its shape: `sim.cluster_config.ClusterConfig`, one replica, replicas behind a
+router, or disaggregated prefill and decode), its pools, and its summary and files: `sim.run.run` serves
+every run through these, one replica being a cluster of one.
 
 The summary is a single run's (`results.metrics.summarize` over every request, every token gap and every
 iteration of the cluster), plus per replica and per pool: requests served, utilisation (busy time / the
@@ -10,10 +10,9 @@ sustainable when every replica is, by the single-replica rules applied to the re
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,100 +20,19 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from common.checks import is_int, is_number
-from common.errors import InputError
 from costs.base import CostModel
 from policies.base import Policy
-from policies.registry import policy_class
 from policies.seq import Seq
 from results.metrics import summarize
 from results.output import TIMELINE_FILE, json_text, write_files
 from results.run_result import SimResult
 from serving.loop import overload_limit
 from serving.records import GapHistogram, IterationLog, request_frame
-from serving.routers import check_router, make_router
+from serving.routers import make_router
 from sim.cluster import Cluster, Member, Pool
 from sim.kv_link import KVLink
 from sim.replica import CostBackend
 from traces.request import Request
-
-MAX_INSTANCES = 1024
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    replicas: int = 1
-    router: str = "round-robin"
-    prefill_instances: int | None = None  # both set: disaggregated prefill and decode
-    decode_instances: int | None = None
-    prefill_gpu: str | None = None  # None: the run's --gpu
-    decode_gpu: str | None = None
-    kv_link_gbps: float | None = None
-    prefill_tp: int | None = None  # None: the run's --tp
-    decode_tp: int | None = None
-
-    @property
-    def disaggregated(self) -> bool:
-        return self.prefill_instances is not None or self.decode_instances is not None
-
-    @property
-    def is_cluster(self) -> bool:
-        """More than one replica (a sweep point's key, a rate per GPU, what records one replica only)."""
-        return self.disaggregated or self.replicas != 1
-
-    def validate(self, policy: str) -> None:
-        check_instances(replicas=self.replicas, prefill_instances=self.prefill_instances,
-                        decode_instances=self.decode_instances)
-        check_router(self.router)
-        if not self.disaggregated:
-            for name, v in (("prefill-gpu", self.prefill_gpu), ("decode-gpu", self.decode_gpu),
-                            ("kv-link-gbps", self.kv_link_gbps), ("prefill-tp", self.prefill_tp),
-                            ("decode-tp", self.decode_tp)):
-                if v is not None:
-                    raise InputError(f"--{name} needs --prefill-instances and --decode-instances")
-            return
-        if self.prefill_instances is None or self.decode_instances is None:
-            raise InputError("disaggregated serving needs both --prefill-instances and --decode-instances")
-        if self.replicas != 1:
-            raise InputError("--replicas is for colocated serving; with --prefill-instances and "
-                             "--decode-instances the instances are the replicas")
-        if self.kv_link_gbps is None:
-            raise InputError("disaggregated serving needs --kv-link-gbps "
-                             "(the bandwidth of the link KV moves on)")
-        gbps = self.kv_link_gbps
-        if not is_number(gbps) or not (gbps > 0 and math.isfinite(gbps)):
-            raise InputError(f"--kv-link-gbps must be a finite number > 0 (gigabits per second), "
-                             f"got {gbps!r}")
-        for name, tp in (("prefill-tp", self.prefill_tp), ("decode-tp", self.decode_tp)):
-            if tp is not None and (not is_int(tp) or tp < 1):
-                raise InputError(f"--{name} must be an integer >= 1, got {tp!r}")
-        check_disaggregable(policy)
-
-    def pool_tp(self, pool: str, tp: int) -> int:
-        """The TP degree of a pool ("prefill", "decode" or "replicas") of a run whose --tp is `tp`."""
-        return {"prefill": self.prefill_tp, "decode": self.decode_tp}.get(pool) or tp
-
-    def recorded(self, tp: int) -> dict[str, Any]:
-        """The deployment as a summary records it: every field, the per-pool TP degrees resolved and only when
-        disaggregated (colocated summaries keep the keys they had before per-pool parallelism)."""
-        out = asdict(self)
-        if self.disaggregated:
-            return {**out, "prefill_tp": self.pool_tp("prefill", tp), "decode_tp": self.pool_tp("decode", tp)}
-        return {k: v for k, v in out.items() if k not in ("prefill_tp", "decode_tp")}
-
-
-def check_instances(**counts: int | None) -> None:
-    """Instance counts (replicas=..., prefill_instances=...) given are integers from 1 to MAX_INSTANCES."""
-    for name, v in counts.items():
-        if v is not None and (not is_int(v) or not 1 <= v <= MAX_INSTANCES):
-            raise InputError(f"--{name.replace('_', '-')} must be an integer from 1 to {MAX_INSTANCES}, "
-                             f"got {v!r}")
-
-
-def check_disaggregable(policy: str) -> None:
-    if policy_class(policy).padded_batches:
-        raise InputError(f"{policy} cannot serve disaggregated: its padded batches admit only requests it "
-                         "prefilled itself; use an iteration-level policy (orca, vllm, sarathi)")
 
 
 def make_pool(name: str, count: int, gpu: str, new_backend: Callable[[], CostBackend],

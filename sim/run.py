@@ -1,5 +1,5 @@
 """One simulation from names: what `simctl run` does, usable from Python and notebooks too. Every run is a
-deployment (`sim.cluster_run.ClusterConfig`): one replica by default, a cluster of one."""
+deployment (`sim.cluster_config.ClusterConfig`): one replica by default, a cluster of one."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from policies.registry import check_options, make_policy, max_admissible_tokens,
 from results.run_result import SimResult
 from serving.loop import overload_limit
 from sim.cluster import Cluster, Pool, Progress
-from sim.cluster_run import ClusterConfig, MemberRecords, iterations_frame, make_pool, summarise_cluster
+from sim.cluster_config import ClusterConfig
+from sim.cluster_run import MemberRecords, iterations_frame, make_pool, summarise_cluster
 from sim.kv_link import KVLink
 from sim.replica import CostBackend
 from sim.timeline import TimelineBackend, check_timeline

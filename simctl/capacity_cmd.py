@@ -13,61 +13,35 @@ from rich.markup import escape
 from rich.table import Table
 
 from common.errors import InputError
-from simctl.cluster_options import with_cluster_options
+from sim.cluster_config import ClusterConfig
+from simctl.configs import Deployment, Workload
 from simctl.display import fmt
 from simctl.goodput_cmd import goodput_command
-from simctl.options import (
-    Arrival,
-    Cost,
-    Cv,
-    Ep,
-    Gpus,
-    MaxModelLen,
-    Models,
-    OnTooLong,
-    RoutingSkew,
-    Scale,
-    Seed,
-    Tps,
-    Trace,
-)
+from simctl.options import Attainment
+from simctl.policy_options import PolicyLists
 from simctl.usage_errors import note_replaced, warn_all
 
 SLO_HELP = ("SLO limits, key=seconds, comma-separated or repeated: p50/p90/p99 of ttft, tbt, tpot or e2e "
             "(e.g. p99_tbt=0.1,p50_ttft=2: that percentile of the run within the limit), or plain ttft, tbt "
             "(a request's largest gap), tpot, e2e: per-request limits that a share --attainment of the "
-            "requests must meet (DistServe's goodput). Default: two searches, Sarathi-Serve's strict and "
-            "relaxed P99 TBT SLOs (Table 3: 5x and 25x one decode iteration of 32 requests with 4k-token "
-            "contexts on this model/GPU/TP), printed.")
+            "requests must meet (DistServe's goodput).")
+TABLE3_HELP = (" Default: two searches, Sarathi-Serve's strict and relaxed P99 TBT SLOs (Table 3: 5x and 25x "
+               "one decode iteration of 32 requests with 4k-token contexts on this model/GPU/TP), printed.")
 
 
-@with_cluster_options(goodput=True)
 def capacity(
-    policy: Annotated[str,
-                      typer.Option(help="One policy or a comma-separated list to compare.")] = "vllm,sarathi",
-    trace: Trace = "sharegpt",
-    model: Models = "mistral-7b",
-    gpu: Gpus = "a100-80gb",
-    tp: Tps = "1",
-    routing_skew: RoutingSkew = 0.0,
-    ep: Ep = 1,
+    policies: PolicyLists = PolicyLists(policy="vllm,sarathi"),
+    workload: Workload = Workload(),
     num_requests: Annotated[int, typer.Option(help="Requests per probed run.")] = 1000,
-    seed: Seed = 0,
-    options: dict | None = None,  # the policies' settings: generated options (simctl.policy_options)
-    arrival: Arrival = "poisson",
-    cv: Cv = 1.0,
-    scale: Scale = 1.0,
-    cost: Cost = None,
-    max_model_len: MaxModelLen = None,
-    on_too_long: OnTooLong = "refuse",
+    deployment: Deployment = Deployment(),
     capacity_definition: Annotated[str, typer.Option(help=(
         "sustainable: a rate whose run is backlogged (a queue that grows, or stands, though the median "
         "scheduling delay is still within its limit: results/saturation.py) is not the capacity; paper: "
         "Sarathi-Serve's definition only (the SLO, the delay limit and a sustainable run)."),
         metavar="sustainable|paper")] = "sustainable",
-    slo: Annotated[list[str] | None, typer.Option(help=SLO_HELP, metavar="KEY=S[,KEY=S]")] = None,
-    attainment: Annotated[float | None, typer.Option(help="Share of requests that must meet the per-request "
-                                                     "--slo limits [default: 0.9].")] = None,
+    slo: Annotated[list[str] | None, typer.Option(help=SLO_HELP + TABLE3_HELP, metavar="KEY=S[,KEY=S]")
+                   ] = None,
+    attainment: Attainment = None,
     max_sched_delay_p50: Annotated[float,
                                    typer.Option(help="Median scheduling-delay limit, s (Sarathi-Serve's "
                                                        "capacity rule); it and a sustainable run always "
@@ -81,8 +55,10 @@ def capacity(
     out: Annotated[Path | None,
                    typer.Option(help="Folder for capacity.json, probes.parquet and capacity.png.")
                    ] = None,
-    cluster: Any = None,  # --replicas ... --kv-link-gbps and --goodput (simctl.cluster_options)
-    goodput: bool = False,
+    cluster: ClusterConfig = ClusterConfig(),
+    goodput: Annotated[bool, typer.Option(help=(
+        "Goodput (DistServe): the highest rate meeting --slo on the deployment the cluster options describe, "
+        "per GPU it uses; writes goodput.json to --out."))] = False,
 ) -> None:
     """Find the highest request rate each policy sustains within the SLOs (bisection over QPS).
 
@@ -91,18 +67,12 @@ def capacity(
     """
     from dataclasses import replace
 
-    from plots.capacity_search import capacity_figure
-    from results.output import check_out_dir
-    from results.slo import TABLE3_BATCH, TABLE3_CONTEXT, parse_slo
-    from sim.run import RunConfig
-    from simctl.option_grid import grid
-    from studies.capacity import CapacityConfig, capacity_warnings, search_capacities, table3_slos_for
-    from studies.capacity_files import CAPACITY_FILES, probes_frame, write_capacity
+    from results.slo import parse_slo
+    from simctl.option_grid import base_config, grid
+    from studies.capacity import CapacityConfig
 
-    base = RunConfig(trace=trace, qps=start_qps, num_requests=num_requests, seed=seed, arrival=arrival, cv=cv,
-                     scale=scale, cost=cost, routing_skew=routing_skew, ep=ep, max_model_len=max_model_len,
-                     on_too_long=on_too_long)
-    combos = grid(base, policy, model, gpu, tp, options or {})
+    base = base_config(workload, deployment, start_qps, num_requests)
+    combos = grid(base, policies.policy, deployment, policies.settings())
     configs, labels = [c.config for c in combos], [c.label for c in combos]
     given = parse_slo(slo or [], attainment, max_sched_delay_p50)  # also checks --attainment and the delay
     given = replace(given, definition=capacity_definition)
@@ -112,23 +82,27 @@ def capacity(
     if slo:
         slos, origin = {"given": given}, "given (--slo)"
     else:
-        if len({(c.model, c.gpu, c.tp) for c in configs}) > 1:
-            raise InputError("comparing models, GPUs or TP degrees needs --slo (Table 3's default SLOs "
-                             "differ from one deployment to the next)")
-        slos, decode = table3_slos_for(configs[0], max_sched_delay_p50)
-        slos = {name: replace(s, definition=capacity_definition) for name, s in slos.items()}
-        origin = ("Sarathi-Serve Table 3 rule: P99 TBT within 5x (strict) and 25x (relaxed) a decode "
-                  f"iteration of {TABLE3_BATCH} requests with {TABLE3_CONTEXT}-token contexts, "
-                  f"{decode * 1e3:.2f} ms on {model} / {gpu} x{tp}")
-    spec = CapacityConfig(configs, slos, start_qps, workers, seeds, labels)
+        slos, origin = _table3(configs, deployment, max_sched_delay_p50, capacity_definition)
+    _search(CapacityConfig(configs, slos, start_qps, workers, seeds, labels), origin, workload.trace,
+            capacity_definition, out)
+
+
+def _search(spec: Any, origin: str, trace: str, definition: str, out: Path | None) -> None:
+    """The searches of `spec`: its SLOs and table printed, its problems warned of, its files in `out`."""
+    from plots.capacity_search import capacity_figure
+    from results.output import check_out_dir
+    from studies.capacity import capacity_warnings, search_capacities
+    from studies.capacity_files import CAPACITY_FILES, probes_frame, write_capacity
+
     if out is not None:
         check_out_dir(out, CAPACITY_FILES)
     console = Console()
     console.print(escape(f"SLOs: {origin}"))
-    for name, s in slos.items():
+    for name, s in spec.slos.items():
         console.print(escape(f"  {name}: {s.describe()}"))
     results = search_capacities(spec, progress=sys.stderr.isatty())
-    console.print(capacity_table(results, trace, seeds, capacity_definition))
+    seeds = spec.seeds
+    console.print(capacity_table(results, trace, seeds, definition))
     warn_all(capacity_warnings(results))
     warn_all(f"{r.name} ({r.slo_name}{f', seed {seed}' if seeds > 1 else ''}): {problem}"
              + ("; probe more requests (--num-requests) or set a latency SLO (--slo)"
@@ -138,6 +112,24 @@ def capacity(
         note_replaced(out, CAPACITY_FILES)
         write_capacity(out, spec, results, origin, capacity_figure(probes_frame(results), results))
         console.print(escape(f"wrote {out}/capacity.json, probes.parquet, capacity.png"))
+
+
+def _table3(configs: list[Any], deployment: Deployment, max_sched_delay_p50: float,
+            definition: str) -> tuple[dict[str, Any], str]:
+    """Sarathi-Serve's strict and relaxed SLOs for the one deployment compared, and where they come from."""
+    from dataclasses import replace
+
+    from results.slo import TABLE3_BATCH, TABLE3_CONTEXT
+    from studies.capacity import table3_slos_for
+
+    if len({(c.model, c.gpu, c.tp) for c in configs}) > 1:
+        raise InputError("comparing models, GPUs or TP degrees needs --slo (Table 3's default SLOs "
+                         "differ from one deployment to the next)")
+    slos, decode = table3_slos_for(configs[0], max_sched_delay_p50)
+    origin = ("Sarathi-Serve Table 3 rule: P99 TBT within 5x (strict) and 25x (relaxed) a decode "
+              f"iteration of {TABLE3_BATCH} requests with {TABLE3_CONTEXT}-token contexts, "
+              f"{decode * 1e3:.2f} ms on {deployment.model} / {deployment.gpu} x{deployment.tp}")
+    return {name: replace(s, definition=definition) for name, s in slos.items()}, origin
 
 
 def capacity_table(results: list[Any], trace: str, seeds: int, definition: str) -> Table:

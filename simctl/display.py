@@ -1,10 +1,11 @@
-"""The summary table `simctl run` and `simctl real` print."""
+"""The summary table `simctl run` and `simctl real` print, a cluster's replicas, and a run's progress bar."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -62,3 +63,22 @@ def progress_bar(what: str) -> Iterator[Callable[[int, int], None] | None]:
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(what, total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def print_cluster(summary: dict[str, Any]) -> None:
+    """A cluster run's replicas, one row each, and its KV link's use."""
+    table = Table(title="replicas")
+    cols = ("pool", "replica", "gpu", "requests", "utilisation", "queue_mean", "queue_max", "kv_peak_tokens")
+    for c in cols:
+        table.add_column(c, justify="right")
+    for r in summary["replica_metrics"]:
+        table.add_row(*(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols))
+    Console().print(table)
+    link = summary.get("kv_link")
+    if link:
+        def ms(v: float | None) -> str:
+            return "-" if v is None else f"{v * 1e3:.1f} ms"
+
+        Console().print(f"KV link {link['gbps']:g} Gbit/s: {link['transfers']} transfers, utilisation "
+                        f"{link['utilisation']:.3f}, transfer P50 {ms(link['transfer_s_p50'])}, P99 "
+                        f"{ms(link['transfer_s_p99'])} (waiting for the link P99 {ms(link['wait_s_p99'])})")

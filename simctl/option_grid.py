@@ -12,7 +12,8 @@ from typing import Any
 from common.errors import InputError
 from policies.registry import check_options, policy_class
 from sim.run import RunConfig
-from simctl.options import comma_list
+from simctl.configs import Deployment, Workload
+from simctl.options import comma_list, policy_list
 
 
 @dataclass(frozen=True)
@@ -46,13 +47,21 @@ def _settings(policy: str, options: dict[str, list[Any] | None]) -> list[dict[st
     return [dict(zip(taken, values)) for values in itertools.product(*taken.values())]
 
 
-def grid(base: RunConfig, policy: str, model: str, gpu: str, tp: str,
+def base_config(workload: Workload, deployment: Deployment, qps: float | None,
+                num_requests: int) -> RunConfig:
+    """The run configuration the sections give, before the comma lists are expanded."""
+    return RunConfig(trace=workload.trace, qps=qps, num_requests=num_requests, seed=workload.seed,
+                     arrival=workload.arrival, cv=workload.cv, scale=workload.scale, cost=deployment.cost,
+                     routing_skew=deployment.routing_skew, ep=deployment.ep,
+                     max_model_len=deployment.max_model_len, on_too_long=deployment.on_too_long)
+
+
+def grid(base: RunConfig, policy: str, deployment: Deployment,
          options: dict[str, list[Any] | None]) -> list[Combination]:
     """One configuration per combination of the values listed, named by the policy and what varies."""
-    policies, models, gpus = comma_list(policy, "policy"), comma_list(model, "model"), comma_list(gpu, "gpu")
-    tps = int_list(tp, "tp")
-    for p in policies:
-        policy_class(p)
+    policies = policy_list(policy)
+    models, gpus = comma_list(deployment.model, "model"), comma_list(deployment.gpu, "gpu")
+    tps = int_list(deployment.tp, "tp")
     _known(models, gpus)
     given = {k: v for k, v in options.items() if v is not None}
     for name, values in given.items():  # a setting no listed policy takes: the registry's one line

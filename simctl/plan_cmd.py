@@ -15,7 +15,9 @@ from rich.table import Table
 
 from common.errors import InputError
 from simctl.capacity_cmd import SLO_HELP
-from simctl.options import Arrival, Cost, Cv, Gpus, MaxModelLen, Models, OnTooLong, Scale, Seed, Tps, Trace
+from simctl.configs import Deployment, Workload
+from simctl.options import Attainment
+from simctl.policy_options import PolicyLists
 
 PLAN_FILES = ("plan.json", "probes.parquet", "pareto.png")
 VLLM_POLICY = "vllm-v1"  # the policy that models `vllm serve`'s scheduler: its choice is printed as flags
@@ -67,12 +69,10 @@ def parse_splits(text: str) -> list[tuple[int, int]]:
 def plan_cmd(
     rate: Annotated[float, typer.Option(help="Requests per second to serve (offered: those refused as too "
                                         "long included).")],
-    slo: Annotated[list[str], typer.Option(help=SLO_HELP.split(" Default:")[0], metavar="KEY=S[,KEY=S]")],
-    policy: Annotated[str, typer.Option(help="Policies to search, a comma list.")] = "vllm,sarathi",
-    trace: Trace = "sharegpt",
-    model: Models = "mistral-7b",
-    gpu: Gpus = "a100-80gb",
-    tp: Tps = "1",
+    slo: Annotated[list[str], typer.Option(help=SLO_HELP, metavar="KEY=S[,KEY=S]")],
+    policies: PolicyLists = PolicyLists(policy="vllm,sarathi"),
+    workload: Workload = Workload(),
+    deployment: Deployment = Deployment(),
     pd_splits: Annotated[str, typer.Option(help=(
         "Disaggregated units searched too, PREFILL:DECODE instances (comma list; none: colocated only), "
         "for the policies that can serve so, with their default settings unless given."))] = "1:1,1:2,2:1",
@@ -85,18 +85,9 @@ def plan_cmd(
     max_gpus: Annotated[int, typer.Option(help="Most GPUs a choice may use.")] = 64,
     top: Annotated[int, typer.Option(help="Choices shown.")] = 5,
     checks: Annotated[int, typer.Option(help="The best choices checked by a cluster run at the rate.")] = 3,
-    attainment: Annotated[float | None, typer.Option(help="Share of requests that must meet the per-request "
-                                                     "--slo limits [default: 0.9].")] = None,
+    attainment: Attainment = None,
     num_requests: Annotated[int, typer.Option(help="Requests per probed run (per replica in a check).")
                             ] = 1000,
-    seed: Seed = 0,
-    options: dict | None = None,  # the policies' settings as lists (simctl.policy_options)
-    arrival: Arrival = "poisson",
-    cv: Cv = 1.0,
-    scale: Scale = 1.0,
-    cost: Cost = None,
-    max_model_len: MaxModelLen = None,
-    on_too_long: OnTooLong = "refuse",
     workers: Annotated[int | None, typer.Option(help="Processes searching in parallel [default: one per "
                                                 "core].")] = None,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.json, probes.parquet (every probed run) "
@@ -110,12 +101,11 @@ def plan_cmd(
     """
     from results.output import check_out_dir
     from results.slo import parse_slo
-    from sim.run import RunConfig
+    from simctl.option_grid import base_config
     from studies.plan import PlanSpec, plan
 
-    base = RunConfig(trace=trace, qps=1.0, num_requests=num_requests, seed=seed, arrival=arrival, cv=cv,
-                     scale=scale, cost=cost, max_model_len=max_model_len, on_too_long=on_too_long)
-    found = candidates(base, policy, model, gpu, tp, options or {}, parse_splits(pd_splits), kv_link_gbps)
+    found = candidates(base_config(workload, deployment, 1.0, num_requests), policies.policy, deployment,
+                       policies.settings(), parse_splits(pd_splits), kv_link_gbps)
     spec = PlanSpec(found, parse_slo(slo, attainment), rate, max_gpus, parse_prices(gpu_cost), checks,
                     workers)
     spec.validate()
@@ -124,8 +114,8 @@ def plan_cmd(
     if out is not None:
         check_out_dir(out, PLAN_FILES)
     console = Console(width=max(Console().width, 150))  # a wide table: its captions explain every column
-    console.print(escape(f"searching {len(found)} configurations for {rate:g} QPS of {trace} within "
-                         f"{spec.slo.describe()}"))
+    console.print(escape(f"searching {len(found)} configurations for {rate:g} QPS of {workload.trace} "
+                         f"within {spec.slo.describe()}"))
     choices, capacities = plan(spec)
     show(console, choices[:top], spec)
     warnings = {w for r in capacities for p in r.probes for w in p.get("warnings", [])}
@@ -138,7 +128,7 @@ def plan_cmd(
         console.print(escape(f"wrote {out}/plan.json, probes.parquet, pareto.png"))
 
 
-def candidates(base: Any, policy: str, model: str, gpu: str, tp: str, options: dict[str, Any],
+def candidates(base: Any, policy: str, deployment: Deployment, options: dict[str, Any],
                splits: list[tuple[int, int]], kv_link_gbps: float | None) -> list[Any]:
     """Every colocated combination (key settings searched by default), then each P/D split of the policies
     that can serve disaggregated, with the settings given only (their defaults otherwise)."""
@@ -146,14 +136,14 @@ def candidates(base: Any, policy: str, model: str, gpu: str, tp: str, options: d
     from simctl.option_grid import grid
     from studies.plan import KEY_SETTINGS, Candidate, link_gbps
 
-    found = [Candidate(c.config, c.label) for c in grid(base, policy, model, gpu, tp,
+    found = [Candidate(c.config, c.label) for c in grid(base, policy, deployment,
                                                         _with_key_settings(options, policy, KEY_SETTINGS))]
     split_policies = ",".join(p for p in dict.fromkeys(t.strip() for t in policy.split(","))
                               if not policy_class(p).padded_batches)
     if not splits or not split_policies:
         return found
     given = {k: v for k, v in options.items() if v is not None}
-    for c in grid(base, split_policies, model, gpu, tp, given):
+    for c in grid(base, split_policies, deployment, given):
         link = kv_link_gbps if kv_link_gbps is not None else link_gbps(c.config.gpu)
         found += [Candidate(c.config, f"{c.label} P/D {p}:{d}", (p, d), link) for p, d in splits]
     return found

@@ -1,20 +1,20 @@
-"""CLI options generated from the policies' settings: every field of every registered policy's `Settings`
-becomes one `--option` of the commands that build policies, with its help and per-policy defaults taken from
-there. Each takes one value, or in `capacity` and `run` a comma list of values to compare
-(`simctl.option_grid`)."""
+"""The policy section: `--policy` and one option per policy setting, generated from the registered policies'
+`Settings` fields (their help and per-policy defaults) as the fields of a dataclass, which
+`simctl.config_options` renders like any other section. `PolicyLists` (`run`, `capacity`, `plan`) takes a
+comma list of policies and of each setting's values to compare (`simctl.option_grid`); `PolicyChoice`
+(`real`) one policy and one value each."""
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections import Counter
-from collections.abc import Callable
-from typing import Annotated, Any, get_type_hints
-
-import typer
+from dataclasses import fields, make_dataclass
+from typing import Any
 
 from common.errors import InputError
+from common.option_fields import option_field
 from policies.registry import POLICIES, setting_names
+
+POLICY_HELP = f"Scheduler: {', '.join(POLICIES)} (see `simctl list`)."
 
 
 def _help(name: str, policies: list[str], lists: bool) -> str:
@@ -50,39 +50,45 @@ def setting_values(name: str, text: str) -> list[Any]:
         raise InputError(f"{flag} {text!r}: {bad!r} is not an integer") from None
 
 
-def with_policy_options(command: Callable[..., Any] | None = None, *, lists: bool = False) -> Any:
-    """Give `command` one option per policy setting; it receives them together as `options` (None: not
-    given), each a value, or with `lists` a list of the values given (a comma list compares them)."""
-    if command is None:
-        return functools.partial(with_policy_options, lists=lists)
-    names = setting_names()
-    signature = inspect.signature(command)
-    hints = get_type_hints(command, include_extras=True)  # the command's own options, resolved
-    params = [p.replace(annotation=hints[p.name]) for p in signature.parameters.values()
-              if p.name != "options"]
-    annotations = {p.name: p.annotation for p in params}
-    for name, policies in names.items():
-        choices = POLICIES[policies[0]].Settings.__dataclass_fields__[name].metadata.get("choices")
-        # a choice is checked with the other settings (`Settings.validate`), its metavar lists the choices
-        metavar = ("|".join(choices) if choices else "INTEGER") + ("[,...]" if lists else "")
-        option = typer.Option(help=_help(name, policies, lists), metavar=metavar)
-        annotation = Annotated[str | None, option]
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                        annotation=annotation))
-        annotations[name] = annotation
+class _Settings:
+    """What both sections do with the settings given: parse them (None: not given)."""
 
-    @functools.wraps(command)
-    def wrapper(**kwargs: Any) -> Any:
-        given = {n: kwargs.pop(n) for n in names}
-        values = {n: None if v is None else setting_values(n, v) for n, v in given.items()}
-        if lists:
-            return command(**kwargs, options=values)
+    policy: str
+
+    def given(self) -> dict[str, list[Any] | None]:
+        given = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "policy"}  # type: ignore
+        return {n: None if v is None else setting_values(n, v) for n, v in given.items()}
+
+
+class _Lists(_Settings):
+    def settings(self) -> dict[str, list[Any] | None]:
+        """Each setting's values to compare."""
+        return self.given()
+
+
+class _Values(_Settings):
+    def settings(self) -> dict[str, Any]:
+        """Each setting's one value; InputError for a comma list."""
+        values = self.given()
         for n, v in values.items():
             if v is not None and len(v) > 1:
                 raise InputError(f"--{n.replace('_', '-')} takes one value here (compare several with "
                                  "`simctl capacity` or `simctl run`)")
-        return command(**kwargs, options={n: None if v is None else v[0] for n, v in values.items()})
+        return {n: None if v is None else v[0] for n, v in values.items()}
 
-    wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = annotations
-    return wrapper
+
+def _section(name: str, base: type, lists: bool) -> type:
+    """A frozen dataclass: `policy`, then every setting as an optional string option."""
+    policy = option_field("sarathi", POLICY_HELP + (" A comma list compares them." if lists else ""))
+    settings = []
+    for setting, policies in setting_names().items():
+        choices = POLICIES[policies[0]].Settings.__dataclass_fields__[setting].metadata.get("choices")
+        # a choice is checked with the other settings (`Settings.validate`), its metavar lists the choices
+        metavar = ("|".join(choices) if choices else "INTEGER") + ("[,...]" if lists else "")
+        settings.append((setting, str | None, option_field(None, _help(setting, policies, lists),
+                                                           metavar=metavar)))
+    return make_dataclass(name, [("policy", str, policy), *settings], bases=(base,), frozen=True)
+
+
+PolicyLists = _section("PolicyLists", _Lists, lists=True)
+PolicyChoice = _section("PolicyChoice", _Values, lists=False)

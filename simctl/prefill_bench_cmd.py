@@ -6,42 +6,61 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from common.errors import InputError
-from simctl.options import batch_sizes, comma_list
+from common.option_fields import option_field
+from simctl.options import batch_sizes, comma_list, policy_list
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from catalogue.gpus import GPUSpec
+    from catalogue.models import ModelSpec
+    from costs.base import CostModel
 
 FILES = ("prefill_bench.parquet", "summary.json")
+
+
+@dataclass(frozen=True)
+class PromptPools:
+    """The prompts: a pool of lengths drawn from each profile."""
+
+    lengths: str = option_field("mmlu", "Length profiles from Prepacking's Table 2 (mmlu, samsum, alpaca, "
+                                "wikitext256, wikitext512, hh-rlhf) or files of one prompt length per line, "
+                                "comma-separated.")
+    prompts: int = option_field(1000, "Prompts drawn from each profile (the paper subsamples 1,000).")
+    scale: float = option_field(1.0, "Multiply prompt lengths (e.g. 0.25 for a CPU-sized --real).")
+    seed: int = option_field(0, "Seed of the lengths and their order.")
+
+
+@dataclass(frozen=True)
+class RealPrefills:
+    """--real: the first prefills of each point timed on this machine's engine."""
+
+    real: bool = option_field(False, "Also run the first --real-batches prefills of each point on this "
+                              "machine's engine (random weights) and time them.", flags=("--real",))
+    real_batches: int = option_field(3, "Prefills timed per point with --real.")
+    repeats: int = option_field(3, "Timings per prefill with --real (their median).")
+    device: str = option_field("cpu", "Device of --real (cpu, cuda).")
 
 
 def prefill_bench(
     policy: Annotated[str, typer.Option(help="Policies that prefill whole batches, comma-separated: "
                                         "hf-padded (full batching), length-ordered, prepack, "
                                         "faster-transformer.")] = "hf-padded,length-ordered,prepack",
-    lengths: Annotated[str,
-                       typer.Option(help="Length profiles from Prepacking's Table 2 (mmlu, samsum, alpaca, "
-                                         "wikitext256, wikitext512, hh-rlhf) or files of one prompt length "
-                                         "per line, comma-separated.")] = "mmlu",
     batch_size: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "8,16,32,64",
     model: Annotated[str, typer.Option(help="Model shape from the catalogue.")] = "llama-2-7b",
     gpu: Annotated[str,
                    typer.Option(help="GPU from the catalogue (cpu: this machine's shipped fit).")] = "a6000",
     cost: Annotated[str | None, typer.Option(help="A fitted cost_model.json or roofline_calibration.json "
                                              "instead of the roofline.")] = None,
-    prompts: Annotated[int, typer.Option(help="Prompts drawn from each profile (the paper subsamples "
-                                         "1,000).")] = 1000,
-    scale: Annotated[float, typer.Option(help="Multiply prompt lengths (e.g. 0.25 for a CPU-sized --real)."
-                                         )] = 1.0,
-    seed: Annotated[int, typer.Option(help="Seed of the lengths and their order.")] = 0,
-    real: Annotated[bool, typer.Option("--real", help="Also run the first --real-batches prefills of each "
-                                       "point on this machine's engine (random weights) and time "
-                                       "them.")] = False,
-    real_batches: Annotated[int, typer.Option(help="Prefills timed per point with --real.")] = 3,
-    repeats: Annotated[int, typer.Option(help="Timings per prefill with --real (their median).")] = 3,
-    device: Annotated[str, typer.Option(help="Device of --real (cpu, cuda).")] = "cpu",
+    pools: PromptPools = PromptPools(),
+    timing: RealPrefills = RealPrefills(),
     out: Annotated[Path | None,
                    typer.Option(help="Folder for prefill_bench.parquet and summary.json.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
@@ -53,63 +72,34 @@ def prefill_bench(
 
     Example: simctl prefill-bench --lengths mmlu,samsum --batch-size 16,64 --model sheared-llama-1.3b
     """
-    import numpy as np
     import pandas as pd
 
     from catalogue.gpus import get_gpu
     from catalogue.models import get_model
-    from policies.registry import policy_class
     from results.output import check_out_dir, json_text, write_files
     from sim.run import cost_model
     from simctl.usage_errors import warn_all
-    from studies.prefill_bench import PROFILES, bench, largest_batch, prompt_lengths
 
-    policies = comma_list(policy, "policy")
-    for p in policies:
-        policy_class(p)
+    policies = policy_list(policy)
     sizes = batch_sizes(batch_size)
-    if prompts < 1 or real_batches < 1 or repeats < 1:
+    if pools.prompts < 1 or timing.real_batches < 1 or timing.repeats < 1:
         raise InputError("--prompts, --real-batches and --repeats must be >= 1")
-    if not scale > 0:
-        raise InputError(f"--scale must be > 0, got {scale}")
+    if not pools.scale > 0:
+        raise InputError(f"--scale must be > 0, got {pools.scale}")
     if out is not None:
         check_out_dir(out, FILES)
     spec, g = get_model(model), get_gpu(gpu)
     price, _, label, warnings = cost_model(cost, spec, g, 1)
     warn_all(warnings)
     rows, profiles = [], {}
-    for name in comma_list(lengths, "lengths"):
-        pool = prompt_lengths(name, prompts, seed, scale)
-        if pool.max() > spec.max_position:
-            raise InputError(f"--lengths {name}: prompts up to {pool.max()} tokens exceed {spec.name}'s "
-                             f"context of {spec.max_position}; lower --scale")
-        table = PROFILES.get(name)
-        profiles[name] = {"sampled_min_mean_max": [int(pool.min()), float(pool.mean()), int(pool.max())],
-                          "table_min_mean_max": None if table is None else [table.min, table.mean, table.max],
-                          "lognormal_mu_sigma": None if table is None else list(table.lognormal())}
-        fits = {p: largest_batch(p, pool, spec, g.memory_bytes) for p in policies}
-        for b in sizes:
-            base = None
-            for p in policies:
-                point, times = bench(p, pool, b, price, spec)
-                row = {"lengths": name, **point.__dict__, "largest_batch": fits[p]}
-                if p == "hf-padded":
-                    base = point.prefill_s
-                if real:
-                    from engine.prefill_bench import measure_prefills
-
-                    measured = measure_prefills(p, pool, b, spec, device, real_batches, repeats, seed)
-                    predicted = times[:len(measured)]
-                    row.update(real_prefill_s=float(np.mean(measured)),
-                               predicted_first_s=float(np.mean(predicted)),
-                               real_error=float(np.mean(predicted) / np.mean(measured) - 1))
-                rows.append(row)
-            for row in rows[-len(policies):]:
-                row["speedup_vs_hf_padded"] = None if base is None else base / row["prefill_s"]
+    for name in comma_list(pools.lengths, "lengths"):
+        pool = _pool(name, pools, spec)
+        profiles[name] = _profile(pool, name)
+        rows += _points(name, pool, policies, sizes, spec, g, price, timing, pools.seed)
     frame = pd.DataFrame(rows)
     summary = {"model": spec.name, "gpu": g.name, "cost_model": label, "warnings": warnings,
-               "prompts": prompts, "scale": scale, "seed": seed, "profiles": profiles, "real": real,
-               "device": device if real else None}
+               "prompts": pools.prompts, "scale": pools.scale, "seed": pools.seed, "profiles": profiles,
+               "real": timing.real, "device": timing.device if timing.real else None}
     if out is not None:
         write_files(out, {"prefill_bench.parquet": lambda t: frame.to_parquet(t, index=False),
                           "summary.json": lambda t: t.write_text(json_text(summary))}, "the benchmark")
@@ -117,6 +107,58 @@ def prefill_bench(
         print(json.dumps({**summary, "points": rows}, indent=1))
         return
     _print(frame, summary)
+
+
+def _pool(name: str, pools: PromptPools, spec: ModelSpec) -> np.ndarray:
+    """The prompt lengths drawn from profile `name`; InputError if one exceeds the model's context."""
+    from studies.prefill_bench import prompt_lengths
+
+    pool = prompt_lengths(name, pools.prompts, pools.seed, pools.scale)
+    if pool.max() > spec.max_position:
+        raise InputError(f"--lengths {name}: prompts up to {pool.max()} tokens exceed {spec.name}'s "
+                         f"context of {spec.max_position}; lower --scale")
+    return pool
+
+
+def _profile(pool: np.ndarray, name: str) -> dict[str, Any]:
+    """The pool drawn, beside Prepacking's Table 2 for a named profile."""
+    from studies.prefill_bench import PROFILES
+
+    table = PROFILES.get(name)
+    return {"sampled_min_mean_max": [int(pool.min()), float(pool.mean()), int(pool.max())],
+            "table_min_mean_max": None if table is None else [table.min, table.mean, table.max],
+            "lognormal_mu_sigma": None if table is None else list(table.lognormal())}
+
+
+def _points(name: str, pool: np.ndarray, policies: list[str], sizes: list[int], spec: ModelSpec, g: GPUSpec,
+            price: CostModel, timing: RealPrefills, seed: int) -> list[dict[str, Any]]:
+    """One row per batch size and policy on this pool: predicted, and with --real measured too."""
+    import numpy as np
+
+    from studies.prefill_bench import bench, largest_batch
+
+    fits = {p: largest_batch(p, pool, spec, g.memory_bytes) for p in policies}
+    rows: list[dict[str, Any]] = []
+    for b in sizes:
+        base = None
+        for p in policies:
+            point, times = bench(p, pool, b, price, spec)
+            row = {"lengths": name, **point.__dict__, "largest_batch": fits[p]}
+            if p == "hf-padded":
+                base = point.prefill_s
+            if timing.real:
+                from engine.prefill_bench import measure_prefills
+
+                measured = measure_prefills(p, pool, b, spec, timing.device, timing.real_batches,
+                                            timing.repeats, seed)
+                predicted = times[:len(measured)]
+                row.update(real_prefill_s=float(np.mean(measured)),
+                           predicted_first_s=float(np.mean(predicted)),
+                           real_error=float(np.mean(predicted) / np.mean(measured) - 1))
+            rows.append(row)
+        for row in rows[-len(policies):]:
+            row["speedup_vs_hf_padded"] = None if base is None else base / row["prefill_s"]
+    return rows
 
 
 def _print(frame, summary: dict) -> None:

@@ -7,20 +7,50 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from common.errors import InputError
-from simctl.options import batch_sizes, comma_list
+from common.option_fields import option_field
+from simctl.options import batch_sizes, policy_list
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from catalogue.gpus import GPUSpec
     from catalogue.models import ModelSpec
     from costs.base import CostModel
 
 FILES = ("query_set.parquet", "summary.json")
+
+
+@dataclass(frozen=True)
+class StepPricing:
+    """How a step is priced: a cost model given, or the roofline with the step overheads given."""
+
+    cost: str | None = option_field(None, "A fitted cost_model.json or roofline_calibration.json instead of "
+                                    "the roofline.")
+    execution: str | None = option_field(None, "Roofline: cuda-graph (the default: 2 ms a step) or eager "
+                                         "(its launch floor too: the paper's Hugging Face engine runs eager "
+                                         "PyTorch; see costs/overheads.py).")
+    step_overhead_ms: float | None = option_field(None, "Roofline: the host's time per step, ms (default: "
+                                                  "the execution mode's, 2 ms).")
+
+
+@dataclass(frozen=True)
+class RealQuerySet:
+    """--real: the set served on this machine's engine, beside the simulator's twin of those runs."""
+
+    real: bool = option_field(False, "Also serve the set on this machine's engine (random weights of "
+                              "--real-model) and simulate its twin.", flags=("--real",))
+    real_model: str = option_field("tiny", "Model of --real.")
+    device: str = option_field("cpu", "Device of --real (cpu, cuda).")
+    repeats: int = option_field(3, "Real runs per point with --real (their median).")
+    real_cost: Path | None = option_field(None, "Fitted cost model of the --real device, for the twin "
+                                          "(default: the fit shipped for cpu).")
 
 
 def _real_point(policy: str, requests: list, batch: int, model: str, device: str, seed: int,
@@ -55,13 +85,13 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
             "twin_error": twin["makespan_s"] / real - 1, "real_batch_size": runs[0]["max_batch_size"]}
 
 
-def _cost(cost: str | None, spec: ModelSpec, gpu: GPUSpec, execution: str | None,
-          step_overhead_ms: float | None) -> tuple[CostModel, int, str, list[str]]:
+def _cost(pricing: StepPricing, spec: ModelSpec, gpu: GPUSpec) -> tuple[CostModel, int, str, list[str]]:
     """`sim.run.cost_model`'s model, or the roofline with the step overheads given (they are the roofline's:
     a fit carries what its profile measured)."""
     from costs.roofline import DEFAULT_OVERHEAD_S, Roofline
     from sim.run import cost_model
 
+    cost, execution, step_overhead_ms = pricing.cost, pricing.execution, pricing.step_overhead_ms
     if execution is None and step_overhead_ms is None:
         return cost_model(cost, spec, gpu, 1)
     if cost is not None:
@@ -84,28 +114,14 @@ def query_set_cmd(
     model: Annotated[str, typer.Option(help="Model shape from the catalogue.")] = "llama-2-7b",
     gpu: Annotated[str, typer.Option(help="GPU from the catalogue (the paper: a6000 for mixed, rtx-4090 for "
                                      "short; cpu: this machine's shipped fit).")] = "rtx-4090",
-    cost: Annotated[str | None, typer.Option(help="A fitted cost_model.json or roofline_calibration.json "
-                                             "instead of the roofline.")] = None,
-    execution: Annotated[str | None, typer.Option(help="Roofline: cuda-graph (the default: 2 ms a step) or "
-                                                  "eager (its launch floor too: the paper's Hugging Face "
-                                                  "engine runs eager PyTorch; see costs/overheads.py)."
-                                                  )] = None,
-    step_overhead_ms: Annotated[float | None, typer.Option(help="Roofline: the host's time per step, ms "
-                                                           "(default: the execution mode's, 2 ms).")] = None,
+    pricing: StepPricing = StepPricing(),
     overlap: Annotated[int, typer.Option(help="baton-pd's --overlap: 1 prefills waiting queries beside the "
                                          "batch's decode steps (the paper's asynchronous P&D decoupling); 0: "
                                          "they take turns.")] = 0,
     scale: Annotated[float, typer.Option(help="Multiply every length (e.g. 0.25 for a CPU-sized --real)."
                                          )] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of the lengths and their order.")] = 0,
-    real: Annotated[bool, typer.Option("--real", help="Also serve the set on this machine's engine (random "
-                                       "weights of --real-model) and simulate its twin.")] = False,
-    real_model: Annotated[str, typer.Option(help="Model of --real.")] = "tiny",
-    device: Annotated[str, typer.Option(help="Device of --real (cpu, cuda).")] = "cpu",
-    repeats: Annotated[int, typer.Option(help="Real runs per point with --real (their median).")] = 3,
-    real_cost: Annotated[Path | None,
-                         typer.Option(help="Fitted cost model of the --real device, for the twin "
-                                                   "(default: the fit shipped for cpu).")] = None,
+    serving: RealQuerySet = RealQuerySet(),
     out: Annotated[Path | None, typer.Option(help="Folder for query_set.parquet and summary.json.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
@@ -114,47 +130,26 @@ def query_set_cmd(
 
     Example: simctl query-set --set mixed --batch-size 4,8 --gpu a6000
     """
-    import pandas as pd
-
     from catalogue.gpus import get_gpu
     from catalogue.models import get_model
-    from policies.registry import policy_class
     from results.output import check_out_dir, json_text, write_files
     from simctl.usage_errors import warn_all
-    from studies.query_set import completion_time, query_set
+    from studies.query_set import query_set
 
-    policies = comma_list(policy, "policy")
-    for p in policies:
-        policy_class(p)
+    policies = policy_list(policy)
     sizes = batch_sizes(batch_size)
     if not scale > 0:
         raise InputError(f"--scale must be > 0, got {scale}")
-    if repeats < 1:
-        raise InputError(f"--repeats must be >= 1, got {repeats}")
+    if serving.repeats < 1:
+        raise InputError(f"--repeats must be >= 1, got {serving.repeats}")
     if out is not None:
         check_out_dir(out, FILES)
     requests = query_set(name, seed, scale)
     spec, g = get_model(model), get_gpu(gpu)
     spec.check_context(requests, scale)
-    price, kv, label, warnings = _cost(cost, spec, g, execution, step_overhead_ms)
+    price, kv, label, warnings = _cost(pricing, spec, g)
     warn_all(warnings)
-    rows = []
-    for b in sizes:
-        for p in policies:
-            options = {"overlap": overlap} if p == "baton-pd" else {}
-            row = {"set": name, "batch_size": b, "policy": p,
-                   **completion_time(p, requests, b, price, kv, options)}
-            if real:
-                row.update(_real_point(p, requests, b, real_model, device, seed, real_cost, repeats, options))
-            rows.append(row)
-    frame = pd.DataFrame(rows)
-    if "hf-padded" in policies:
-        base = frame[frame["policy"] == "hf-padded"].set_index("batch_size")["completion_s"]
-        frame["speedup_vs_hf_padded"] = frame["batch_size"].map(base) / frame["completion_s"]
-        if real:
-            real_base = frame[frame["policy"] == "hf-padded"].set_index("batch_size")["real_completion_s"]
-            frame["real_speedup_vs_hf_padded"] = (frame["batch_size"].map(real_base)
-                                                  / frame["real_completion_s"])
+    frame = _completions(name, requests, policies, sizes, price, kv, overlap, serving, seed)
     summary = {"set": name, "queries": len(requests), "model": spec.name, "gpu": g.name, "cost_model": label,
                "cost_assumptions": price.assumptions(),
                "scale": scale, "seed": seed, "overlap": overlap, "warnings": warnings,
@@ -166,7 +161,36 @@ def query_set_cmd(
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=1) + "\n")
         return
-    _print(frame, summary, real)
+    _print(frame, summary, serving.real)
+
+
+def _completions(name: str, requests: list, policies: list[str], sizes: list[int], price: CostModel, kv: int,
+                 overlap: int, serving: RealQuerySet, seed: int) -> pd.DataFrame:
+    """One row per batch size and policy: the set's completion time simulated (and with --real served, with
+    its twin), and each policy's speedup over hf-padded when it is compared."""
+    import pandas as pd
+
+    from studies.query_set import completion_time
+
+    rows = []
+    for b in sizes:
+        for p in policies:
+            options = {"overlap": overlap} if p == "baton-pd" else {}
+            row = {"set": name, "batch_size": b, "policy": p,
+                   **completion_time(p, requests, b, price, kv, options)}
+            if serving.real:
+                row.update(_real_point(p, requests, b, serving.real_model, serving.device, seed,
+                                       serving.real_cost, serving.repeats, options))
+            rows.append(row)
+    frame = pd.DataFrame(rows)
+    if "hf-padded" in policies:
+        base = frame[frame["policy"] == "hf-padded"].set_index("batch_size")["completion_s"]
+        frame["speedup_vs_hf_padded"] = frame["batch_size"].map(base) / frame["completion_s"]
+        if serving.real:
+            real_base = frame[frame["policy"] == "hf-padded"].set_index("batch_size")["real_completion_s"]
+            frame["real_speedup_vs_hf_padded"] = (frame["batch_size"].map(real_base)
+                                                  / frame["real_completion_s"])
+    return frame
 
 
 def _print(frame, summary: dict, real: bool) -> None:

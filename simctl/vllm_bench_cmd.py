@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,29 @@ from rich.markup import escape
 from rich.table import Table
 
 from common.errors import InputError
+from common.option_fields import option_field
 
 DEFAULT_OUT = Path("out/vllm-bench")
 # validate's options for real runs: none applies to a measurement that is already made
 REAL_RUN_OPTIONS = ("trace", "loads", "device", "dtype", "attention", "scale", "num_requests", "seed",
                     "threads", "capacity", "repeats", "prefill_instances", "decode_instances")
 BENCH_OPTIONS = ("gpu", "tp", "goodput")
+
+
+@dataclass(frozen=True)
+class BenchFile:
+    """`validate`'s options for a bench result: the file, and what the bench ran on and measured."""
+
+    from_vllm_bench: Path | None = option_field(None, (
+        "Instead of real runs: a result of `vllm bench serve --save-result --save-detailed`, predicted on "
+        "the same requests (their lengths, sent when the bench sent them) and shown beside it under vLLM's "
+        "metric names, with the errors; needs --model and --gpu; writes vllm_bench_comparison.json and .md "
+        "[--out default: out/vllm-bench]."))
+    gpu: str | None = option_field(None, "With --from-vllm-bench: the GPU the bench ran on (catalogue).")
+    tp: int = option_field(1, "With --from-vllm-bench: the server's tensor-parallel degree.")
+    goodput: list[str] | None = option_field(None, (
+        "With --from-vllm-bench: the bench's --goodput limits in ms (ttft, tpot, e2el), to compare "
+        "request_goodput (the file keeps vLLM's value, not its limits)."), metavar="KEY:MS[,KEY:MS]")
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
@@ -43,17 +61,18 @@ def check_bench_options(ctx: typer.Context, from_bench: Path | None) -> None:
                          "name or its config.json) and the GPU it ran on (see `simctl list`)")
 
 
-def vllm_bench_command(ctx: typer.Context, path: Path, model: str, gpu: str, policy: str, cost: str | None,
-                       tp: int, goodput: list[str] | None, out: Path) -> None:
-    """The comparison of the bench result at `path` (validate's options, checked by check_bench_options)."""
+def vllm_bench_command(ctx: typer.Context, bench: BenchFile, model: str, policy: str, cost: str | None,
+                       out: Path) -> None:
+    """The comparison of the bench result (validate's options, checked by check_bench_options)."""
     from results.output import check_out_dir
     from results.vllm_bench import parse_goodput
     from simctl.usage_errors import note_replaced, warn_all
     from validation.vllm_bench_compare import DEFAULT_POLICY, FILES, compare, write_comparison
 
-    limits = parse_goodput(goodput)
+    limits = parse_goodput(bench.goodput)
     out = check_out_dir(out if _given(ctx, "out") else DEFAULT_OUT, FILES)
-    c = compare(path, model, gpu, policy if _given(ctx, "policy") else DEFAULT_POLICY, cost, tp, limits)
+    c = compare(bench.from_vllm_bench, model, bench.gpu, policy if _given(ctx, "policy") else DEFAULT_POLICY,
+                cost, bench.tp, limits)
     warn_all(c.warnings)
     note_replaced(out, FILES)
     write_comparison(c, out)

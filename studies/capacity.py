@@ -20,7 +20,7 @@ from results.slo import (  # SLO: callers import it from here too
     table3_decode_time,
     table3_slos,
 )
-from sim.cluster_run import ClusterConfig
+from sim.cluster_config import ClusterConfig
 from sim.run import MAX_CLOCK_S, RunConfig, cost_model, run
 
 MAX_QPS = 1e9  # the search stops doubling here: no replica serves a billion requests a second

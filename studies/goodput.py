@@ -15,7 +15,7 @@ import pandas as pd
 
 from common.errors import InputError
 from results.slo import SLO
-from sim.cluster_run import ClusterConfig
+from sim.cluster_config import ClusterConfig
 from sim.run import RunConfig, run
 from studies.capacity import CapacityResult, check_probe_requests, check_start_qps, lowest_qps, search_qps
 

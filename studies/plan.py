@@ -14,7 +14,7 @@ from typing import Any
 from catalogue.gpus import get_gpu
 from common.errors import InputError
 from results.slo import SLO
-from sim.cluster_run import ClusterConfig
+from sim.cluster_config import ClusterConfig
 from sim.run import RunConfig, run
 from studies.capacity import Capacity, CapacityConfig, search_capacities
 from studies.goodput import with_attainment

@@ -40,7 +40,7 @@ from common.errors import InputError
 from common.files import read_text
 from policies.registry import setting_names
 from results.slo import SLO, parse_slo
-from sim.cluster_run import ClusterConfig
+from sim.cluster_config import ClusterConfig
 from sim.run import RunConfig
 from studies.capacity import check_probe_requests, check_start_qps
 

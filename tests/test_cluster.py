@@ -21,7 +21,7 @@ from policies.seq import Seq
 from serving.records import request_frame
 from serving.routers import ROUTERS, ReplicaView, Router, make_router
 from sim.cluster import Cluster, Member, Pool
-from sim.cluster_run import ClusterConfig
+from sim.cluster_config import ClusterConfig
 from sim.kv_link import KVLink, kv_transfer_bytes
 from sim.replica import CostBackend
 from sim.run import RunConfig, cost_model, run

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from results.slo import parse_slo
-from sim.cluster_run import ClusterConfig
+from sim.cluster_config import ClusterConfig
 from sim.run import RunConfig, run
 from studies.goodput import find_goodput, with_attainment
 

@@ -173,9 +173,10 @@ def test_the_best_reached_on_the_gpus_allowed() -> None:
 
 # ---- comma lists -------------------------------------------------------------------------------------------
 def test_a_grid_names_what_varies() -> None:
+    from simctl.configs import Deployment
     from simctl.option_grid import grid
 
-    combos = grid(RunConfig(), "vllm,sarathi", "mistral-7b", "a100-80gb", "1,2",
+    combos = grid(RunConfig(), "vllm,sarathi", Deployment(model="mistral-7b", gpu="a100-80gb", tp="1,2"),
                   {"token_budget": [256, 512], "max_batch_size": None})
     assert [c.label for c in combos] == ["vllm tp=1", "vllm tp=2", "sarathi tp=1 token_budget=256",
                                          "sarathi tp=1 token_budget=512", "sarathi tp=2 token_budget=256",
@@ -234,15 +235,16 @@ def test_a_rate_no_configuration_reaches_says_the_best(capsys: pytest.CaptureFix
 
 
 def test_disaggregated_candidates_only_where_the_policy_can_serve_so() -> None:
+    from simctl.configs import Deployment
     from simctl.plan_cmd import candidates, parse_splits
 
-    found = candidates(RunConfig(), "sarathi,hf-padded", "mistral-7b", "a100-80gb", "1",
-                       {"token_budget": [512]}, parse_splits("1:1,1:2"), None)
+    found = candidates(RunConfig(), "sarathi,hf-padded", Deployment(), {"token_budget": [512]},
+                       parse_splits("1:1,1:2"), None)
     assert [(c.label, c.split) for c in found] == [
         ("sarathi", None), ("hf-padded", None), ("sarathi P/D 1:1", (1, 1)), ("sarathi P/D 1:2", (1, 2))]
     assert found[2].kv_link_gbps == pytest.approx(2400.0) and found[2].config.options == {"token_budget": 512}
-    assert parse_splits("none") == [] and len(candidates(RunConfig(), "vllm", "mistral-7b", "a100-80gb", "1",
-                                                         {}, [], 5.0)) == 1
+    assert parse_splits("none") == [] and len(candidates(RunConfig(), "vllm", Deployment(), {}, [],
+                                                         5.0)) == 1
 
 
 SERVED = {"max_num_batched_tokens": 512, "max_batch_size": 256, "block_size": 16, "enable_prefix_caching": 0,

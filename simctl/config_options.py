@@ -1,0 +1,61 @@
+"""Command-line options generated from configuration dataclasses, after Vidur's config classes that make
+their own flags: a command's parameter whose type is a dataclass, with an instance of it as its default,
+becomes one `--option` per field (the field's help, flags and metavar from `common.option_fields`, the
+instance's value as its default), and the command is called with the dataclass built from them. Every
+command's sections (workload, deployment, policy, cluster, and groups of its own options) go through this
+one generator, so an option is declared once, where its configuration is."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import fields, is_dataclass
+from typing import Annotated, Any, get_type_hints
+
+import typer
+
+
+def _section_options(name: str, section: Any) -> list[inspect.Parameter]:
+    """The options of one section, in field order, each defaulting to the section's value."""
+    hints = get_type_hints(type(section))
+    params = []
+    for f in fields(section):
+        if "help" not in f.metadata:
+            raise TypeError(f"{type(section).__name__}.{f.name} (section {name!r}) has no help: declare it "
+                            "with common.option_fields.option_field")
+        option = typer.Option(*f.metadata.get("flags", ()), help=f.metadata["help"],
+                              metavar=f.metadata.get("metavar"))
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY,
+                                        default=getattr(section, f.name),
+                                        annotation=Annotated[hints[f.name], option]))
+    return params
+
+
+def with_config_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`command` as typer sees it: each section parameter (a dataclass type, an instance as its default)
+    spread into its fields' options; its other parameters as they are. Called with the sections rebuilt."""
+    hints = get_type_hints(command, include_extras=True)
+    params: list[inspect.Parameter] = []
+    sections: dict[str, type] = {}
+    for p in inspect.signature(command).parameters.values():
+        kind = hints[p.name]
+        if isinstance(kind, type) and is_dataclass(kind) and isinstance(p.default, kind):
+            sections[p.name] = kind
+            params += _section_options(p.name, p.default)
+        else:
+            params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=kind))
+    names = [p.name for p in params]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise TypeError(f"{command.__name__}: options declared twice: {twice}")
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        for name, kind in sections.items():
+            kwargs[name] = kind(**{f.name: kwargs.pop(f.name) for f in fields(kind)})
+        return command(**kwargs)
+
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper

@@ -1,0 +1,71 @@
+"""The sections several commands share, as frozen dataclasses whose fields are their options
+(`simctl.config_options`): the workload served (`run`, `capacity`, `plan`, `real`), the deployment serving it
+(`run`, `capacity`, `plan`) and the real engine's disaggregation (`real`, `validate`). The policy section is
+`simctl.policy_options`, the simulated cluster `sim.cluster_config.ClusterConfig`. Each command gives its own
+defaults as the instance it declares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.option_fields import option_field
+from simctl.options import SEED_HELP, TRACE_HELP
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The requests: their lengths, how they arrive, and the seed that draws both."""
+
+    trace: str = option_field("sharegpt", TRACE_HELP)
+    seed: int = option_field(0, SEED_HELP)
+    arrival: str = option_field("poisson", "Arrival process: poisson, or gamma (bursty, see --cv).")
+    cv: float = option_field(1.0, "Coefficient of variation of gamma inter-arrivals.")
+    scale: float = option_field(1.0, "Multiply prompt and output lengths (e.g. 0.05 makes sharegpt "
+                                "CPU-sized); recorded in the summary.")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What serves them: model, GPU and TP degree (each a comma list compared), how a step is priced, and
+    what the server admits."""
+
+    model: str = option_field("mistral-7b", (
+        "Model shape from the catalogue, or a path to a transformers config.json of a dense Llama, Mistral, "
+        "Qwen2 or Yi model, or a mixture-of-experts Mixtral, Qwen2-MoE or Qwen3-MoE one. A comma list "
+        "compares them."))
+    gpu: str = option_field("a100-80gb", "GPU from the catalogue; a comma list compares them.")
+    tp: str = option_field("1", "Tensor-parallel degree (GPUs per replica); a comma list compares them.",
+                           metavar="INTEGER[,...]")
+    routing_skew: float = option_field(0.0, (
+        "Mixture-of-experts models, roofline: how unevenly tokens route to experts. Expert i (by popularity) "
+        "takes a share of tokens proportional to (i+1)^-skew (Zipf), so a batch reads fewer distinct "
+        "experts' weights; 0 is uniform routing."))
+    ep: int = option_field(1, (
+        "Mixture-of-experts models, roofline: expert parallelism. 1 splits every expert over the --tp GPUs; "
+        "--ep equal to --tp gives each GPU whole experts (vLLM's --enable-expert-parallel), and an "
+        "iteration waits for the GPU its tokens routed most work to."))
+    cost: str | None = option_field(None, (
+        "A fitted cost_model.json (from `simctl fit`) instead of the roofline, or a "
+        "roofline_calibration.json (`simctl fit --roofline-gpu`) to apply measured efficiencies to --gpu's "
+        "specs; --gpu cpu uses the shipped CPU fit by default."))
+    max_model_len: int | None = option_field(None, (
+        "Positions a request may need, prompt + output, as vLLM's --max-model-len [default: the model's "
+        "context]; a longer request is handled as --on-too-long says."))
+    on_too_long: str = option_field("refuse", (
+        "A request longer than --max-model-len: refuse (a server answers it with an error: counted as "
+        "`rejected`, out of the latency percentiles, against SLO attainment), error (the whole run stops), "
+        "or truncate (its prompt is cut to fit)."), metavar="refuse|error|truncate")
+
+
+@dataclass(frozen=True)
+class RealDisaggregation:
+    """The real engine's disaggregated serving (`real`, `validate`): one prefill process and one decode
+    process, KV handed over through shared memory."""
+
+    prefill_instances: int | None = option_field(None, (
+        "Disaggregated serving on the real engine (with --decode-instances 1): 1 prefill instance, a process "
+        "with its own model and KV that only prefills, then hands each request's KV through shared memory to "
+        "the decode instance; --threads is then per instance [default: half the cores]."))
+    decode_instances: int | None = option_field(None, (
+        "Disaggregated serving on the real engine (with --prefill-instances 1): 1 decode instance, which "
+        "admits requests whose KV has arrived and never prefills them."))
