@@ -8,10 +8,8 @@ import numpy as np
 import pandas as pd
 
 from costs.fit_results import FitReport
-from costs.fitted import (
-    Fitted,
-    predict_arrays,
-)
+from costs.fitted import Fitted
+from costs.fitted_form import predict_arrays
 
 KIND_COLORS = {"prefill": "#1f77b4", "decode": "#d62728", "hybrid": "#2ca02c", "padded_prefill": "#9467bd",
                 "padded_decode": "#ff7f0e"}

@@ -10,7 +10,7 @@ curves are the measured operators of one model on one GPU at one TP degree.
   squares: cuBLAS's kernel choice makes some counts slower than larger ones, and a served batch never gets
   faster by growing). The curve is priced at the token count rounded up to the profile's grid (its `tile`: 8
   tokens in Vidur's profiles), so a GEMM's tile steps land where they were measured.
-- Attention: fitted (`profiler.fit.fit_coefficients`, the same form as a simctl profile's) to the measured
+- Attention: fitted (`profiler.fit_coefficients`, the same form as a simctl profile's) to the measured
   kernel where the profile has one for this shape and TP degree; else the roofline's rates, added rather than
   blended (the fit's form is linear: up to sqrt(2) above the roofline where compute and KV reads are equal).
 - LM head: not in the profiles: the roofline's, tabulated with its tile steps.
@@ -34,11 +34,11 @@ from catalogue.gpus import get_gpu
 from catalogue.models import ModelSpec
 from common.errors import InputError
 from costs.curves import pwl_array, tiled_array
-from costs.fit_results import ErrorStats
+from costs.fit_results import ErrorStats, error_stats
 from costs.fitted import Fitted
 from costs.overheads import StepOverheads
 from costs.roofline import Roofline
-from profiler.fit import error_stats, fit_coefficients, predict
+from profiler.fit_coefficients import fit_coefficients, predict
 from profiler.operator_profiles import (
     ALL_REDUCES_PER_LAYER,
     LAYER_OPERATORS,
@@ -112,7 +112,7 @@ def _lm_head_knots(rf: Roofline, params: float, top: int = 8192) -> list[tuple[i
 
 
 def _attention_frame(att: pd.DataFrame, layers: int) -> pd.DataFrame:
-    """Attention rows as profile rows (`profiler.fit`'s columns), times over all layers."""
+    """Attention rows as profile rows (the columns `fit_coefficients` reads), times over all layers."""
     pre = (att["kind"] == "prefill").to_numpy()
     q, c, b = (att[k].to_numpy(dtype=np.float64) for k in ("q", "kv", "batch"))
     zero = np.zeros(len(att))

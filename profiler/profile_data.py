@@ -10,11 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from catalogue.recorded_model import dtype_bytes_of, model_spec_from_shape
 from common.errors import InputError
-from costs.fitted import (
-    dtype_bytes_of,
-    model_spec_from_shape,
-)
 
 PROFILE_COLUMNS: tuple[str, ...] = (
     "kind", "batch_size", "linear_tokens", "sampled_tokens", "num_segments", "attn_units", "attn_kv_tokens",
