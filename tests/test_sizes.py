@@ -26,9 +26,6 @@ DATA_TABLES: set[str] = set()  # modules that are mostly a data table (none toda
 # Functions still over the limit, not split yet (issue 21), with their length now: one may shrink, never grow,
 # and leaves this list once it is within the limit.
 NOT_YET_SPLIT = {
-    ("plots/fit.py", "fit_figure"): 101,
-    ("profiler/fit_operators.py", "fit_operator_profile"): 80,
-    ("results/validation_report.py", "markdown"): 99,
     ("validation/vllm_validate.py", "validate_vllm"): 65,
 }
 
