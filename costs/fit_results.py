@@ -57,7 +57,7 @@ class FitReport(CurveTables):
     device: str
     tile: int
     coefficients: dict[str, float]
-    # knot tables (n, seconds) by name, as `costs.fitted.CURVES`
+    # knot tables (n, seconds) by name, as `costs.fitted_form.CURVES`
     curves: dict[str, list[tuple[int, float]]]
     stderr: dict[str, float]  # linearised standard error of each coefficient (inf: not identifiable)
     holdout: dict[str, ErrorStats]  # per kind and "overall"; empty when holdout=0

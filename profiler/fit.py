@@ -39,7 +39,7 @@ from plots.fit import fit_figure
 from profiler.fit_coefficients import TILE_CANDIDATES, CoefficientFit, fit_coefficients, predict
 from profiler.fit_roofline import calibrate_roofline
 from profiler.profile import PROFILE_FILES
-from profiler.profile_data import load_profile, split_holdout
+from profiler.profile_data import check_holdout, load_profile, split_holdout
 from profiler.vllm_served import calibrate
 from results.output import check_out_dir, json_text, write_files
 
@@ -88,8 +88,7 @@ def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout:
 def _checked_options(holdout: float, seed: int, memory_bytes: int | None, roofline_gpu: str | None
                      ) -> str | None:
     """InputError for a bad option; the catalogue's name of `roofline_gpu`."""
-    if not isinstance(holdout, (int, float)) or isinstance(holdout, bool) or not 0 <= holdout < 1:
-        raise InputError(f"holdout must be a fraction in [0, 1), got {holdout!r}")
+    check_holdout(holdout)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise InputError(f"seed must be an integer >= 0, got {seed!r}")
     if memory_bytes is not None and not (isinstance(memory_bytes, (int, float)) and memory_bytes > 0):

@@ -95,7 +95,7 @@ def ramp_columns(x: np.ndarray, knots: list[int]) -> np.ndarray:
 class CoefficientFit(CurveTables):
     tile: int
     coefficients: dict[str, float]
-    # knot tables (n, seconds) by name, as `costs.fitted.CURVES`
+    # knot tables (n, seconds) by name, as `costs.fitted_form.CURVES`
     curves: dict[str, list[tuple[int, float]]]
     stderr: dict[str, float]  # standard error of each scalar coefficient (0 for those not covered)
     tile_errors: dict[int, float]  # training RMS relative error of the best fit at each candidate tile

@@ -45,7 +45,7 @@ from profiler.operator_profiles import (
     OperatorProfile,
     load_operator_profile,
 )
-from profiler.profile_data import split_holdout
+from profiler.profile_data import check_holdout, split_holdout
 from results.output import check_out_dir, json_text, write_files
 
 COST_MODEL_FILE = "cost_model.json"
@@ -131,8 +131,7 @@ def fit_operator_profile(root: str | Path, model: ModelSpec, gpu: str, tp: int =
     cost_model.json into `out` (required: the profile directory is not a fit's folder)."""
     if out is None:
         raise InputError("give --out: where to write the cost model fitted to the operator profiles")
-    if not isinstance(holdout, (int, float)) or isinstance(holdout, bool) or not 0 <= holdout < 1:
-        raise InputError(f"holdout must be a fraction in [0, 1), got {holdout!r}")
+    check_holdout(holdout)
     g = get_gpu(gpu)
     steps = StepOverheads.defaults(execution, model.num_layers)
     rf = Roofline(model, g, tp=tp)  # checks tp against the heads; the LM head and missing attention

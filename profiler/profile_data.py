@@ -108,6 +108,12 @@ def load_profile(profile_dir: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]
 
 
 
+def check_holdout(holdout: float) -> None:
+    """InputError unless `holdout` is a share of rows `split_holdout` can hold out."""
+    if not isinstance(holdout, (int, float)) or isinstance(holdout, bool) or not 0 <= holdout < 1:
+        raise InputError(f"holdout must be a fraction in [0, 1), got {holdout!r}")
+
+
 def split_holdout(kinds: np.ndarray, holdout: float, seed: int) -> np.ndarray:
     """Boolean mask of held-out rows: round(holdout x n) random rows of each kind (seeded), leaving every kind
     at least one training row."""
