@@ -1,9 +1,12 @@
-"""What `simctl fit` produces: the error statistics, the roofline calibration and the fit report."""
+"""What `simctl fit` produces: the error statistics (per kind of row: `error_stats`), the roofline calibration
+and the fit report."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from costs.curves import CurveTables
 from costs.overheads import StepOverheads
@@ -17,9 +20,23 @@ class ErrorStats:
     mape: float
     p95: float
 
+    @classmethod
+    def of(cls, predicted: np.ndarray, measured: np.ndarray) -> ErrorStats:
+        """MAPE and P95 absolute percentage error of `predicted` against `measured` (non-empty)."""
+        ape = np.abs(predicted - measured) / measured
+        return cls(len(ape), float(ape.mean()), float(np.percentile(ape, 95)))
+
     def to_json(self) -> dict[str, float]:
         return {"n": self.n, "mape": self.mape, "p95_ape": self.p95}
 
+
+def error_stats(kinds: np.ndarray, predicted: np.ndarray, measured: np.ndarray) -> dict[str, ErrorStats]:
+    """`ErrorStats` per kind and "overall" (kinds with no rows are left out)."""
+    out = {kind: ErrorStats.of(predicted[kinds == kind], measured[kinds == kind])
+           for kind in sorted(set(kinds.tolist()))}
+    if len(measured):
+        out["overall"] = ErrorStats.of(predicted, measured)
+    return out
 
 
 @dataclass
@@ -33,7 +50,6 @@ class RooflineCalibration:
     path: Path | None = None
 
 
-
 @dataclass
 class FitReport(CurveTables):
     profile_dir: Path
@@ -41,7 +57,7 @@ class FitReport(CurveTables):
     device: str
     tile: int
     coefficients: dict[str, float]
-    # knot tables (n, seconds) by name, as `costs.fitted.CURVES`
+    # knot tables (n, seconds) by name, as `costs.fitted_form.CURVES`
     curves: dict[str, list[tuple[int, float]]]
     stderr: dict[str, float]  # linearised standard error of each coefficient (inf: not identifiable)
     holdout: dict[str, ErrorStats]  # per kind and "overall"; empty when holdout=0

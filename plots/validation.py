@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from plots.log_scale import log_axes
 from results.validation_report import ValidationReport, fmt_err
 
 
@@ -20,11 +21,9 @@ def _hist_cdf(gaps: Any) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-
 def _ecdf(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     v = np.sort(np.asarray(v, dtype=float))
     return v, np.arange(1, len(v) + 1) / max(len(v), 1)
-
 
 
 def cdf_figure(report: ValidationReport, path: Path) -> None:
@@ -34,7 +33,6 @@ def cdf_figure(report: ValidationReport, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     policies = list(dict.fromkeys(p.policy for p in report.pairs))
     loads = list(dict.fromkeys(p.load for p in report.pairs))
@@ -59,10 +57,7 @@ def cdf_figure(report: ValidationReport, path: Path) -> None:
                 key = "tbt_p50"
             ax.step(xr * 1e3, yr, where="post", color="C0", lw=1.6, label="measured")
             ax.step(xs * 1e3, ys, where="post", color="C3", lw=1.4, ls="--", label="predicted")
-            ax.set_xscale("log")
-            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.xaxis.set_minor_formatter(NullFormatter())
+            log_axes(ax, "x")
             ax.set_ylim(0, 1.02)
             ax.grid(True, which="both", alpha=0.3)
             ax.tick_params(labelsize=8)

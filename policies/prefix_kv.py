@@ -106,11 +106,7 @@ class PrefixCachingKV(PagedKV):
         for s in seqs:  # all of them: a block that fills up gets its hash even where none is added
             self._extend(s, s.computed + steps, s.computed + steps)
 
-    def grow_common(self, seqs: list[Seq], limit: int) -> int:
-        k = self.max_common_growth(seqs, limit)
-        if k > 0:
-            self.grow_all(seqs, k)
-        return k
+    grow_common = KVManager.grow_common  # through grow_all above, not PagedKV's block-counting shortcut
 
     def _extend(self, seq: Seq, tokens: int, cache_tokens: int) -> None:
         """Blocks up to `tokens` tokens; the hash of every block full within `cache_tokens` known tokens."""

@@ -12,7 +12,7 @@ curves are the measured operators of one model on one GPU at one TP degree.
   tokens in Vidur's profiles), so a GEMM's tile steps land where they were measured; between measured counts
   it does not interpolate across a 64-row tile boundary (`tile_step_knots`: each side extrapolated within its
   own tile), as the kernels step there.
-- Attention: fitted (`profiler.fit.fit_coefficients`, the same form as a simctl profile's) to the measured
+- Attention: fitted (`profiler.fit_coefficients`, the same form as a simctl profile's) to the measured
   kernel where the profile has one for this shape and TP degree; else the roofline's rates, added rather than
   blended (the fit's form is linear: up to sqrt(2) above the roofline where compute and KV reads are equal).
 - LM head: not in the profiles: the roofline's, tabulated with its tile steps.
@@ -36,25 +36,25 @@ from catalogue.gpus import get_gpu
 from catalogue.models import ModelSpec
 from common.errors import InputError
 from costs.curves import pwl_array, tiled_array
-from costs.fit_results import ErrorStats
+from costs.fit_results import ErrorStats, error_stats
 from costs.fitted import Fitted
 from costs.overheads import StepOverheads
 from costs.roofline import Roofline
-from profiler.fit import error_stats, fit_coefficients, predict
+from profiler.fit_coefficients import fit_coefficients, predict
 from profiler.operator_profiles import (
     ALL_REDUCES_PER_LAYER,
     LAYER_OPERATORS,
     OperatorProfile,
     load_operator_profile,
 )
-from profiler.profile_data import split_holdout
+from profiler.profile_data import check_holdout, split_holdout
 from results.output import check_out_dir, json_text, write_files
 
 COST_MODEL_FILE = "cost_model.json"
-DTYPE_BYTES = 2  # Vidur profiles in fp16
 # the smallest M-tile (token rows) of the GEMM kernels cuBLAS runs for these shapes (CUTLASS's 64- and 128-row
 # tiles): the measured curves step at its multiples, which the fit keeps (`tile_step_knots`)
 GEMM_ROW_TILE = 64
+DTYPE_BYTES = 2  # Vidur profiles in fp16
 # operator classes reported, by the profile's operator names
 CLASSES: dict[str, tuple[str, ...]] = {
     "qkv": ("attn_pre_proj",), "o": ("attn_post_proj",), "gate_up": ("mlp_up_proj",),
@@ -115,18 +115,6 @@ def _lm_head_knots(rf: Roofline, params: float, top: int = 8192) -> list[tuple[i
     knots.append((top + rf.tile, rf.gemm(params, top + rf.tile)))  # the slope beyond
     return knots
 
-
-def _class_stats(p: OperatorProfile, train: OperatorProfile, held: np.ndarray) -> dict[str, ErrorStats]:
-    """Each operator class's error at the held-out counts, interpolated in the training counts."""
-    stats: dict[str, ErrorStats] = {}
-    if held.any():
-        for name, ops in CLASSES.items():
-            meas = sum(p.operators[k][held] for k in ops)
-            pred = sum(np.interp(p.tokens[held], train.tokens, train.operators[k]) for k in ops)
-            stats[name] = error_stats(np.array([name] * int(held.sum())), pred, meas)[name]
-    return stats
-
-
 def tile_step_knots(tokens: np.ndarray, secs: np.ndarray, grid: int, step: int = GEMM_ROW_TILE
                     ) -> tuple[np.ndarray, np.ndarray]:
     """The measured curve with a knot on each side of every `step`-row tile boundary B (at B and at B +
@@ -153,7 +141,7 @@ def tile_step_knots(tokens: np.ndarray, secs: np.ndarray, grid: int, step: int =
 
 
 def _attention_frame(att: pd.DataFrame, layers: int) -> pd.DataFrame:
-    """Attention rows as profile rows (`profiler.fit`'s columns), times over all layers."""
+    """Attention rows as profile rows (the columns `fit_coefficients` reads), times over all layers."""
     pre = (att["kind"] == "prefill").to_numpy()
     q, c, b = (att[k].to_numpy(dtype=np.float64) for k in ("q", "kv", "batch"))
     zero = np.zeros(len(att))
@@ -172,75 +160,125 @@ def fit_operator_profile(root: str | Path, model: ModelSpec, gpu: str, tp: int =
     cost_model.json into `out` (required: the profile directory is not a fit's folder)."""
     if out is None:
         raise InputError("give --out: where to write the cost model fitted to the operator profiles")
-    if not isinstance(holdout, (int, float)) or isinstance(holdout, bool) or not 0 <= holdout < 1:
-        raise InputError(f"holdout must be a fraction in [0, 1), got {holdout!r}")
+    check_holdout(holdout)
     g = get_gpu(gpu)
     steps = StepOverheads.defaults(execution, model.num_layers)
     rf = Roofline(model, g, tp=tp)  # checks tp against the heads; the LM head and missing attention
     out_dir = check_out_dir(Path(out), (COST_MODEL_FILE,))
     p = load_operator_profile(root, model, g.name, tp)
 
-    # linear operators and the rest of the layer, fitted on the training counts
     held = _held_counts(len(p.tokens), holdout, seed)
     train = _subset(p, ~held)
-    stats = _class_stats(p, train, held)
-    s = isotonic_regression(iteration_seconds(train, model)).x
-    tile = int(np.gcd.reduce(p.tokens[p.tokens >= 8])) if (p.tokens >= 8).any() else 1
-    knots = [(1, 0.0)] + [(int(n), float(v - s[0])) for n, v in zip(*tile_step_knots(train.tokens, s, tile))
-                          if n > 1]
-    if held.any():
-        measured = iteration_seconds(p, model)[held]
-        priced = s[0] + pwl_array(tiled_array(p.tokens[held], tile), knots)
-        stats["iteration"] = error_stats(np.array(["i"] * len(measured)), priced, measured)["i"]
-    if p.allreduce is not None:
-        sizes, secs = p.allreduce
-        h = _held_counts(len(sizes), holdout, seed)
-        if h.any():
-            stats["all_reduce"] = error_stats(np.array(["a"] * int(h.sum())),
-                                              np.interp(sizes[h], sizes[~h], secs[~h]), secs[h])["a"]
-
-    # attention: the measured kernel where there is one, else the roofline
-    if p.attention is not None:
-        df = _attention_frame(p.attention, model.num_layers)
-        kinds = df["kind"].to_numpy()
-        held_rows = split_holdout(kinds, holdout, seed)
-        cf = fit_coefficients(df[~held_rows], tiles=(1,))
-        if held_rows.any():
-            y = df["time_s"].to_numpy()
-            for k, v in error_stats(kinds[held_rows], predict(cf, df)[held_rows], y[held_rows]).items():
-                if k != "overall":
-                    stats[f"attention_{k}"] = v
-        att_coef, decode_knots = cf.coefficients, cf.curves["decode_kv"]
-        attention = f"measured ({p.attention_file})"
-    else:
-        unit, kv, dkv = rf.attention_rates()
-        att_coef = {"overhead_s": 0.0, "attn_unit_s": unit, "attn_kv_token_s": kv, "attn_segment_s": 0.0,
-                    "decode_row_s": dkv}
-        decode_knots = [(1, 0.0), (2, dkv)]  # rows x (dkv + (mean KV - 1) x dkv) = decode_kv x dkv
-        attention = "roofline (no attention profile of this shape, GPU and TP degree)"
-    coefficients = {"overhead_s": float(s[0]) + att_coef["overhead_s"],
-                    **{k: float(att_coef[k]) for k in ("attn_unit_s", "attn_kv_token_s", "attn_segment_s",
-                                                       "decode_row_s")},
-                    "decode_pad_token_s": 0.0}
-    curves = {"linear": knots, "lm_head": _lm_head_knots(rf, rf.lm_head_params_per_gpu),
-              "decode_kv": decode_knots}
-    spec_fields = {f.name: getattr(model, f.name) for f in fields(model) if f.name != "description"}
+    layers = _Layers.fit(p, train, model)
+    attention = (_measured_attention(p, model.num_layers, holdout, seed) if p.attention is not None
+                 else _roofline_attention(rf))
+    stats = {**_layer_errors(p, train, held, model, layers), **_all_reduce_errors(p, holdout, seed),
+             **attention.errors}
     fit_info = {
         "source": "operator profiles", "profile": str(Path(root)), "model_profile": p.model_dir,
-        "network": p.network, "attention": attention, "lm_head": "roofline (not in the profiles)",
+        "network": p.network, "attention": attention.source, "lm_head": "roofline (not in the profiles)",
         "step_overheads": f"{execution} defaults (the profiles time kernels, not steps)",
-        "tile": f"{tile}: the profile's token grid", "holdout": holdout, "seed": seed,
+        "tile": f"{layers.tile}: the profile's token grid", "holdout": holdout, "seed": seed,
         "train_counts": int((~held).sum()), "holdout_counts": int(held.sum()),
         "errors": {"holdout": {k: v.to_json() for k, v in stats.items()}},
     }
     meta = {"device": "cuda", "device_name": f"NVIDIA {p.model_dir.split('/')[0].upper()}",
             "dtype": "float16", "source": "operator profiles"}
-    fitted = Fitted(coefficients, tile, curves, model=model.name, model_shape=spec_fields,
-                    dtype_bytes=DTYPE_BYTES, memory_bytes=g.memory_bytes, meta=meta, fit=fit_info,
-                    step_overheads=steps, tp=tp)
+    curves = {"linear": layers.knots, "lm_head": _lm_head_knots(rf, rf.lm_head_params_per_gpu),
+              "decode_kv": attention.decode_knots}
+    spec_fields = {f.name: getattr(model, f.name) for f in fields(model) if f.name != "description"}
+    fitted = Fitted(_coefficients(layers, attention), layers.tile, curves, model=model.name,
+                    model_shape=spec_fields, dtype_bytes=DTYPE_BYTES, memory_bytes=g.memory_bytes, meta=meta,
+                    fit=fit_info, step_overheads=steps, tp=tp)
     text = json_text(fitted.to_json())
     write_files(out_dir, {COST_MODEL_FILE: lambda path: path.write_text(text, encoding="utf-8")}, "the fit")
-    return OperatorFitReport(p, model.name, fitted, stats, attention, out_dir / COST_MODEL_FILE)
+    return OperatorFitReport(p, model.name, fitted, stats, attention.source, out_dir / COST_MODEL_FILE)
+
+
+@dataclass(frozen=True)
+class _Layers:
+    """Every operator but attention and the LM head, as the `linear` curve: the seconds at one token (part of
+    the overhead) and the knots above it, priced at the token count rounded up to `tile`."""
+
+    one_token_s: float
+    knots: list[tuple[int, float]]
+    tile: int
+
+    @classmethod
+    def fit(cls, p: OperatorProfile, train: OperatorProfile, model: ModelSpec) -> _Layers:
+        """Made monotone over the training counts; the tile is the profile's token grid."""
+        s = isotonic_regression(iteration_seconds(train, model)).x
+        tile = int(np.gcd.reduce(p.tokens[p.tokens >= 8])) if (p.tokens >= 8).any() else 1
+        stepped = zip(*tile_step_knots(train.tokens, s, tile))
+        knots = [(1, 0.0)] + [(int(n), float(v - s[0])) for n, v in stepped if n > 1]
+        return cls(float(s[0]), knots, tile)
+
+    def seconds(self, tokens: np.ndarray) -> np.ndarray:
+        return self.one_token_s + pwl_array(tiled_array(tokens, self.tile), self.knots)
+
+
+@dataclass(frozen=True)
+class _Attention:
+    """Attention's prices: its scalar coefficients, the decode curve, where they come from, and their held-out
+    errors (none from the roofline)."""
+
+    coefficients: dict[str, float]  # overhead_s, attn_unit_s, attn_kv_token_s, attn_segment_s, decode_row_s
+    decode_knots: list[tuple[int, float]]
+    source: str
+    errors: dict[str, ErrorStats]
+
+
+def _measured_attention(p: OperatorProfile, layers: int, holdout: float, seed: int) -> _Attention:
+    """The form's attention terms fitted to the measured kernel (a seeded share of its rows held out)."""
+    df = _attention_frame(p.attention, layers)
+    kinds = df["kind"].to_numpy()
+    held = split_holdout(kinds, holdout, seed)
+    cf = fit_coefficients(df[~held], tiles=(1,))
+    errors = {}
+    if held.any():
+        by_kind = error_stats(kinds[held], predict(cf, df)[held], df["time_s"].to_numpy()[held])
+        errors = {f"attention_{k}": v for k, v in by_kind.items() if k != "overall"}
+    return _Attention(cf.coefficients, cf.curves["decode_kv"], f"measured ({p.attention_file})", errors)
+
+
+def _roofline_attention(rf: Roofline) -> _Attention:
+    unit, kv, dkv = rf.attention_rates()
+    coefficients = {"overhead_s": 0.0, "attn_unit_s": unit, "attn_kv_token_s": kv, "attn_segment_s": 0.0,
+                    "decode_row_s": dkv}
+    decode_knots = [(1, 0.0), (2, dkv)]  # rows x (dkv + (mean KV - 1) x dkv) = decode_kv x dkv
+    return _Attention(coefficients, decode_knots,
+                      "roofline (no attention profile of this shape, GPU and TP degree)", {})
+
+
+def _coefficients(layers: _Layers, attention: _Attention) -> dict[str, float]:
+    att = attention.coefficients
+    scalars = ("attn_unit_s", "attn_kv_token_s", "attn_segment_s", "decode_row_s")
+    return {"overhead_s": layers.one_token_s + att["overhead_s"], **{k: float(att[k]) for k in scalars},
+            "decode_pad_token_s": 0.0}
+
+
+def _layer_errors(p: OperatorProfile, train: OperatorProfile, held: np.ndarray, model: ModelSpec,
+                  layers: _Layers) -> dict[str, ErrorStats]:
+    """Held-out errors of each operator class (interpolated in the training counts) and of the whole
+    iteration as the `linear` curve prices it."""
+    if not held.any():
+        return {}
+    errors = {}
+    for name, ops in CLASSES.items():
+        measured = sum(p.operators[k][held] for k in ops)
+        errors[name] = ErrorStats.of(sum(np.interp(p.tokens[held], train.tokens, train.operators[k])
+                                         for k in ops), measured)
+    errors["iteration"] = ErrorStats.of(layers.seconds(p.tokens[held]), iteration_seconds(p, model)[held])
+    return errors
+
+
+def _all_reduce_errors(p: OperatorProfile, holdout: float, seed: int) -> dict[str, ErrorStats]:
+    """Held-out error of the all-reduce's sizes, interpolated in the others (none at tp = 1)."""
+    if p.allreduce is None:
+        return {}
+    sizes, secs = p.allreduce
+    h = _held_counts(len(sizes), holdout, seed)
+    return {"all_reduce": ErrorStats.of(np.interp(sizes[h], sizes[~h], secs[~h]), secs[h])} if h.any() else {}
 
 
 def format_operator_report(r: OperatorFitReport) -> str:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import math
 
 from costs.fit_results import FitReport
-from costs.fitted import (
-    CURVES,
-)
+from costs.fitted_form import CURVES
 
 
 def pct(v: float) -> str:

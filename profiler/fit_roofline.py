@@ -11,11 +11,8 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from catalogue.gpus import get_gpu
+from catalogue.recorded_model import dtype_bytes_of, model_spec_from_shape
 from costs.calibration import ROOFLINE_PARAMS
-from costs.fitted import (
-    dtype_bytes_of,
-    model_spec_from_shape,
-)
 from costs.roofline import Roofline
 from policies.plan import BatchPlan, Layout
 from policies.seq import Seq

@@ -10,11 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from catalogue.recorded_model import dtype_bytes_of, model_spec_from_shape
 from common.errors import InputError
-from costs.fitted import (
-    dtype_bytes_of,
-    model_spec_from_shape,
-)
 
 PROFILE_COLUMNS: tuple[str, ...] = (
     "kind", "batch_size", "linear_tokens", "sampled_tokens", "num_segments", "attn_units", "attn_kv_tokens",
@@ -109,6 +106,12 @@ def load_profile(profile_dir: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]
         df[col] = _numbers(df[col], col, csv)
     return df, _read_meta(meta_path)
 
+
+
+def check_holdout(holdout: float) -> None:
+    """InputError unless `holdout` is a share of rows `split_holdout` can hold out."""
+    if not isinstance(holdout, (int, float)) or isinstance(holdout, bool) or not 0 <= holdout < 1:
+        raise InputError(f"holdout must be a fraction in [0, 1), got {holdout!r}")
 
 
 def split_holdout(kinds: np.ndarray, holdout: float, seed: int) -> np.ndarray:

@@ -3,7 +3,7 @@
 Grids (`GRID_NAMES`): `full` (a CPU profile of `tiny` in under 5 minutes), `quick` (under a minute) and `test`
 (seconds, for the test suite). All cap token positions at the model's `max_position` and skip shapes whose KV
 slab would exceed the memory budget the caller gives. What the full grid is for (the fitted form is
-`costs.fitted`'s: piecewise-linear curves with knots where the profile measured):
+`costs.fitted_form`'s: piecewise-linear curves with knots where the profile measured):
 
 - single prompts at every power of two, on both sides of each (2^k - 1, 2^k + 1, 2^k + 2: a tile or
   kernel step shows between knots), and densely in between (held-out rows there check the interpolation);

@@ -1,7 +1,7 @@
 """Write a run's outputs so that nothing is ever half-written: each file goes to a temporary name in the
 target folder and is renamed into place only once complete.
 
-`write_run` writes all three files to temporary names first and renames them only when every one of them is
+`write_run` writes all its files to temporary names first and renames them only when every one of them is
 complete (summary.json last, so its presence marks a finished run): a run that fails, or is interrupted,
 leaves the folder as it was, including any files of an earlier run.
 """
@@ -148,17 +148,20 @@ def write_files(out: Path, writers: dict[str, Callable[[Path], None]], what: str
 
 
 def write_run(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterations: pd.DataFrame,
-              timeline: pd.DataFrame | None = None) -> None:
-    """Write requests.parquet, iterations.parquet, timeline.parquet when given, and summary.json (renamed
-    last) into `out`, all or none; an earlier run's timeline.parquet goes when this run recorded none."""
+              timeline: pd.DataFrame | None = None, replicas: pd.DataFrame | None = None) -> None:
+    """Write requests.parquet, iterations.parquet, replicas.parquet (a deployment's) and timeline.parquet when
+    given, and summary.json (renamed last) into `out`, all or none; an earlier run's timeline.parquet goes
+    when this run recorded none."""
     summary_text = json_text(summary)  # serialise first: a failure here must not touch the folder
-    timeline_writer = ({} if timeline is None
-                       else {TIMELINE_FILE: lambda p: timeline.to_parquet(p, index=False)})
+    frames = {"requests.parquet": requests, "iterations.parquet": iterations, "replicas.parquet": replicas,
+              TIMELINE_FILE: timeline}
     write_files(Path(out), {
-        "requests.parquet": lambda p: requests.to_parquet(p, index=False),
-        "iterations.parquet": lambda p: iterations.to_parquet(p, index=False),
-        **timeline_writer,
+        **{name: _parquet(frame) for name, frame in frames.items() if frame is not None},
         "summary.json": lambda p: p.write_text(summary_text, encoding="utf-8"),
     }, "the run's files")
     if timeline is None:
         (Path(out) / TIMELINE_FILE).unlink(missing_ok=True)
+
+
+def _parquet(frame: pd.DataFrame) -> Callable[[Path], None]:
+    return lambda path: frame.to_parquet(path, index=False)

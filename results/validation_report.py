@@ -27,7 +27,6 @@ def metric_label(m: str, labels: dict[str, str] = LABELS) -> str:
     return f"{p.upper()} {labels[base]}"
 
 
-
 def pct_error(predicted: Any, measured: Any) -> float | None:
     """(predicted - measured) / measured in percent; None when undefined."""
     if predicted is None or measured is None or not math.isfinite(predicted) or not math.isfinite(measured):
@@ -35,7 +34,6 @@ def pct_error(predicted: Any, measured: Any) -> float | None:
     if measured == 0:
         return None
     return 100.0 * (predicted - measured) / measured
-
 
 
 @dataclass
@@ -49,7 +47,6 @@ class RunPair:
     real_gaps: Any  # GapHistogram (replayed from the real times)
     sim_gaps: Any
     replay_complete: bool
-
 
 
 @dataclass
@@ -75,7 +72,6 @@ class ValidationReport:
         raise KeyError((policy, load))
 
 
-
 VALIDATION_FILES = ("validation.csv", "validation.md", "validation.png", "validation.json")
 
 
@@ -89,7 +85,6 @@ def load_report(out: str | Path) -> ValidationReport:
     except (OSError, json.JSONDecodeError) as e:
         raise InputError(f"{path}: not a finished validation ({e})") from None
     return ValidationReport(data["config"], data["rows"], data["capacity"], data["evidence"], Path(out))
-
 
 
 def jsonable(v: Any) -> Any:
@@ -106,15 +101,12 @@ def jsonable(v: Any) -> Any:
     return v
 
 
-
 def fmt_err(v: float | None) -> str:
     return "n/a" if v is None else f"{v:+.1f}%"
 
 
-
 def fmt_ratio(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}"
-
 
 
 def _fmt_value(metric: str, v: float | None) -> str:
@@ -125,10 +117,30 @@ def _fmt_value(metric: str, v: float | None) -> str:
     return f"{v * 1e3:.3g}" if v < 10 else f"{v:.3g} s"
 
 
-
 def markdown(report: ValidationReport) -> str:
-    c = report.config
-    lines = [
+    """validation.md: the set-up, a table per question (capacity, latency and throughput, errors at the
+    machine's speed, run-to-run spread, per-iteration evidence) and whether the requests were identical."""
+    lines = _setup(report.config)
+    for section in (_capacity_table, _latency_table, _adjusted_table, _spread_table, _evidence_table):
+        lines += section(report)
+    bad = [r for r in report.rows if not r["identical_requests"]]
+    lines += ["", "Identical requests (ids, lengths, arrivals) in every real run and its twin: "
+              + ("yes" if not bad else "NO for " + ", ".join(f"{r['policy']}@{r['load']:g}" for r in bad)),
+              ""]
+    return "\n".join(lines)
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _head(cells: list[str]) -> list[str]:
+    """A table's header and its rule."""
+    return [_row(cells), "|" + "---|" * len(cells)]
+
+
+def _setup(c: dict[str, Any]) -> list[str]:
+    return [
         "# Simulator validation against real execution",
         "",
         (f"{c['model']} on {c.get('device_name') or 'this CPU'} ({c.get('device', 'cpu')}, {c['dtype']}, "
@@ -142,86 +154,102 @@ def markdown(report: ValidationReport) -> str:
             else ".")),
         (f"Load average {c['loadavg_start']} at the start, {c.get('loadavg_end')} at the end; "
          f"{c.get('wall_s')} s in all; {c['date']}."),
-        "",
-        "## Capacity (QPS)",
-        "",
     ]
+
+
+def _capacity_table(report: ValidationReport) -> list[str]:
+    """Simulated capacity per policy, and the real one where the validation searched it."""
     real_cap = any("real_qps" in v for v in report.capacity.values())
-    head = ["policy", "simulated"] + (["real", "real: first failing", "error", "real probes"] if real_cap
-                                      else [])
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = ["", "## Capacity (QPS)", "",
+             *_head(["policy", "simulated"] + (["real", "real: first failing", "error", "real probes"]
+                                               if real_cap else []))]
     for p, v in report.capacity.items():
         cells = [p, f"{v['sim_qps']:.4g}"]
         if real_cap:
             fail = v.get("real_fail_qps")
             cells += [f"{v.get('real_qps', 0):.4g}", "none" if fail is None else f"{fail:.4g}",
                       fmt_err(v.get("error_pct")), str(len(v.get("real_probes", [])))]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## Latency and throughput: measured / predicted (error)", "",
-              "Latencies in ms; throughput in requests/s and output tokens/s.", ""]
-    head = ["policy", "load", "QPS"] + [metric_label(m) for m in METRICS]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines.append(_row(cells))
+    return lines
+
+
+def _latency_table(report: ValidationReport) -> list[str]:
+    lines = ["", "## Latency and throughput: measured / predicted (error)", "",
+             "Latencies in ms; throughput in requests/s and output tokens/s.", "",
+             *_head(["policy", "load", "QPS"] + [metric_label(m) for m in METRICS])]
     for r in report.rows:
-        cells = [r["policy"], f"{r['load']:g}", f"{r['qps']:.3g}"]
-        for m in METRICS:
-            cells.append(f"{_fmt_value(m, r[f'{m}_real'])} / {_fmt_value(m, r[f'{m}_sim'])} "
-                         f"({fmt_err(r[f'{m}_err_pct'])})")
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## Errors at the machine's speed during the runs", "",
-              ("The twin simulated again with every iteration time multiplied by the real runs' busy time "
-               "over their repriced busy time (the machine's speed then, relative to the profile; "
-               "per-iteration evidence below). What remains is the error of the scheduling and queueing "
-               "model and of the cost model's shape, not the machine's drift."), "",
-              "| policy | load | speed factor | " + " | ".join(metric_label(m) for m in METRICS[:9]) + " |",
-              "|" + "---|" * 12]
+        lines.append(_row([r["policy"], f"{r['load']:g}", f"{r['qps']:.3g}"]
+                          + [f"{_fmt_value(m, r[f'{m}_real'])} / {_fmt_value(m, r[f'{m}_sim'])} "
+                             f"({fmt_err(r[f'{m}_err_pct'])})" for m in METRICS]))
+    return lines
+
+
+def _adjusted_table(report: ValidationReport) -> list[str]:
+    """The latency errors once the twin runs at the machine's speed during the real runs."""
+    latencies = METRICS[:9]
+    lines = ["", "## Errors at the machine's speed during the runs", "",
+             ("The twin simulated again with every iteration time multiplied by the real runs' busy time "
+              "over their repriced busy time (the machine's speed then, relative to the profile; "
+              "per-iteration evidence below). What remains is the error of the scheduling and queueing "
+              "model and of the cost model's shape, not the machine's drift."), "",
+             *_head(["policy", "load", "speed factor"] + [metric_label(m) for m in latencies])]
     for r in report.rows:
-        lines.append(f"| {r['policy']} | {r['load']:g} | {fmt_ratio(r['busy_ratio_real_over_repriced'])} | "
-                     + " | ".join(fmt_err(r.get(f"{m}_adj_err_pct")) for m in METRICS[:9]) + " |")
-    if c.get("repeats", 1) > 1:
-        spread = ("ttft_p50", "tbt_p50", "e2e_p50", "tbt_p99", "throughput_rps")
-        lines += ["", f"## Run-to-run spread: min - max over {c['repeats']} real runs", "",
-                  "| policy | load | " + " | ".join(metric_label(m) for m in spread)
-                  + " | P50 TBT max / min |", "|" + "---|" * (len(spread) + 3)]
-        for r in report.rows:
-            lo, hi = r["tbt_p50_real_min"], r["tbt_p50_real_max"]
-            lines.append(f"| {r['policy']} | {r['load']:g} | " + " | ".join(
-                f"{_fmt_value(m, r[f'{m}_real_min'])} - {_fmt_value(m, r[f'{m}_real_max'])}" for m in spread)
-                + f" | {fmt_ratio(hi / lo if lo and hi else None)} |")
-    lines += ["", "## Per-iteration evidence", "",
-              ("The real run's iterations replayed through its policy and priced by the cost model (per real "
-               "run: means over the repeats) "
-               "(*repriced*: the same plans); *sim*: the twin simulation's own iterations. *between*: "
-               "measured time between back-to-back iterations (sampling, bookkeeping), which the simulator "
-               "does not model; *non-forward*: time inside the logged iterations outside the forward pass "
-               "(draining arrivals, scheduling, inputs). Per kind: measured / predicted total (iterations)."),
-              "",
-              ("Decode excess: least squares of (measured - predicted) of decode-only iterations on a "
-               "constant and the decode rows (ms per row). Other CPU: the share of the machine other "
-               "processes used during the real run (it slows the real run, not the simulation)."),
-              "",
-              ("| policy | load | iterations real / sim | replayed | busy real s | repriced s | real / "
-               "repriced | sim s | real / sim | between s (mean ms) | non-forward s | per kind | decode "
-               "excess | other CPU |"),
-              "|" + "---|" * 14]
+        lines.append(_row([r["policy"], f"{r['load']:g}", fmt_ratio(r["busy_ratio_real_over_repriced"])]
+                          + [fmt_err(r.get(f"{m}_adj_err_pct")) for m in latencies]))
+    return lines
+
+
+def _spread_table(report: ValidationReport) -> list[str]:
+    """Min - max over the real runs of each policy and load (none from a single run)."""
+    repeats = report.config.get("repeats", 1)
+    if repeats <= 1:
+        return []
+    spread = ("ttft_p50", "tbt_p50", "e2e_p50", "tbt_p99", "throughput_rps")
+    lines = ["", f"## Run-to-run spread: min - max over {repeats} real runs", "",
+             *_head(["policy", "load"] + [metric_label(m) for m in spread] + ["P50 TBT max / min"])]
+    for r in report.rows:
+        lo, hi = r["tbt_p50_real_min"], r["tbt_p50_real_max"]
+        lines.append(_row([r["policy"], f"{r['load']:g}"]
+                          + [f"{_fmt_value(m, r[f'{m}_real_min'])} - {_fmt_value(m, r[f'{m}_real_max'])}"
+                             for m in spread]
+                          + [fmt_ratio(hi / lo if lo and hi else None)]))
+    return lines
+
+
+def _evidence_table(report: ValidationReport) -> list[str]:
+    lines = ["", "## Per-iteration evidence", "",
+             ("The real run's iterations replayed through its policy and priced by the cost model (per real "
+              "run: means over the repeats) "
+              "(*repriced*: the same plans); *sim*: the twin simulation's own iterations. *between*: "
+              "measured time between back-to-back iterations (sampling, bookkeeping), which the simulator "
+              "does not model; *non-forward*: time inside the logged iterations outside the forward pass "
+              "(draining arrivals, scheduling, inputs). Per kind: measured / predicted total (iterations)."),
+             "",
+             ("Decode excess: least squares of (measured - predicted) of decode-only iterations on a "
+              "constant and the decode rows (ms per row). Other CPU: the share of the machine other "
+              "processes used during the real run (it slows the real run, not the simulation)."),
+             "",
+             *_head(["policy", "load", "iterations real / sim", "replayed", "busy real s", "repriced s",
+                     "real / repriced", "sim s", "real / sim", "between s (mean ms)", "non-forward s",
+                     "per kind", "decode excess", "other CPU"])]
     by_key = {(r["policy"], r["load"]): r for r in report.rows}
     for e in report.evidence:
-        r = by_key[(e["policy"], e["load"])]
-        kinds = "; ".join(f"{k} {v['ratio_total']:.2f} ({v['n']})" for k, v in sorted(e["kinds"].items()))
-        between = (f"{e['real_between_s']:.2f} ({e['real_between_mean_s'] * 1e3:.2f})"
-                   if e["real_between_mean_s"] is not None else "0")
-        nonfwd = ("n/a" if e["real_in_iteration_overhead_s"] is None
-                  else f"{e['real_in_iteration_overhead_s']:.2f}")
-        other = "n/a" if r["foreign_cpu_share"] is None else f"{r['foreign_cpu_share']:.0%}"
-        x = e.get("decode_excess")
-        excess = "n/a" if x is None else f"{x['const_ms']:+.2f} ms {x['per_row_ms']:+.3f} ms/row"
-        lines.append(
-            f"| {e['policy']} | {e['load']:g} | {e['iterations'] / e.get('repeats', 1):.0f} / "
-            f"{e['sim_iterations']} | {e['replay_matched']}/{e['iterations']} | {e['real_busy_s']:.2f} | "
-            f"{e['repriced_busy_s']:.2f} | {fmt_ratio(e['busy_ratio_real_over_repriced'])} | "
-            f"{e['sim_busy_s']:.2f} | {fmt_ratio(e['busy_ratio_real_over_sim'])} | {between} | {nonfwd} | "
-            f"{kinds} | {excess} | {other} |")
-    bad = [r for r in report.rows if not r["identical_requests"]]
-    lines += ["", "Identical requests (ids, lengths, arrivals) in every real run and its twin: "
-              + ("yes" if not bad else "NO for " + ", ".join(f"{r['policy']}@{r['load']:g}" for r in bad)),
-              ""]
-    return "\n".join(lines)
+        lines.append(_row(_evidence_cells(e, by_key[(e["policy"], e["load"])])))
+    return lines
+
+
+def _evidence_cells(e: dict[str, Any], r: dict[str, Any]) -> list[str]:
+    """One real run's evidence `e` (and its row `r` of the report) as the evidence table's cells."""
+    kinds = "; ".join(f"{k} {v['ratio_total']:.2f} ({v['n']})" for k, v in sorted(e["kinds"].items()))
+    between = (f"{e['real_between_s']:.2f} ({e['real_between_mean_s'] * 1e3:.2f})"
+               if e["real_between_mean_s"] is not None else "0")
+    nonfwd = ("n/a" if e["real_in_iteration_overhead_s"] is None
+              else f"{e['real_in_iteration_overhead_s']:.2f}")
+    other = "n/a" if r["foreign_cpu_share"] is None else f"{r['foreign_cpu_share']:.0%}"
+    x = e.get("decode_excess")
+    excess = "n/a" if x is None else f"{x['const_ms']:+.2f} ms {x['per_row_ms']:+.3f} ms/row"
+    iterations = f"{e['iterations'] / e.get('repeats', 1):.0f} / {e['sim_iterations']}"
+    return [e["policy"], f"{e['load']:g}", iterations, f"{e['replay_matched']}/{e['iterations']}",
+            f"{e['real_busy_s']:.2f}", f"{e['repriced_busy_s']:.2f}",
+            fmt_ratio(e["busy_ratio_real_over_repriced"]), f"{e['sim_busy_s']:.2f}",
+            fmt_ratio(e["busy_ratio_real_over_sim"]), between, nonfwd, kinds, excess, other]

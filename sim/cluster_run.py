@@ -24,7 +24,7 @@ from costs.base import CostModel
 from policies.base import Policy
 from policies.seq import Seq
 from results.metrics import summarize
-from results.output import TIMELINE_FILE, json_text, write_files
+from results.output import write_run
 from results.run_result import SimResult
 from serving.loop import overload_limit
 from serving.records import GapHistogram, IterationLog, request_frame
@@ -204,17 +204,5 @@ CLUSTER_RUN_FILES = ("requests.parquet", "iterations.parquet", "replicas.parquet
 
 def write_cluster_files(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterations: pd.DataFrame,
                         replicas: pd.DataFrame, timeline: pd.DataFrame | None = None) -> None:
-    """A run's files into `out` (a simulated or a real one), all or none (summary.json renamed last), with
-    timeline.parquet when given; an earlier run's timeline.parquet goes when this run recorded none."""
-    summary_text = json_text(summary)
-    timeline_writer = ({} if timeline is None
-                       else {TIMELINE_FILE: lambda p: timeline.to_parquet(p, index=False)})
-    write_files(Path(out), {
-        "requests.parquet": lambda p: requests.to_parquet(p, index=False),
-        "iterations.parquet": lambda p: iterations.to_parquet(p, index=False),
-        "replicas.parquet": lambda p: replicas.to_parquet(p, index=False),
-        **timeline_writer,
-        "summary.json": lambda p: p.write_text(summary_text, encoding="utf-8"),
-    }, "the run's files")
-    if timeline is None:
-        (Path(out) / TIMELINE_FILE).unlink(missing_ok=True)
+    """A deployment's run files into `out` (a simulated or a real one): `write_run`'s and replicas.parquet."""
+    write_run(out, summary, requests, iterations, timeline, replicas=replicas)

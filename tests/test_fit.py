@@ -29,10 +29,11 @@ from costs import Fitted, Roofline
 from costs.calibration import load_roofline_calibration
 from costs.curves import pwl_array
 from costs.features import decode_pad_kv
-from costs.fitted import COEFFICIENTS
+from costs.fitted_form import COEFFICIENTS
 from policies.plan import BatchPlan, Layout, packed, padded_decode, padded_prefill
 from policies.seq import Seq
-from profiler.fit import COST_MODEL_FILE, choose_knots, fit_coefficients, fit_profile
+from profiler.fit import COST_MODEL_FILE, fit_profile
+from profiler.fit_coefficients import choose_knots, fit_coefficients
 from profiler.fit_report import format_report
 from profiler.fit_roofline import plans_from_rows
 from profiler.profile_data import PROFILE_COLUMNS

@@ -162,7 +162,8 @@ def test_profile_grid_spans_the_expert_union() -> None:
 def test_a_profile_records_the_moe_shape_and_a_fit_checks_it() -> None:
     from dataclasses import asdict, replace
 
-    from costs.fitted import Fitted, model_spec_from_shape
+    from catalogue.recorded_model import model_spec_from_shape
+    from costs.fitted import Fitted
 
     spec = MODELS["tiny-moe"]
     assert model_spec_from_shape("tiny-moe", asdict(spec)) == spec  # meta.json's model_shape, read back

@@ -57,7 +57,7 @@ def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
     """The summary fields `engine.real.twin_inputs` reads, as a real run of `policy` at `qps` would record
     them (its requests and its KV sizing on the setup's budget), without running it."""
     from catalogue.models import get_model
-    from costs.fitted import dtype_bytes_of
+    from catalogue.recorded_model import dtype_bytes_of
     from engine.real import CPU_KV_BYTES
     from engine.setup import size_run, sized_policy
     from traces import build_trace
@@ -97,7 +97,7 @@ def check_executor(cost: Any, run: dict[str, Any]) -> None:
 def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], Any]:
     """The simulator's prediction of the run `summary` describes (a real run's, or `twin_summary`'s):
     (its summary, its SimResult)."""
-    from costs.fitted import dtype_bytes_of
+    from catalogue.recorded_model import dtype_bytes_of
     from engine.real import twin_inputs, twin_policy
     from results.metrics import summarize
     from sim.simulate import simulate
