@@ -44,3 +44,13 @@ def test_shapes_that_cannot_be_built() -> None:
     shared = replace(MODELS["tiny-moe"], moe=replace(MODELS["tiny-moe"].moe, shared_size=64))
     with pytest.raises(InputError, match="without shared experts"):
         build_model(shared)
+
+
+def test_vllm_builds_the_moe_as_mixtral() -> None:
+    from executor.vllm_runtime import model_config_json
+
+    config = model_config_json(get_model("tiny-moe"), "float32")
+    assert config["architectures"] == ["MixtralForCausalLM"]
+    moe = (config["num_local_experts"], config["num_experts_per_tok"], config["intermediate_size"])
+    assert moe == (8, 2, 344)
+    assert model_config_json(get_model("tiny"), "float32")["architectures"] == ["LlamaForCausalLM"]
