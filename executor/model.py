@@ -95,10 +95,20 @@ def mixtral_config(spec: ModelSpec, attn_implementation: str | None = None) -> A
                          output_router_logits=False, sliding_window=None, **_shape(spec, attn_implementation))
 
 
-def _model_class(spec: ModelSpec) -> Any:
-    from transformers import LlamaForCausalLM, MixtralForCausalLM
+def hf_config(spec: ModelSpec, attn_implementation: str | None = None) -> Any:
+    """The transformers config of `spec`: a `LlamaConfig`, or a `MixtralConfig` for a mixture of experts."""
+    return (llama_config if spec.moe is None else mixtral_config)(spec, attn_implementation)
 
-    return LlamaForCausalLM if spec.moe is None else MixtralForCausalLM
+
+def architecture(spec: ModelSpec) -> str:
+    """The transformers model class `spec` builds (config.json's `architectures`)."""
+    return "LlamaForCausalLM" if spec.moe is None else "MixtralForCausalLM"
+
+
+def _model_class(spec: ModelSpec) -> Any:
+    import transformers
+
+    return getattr(transformers, architecture(spec))
 
 
 def build_model(spec: ModelSpec, device: Any = "cpu", dtype: Any = "float32", seed: int = 0, *,
@@ -110,7 +120,7 @@ def build_model(spec: ModelSpec, device: Any = "cpu", dtype: Any = "float32", se
 
     dev = resolve_device(device) if not isinstance(device, torch.device) else device
     dt = torch_dtype(dtype)
-    config = (llama_config if spec.moe is None else mixtral_config)(spec, attn_implementation)
+    config = hf_config(spec, attn_implementation)
     # Built directly on the device in the target dtype (a 7B model never goes through host memory in fp32).
     # Same seed, device and dtype: same weights.
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), torch.device(dev):

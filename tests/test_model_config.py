@@ -150,6 +150,12 @@ def test_cli_runs_a_config_and_refuses_a_bad_one(tmp_path: Path) -> None:
     res = subprocess.run([str(simctl), "run", "--model", bad, "--num-requests", "50"], capture_output=True,
                          text=True, timeout=120, check=False)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "num_key_value_heads (5)" in res.stderr
+    # a mixture of experts simctl cannot price: DeepSeek-V3's latent attention
+    mla = write(tmp_path, {**MIXTRAL, "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
+                           "kv_lora_rank": 512, "n_routed_experts": 256}, "mla.json")
+    res = subprocess.run([str(simctl), "run", "--model", mla, "--num-requests", "50"], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "latent attention" in res.stderr
 
 
 def test_engine_builds_the_configured_shape(tmp_path: Path) -> None:

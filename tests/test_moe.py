@@ -159,6 +159,19 @@ def test_profile_grid_spans_the_expert_union() -> None:
         assert {s.label() for s in dense.shapes} < {s.label() for s in grid.shapes}
 
 
+def test_vllm_profile_grid_spans_the_expert_union() -> None:
+    from profiler.vllm_grid import vllm_grid
+
+    moe = MODELS["tiny-moe"].moe
+    for name in ("full", "quick"):
+        grid, dense = vllm_grid(name, moe), vllm_grid(name)
+        assert set(dense.probes) < set(grid.probes) and len(set(grid.probes)) == len(grid.probes)
+        prompts = {p.chunk for p in grid.probes if p.kind == "prefill" and not p.cached}
+        batches = {p.decodes for p in grid.probes if p.kind == "decode" and p.context == 256}
+        assert set(range(1, 11)) <= prompts and set(range(1, 11)) <= batches
+    assert vllm_grid("test", moe) == vllm_grid("test")
+
+
 def test_a_profile_records_the_moe_shape_and_a_fit_checks_it() -> None:
     from dataclasses import asdict, replace
 

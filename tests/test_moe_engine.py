@@ -44,3 +44,26 @@ def test_shapes_that_cannot_be_built() -> None:
     shared = replace(MODELS["tiny-moe"], moe=replace(MODELS["tiny-moe"].moe, shared_size=64))
     with pytest.raises(InputError, match="without shared experts"):
         build_model(shared)
+
+
+def test_vllm_builds_the_moe_as_mixtral() -> None:
+    from executor.vllm_runtime import model_config_json
+
+    config = model_config_json(get_model("tiny-moe"), "float32")
+    assert config["architectures"] == ["MixtralForCausalLM"]
+    moe = (config["num_local_experts"], config["num_experts_per_tok"], config["intermediate_size"])
+    assert moe == (8, 2, 344)
+    assert model_config_json(get_model("tiny"), "float32")["architectures"] == ["LlamaForCausalLM"]
+
+
+@pytest.mark.vllm
+def test_vllm_serves_the_tiny_moe() -> None:
+    pytest.importorskip("vllm")
+    from engine.vllm_real import VLLMServer
+    from executor.vllm_runtime import VLLMDeployment
+    from traces.request import Request
+
+    requests = [Request(i, 0.02 * i, 5 + (i * 37) % 300, 1 + i % 6) for i in range(8)]
+    with VLLMServer("tiny-moe", VLLMDeployment(max_model_len=2048)) as server:
+        req = server.serve(requests).result.requests
+    assert (req["generated_tokens"] == req["output_tokens"]).all() and (req["completion_s"] > 0).all()
