@@ -264,7 +264,7 @@ class Fitted(CurveTables, CostModel):
         """The formula, written once: everything but the decode rows' KV curve (the one term a decode stretch
         changes), summed in one fixed order. `terms`, if given, receives each term (`breakdown`). `repeat` j
         prices a stretch's repeat j: each prefill segment j chunks further into its prompt."""
-        t = host = self._host(plan, repeat == 0)
+        t = host = self._host(plan)
         linear = lm_head = prefill = pad = 0.0
         T, r = plan.linear_tokens, plan.sampled_tokens
         if T > 0:
@@ -292,16 +292,16 @@ class Fitted(CurveTables, CostModel):
                          decode_attention=rows + pad)
         return t + rows
 
-    def _host(self, plan: BatchPlan, first_repeat: bool = True) -> float:
+    def _host(self, plan: BatchPlan) -> float:
         """overhead_s and the step overheads (terms that are 0 add nothing, so older fits price as before)."""
-        return self._ovh + self._steps.host(plan, first_repeat)
+        return self._ovh + self._steps.host(len(plan.seqs), plan.sampled_tokens)
 
     def _floored(self, plan: BatchPlan, t: float | np.ndarray) -> float | np.ndarray:
         """Eager execution: the GPU terms (all but the host's step overheads) take at least the launch
         floor."""
         if not self._floor:
             return t
-        host = self._steps.host(plan)
+        host = self._steps.host(len(plan.seqs), plan.sampled_tokens)
         return np.maximum(t, host + self._floor) if isinstance(t, np.ndarray) else max(t, host + self._floor)
 
     def iteration_time(self, plan: BatchPlan) -> float:

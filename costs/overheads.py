@@ -2,14 +2,10 @@
 model adds to an iteration.
 
     t = max(gpu_time, launch_floor_s) + iteration_s + request_s x scheduled requests + sampled_token_s x r
-        + admitted_s x requests scheduled for the first time
 
 - `iteration_s`: per step (scheduling, input preparation, the step's Python), paid whatever the batch.
 - `request_s`: per scheduled request (its block table, positions, output processing).
 - `sampled_token_s`: per sampled token (sampling and detokenising on the host).
-- `admitted_s`: per request, charged in the step that first schedules it: what serving pays per request
-  beyond its steps (taking it in, sending its output), on the host's cores. A profile of steps alone cannot
-  see it; served vLLM's open-loop stage fits it (`profiler/vllm_served.py`).
 - `launch_floor_s`: in eager mode every kernel is launched from Python, and the GPU cannot finish a step
   before the host has launched it; the launches overlap the kernels they feed, so a step costs at least the
   launch time (a floor), not the launch time plus the kernels. CUDA graphs replay a step's launches at once
@@ -33,7 +29,6 @@ from typing import Any
 
 from common.checks import is_number
 from common.errors import InputError
-from policies.plan import BatchPlan
 
 EAGER_LAUNCH_S_PER_LAYER = 22e-3 / 32  # this project's H100 measurement: ~22 ms floor, 7B model, 32 layers
 DEFAULT_ITERATION_S = 2e-3  # ASSUMPTION (see the module docstring)
@@ -55,11 +50,10 @@ class StepOverheads:
     sampled_token_s: float = 0.0
     launch_floor_s: float = 0.0
     source: str = "roofline defaults"
-    admitted_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_execution(self.execution)
-        for name in ("iteration_s", "request_s", "sampled_token_s", "launch_floor_s", "admitted_s"):
+        for name in ("iteration_s", "request_s", "sampled_token_s", "launch_floor_s"):
             v = getattr(self, name)
             if not (is_number(v) and 0 <= v < float("inf")):
                 raise InputError(f"step overhead {name} must be a finite number >= 0, got {v!r}")
@@ -71,16 +65,14 @@ class StepOverheads:
         floor = EAGER_LAUNCH_S_PER_LAYER * num_layers if execution == "eager" else 0.0
         return cls(execution, DEFAULT_ITERATION_S, 0.0, 0.0, floor, f"{execution} defaults")
 
-    def host(self, plan: BatchPlan, first_repeat: bool = True) -> float:
-        """The additive host terms of a step (every cost model's; a term that is 0 is skipped: the hot path
-        pays nothing for it). `first_repeat`: False for the later repeats of a stretch, which admit nobody."""
+    def host(self, requests: int, sampled: int) -> float:
+        """The additive host terms of a step of `requests` scheduled requests sampling `sampled` tokens (every
+        cost model's; a term that is 0 is skipped: the hot path pays nothing for it)."""
         t = self.iteration_s
         if self.request_s:
-            t += self.request_s * len(plan.seqs)
+            t += self.request_s * requests
         if self.sampled_token_s:
-            t += self.sampled_token_s * plan.sampled_tokens
-        if self.admitted_s and first_repeat:  # prefill segments never scheduled before (decodes were)
-            t += self.admitted_s * sum(1 for s in plan.seqs[plan.decode_tokens:] if s.first_scheduled_s < 0)
+            t += self.sampled_token_s * sampled
         return t
 
     def to_json(self) -> dict[str, Any]:
@@ -98,7 +90,5 @@ class StepOverheads:
     def describe(self) -> str:
         """One line for `simctl list` and reports."""
         floor = f", launch floor {self.launch_floor_s * 1e3:.3g} ms" if self.launch_floor_s else ""
-        admitted = f" + {self.admitted_s * 1e3:.3g} ms/admitted request" if self.admitted_s else ""
         return (f"{self.execution}: {self.iteration_s * 1e3:.3g} ms/step + {self.request_s * 1e6:.3g} "
-                f"us/request + {self.sampled_token_s * 1e6:.3g} us/sampled token{admitted}{floor} "
-                f"({self.source})")
+                f"us/request + {self.sampled_token_s * 1e6:.3g} us/sampled token{floor} ({self.source})")

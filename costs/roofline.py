@@ -271,7 +271,7 @@ class Roofline(CostModel):
 
     def _host(self, plan: BatchPlan) -> float:
         """The host's additive step overheads (`overhead_s` is their per-step term)."""
-        return self.steps.host(plan)
+        return self.steps.host(len(plan.seqs), plan.sampled_tokens)
 
     def _dense(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
         """The host overheads, the linear layers (and their all-reduces) and the LM head, summed in that

@@ -68,46 +68,41 @@ def decode_periods(ends: np.ndarray, all_decode: np.ndarray) -> np.ndarray:
     return np.diff(ends)[ok]
 
 
-def time_served(server: Any, batches: tuple[int, ...], repeats: int) -> tuple[list[ServedStep], float]:
-    """Serve closed batches of each size in `batches`, `repeats` times, on `server` (a started
-    `engine.vllm_real.VLLMServer`; see the module docstring): one `ServedStep` per size, and the best
-    throughput of a closed batch (requests per second)."""
-    from results.metrics import summarize
+def time_served(model: str, dtype: str, seed: int, batches: tuple[int, ...], repeats: int
+                ) -> list[ServedStep]:
+    """Serve closed batches of each size in `batches`, `repeats` times, on served vLLM (see the module
+    docstring); one `ServedStep` per size."""
+    from engine.vllm_real import VLLMServer, deployment_for
     from traces.request import Request
 
-    out, throughput = [], 0.0
-    for batch in batches:
-        periods, model_s = [], []
-        for _ in range(repeats):
-            run = server.serve([Request(i, 0.0, SERVED_PROMPT, SERVED_OUTPUTS) for i in range(batch)])
-            throughput = max(throughput, batch / summarize(run.result)["makespan_s"])
-            it = run.result.iterations.frame()
-            all_decode = ((it.decode_tokens == batch) & (it.prefill_tokens == 0)).to_numpy()
-            periods.extend(decode_periods((it.start_s + it.duration_s).to_numpy(), all_decode))
-            model_s.extend(it.duration_s.to_numpy()[1:][all_decode[1:] & all_decode[:-1]])
-        if not periods:
-            raise RuntimeError(f"served vLLM never decoded a batch of {batch} in one step")
-        out.append(ServedStep(batch, SERVED_PROMPT + SERVED_OUTPUTS // 2 - 1, float(np.median(periods)),
-                              float(np.median(model_s)), len(periods)))
-    return out, throughput
+    out = []
+    with VLLMServer(model, deployment_for(model, seed, {}, dtype)) as server:
+        for batch in batches:
+            periods, model_s = [], []
+            for _ in range(repeats):
+                run = server.serve([Request(i, 0.0, SERVED_PROMPT, SERVED_OUTPUTS) for i in range(batch)])
+                it = run.result.iterations.frame()
+                all_decode = ((it.decode_tokens == batch) & (it.prefill_tokens == 0)).to_numpy()
+                periods.extend(decode_periods((it.start_s + it.duration_s).to_numpy(), all_decode))
+                model_s.extend(it.duration_s.to_numpy()[1:][all_decode[1:] & all_decode[:-1]])
+            if not periods:
+                raise RuntimeError(f"served vLLM never decoded a batch of {batch} in one step")
+            out.append(ServedStep(batch, SERVED_PROMPT + SERVED_OUTPUTS // 2 - 1, float(np.median(periods)),
+                                  float(np.median(model_s)), len(periods)))
+    return out
 
 
 def served_stage(model: str, dtype: str, grid: str, seed: int, out: TextIO) -> None:
     """The served stage of `grid` as a profiling child (the worker's protocol on `out`): a start event, then
-    done with meta holding `served_steps`, `served_stream` (`profiler.vllm_stream`) and `served_s`."""
-    from engine.vllm_real import VLLMServer, deployment_for
+    done with meta holding `served_steps` and `served_s`."""
     from profiler.vllm_grid import vllm_grid
-    from profiler.vllm_stream import time_stream
 
     g = vllm_grid(grid)
     t0 = time.perf_counter()
     out.write(json.dumps({"event": "start", "shapes": len(g.served), "total": len(g.served), "skipped": []})
               + "\n")
-    with VLLMServer(model, deployment_for(model, seed, {}, dtype)) as server:
-        steps, throughput = time_served(server, g.served, g.served_repeats)
-        stream = time_stream(server, throughput, SERVED_PROMPT, SERVED_OUTPUTS, seed)
-    meta = {"served_steps": served_json(steps), "served_stream": stream,
-            "served_s": round(time.perf_counter() - t0, 3)}
+    steps = time_served(model, dtype, seed, g.served, g.served_repeats)
+    meta = {"served_steps": served_json(steps), "served_s": round(time.perf_counter() - t0, 3)}
     out.write(json.dumps({"event": "done", "meta": {**meta, "wall_s": meta["served_s"]}}) + "\n")
     out.flush()
 
@@ -156,10 +151,6 @@ def calibrate(cost: Fitted, meta: dict[str, Any]) -> tuple[Fitted, list[dict[str
     data = cost.to_json()
     data["step_overheads"] = overheads.to_json()
     calibrated = Fitted.from_json(data)
-    if meta.get("served_stream") is not None:  # what a stream of requests costs beyond its steps
-        from profiler.vllm_stream import admitted_overhead, with_admitted
-
-        calibrated = with_admitted(calibrated, admitted_overhead(calibrated, meta["served_stream"])[0])
     rows = [{"batch": s.batch, "context": s.context, "served_ms": s.time_s * 1e3, "model_ms": s.model_s * 1e3,
              "profile_ms": cost.iteration_time(decode_plan(s.batch, s.context)) * 1e3,
              "calibrated_ms": calibrated.iteration_time(decode_plan(s.batch, s.context)) * 1e3}

@@ -11,10 +11,8 @@ import pytest
 from common.errors import InputError
 from costs.base import CostModel
 from costs.fitted import Fitted
-from policies.plan import BatchPlan, packed
-from policies.seq import Seq
+from policies.plan import BatchPlan
 from profiler.vllm_served import ServedStep, calibrate, decode_periods, decode_plan, served_overheads
-from profiler.vllm_stream import admitted_overhead, simulated_makespan, with_admitted
 
 SHIPPED = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu" / "cost_model.json"
 
@@ -76,47 +74,3 @@ def test_calibrate_adds_the_host_terms_to_a_fit() -> None:
 def test_a_malformed_served_step_is_an_input_error(entry: object) -> None:
     with pytest.raises(InputError, match="served_steps"):
         calibrate(Fitted.load(SHIPPED), {"served_steps": [entry]})
-
-
-# vLLM's CPU defaults, as the served engine resolves them (what `time_stream` records)
-ENGINE = {"policy": "vllm-v1", "kv_cache_tokens": 2048 * 128, "max_model_len": 2048, "block_size": 128,
-          "max_num_batched_tokens": 2048, "max_batch_size": 128, "enable_prefix_caching": 1,
-          "long_prefill_token_threshold": 0}
-
-
-def _stream(makespan_s: float) -> dict[str, object]:
-    arrivals = [i * 2e-3 for i in range(60)]  # faster than the steps serve them: the engine never idles
-    return {"arrivals_s": arrivals, "prompt": 192, "outputs": 40, "makespan_s": makespan_s, "engine": ENGINE}
-
-
-def test_the_stream_residual_is_a_cost_per_admitted_request() -> None:
-    """A stream served 0.8 ms per request slower than its steps: the twin, charged that per admitted
-    request, prices its makespan; a stream served faster than priced adds nothing."""
-    fitted = Fitted.load(SHIPPED)
-    steps = [{"batch": b, "context": 211, "time_s": fitted.iteration_time(decode_plan(b, 211)),
-              "model_s": 0.0, "steps": 10} for b in (1, 16)]
-    calibrated, _ = calibrate(fitted, {"served_steps": steps})
-    served = simulated_makespan(with_admitted(calibrated, 0.8e-3), _stream(0.0))
-    admitted, base = admitted_overhead(calibrated, _stream(served))
-    assert served > base and admitted == pytest.approx(0.8e-3, rel=0.02)
-    again, _ = calibrate(fitted, {"served_steps": steps, "served_stream": _stream(served)})
-    assert again.step_overheads.admitted_s == pytest.approx(admitted, rel=1e-9)
-    assert admitted_overhead(calibrated, _stream(0.5 * base))[0] == 0
-
-
-def test_an_admitted_request_is_charged_once() -> None:
-    """The term is paid by the step that first schedules a request, not by its later chunks or decodes."""
-    fitted = with_admitted(calibrate(Fitted.load(SHIPPED), {"served_steps": [
-        {"batch": 1, "context": 100, "time_s": 1e-3, "model_s": 0.0, "steps": 1}]})[0], 1e-3)
-    new = Seq(0, 0.0, 64, 4)
-    old = Seq(1, 0.0, 64, 4)
-    old.first_scheduled_s = 0.0
-    assert fitted.iteration_time(packed([new], [64])) - fitted.iteration_time(packed([old], [64])) == (
-        pytest.approx(1e-3, rel=1e-9))
-    assert fitted.stretch_times(packed([new], [16]), 3)[1:].tolist() == (
-        fitted.stretch_times(packed([old], [16]), 3)[1:].tolist())
-
-
-def test_a_malformed_stream_is_an_input_error() -> None:
-    with pytest.raises(InputError, match="served_stream"):
-        admitted_overhead(Fitted.load(SHIPPED), {"arrivals_s": []})
