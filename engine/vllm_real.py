@@ -37,7 +37,14 @@ from catalogue.models import get_model
 from common.errors import InputError
 from engine.setup import RealConfig
 from engine.vllm_steps import StepLog, step_recorder
-from executor.vllm_runtime import VLLMDeployment, engine_args, require_vllm, set_vllm_env, vllm_model_dir
+from executor.vllm_runtime import (
+    VLLMDeployment,
+    engine_args,
+    require_vllm,
+    sampling_params,
+    set_vllm_env,
+    vllm_model_dir,
+)
 from policies.admission import FCFS
 from policies.registry import check_options, policy_class
 from policies.seq import Seq
@@ -219,14 +226,10 @@ class VLLMServer:
 
     async def _serve(self, requests: list[Request], prompts: dict[int, list[int]], log: StepLog
                      ) -> tuple[list[Seq], list[int], list[int], float]:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         async def one(r: Request) -> tuple[Seq, int, int]:
-            params = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, detokenize=False,
-                                    temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY)
             final = None
-            async for final in self.llm.generate({"prompt_token_ids": prompts[r.id]}, params,
+            async for final in self.llm.generate({"prompt_token_ids": prompts[r.id]},
+                                                 sampling_params(r.output_tokens),
                                                  request_id=str(r.id)):
                 pass
             return (log.close(str(r.id), final.metrics), len(final.outputs[0].token_ids),

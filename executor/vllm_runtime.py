@@ -104,3 +104,15 @@ def engine_args(model_dir: Path, deployment: VLLMDeployment) -> dict[str, Any]:
         if value is not None:
             args[key] = value
     return args
+
+
+def sampling_params(output_tokens: int) -> Any:
+    """How every request simctl sends vLLM samples, served or profiled: exactly `output_tokens` tokens,
+    greedy, EOS ignored, not detokenized, one output at the end. The profile samples as serving does:
+    vLLM's defaults (temperature 1, an output every step) add work per request and step (random sampling
+    over the vocabulary, a cumulative output), which the profile would price into every step."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(max_tokens=output_tokens, ignore_eos=True, detokenize=False, temperature=0.0,
+                          output_kind=RequestOutputKind.FINAL_ONLY)

@@ -85,8 +85,11 @@ def _full() -> VLLMGrid:
         # chunks on cached context, half mid-prompt (sampling nothing: the LM head told from the overhead)
         *(StepProbe("prefill", chunk=q, cached=c, sample=s)
           for q in (64, 256, 1024) for c in (256, 896) for s in (True, False)),
-        # mixed steps: decodes + a chunk, as vLLM runs a prompt arriving into a running batch
-        *(StepProbe("hybrid", b, ctx, q, c) for b, ctx in ((4, 512), (32, 256), (64, 1024))
+        # mixed steps: decodes + a chunk, as vLLM runs a prompt arriving into a running batch; one decode
+        # fewer than a decode probe's batch, so that with the chunk's token they sample a count the decode
+        # rows measure: alone at 5, 33 and 65, their LM-head knots took the chunk's cost (0.3 ms from 4 to
+        # 5 sampled rows) and priced decode batches of 5-16 0.3-0.5 ms above served vLLM's
+        *(StepProbe("hybrid", b, ctx, q, c) for b, ctx in ((3, 512), (31, 256), (63, 1024))
           for q, c in ((16, 0), (256, 0), (512, 512))),
     ]
     return VLLMGrid("full", tuple(probes), blocks=5, timed=8, served=(1, 4, 16, 64, 128), served_repeats=3)
@@ -96,14 +99,14 @@ def _quick() -> VLLMGrid:
     probes = [*_decodes((1, 16), (64, 1024)), StepProbe("decode", 64, 200),
               *_prefills((1, 16, 128, 512, 1536)),
               StepProbe("prefill", chunk=256, cached=512),
-              StepProbe("prefill", chunk=256, cached=512, sample=False), StepProbe("hybrid", 8, 256, 128, 0),
-              StepProbe("hybrid", 16, 512, 256, 256)]
+              StepProbe("prefill", chunk=256, cached=512, sample=False), StepProbe("hybrid", 15, 256, 128, 0),
+              StepProbe("hybrid", 15, 512, 256, 256)]
     return VLLMGrid("quick", tuple(probes), blocks=3, timed=6, served=(1, 16), served_repeats=1)
 
 
 def _test() -> VLLMGrid:
     probes = [StepProbe("decode", 4, 64), StepProbe("decode", 16, 128), *_prefills((8, 64, 256)),
-              StepProbe("prefill", chunk=64, cached=128, sample=False), StepProbe("hybrid", 4, 64, 32, 32)]
+              StepProbe("prefill", chunk=64, cached=128, sample=False), StepProbe("hybrid", 3, 64, 32, 32)]
     return VLLMGrid("test", tuple(probes), blocks=2, timed=4)
 
 

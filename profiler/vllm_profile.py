@@ -3,9 +3,9 @@ files `simctl profile` writes for simctl's executor (the same columns: `simctl f
 simulated vLLM (`--policy vllm-v1`) can price its plans with vLLM's per-step cost, host overhead included.
 
 The timing runs in a child process (`python -m profiler.vllm_worker`, which says how steps are made, checked
-and timed); vLLM starts its engine core in that child, with its own CPU threads (as `simctl real --engine
-vllm` runs it). meta.json records engine "vllm", vLLM's version, the device, the dtype and the engine's
-settings as it resolved them.
+and timed), the grid's served stage in another after it (`profiler.vllm_served`); vLLM starts its engine core
+in that child, with its own CPU threads (as `simctl real --engine vllm` runs it). meta.json records engine
+"vllm", vLLM's version, the device, the dtype and the engine's settings as it resolved them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from common.errors import InputError
 from executor.model import DTYPES
 from executor.vllm_runtime import require_vllm
 from profiler.profile import progress_events, run_child, write_profile
-from profiler.vllm_grid import VLLM_GRIDS
+from profiler.vllm_grid import VLLM_GRIDS, vllm_grid
 
 _PACKAGES = Path(__file__).resolve().parents[1]  # on the child's path, wherever it starts
 
@@ -46,5 +46,9 @@ def profile_vllm(model_name: str, dtype: str, quick: bool, out_dir: str | Path, 
                grid, "--seed", str(seed)]
     with progress_events(f"vLLM {spec.name} on cpu", progress) as on_event:
         rows, meta = run_child(command, env, on_event)
+    if vllm_grid(grid).served:  # a fresh process: see profiler.vllm_served
+        with progress_events(f"served vLLM {spec.name} on cpu", progress) as on_event:
+            _, served = run_child([*command, "--stage", "served"], env, on_event)
+        meta.update(served_steps=served["served_steps"], served_s=served["served_s"])
     write_profile(out, rows, meta)
     return out

@@ -1,14 +1,17 @@
 """The served-mode calibration of a vLLM profile: what served vLLM pays per step beyond the profiled steps.
 
 `simctl profile --engine vllm` times vLLM's steps with the engine core in the profiler's process, stepped one
-at a time (`profiler/vllm_worker.py`); its model worker runs as serving runs it. Served vLLM (`AsyncLLM`, as
-`simctl real --engine vllm` runs it) adds what sits around those steps: the engine core in a process of its
-own that sends each step's outputs to the front end over IPC, and the front end's request intake and output
-processing, which share the engine core's core. After the grid, the worker starts that served engine (the
-settings `simctl real --engine vllm` uses by default) and serves closed batches: B requests of the same prompt
-arriving at once (`time_served`). The steps where all B decode are read from the engine's own step log
-(`engine.vllm_steps`): the period between consecutive steps' outputs is the served step's time (`ServedStep`),
-with the model execution inside it as the engine core times it.
+at a time (`profiler/vllm_worker.py`); its model worker runs as serving runs it. The served stage runs in a
+child of its own, started after that one ended (`python -m profiler.vllm_worker --stage served`): run in the
+grid's process after its engine shut down, closed batches of 1-16 requests were served 0.6-0.8 ms a step
+slower than the same batches served from a fresh process (measured), which the fit took for a host cost.
+Served vLLM (`AsyncLLM`, as `simctl real --engine vllm` runs it) adds what sits around those steps: the engine
+core in a process of its own that sends each step's outputs to the front end over IPC, and the front end's
+request intake and output processing, which share the engine core's core. Its child starts
+that served engine (the settings `simctl real --engine vllm` uses by default) and serves closed batches: B
+requests of the same prompt arriving at once (`time_served`). The steps where all B decode are read from the
+engine's own step log (`engine.vllm_steps`): the period between consecutive steps' outputs is the served
+step's time (`ServedStep`), with the model execution inside it as the engine core times it.
 
 `simctl fit` then prices each such step with the model fitted to the grid and fits the residual, served minus
 fitted, as the host terms of `costs.overheads.StepOverheads` (`served_overheads`): one non-negative least
@@ -19,8 +22,10 @@ request (`sampled_token_s` stays 0).
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 from scipy.optimize import nnls
@@ -85,6 +90,21 @@ def time_served(model: str, dtype: str, seed: int, batches: tuple[int, ...], rep
             out.append(ServedStep(batch, SERVED_PROMPT + SERVED_OUTPUTS // 2 - 1, float(np.median(periods)),
                                   float(np.median(model_s)), len(periods)))
     return out
+
+
+def served_stage(model: str, dtype: str, grid: str, seed: int, out: TextIO) -> None:
+    """The served stage of `grid` as a profiling child (the worker's protocol on `out`): a start event, then
+    done with meta holding `served_steps` and `served_s`."""
+    from profiler.vllm_grid import vllm_grid
+
+    g = vllm_grid(grid)
+    t0 = time.perf_counter()
+    out.write(json.dumps({"event": "start", "shapes": len(g.served), "total": len(g.served), "skipped": []})
+              + "\n")
+    steps = time_served(model, dtype, seed, g.served, g.served_repeats)
+    meta = {"served_steps": served_json(steps), "served_s": round(time.perf_counter() - t0, 3)}
+    out.write(json.dumps({"event": "done", "meta": {**meta, "wall_s": meta["served_s"]}}) + "\n")
+    out.flush()
 
 
 def decode_plan(batch: int, context: int) -> Any:

@@ -10,7 +10,8 @@ executor (`distributed_executor_backend="mp"`, which serving always uses on a CP
 whose OpenMP threads vLLM binds to the cores left after one reserved for the engine core and the front end.
 The in-process executor vLLM would otherwise pick binds nothing: on a 2-core VM its model ran on both cores,
 and decode steps of 16-64 requests came 1.6-1.7x and prefills 1.8-2x faster than served vLLM's (measured).
-What served steps pay beyond these (the front end beside the engine core) is `profiler.vllm_served`'s.
+What served steps pay beyond these (the front end beside the engine core) is `profiler.vllm_served`'s,
+timed by another child (`--stage served`) after this one ended.
 
 Shapes are made by what is submitted and by the scheduler's token budget, set step by step
 (`Scheduler.max_num_scheduled_tokens`, read by every `schedule()`; lowered only, so the model runner's
@@ -45,11 +46,18 @@ import numpy as np
 from common.errors import InputError
 from costs.features import plan_features
 from executor.runtime import cpu_name
-from executor.vllm_runtime import CPU_KV_CACHE_GIB, VLLMDeployment, engine_args, require_vllm, set_vllm_env
+from executor.vllm_runtime import (
+    CPU_KV_CACHE_GIB,
+    VLLMDeployment,
+    engine_args,
+    require_vllm,
+    sampling_params,
+    set_vllm_env,
+)
 from policies.plan import BatchPlan, packed
 from policies.seq import Seq
 from profiler.vllm_grid import VLLM_GRIDS, StepProbe, VLLMGrid, vllm_grid
-from profiler.vllm_served import ServedStep, served_json, time_served
+from profiler.vllm_served import served_stage
 from profiler.worker import QUIET_SHARE, Block, summarize_blocks
 
 # the engine settings recorded in meta.json: the vLLM config field each is read from
@@ -77,14 +85,11 @@ class StepDriver:
     """One in-process vLLM engine, stepped one step at a time; `last` is the plan of the last step run."""
 
     def __init__(self, engine: Any, vocab_size: int, seed: int) -> None:
-        from vllm import SamplingParams
-
         self.engine = engine
         self.scheduler = engine.engine_core.engine_core.scheduler
         self.full_budget = self.scheduler.max_num_scheduled_tokens
         self.vocab_size = vocab_size
         self.rng = np.random.default_rng(seed)
-        self.sampling = SamplingParams
         self.count = 0
         self.last: BatchPlan | None = None
         schedule = self.scheduler.schedule
@@ -116,8 +121,7 @@ class StepDriver:
         """Submit a request of `prompt` random token ids that generates exactly `outputs` tokens."""
         self.count += 1
         ids = self.rng.integers(1, self.vocab_size, prompt).tolist()
-        params = self.sampling(max_tokens=outputs, ignore_eos=True, detokenize=False)
-        return self.engine.add_request(str(self.count), {"prompt_token_ids": ids}, params)
+        return self.engine.add_request(str(self.count), {"prompt_token_ids": ids}, sampling_params(outputs))
 
     def step(self, budget: int | None = None) -> tuple[float, BatchPlan]:
         """Run one engine step with a token budget (default: the engine's); its seconds and its plan."""
@@ -283,8 +287,6 @@ class VLLMWorker:
         monitor.close()
         threads = engine.engine_core.engine_core.collective_rpc(_torch_threads)[0]  # the model worker's
         engine.engine_core.shutdown()
-        t_served = time.perf_counter()
-        served = self.served() if grid.served else []
         for i, (probe, plan, tm) in enumerate(zip(grid.probes, plans, timings)):
             assert plan is not None
             self.emit(event="row", index=i, label=probe.label(), row={**_row(probe, plan), **tm})
@@ -312,22 +314,10 @@ class VLLMWorker:
             "timed_steps_per_block": grid.timed,
             "num_shapes": n,
             "timing": timing,
-            "served_steps": served_json(served),  # the served-mode calibration's steps (`simctl fit`)
-            "served_s": round(time.perf_counter() - t_served, 3),
             "engine_start_s": round(engine_start_s, 3),
             "wall_s": round(time.perf_counter() - t_start, 3),
         }
         self.emit(event="done", meta=meta)
-
-
-    def served(self) -> list[ServedStep]:
-        """The served stage (`profiler.vllm_served`), on vLLM's multiprocessing as serving runs it (the
-        in-process engine read its settings once and cached them: cleared)."""
-        import vllm.envs
-
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-        vllm.envs.disable_envs_cache()
-        return time_served(self.spec.name, self.dtype, self.seed, self.grid.served, self.grid.served_repeats)
 
 
 def _torch_threads(_worker: Any = None) -> int:
@@ -343,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--grid", default="full")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stage", choices=("grid", "served"), default="grid")
     args = p.parse_args(argv)
 
     # Keep the protocol stream clean: the original stdout is ours; anything else goes to stderr.
@@ -356,7 +347,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if is_input else 1
 
     try:
-        VLLMWorker(args.model, args.dtype, args.grid, args.seed, out).run()
+        if args.stage == "served":
+            served_stage(args.model, args.dtype, args.grid, args.seed, out)
+        else:
+            VLLMWorker(args.model, args.dtype, args.grid, args.seed, out).run()
     except InputError as e:
         return fail(e, True)
     except Exception as e:  # noqa: BLE001 -- a bug or an engine failure: report it, traceback on stderr
