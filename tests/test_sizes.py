@@ -15,17 +15,12 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
 # Files other engineers are changing right now: split them once their work has landed, not under it.
-IN_FLIGHT = {
-    "simctl/cli.py", "simctl/capacity_cmd.py", "simctl/prefill_bench_cmd.py", "simctl/query_set_cmd.py",
-    "simctl/plan_cmd.py",  # the command line's options, being generated from configuration dataclasses
-    # the vLLM calibration
-    "profiler/vllm_worker.py", "profiler/vllm_profile.py", "profiler/vllm_grid.py", "engine/vllm_real.py",
-    "engine/vllm_steps.py",
-}
+IN_FLIGHT: set[str] = set()  # none today
 DATA_TABLES: set[str] = set()  # modules that are mostly a data table (none today)
 # Functions still over the limit, not split yet (issue 21), with their length now: one may shrink, never grow,
 # and leaves this list once it is within the limit.
 NOT_YET_SPLIT = {
+    ("profiler/vllm_worker.py", "run"): 90,
     ("validation/vllm_validate.py", "validate_vllm"): 65,
 }
 
