@@ -66,6 +66,8 @@ class Fitted(CurveTables, CostModel):
 
         c = self.coefficients
         self._ovh = c["overhead_s"]
+        per_step = self._steps.per_step_only
+        self._host_const = None if per_step is None else self._ovh + per_step
         self._lin = Curve(self.curves["linear"])
         self._lm = Curve(self.curves["lm_head"])
         self._dec = Curve(self.curves["decode_kv"])
@@ -126,6 +128,9 @@ class Fitted(CurveTables, CostModel):
 
     def _host(self, plan: BatchPlan) -> float:
         """overhead_s and the step overheads (terms that are 0 add nothing, so older fits price as before)."""
+        const = self._host_const
+        if const is not None:
+            return const
         return self._ovh + self._steps.host(len(plan.seqs), plan.sampled_tokens)
 
     def _floored(self, plan: BatchPlan, t: float | np.ndarray) -> float | np.ndarray:

@@ -65,6 +65,12 @@ class StepOverheads:
         floor = EAGER_LAUNCH_S_PER_LAYER * num_layers if execution == "eager" else 0.0
         return cls(execution, DEFAULT_ITERATION_S, 0.0, 0.0, floor, f"{execution} defaults")
 
+    @property
+    def per_step_only(self) -> float | None:
+        """The host terms when they do not depend on the batch (no per-request or per-token term), else None:
+        the hot paths then add a constant instead of calling `host`."""
+        return None if self.request_s or self.sampled_token_s else self.iteration_s
+
     def host(self, requests: int, sampled: int) -> float:
         """The additive host terms of a step of `requests` scheduled requests sampling `sampled` tokens (every
         cost model's; a term that is 0 is skipped: the hot path pays nothing for it)."""

@@ -137,6 +137,7 @@ class Roofline(CostModel):
                                    "roofline defaults" if (overhead_s, request_s, sampled_token_s)
                                    == (DEFAULT_OVERHEAD_S, 0.0, 0.0) else "given")
         self._floor = floor
+        self._host_const = self.steps.per_step_only
         self.tile = tile
         self.gpu_memory_utilization = _fraction("gpu_memory_utilization", gpu_memory_utilization)
         self.activation_reserve_bytes = float(activation_reserve_bytes)
@@ -271,7 +272,8 @@ class Roofline(CostModel):
 
     def _host(self, plan: BatchPlan) -> float:
         """The host's additive step overheads (`overhead_s` is their per-step term)."""
-        return self.steps.host(len(plan.seqs), plan.sampled_tokens)
+        const = self._host_const
+        return const if const is not None else self.steps.host(len(plan.seqs), plan.sampled_tokens)
 
     def _dense(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
         """The host overheads, the linear layers (and their all-reduces) and the LM head, summed in that

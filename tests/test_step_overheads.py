@@ -61,6 +61,10 @@ def test_defaults_and_bad_values() -> None:
     with pytest.raises(InputError, match="request_s"):
         StepOverheads(request_s=-1.0)
     assert Roofline("llama-2-7b", "h100").assumptions()["step_overheads"]["iteration_s"] == 2e-3
+    # the hot paths add a constant only where no term depends on the batch
+    assert StepOverheads(iteration_s=3e-3).per_step_only == 3e-3
+    assert StepOverheads(request_s=1e-4).per_step_only is None
+    assert StepOverheads(sampled_token_s=1e-5).per_step_only is None
 
 
 def test_fitted_model_adds_its_step_overheads_and_keeps_them_in_its_file(tmp_path) -> None:
