@@ -50,6 +50,12 @@ class WaitingQueue(ABC):
     @abstractmethod
     def __len__(self) -> int: ...  # also its truth value
 
+    @abstractmethod
+    def last_ranked(self, running: list[Seq]) -> Seq:
+        """Of the running sequences (in the order they were admitted), the one to preempt first when KV runs
+        out: the last admitted, but under priority the lowest priority, then the latest arrival (vLLM v1's
+        FCFS and priority policies; shortest-first has no rule of its own)."""
+
 
 class ArrivalOrder(deque[Seq], WaitingQueue):
     """FCFS: a deque (its `remove`, `len` and iteration): the default costs what the policies' deque did."""
@@ -69,13 +75,20 @@ class ArrivalOrder(deque[Seq], WaitingQueue):
         else:
             self.remove(seq)
 
+    def last_ranked(self, running: list[Seq]) -> Seq:
+        return running[-1]
+
 
 class KeyOrder(WaitingQueue):
-    """Sequences kept sorted by a key that does not change while they wait (ties: arrival, then id)."""
+    """Sequences kept sorted by a rank that does not change while they wait (ties: arrival, then id)."""
 
-    def __init__(self, key: Callable[[Seq], tuple]) -> None:
-        self.key = key
+    def __init__(self, rank: Callable[[Seq], tuple], preempt_by_rank: bool) -> None:
+        self.rank = rank
+        self.preempt_by_rank = preempt_by_rank
         self.seqs: list[Seq] = []
+
+    def key(self, seq: Seq) -> tuple:
+        return *self.rank(seq), seq.id
 
     def add(self, seq: Seq) -> None:
         bisect.insort(self.seqs, seq, key=self.key)
@@ -98,17 +111,24 @@ class KeyOrder(WaitingQueue):
     def __len__(self) -> int:
         return len(self.seqs)
 
+    def last_ranked(self, running: list[Seq]) -> Seq:
+        if not self.preempt_by_rank:
+            return running[-1]
+        return max(running, key=self.rank)  # ties: the first admitted, as vLLM's max() over its running list
 
-def shortest_first(s: Seq) -> tuple[int, float, int]:
-    return s.prefill_remaining, s.arrival_s, s.id
+
+def shortest_first(s: Seq) -> tuple[int, float]:
+    return s.prefill_remaining, s.arrival_s
 
 
-def highest_priority_first(s: Seq) -> tuple[int, float, int]:
-    return -s.priority, s.arrival_s, s.id
+def highest_priority_first(s: Seq) -> tuple[int, float]:
+    return -s.priority, s.arrival_s
 
 
 def waiting_queue(order: str) -> WaitingQueue:
     """An empty queue of the given admission order (one of `ADMISSION_ORDERS`, checked by the settings)."""
     if order == FCFS:
         return ArrivalOrder()
-    return KeyOrder(shortest_first if order == "shortest" else highest_priority_first)
+    if order == "shortest":
+        return KeyOrder(shortest_first, preempt_by_rank=False)
+    return KeyOrder(highest_priority_first, preempt_by_rank=True)

@@ -1,12 +1,14 @@
 """vLLM v1's scheduler as the installed vLLM 0.32 implements it (vllm/v1/core/sched/scheduler.py:
-`Scheduler.schedule`, FCFS, no speculative decoding, no KV connector, synchronous scheduling).
+`Scheduler.schedule`, FCFS or priority, no speculative decoding, no KV connector, synchronous scheduling).
 
 There is no prefill or decode phase: every step has one token budget (`max_num_batched_tokens`). First the
 running requests, in the order they were admitted, each take min(tokens it has left to compute, budget left)
 tokens (capped by `long_prefill_token_threshold` when it is set and more than one request is running or
 waiting): a decode takes one, an ongoing prefill a chunk. A running request whose blocks cannot be allocated
-preempts the last running request (by recompute: its blocks freed, back at the front of the waiting queue)
-and retries, until it fits or preempts itself; the pass over the running requests stops there. Then, only if
+preempts the running request the admission order ranks last (FCFS: the last admitted; priority: the lowest
+priority, then the latest arrival, its tokens of this step given back if it was already scheduled) by
+recompute (its blocks freed, back in the waiting queue: at its front under FCFS), and retries, until it fits
+or preempts itself; the pass over the running requests stops there. Then, only if
 nobody was preempted this step, waiting requests are admitted in order while budget and `max_num_seqs` allow
 and KV fits their whole known sequence (`scheduler_reserve_full_isl`), prefix-cache hits counted; each takes
 the rest of its prompt up to the budget left (chunked prefill is always on). The first one that does not fit
@@ -67,6 +69,7 @@ class VLLMV1(Policy):
         # prefix-cache lookups at admission, in tokens, as vLLM's PrefixCacheStats counts them: fresh requests
         # (its hit rate) apart from preempted ones coming back
         self.queries = self.hits = self.preempted_queries = self.preempted_hits = 0
+        self.passed_over = False  # whether the last step's pass stopped with running requests left after it
 
     @classmethod
     def build(cls, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any],
@@ -117,18 +120,25 @@ class VLLMV1(Policy):
         budget = self.budget
         seqs: list[Seq] = []
         num_new: list[int] = []
-        preempted = False
+        preempted = self.passed_over = False
         i = 0
         while i < len(running) and budget > 0:
             s = running[i]
             n = self._chunk(s, budget, eligible)
             while not kv.allocate(s, s.computed + n):
-                victim = running[-1]
+                victim = self.waiting.last_ranked(running)
+                scheduled = running.index(victim) < i
                 self._preempt(victim)
                 preempted = True
                 if victim is s:
                     break
-            if s.phase is not Phase.RUNNING:  # it preempted itself: nobody after it is left to run
+                if scheduled:  # ranked below one running after it: its tokens this step go back
+                    j = seqs.index(victim)
+                    budget += num_new.pop(j)
+                    del seqs[j]
+                    i -= 1
+            if s.phase is not Phase.RUNNING:  # it preempted itself: the pass stops there
+                self.passed_over = i < len(running)  # under priority some may be left after it
                 break
             seqs.append(s)
             num_new.append(n)
@@ -156,7 +166,16 @@ class VLLMV1(Policy):
                     budget -= n
                 if queue:  # nobody behind a request that could not be admitted (FCFS or priority)
                     break
-        return packed(seqs, num_new) if seqs else None
+        if seqs:
+            return packed(seqs, num_new)
+        # under priority every running request may have been preempted or stopped behind one that preempted
+        # itself: vLLM's step then schedules nothing, and its next one, at once, runs what is left or admits
+        return self.schedule() if preempted else None
+
+    def _queue_may_move(self) -> bool:
+        """Also after a pass that stopped before running requests it left unscheduled: the next step runs
+        them, so this step's plan does not repeat."""
+        return self.passed_over or super()._queue_may_move()
 
     def _check_fits_alone(self, seq: Seq) -> None:
         """InputError for a request that no freeing of blocks would ever let in (it would wait forever)."""

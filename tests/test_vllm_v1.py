@@ -81,6 +81,23 @@ def test_preempts_the_last_running_and_requeues_it_first() -> None:
     assert shape(plan) == [(0, 1)] and list(policy.waiting) == [b, c] and b.prefill_end == 9
 
 
+def test_priority_preempts_the_lowest_priority_and_gives_back_its_scheduled_tokens() -> None:
+    policy = make_policy("vllm-v1", 4 * 4, 4096, {"block_size": 4, "admission": "priority"})
+    a, b, c = Seq(0, 0.0, 4, 10, 0), Seq(1, 1.0, 4, 10, 2), Seq(2, 2.0, 4, 10, 1)
+    policy.add(a)
+    run_plan(policy, policy.schedule())  # A alone: 1 block
+    policy.add(c)
+    policy.add(b)
+    plan = policy.schedule()  # A's decode takes a 2nd block; B then C (by priority) one each: none free
+    assert shape(plan) == [(0, 1), (1, 4), (2, 4)] and policy.kv.free_blocks == 0
+    run_plan(policy, plan)
+    # A fits in its blocks and is scheduled; B needs a block: A, the lowest priority though admitted first,
+    # is preempted and its token given back; C takes A's freed block (FCFS would have preempted C)
+    plan = policy.schedule()
+    assert shape(plan) == [(1, 1), (2, 1)] and list(policy.waiting) == [a] and a.preemptions == 1
+    assert policy.running == [b, c] and policy.kv.free_blocks == 0
+
+
 def test_the_request_asking_may_preempt_itself() -> None:
     policy = v1(3)
     a, b, c = seq(0, 5, 7), seq(1, 4, 8), seq(2, 1, 1)  # each fits the 3 blocks alone
