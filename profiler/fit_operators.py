@@ -7,12 +7,11 @@ curves are the measured operators of one model on one GPU at one TP degree.
 - Linear operators, norms, activation, rotary, residual adds (per layer, times the layers), the embedding
   (once) and, at tp > 1, two all-reduces per layer of T x hidden x 2 bytes (interpolated in the measured
   collective, averaged over neighbouring message sizes: `smoothed_collective`) are summed at every measured
-  token count into the `linear` curve, made monotone (isotonic least
-  squares: cuBLAS's kernel choice makes some counts slower than larger ones, and a served batch never gets
-  faster by growing). The curve is priced at the token count rounded up to the profile's grid (its `tile`: 8
-  tokens in Vidur's profiles), so a GEMM's tile steps land where they were measured; between measured counts
-  it does not interpolate across a 64-row tile boundary (`tile_step_knots`: each side extrapolated within its
-  own tile), as the kernels step there.
+  token count into the `linear` curve, made monotone (isotonic least squares: cuBLAS's kernel choice makes
+  some counts slower than larger ones, and a served batch never gets faster by growing). The curve is priced
+  at the token count rounded up to the profile's grid (its `tile`: 8 tokens in Vidur's profiles), so a GEMM's
+  tile steps land where they were measured; between measured counts it does not interpolate across a 64-row
+  tile boundary (`tile_step_knots`: each side extrapolated within its own tile), as the kernels step there.
 - Attention: fitted (`profiler.fit_coefficients`, the same form as a simctl profile's) to the measured
   kernel where the profile has one for this shape and TP degree; else the roofline's rates, added rather than
   blended (the fit's form is linear: up to sqrt(2) above the roofline where compute and KV reads are equal).
