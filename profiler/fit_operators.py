@@ -6,12 +6,12 @@ curves are the measured operators of one model on one GPU at one TP degree.
 
 - Linear operators, norms, activation, rotary, residual adds (per layer, times the layers), the embedding
   (once) and, at tp > 1, two all-reduces per layer of T x hidden x 2 bytes (interpolated in the measured
-  collective) are summed at every measured token count into the `linear` curve, made monotone (isotonic least
-  squares: cuBLAS's kernel choice makes some counts slower than larger ones, and a served batch never gets
-  faster by growing). The curve is priced at the token count rounded up to the profile's grid (its `tile`: 8
-  tokens in Vidur's profiles), so a GEMM's tile steps land where they were measured; between measured counts
-  it does not interpolate across a 64-row tile boundary (`tile_step_knots`: each side extrapolated within its
-  own tile), as the kernels step there.
+  collective, averaged over neighbouring message sizes: `smoothed_collective`) are summed at every measured
+  token count into the `linear` curve, made monotone (isotonic least squares: cuBLAS's kernel choice makes
+  some counts slower than larger ones, and a served batch never gets faster by growing). The curve is priced
+  at the token count rounded up to the profile's grid (its `tile`: 8 tokens in Vidur's profiles), so a GEMM's
+  tile steps land where they were measured; between measured counts it does not interpolate across a 64-row
+  tile boundary (`tile_step_knots`: each side extrapolated within its own tile), as the kernels step there.
 - Attention: fitted (`profiler.fit_coefficients`, the same form as a simctl profile's) to the measured
   kernel where the profile has one for this shape and TP degree; else the roofline's rates, added rather than
   blended (the fit's form is linear: up to sqrt(2) above the roofline where compute and KV reads are equal).
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.ndimage import uniform_filter1d
 from scipy.optimize import isotonic_regression
 
 from catalogue.gpus import get_gpu
@@ -55,6 +56,11 @@ COST_MODEL_FILE = "cost_model.json"
 # tiles): the measured curves step at its multiples, which the fit keeps (`tile_step_knots`)
 GEMM_ROW_TILE = 64
 DTYPE_BYTES = 2  # Vidur profiles in fp16
+# message sizes of the measured collective averaged (a centred rolling mean) before the fit sums it into the
+# `linear` curve: below ~1 MiB the medians at neighbouring sizes fall in two clusters that do not follow the
+# size (H100 tp 2: ~8 and ~40 us; A100 tp 4: ~22 and ~60 us), so a size's expected time is its neighbours'
+# mean (bench/results/roofline_vs_measured.md: the worst held-out fit, H100 tp 2, 12.6% -> 7.7% P95)
+COLLECTIVE_WINDOW = 5
 # operator classes reported, by the profile's operator names
 CLASSES: dict[str, tuple[str, ...]] = {
     "qkv": ("attn_pre_proj",), "o": ("attn_post_proj",), "gate_up": ("mlp_up_proj",),
@@ -102,6 +108,15 @@ def _held_counts(n: int, holdout: float, seed: int) -> np.ndarray:
 def _subset(p: OperatorProfile, keep: np.ndarray) -> OperatorProfile:
     return OperatorProfile(**{**{f.name: getattr(p, f.name) for f in fields(p)}, "tokens": p.tokens[keep],
                               "operators": {k: v[keep] for k, v in p.operators.items()}})
+
+
+def smoothed_collective(p: OperatorProfile, window: int = COLLECTIVE_WINDOW) -> OperatorProfile:
+    """`p` with its all-reduce times averaged over `window` neighbouring message sizes (none: `p`)."""
+    if p.allreduce is None:
+        return p
+    sizes, secs = p.allreduce
+    return OperatorProfile(**{**{f.name: getattr(p, f.name) for f in fields(p)},
+                              "allreduce": (sizes, uniform_filter1d(secs, window, mode="nearest"))})
 
 
 def _lm_head_knots(rf: Roofline, params: float, top: int = 8192) -> list[tuple[int, float]]:
@@ -168,7 +183,7 @@ def fit_operator_profile(root: str | Path, model: ModelSpec, gpu: str, tp: int =
     p = load_operator_profile(root, model, g.name, tp)
 
     held = _held_counts(len(p.tokens), holdout, seed)
-    train = _subset(p, ~held)
+    train = smoothed_collective(_subset(p, ~held))
     layers = _Layers.fit(p, train, model)
     attention = (_measured_attention(p, model.num_layers, holdout, seed) if p.attention is not None
                  else _roofline_attention(rf))
@@ -273,12 +288,16 @@ def _layer_errors(p: OperatorProfile, train: OperatorProfile, held: np.ndarray, 
 
 
 def _all_reduce_errors(p: OperatorProfile, holdout: float, seed: int) -> dict[str, ErrorStats]:
-    """Held-out error of the all-reduce's sizes, interpolated in the others (none at tp = 1)."""
+    """Held-out error of the all-reduce's sizes, interpolated in the others averaged as the fit averages them
+    (`smoothed_collective`; none at tp = 1)."""
     if p.allreduce is None:
         return {}
     sizes, secs = p.allreduce
     h = _held_counts(len(sizes), holdout, seed)
-    return {"all_reduce": ErrorStats.of(np.interp(sizes[h], sizes[~h], secs[~h]), secs[h])} if h.any() else {}
+    if not h.any():
+        return {}
+    kept = uniform_filter1d(secs[~h], COLLECTIVE_WINDOW, mode="nearest")
+    return {"all_reduce": ErrorStats.of(np.interp(sizes[h], sizes[~h], kept), secs[h])}
 
 
 def format_operator_report(r: OperatorFitReport) -> str:

@@ -15,8 +15,13 @@ from catalogue.models import get_model
 from common.errors import InputError
 from policies.plan import hybrid
 from policies.seq import Seq
-from profiler.fit_operators import fit_operator_profile, iteration_seconds, tile_step_knots
-from profiler.operator_profiles import load_operator_profile
+from profiler.fit_operators import (
+    fit_operator_profile,
+    iteration_seconds,
+    smoothed_collective,
+    tile_step_knots,
+)
+from profiler.operator_profiles import OperatorProfile, load_operator_profile
 from sim.run import cost_model
 
 PROFILES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gpu_profiles"
@@ -35,6 +40,27 @@ def test_tile_step_knots_extrapolate_each_side_within_its_own_tile() -> None:
     # one count in a tile: flat; never decreasing
     t, v = tile_step_knots(np.array([32, 100, 136]), np.array([2.0, 1.5, 3.0]), 8)
     assert t.tolist() == [32, 64, 72, 100, 128, 136] and v.tolist() == [2, 2, 2, 2, 2, 3]
+
+
+def test_the_collective_is_averaged_over_five_neighbouring_sizes() -> None:
+    sizes, secs = np.arange(1.0, 8.0) * 1024, np.array([8, 40, 8, 40, 8, 40, 8.0]) * 1e-6
+    p = OperatorProfile(Path("."), "h100", "h100/x/y", 2, np.array([1, 8]), {}, 32000, (sizes, secs), "n",
+                        None, None)
+    s, t = smoothed_collective(p).allreduce
+    assert s is sizes
+    # the middle size: the mean of the five around it; an end: its value repeated (scipy's "nearest")
+    assert t[3] == pytest.approx(np.mean(secs[1:6])) and t[0] == pytest.approx((4 * 8 + 40) / 5 * 1e-6)
+    bare = OperatorProfile(Path("."), "h100", "h100/x/y", 1, np.array([1, 8]), {}, 32000, None, None, None,
+                           None)
+    assert smoothed_collective(bare) is bare
+
+
+@needs_profiles
+def test_a_bimodal_collective_is_fitted_by_its_average(tmp_path) -> None:
+    # H100 tp 2: neighbouring all-reduce sizes below 1 MiB take ~8 or ~40 us; summed as measured, the
+    # held-out iteration of llama-2-7b missed by 12.6% (P95), averaged over 5 sizes by 6.9%
+    r = fit_operator_profile(PROFILES, get_model("llama-2-7b"), "h100", 2, out=tmp_path)
+    assert r.holdout["iteration"].p95 < 0.08
 
 
 @needs_profiles
