@@ -2,10 +2,14 @@
 model adds to an iteration.
 
     t = max(gpu_time, launch_floor_s) + iteration_s + request_s x scheduled requests + sampled_token_s x r
+        + new_request_s x newly scheduled requests
 
 - `iteration_s`: per step (scheduling, input preparation, the step's Python), paid whatever the batch.
 - `request_s`: per scheduled request (its block table, positions, output processing).
 - `sampled_token_s`: per sampled token (sampling and detokenising on the host).
+- `new_request_s`: per request scheduled for the first time (`Seq.first_scheduled_s` unset when the step is
+  priced): what a request costs the host once (its intake, its first scheduling, its state's set-up), paid by
+  the step that first schedules it. Fitted from a served request stream (`profiler/vllm_stream.py`).
 - `launch_floor_s`: in eager mode every kernel is launched from Python, and the GPU cannot finish a step
   before the host has launched it; the launches overlap the kernels they feed, so a step costs at least the
   launch time (a floor), not the launch time plus the kernels. CUDA graphs replay a step's launches at once
@@ -29,6 +33,7 @@ from typing import Any
 
 from common.checks import is_number
 from common.errors import InputError
+from policies.plan import BatchPlan
 
 EAGER_LAUNCH_S_PER_LAYER = 22e-3 / 32  # this project's H100 measurement: ~22 ms floor, 7B model, 32 layers
 DEFAULT_ITERATION_S = 2e-3  # ASSUMPTION (see the module docstring)
@@ -50,10 +55,11 @@ class StepOverheads:
     sampled_token_s: float = 0.0
     launch_floor_s: float = 0.0
     source: str = "roofline defaults"
+    new_request_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_execution(self.execution)
-        for name in ("iteration_s", "request_s", "sampled_token_s", "launch_floor_s"):
+        for name in ("iteration_s", "request_s", "sampled_token_s", "launch_floor_s", "new_request_s"):
             v = getattr(self, name)
             if not (is_number(v) and 0 <= v < float("inf")):
                 raise InputError(f"step overhead {name} must be a finite number >= 0, got {v!r}")
@@ -65,15 +71,29 @@ class StepOverheads:
         floor = EAGER_LAUNCH_S_PER_LAYER * num_layers if execution == "eager" else 0.0
         return cls(execution, DEFAULT_ITERATION_S, 0.0, 0.0, floor, f"{execution} defaults")
 
-    def host(self, requests: int, sampled: int) -> float:
-        """The additive host terms of a step of `requests` scheduled requests sampling `sampled` tokens (every
-        cost model's; a term that is 0 is skipped: the hot path pays nothing for it)."""
+    def host(self, requests: int, sampled: int, new: int = 0) -> float:
+        """The additive host terms of a step of `requests` scheduled requests, `new` of them scheduled for the
+        first time, sampling `sampled` tokens (every cost model's; a term that is 0 is skipped: the hot path
+        pays nothing for it)."""
         t = self.iteration_s
         if self.request_s:
             t += self.request_s * requests
         if self.sampled_token_s:
             t += self.sampled_token_s * sampled
+        if self.new_request_s and new:
+            t += self.new_request_s * new
         return t
+
+    def of(self, plan: BatchPlan, repeat: int = 0) -> float:
+        """`host` of a plan, priced before it runs (its new requests are those never scheduled yet); a
+        stretch's repeat j > 0 of it schedules none for the first time."""
+        return self.host(len(plan.seqs), plan.sampled_tokens) + (0.0 if repeat else self.first_time(plan))
+
+    def first_time(self, plan: BatchPlan) -> float:
+        """The `new_request_s` terms of a plan about to run (0 without that term)."""
+        if not self.new_request_s:
+            return 0.0
+        return self.new_request_s * sum(1 for s in plan.seqs if s.first_scheduled_s < 0)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,5 +110,6 @@ class StepOverheads:
     def describe(self) -> str:
         """One line for `simctl list` and reports."""
         floor = f", launch floor {self.launch_floor_s * 1e3:.3g} ms" if self.launch_floor_s else ""
+        new = f" + {self.new_request_s * 1e6:.3g} us/new request" if self.new_request_s else ""
         return (f"{self.execution}: {self.iteration_s * 1e3:.3g} ms/step + {self.request_s * 1e6:.3g} "
-                f"us/request + {self.sampled_token_s * 1e6:.3g} us/sampled token{floor} ({self.source})")
+                f"us/request + {self.sampled_token_s * 1e6:.3g} us/sampled token{new}{floor} ({self.source})")

@@ -178,39 +178,15 @@ def validate_vllm(v: VLLMValidation, log: Callable[[str], None] | None = None) -
         say(f"twin capacity: {capacity.qps:.3g} QPS")
         out = prepare_out_dir(Path(v.out))
         remove_earlier(out, say, (*FILES, *DIRS))
-        real: dict[float, list[dict[str, Any]]] = {x: [] for x in loads}
-        scaled: dict[float, list[dict[str, Any]]] = {x: [] for x in loads}
-        speeds = []
-        for repeat in range(v.repeats):
-            speed = _speed(server, workload, settings, cost, v.seed)
-            speeds.append(speed)
-            say(f"round {repeat + 1}: machine speed factor {speed:.2f} (real / twin on a closed batch)")
-            for load in loads:
-                requests = workload.at(load * capacity.qps)
-                summary = _serve(server, requests, v, load * capacity.qps, _run_dir(out, load, repeat))
-                real[load].append(summary)
-                scaled[load].append(simulate_requests(requests, settings, ScaledCost(cost, speed))[0])
-                say(f"load {load:g} round {repeat + 1}: P50 TTFT {summary['ttft_p50']:.3f} s, "
-                    f"P50 ITL {summary['tbt_p50'] * 1e3:.1f} ms")
-        rows = []
-        for load in loads:
-            requests = workload.at(load * capacity.qps)
-            sim, result = simulate_requests(requests, settings, cost)
-            _write_sim(out / "runs" / f"load_{load:g}" / "sim", sim, result)
-            measured = _median_summary(real[load])
-            at_speed = _median_summary(scaled[load])
-            rows.append({"load": load, "qps": load * capacity.qps,
-                         **{f"real_{k}": x for k, x in measured.items()},
-                         **{f"sim_{m}": sim.get(m) for m in METRICS}, **_errors(measured, sim),
-                         **_errors(measured, at_speed, "_at_speed"),
-                         "prefix_cache_hit_rate_real": real[load][0].get("prefix_cache_hit_rate"),
-                         "prefix_cache_hit_rate_sim": sim.get("prefix_cache_hit_rate")})
+        rounds = Rounds(server, workload, settings, cost, out, say)
+        rounds.run(v, [(x, x * capacity.qps) for x in loads])
+        rows = [_row(x, x * capacity.qps, rounds, workload.at(x * capacity.qps), out) for x in loads]
         real_capacity = _real_capacity(server, workload, v, capacity, out) if v.capacity else None
     report = {
         "config": {**{k: x for k, x in asdict(v).items() if k not in ("cost", "out")},
                    "cost": cost_name(v.cost), "out": str(out), "engine": settings,
                    "wall_s": time.perf_counter() - t0},
-        "speed_factors": speeds,
+        "speed_factors": rounds.speeds,
         "capacity": {"sim_qps": capacity.qps, "sim_probes": len(capacity.probes),
                      **(_capacity_row(capacity, real_capacity) if real_capacity else {})},
         "rows": rows,
@@ -219,14 +195,61 @@ def validate_vllm(v: VLLMValidation, log: Callable[[str], None] | None = None) -
     return report
 
 
-def _speed(server: Any, workload: Workload, settings: dict[str, Any], cost: CostModel, seed: int) -> float:
-    """Real / predicted makespan of the closed batch now: the machine's speed against the fit's."""
-    batch = workload.closed_batch()
-    run = server.serve(batch, seed)
-    predicted, _ = simulate_requests(batch, settings, cost)
-    from results.metrics import summarize
+@dataclass
+class Rounds:
+    """The real runs of a validation, round by round, each load's twin at the machine's speed then."""
 
-    return summarize(run.result)["makespan_s"] / predicted["makespan_s"]
+    server: Any  # a started engine.vllm_real.VLLMServer
+    workload: Workload
+    settings: dict[str, Any]
+    cost: CostModel
+    out: Path
+    say: Callable[[str], None]
+    real: dict[float, list[dict[str, Any]]] = field(default_factory=dict)  # per load, each round's summary
+    scaled: dict[float, list[dict[str, Any]]] = field(default_factory=dict)  # their twins at machine speed
+    speeds: list[float] = field(default_factory=list)  # each run's speed factor, in the order run
+
+    def run(self, v: VLLMValidation, loads: list[tuple[float, float]]) -> None:
+        """`v.repeats` rounds of every (load, qps), after a discarded probe and run at the last load (the
+        first runs after the engine's start came slower)."""
+        batch = self.workload.closed_batch()
+        self.server.serve(batch, v.seed)
+        self.server.serve(self.workload.at(loads[-1][1]), v.seed)
+        for repeat in range(v.repeats):
+            for load, qps in loads:
+                requests = self.workload.at(qps)
+                before = self._makespan(batch, v.seed)
+                summary = _serve(self.server, requests, v, qps, _run_dir(self.out, load, repeat))
+                speed = (before + self._makespan(batch, v.seed)) / 2 / self._predicted(batch)
+                self.speeds.append(speed)
+                self.real.setdefault(load, []).append(summary)
+                scaled = simulate_requests(requests, self.settings, ScaledCost(self.cost, speed))[0]
+                self.scaled.setdefault(load, []).append(scaled)
+                self.say(f"load {load:g} round {repeat + 1}: P50 TTFT {summary['ttft_p50']:.3f} s, P50 ITL "
+                         f"{summary['tbt_p50'] * 1e3:.1f} ms, machine speed factor {speed:.2f}")
+
+    def _makespan(self, batch: list[Request], seed: int) -> float:
+        from results.metrics import summarize
+
+        return summarize(self.server.serve(batch, seed).result)["makespan_s"]
+
+    def _predicted(self, batch: list[Request]) -> float:
+        return simulate_requests(batch, self.settings, self.cost)[0]["makespan_s"]
+
+
+def _row(load: float, qps: float, rounds: Rounds, requests: list[Request], out: Path) -> dict[str, Any]:
+    """One load's row of the report: the medians of its real runs, the twin raw and at machine speed, and
+    their errors; the twin's run written to `out`."""
+    sim, result = simulate_requests(requests, rounds.settings, rounds.cost)
+    _write_sim(out / "runs" / f"load_{load:g}" / "sim", sim, result)
+    measured = _median_summary(rounds.real[load])
+    at_speed = _median_summary(rounds.scaled[load])
+    return {"load": load, "qps": qps,
+            **{f"real_{k}": x for k, x in measured.items()},
+            **{f"sim_{m}": sim.get(m) for m in METRICS}, **_errors(measured, sim),
+            **_errors(measured, at_speed, "_at_speed"),
+            "prefix_cache_hit_rate_real": rounds.real[load][0].get("prefix_cache_hit_rate"),
+            "prefix_cache_hit_rate_sim": sim.get("prefix_cache_hit_rate")}
 
 
 def _serve(server: Any, requests: list[Request], v: VLLMValidation, qps: float, where: Path
