@@ -118,7 +118,7 @@ def decode_plan(batch: int, context: int) -> Any:
     seqs = []
     for i in range(batch):
         s = Seq(i, 0.0, SERVED_PROMPT, SERVED_OUTPUTS)
-        s.computed, s.generated = context, context - SERVED_PROMPT + 1
+        s.computed, s.generated, s.first_scheduled_s = context, context - SERVED_PROMPT + 1, 0.0  # running
         seqs.append(s)
     return packed(seqs, [1] * batch)
 
@@ -161,12 +161,13 @@ def calibrate(cost: Fitted, meta: dict[str, Any]) -> tuple[Fitted, list[dict[str
         from profiler.vllm_stream import StreamStep, fit_stream
 
         fit = fit_stream(calibrated, [StreamStep.from_json(d) for d in stream])
-        overheads = replace(overheads, new_request_s=fit.new_request_s, source=(
+        overheads = replace(overheads, new_request_s=fit.new_request_s,
+                            new_request_token_s=fit.new_request_token_s, source=(
             f"{overheads.source}; request stream: {fit.steps} served steps, {fit.per_new_s * 1e6:.0f} us per "
-            f"newly scheduled request + {fit.per_arrival_s * 1e6:.0f} us per arrival during a step, "
-            f"charged at the request's first step (controls, not charged: {fit.per_step_s * 1e6:.0f} us per "
-            f"step, {fit.per_row_s * 1e6:.1f} us per row, {fit.per_prefill_token_s * 1e6:.2f} us per prompt "
-            "token)"))
+            f"newly scheduled request + {fit.per_prefill_token_s * 1e6:.2f} us per its prompt token + "
+            f"{fit.per_arrival_s * 1e6:.0f} us per arrival during a step, charged at the request's first "
+            f"step (controls, not charged: {fit.per_step_s * 1e6:.0f} us per step, {fit.per_row_s * 1e6:.1f} "
+            "us per row)"))
         calibrated = _with(cost, overheads, {"served_stream_fit": asdict(fit)})
     rows = [{"batch": s.batch, "context": s.context, "served_ms": s.time_s * 1e3, "model_ms": s.model_s * 1e3,
              "profile_ms": cost.iteration_time(decode_plan(s.batch, s.context)) * 1e3,

@@ -13,12 +13,13 @@ submitted while it ran. A step counts only if it continues a busy engine (it dec
 the step before it, so no idle time is in its period) and its shape adds up to the engine's own counts.
 
 `simctl fit` prices each such step with the model fitted to the grid and the closed batches, and regresses
-the excess (period - price) on those counts (`fit_stream`: robust least squares with a per-step, a per-row and
-a per-prompt-token term beside them, so that a mispriced step, row or prefill is not taken for a request's
-cost). A request is
+the excess (period - price) on what the step did (`fit_stream`: robust least squares): a per-step and a
+per-row term, controls for what the step's price may have wrong, which the twin is not charged; the requests
+scheduled for the first time, their prompt tokens, and the requests submitted while it ran. A request is
 scheduled for the first time once and submitted once, so the twin, which prices a step before any arrival
-during it is known, pays both coefficients in the step that first schedules the request: their sum is
-`StepOverheads.new_request_s`.
+during it is known, pays what a request costs in the step that first schedules it: per request the sum of
+the per-new-request and per-arrival coefficients (`StepOverheads.new_request_s`), and per prompt token its
+coefficient (`new_request_token_s`).
 """
 
 from __future__ import annotations
@@ -149,14 +150,19 @@ class StreamFit:
 
     @property
     def new_request_s(self) -> float:
-        """What the twin charges a request in the step that first schedules it."""
+        """What the twin charges a request in the step that first schedules it (beside its prompt tokens)."""
         return max(0.0, self.per_new_s + self.per_arrival_s)
+
+    @property
+    def new_request_token_s(self) -> float:
+        """What the twin charges per prompt token of a request in the step that first schedules it."""
+        return max(0.0, self.per_prefill_token_s)
 
 
 def fit_stream(cost: CostModel, steps: list[StreamStep]) -> StreamFit:
-    """Robust least squares (soft L1, at 0.5 ms) of each step's period minus `cost`'s price on a per-step, a
-    per-row and a per-prompt-token term (controls: what the step's price may have wrong) and a per-new-request
-    and a per-arrival term."""
+    """Robust least squares (soft L1, at 0.5 ms) of each step's period minus `cost`'s price on a per-step and
+    a per-row term (controls: what the step's price may have wrong), a per-prompt-token, a per-new-request and
+    a per-arrival term."""
     from scipy.optimize import least_squares
 
     if len(steps) < 20:

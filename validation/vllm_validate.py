@@ -10,11 +10,13 @@
 3. **Loads.** In each of `repeats` rounds, each load (a fraction of that capacity) is served for real and
    simulated on the identical requests (`traces.build_trace`: same trace, count, seed, scaled lengths and
    rate). Measured values are medians over the rounds (min and max kept). Errors are (sim - real) / real, raw
-   and at the machine's speed: before each round a fixed closed batch (`SPEED_PROBE` requests of the trace,
-   all at t=0) is served for real and priced by the twin, and their ratio, the machine's speed then, scales
-   the twin of that round (`costs.base.ScaledCost`). The batch is decode-heavy steps the profile measured,
-   so the ratio is mostly the machine's drift, but any error of the model on such steps is in it too: the
-   raw errors are the result, the scaled ones say how much of them a slow spell explains.
+   and at the machine's speed: before and after each run a fixed closed batch (`SPEED_PROBE` requests of the
+   trace, all at t=0) is served for real, and the mean of the two over the twin's price of it, the machine's
+   speed then, scales that run's twin (`costs.base.ScaledCost`). A probe and a run at the last load are
+   served first and discarded (the first runs after the engine's start came slower). The batch is
+   decode-heavy steps the profile measured, so the ratio is mostly the machine's drift, but any error of the
+   model on such steps is in it too: the raw errors are the result, the scaled ones say how much of them a
+   slow spell explains.
 4. **Real capacity** (`capacity=True`): the SLO bisected over real runs, from the twin's capacity, at most
    `MAX_REAL_PROBES` runs.
 
@@ -305,7 +307,8 @@ def markdown(report: dict[str, Any]) -> str:
         capacity += f"; real capacity {cap['real_qps']:.3g} QPS (error {fmt_err(cap.get('err_pct'))})"
     speeds = ", ".join(f"{s:.2f}" for s in report["speed_factors"])
     lines = ["# simctl's vllm-v1 twin vs the real vLLM engine", "", setup, "",
-             f"{capacity}. Machine speed factors (real / twin on a closed batch, per round): {speeds}.", "",
+             (f"{capacity}. Machine speed factors (real / twin on a closed batch, its mean before and after "
+              f"each run; rounds of loads in order): {speeds}."), "",
              "| load | metric | real (median) | real min..max | sim | error | error at machine speed |",
              "|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
