@@ -10,13 +10,13 @@
 3. **Loads.** In each of `repeats` rounds, each load (a fraction of that capacity) is served for real and
    simulated on the identical requests (`traces.build_trace`: same trace, count, seed, scaled lengths and
    rate). Measured values are medians over the rounds (min and max kept). Errors are (sim - real) / real, raw
-   and at the machine's speed: before and after each run a fixed closed batch (`SPEED_PROBE` requests of the
-   trace, all at t=0) is served for real, and the mean of the two over the twin's price of it, the machine's
-   speed then, scales that run's twin (`costs.base.ScaledCost`). A probe and a run at the last load are
-   served first and discarded (the first runs after the engine's start came slower). The batch is
-   decode-heavy steps the profile measured, so the ratio is mostly the machine's drift, but any error of the
-   model on such steps is in it too: the raw errors are the result, the scaled ones say how much of them a
-   slow spell explains.
+   and at the machine's speed: before and after each run the machine's speed is probed (`Rounds._probe`),
+   and the mean of the two scales that run's twin (`costs.base.ScaledCost`). The probe is the fit's own
+   served measurement repeated: closed decode batches of SPEED_BATCHES served as the profile's served stage
+   served them, their step period over the profile's, the machine now against the one the fit was made on
+   (a fit without served steps: a closed batch of SPEED_PROBE requests of the trace, over the twin's price of
+   it, a ratio that also holds the model's error on such a batch). A probe and a run at the last load are
+   served first and discarded (the first runs after the engine's start came slower).
 4. **Real capacity** (`capacity=True`): the SLO bisected over real runs, from the twin's capacity, at most
    `MAX_REAL_PROBES` runs.
 
@@ -52,7 +52,8 @@ LABELS = {"ttft": "TTFT", "sched_delay": "sched delay", "tpot": "TPOT", "tbt": "
           "throughput_tokens_per_s": "out tok/s"}
 FILES = ("validation_vllm.json", "validation_vllm.md", "validation_vllm.csv")
 DIRS = ("runs", "capacity")
-SPEED_PROBE = 16  # requests of the closed batch that measures the machine's speed before each round
+SPEED_PROBE = 16  # requests of the closed batch that measure the machine's speed (a fit without served steps)
+SPEED_BATCHES = (16, 64)  # the served stage's closed decode batches that measure it (a fit with them)
 SIM_REL_TOL = 0.01
 REAL_REL_TOL = 0.05
 REAL_STEP = 1.25
@@ -214,15 +215,14 @@ class Rounds:
     def run(self, v: VLLMValidation, loads: list[tuple[float, float]]) -> None:
         """`v.repeats` rounds of every (load, qps), after a discarded probe and run at the last load (the
         first runs after the engine's start came slower)."""
-        batch = self.workload.closed_batch()
-        self.server.serve(batch, v.seed)
+        self._probe(v.seed)
         self.server.serve(self.workload.at(loads[-1][1]), v.seed)
         for repeat in range(v.repeats):
             for load, qps in loads:
                 requests = self.workload.at(qps)
-                before = self._makespan(batch, v.seed)
+                before = self._probe(v.seed)
                 summary = _serve(self.server, requests, v, qps, _run_dir(self.out, load, repeat))
-                speed = (before + self._makespan(batch, v.seed)) / 2 / self._predicted(batch)
+                speed = (before + self._probe(v.seed)) / 2
                 self.speeds.append(speed)
                 self.real.setdefault(load, []).append(summary)
                 scaled = simulate_requests(requests, self.settings, ScaledCost(self.cost, speed))[0]
@@ -230,13 +230,32 @@ class Rounds:
                 self.say(f"load {load:g} round {repeat + 1}: P50 TTFT {summary['ttft_p50']:.3f} s, P50 ITL "
                          f"{summary['tbt_p50'] * 1e3:.1f} ms, machine speed factor {speed:.2f}")
 
-    def _makespan(self, batch: list[Request], seed: int) -> float:
+    def _probe(self, seed: int) -> float:
+        """The machine's speed now. With the fit's served steps (a vLLM profile's served stage): the closed
+        decode batches of SPEED_BATCHES served as the profile served them, each one's step period over the
+        profile's (the mean of the ratios): the machine now against the machine the fit was made on, no model
+        error in it. Without: the closed batch of the trace (`Workload.closed_batch`) served, over the twin's
+        makespan of it."""
         from results.metrics import summarize
 
-        return summarize(self.server.serve(batch, seed).result)["makespan_s"]
+        reference = served_reference(self.cost)
+        if reference:
+            from profiler.vllm_served import time_served
 
-    def _predicted(self, batch: list[Request]) -> float:
-        return simulate_requests(batch, self.settings, self.cost)[0]["makespan_s"]
+            steps = time_served(self.server, tuple(reference), 1)
+            return statistics.fmean(s.time_s / reference[s.batch] for s in steps)
+        batch = self.workload.closed_batch()
+        real = summarize(self.server.serve(batch, seed).result)["makespan_s"]
+        return real / simulate_requests(batch, self.settings, self.cost)[0]["makespan_s"]
+
+
+def served_reference(cost: CostModel) -> dict[int, float]:
+    """The served step period (s) of each of SPEED_BATCHES in the fit's served stage; empty when the fit has
+    none of them (a fit without a served stage, a cost model that is not a fit)."""
+    rows = {r.get("batch"): r.get("served_ms") for r in (getattr(cost, "fit", None) or {}).get("served", [])}
+    if not all(isinstance(rows.get(b), (int, float)) and rows[b] > 0 for b in SPEED_BATCHES):
+        return {}
+    return {b: rows[b] / 1e3 for b in SPEED_BATCHES}
 
 
 def _row(load: float, qps: float, rounds: Rounds, requests: list[Request], out: Path) -> dict[str, Any]:
@@ -307,8 +326,8 @@ def markdown(report: dict[str, Any]) -> str:
         capacity += f"; real capacity {cap['real_qps']:.3g} QPS (error {fmt_err(cap.get('err_pct'))})"
     speeds = ", ".join(f"{s:.2f}" for s in report["speed_factors"])
     lines = ["# simctl's vllm-v1 twin vs the real vLLM engine", "", setup, "",
-             (f"{capacity}. Machine speed factors (real / twin on a closed batch, its mean before and after "
-              f"each run; rounds of loads in order): {speeds}."), "",
+             (f"{capacity}. Machine speed factors (each run's, the mean of a probe before and after it, "
+              f"rounds of loads in order; `Rounds._probe`): {speeds}."), "",
              "| load | metric | real (median) | real min..max | sim | error | error at machine speed |",
              "|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
