@@ -98,7 +98,9 @@ class StepOverheads:
         return self.new_request_s * len(new) + self.new_request_token_s * sum(new)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Its fields; a per-new-request term that is 0 is left out (older files read the same)."""
+        return {k: v for k, v in asdict(self).items()
+                if not (k in ("new_request_s", "new_request_token_s") and v == 0)}
 
     @classmethod
     def from_json(cls, data: Any) -> StepOverheads:

@@ -169,3 +169,12 @@ def test_calibrate_adds_the_streams_terms() -> None:
     assert o.new_request_token_s == pytest.approx(3e-6, rel=1e-3)
     assert "request stream: 200 served steps" in o.source
     assert calibrated.fit["served_stream_fit"]["steps"] == 200
+
+
+def test_the_new_request_terms_are_written_only_when_set() -> None:
+    plain = StepOverheads("eager", 1e-3, 0.0, 0.0, 0.0, "test")
+    assert "new_request_s" not in plain.to_json() and "new_request_token_s" not in plain.to_json()
+    assert StepOverheads.from_json(plain.to_json()) == plain
+    priced = replace(plain, new_request_s=4e-4, new_request_token_s=5e-6)
+    assert priced.to_json()["new_request_s"] == 4e-4
+    assert StepOverheads.from_json(priced.to_json()) == priced
