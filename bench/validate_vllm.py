@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +56,10 @@ def misses(report: dict) -> list[str]:
     return out
 
 
+def _load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text(encoding="utf-8").split()[:3])
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     from validation.vllm_validate import VLLMValidation, markdown, validate_vllm
@@ -70,10 +75,14 @@ def main() -> None:
     cost = args.cost or str(fit_of_vllm(out))
     v = VLLMValidation(cost=cost, out=out / "validation", loads=(0.5, 0.7, 0.9),
                        num_requests=args.num_requests, repeats=args.repeats, capacity=True)
+    start, load0 = time.strftime("%H:%M:%S", time.gmtime()), _load()
     report = validate_vllm(v, log=lambda line: print(line, file=sys.stderr))
+    when = (f"Validated {start}-{time.strftime('%H:%M:%S', time.gmtime())} UTC; machine load averages (1, 5, "
+            f"15 min) {load0} at the start, {_load()} at the end.\n\n")
     missed = misses(report)
-    text = markdown(report) + "\n## Targets missed (at the machine's speed)\n\n" + (
-        "\n".join(f"- {m}" for m in missed) if missed else "none") + "\n"
+    text = (markdown(report).replace("\n\n", "\n\n" + when, 1)
+            + "\n## Targets missed (at the machine's speed)\n\n"
+            + ("\n".join(f"- {m}" for m in missed) if missed else "none") + "\n")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "validate_vllm.md").write_text(text, encoding="utf-8")
     (RESULTS / "validate_vllm.json").write_text(json.dumps(report, indent=1, default=str) + "\n",

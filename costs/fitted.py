@@ -98,7 +98,7 @@ class Fitted(CurveTables, CostModel):
         """The formula, written once: everything but the decode rows' KV curve (the one term a decode stretch
         changes), summed in one fixed order. `terms`, if given, receives each term (`breakdown`). `repeat` j
         prices a stretch's repeat j: each prefill segment j chunks further into its prompt."""
-        t = host = self._host(plan)
+        t = host = self._host(plan, repeat)
         linear = lm_head = prefill = pad = 0.0
         T, r = plan.linear_tokens, plan.sampled_tokens
         if T > 0:
@@ -126,19 +126,17 @@ class Fitted(CurveTables, CostModel):
                          decode_attention=rows + pad)
         return t + rows
 
-    def _host(self, plan: BatchPlan) -> float:
+    def _host(self, plan: BatchPlan, repeat: int = 0) -> float:
         """overhead_s and the step overheads (terms that are 0 add nothing, so older fits price as before)."""
         const = self._host_const
-        if const is not None:
-            return const
-        return self._ovh + self._steps.host(len(plan.seqs), plan.sampled_tokens)
+        return const if const is not None else self._ovh + self._steps.of(plan, repeat)
 
     def _floored(self, plan: BatchPlan, t: float | np.ndarray) -> float | np.ndarray:
         """Eager execution: the GPU terms (all but the host's step overheads) take at least the launch
         floor."""
         if not self._floor:
             return t
-        host = self._steps.host(len(plan.seqs), plan.sampled_tokens)
+        host = self._steps.of(plan)
         return np.maximum(t, host + self._floor) if isinstance(t, np.ndarray) else max(t, host + self._floor)
 
     def iteration_time(self, plan: BatchPlan) -> float:

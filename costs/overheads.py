@@ -2,10 +2,15 @@
 model adds to an iteration.
 
     t = max(gpu_time, launch_floor_s) + iteration_s + request_s x scheduled requests + sampled_token_s x r
+        + sum over newly scheduled requests of (new_request_s + new_request_token_s x its prompt tokens)
 
 - `iteration_s`: per step (scheduling, input preparation, the step's Python), paid whatever the batch.
 - `request_s`: per scheduled request (its block table, positions, output processing).
 - `sampled_token_s`: per sampled token (sampling and detokenising on the host).
+- `new_request_s`, `new_request_token_s`: per request scheduled for the first time (`Seq.first_scheduled_s`
+  unset when the step is priced), and per prompt token of it: what a request costs the host once (its intake,
+  its prompt carried to the engine and the model runner, its first scheduling), paid by the step that first
+  schedules it. Fitted from a served request stream (`profiler/vllm_stream.py`).
 - `launch_floor_s`: in eager mode every kernel is launched from Python, and the GPU cannot finish a step
   before the host has launched it; the launches overlap the kernels they feed, so a step costs at least the
   launch time (a floor), not the launch time plus the kernels. CUDA graphs replay a step's launches at once
@@ -29,6 +34,7 @@ from typing import Any
 
 from common.checks import is_number
 from common.errors import InputError
+from policies.plan import BatchPlan
 
 EAGER_LAUNCH_S_PER_LAYER = 22e-3 / 32  # this project's H100 measurement: ~22 ms floor, 7B model, 32 layers
 DEFAULT_ITERATION_S = 2e-3  # ASSUMPTION (see the module docstring)
@@ -50,10 +56,13 @@ class StepOverheads:
     sampled_token_s: float = 0.0
     launch_floor_s: float = 0.0
     source: str = "roofline defaults"
+    new_request_s: float = 0.0
+    new_request_token_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_execution(self.execution)
-        for name in ("iteration_s", "request_s", "sampled_token_s", "launch_floor_s"):
+        for name in ("iteration_s", "request_s", "sampled_token_s", "launch_floor_s", "new_request_s",
+                     "new_request_token_s"):
             v = getattr(self, name)
             if not (is_number(v) and 0 <= v < float("inf")):
                 raise InputError(f"step overhead {name} must be a finite number >= 0, got {v!r}")
@@ -67,13 +76,15 @@ class StepOverheads:
 
     @property
     def per_step_only(self) -> float | None:
-        """The host terms when they do not depend on the batch (no per-request or per-token term), else None:
-        the hot paths then add a constant instead of calling `host`."""
-        return None if self.request_s or self.sampled_token_s else self.iteration_s
+        """The host terms when they do not depend on the batch (no per-request, per-token or new-request
+        term), else None: the hot paths then add a constant instead of calling `of`."""
+        batch = self.request_s or self.sampled_token_s or self.new_request_s or self.new_request_token_s
+        return None if batch else self.iteration_s
 
     def host(self, requests: int, sampled: int) -> float:
-        """The additive host terms of a step of `requests` scheduled requests sampling `sampled` tokens (every
-        cost model's; a term that is 0 is skipped: the hot path pays nothing for it)."""
+        """The additive per-step host terms of a step of `requests` scheduled requests sampling `sampled`
+        tokens (every cost model's; a term that is 0 is skipped: the hot path pays nothing for it); `of` adds
+        a plan's new requests."""
         t = self.iteration_s
         if self.request_s:
             t += self.request_s * requests
@@ -81,8 +92,22 @@ class StepOverheads:
             t += self.sampled_token_s * sampled
         return t
 
+    def of(self, plan: BatchPlan, repeat: int = 0) -> float:
+        """`host` of a plan, priced before it runs (its new requests are those never scheduled yet); a
+        stretch's repeat j > 0 of it schedules none for the first time."""
+        return self.host(len(plan.seqs), plan.sampled_tokens) + (0.0 if repeat else self.first_time(plan))
+
+    def first_time(self, plan: BatchPlan) -> float:
+        """The `new_request_s` terms of a plan about to run (0 without that term)."""
+        if not (self.new_request_s or self.new_request_token_s):
+            return 0.0
+        new = [s.prompt_tokens for s in plan.seqs if s.first_scheduled_s < 0]
+        return self.new_request_s * len(new) + self.new_request_token_s * sum(new)
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Its fields; a per-new-request term that is 0 is left out (older files read the same)."""
+        return {k: v for k, v in asdict(self).items()
+                if not (k in ("new_request_s", "new_request_token_s") and v == 0)}
 
     @classmethod
     def from_json(cls, data: Any) -> StepOverheads:
@@ -96,5 +121,7 @@ class StepOverheads:
     def describe(self) -> str:
         """One line for `simctl list` and reports."""
         floor = f", launch floor {self.launch_floor_s * 1e3:.3g} ms" if self.launch_floor_s else ""
+        new = (f" + {self.new_request_s * 1e6:.3g} us/new request + {self.new_request_token_s * 1e6:.3g} "
+               "us/its prompt token" if self.new_request_s or self.new_request_token_s else "")
         return (f"{self.execution}: {self.iteration_s * 1e3:.3g} ms/step + {self.request_s * 1e6:.3g} "
-                f"us/request + {self.sampled_token_s * 1e6:.3g} us/sampled token{floor} ({self.source})")
+                f"us/request + {self.sampled_token_s * 1e6:.3g} us/sampled token{new}{floor} ({self.source})")

@@ -136,8 +136,7 @@ class Roofline(CostModel):
         self.steps = StepOverheads(execution, self.overhead_s, request_s, sampled_token_s, floor,
                                    "roofline defaults" if (overhead_s, request_s, sampled_token_s)
                                    == (DEFAULT_OVERHEAD_S, 0.0, 0.0) else "given")
-        self._floor = floor
-        self._host_const = self.steps.per_step_only
+        self._floor, self._host_const = floor, self.steps.per_step_only
         self.tile = tile
         self.gpu_memory_utilization = _fraction("gpu_memory_utilization", gpu_memory_utilization)
         self.activation_reserve_bytes = float(activation_reserve_bytes)
@@ -273,7 +272,7 @@ class Roofline(CostModel):
     def _host(self, plan: BatchPlan) -> float:
         """The host's additive step overheads (`overhead_s` is their per-step term)."""
         const = self._host_const
-        return const if const is not None else self.steps.host(len(plan.seqs), plan.sampled_tokens)
+        return const if const is not None else self.steps.of(plan)
 
     def _dense(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
         """The host overheads, the linear layers (and their all-reduces) and the LM head, summed in that
@@ -367,6 +366,7 @@ class Roofline(CostModel):
             dense = self._dense(plan)
             times = np.array([self._prefill_attention(plan, dense, j)[0] + (kv0 + j * rows) * dkv
                               for j in range(k)])
+            times[1:] -= self.steps.first_time(plan)  # only its first repeat schedules a request first
             return np.maximum(times, self._host(plan) + self._floor) if self._floor else times
         # decodes alone: only their KV term grows, by `rows` tokens a repeat
         kv = np.arange(kv0, kv0 + k * rows, rows, dtype=np.int64) if rows else np.full(k, kv0, dtype=np.int64)

@@ -80,6 +80,7 @@ class VLLMRun:
     requests: list[Request]
     result: SimResult
     fields: dict[str, Any]  # prefix-cache counts, submission lag, rows ended at this process
+    members: list[list[tuple[int, int]]] | None = None  # `StepLog.members`, when asked for
 
 
 class VLLMServer:
@@ -196,16 +197,17 @@ class VLLMServer:
             raise InputError(f"request {longest.id} needs {blocks} KV blocks of {settings['block_size']} "
                              f"tokens but vLLM's cache holds {settings['num_gpu_blocks']}; lower --scale")
 
-    def serve(self, requests: list[Request], seed: int = 0) -> VLLMRun:
+    def serve(self, requests: list[Request], seed: int = 0, members: bool = False) -> VLLMRun:
         """Serve `requests` (sorted by arrival; arrival_s in seconds from now) in real time; RuntimeError if a
-        request did not get exactly its output tokens or the records do not add up."""
+        request did not get exactly its output tokens or the records do not add up. `members`: also record
+        which requests each step gave a token (`StepLog.members`)."""
         self.check(requests)
         prompts = {r.id: prompt_token_ids(r, self.spec.vocab_size, seed) for r in requests}
         settings = self.settings()
         self._loop.run_until_complete(self.llm.reset_prefix_cache())
         t0 = time.monotonic()
         log = StepLog(t0, self.llm.output_processor.request_states, settings["block_size"],
-                      settings["num_gpu_blocks"])
+                      settings["num_gpu_blocks"], members=[] if members else None)
         self._logs[:] = [log]
         try:
             seqs, tokens, cached, lag = self._loop.run_until_complete(self._serve(requests, prompts, log))
@@ -222,7 +224,7 @@ class VLLMServer:
             **policy_class(TWIN_POLICY).summarise_stats(log.prefix_cache),  # named and rated as the twin's
             "submit_lag_max_s": lag,
             "iteration_ends_from_client": log.ends_from_client,
-        })
+        }, log.members)
 
     async def _serve(self, requests: list[Request], prompts: dict[int, list[int]], log: StepLog
                      ) -> tuple[list[Seq], list[int], list[int], float]:

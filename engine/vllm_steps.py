@@ -56,6 +56,9 @@ class StepLog:
          "prefix_cache_preempted_queried_tokens"), 0))
     ends_from_client: int = 0  # rows whose step sampled nothing: ended at their outputs' arrival here
     skipped_tokens: int = 0  # tokens that arrived more than one per step (never expected)
+    # when a list: per iteration row, each request that got a token in that step, as (id, tokens it had
+    # before the step); a profiler's served stream reads each step's shape back from it
+    members: list[list[tuple[int, int]]] | None = None
 
     def open(self, seq: Seq) -> None:
         self.tracks[str(seq.id)] = _Track(seq)
@@ -78,6 +81,7 @@ class StepLog:
             track = self.tracks.get(state.external_req_id)
             if track is not None and track.stats is None:
                 track.stats = state.stats
+        before = {id(t): t.seen for t in self.tracks.values()} if self.members is not None else {}
         ends = [t for t in (self._advance(t) for t in self.tracks.values() if t.stats is not None)
                 if t is not None]
         end = max(ends, default=None)
@@ -100,6 +104,9 @@ class StepLog:
         self.records.iterations.add(end - self.t0 - duration, duration, 1, prefill, decode,
                                     details.num_ctx_requests + details.num_generation_requests, prefill
                                     + decode, kv_used)
+        if self.members is not None:
+            self.members.append([(t.seq.id, before[id(t)]) for t in self.tracks.values()
+                                 if id(t) in before and t.seen != before[id(t)]])
 
     def _advance(self, track: _Track) -> float | None:
         """Record the tokens `track` got since it was last seen; the engine-core time of the latest, if

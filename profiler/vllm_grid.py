@@ -56,6 +56,7 @@ class VLLMGrid:
     # the served-mode calibration (`profiler/vllm_served.py`): closed decode batches served, and how often
     served: tuple[int, ...] = ()
     served_repeats: int = 0
+    stream: bool = False  # the served stage also serves request streams (`profiler/vllm_stream.py`)
 
     @property
     def shapes(self) -> tuple[StepProbe, ...]:  # as `profiler.worker.summarize_blocks` reads a grid
@@ -92,7 +93,8 @@ def _full() -> VLLMGrid:
         *(StepProbe("hybrid", b, ctx, q, c) for b, ctx in ((3, 512), (31, 256), (63, 1024))
           for q, c in ((16, 0), (256, 0), (512, 512))),
     ]
-    return VLLMGrid("full", tuple(probes), blocks=5, timed=8, served=(1, 4, 16, 64, 128), served_repeats=3)
+    return VLLMGrid("full", tuple(probes), blocks=5, timed=8, served=(1, 4, 16, 64, 128), served_repeats=3,
+                    stream=True)
 
 
 def _quick() -> VLLMGrid:

@@ -49,6 +49,6 @@ def profile_vllm(model_name: str, dtype: str, quick: bool, out_dir: str | Path, 
     if vllm_grid(grid).served:  # a fresh process: see profiler.vllm_served
         with progress_events(f"served vLLM {spec.name} on cpu", progress) as on_event:
             _, served = run_child([*command, "--stage", "served"], env, on_event)
-        meta.update(served_steps=served["served_steps"], served_s=served["served_s"])
+        meta.update({k: x for k, x in served.items() if k.startswith("served_")})
     write_profile(out, rows, meta)
     return out

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, TextIO
 
 import numpy as np
@@ -68,41 +68,44 @@ def decode_periods(ends: np.ndarray, all_decode: np.ndarray) -> np.ndarray:
     return np.diff(ends)[ok]
 
 
-def time_served(model: str, dtype: str, seed: int, batches: tuple[int, ...], repeats: int
-                ) -> list[ServedStep]:
-    """Serve closed batches of each size in `batches`, `repeats` times, on served vLLM (see the module
-    docstring); one `ServedStep` per size."""
-    from engine.vllm_real import VLLMServer, deployment_for
+def time_served(server: Any, batches: tuple[int, ...], repeats: int) -> list[ServedStep]:
+    """Serve closed batches of each size in `batches`, `repeats` times, on `server` (a started
+    `engine.vllm_real.VLLMServer`; see the module docstring); one `ServedStep` per size."""
     from traces.request import Request
 
     out = []
-    with VLLMServer(model, deployment_for(model, seed, {}, dtype)) as server:
-        for batch in batches:
-            periods, model_s = [], []
-            for _ in range(repeats):
-                run = server.serve([Request(i, 0.0, SERVED_PROMPT, SERVED_OUTPUTS) for i in range(batch)])
-                it = run.result.iterations.frame()
-                all_decode = ((it.decode_tokens == batch) & (it.prefill_tokens == 0)).to_numpy()
-                periods.extend(decode_periods((it.start_s + it.duration_s).to_numpy(), all_decode))
-                model_s.extend(it.duration_s.to_numpy()[1:][all_decode[1:] & all_decode[:-1]])
-            if not periods:
-                raise RuntimeError(f"served vLLM never decoded a batch of {batch} in one step")
-            out.append(ServedStep(batch, SERVED_PROMPT + SERVED_OUTPUTS // 2 - 1, float(np.median(periods)),
-                                  float(np.median(model_s)), len(periods)))
+    for batch in batches:
+        periods, model_s = [], []
+        for _ in range(repeats):
+            run = server.serve([Request(i, 0.0, SERVED_PROMPT, SERVED_OUTPUTS) for i in range(batch)])
+            it = run.result.iterations.frame()
+            all_decode = ((it.decode_tokens == batch) & (it.prefill_tokens == 0)).to_numpy()
+            periods.extend(decode_periods((it.start_s + it.duration_s).to_numpy(), all_decode))
+            model_s.extend(it.duration_s.to_numpy()[1:][all_decode[1:] & all_decode[:-1]])
+        if not periods:
+            raise RuntimeError(f"served vLLM never decoded a batch of {batch} in one step")
+        out.append(ServedStep(batch, SERVED_PROMPT + SERVED_OUTPUTS // 2 - 1, float(np.median(periods)),
+                              float(np.median(model_s)), len(periods)))
     return out
 
 
 def served_stage(model: str, dtype: str, grid: str, seed: int, out: TextIO) -> None:
     """The served stage of `grid` as a profiling child (the worker's protocol on `out`): a start event, then
-    done with meta holding `served_steps` and `served_s`."""
+    done with meta holding `served_steps`, the request stream's steps (`served_stream`, and what was run,
+    `served_stream_info`; `profiler.vllm_stream`) and `served_s`."""
+    from engine.vllm_real import VLLMServer, deployment_for
     from profiler.vllm_grid import vllm_grid
+    from profiler.vllm_stream import time_stream
 
     g = vllm_grid(grid)
     t0 = time.perf_counter()
     out.write(json.dumps({"event": "start", "shapes": len(g.served), "total": len(g.served), "skipped": []})
               + "\n")
-    steps = time_served(model, dtype, seed, g.served, g.served_repeats)
-    meta = {"served_steps": served_json(steps), "served_s": round(time.perf_counter() - t0, 3)}
+    with VLLMServer(model, deployment_for(model, seed, {}, dtype)) as server:
+        steps = time_served(server, g.served, g.served_repeats)
+        stream, info = time_stream(server, seed) if g.stream else ([], {})
+    meta = {"served_steps": served_json(steps), "served_stream": [s.to_json() for s in stream],
+            "served_stream_info": info, "served_s": round(time.perf_counter() - t0, 3)}
     out.write(json.dumps({"event": "done", "meta": {**meta, "wall_s": meta["served_s"]}}) + "\n")
     out.flush()
 
@@ -115,7 +118,7 @@ def decode_plan(batch: int, context: int) -> Any:
     seqs = []
     for i in range(batch):
         s = Seq(i, 0.0, SERVED_PROMPT, SERVED_OUTPUTS)
-        s.computed, s.generated = context, context - SERVED_PROMPT + 1
+        s.computed, s.generated, s.first_scheduled_s = context, context - SERVED_PROMPT + 1, 0.0  # running
         seqs.append(s)
     return packed(seqs, [1] * batch)
 
@@ -140,7 +143,9 @@ def served_json(steps: list[ServedStep]) -> list[dict[str, Any]]:
 
 def calibrate(cost: Fitted, meta: dict[str, Any]) -> tuple[Fitted, list[dict[str, float]]]:
     """`cost` with the host terms of its profile's served steps (meta.json's `served_steps`; unchanged
-    without), and one row per served step: its batch, served, profiled and calibrated prices (ms)."""
+    without) and, where the profile served a request stream (`served_stream`), the per-request term fitted
+    to it (`profiler.vllm_stream.fit_stream`, on the model with the closed batches' terms); and one row per
+    served step: its batch, served, profiled and calibrated prices (ms)."""
     raw = meta.get("served_steps") or []
     if not isinstance(raw, list):
         raise InputError("served_steps must be a list")
@@ -148,11 +153,32 @@ def calibrate(cost: Fitted, meta: dict[str, Any]) -> tuple[Fitted, list[dict[str
     if not steps:
         return cost, []
     overheads = served_overheads(cost, steps)
-    data = cost.to_json()
-    data["step_overheads"] = overheads.to_json()
-    calibrated = Fitted.from_json(data)
+    calibrated = _with(cost, overheads)
+    stream = meta.get("served_stream") or []
+    if not isinstance(stream, list):
+        raise InputError("served_stream must be a list")
+    if stream:
+        from profiler.vllm_stream import StreamStep, fit_stream
+
+        fit = fit_stream(calibrated, [StreamStep.from_json(d) for d in stream])
+        overheads = replace(overheads, new_request_s=fit.new_request_s,
+                            new_request_token_s=fit.new_request_token_s, source=(
+            f"{overheads.source}; request stream: {fit.steps} served steps, {fit.per_new_s * 1e6:.0f} us per "
+            f"newly scheduled request + {fit.per_prefill_token_s * 1e6:.2f} us per its prompt token + "
+            f"{fit.per_arrival_s * 1e6:.0f} us per arrival during a step, charged at the request's first "
+            f"step (controls, not charged: {fit.per_step_s * 1e6:.0f} us per step, {fit.per_row_s * 1e6:.1f} "
+            "us per row)"))
+        calibrated = _with(cost, overheads, {"served_stream_fit": asdict(fit)})
     rows = [{"batch": s.batch, "context": s.context, "served_ms": s.time_s * 1e3, "model_ms": s.model_s * 1e3,
              "profile_ms": cost.iteration_time(decode_plan(s.batch, s.context)) * 1e3,
              "calibrated_ms": calibrated.iteration_time(decode_plan(s.batch, s.context)) * 1e3}
             for s in steps]
     return calibrated, rows
+
+
+def _with(cost: Fitted, overheads: StepOverheads, fit: dict[str, Any] | None = None) -> Fitted:
+    data = cost.to_json()
+    data["step_overheads"] = overheads.to_json()
+    if fit:
+        data["fit"] = {**data.get("fit", {}), **fit}
+    return Fitted.from_json(data)

@@ -229,43 +229,70 @@ class VLLMWorker:
         self.out.flush()
 
     def run(self) -> None:
+        """Start the engine, time the grid, emit its rows and the profile's meta (the module docstring)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, stepped by us
         set_vllm_env("cpu")
         version = require_vllm()
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.v1.engine.llm_engine import LLMEngine
-
-        from executor.vllm_runtime import vllm_model_dir
         from profiler.timing import CpuMonitor
 
-        grid = self.grid
-        max_len = self.spec.max_position
+        self._check_lengths()
+        t_start = time.perf_counter()
+        engine, settings = self._start_engine()
+        engine_start_s = time.perf_counter() - t_start
+        d = StepDriver(engine, self.spec.vocab_size, self.seed)
+        run_probe(d, StepProbe("decode", 8, 64), 4)  # warm-up: thread pools, allocator, first kernels
+        n = len(self.grid.probes)
+        self.emit(event="start", shapes=n, total=n * self.grid.blocks, skipped=[])
+        executor = engine.engine_core.engine_core.model_executor
+        monitor = CpuMonitor(own=tuple(w.proc.pid for w in executor.workers))  # its model worker's CPU: ours
+        blocks, plans = self._time_grid(d, monitor)
+        timings, timing = summarize_blocks(blocks, self.grid, monitor)
+        monitor.close()
+        threads = engine.engine_core.engine_core.collective_rpc(_torch_threads)[0]  # the model worker's
+        engine.engine_core.shutdown()
+        for i, (probe, plan, tm) in enumerate(zip(self.grid.probes, plans, timings)):
+            self.emit(event="row", index=i, label=probe.label(), row={**_row(probe, plan), **tm})
+        meta = {**self._meta(version, settings, threads), "timing": timing,
+                "engine_start_s": round(engine_start_s, 3), "wall_s": round(time.perf_counter() - t_start, 3)}
+        self.emit(event="done", meta=meta)
+
+    def _check_lengths(self) -> None:
+        """InputError if the model holds too few positions for a probe of the grid."""
+        grid, max_len = self.grid, self.spec.max_position
         too_long = [p.label() for p in grid.probes
                     if max(sum(cohort_lengths(p, grid.timed, MAX_NUM_BATCHED_TOKENS)),
                            p.cached + p.chunk + 10) > max_len]
         if too_long:
             raise InputError(f"model {self.spec.name!r} holds {max_len} positions; too few for {too_long[0]}")
-        t_start = time.perf_counter()
+
+    def _start_engine(self) -> tuple[Any, dict[str, Any]]:
+        """The in-process engine core with a multiprocess model worker, and its settings as vLLM resolved
+        them (a setting under which steps cannot be timed one by one is an error)."""
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        from executor.vllm_runtime import vllm_model_dir
+
         with vllm_model_dir(self.spec, self.dtype) as model_dir:
             # the largest steps the grid makes (vLLM's `LLM` defaults on a CPU); a step's cost does not depend
             # on these caps, only the shapes they allow
-            deployment = VLLMDeployment(max_model_len=max_len, dtype=self.dtype, max_num_seqs=MAX_NUM_SEQS,
+            deployment = VLLMDeployment(max_model_len=self.spec.max_position, dtype=self.dtype,
+                                        max_num_seqs=MAX_NUM_SEQS,
                                         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
                                         enable_prefix_caching=False, seed=self.seed)
             engine = LLMEngine.from_engine_args(EngineArgs(**engine_args(model_dir, deployment),
                                                            distributed_executor_backend="mp",
                                                            disable_log_stats=True))
-        engine_start_s = time.perf_counter() - t_start
         config = engine.vllm_config
         settings = {k: getattr(getattr(config, part), name) for k, (part, name) in _SETTINGS.items()}
         if settings["async_scheduling"] or settings["enable_prefix_caching"]:
             raise RuntimeError(f"the engine runs with {settings}: steps could not be timed one by one")
-        d = StepDriver(engine, self.spec.vocab_size, self.seed)
-        run_probe(d, StepProbe("decode", 8, 64), 4)  # warm-up: thread pools, allocator, first kernels
-        n = len(grid.probes)
-        self.emit(event="start", shapes=n, total=n * grid.blocks, skipped=[])
-        executor = engine.engine_core.engine_core.model_executor
-        monitor = CpuMonitor(own=tuple(w.proc.pid for w in executor.workers))  # its model worker's CPU: ours
+        return engine, settings
+
+    def _time_grid(self, d: StepDriver, monitor: Any) -> tuple[list[list[Block]], list[BatchPlan]]:
+        """Every probe visited once a sweep, in a seeded random order each sweep: each visit's block (its
+        steps' times and the foreign CPU meanwhile), and each probe's plan (its first visit's middle step)."""
+        grid, n = self.grid, len(self.grid.probes)
         blocks: list[list[Block]] = [[] for _ in range(n)]
         plans: list[BatchPlan | None] = [None] * n
         rng = np.random.default_rng(self.seed)
@@ -283,14 +310,13 @@ class VLLMWorker:
                 done += 1
                 self.emit(event="progress", done=done, total=n * grid.blocks, label=probe.label(),
                           time_s=float(np.median([t for b in blocks[i] for t in b.times])))
-        timings, timing = summarize_blocks(blocks, grid, monitor)
-        monitor.close()
-        threads = engine.engine_core.engine_core.collective_rpc(_torch_threads)[0]  # the model worker's
-        engine.engine_core.shutdown()
-        for i, (probe, plan, tm) in enumerate(zip(grid.probes, plans, timings)):
-            assert plan is not None
-            self.emit(event="row", index=i, label=probe.label(), row={**_row(probe, plan), **tm})
-        meta = {
+        if any(p is None for p in plans):
+            raise RuntimeError("a probe of the grid was never visited")
+        return blocks, [p for p in plans if p is not None]
+
+    def _meta(self, version: str, settings: dict[str, Any], threads: int) -> dict[str, Any]:
+        """What meta.json records of the engine, the machine and the grid (the timing added by `run`)."""
+        return {
             "model": self.spec.name,
             "model_shape": asdict(self.spec),
             "engine": "vllm",
@@ -308,16 +334,12 @@ class VLLMWorker:
             "platform": platform.platform(),
             "cpu_count": os.cpu_count(),
             "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "grid": grid.name,
+            "grid": self.grid.name,
             "seed": self.seed,
-            "blocks": grid.blocks,
-            "timed_steps_per_block": grid.timed,
-            "num_shapes": n,
-            "timing": timing,
-            "engine_start_s": round(engine_start_s, 3),
-            "wall_s": round(time.perf_counter() - t_start, 3),
+            "blocks": self.grid.blocks,
+            "timed_steps_per_block": self.grid.timed,
+            "num_shapes": len(self.grid.probes),
         }
-        self.emit(event="done", meta=meta)
 
 
 def _torch_threads(_worker: Any = None) -> int:

@@ -17,12 +17,6 @@ MAX_FUNCTION_LINES = 60
 # Files other engineers are changing right now: split them once their work has landed, not under it.
 IN_FLIGHT: set[str] = set()  # none today
 DATA_TABLES: set[str] = set()  # modules that are mostly a data table (none today)
-# Functions still over the limit, not split yet (issue 21), with their length now: one may shrink, never grow,
-# and leaves this list once it is within the limit.
-NOT_YET_SPLIT = {
-    ("profiler/vllm_worker.py", "run"): 90,
-    ("validation/vllm_validate.py", "validate_vllm"): 65,
-}
 
 
 def _checked() -> list[tuple[str, str]]:
@@ -39,16 +33,12 @@ def test_module_and_function_sizes(path: str, module: str) -> None:
     long = [f"{node.name} (line {node.lineno}): {node.end_lineno - node.lineno + 1} lines"
             for node in ast.walk(ast.parse(source))
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-            and node.end_lineno - node.lineno + 1 > NOT_YET_SPLIT.get((path, node.name), MAX_FUNCTION_LINES)]
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, f"{path}: functions over {MAX_FUNCTION_LINES} lines: {'; '.join(long)}"
 
 
 def test_the_exceptions_exist() -> None:
-    """An exception for a file or function that is gone, or now within the limit, is dropped, not kept."""
-    listed = IN_FLIGHT | DATA_TABLES | {p for p, _ in NOT_YET_SPLIT}
+    """An exception for a file that is gone is dropped, not kept."""
+    listed = IN_FLIGHT | DATA_TABLES
     missing = sorted(p for p in listed if not (ROOT / p).is_file())
     assert not missing, f"listed but missing: {missing}"
-    for path, name in NOT_YET_SPLIT:
-        found = [n.end_lineno - n.lineno + 1 for n in ast.walk(ast.parse((ROOT / path).read_text("utf-8")))
-                 if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name]
-        assert found and max(found) > MAX_FUNCTION_LINES, f"{path}: {name} is within the limit: unlist it"

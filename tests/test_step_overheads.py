@@ -65,6 +65,8 @@ def test_defaults_and_bad_values() -> None:
     assert StepOverheads(iteration_s=3e-3).per_step_only == 3e-3
     assert StepOverheads(request_s=1e-4).per_step_only is None
     assert StepOverheads(sampled_token_s=1e-5).per_step_only is None
+    assert StepOverheads(new_request_s=1e-4).per_step_only is None
+    assert StepOverheads(new_request_token_s=1e-6).per_step_only is None
 
 
 def test_fitted_model_adds_its_step_overheads_and_keeps_them_in_its_file(tmp_path) -> None:

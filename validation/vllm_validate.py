@@ -10,11 +10,13 @@
 3. **Loads.** In each of `repeats` rounds, each load (a fraction of that capacity) is served for real and
    simulated on the identical requests (`traces.build_trace`: same trace, count, seed, scaled lengths and
    rate). Measured values are medians over the rounds (min and max kept). Errors are (sim - real) / real, raw
-   and at the machine's speed: before each round a fixed closed batch (`SPEED_PROBE` requests of the trace,
-   all at t=0) is served for real and priced by the twin, and their ratio, the machine's speed then, scales
-   the twin of that round (`costs.base.ScaledCost`). The batch is decode-heavy steps the profile measured,
-   so the ratio is mostly the machine's drift, but any error of the model on such steps is in it too: the
-   raw errors are the result, the scaled ones say how much of them a slow spell explains.
+   and at the machine's speed: before and after each run the machine's speed is probed (`Rounds._probe`),
+   and the mean of the two scales that run's twin (`costs.base.ScaledCost`). The probe is the fit's own
+   served measurement repeated: closed decode batches of SPEED_BATCHES served as the profile's served stage
+   served them, their step period over the profile's, the machine now against the one the fit was made on
+   (a fit without served steps: a closed batch of SPEED_PROBE requests of the trace, over the twin's price of
+   it, a ratio that also holds the model's error on such a batch). A probe and a run at the last load are
+   served first and discarded (the first runs after the engine's start came slower).
 4. **Real capacity** (`capacity=True`): the SLO bisected over real runs, from the twin's capacity, at most
    `MAX_REAL_PROBES` runs.
 
@@ -50,7 +52,8 @@ LABELS = {"ttft": "TTFT", "sched_delay": "sched delay", "tpot": "TPOT", "tbt": "
           "throughput_tokens_per_s": "out tok/s"}
 FILES = ("validation_vllm.json", "validation_vllm.md", "validation_vllm.csv")
 DIRS = ("runs", "capacity")
-SPEED_PROBE = 16  # requests of the closed batch that measures the machine's speed before each round
+SPEED_PROBE = 16  # requests of the closed batch that measure the machine's speed (a fit without served steps)
+SPEED_BATCHES = (16, 64)  # the served stage's closed decode batches that measure it (a fit with them)
 SIM_REL_TOL = 0.01
 REAL_REL_TOL = 0.05
 REAL_STEP = 1.25
@@ -178,39 +181,15 @@ def validate_vllm(v: VLLMValidation, log: Callable[[str], None] | None = None) -
         say(f"twin capacity: {capacity.qps:.3g} QPS")
         out = prepare_out_dir(Path(v.out))
         remove_earlier(out, say, (*FILES, *DIRS))
-        real: dict[float, list[dict[str, Any]]] = {x: [] for x in loads}
-        scaled: dict[float, list[dict[str, Any]]] = {x: [] for x in loads}
-        speeds = []
-        for repeat in range(v.repeats):
-            speed = _speed(server, workload, settings, cost, v.seed)
-            speeds.append(speed)
-            say(f"round {repeat + 1}: machine speed factor {speed:.2f} (real / twin on a closed batch)")
-            for load in loads:
-                requests = workload.at(load * capacity.qps)
-                summary = _serve(server, requests, v, load * capacity.qps, _run_dir(out, load, repeat))
-                real[load].append(summary)
-                scaled[load].append(simulate_requests(requests, settings, ScaledCost(cost, speed))[0])
-                say(f"load {load:g} round {repeat + 1}: P50 TTFT {summary['ttft_p50']:.3f} s, "
-                    f"P50 ITL {summary['tbt_p50'] * 1e3:.1f} ms")
-        rows = []
-        for load in loads:
-            requests = workload.at(load * capacity.qps)
-            sim, result = simulate_requests(requests, settings, cost)
-            _write_sim(out / "runs" / f"load_{load:g}" / "sim", sim, result)
-            measured = _median_summary(real[load])
-            at_speed = _median_summary(scaled[load])
-            rows.append({"load": load, "qps": load * capacity.qps,
-                         **{f"real_{k}": x for k, x in measured.items()},
-                         **{f"sim_{m}": sim.get(m) for m in METRICS}, **_errors(measured, sim),
-                         **_errors(measured, at_speed, "_at_speed"),
-                         "prefix_cache_hit_rate_real": real[load][0].get("prefix_cache_hit_rate"),
-                         "prefix_cache_hit_rate_sim": sim.get("prefix_cache_hit_rate")})
+        rounds = Rounds(server, workload, settings, cost, out, say)
+        rounds.run(v, [(x, x * capacity.qps) for x in loads])
+        rows = [_row(x, x * capacity.qps, rounds, workload.at(x * capacity.qps), out) for x in loads]
         real_capacity = _real_capacity(server, workload, v, capacity, out) if v.capacity else None
     report = {
         "config": {**{k: x for k, x in asdict(v).items() if k not in ("cost", "out")},
                    "cost": cost_name(v.cost), "out": str(out), "engine": settings,
                    "wall_s": time.perf_counter() - t0},
-        "speed_factors": speeds,
+        "speed_factors": rounds.speeds,
         "capacity": {"sim_qps": capacity.qps, "sim_probes": len(capacity.probes),
                      **(_capacity_row(capacity, real_capacity) if real_capacity else {})},
         "rows": rows,
@@ -219,14 +198,79 @@ def validate_vllm(v: VLLMValidation, log: Callable[[str], None] | None = None) -
     return report
 
 
-def _speed(server: Any, workload: Workload, settings: dict[str, Any], cost: CostModel, seed: int) -> float:
-    """Real / predicted makespan of the closed batch now: the machine's speed against the fit's."""
-    batch = workload.closed_batch()
-    run = server.serve(batch, seed)
-    predicted, _ = simulate_requests(batch, settings, cost)
-    from results.metrics import summarize
+@dataclass
+class Rounds:
+    """The real runs of a validation, round by round, each load's twin at the machine's speed then."""
 
-    return summarize(run.result)["makespan_s"] / predicted["makespan_s"]
+    server: Any  # a started engine.vllm_real.VLLMServer
+    workload: Workload
+    settings: dict[str, Any]
+    cost: CostModel
+    out: Path
+    say: Callable[[str], None]
+    real: dict[float, list[dict[str, Any]]] = field(default_factory=dict)  # per load, each round's summary
+    scaled: dict[float, list[dict[str, Any]]] = field(default_factory=dict)  # their twins at machine speed
+    speeds: list[float] = field(default_factory=list)  # each run's speed factor, in the order run
+
+    def run(self, v: VLLMValidation, loads: list[tuple[float, float]]) -> None:
+        """`v.repeats` rounds of every (load, qps), after a discarded probe and run at the last load (the
+        first runs after the engine's start came slower)."""
+        self._probe(v.seed)
+        self.server.serve(self.workload.at(loads[-1][1]), v.seed)
+        for repeat in range(v.repeats):
+            for load, qps in loads:
+                requests = self.workload.at(qps)
+                before = self._probe(v.seed)
+                summary = _serve(self.server, requests, v, qps, _run_dir(self.out, load, repeat))
+                speed = (before + self._probe(v.seed)) / 2
+                self.speeds.append(speed)
+                self.real.setdefault(load, []).append(summary)
+                scaled = simulate_requests(requests, self.settings, ScaledCost(self.cost, speed))[0]
+                self.scaled.setdefault(load, []).append(scaled)
+                self.say(f"load {load:g} round {repeat + 1}: P50 TTFT {summary['ttft_p50']:.3f} s, P50 ITL "
+                         f"{summary['tbt_p50'] * 1e3:.1f} ms, machine speed factor {speed:.2f}")
+
+    def _probe(self, seed: int) -> float:
+        """The machine's speed now. With the fit's served steps (a vLLM profile's served stage): the closed
+        decode batches of SPEED_BATCHES served as the profile served them, each one's step period over the
+        profile's (the mean of the ratios): the machine now against the machine the fit was made on, no model
+        error in it. Without: the closed batch of the trace (`Workload.closed_batch`) served, over the twin's
+        makespan of it."""
+        from results.metrics import summarize
+
+        reference = served_reference(self.cost)
+        if reference:
+            from profiler.vllm_served import time_served
+
+            steps = time_served(self.server, tuple(reference), 1)
+            return statistics.fmean(s.time_s / reference[s.batch] for s in steps)
+        batch = self.workload.closed_batch()
+        real = summarize(self.server.serve(batch, seed).result)["makespan_s"]
+        return real / simulate_requests(batch, self.settings, self.cost)[0]["makespan_s"]
+
+
+def served_reference(cost: CostModel) -> dict[int, float]:
+    """The served step period (s) of each of SPEED_BATCHES in the fit's served stage; empty when the fit has
+    none of them (a fit without a served stage, a cost model that is not a fit)."""
+    rows = {r.get("batch"): r.get("served_ms") for r in (getattr(cost, "fit", None) or {}).get("served", [])}
+    if not all(isinstance(rows.get(b), (int, float)) and rows[b] > 0 for b in SPEED_BATCHES):
+        return {}
+    return {b: rows[b] / 1e3 for b in SPEED_BATCHES}
+
+
+def _row(load: float, qps: float, rounds: Rounds, requests: list[Request], out: Path) -> dict[str, Any]:
+    """One load's row of the report: the medians of its real runs, the twin raw and at machine speed, and
+    their errors; the twin's run written to `out`."""
+    sim, result = simulate_requests(requests, rounds.settings, rounds.cost)
+    _write_sim(out / "runs" / f"load_{load:g}" / "sim", sim, result)
+    measured = _median_summary(rounds.real[load])
+    at_speed = _median_summary(rounds.scaled[load])
+    return {"load": load, "qps": qps,
+            **{f"real_{k}": x for k, x in measured.items()},
+            **{f"sim_{m}": sim.get(m) for m in METRICS}, **_errors(measured, sim),
+            **_errors(measured, at_speed, "_at_speed"),
+            "prefix_cache_hit_rate_real": rounds.real[load][0].get("prefix_cache_hit_rate"),
+            "prefix_cache_hit_rate_sim": sim.get("prefix_cache_hit_rate")}
 
 
 def _serve(server: Any, requests: list[Request], v: VLLMValidation, qps: float, where: Path
@@ -282,7 +326,8 @@ def markdown(report: dict[str, Any]) -> str:
         capacity += f"; real capacity {cap['real_qps']:.3g} QPS (error {fmt_err(cap.get('err_pct'))})"
     speeds = ", ".join(f"{s:.2f}" for s in report["speed_factors"])
     lines = ["# simctl's vllm-v1 twin vs the real vLLM engine", "", setup, "",
-             f"{capacity}. Machine speed factors (real / twin on a closed batch, per round): {speeds}.", "",
+             (f"{capacity}. Machine speed factors (each run's, the mean of a probe before and after it, "
+              f"rounds of loads in order; `Rounds._probe`): {speeds}."), "",
              "| load | metric | real (median) | real min..max | sim | error | error at machine speed |",
              "|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
