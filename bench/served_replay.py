@@ -2,25 +2,32 @@ r"""A served run's iterations executed again, to tell what in serving makes its 
 fit prices the same plans. The run's policy re-plans every logged iteration (`serving.replay.LoggedRun`, as
 `simctl validate` reprices them) and each plan is executed again on a fresh engine of the run's shape (same
 model, seed, slab, prompts; `executor.plans.PlanExecutor`), timed as the engine times it (`execute`: inputs,
-forward, LM head, argmax), and priced by the cost model. Modes, alternated in rounds so a slow spell of the
-machine hits every mode:
+forward, LM head, argmax), and priced by the cost model. Modes (`--modes`, each run `--rounds` times):
 
-- `b2b`: every plan right after the previous one (no arrival gaps, no serving loop between them).
+- `b2b`: every plan right after the previous one (no arrival gaps; only the loop's own work between plans).
 - `gaps`: each plan at its logged start relative to the first (the run's idle gaps reproduced by sleeping).
-- `served`: the logged durations of the run itself (no execution).
+- `nogc`: as b2b, the garbage collector off inside each timed call (as the profiler times them).
+- `profile`: the quick grid timed in this process by the profiler's own code (`profiler.worker.Worker`),
+  each shape over `--reference`'s (a profile.csv): the machine's speed now, relative to that profile.
 
-Per mode: total measured / priced, and the median ratio per kind and decode-row bucket.
+The logged durations of the run itself are reported as `served`. With `--repeats R` (b2b) each plan's
+segments also run R more times at once, with the same and with random tokens (a cache kept warm by the same
+shape, the same experts); with `--variant-rounds R` sampled iterations are re-run afterwards as VARIANTS
+(one factor changed each: a small slab as the profiler's, every decode row at the mean context, random
+tokens, all three), interleaved in shuffled order, R rounds.
 
     OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=2 .venv/bin/python bench/served_replay.py \
-        RUN_DIR --cost PROFILE/cost_model.json --rounds 2 --modes b2b,gaps
+        RUN_DIR --cost PROFILE/cost_model.json --rounds 2 --modes b2b,gaps,profile \
+        --reference PROFILE/profile.csv
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import resource
 import json
+import os
+import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +45,9 @@ from executor.ragged import RaggedExecutor
 from serving.replay import LoggedRun
 
 BUCKETS = [0, 1, 2, 4, 8, 16, 32, 64, 256]
+VARIANTS = ("served", "small_slab", "uniform_ctx", "random_tokens", "profile_like")
+KEY = ["kind", "batch_size", "linear_tokens", "sampled_tokens", "num_segments", "decode_rows", "decode_kv",
+       "q", "c"]
 
 
 class Executing(LoggedRun):
@@ -107,8 +117,8 @@ class Executing(LoggedRun):
             inner(ragged, self.segs)
             out["same_s"].append(time.perf_counter() - t)
         for _ in range(self.repeats):
-            rand = [Segment(g.slot, torch.randint(0, self.vocab, (g.q,), generator=self.gen).tolist(), g.cached,
-                            g.sample) for g in self.segs]
+            rand = [Segment(g.slot, torch.randint(0, self.vocab, (g.q,), generator=self.gen).tolist(),
+                            g.cached, g.sample) for g in self.segs]
             t = time.perf_counter()
             inner(ragged, rand)
             out["rand_s"].append(time.perf_counter() - t)
@@ -190,7 +200,7 @@ def main() -> None:
     p.add_argument("--save", type=Path, help="write every round's iterations here (parquet)")
     args = p.parse_args()
     cost = Fitted.load(args.cost)
-    torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "2")))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     frames: dict[str, list[pd.DataFrame]] = {"served": [], **{m: [] for m in args.modes.split(",")
                                                               if m != "profile"}}
     for k in range(args.rounds):
@@ -205,6 +215,13 @@ def main() -> None:
             frames[mode].append(f.assign(round=k, mode=mode))
             if k == 0 and not frames["served"]:
                 frames["served"].append(f.assign(round=k, mode="served"))
+    extra_reports(frames, args)
+    if args.save:
+        pd.concat([f for fs in frames.values() for f in fs]).to_parquet(args.save)
+    print("load", [round(x, 2) for x in os.getloadavg()])
+
+
+def extra_reports(frames: dict[str, list[pd.DataFrame]], args: argparse.Namespace) -> None:
     report(frames)
     if args.repeats:
         f = pd.concat(frames["b2b"], ignore_index=True)
@@ -219,13 +236,7 @@ def main() -> None:
             print(f"{v} / served: median {r.median():.3f}, by decode rows",
                   r[f.kind == "decode"].groupby(pd.cut(f.decode_rows[f.kind == "decode"], BUCKETS),
                                                 observed=True).median().round(3).to_dict())
-    if args.save:
-        pd.concat([f for fs in frames.values() for f in fs]).to_parquet(args.save)
-    print("load", [round(x, 2) for x in np.asarray(__import__("os").getloadavg())])
 
-
-
-VARIANTS = ("served", "small_slab", "uniform_ctx", "random_tokens", "profile_like")
 
 
 def _variant(segs: list[Any], name: str, gen: torch.Generator, vocab: int) -> tuple[list[Any], bool]:
@@ -271,10 +282,6 @@ def time_variants(captured: list[tuple[int, list[Any]]], model: Any, big: Ragged
                         times[v].append(time.perf_counter() - t)
             rows.append({"row": row, **{v: float(np.median(ts)) for v, ts in times.items()}})
     return pd.DataFrame(rows)
-
-
-KEY = ["kind", "batch_size", "linear_tokens", "sampled_tokens", "num_segments", "decode_rows", "decode_kv", "q",
-       "c"]
 
 
 def profile_in_process(reference: Path, model: str = "tiny-moe") -> str:

@@ -53,8 +53,8 @@ def summarize_blocks(blocks: list[list[Block]], grid: Any, monitor: Any
         if len(m) >= 3:
             quiet_spread.append(float(np.median(np.abs(np.log(m / np.median(m))))))
     timing = {
-        "estimator": "mean (time_s; and median, 10th/90th percentiles) of the repetitions of the blocks timed "
-                     "while the rest of the machine was idle (quiet)",
+        "estimator": "mean (time_s; and median, 10th/90th percentiles) of the repetitions of the blocks "
+                     "timed while the rest of the machine was idle (quiet)",
         "quiet_share": QUIET_SHARE,
         "cpu_monitor": bool(monitor.available),
         "blocks": len(every),
