@@ -3,9 +3,9 @@ monitor of the CPU time the rest of the machine uses meanwhile.
 
 On CUDA every repetition is bracketed by CUDA events recorded on the current stream and the device is
 synchronised before reading them (kernels run asynchronously: a host clock would time the launches). On the
-CPU `time.perf_counter` brackets each call. Summaries give the mean call (the estimate: a served run's
-busy time is a sum of calls, whose expectation is the mean), the median and the 10th/90th percentiles; a
-shared machine's contended stretches are kept out before, by the blocks' CPU monitor (below).
+CPU `time.perf_counter` brackets each call. Summaries give the median (the estimate), the mean and the
+10th/90th percentiles; a shared machine's contended stretches are kept out before, by the blocks' CPU
+monitor (below).
 
 `CpuMonitor` tells a block of repetitions timed on an otherwise idle machine from one timed while other
 processes ran. On a small shared machine that is the dominant error, and it is not one-sided: on the 2-core
@@ -68,11 +68,11 @@ def time_fn(fn: Callable[..., Any], warmup: int, reps: int, device: Any = "cpu",
 
 
 def summarize(times: list[float]) -> dict[str, float]:
-    """The mean of `times` (`time_s`: what a call costs on average, so what a run of many calls costs per
-    call), their median and 10th / 90th percentiles (linear interpolation)."""
+    """The median of `times` (`time_s`, the estimate), their mean and 10th / 90th percentiles (linear
+    interpolation)."""
     a = np.asarray(times, dtype=float)
     p10, med, p90 = np.percentile(a, [10, 50, 90])
-    return {"time_s": float(a.mean()), "time_median_s": float(med), "time_p10_s": float(p10),
+    return {"time_s": float(med), "time_mean_s": float(a.mean()), "time_p10_s": float(p10),
             "time_p90_s": float(p90)}
 
 
