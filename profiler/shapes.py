@@ -20,8 +20,9 @@ BatchPlan field):
 - decode_pad_kv: padding to the longest decode row: decode_rows x (longest context + 1) - decode_kv;
   padded: 0
 - q, c: a representative chunk and context (prefill: longest q and its c; decode: 1, longest context)
-- reps, time_s, time_p10_s, time_p90_s: repetitions used, their median and 10th/90th percentile seconds
-  (which repetitions: `profiler/worker.py`)
+- reps, time_s, time_mean_s, time_p10_s, time_p90_s: repetitions used, their median (the estimate), mean
+  and 10th/90th percentile seconds (which repetitions: `profiler/worker.py`; a profile from before
+  2026-11-25 has no time_mean_s)
 
 Every shape builds its plan with the policies' plan builders (`Shape.plan`) and its columns come from
 `costs.features.plan_features(plan)`: the features exist in one place.
@@ -50,7 +51,7 @@ KINDS: tuple[str, ...] = ("prefill", "decode", "hybrid", "padded_prefill", "padd
                           "padded_insertion", "binpacked_prefill")
 FEATURES = ("kind", "batch_size", "linear_tokens", "sampled_tokens", "num_segments", "attn_units",
             "attn_kv_tokens", "decode_rows", "decode_kv", "decode_pad_kv", "q", "c")
-TIMINGS = ("reps", "time_s", "time_p10_s", "time_p90_s")
+TIMINGS = ("reps", "time_s", "time_mean_s", "time_p10_s", "time_p90_s")
 COLUMNS = FEATURES + TIMINGS
 
 

@@ -36,8 +36,8 @@ def select_blocks(bs: list[Block]) -> list[Block]:
 
 def summarize_blocks(blocks: list[list[Block]], grid: Any, monitor: Any
                      ) -> tuple[list[dict[str, float]], dict[str, Any]]:
-    """Per shape: reps, time_s, time_p10_s, time_p90_s (median and 10th/90th percentiles of the repetitions
-    of `select_blocks`); and a summary of the timing for meta.json."""
+    """Per shape: reps, time_s, time_mean_s, time_p10_s, time_p90_s (median, mean and 10th/90th percentiles
+    of the repetitions of `select_blocks`); and a summary of the timing for meta.json."""
     rows, no_quiet = [], []
     for i, bs in enumerate(blocks):
         if not any(b.quiet for b in bs):
@@ -53,8 +53,8 @@ def summarize_blocks(blocks: list[list[Block]], grid: Any, monitor: Any
         if len(m) >= 3:
             quiet_spread.append(float(np.median(np.abs(np.log(m / np.median(m))))))
     timing = {
-        "estimator": "median (and 10th/90th percentiles) of the repetitions of the blocks timed while the "
-                     "rest of the machine was idle (quiet)",
+        "estimator": "median (time_s; and mean, 10th/90th percentiles) of the repetitions of the blocks "
+                     "timed while the rest of the machine was idle (quiet)",
         "quiet_share": QUIET_SHARE,
         "cpu_monitor": bool(monitor.available),
         "blocks": len(every),

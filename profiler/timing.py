@@ -3,8 +3,9 @@ monitor of the CPU time the rest of the machine uses meanwhile.
 
 On CUDA every repetition is bracketed by CUDA events recorded on the current stream and the device is
 synchronised before reading them (kernels run asynchronously: a host clock would time the launches). On the
-CPU `time.perf_counter` brackets each call. Summaries use medians and the 10th/90th percentiles, which
-resist the outliers of a shared, noisy machine.
+CPU `time.perf_counter` brackets each call. Summaries give the median (the estimate), the mean and the
+10th/90th percentiles; a shared machine's contended stretches are kept out before, by the blocks' CPU
+monitor (below).
 
 `CpuMonitor` tells a block of repetitions timed on an otherwise idle machine from one timed while other
 processes ran. On a small shared machine that is the dominant error, and it is not one-sided: on the 2-core
@@ -67,10 +68,12 @@ def time_fn(fn: Callable[..., Any], warmup: int, reps: int, device: Any = "cpu",
 
 
 def summarize(times: list[float]) -> dict[str, float]:
-    """Median and 10th / 90th percentiles (linear interpolation) of `times`."""
+    """The median of `times` (`time_s`, the estimate), their mean and 10th / 90th percentiles (linear
+    interpolation)."""
     a = np.asarray(times, dtype=float)
     p10, med, p90 = np.percentile(a, [10, 50, 90])
-    return {"time_s": float(med), "time_p10_s": float(p10), "time_p90_s": float(p90)}
+    return {"time_s": float(med), "time_mean_s": float(a.mean()), "time_p10_s": float(p10),
+            "time_p90_s": float(p90)}
 
 
 def adaptive_reps(estimate_s: float, budget_s: float, min_reps: int, max_reps: int) -> int:

@@ -24,14 +24,18 @@ How a shape is timed (the measurement is the limit of the fit, so it is built fo
   not used at all. After the sweeps, shapes with fewer than `grid.quiet_blocks` quiet blocks are timed
   again, those with the fewest first, until they have them or the worker has run `grid.max_wall_s` (the
   full profile stays under 5 minutes, the quick one under 1, whatever the machine does).
-- The estimate. time_s is the median of the repetitions of all of a shape's quiet blocks (time_p10_s /
-  time_p90_s their percentiles; reps their count): the typical call, per-call jitter included (thread
-  wake-ups: p90/p10 ~1.1 on that VM). Even with no other process running, about one block in ten was 10-25%
+- The estimate. time_s is the median of the repetitions of all of a shape's quiet blocks (time_mean_s their
+  mean, time_p10_s / time_p90_s their percentiles; reps their count): the typical call, per-call jitter
+  included (thread wake-ups: p90/p10 1.1-1.4 on that VM). The mean is 1.6-1.9% above the median at the median
+  shape (jitter is skewed to the slow side), and a served run's busy time is a sum of calls; but repricing 12
+  validation runs (tiny and tiny-moe, 2026-11-25) with fits of the same profiles' means and medians put real /
+  priced at 0.925-1.039 with the means and 0.951-1.063 with the medians, so the median stays
+  (`bench/results/validate_moe.md`). Even with no other process running, about one block in ten was 10-25%
   slower (a 1-thread matmul timed alongside slowed down with it: interference from outside the VM, which no
-  counter inside it shows). They stay in: a served workload meets those spells too, and an earlier
-  estimator that kept only the faster half of the blocks made real runs 5-10% slower than their repriced
-  iterations (simctl issue 4). A shape with no quiet block at all uses its least contended third of blocks
-  and is listed in meta.json (`timing.shapes_without_quiet_block`): re-profile on a quieter machine.
+  counter inside it shows). They stay in: a served workload meets those spells too, and an earlier estimator
+  that kept only the faster half of the blocks made real runs 5-10% slower than their repriced iterations
+  (simctl issue 4). A shape with no quiet block at all uses its least contended third of blocks and is listed
+  in meta.json (`timing.shapes_without_quiet_block`): re-profile on a quieter machine.
 - Served shapes (`profiler.shape_protocol`, `--protocol served`, the default). Serving never runs
   the same iteration twice: contexts grow by a token a step and requests sit in whichever slab rows they hold.
   A profile that repeats one shape in the same rows lets every cache keyed on it stay warm (on an H100,

@@ -89,14 +89,20 @@ def _dense_prefill(max_t: int) -> list[int]:
     return [t for t in dense if t <= max_t]
 
 
+UNION_LEFT = 0.1  # experts the union may still lack where the grid stops adding token counts
+
+
 def expert_union_tokens(moe: MoE, most: int = 16) -> list[int]:
     """Token counts at which a mixture of experts' union of routed experts grows: 1, 2, ... up to where the
-    expected distinct experts under uniform routing come within half an expert of all of them (at most
-    `most`): the linear-layer curve needs knots there, as its weight reads follow the union
-    (`catalogue.moe`)."""
+    expected distinct experts under uniform routing come within UNION_LEFT of all of them (at most `most`):
+    the linear-layer curve needs knots there, as its weight reads follow the union (`catalogue.moe`).
+    Within a tenth of an expert, not half: each expert a step adds cost tiny-moe 1.2 ms on this project's
+    2-core CPU (decode of 8 rows 10.1 ms, of 10 rows 11.3 ms, 0.95 experts apart), so half an expert left
+    out was ~5% of a step, and served decodes of 11-16 rows, between the grid's last union knot (10) and 16,
+    ran ~4% further above their price than the other decodes (`bench/results/validate_moe.md`)."""
     ts = [1]
-    while (ts[-1] < most
-           and expected_distinct_experts(moe.experts, moe.experts_per_token, ts[-1]) < moe.experts - 0.5):
+    while (ts[-1] < most and expected_distinct_experts(moe.experts, moe.experts_per_token, ts[-1])
+           < moe.experts - UNION_LEFT):
         ts.append(ts[-1] + 1)
     return ts
 

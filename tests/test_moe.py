@@ -146,15 +146,15 @@ def test_routing_skew_reaches_the_run_and_is_refused_where_meaningless() -> None
 def test_profile_grid_spans_the_expert_union() -> None:
     from profiler.workloads import build_grid, expert_union_tokens
 
-    moe = MODELS["tiny-moe"].moe  # 8 (1 - 0.75^T) >= 7.5 first at T = 10
-    assert expert_union_tokens(moe) == list(range(1, 11))
+    moe = MODELS["tiny-moe"].moe  # 8 (1 - 0.75^T) >= 7.9 first at T = 16
+    assert expert_union_tokens(moe) == list(range(1, 17))
     assert expert_union_tokens(MODELS["qwen3-30b-a3b"].moe) == list(range(1, 17))  # capped at 16
     for name in ("full", "quick"):
         grid = build_grid(name, 2048, moe=moe)
         prompts = {s.segs[0].q for s in grid.shapes if s.kind == "prefill" and len(s.segs) == 1
                    and not s.segs[0].c}
         batches = {s.slots for s in grid.shapes if s.kind == "decode" and s.segs[0].c == 128}
-        assert set(range(1, 11)) <= prompts and set(range(1, 11)) <= batches
+        assert set(range(1, 17)) <= prompts and set(range(1, 17)) <= batches
         dense = build_grid(name, 2048)
         assert {s.label() for s in dense.shapes} < {s.label() for s in grid.shapes}
 
@@ -168,7 +168,7 @@ def test_vllm_profile_grid_spans_the_expert_union() -> None:
         assert set(dense.probes) < set(grid.probes) and len(set(grid.probes)) == len(grid.probes)
         prompts = {p.chunk for p in grid.probes if p.kind == "prefill" and not p.cached}
         batches = {p.decodes for p in grid.probes if p.kind == "decode" and p.context == 256}
-        assert set(range(1, 11)) <= prompts and set(range(1, 11)) <= batches
+        assert set(range(1, 17)) <= prompts and set(range(1, 17)) <= batches
     assert vllm_grid("test", moe) == vllm_grid("test")
 
 
