@@ -108,12 +108,55 @@ def measure(cost_path: str, seed: int = 0) -> dict:
             "fits": fits}
 
 
+def validation_steps(cost_path: str, fractions: list[float], seed: int = 0) -> dict:
+    """The validation's own requests (`bench/validate_vllm.py`'s workload) at `fractions` of the twin's
+    capacity: per load, the counting steps' served periods against the fit's price of the same shapes."""
+    import tempfile
+
+    from engine.vllm_real import VLLMServer, deployment_for
+    from studies.capacity import search_qps
+    from validation.vllm_validate import SIM_REL_TOL, VLLMValidation, Workload, check, simulate_requests
+
+    v = VLLMValidation(cost=cost_path, out=Path(tempfile.mkdtemp()) / "unused", repeats=1)
+    fit, _ = check(v)
+    workload, out = Workload(v), {}
+    with VLLMServer(v.model, deployment_for(v.model, v.seed, v.settings)) as server:
+        settings = server.settings()
+        cap = search_qps(lambda q: simulate_requests(workload.at(q), settings, fit)[0], v.slo,
+                         rel_tol=SIM_REL_TOL, max_probes=40).qps
+        for x in fractions:
+            reqs = workload.at(x * cap)
+            server.serve(reqs, v.seed)  # warm-up at this load, discarded
+            rows = step_rows(server.serve(reqs, v.seed, members=True), {r.id: r.prompt_tokens for r in reqs})
+            period = np.array([r["step"].period_s for r in rows])
+            price = np.array([fit.iteration_time(r["step"].plan()) for r in rows])
+            out[str(x)] = {"qps": x * cap, "steps": len(rows),
+                           "period_over_price": float(period.sum() / price.sum()),
+                           "median_period_s": float(np.median(period)),
+                           "median_price_s": float(np.median(price)),
+                           "median_excess_s": float(np.median(period - price)),
+                           "rows_median": float(np.median([len(r["step"].decode_contexts) for r in rows]))}
+    return out
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cost", required=True)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "vllm_arrivals.json")
+    ap.add_argument("--validation", help="fractions of the twin's capacity (e.g. 0.5,0.7,0.9): price the "
+                    "validation's served steps instead of regressing the streams")
     args = ap.parse_args()
+    if args.validation:
+        load0 = Path("/proc/loadavg").read_text().split()[:3]
+        t0 = time.strftime("%H:%M:%S", time.gmtime())
+        rep = validation_steps(args.cost, [float(x) for x in args.validation.split(",")])
+        when = f"{t0}-{time.strftime('%H:%M:%S', time.gmtime())} UTC"
+        rep = {"cost": args.cost, "loads": rep, "when": when,
+               "load": [load0, Path("/proc/loadavg").read_text().split()[:3]]}
+        args.out.write_text(json.dumps(rep, indent=1) + "\n", encoding="utf-8")
+        print(json.dumps(rep, indent=1))
+        return
     load0 = Path("/proc/loadavg").read_text().split()[:3]
     t0 = time.strftime("%H:%M:%S", time.gmtime())
     rep = measure(args.cost)
