@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -47,6 +48,8 @@ def rank_corr(a: list[float], b: list[float]) -> float | None:
 
 def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
     from engine.vllm_real import VLLMServer, deployment_for
+    from executor.vllm_pinning import descendants
+    from profiler.timing import CpuMonitor
     from results.metrics import summarize
     from studies.capacity import search_qps
     from validation.vllm_validate import (
@@ -65,6 +68,9 @@ def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
     report: dict = {"cost": cost, "rounds": rounds, "loads": {}, "probes": [], "capacities": []}
     with VLLMServer(v.model, deployment_for(v.model, v.seed, v.settings)) as server:
         settings = server.settings()
+        report["pinned"] = settings["pinned"]
+        # the CPU of every process but vLLM's and this one, while each run is served
+        monitor = CpuMonitor(own=tuple(p for p in descendants(os.getpid()) if p != os.getpid()))
         cap = search_qps(lambda q: simulate_requests(workload.at(q), settings, fit)[0], v.slo,
                          rel_tol=SIM_REL_TOL, max_probes=40)
         report["twin_capacity"] = cap.qps
@@ -79,9 +85,12 @@ def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
         for r in range(rounds):
             for x in loads:
                 before = speed()
+                c0, t0 = monitor.read(), time.perf_counter()
                 s = summarize(server.serve(workload.at(x * cap.qps), v.seed).result)
+                foreign = monitor.foreign_share(c0, monitor.read(), time.perf_counter() - t0)
                 after = speed()
-                runs[x].append({m: s[m] for m in SHOWN} | {"probe_before_s": before, "probe_after_s": after})
+                runs[x].append({m: s[m] for m in SHOWN} | {"probe_before_s": before, "probe_after_s": after,
+                                                           "foreign_cpu_share": foreign})
                 print(f"round {r + 1} load {x:g}: P50 ITL {s['tbt_p50'] * 1e3:.2f} ms, P50 E2E "
                       f"{s['e2e_p50'] * 1e3:.1f} ms, probe {before * 1e3:.1f} -> {after * 1e3:.1f} ms",
                       file=sys.stderr)
@@ -100,13 +109,16 @@ def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
             "spread_pct": {m: spread([a[m] for a in rows]) for m in SHOWN},
             "probe_vs_itl_rank_corr": rank_corr(probes, [a["tbt_p50"] for a in rows]),
             "probe_vs_e2e_rank_corr": rank_corr(probes, [a["e2e_p50"] for a in rows]),
+            "foreign_vs_itl_rank_corr": rank_corr([a["foreign_cpu_share"] for a in rows],
+                                                  [a["tbt_p50"] for a in rows]),
         }
     return report
 
 
 def markdown(rep: dict, load: str, when: str) -> str:
     setup = (f"{when}. Cost model (for the twin's capacity, hence the loads) {rep['cost']}; twin capacity "
-             f"{rep['twin_capacity']:.4g} QPS; {rep['rounds']} rounds after one discarded run per load.")
+             f"{rep['twin_capacity']:.4g} QPS; {rep['rounds']} rounds after one discarded run per load; "
+             f"vLLM's processes pinned (SIMCTL_VLLM_PIN): {rep.get('pinned') or 'no'}.")
     lines = ["# Real vLLM against itself: the noise floor of `simctl validate --engine vllm`", "", setup, "",
              "| load | metric | per round | spread (max-min)/median | largest pairwise |",
              "|---|---|---|---|---|"]
@@ -120,8 +132,11 @@ def markdown(rep: dict, load: str, when: str) -> str:
     for x, d in rep["loads"].items():
         probes = "; ".join(f"{a['probe_before_s'] * 1e3:.1f}->{a['probe_after_s'] * 1e3:.1f}"
                            for a in d["runs"])
+        foreign = ", ".join(f"{100 * a.get('foreign_cpu_share', float('nan')):.0f}%" for a in d["runs"])
         lines.append(f"- load {x}: {probes}; Spearman(probe, P50 ITL) {d['probe_vs_itl_rank_corr']}, "
-                     f"(probe, P50 E2E) {d['probe_vs_e2e_rank_corr']}")
+                     f"(probe, P50 E2E) {d['probe_vs_e2e_rank_corr']}; foreign CPU during each run "
+                     f"{foreign}, "
+                     f"Spearman(foreign, P50 ITL) {d.get('foreign_vs_itl_rank_corr')}")
     caps = [c["qps"] for c in rep["capacities"]]
     capacity_spread = (f" (spread {100 * (max(caps) - min(caps)) / statistics.median(caps):.1f}%)"
                        if caps else "")

@@ -37,6 +37,7 @@ from catalogue.models import get_model
 from common.errors import InputError
 from engine.setup import RealConfig
 from engine.vllm_steps import StepLog, step_recorder
+from executor.vllm_pinning import pinned
 from executor.vllm_runtime import (
     VLLMDeployment,
     engine_args,
@@ -99,6 +100,7 @@ class VLLMServer:
         self.llm: Any = None
         self.engine_start_s = 0.0
         self.warmup_s = 0.0
+        self.pinned: dict[int, str] = {}  # the processes `executor.vllm_pinning` pinned, by pid: their role
 
     def __enter__(self) -> Self:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -112,6 +114,7 @@ class VLLMServer:
                                                    disable_log_stats=True,
                                                    enable_logging_iteration_details=True))
             self._stack.callback(self._shutdown)
+            self.pinned = self._stack.enter_context(pinned(os.getpid()))  # SIMCTL_VLLM_PIN
             self.engine_start_s = time.perf_counter() - t0
             t0 = time.perf_counter()
             self.serve(WARM_UP)  # as simctl's own engine warms up before its clock starts
@@ -182,6 +185,7 @@ class VLLMServer:
             "warmup_s": self.warmup_s,
             "cpu_cores": len(os.sched_getaffinity(0)),
             **{k: os.environ.get(k, default) for k, default in THREAD_ENV.items()},
+            "pinned": sorted(self.pinned.values()),
         }
 
     def check(self, requests: list[Request]) -> None:

@@ -46,6 +46,7 @@ import numpy as np
 from common.errors import InputError
 from costs.features import plan_features
 from executor.runtime import cpu_name
+from executor.vllm_pinning import PIN_ENV, pinned
 from executor.vllm_runtime import (
     CPU_KV_CACHE_GIB,
     VLLMDeployment,
@@ -72,7 +73,7 @@ _SETTINGS = {"max_model_len": ("model_config", "max_model_len"),
              "enforce_eager": ("model_config", "enforce_eager")}
 MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS = 256, 4096
 _ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
-        "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "VLLM_ENABLE_V1_MULTIPROCESSING")
+        "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "VLLM_ENABLE_V1_MULTIPROCESSING", PIN_ENV)
 
 
 def kind_of(plan: BatchPlan) -> str:
@@ -239,17 +240,19 @@ class VLLMWorker:
         t_start = time.perf_counter()
         engine, settings = self._start_engine()
         engine_start_s = time.perf_counter() - t_start
-        d = StepDriver(engine, self.spec.vocab_size, self.seed)
-        run_probe(d, StepProbe("decode", 8, 64), 4)  # warm-up: thread pools, allocator, first kernels
-        n = len(self.grid.probes)
-        self.emit(event="start", shapes=n, total=n * self.grid.blocks, skipped=[])
-        executor = engine.engine_core.engine_core.model_executor
-        monitor = CpuMonitor(own=tuple(w.proc.pid for w in executor.workers))  # its model worker's CPU: ours
-        blocks, plans = self._time_grid(d, monitor)
-        timings, timing = summarize_blocks(blocks, self.grid, monitor)
-        monitor.close()
-        threads = engine.engine_core.engine_core.collective_rpc(_torch_threads)[0]  # the model worker's
-        engine.engine_core.shutdown()
+        with pinned(os.getpid()) as roles:  # as served vLLM runs (SIMCTL_VLLM_PIN)
+            d = StepDriver(engine, self.spec.vocab_size, self.seed)
+            run_probe(d, StepProbe("decode", 8, 64), 4)  # warm-up: thread pools, allocator, first kernels
+            n = len(self.grid.probes)
+            self.emit(event="start", shapes=n, total=n * self.grid.blocks, skipped=[])
+            executor = engine.engine_core.engine_core.model_executor
+            monitor = CpuMonitor(own=tuple(w.proc.pid for w in executor.workers))  # its model worker's CPU
+            blocks, plans = self._time_grid(d, monitor)
+            timings, timing = summarize_blocks(blocks, self.grid, monitor)
+            monitor.close()
+            threads = engine.engine_core.engine_core.collective_rpc(_torch_threads)[0]  # the model worker's
+            engine.engine_core.shutdown()
+        settings = {**settings, "pinned": sorted(roles.values())}
         for i, (probe, plan, tm) in enumerate(zip(self.grid.probes, plans, timings)):
             self.emit(event="row", index=i, label=probe.label(), row={**_row(probe, plan), **tm})
         meta = {**self._meta(version, settings, threads), "timing": timing,
