@@ -75,7 +75,7 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
     lead = max(first_end - start, inner)  # the longest gap of a row whose previous token came at `start`
     for s in decodes:  # k decode steps, each samples a token
         s.computed += k
-        s.generated += k
+        g = s.generated = s.generated + k
         t = s.last_token_s
         if t != start:
             prev_token[t] = prev_token.get(t, 0) + 1
@@ -86,7 +86,7 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
         if gap > s.max_gap_s:  # noqa: PLR1730 - a compare costs less than max() in this per-row loop
             s.max_gap_s = gap
         s.last_token_s = last_end
-        if s.generated == s.output_tokens:
+        if g == s.output_tokens:
             s.completion_s = last_end
             finished.append(s)
     rows = None
