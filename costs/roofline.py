@@ -277,7 +277,7 @@ class Roofline(CostModel):
     def _dense(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
         """The host overheads, the linear layers (and their all-reduces) and the LM head, summed in that
         order."""
-        t = host = self._host(plan)
+        t = host = self._host_const if self._host_const is not None else self.steps.of(plan)  # _host, inline
         linear = allreduce = lm_head = 0.0
         T, r = plan.linear_tokens, plan.sampled_tokens
         if T > 0:

@@ -167,6 +167,15 @@ class PagedKV(KVManager):
 
     def grow_common(self, seqs: list[Seq], limit: int) -> int:
         short = self._short(seqs, limit)  # one pass over the sequences for both the search and the growth
+        bs = self.block_size
+        blocks = [-((slack - limit) // bs) for _, slack in short]  # what each lacks for `limit` (_need's)
+        total = sum(blocks)
+        if total <= self.free_blocks:  # the common case: the whole limit fits, its blocks counted once
+            held = self.held
+            for (i, _), n in zip(short, blocks):
+                held[i] += n * bs
+            self.free_blocks -= total
+            return limit
         k = self._largest_fit(short, limit)
         if k > 0:
             self._allocate(short, k)
