@@ -39,6 +39,22 @@ class IterationLog:
         self.linear_tokens.append(linear_tokens)
         self.kv_used.append(kv_used)
 
+    def add_each(self, starts: list[float], ends: list[float], kv_used: list[int], prefill_tokens: int,
+                 decode_tokens: int, batch_size: int, linear_tokens: int) -> None:
+        """`add` of one iteration from each start to its end, holding its `kv_used`, as a few array extends
+        (a stretch of prompt chunks is recorded one row per iteration)."""
+        n = len(ends)
+        if not len(starts) == len(kv_used) == n:
+            raise ValueError("one start, end and KV figure per row")
+        self.start.extend(starts)
+        self.duration.extend([b - a for a, b in zip(starts, ends)])
+        self.count.extend([1] * n)
+        self.prefill_tokens.extend([prefill_tokens] * n)
+        self.decode_tokens.extend([decode_tokens] * n)
+        self.batch_size.extend([batch_size] * n)
+        self.linear_tokens.extend([linear_tokens] * n)
+        self.kv_used.extend(kv_used)
+
     @property
     def iterations(self) -> int:
         return int(sum(self.count))
