@@ -275,9 +275,8 @@ class Roofline(CostModel):
         return const if const is not None else self.steps.of(plan)
 
     def _dense(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
-        """The host overheads, the linear layers (and their all-reduces) and the LM head, summed in that
-        order."""
-        t = host = self._host(plan)
+        """The host overheads, the linear layers (and their all-reduces) and the LM head, in that order."""
+        t = host = self._host_const if self._host_const is not None else self.steps.of(plan)  # _host, inline
         linear = allreduce = lm_head = 0.0
         T, r = plan.linear_tokens, plan.sampled_tokens
         if T > 0:
@@ -366,7 +365,8 @@ class Roofline(CostModel):
             dense = self._dense(plan)
             times = np.array([self._prefill_attention(plan, dense, j)[0] + (kv0 + j * rows) * dkv
                               for j in range(k)])
-            times[1:] -= self.steps.first_time(plan)  # only its first repeat schedules a request first
+            if first := self.steps.first_time(plan):  # only its first repeat schedules a request first
+                times[1:] -= first
             return np.maximum(times, self._host(plan) + self._floor) if self._floor else times
         # decodes alone: only their KV term grows, by `rows` tokens a repeat
         kv = np.arange(kv0, kv0 + k * rows, rows, dtype=np.int64) if rows else np.full(k, kv0, dtype=np.int64)

@@ -60,11 +60,9 @@ class WaitingQueue(ABC):
 class ArrivalOrder(deque[Seq], WaitingQueue):
     """FCFS: a deque (its `remove`, `len` and iteration): the default costs what the policies' deque did."""
 
-    def add(self, seq: Seq) -> None:
-        self.append(seq)
-
-    def requeue(self, seq: Seq) -> None:
-        self.appendleft(seq)
+    # the deque's own methods, not a Python call wrapping each: every arrival and admission goes through them
+    add = deque.append
+    requeue = deque.appendleft
 
     def head(self) -> Seq:
         return self[0]

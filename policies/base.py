@@ -199,9 +199,10 @@ class Policy(ABC):
         now) and stays refused while decodes only grow. A preemption frees blocks the head may fit in: the
         victim's own (vllm-v1: its prefix hits can take fewer than it freed) or, in an order other than
         arrival, those of a victim queued behind the head."""
+        if not self.preempted:  # the common case, asked every stretch
+            return False
         queue = self.arrived_with_kv or self.waiting
-        return (self.preempted and bool(queue) and len(self.running) < self.max_batch_size
-                and self.kv.can_admit(queue.head()))
+        return bool(queue) and len(self.running) < self.max_batch_size and self.kv.can_admit(queue.head())
 
     @staticmethod
     def _repeating(plan: BatchPlan) -> list[Seq]:

@@ -26,8 +26,7 @@ class Orca(Policy):
         if self.arrived_with_kv:
             self._admit_arrived_with_kv()
         decodes = list(self.running)
-        for s in decodes:
-            self.kv.grow(s)  # within its reservation: never fails
+        self.kv.grow_all(decodes, 1)  # within their reservations: never fails
         new = []
         while (self.waiting and len(self.running) < self.max_batch_size
                and self.kv.can_admit(self.waiting.head())):

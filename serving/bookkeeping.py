@@ -5,8 +5,6 @@ bookkeeping exists once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 
 from policies.base import Policy
@@ -75,7 +73,7 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
     lead = max(first_end - start, inner)  # the longest gap of a row whose previous token came at `start`
     for s in decodes:  # k decode steps, each samples a token
         s.computed += k
-        s.generated += k
+        g = s.generated = s.generated + k
         t = s.last_token_s
         if t != start:
             prev_token[t] = prev_token.get(t, 0) + 1
@@ -86,7 +84,7 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
         if gap > s.max_gap_s:  # noqa: PLR1730 - a compare costs less than max() in this per-row loop
             s.max_gap_s = gap
         s.last_token_s = last_end
-        if s.generated == s.output_tokens:
+        if g == s.output_tokens:
             s.completion_s = last_end
             finished.append(s)
     rows = None
@@ -101,7 +99,7 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
             for gap in steps.tolist():
                 records.gaps.add(gap, len(decodes))
         t = ends.tolist()
-        rows = zip([start] + t[:-1], t, kv_used, strict=True)
+        rows = ([start] + t[:-1], t, kv_used)
     _close(policy, records, plan, start, last_end, k, prev_token, len(decodes) - later, finished, first_end,
            rows)
     return finished
@@ -109,10 +107,10 @@ def apply_stretch(policy: Policy, records: Records, plan: BatchPlan, start: floa
 
 def _close(policy: Policy, records: Records, plan: BatchPlan, start: float, end: float, k: int,
            prev_token: dict[float, int], consecutive: int, finished: list[Seq], first_end: float,
-           rows: Iterable[tuple[float, float, int]] | None = None) -> None:
+           rows: tuple[list[float], list[float], list[int]] | None = None) -> None:
     """Record the TBT gaps ending at the first of `k` iterations (`consecutive` rows had their previous token
     at `start`, the others at the times `prev_token` counts), release the finished sequences and log one
-    iteration row (`k` iterations from `start` to `end`), or `rows` (start, end and KV held of each)."""
+    iteration row (`k` iterations from `start` to `end`), or `rows`: the starts, ends and KV held of each."""
     gaps = records.gaps
     if consecutive:
         gaps.add(first_end - start, consecutive)
@@ -126,5 +124,4 @@ def _close(policy: Policy, records: Records, plan: BatchPlan, start: float, end:
         log.add(start, end - start, k, plan.prefill_tokens, plan.decode_tokens, len(plan.seqs),
                 plan.linear_tokens, kv_used)
         return
-    for a, b, kv in rows:
-        log.add(a, b - a, 1, plan.prefill_tokens, plan.decode_tokens, len(plan.seqs), plan.linear_tokens, kv)
+    log.add_each(*rows, plan.prefill_tokens, plan.decode_tokens, len(plan.seqs), plan.linear_tokens)

@@ -7,9 +7,9 @@ its iterations (FasterTransformer runs tens of millions of them at 100k requests
 
 from __future__ import annotations
 
-import math
 from array import array
 from dataclasses import dataclass, field
+from math import log10
 
 import numpy as np
 import pandas as pd
@@ -39,6 +39,22 @@ class IterationLog:
         self.linear_tokens.append(linear_tokens)
         self.kv_used.append(kv_used)
 
+    def add_each(self, starts: list[float], ends: list[float], kv_used: list[int], prefill_tokens: int,
+                 decode_tokens: int, batch_size: int, linear_tokens: int) -> None:
+        """`add` of one iteration from each start to its end, holding its `kv_used`, as a few array extends
+        (a stretch of prompt chunks is recorded one row per iteration)."""
+        n = len(ends)
+        if not len(starts) == len(kv_used) == n:
+            raise ValueError("one start, end and KV figure per row")
+        self.start.extend(starts)
+        self.duration.extend([b - a for a, b in zip(starts, ends)])
+        self.count.extend([1] * n)
+        self.prefill_tokens.extend([prefill_tokens] * n)
+        self.decode_tokens.extend([decode_tokens] * n)
+        self.batch_size.extend([batch_size] * n)
+        self.linear_tokens.extend([linear_tokens] * n)
+        self.kv_used.extend(kv_used)
+
     @property
     def iterations(self) -> int:
         return int(sum(self.count))
@@ -65,6 +81,7 @@ class GapHistogram:
 
     PER_DECADE = 20_000
     LOW_EXP, HIGH_EXP = -7, 5
+    LOWEST = 10.0 ** LOW_EXP  # gaps below it count in the first bin
 
     def __init__(self) -> None:
         self._counts = np.zeros((self.HIGH_EXP - self.LOW_EXP) * self.PER_DECADE, dtype=np.int64)
@@ -84,12 +101,21 @@ class GapHistogram:
         return self._counts
 
     def _bin(self, gaps: np.ndarray) -> np.ndarray:
-        idx = np.floor((np.log10(np.maximum(gaps, 1e-300)) - self.LOW_EXP) * self.PER_DECADE).astype(np.int64)
-        return np.minimum(np.maximum(idx, 0), self._last)  # np.clip's wrapper costs more than the work here
+        # `add`'s formula with numpy's log10, in place on one copy (most stretches bin a few dozen gaps, where
+        # each ufunc call costs more than its work): gaps floored at 10^LOW_EXP put every lower bin at or just
+        # above 0 (log10 of it may round a hair below LOW_EXP), where truncation gives 0 as floor-then-clamp
+        # did, so no floor and no lower clamp are needed
+        x = np.maximum(gaps, self.LOWEST)
+        np.log10(x, out=x)
+        x -= self.LOW_EXP
+        x *= self.PER_DECADE
+        idx = x.astype(np.int64)
+        return np.minimum(idx, self._last, out=idx)
 
     def add(self, gap: float, weight: int) -> None:
-        i = int((math.log10(max(gap, 1e-300)) - self.LOW_EXP) * self.PER_DECADE // 1)
-        i = 0 if i < 0 else min(i, self._last)
+        i = int((log10(max(self.LOWEST, gap)) - self.LOW_EXP) * self.PER_DECADE)  # as _bin: truncation
+        if i > self._last:  # noqa: PLR1730 - a compare costs less than min() on this per-iteration path
+            i = self._last
         pending = self._pending
         pending[i] = pending.get(i, 0) + weight
         self.total += weight
