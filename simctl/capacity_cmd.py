@@ -8,14 +8,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from common.errors import InputError
 from sim.cluster_config import ClusterConfig
 from simctl.configs import Deployment, Workload
-from simctl.display import fmt
+from simctl.display import fmt, out_console
 from simctl.goodput_cmd import goodput_command
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
@@ -96,7 +95,7 @@ def _search(spec: Any, origin: str, trace: str, definition: str, out: Path | Non
 
     if out is not None:
         check_out_dir(out, CAPACITY_FILES)
-    console = Console()
+    console = out_console()
     console.print(escape(f"SLOs: {origin}"))
     for name, s in spec.slos.items():
         console.print(escape(f"  {name}: {s.describe()}"))

@@ -18,6 +18,7 @@ from common.errors import InputError
 from policies.registry import POLICIES
 from simctl.capacity_cmd import capacity
 from simctl.config_options import with_config_options
+from simctl.display import out_console
 from simctl.options import Attention
 from simctl.plan_cmd import plan_cmd
 from simctl.plot_cmd import plot
@@ -148,7 +149,7 @@ def list_catalogue() -> None:
     from costs.roofline import DEFAULT_ATTN_MFU, DEFAULT_MBU, DEFAULT_MFU
     from traces import PROFILES
 
-    console = Console()
+    console = out_console()
     for title, rows in (
         ("policies", [(n, f"{c.summary}; settings: " + ", ".join(
             f"--{k.replace('_', '-')} {v if v is not None else '(derived)'}"

@@ -11,9 +11,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+PIPED_WIDTH = 160  # rich's default for a pipe or file is 80 columns, which cuts and wraps wide tables
+
+
+def out_console() -> Console:
+    """The console a command prints its tables on: the terminal's width, or PIPED_WIDTH when stdout is piped
+    or redirected, so that a saved table reads as the screen's does."""
+    return Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
+
 
 def print_summary(s: dict) -> None:
-    console = Console()
+    console = out_console()
     where = (f"{s.get('device_name', s['gpu'])} (measured)" if s.get("mode") == "real"
              else f"{s['gpu']} x{s['tp']}")
     head = (f"{s.get('vllm_version', s['policy'])} on {s['trace']}: {s['model']} / {where}, "
@@ -73,7 +81,7 @@ def print_cluster(summary: dict[str, Any]) -> None:
         table.add_column(c, justify="right")
     for r in summary["replica_metrics"]:
         table.add_row(*(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols))
-    Console().print(table)
+    out_console().print(table)
     link = summary.get("kv_link")
     if link:
         def ms(v: float | None) -> str:

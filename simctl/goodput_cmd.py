@@ -7,7 +7,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -19,7 +18,7 @@ GOODPUT_FILES = ("goodput.json",)
 def goodput_command(configs: list[Any], cluster: Any, slo: Any, slo_given: bool, start_qps: float, seeds: int,
                     out: Path | None) -> None:
     from results.output import check_out_dir, json_text, write_files
-    from simctl.display import fmt
+    from simctl.display import fmt, out_console
     from simctl.usage_errors import note_replaced, warn_all
     from studies.goodput import find_goodput
 
@@ -34,7 +33,7 @@ def goodput_command(configs: list[Any], cluster: Any, slo: Any, slo_given: bool,
         cluster.validate(c.policy)
     if out is not None:
         check_out_dir(out, GOODPUT_FILES)
-    console = Console()
+    console = out_console()
     console.print(escape(f"SLO: {slo.describe()}"))
     results = [find_goodput(replace(c, qps=start_qps), cluster, slo, start_qps) for c in configs]
     table = Table(title=escape(f"goodput on {configs[0].trace}: {configs[0].model}"))

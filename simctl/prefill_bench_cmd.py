@@ -5,7 +5,6 @@ on this machine's engine next to the prediction."""
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -14,6 +13,7 @@ import typer
 
 from common.errors import InputError
 from common.option_fields import option_field
+from simctl.display import out_console
 from simctl.options import batch_sizes, comma_list, policy_list
 
 if TYPE_CHECKING:
@@ -162,7 +162,6 @@ def _points(name: str, pool: np.ndarray, policies: list[str], sizes: list[int], 
 
 
 def _print(frame, summary: dict) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -189,7 +188,7 @@ def _print(frame, summary: dict) -> None:
             cells += [f"{r['real_prefill_s'] * 1e3:.1f}", f"{r['predicted_first_s'] * 1e3:.1f}",
                       f"{r['real_error']:+.1%}"]
         table.add_row(*cells)
-    console = Console(width=None if sys.stdout.isatty() else 120)  # piped to a file: no 80-column cut
+    console = out_console()
     console.print(table)
     for name, p in summary["profiles"].items():
         lo, mean, hi = p["sampled_min_mean_max"]

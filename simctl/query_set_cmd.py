@@ -15,6 +15,7 @@ import typer
 
 from common.errors import InputError
 from common.option_fields import option_field
+from simctl.display import out_console
 from simctl.options import batch_sizes, policy_list
 
 if TYPE_CHECKING:
@@ -194,7 +195,6 @@ def _completions(name: str, requests: list, policies: list[str], sizes: list[int
 
 
 def _print(frame, summary: dict, real: bool) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -219,4 +219,4 @@ def _print(frame, summary: dict, real: bool) -> None:
                       f"{r['twin_completion_s']:.2f}", f"{r['twin_error']:+.1%}", "-" if rs is None
                       else f"{rs:.2f}x"]
         table.add_row(*cells)
-    Console(width=None if sys.stdout.isatty() else 120).print(table)
+    out_console().print(table)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from common.errors import InputError
-from simctl.display import fmt, fmt_rate
+from simctl.display import fmt, fmt_rate, out_console
 
 COLUMNS = (  # (summary key, caption)
     ("ttft_p50", "P50 TTFT s"), ("ttft_p99", "P99 TTFT s"), ("tbt_p99", "P99 TBT s"),
@@ -52,5 +51,5 @@ def run_grid(combos: list[Any], cluster: Any, slo: Any) -> None:
         judged = (fmt(s.get("slo_attainment")), str(s["slo_met"])) if slo else ()
         table.add_row(escape(c.label), *(v if isinstance(v, str) else str(v) if isinstance(v, int)
                                         else fmt(v) for v in cells), *judged)
-    Console().print(table)
+    out_console().print(table)
     warn_all(dict.fromkeys(warnings))

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from common.errors import InputError
 from common.option_fields import option_field
+from simctl.display import out_console
 
 DEFAULT_OUT = Path("out/vllm-bench")
 # validate's options for real runs: none applies to a measurement that is already made
@@ -94,7 +95,7 @@ def _print(record: dict[str, Any]) -> None:
     for r in record["metrics"]:
         table.add_row(r["metric"], fmt_value(r["measured"]), fmt_value(r["predicted"]),
                       fmt_err(r["error_pct"]))
-    console = Console()
+    console = out_console()
     console.print(table)
     for line in (*record["assumptions"], f"predicted {ITL_PERCENTILES}"):
         console.print(escape(f"assumed: {line}"))

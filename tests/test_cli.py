@@ -473,6 +473,10 @@ def test_list_names_the_catalogue() -> None:
     assert res.returncode == 0 and res.stderr == ""
     for name in (*POLICY_NAMES, *POLICIES, "sharegpt", "arxiv", "mistral-7b", "a100-80gb"):
         assert name in res.stdout, name
+    # piped: the tables take simctl's piped width, not rich's 80 columns that fold the policies' summaries
+    from simctl.display import PIPED_WIDTH
+
+    assert 80 < max(len(line) for line in res.stdout.splitlines()) <= PIPED_WIDTH
 
 
 def test_help_still_works() -> None:
