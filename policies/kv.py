@@ -130,10 +130,14 @@ class PagedKV(KVManager):
         held = self.held
         return [(s.id, slack) for s in seqs if (slack := held[s.id] - s.computed) < limit]
 
+    def _lacking(self, short: list[tuple[int, int]], k: int) -> list[int]:
+        """Blocks each of these sequences lacks to cache k more tokens: ceil((k - slack) / bs) if > 0."""
+        bs = self.block_size
+        return [-((slack - k) // bs) if slack < k else 0 for _, slack in short]
+
     def _need(self, short: list[tuple[int, int]], k: int) -> int:
         """Blocks these sequences lack, all together, to cache k more tokens each."""
-        bs = self.block_size
-        return sum(-((slack - k) // bs) for _, slack in short if slack < k)  # ceil((k - slack) / bs) if > 0
+        return sum(self._lacking(short, k))
 
     def _largest_fit(self, short: list[tuple[int, int]], limit: int) -> int:
         """Largest k <= limit whose new blocks fit in the free ones (binary search; need(k) grows with k)."""
@@ -149,14 +153,16 @@ class PagedKV(KVManager):
         return lo
 
     def _allocate(self, short: list[tuple[int, int]], k: int) -> None:
-        held, bs = self.held, self.block_size
-        total = 0
-        for i, slack in short:
-            if slack < k:
-                n = -((slack - k) // bs)
-                held[i] += n * bs
-                total += n
+        blocks = self._lacking(short, k)
+        total = sum(blocks)
         assert total <= self.free_blocks, "growth beyond the free blocks"
+        self._take(short, blocks, total)
+
+    def _take(self, short: list[tuple[int, int]], blocks: list[int], total: int) -> None:
+        """Give each sequence its `blocks` (`total` of them in all)."""
+        held, bs = self.held, self.block_size
+        for (i, _), n in zip(short, blocks):
+            held[i] += n * bs
         self.free_blocks -= total
 
     def grow_all(self, seqs: list[Seq], steps: int) -> None:
@@ -167,14 +173,10 @@ class PagedKV(KVManager):
 
     def grow_common(self, seqs: list[Seq], limit: int) -> int:
         short = self._short(seqs, limit)  # one pass over the sequences for both the search and the growth
-        bs = self.block_size
-        blocks = [-((slack - limit) // bs) for _, slack in short]  # what each lacks for `limit` (_need's)
+        blocks = self._lacking(short, limit)
         total = sum(blocks)
         if total <= self.free_blocks:  # the common case: the whole limit fits, its blocks counted once
-            held = self.held
-            for (i, _), n in zip(short, blocks):
-                held[i] += n * bs
-            self.free_blocks -= total
+            self._take(short, blocks, total)
             return limit
         k = self._largest_fit(short, limit)
         if k > 0:
