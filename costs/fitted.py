@@ -133,11 +133,15 @@ class Fitted(CurveTables, CostModel):
 
     def _floored(self, plan: BatchPlan, t: float | np.ndarray) -> float | np.ndarray:
         """Eager execution: the GPU terms (all but the host's step overheads) take at least the launch
-        floor."""
+        floor (`t`: one step's time, or a stretch's, one per repeat)."""
         if not self._floor:
             return t
-        host = self._steps.of(plan)
-        return np.maximum(t, host + self._floor) if isinstance(t, np.ndarray) else max(t, host + self._floor)
+        floor = self._steps.of(plan) + self._floor
+        if not isinstance(t, np.ndarray):
+            return max(t, floor)
+        floors = np.full(len(t), self._steps.of(plan, 1) + self._floor)  # a stretch's repeats: only the first
+        floors[:1] = floor  # schedules a request for the first time
+        return np.maximum(t, floors)
 
     def iteration_time(self, plan: BatchPlan) -> float:
         if plan.streams:

@@ -143,6 +143,19 @@ def test_a_new_request_pays_its_terms_once() -> None:
     assert times[1:] == pytest.approx(plain[1:], rel=1e-9)
 
 
+def test_under_the_launch_floor_only_the_first_repeat_pays_the_new_request() -> None:
+    """Eager execution: a step takes at least its host terms + the launch floor; the new request's terms are
+    host terms of the stretch's first repeat only."""
+    steps = StepOverheads("eager", 0.0, 0.0, 0.0, 1.0, "test", new_request_s=8e-4, new_request_token_s=4e-6)
+    data = Fitted.load(SHIPPED).to_json()
+    data["step_overheads"] = steps.to_json()
+    cost: CostModel = Fitted.from_json(data)
+    new, _ = _new_and_old(200)
+    first = 8e-4 + 4e-6 * 200
+    assert cost.iteration_time(new) == pytest.approx(1.0 + first, rel=1e-12)
+    assert cost.stretch_times(new, 3) == pytest.approx([1.0 + first, 1.0, 1.0], rel=1e-12)
+
+
 def test_calibrate_adds_the_streams_terms() -> None:
     """A fit priced at p, closed batches served at p exactly, a stream at p + 0.6 ms/new + 0.2 ms/arrival + 3
     us/prompt token: the calibrated fit charges 0.8 ms and 3 us per prompt token to each new request."""
