@@ -2,8 +2,8 @@
 and loads `simctl validate --engine vllm` serves (loads 0.5, 0.7, 0.9 of the twin's capacity under a fit).
 
 One engine; after one discarded run per load (warm-up), `--rounds` rounds each serve every load once, with the
-validation's closed-batch speed probe (`validation.vllm_validate`'s SPEED_PROBE requests at t=0) served before
-and after each load. Then the real capacity is bisected `--capacities` times, as the validation bisects it.
+closed-batch speed probe the validation once used (the trace's first PROBE_REQUESTS requests at t=0) served
+before and after each load. Then the real capacity is bisected `--capacities` times, as the validation bisects it.
 Reports, per load and metric, each round's value, the spread (max - min) / median and the largest pairwise
 difference between rounds; the probes' makespans; and whether the probe follows the runs (the Spearman
 correlation, over the rounds of a load, of the probe's makespan with the run's P50 ITL and E2E).
@@ -23,12 +23,14 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 SHOWN = ("ttft_p50", "tpot_p50", "tbt_p50", "e2e_p50", "ttft_p99", "tpot_p99", "tbt_p99", "e2e_p99",
          "throughput_rps")
+PROBE_REQUESTS = 16
 
 
 def spread(values: list[float]) -> tuple[float, float]:
@@ -75,7 +77,7 @@ def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
                          rel_tol=SIM_REL_TOL, max_probes=40)
         report["twin_capacity"] = cap.qps
         runs = {x: [] for x in loads}
-        probe = workload.closed_batch()
+        probe = [replace(r, arrival_s=0.0) for r in workload.at(1.0)[:PROBE_REQUESTS]]
 
         def speed() -> float:
             return summarize(server.serve(probe, v.seed).result)["makespan_s"]

@@ -1,32 +1,51 @@
-"""The machine-speed probe of a vLLM validation (`validation/vllm_validate.py`): its reference is the fit's
-own served measurement, when the fit has one."""
+"""The machine's speed during a real vLLM run (`validation.vllm_validate.run_speed`): as simctl's own
+validation measures it, the run's busy time over the fit's price of the same steps, counted only where a step
+continues a busy engine, its shape read back from the requests vLLM gave a token."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
-from costs.fitted import Fitted
-from validation.vllm_validate import SPEED_BATCHES, served_reference
+from conftest import AffineCost
+from traces.request import Request
+from validation.vllm_validate import run_speed
 
 pytestmark = pytest.mark.unit
 
-SHIPPED = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu" / "cost_model.json"
+# 1 ms a step + 0.1 ms per token it computes: a decode row is 1 token, a whole prompt its length
+COST = AffineCost(overhead=1e-3, per_token=1e-4, per_attn=0.0, per_kv=0.0)
 
 
-def _fit_with(served: list[dict]) -> Fitted:
-    data = Fitted.load(SHIPPED).to_json()
-    data["fit"] = {**data.get("fit", {}), "served": served}
-    return Fitted.from_json(data)
+def _run(ends_ms: list[float], members: list[list[tuple[int, int]]], prefill: list[int], decode: list[int],
+         requests: list[Request]) -> SimpleNamespace:
+    frame = pd.DataFrame({"start_s": [e / 1e3 - 5e-4 for e in ends_ms], "duration_s": 5e-4,
+                          "prefill_tokens": prefill, "decode_tokens": decode})
+    return SimpleNamespace(result=SimpleNamespace(iterations=SimpleNamespace(frame=lambda: frame)),
+                           members=members, requests=requests)
 
 
-def test_the_reference_is_the_fits_served_periods_in_seconds() -> None:
-    rows = [{"batch": b, "served_ms": 0.5 * b} for b in (1, *SPEED_BATCHES, 128)]
-    assert served_reference(_fit_with(rows)) == {b: pytest.approx(0.5e-3 * b) for b in SPEED_BATCHES}
+def test_busy_time_over_the_price_of_the_steps_that_continue_a_busy_engine() -> None:
+    reqs = [Request(0, 0.0, 10, 3), Request(1, 0.0, 20, 3), Request(2, 0.011, 30, 2)]
+    run = _run([10, 12, 17, 19],
+               [[(0, 0), (1, 0)],  # both prompts: follows idle time, not counted
+                [(0, 1), (1, 1)],  # two decodes: 2 ms served, priced 1.2 ms
+                [(0, 2), (1, 2), (2, 0)],  # two decodes and request 2's prompt: 5 ms, priced 1 + 3.2 ms
+                [(2, 1)]],  # one decode: 2 ms, priced 1.1 ms
+               prefill=[30, 0, 30, 0], decode=[0, 2, 2, 1], requests=reqs)
+    assert run_speed(run, COST) == pytest.approx((2 + 5 + 2) / (1.2 + 4.2 + 1.1))
 
 
-def test_without_every_probe_batch_there_is_no_reference() -> None:
-    assert served_reference(_fit_with([{"batch": SPEED_BATCHES[0], "served_ms": 3.0}])) == {}
-    assert served_reference(_fit_with([{"batch": b, "served_ms": 0.0} for b in SPEED_BATCHES])) == {}
-    assert served_reference(Fitted.load(SHIPPED)) == {}  # the shipped CPU fit of simctl's engine
+def test_a_step_whose_shape_does_not_add_up_is_left_out() -> None:
+    reqs = [Request(0, 0.0, 10, 3), Request(1, 0.0, 20, 3)]
+    # step 2 says 25 prefill tokens that no member accounts for (a prefix-cache hit, say): not priced
+    run = _run([10, 12, 16], [[(0, 0), (1, 0)], [(0, 1), (1, 1)], [(0, 2), (1, 2)]],
+               prefill=[30, 0, 25], decode=[0, 2, 2], requests=reqs)
+    assert run_speed(run, COST) == pytest.approx(2 / 1.2)
+
+
+def test_a_run_with_no_busy_step_has_no_speed() -> None:
+    run = _run([10], [[(0, 0)]], prefill=[10], decode=[0], requests=[Request(0, 0.0, 10, 1)])
+    assert run_speed(run, COST) is None

@@ -19,7 +19,8 @@ from conftest import TinyCost
 
 from results.validation_report import pct_error
 from studies.capacity import SLO
-from validation.vllm_validate import METRICS, VLLMValidation, validate_vllm
+from costs.base import ScaledCost
+from validation.vllm_validate import METRICS, VLLMValidation, Workload, simulate_requests, validate_vllm
 
 pytestmark = pytest.mark.vllm
 
@@ -45,13 +46,15 @@ def test_misuse_is_one_line_exit_2(tmp_path: Path, args: tuple[str, ...], words:
     assert not (tmp_path / "v").exists()
 
 
+VALIDATION = dict(loads=(0.5,), num_requests=100, scale=0.02, slo=SLO({"p50_ttft": 0.01}))
+
+
 @pytest.fixture(scope="module")
 def validated(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     pytest.importorskip("vllm")
     out = tmp_path_factory.mktemp("vv") / "val"
     # a tight TTFT limit keeps the twin's capacity, and so the real run, short
-    v = VLLMValidation(cost=TinyCost(), out=out, loads=(0.5,), num_requests=100, scale=0.02,
-                       slo=SLO({"p50_ttft": 0.01}))
+    v = VLLMValidation(cost=TinyCost(), out=out, **VALIDATION)
     return validate_vllm(v), out
 
 
@@ -81,6 +84,12 @@ def test_both_sides_serve_identical_requests_and_every_one_finishes(validated: t
         assert (frame["first_token_s"] >= frame["arrival_s"]).all()
 
 
+def validated_twin(report: dict, speed: float) -> dict:
+    """The twin of the validation's run at `speed` times the cost, rebuilt from its report."""
+    requests = Workload(VLLMValidation(**VALIDATION)).at(report["rows"][0]["qps"])
+    return simulate_requests(requests, report["config"]["engine"], ScaledCost(TinyCost(), speed))[0]
+
+
 def test_errors_are_the_runs_own_values(validated: tuple[dict, Path]) -> None:
     report, out = validated
     (row,) = report["rows"]
@@ -92,7 +101,12 @@ def test_errors_are_the_runs_own_values(validated: tuple[dict, Path]) -> None:
         assert row[f"sim_{m}"] == pytest.approx(sim[m])
         expected = pct_error(sim[m], real[m])
         assert row[f"{m}_err_pct"] == (pytest.approx(expected) if expected is not None else None)
-    assert len(report["speed_factors"]) == 1 and report["speed_factors"][0] > 0
+    (speed,) = report["speed_factors"]  # the run's busy time over the twin's price of its steps
+    assert speed > 0
+    twin = validated_twin(report, speed)
+    for m in METRICS:
+        expected = pct_error(twin[m], real[m])
+        assert row[f"{m}_err_pct_at_speed"] == (pytest.approx(expected) if expected is not None else None)
     md = (out / "validation_vllm.md").read_text(encoding="utf-8")
     assert "| 0.5 | P50 ITL |" in md and "Twin capacity" in md
     assert len(pd.read_csv(out / "validation_vllm.csv")) == 1

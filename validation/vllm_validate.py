@@ -10,13 +10,11 @@
 3. **Loads.** In each of `repeats` rounds, each load (a fraction of that capacity) is served for real and
    simulated on the identical requests (`traces.build_trace`: same trace, count, seed, scaled lengths and
    rate). Measured values are medians over the rounds (min and max kept). Errors are (sim - real) / real, raw
-   and at the machine's speed: before and after each run the machine's speed is probed (`Rounds._probe`),
-   and the mean of the two scales that run's twin (`costs.base.ScaledCost`). The probe is the fit's own
-   served measurement repeated: closed decode batches of SPEED_BATCHES served as the profile's served stage
-   served them, their step period over the profile's, the machine now against the one the fit was made on
-   (a fit without served steps: a closed batch of SPEED_PROBE requests of the trace, over the twin's price of
-   it, a ratio that also holds the model's error on such a batch). A probe and a run at the last load are
-   served first and discarded (the first runs after the engine's start came slower).
+   and at the machine's speed during the run, as simctl's own validation measures it (`validation.compare`):
+   each real run's busy time over the fit's price of the same steps (`run_speed`: the steps that continue a
+   busy engine, their shapes read back from the requests vLLM gave a token in each, their periods between
+   outputs) scales that run's twin (`costs.base.ScaledCost`). A run at the last load is served first and
+   discarded (the first runs after the engine's start came slower).
 4. **Real capacity** (`capacity=True`): the SLO bisected over real runs, from the twin's capacity, at most
    `MAX_REAL_PROBES` runs.
 
@@ -30,7 +28,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +50,6 @@ LABELS = {"ttft": "TTFT", "sched_delay": "sched delay", "tpot": "TPOT", "tbt": "
           "throughput_tokens_per_s": "out tok/s"}
 FILES = ("validation_vllm.json", "validation_vllm.md", "validation_vllm.csv")
 DIRS = ("runs", "capacity")
-SPEED_PROBE = 16  # requests of the closed batch that measure the machine's speed (a fit without served steps)
-SPEED_BATCHES = (16, 64)  # the served stage's closed decode batches that measure it (a fit with them)
 SIM_REL_TOL = 0.01
 REAL_REL_TOL = 0.05
 REAL_STEP = 1.25
@@ -107,10 +103,6 @@ class Workload:
 
         v = self.v
         return build_trace(v.trace, v.num_requests, qps, v.seed, scale=v.scale)
-
-    def closed_batch(self) -> list[Request]:
-        """The speed probe: the first SPEED_PROBE requests of the trace, all arriving at once."""
-        return [replace(r, arrival_s=0.0) for r in self.at(1.0)[:SPEED_PROBE]]
 
 
 def check(v: VLLMValidation) -> tuple[CostModel, list[float]]:
@@ -213,49 +205,33 @@ class Rounds:
     speeds: list[float] = field(default_factory=list)  # each run's speed factor, in the order run
 
     def run(self, v: VLLMValidation, loads: list[tuple[float, float]]) -> None:
-        """`v.repeats` rounds of every (load, qps), after a discarded probe and run at the last load (the
-        first runs after the engine's start came slower)."""
-        self._probe(v.seed)
+        """`v.repeats` rounds of every (load, qps), after a discarded run at the last load (the first runs
+        after the engine's start came slower)."""
         self.server.serve(self.workload.at(loads[-1][1]), v.seed)
         for repeat in range(v.repeats):
             for load, qps in loads:
                 requests = self.workload.at(qps)
-                before = self._probe(v.seed)
-                summary = _serve(self.server, requests, v, qps, _run_dir(self.out, load, repeat))
-                speed = (before + self._probe(v.seed)) / 2
+                summary, speed = _serve(self.server, requests, v, qps, _run_dir(self.out, load, repeat),
+                                        self.cost)
                 self.speeds.append(speed)
                 self.real.setdefault(load, []).append(summary)
-                scaled = simulate_requests(requests, self.settings, ScaledCost(self.cost, speed))[0]
-                self.scaled.setdefault(load, []).append(scaled)
+                if speed is not None:
+                    scaled = simulate_requests(requests, self.settings, ScaledCost(self.cost, speed))[0]
+                    self.scaled.setdefault(load, []).append(scaled)
                 self.say(f"load {load:g} round {repeat + 1}: P50 TTFT {summary['ttft_p50']:.3f} s, P50 ITL "
-                         f"{summary['tbt_p50'] * 1e3:.1f} ms, machine speed factor {speed:.2f}")
-
-    def _probe(self, seed: int) -> float:
-        """The machine's speed now. With the fit's served steps (a vLLM profile's served stage): the closed
-        decode batches of SPEED_BATCHES served as the profile served them, each one's step period over the
-        profile's (the mean of the ratios): the machine now against the machine the fit was made on, no model
-        error in it. Without: the closed batch of the trace (`Workload.closed_batch`) served, over the twin's
-        makespan of it."""
-        from results.metrics import summarize
-
-        reference = served_reference(self.cost)
-        if reference:
-            from profiler.vllm_served import time_served
-
-            steps = time_served(self.server, tuple(reference), 1)
-            return statistics.fmean(s.time_s / reference[s.batch] for s in steps)
-        batch = self.workload.closed_batch()
-        real = summarize(self.server.serve(batch, seed).result)["makespan_s"]
-        return real / simulate_requests(batch, self.settings, self.cost)[0]["makespan_s"]
+                         f"{summary['tbt_p50'] * 1e3:.1f} ms, machine speed factor "
+                         f"{'-' if speed is None else f'{speed:.2f}'}")
 
 
-def served_reference(cost: CostModel) -> dict[int, float]:
-    """The served step period (s) of each of SPEED_BATCHES in the fit's served stage; empty when the fit has
-    none of them (a fit without a served stage, a cost model that is not a fit)."""
-    rows = {r.get("batch"): r.get("served_ms") for r in (getattr(cost, "fit", None) or {}).get("served", [])}
-    if not all(isinstance(rows.get(b), (int, float)) and rows[b] > 0 for b in SPEED_BATCHES):
-        return {}
-    return {b: rows[b] / 1e3 for b in SPEED_BATCHES}
+def run_speed(run: Any, cost: CostModel) -> float | None:
+    """The machine's speed during a served `run` (recorded with its members) against the one `cost` was
+    fitted on: the periods of its steps that continue a busy engine over `cost`'s price of their shapes
+    (`profiler.vllm_stream.stream_steps`); None if no step counts."""
+    from profiler.vllm_stream import stream_steps
+
+    steps, _ = stream_steps(run, {r.id: r.prompt_tokens for r in run.requests})
+    price = sum(cost.iteration_time(s.plan()) for s in steps)
+    return sum(s.period_s for s in steps) / price if price > 0 else None
 
 
 def _row(load: float, qps: float, rounds: Rounds, requests: list[Request], out: Path) -> dict[str, Any]:
@@ -264,7 +240,7 @@ def _row(load: float, qps: float, rounds: Rounds, requests: list[Request], out: 
     sim, result = simulate_requests(requests, rounds.settings, rounds.cost)
     _write_sim(out / "runs" / f"load_{load:g}" / "sim", sim, result)
     measured = _median_summary(rounds.real[load])
-    at_speed = _median_summary(rounds.scaled[load])
+    at_speed = _median_summary(rounds.scaled.get(load, []))
     return {"load": load, "qps": qps,
             **{f"real_{k}": x for k, x in measured.items()},
             **{f"sim_{m}": sim.get(m) for m in METRICS}, **_errors(measured, sim),
@@ -273,20 +249,21 @@ def _row(load: float, qps: float, rounds: Rounds, requests: list[Request], out: 
             "prefix_cache_hit_rate_sim": sim.get("prefix_cache_hit_rate")}
 
 
-def _serve(server: Any, requests: list[Request], v: VLLMValidation, qps: float, where: Path
-           ) -> dict[str, Any]:
-    """One real run, written to `where` as `simctl real --engine vllm` writes it; its summary."""
+def _serve(server: Any, requests: list[Request], v: VLLMValidation, qps: float, where: Path,
+           cost: CostModel | None = None) -> tuple[dict[str, Any], float | None]:
+    """One real run, written to `where` as `simctl real --engine vllm` writes it: its summary and, given the
+    twin's `cost`, the machine's speed during it (`run_speed`)."""
     from engine.setup import RealConfig
     from engine.vllm_real import run_summary
     from results.output import write_run
 
     t0 = time.perf_counter()
-    run = server.serve(requests, v.seed)
+    run = server.serve(requests, v.seed, members=cost is not None)
     config = RealConfig(policy="vllm", trace=v.trace, model=v.model, qps=qps, num_requests=v.num_requests,
                         scale=v.scale, seed=v.seed)
     summary = run_summary(config, server, run, time.perf_counter() - t0)
     write_run(where, summary, run.result.requests, run.result.iterations.frame())
-    return summary
+    return summary, (run_speed(run, cost) if cost is not None else None)
 
 
 def _write_sim(where: Path, summary: dict[str, Any], result: Any) -> None:
@@ -299,7 +276,7 @@ def _real_capacity(server: Any, workload: Workload, v: VLLMValidation, sim: Capa
                    out: Path) -> CapacityResult:
     """The SLO bisected over real runs, from the twin's capacity."""
     def probe(qps: float) -> dict[str, Any]:
-        return _serve(server, workload.at(qps), v, qps, out / "capacity" / f"qps_{qps:.4g}")
+        return _serve(server, workload.at(qps), v, qps, out / "capacity" / f"qps_{qps:.4g}")[0]
 
     return search_qps(probe, v.slo, start_qps=sim.qps, rel_tol=REAL_REL_TOL, max_probes=MAX_REAL_PROBES,
                       step=REAL_STEP)
@@ -324,10 +301,10 @@ def markdown(report: dict[str, Any]) -> str:
     capacity = f"Twin capacity {cap['sim_qps']:.3g} QPS"
     if "real_qps" in cap:
         capacity += f"; real capacity {cap['real_qps']:.3g} QPS (error {fmt_err(cap.get('err_pct'))})"
-    speeds = ", ".join(f"{s:.2f}" for s in report["speed_factors"])
+    speeds = ", ".join("-" if s is None else f"{s:.2f}" for s in report["speed_factors"])
     lines = ["# simctl's vllm-v1 twin vs the real vLLM engine", "", setup, "",
-             (f"{capacity}. Machine speed factors (each run's, the mean of a probe before and after it, "
-              f"rounds of loads in order; `Rounds._probe`): {speeds}."), "",
+             (f"{capacity}. Machine speed factors (each run's busy time over the fit's price of its steps, "
+              f"rounds of loads in order; `run_speed`): {speeds}."), "",
              "| load | metric | real (median) | real min..max | sim | error | error at machine speed |",
              "|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
