@@ -3,7 +3,8 @@ and loads `simctl validate --engine vllm` serves (loads 0.5, 0.7, 0.9 of the twi
 
 One engine; after one discarded run per load (warm-up), `--rounds` rounds each serve every load once, with the
 closed-batch speed probe the validation once used (the trace's first PROBE_REQUESTS requests at t=0) served
-before and after each load. Then the real capacity is bisected `--capacities` times, as the validation bisects it.
+before and after each load. Then the real capacity is bisected `--capacities` times, as the validation bisects
+it.
 Reports, per load and metric, each round's value, the spread (max - min) / median and the largest pairwise
 difference between rounds; the probes' makespans; and whether the probe follows the runs (the Spearman
 correlation, over the rounds of a load, of the probe's makespan with the run's P50 ITL and E2E).

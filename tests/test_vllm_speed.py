@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-
 from conftest import AffineCost
+
 from traces.request import Request
 from validation.vllm_validate import run_speed
 

@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 from conftest import TinyCost
 
+from costs.base import ScaledCost
 from results.validation_report import pct_error
 from studies.capacity import SLO
-from costs.base import ScaledCost
 from validation.vllm_validate import METRICS, VLLMValidation, Workload, simulate_requests, validate_vllm
 
 pytestmark = pytest.mark.vllm
@@ -46,7 +46,7 @@ def test_misuse_is_one_line_exit_2(tmp_path: Path, args: tuple[str, ...], words:
     assert not (tmp_path / "v").exists()
 
 
-VALIDATION = dict(loads=(0.5,), num_requests=100, scale=0.02, slo=SLO({"p50_ttft": 0.01}))
+VALIDATION = {"loads": (0.5,), "num_requests": 100, "scale": 0.02, "slo": SLO({"p50_ttft": 0.01})}
 
 
 @pytest.fixture(scope="module")
