@@ -1,19 +1,44 @@
 """Pool several `bench/validate_vllm.py` runs of one fit (same twin, same requests, same loads): each load's
 real runs of all of them together, their medians against the twin, raw and at the machine's speed (the twin
-scaled by the median of those runs' speed factors).
+scaled by the median of those runs' speed factors). With `--scales`, also how steep each load is in the
+cost: the P50 errors of the twin with its cost scaled by each factor (a diagnostic, never a correction).
 
-    .venv/bin/python bench/validate_vllm_pool.py OUT1/validation OUT2/validation ... > pooled.md
+    .venv/bin/python bench/validate_vllm_pool.py OUT1/validation OUT2/validation ... [--scales 0.97,1,1.03]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOWN = ("ttft_p50", "tpot_p50", "tbt_p50", "e2e_p50", "ttft_p99", "tpot_p99", "tbt_p99", "e2e_p99")
+
+
+def pooled(dirs: list[Path]) -> tuple[dict[str, Any], list[tuple[float, float, list[dict], list[float]]]]:
+    """The first report's config and, per load: (load, qps, every real run's summary, their speed factors)."""
+    reports = [json.loads((d / "validation_vllm.json").read_text(encoding="utf-8")) for d in dirs]
+    cfg = reports[0]["config"]
+    if any(r["config"]["cost"] != cfg["cost"] or r["capacity"]["sim_qps"] != reports[0]["capacity"]["sim_qps"]
+           for r in reports):
+        print("the validations differ in their fit or twin", file=sys.stderr)
+        sys.exit(2)
+    loads = []
+    for i, row in enumerate(reports[0]["rows"]):
+        runs, speeds = [], []
+        for d, r in zip(dirs, reports):
+            speeds += [s for s in r["speed_factors"][i::len(r["rows"])] if s is not None]
+            runs += [json.loads(p.read_text(encoding="utf-8"))
+                     for p in sorted((d / "runs" / f"load_{row['load']:g}").glob("real*/summary.json"))]
+        loads.append((row["load"], row["qps"], runs, speeds))
+    cfg["real_capacities"] = [r["capacity"].get("real_qps") for r in reports]
+    cfg["sim_qps"] = reports[0]["capacity"]["sim_qps"]
+    cfg["runs"] = sum(r["config"]["repeats"] for r in reports)
+    return cfg, loads
 
 
 def main() -> None:
@@ -23,45 +48,40 @@ def main() -> None:
     from validation.twin import load_cost
     from validation.vllm_validate import VLLMValidation, Workload, simulate_requests
 
-    dirs = [Path(d) for d in sys.argv[1:]]
-    if not dirs:
-        print("usage: validate_vllm_pool.py VALIDATION_DIR...", file=sys.stderr)
-        sys.exit(2)
-    reports = [json.loads((d / "validation_vllm.json").read_text(encoding="utf-8")) for d in dirs]
-    cfg = reports[0]["config"]
-    if any(r["config"]["cost"] != cfg["cost"] or r["capacity"]["sim_qps"] != reports[0]["capacity"]["sim_qps"]
-           for r in reports):
-        print("the validations differ in their fit or twin", file=sys.stderr)
-        sys.exit(2)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dirs", nargs="+", type=Path)
+    ap.add_argument("--scales", default="", help="comma list of cost factors for the steepness table")
+    a = ap.parse_args()
+    cfg, loads = pooled(a.dirs)
     cost = load_cost(cfg["cost"], cfg["model"])
     workload = Workload(VLLMValidation(cost=cost, model=cfg["model"], trace=cfg["trace"], scale=cfg["scale"],
                                        num_requests=cfg["num_requests"], seed=cfg["seed"]))
-    settings = cfg["engine"]
-    loads = [row["load"] for row in reports[0]["rows"]]
-    print(f"Pooled: {len(dirs)} validations of {cfg['cost']}, {sum(r['config']['repeats'] for r in reports)} "
-          "real runs per load.\n")
+
+    def twin(qps: float, factor: float) -> dict[str, Any]:
+        return simulate_requests(workload.at(qps), cfg["engine"], ScaledCost(cost, factor))[0]
+
+    print(f"Pooled: {len(a.dirs)} validations of {cfg['cost']}, {cfg['runs']} real runs per load.\n")
     print("| load | metric | real median (runs) | real min..max | sim | error | speed factor (median) | "
           "error at machine speed |\n|---|---|---|---|---|---|---|---|")
-    for i, (load, row) in enumerate(zip(loads, reports[0]["rows"])):
-        runs, speeds = [], []
-        for d, r in zip(dirs, reports):
-            n = len(r["rows"])
-            speeds += r["speed_factors"][i::n]
-            runs += [json.loads(p.read_text(encoding="utf-8"))
-                     for p in sorted((d / "runs" / f"load_{load:g}").glob("real*/summary.json"))]
-        requests = workload.at(row["qps"])
-        sim = simulate_requests(requests, settings, cost)[0]
-        speed = statistics.median(speeds)
-        scaled = simulate_requests(requests, settings, ScaledCost(cost, speed))[0]
+    for load, qps, runs, speeds in loads:
+        sim, speed = twin(qps, 1.0), statistics.median(speeds)
+        scaled = twin(qps, speed)
         for m in SHOWN:
             values = [s[m] for s in runs]
             real = statistics.median(values)
             print(f"| {load:g} | {m} | {real * 1e3:.1f} ms ({len(values)}) | {min(values) * 1e3:.1f}.."
                   f"{max(values) * 1e3:.1f} ms | {sim[m] * 1e3:.1f} ms | {pct_error(sim[m], real):+.1f}% | "
                   f"{speed:.3f} | {pct_error(scaled[m], real):+.1f}% |")
-    caps = [r["capacity"].get("real_qps") for r in reports]
-    print(f"\nReal capacities: {', '.join(f'{c:.4g}' for c in caps if c)} QPS; twin "
-          f"{reports[0]['capacity']['sim_qps']:.4g} QPS.")
+    caps = ", ".join(f"{c:.4g}" for c in cfg["real_capacities"] if c)
+    print(f"\nReal capacities: {caps} QPS; twin {cfg['sim_qps']:.4g} QPS.")
+    if a.scales:
+        print("\nP50 errors (TTFT / TPOT / ITL / E2E) of the twin with its cost scaled by each factor:\n\n"
+              "| load | factor | errors |\n|---|---|---|")
+        for load, qps, runs, _ in loads:
+            for factor in (float(x) for x in a.scales.split(",")):
+                sim = twin(qps, factor)
+                errs = [pct_error(sim[m], statistics.median(s[m] for s in runs)) for m in SHOWN[:4]]
+                print(f"| {load:g} | {factor:g} | {' / '.join(f'{e:+.1f}%' for e in errs)} |")
 
 
 if __name__ == "__main__":
