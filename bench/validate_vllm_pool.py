@@ -1,8 +1,8 @@
 """Pool several `bench/validate_vllm.py` runs of one fit (same twin, same requests, same loads): each load's
 real runs of all of them together, their medians against the twin, raw, at the machine's speed (the twin
 scaled by the median of those runs' speed factors) and at the typical step's speed (by the median of their
-typical step factors, where the validations recorded them). With `--scales`, also how steep each load is in
-the cost: the P50 errors of the twin with its cost scaled by each factor (a diagnostic, never a correction).
+typical step factors, where the validations recorded them). With `--scales`, also how steep each load is in the
+cost: the P50 errors of the twin with its cost scaled by each factor (a diagnostic, never a correction).
 
     .venv/bin/python bench/validate_vllm_pool.py OUT1/validation OUT2/validation ... [--scales 0.97,1,1.03]
 """
