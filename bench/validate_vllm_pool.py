@@ -1,7 +1,6 @@
 """Pool several `bench/validate_vllm.py` runs of one fit (same twin, same requests, same loads): each load's
-real runs of all of them together, their medians against the twin, raw, at the machine's speed (the twin
-scaled by the median of those runs' speed factors) and at the typical step's speed (by the median of their
-typical step factors, where the validations recorded them). With `--scales`, also how steep each load is in the
+real runs of all of them together, their medians against the twin, raw and at the machine's speed (the twin
+scaled by the median of those runs' speed factors). With `--scales`, also how steep each load is in the
 cost: the P50 errors of the twin with its cost scaled by each factor (a diagnostic, never a correction).
 
     .venv/bin/python bench/validate_vllm_pool.py OUT1/validation OUT2/validation ... [--scales 0.97,1,1.03]
@@ -20,10 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHOWN = ("ttft_p50", "tpot_p50", "tbt_p50", "e2e_p50", "ttft_p99", "tpot_p99", "tbt_p99", "e2e_p99")
 
 
-def pooled(dirs: list[Path]) -> tuple[dict[str, Any], list[tuple[float, float, list[dict], list[float],
-                                                                  list[float]]]]:
-    """The first report's config and, per load: (load, qps, every real run's summary, their speed factors,
-    their typical step factors)."""
+def pooled(dirs: list[Path]) -> tuple[dict[str, Any], list[tuple[float, float, list[dict], list[float]]]]:
+    """The first report's config and, per load: (load, qps, every real run's summary, their speed factors)."""
     reports = [json.loads((d / "validation_vllm.json").read_text(encoding="utf-8")) for d in dirs]
     cfg = reports[0]["config"]
     if any(r["config"]["cost"] != cfg["cost"] or r["capacity"]["sim_qps"] != reports[0]["capacity"]["sim_qps"]
@@ -32,13 +29,12 @@ def pooled(dirs: list[Path]) -> tuple[dict[str, Any], list[tuple[float, float, l
         sys.exit(2)
     loads = []
     for i, row in enumerate(reports[0]["rows"]):
-        runs, speeds, typical = [], [], []
+        runs, speeds = [], []
         for d, r in zip(dirs, reports):
             speeds += [s for s in r["speed_factors"][i::len(r["rows"])] if s is not None]
-            typical += [s for s in r.get("typical_speed_factors", [])[i::len(r["rows"])] if s is not None]
             runs += [json.loads(p.read_text(encoding="utf-8"))
                      for p in sorted((d / "runs" / f"load_{row['load']:g}").glob("real*/summary.json"))]
-        loads.append((row["load"], row["qps"], runs, speeds, typical))
+        loads.append((row["load"], row["qps"], runs, speeds))
     cfg["real_capacities"] = [r["capacity"].get("real_qps") for r in reports]
     cfg["sim_qps"] = reports[0]["capacity"]["sim_qps"]
     cfg["runs"] = sum(r["config"]["repeats"] for r in reports)
@@ -66,26 +62,22 @@ def main() -> None:
 
     print(f"Pooled: {len(a.dirs)} validations of {cfg['cost']}, {cfg['runs']} real runs per load.\n")
     print("| load | metric | real median (runs) | real min..max | sim | error | speed factor (median) | "
-          "error at machine speed | typical step factor (median) | error at typical step speed |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")
-    for load, qps, runs, speeds, typical in loads:
+          "error at machine speed |\n|---|---|---|---|---|---|---|---|")
+    for load, qps, runs, speeds in loads:
         sim, speed = twin(qps, 1.0), statistics.median(speeds)
         scaled = twin(qps, speed)
-        step = statistics.median(typical) if typical else None
-        at_step = twin(qps, step) if step else None
         for m in SHOWN:
             values = [s[m] for s in runs]
             real = statistics.median(values)
             print(f"| {load:g} | {m} | {real * 1e3:.1f} ms ({len(values)}) | {min(values) * 1e3:.1f}.."
                   f"{max(values) * 1e3:.1f} ms | {sim[m] * 1e3:.1f} ms | {pct_error(sim[m], real):+.1f}% | "
-                  f"{speed:.3f} | {pct_error(scaled[m], real):+.1f}% | "
-                  + (f"{step:.3f} | {pct_error(at_step[m], real):+.1f}% |" if at_step else "- | - |"))
+                  f"{speed:.3f} | {pct_error(scaled[m], real):+.1f}% |")
     caps = ", ".join(f"{c:.4g}" for c in cfg["real_capacities"] if c)
     print(f"\nReal capacities: {caps} QPS; twin {cfg['sim_qps']:.4g} QPS.")
     if a.scales:
         print("\nP50 errors (TTFT / TPOT / ITL / E2E) of the twin with its cost scaled by each factor:\n\n"
               "| load | factor | errors |\n|---|---|---|")
-        for load, qps, runs, _, _ in loads:
+        for load, qps, runs, _ in loads:
             for factor in (float(x) for x in a.scales.split(",")):
                 sim = twin(qps, factor)
                 errs = [pct_error(sim[m], statistics.median(s[m] for s in runs)) for m in SHOWN[:4]]

@@ -13,9 +13,7 @@
    and at the machine's speed during the run, as simctl's own validation measures it (`validation.compare`):
    each real run's busy time over the fit's price of the same steps (`run_speed`: the steps that continue a
    busy engine, their shapes read back from the requests vLLM gave a token in each, their periods between
-   outputs) scales that run's twin (`costs.base.ScaledCost`). The errors at the typical step's speed (the
-   median of the steps' own ratios) are given beside them: a few stalled steps (twice their price or more)
-   weigh in the busy time, not in the median. A run at the last load is served first and
+   outputs) scales that run's twin (`costs.base.ScaledCost`). A run at the last load is served first and
    discarded (the first runs after the engine's start came slower).
 4. **Real capacity** (`capacity=True`): the SLO bisected over real runs, from the twin's capacity, at most
    `MAX_REAL_PROBES` runs.
@@ -183,8 +181,7 @@ def validate_vllm(v: VLLMValidation, log: Callable[[str], None] | None = None) -
         "config": {**{k: x for k, x in asdict(v).items() if k not in ("cost", "out")},
                    "cost": cost_name(v.cost), "out": str(out), "engine": settings,
                    "wall_s": time.perf_counter() - t0},
-        "speed_factors": [s and s.busy for s in rounds.speeds],
-        "typical_speed_factors": [s and s.typical for s in rounds.speeds],
+        "speed_factors": rounds.speeds,
         "capacity": {"sim_qps": capacity.qps, "sim_probes": len(capacity.probes),
                      **(_capacity_row(capacity, real_capacity) if real_capacity else {})},
         "rows": rows,
@@ -205,8 +202,7 @@ class Rounds:
     say: Callable[[str], None]
     real: dict[float, list[dict[str, Any]]] = field(default_factory=dict)  # per load, each round's summary
     scaled: dict[float, list[dict[str, Any]]] = field(default_factory=dict)  # their twins at machine speed
-    typical: dict[float, list[dict[str, Any]]] = field(default_factory=dict)  # at the typical step's speed
-    speeds: list[RunSpeed | None] = field(default_factory=list)  # each run's, in the order run
+    speeds: list[float] = field(default_factory=list)  # each run's speed factor, in the order run
 
     def run(self, v: VLLMValidation, loads: list[tuple[float, float]]) -> None:
         """`v.repeats` rounds of every (load, qps), after a discarded run at the last load (the first runs
@@ -220,34 +216,22 @@ class Rounds:
                 self.speeds.append(speed)
                 self.real.setdefault(load, []).append(summary)
                 if speed is not None:
-                    for factor, twins in ((speed.busy, self.scaled), (speed.typical, self.typical)):
-                        twin = simulate_requests(requests, self.settings, ScaledCost(self.cost, factor))[0]
-                        twins.setdefault(load, []).append(twin)
-                factors = "-" if speed is None else f"{speed.busy:.2f} (typical step {speed.typical:.2f})"
+                    scaled = simulate_requests(requests, self.settings, ScaledCost(self.cost, speed))[0]
+                    self.scaled.setdefault(load, []).append(scaled)
                 self.say(f"load {load:g} round {repeat + 1}: P50 TTFT {summary['ttft_p50']:.3f} s, P50 ITL "
-                         f"{summary['tbt_p50'] * 1e3:.1f} ms, machine speed factor {factors}")
+                         f"{summary['tbt_p50'] * 1e3:.1f} ms, machine speed factor "
+                         f"{'-' if speed is None else f'{speed:.2f}'}")
 
 
-@dataclass(frozen=True)
-class RunSpeed:
-    """The machine's speed during a run against the one a fit was made on, two ways (see `run_speed`)."""
-
-    busy: float  # the steps' periods over their prices, summed: simctl's own validation's measure
-    typical: float  # the median of each step's period over its price: blind to a few stalled steps
-
-
-def run_speed(run: Any, cost: CostModel) -> RunSpeed | None:
+def run_speed(run: Any, cost: CostModel) -> float | None:
     """The machine's speed during a served `run` (recorded with its members) against the one `cost` was
     fitted on: the periods of its steps that continue a busy engine over `cost`'s price of their shapes
     (`profiler.vllm_stream.stream_steps`); None if no step counts."""
     from profiler.vllm_stream import stream_steps
 
     steps, _ = stream_steps(run, {r.id: r.prompt_tokens for r in run.requests})
-    if not steps:
-        return None
-    periods = [s.period_s for s in steps]
-    prices = [cost.iteration_time(s.plan()) for s in steps]
-    return RunSpeed(sum(periods) / sum(prices), statistics.median(t / p for t, p in zip(periods, prices)))
+    price = sum(cost.iteration_time(s.plan()) for s in steps)
+    return sum(s.period_s for s in steps) / price if price > 0 else None
 
 
 def _row(load: float, qps: float, rounds: Rounds, requests: list[Request], out: Path) -> dict[str, Any]:
@@ -257,17 +241,16 @@ def _row(load: float, qps: float, rounds: Rounds, requests: list[Request], out: 
     _write_sim(out / "runs" / f"load_{load:g}" / "sim", sim, result)
     measured = _median_summary(rounds.real[load])
     at_speed = _median_summary(rounds.scaled.get(load, []))
-    at_typical = _median_summary(rounds.typical.get(load, []))
     return {"load": load, "qps": qps,
             **{f"real_{k}": x for k, x in measured.items()},
             **{f"sim_{m}": sim.get(m) for m in METRICS}, **_errors(measured, sim),
-            **_errors(measured, at_speed, "_at_speed"), **_errors(measured, at_typical, "_at_typical_speed"),
+            **_errors(measured, at_speed, "_at_speed"),
             "prefix_cache_hit_rate_real": rounds.real[load][0].get("prefix_cache_hit_rate"),
             "prefix_cache_hit_rate_sim": sim.get("prefix_cache_hit_rate")}
 
 
 def _serve(server: Any, requests: list[Request], v: VLLMValidation, qps: float, where: Path,
-           cost: CostModel | None = None) -> tuple[dict[str, Any], RunSpeed | None]:
+           cost: CostModel | None = None) -> tuple[dict[str, Any], float | None]:
     """One real run, written to `where` as `simctl real --engine vllm` writes it: its summary and, given the
     twin's `cost`, the machine's speed during it (`run_speed`)."""
     from engine.setup import RealConfig
@@ -319,20 +302,17 @@ def markdown(report: dict[str, Any]) -> str:
     if "real_qps" in cap:
         capacity += f"; real capacity {cap['real_qps']:.3g} QPS (error {fmt_err(cap.get('err_pct'))})"
     speeds = ", ".join("-" if s is None else f"{s:.2f}" for s in report["speed_factors"])
-    typical = ", ".join("-" if s is None else f"{s:.2f}" for s in report["typical_speed_factors"])
     lines = ["# simctl's vllm-v1 twin vs the real vLLM engine", "", setup, "",
              (f"{capacity}. Machine speed factors (each run's busy time over the fit's price of its steps, "
-              f"rounds of loads in order; `run_speed`): {speeds}; at the typical step (the median of "
-              f"the steps' ratios): {typical}."), "",
-             ("| load | metric | real (median) | real min..max | sim | error | error at machine speed | "
-              "error at typical step speed |"), "|---|---|---|---|---|---|---|---|"]
+              f"rounds of loads in order; `run_speed`): {speeds}."), "",
+             "| load | metric | real (median) | real min..max | sim | error | error at machine speed |",
+             "|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
         for m in METRICS:
             lines.append(f"| {row['load']:g} | {metric_label(m, LABELS)} | {_fmt(m, row[f'real_{m}'])} | "
                          f"{_fmt(m, row[f'real_{m}_min'])}..{_fmt(m, row[f'real_{m}_max'])} | "
                          f"{_fmt(m, row[f'sim_{m}'])} | {fmt_err(row[f'{m}_err_pct'])} | "
-                         f"{fmt_err(row[f'{m}_err_pct_at_speed'])} | "
-                         f"{fmt_err(row[f'{m}_err_pct_at_typical_speed'])} |")
+                         f"{fmt_err(row[f'{m}_err_pct_at_speed'])} |")
     lines.append("")
     return "\n".join(lines)
 
