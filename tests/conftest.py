@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 import numpy as np
 import pytest
 
@@ -122,3 +126,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.property)
         if not any(item.get_closest_marker(tier) for tier in HEAVY):
             item.add_marker(pytest.mark.unit)
+
+
+def bench_module(name: str) -> ModuleType:
+    """The script bench/NAME.py as a module (bench/ is a folder of scripts, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

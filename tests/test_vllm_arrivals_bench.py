@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import bench_module
 
 from traces.request import Request
 
-_SPEC = importlib.util.spec_from_file_location(
-    "vllm_arrivals", Path(__file__).resolve().parents[1] / "bench" / "vllm_arrivals.py")
-arrivals_bench = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(arrivals_bench)
+arrivals_bench = bench_module("vllm_arrivals")
 
 
 def test_arrivals_split_into_the_gap_and_the_execution() -> None:

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pandas as pd
 import pytest
+from conftest import bench_module
 
 pytestmark = pytest.mark.unit
 
-_SPEC = importlib.util.spec_from_file_location(
-    "vllm_step_shapes", Path(__file__).resolve().parents[1] / "bench" / "vllm_step_shapes.py")
-shapes_bench = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(shapes_bench)
+shapes_bench = bench_module("vllm_step_shapes")
 
 
 def test_a_stretch_row_counts_as_its_iterations_each_its_share_of_the_time() -> None:
