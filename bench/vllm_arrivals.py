@@ -135,7 +135,25 @@ def validation_steps(cost_path: str, fractions: list[float], seed: int = 0) -> d
                            "median_period_s": float(np.median(period)),
                            "median_price_s": float(np.median(price)),
                            "median_excess_s": float(np.median(period - price)),
-                           "rows_median": float(np.median([len(r["step"].decode_contexts) for r in rows]))}
+                           "rows_median": float(np.median([len(r["step"].decode_contexts) for r in rows])),
+                           "by_rows": _by_rows(rows, period, price)}
+    return out
+
+
+ROW_BINS = ((1, 8), (9, 16), (17, 32), (33, 64), (65, 1 << 30))  # decode rows + prompts in a step
+
+
+def _by_rows(rows: list[dict], period: np.ndarray, price: np.ndarray) -> list[dict]:
+    """Served over priced time of the steps of each size (ROW_BINS), summed and weighted by the tokens the
+    steps gave (a token-weighted latency such as ITL sees the second)."""
+    size = np.array([len(r["step"].decode_contexts) + r["step"].new for r in rows])
+    out = []
+    for lo, hi in ROW_BINS:
+        k = (size >= lo) & (size <= hi)
+        if k.any():
+            out.append({"rows": f"{lo}-{hi}" if hi < 1 << 30 else f"{lo}+", "steps": int(k.sum()),
+                        "period_over_price": float(period[k].sum() / price[k].sum()),
+                        "token_weighted": float((size[k] * period[k]).sum() / (size[k] * price[k]).sum())})
     return out
 
 
