@@ -147,13 +147,13 @@ class StepDriver:
         while self.engine.has_unfinished_requests():
             self.engine.step()
 
-    def decode_batch(self, batch: int, prompt: int, outputs: int) -> list[str]:
-        """`batch` requests prefilled (untimed, chunked at the engine's budget) until a step decodes them
+    def decode_batch(self, prompts: list[int], outputs: int) -> list[str]:
+        """Requests of `prompts` prefilled (untimed, chunked at the engine's budget) until a step decodes them
         all."""
-        ids = [self.add(prompt, outputs) for _ in range(batch)]
+        ids = [self.add(prompt, outputs) for prompt in prompts]
         while True:
             _, plan = self.step()
-            if plan.decode_only and plan.decode_rows == batch:
+            if plan.decode_only and plan.decode_rows == len(prompts):
                 return ids
 
 
@@ -167,13 +167,21 @@ def _check(probe: StepProbe, plan: BatchPlan) -> None:
 
 
 def cohort_lengths(probe: StepProbe, timed: int, budget: int) -> tuple[int, int]:
-    """Prompt and output tokens of `probe`'s decode requests: the first step decoding them all is untimed
-    (warm-up) and the middle timed one is at `context`; the first prefilled decode while the others are
-    prefilled (chunks of `budget`), so outputs leave room for those steps too (none finishes in a timed
-    one)."""
+    """Prompt (the middle one, with a spread) and output tokens of `probe`'s decode requests: the first step
+    decoding them all is untimed (warm-up) and the middle timed one is at `context`; the first prefilled
+    decode while the others are prefilled (chunks of `budget`), so outputs leave room for those steps too
+    (none finishes in a timed one)."""
     per_rep = 1 + (probe.cached > 0) if probe.chunk else 1  # decode steps per repetition
     prompt = max(1, probe.context - 1 - (per_rep * timed) // 2)
-    return prompt, per_rep * timed + -(-probe.decodes * prompt // budget) + 4
+    return prompt, per_rep * timed + -(-probe.decodes * (prompt + probe.spread) // budget) + 4
+
+
+def cohort_prompts(probe: StepProbe, prompt: int) -> list[int]:
+    """The decode requests' prompts: `prompt` each, or spread evenly over prompt -+ the probe's spread."""
+    if not probe.spread:
+        return [prompt] * probe.decodes
+    lo, hi = max(1, prompt - probe.spread), prompt + probe.spread
+    return [round(lo + (hi - lo) * i / max(1, probe.decodes - 1)) for i in range(probe.decodes)]
 
 
 def run_probe(d: StepDriver, probe: StepProbe, timed: int) -> tuple[list[float], list[BatchPlan]]:
@@ -182,7 +190,8 @@ def run_probe(d: StepDriver, probe: StepProbe, timed: int) -> tuple[list[float],
     plans: list[BatchPlan] = []
     cohort: list[str] = []
     if probe.decodes:
-        cohort = d.decode_batch(probe.decodes, *cohort_lengths(probe, timed, d.full_budget))
+        prompt, outputs = cohort_lengths(probe, timed, d.full_budget)
+        cohort = d.decode_batch(cohort_prompts(probe, prompt), outputs)
     for _ in range(timed):
         if probe.chunk:
             rid = d.add(probe.cached + probe.chunk + (0 if probe.sample else 8), 2)
@@ -206,11 +215,12 @@ def _row(probe: StepProbe, plan: BatchPlan) -> dict[str, Any]:
         q, c = probe.chunk, probe.cached
     else:
         q, c = 1, max(s.computed for s in plan.seqs)
-    # vLLM's paged attention reads each decode row's own blocks: no padding is paid. The few tokens by which
-    # a probe's rows differ are not a padding measurement, and a fit of them priced the twin's mixed-context
-    # decode steps 1.7x over served vLLM's (a pad coefficient from noise): recorded as none, so `simctl fit`
-    # leaves the padding term at 0 (not covered)
-    return {"kind": probe.kind, **plan_features(plan), "decode_pad_kv": 0, "q": q, "c": c}
+    # The few tokens by which a single-context probe's rows differ are not a padding measurement (a fit of
+    # them alone priced the twin's mixed-context decode steps 1.7x over served vLLM's): recorded as none; the
+    # spread probes' padding is what they measure
+    features = plan_features(plan)
+    return {"kind": probe.kind, **features, "decode_pad_kv": features["decode_pad_kv"] if probe.spread else 0,
+            "q": q, "c": c}
 
 
 class VLLMWorker:
@@ -263,7 +273,7 @@ class VLLMWorker:
         """InputError if the model holds too few positions for a probe of the grid."""
         grid, max_len = self.grid, self.spec.max_position
         too_long = [p.label() for p in grid.probes
-                    if max(sum(cohort_lengths(p, grid.timed, MAX_NUM_BATCHED_TOKENS)),
+                    if max(sum(cohort_lengths(p, grid.timed, MAX_NUM_BATCHED_TOKENS)) + p.spread,
                            p.cached + p.chunk + 10) > max_len]
         if too_long:
             raise InputError(f"model {self.spec.name!r} holds {max_len} positions; too few for {too_long[0]}")

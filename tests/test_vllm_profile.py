@@ -17,7 +17,7 @@ from executor.vllm_runtime import INSTALL_HINT
 from policies.plan import hybrid
 from policies.seq import Seq
 from profiler.vllm_grid import StepProbe, vllm_grid
-from profiler.vllm_worker import StepDriver, cohort_lengths, kind_of
+from profiler.vllm_worker import StepDriver, cohort_lengths, cohort_prompts, kind_of
 from simctl.cli import main
 
 pytestmark = pytest.mark.vllm
@@ -69,6 +69,17 @@ def test_cohorts_centre_their_timed_steps_and_outlive_them() -> None:
     assert cohort_lengths(StepProbe("decode", 16, 1024), 6, 4096) == (1020, 6 + 4 + 4)
     # a mixed probe with a cached chunk takes two decode steps a repetition
     assert cohort_lengths(StepProbe("hybrid", 4, 100, 32, 32), 5, 4096) == (94, 10 + 1 + 4)
+
+
+def test_a_spread_cohort_spreads_its_prompts_evenly_around_the_middle() -> None:
+    probe = StepProbe("decode", 5, 1024, spread=400)
+    prompt, outputs = cohort_lengths(probe, 6, 4096)
+    # prompts 620..1420 (5 x 1020 on average): prefilled in 2 steps of 4096 (the longest counted)
+    assert (prompt, outputs) == (1020, 6 + 2 + 4)
+    assert cohort_prompts(probe, prompt) == [620, 820, 1020, 1220, 1420]
+    assert cohort_prompts(StepProbe("decode", 3, 64), 60) == [60, 60, 60]
+    assert cohort_prompts(StepProbe("decode", 2, 64, spread=100), 60) == [1, 160]  # no prompt below 1
+    assert probe.label() == "decode 5 decodes at 1024 +- 400"
 
 
 @pytest.mark.parametrize("args,words", [
