@@ -56,10 +56,9 @@ def step_rows(run, prompts: dict[int, int]) -> list[dict]:
 
 
 def regress(x: np.ndarray, y: np.ndarray) -> list[float]:
-    from scipy.optimize import least_squares
+    from profiler.vllm_stream import robust_lstsq
 
-    c0 = np.linalg.lstsq(x, y, rcond=None)[0]
-    return [float(v) for v in least_squares(lambda c: x @ c - y, c0, loss="soft_l1", f_scale=5e-4).x]
+    return [float(v) for v in robust_lstsq(x, y)]
 
 
 def measure(cost_path: str, seed: int = 0) -> dict:

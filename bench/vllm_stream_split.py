@@ -21,10 +21,8 @@ SIZES = ((1, 8), (9, 32), (33, 1 << 30))
 
 
 def split(profile: Path) -> None:
-    from scipy.optimize import least_squares
-
     from costs.fitted import Fitted
-    from profiler.vllm_stream import StreamStep
+    from profiler.vllm_stream import StreamStep, robust_lstsq
 
     cost = Fitted.load(profile / "cost_model.json")
     meta = json.loads((profile / "meta.json").read_text(encoding="utf-8"))
@@ -35,9 +33,7 @@ def split(profile: Path) -> None:
     rows = np.array([len(s.decode_contexts) for s in steps], dtype=float)
     x = np.column_stack([1 - mixed, mixed, rows * (1 - mixed), rows * mixed, [sum(s.prefills) for s in steps],
                          [s.new for s in steps], [s.arrivals for s in steps]])
-    excess = period - price
-    start = np.linalg.lstsq(x, excess, rcond=None)[0]
-    coef = least_squares(lambda c: x @ c - excess, start, loss="soft_l1", f_scale=5e-4).x
+    coef = robust_lstsq(x, period - price)
     print(f"{profile}: {len(steps)} steps ({int(mixed.sum())} mixed)")
     print("  " + ", ".join(f"{n} {v * 1e6:+.1f} us" for n, v in zip(TERMS, coef)))
     for kind, k in (("decode-only", mixed == 0), ("mixed", mixed == 1)):

@@ -159,18 +159,23 @@ class StreamFit:
         return max(0.0, self.per_prefill_token_s)
 
 
-def fit_stream(cost: CostModel, steps: list[StreamStep]) -> StreamFit:
-    """Robust least squares (soft L1, at 0.5 ms) of each step's period minus `cost`'s price on a per-step and
-    a per-row term (controls: what the step's price may have wrong), a per-prompt-token, a per-new-request and
-    a per-arrival term."""
+def robust_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Coefficients c of x @ c ~ y (seconds) by robust least squares: soft L1 at 0.5 ms, from the ordinary
+    solution (a served step's period has a long slow tail that plain least squares follows)."""
     from scipy.optimize import least_squares
 
+    start = np.linalg.lstsq(x, y, rcond=None)[0]
+    return least_squares(lambda c: x @ c - y, start, loss="soft_l1", f_scale=5e-4).x
+
+
+def fit_stream(cost: CostModel, steps: list[StreamStep]) -> StreamFit:
+    """Robust least squares (`robust_lstsq`) of each step's period minus `cost`'s price on a per-step and a
+    per-row term (controls: what the step's price may have wrong), a per-prompt-token, a per-new-request and a
+    per-arrival term."""
     if len(steps) < 20:
         raise InputError(f"served_stream: {len(steps)} steps, too few to fit a request's cost (20 at least)")
     excess = np.array([s.period_s - cost.iteration_time(s.plan()) for s in steps])
     x = np.array([[1.0, len(s.decode_contexts) + s.new, sum(s.prefills), s.new, s.arrivals] for s in steps])
-    coef0 = np.linalg.lstsq(x, excess, rcond=None)[0]
-    fit = least_squares(lambda c: x @ c - excess, coef0, loss="soft_l1", f_scale=5e-4)
-    c = fit.x
+    c = robust_lstsq(x, excess)
     return StreamFit(*(float(v) for v in c), len(steps), float(np.median(excess)),
                      float(np.median(excess - x @ c)))

@@ -202,7 +202,7 @@ class Rounds:
     say: Callable[[str], None]
     real: dict[float, list[dict[str, Any]]] = field(default_factory=dict)  # per load, each round's summary
     scaled: dict[float, list[dict[str, Any]]] = field(default_factory=dict)  # their twins at machine speed
-    speeds: list[float] = field(default_factory=list)  # each run's speed factor, in the order run
+    speeds: list[float | None] = field(default_factory=list)  # each run's speed factor (None: no busy step)
 
     def run(self, v: VLLMValidation, loads: list[tuple[float, float]]) -> None:
         """`v.repeats` rounds of every (load, qps), after a discarded run at the last load (the first runs
