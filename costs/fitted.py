@@ -31,6 +31,7 @@ from costs.base import CostModel, tiled
 from costs.curves import Curve, CurveTables, check_knots, is_finite_number, pwl_array
 from costs.features import decode_pad_kv
 from costs.fitted_form import COEFFICIENTS, CURVES, FORM
+from costs.graph_buckets import GraphShapes
 from costs.overheads import StepOverheads
 from costs.roofline import DEFAULT_ACTIVATION_RESERVE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION
 from policies.plan import BatchPlan
@@ -63,6 +64,9 @@ class Fitted(CurveTables, CostModel):
         self.memory_bytes = int(memory_bytes) if memory_bytes is not None else None
         self.meta = dict(meta or {})
         self.fit = dict(fit or {})
+        # profiled with CUDA-graph decode steps: decode plans are priced as their graphs run them
+        graphs = (self.meta.get("executor_config") or {}).get("cuda_graphs")
+        self.graphs = GraphShapes(**graphs) if graphs else None
 
         c = self.coefficients
         self._ovh = c["overhead_s"]
@@ -147,6 +151,8 @@ class Fitted(CurveTables, CostModel):
         if plan.streams:
             raise InputError("a fitted cost model prices one stream at a time (its profile never ran two "
                              "at once): price overlapped plans (--overlap 1) with the roofline")
+        if self.graphs is not None:
+            plan = self.graphs.executed(plan)
         rows = plan.decode_rows
         if rows <= 0:
             t = self._fixed(plan)
@@ -157,6 +163,11 @@ class Fitted(CurveTables, CostModel):
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
         if k <= 0:
             return np.empty(0)
+        if self.graphs is not None and (run := self.graphs.executed(plan)) is not plan:
+            # a graphed decode stretch: B rows each reading the longest row's KV rounded up to whole blocks
+            longest = max(s.computed for s in plan.seqs[:plan.decode_rows]) + 1
+            kv = self.graphs.kv(longest + np.arange(k))
+            return self._floored(run, self._fixed(run) + run.decode_rows * pwl_array(kv, self._dec_knots))
         rows = plan.decode_rows
         if plan.prefill_q:  # a prompt's chunks: a few repeats, each priced as its iteration would be
             if rows <= 0:
@@ -177,6 +188,8 @@ class Fitted(CurveTables, CostModel):
     def breakdown(self, plan: BatchPlan) -> dict[str, float]:
         """The terms of `iteration_time(plan)` in seconds (reports and tests; not on the hot path)."""
         terms: dict[str, float] = {}
+        if self.graphs is not None:
+            plan = self.graphs.executed(plan)
         self._fixed(plan, terms)
         n = plan.decode_rows
         if n > 0:

@@ -198,9 +198,9 @@ def generate_alone(executor: RaggedExecutor, prompt: Sequence[int], output_token
 
 
 def warm_up(executor: RaggedExecutor, vocab_size: int, padded: bool = False, seed: int = 0) -> float:
-    """A few prefills and decodes on slot 0 (thread pools, allocator, first-call dispatch, cuda kernels)
-    before the clock starts; returns the seconds it took. The slab's contents do not matter afterwards: a
-    segment only reads positions its own request wrote."""
+    """A few prefills and decodes on slot 0 (thread pools, allocator, first-call dispatch, cuda kernels), and
+    the executor's decode graphs captured, before the clock starts; returns the seconds it took. The slab's
+    contents do not matter afterwards: a segment only reads positions its own request wrote."""
     t0 = time.perf_counter()
     n = max(1, min(64, executor.max_len - 8))
     ids = prompt_ids(2**32, n, vocab_size, seed)  # an id no trace uses
@@ -211,6 +211,8 @@ def warm_up(executor: RaggedExecutor, vocab_size: int, padded: bool = False, see
         if padded:
             segs = [Segment(i, ids[:n - i], 0) for i in range(min(2, executor.slots, n))]
             executor.run_padded(segs)
+    if executor.graphs is not None:  # every decode graph the run can use, as vLLM captures before serving
+        executor.graphs.capture_all()
     if executor.device.type == "cuda":
         torch.cuda.synchronize(executor.device)
     return time.perf_counter() - t0

@@ -53,6 +53,7 @@ class RealConfig:
     arrival: str = "poisson"
     cv: float = 1.0
     attention: str = "auto"  # SDPA kernels (executor.config.ATTENTION)
+    eager: bool = True  # False: decode steps replay CUDA graphs (executor.cuda_graphs)
     prefill_instances: int | None = None  # both 1: disaggregated prefill and decode (engine.disagg)
     decode_instances: int | None = None
 
@@ -69,7 +70,7 @@ class RealConfig:
     def executor(self) -> ExecutorConfig:
         """The run's executor configuration (a fit prices only runs made with the one it was profiled
         with)."""
-        return ExecutorConfig(attention=self.attention)
+        return ExecutorConfig(attention=self.attention, eager=self.eager)
 
     def validate(self) -> None:
         """Check every option that needs neither torch nor the trace's lengths (InputError, as the CLI

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import InputError
+from costs.graph_buckets import GraphShapes
 
 ATTENTION: dict[str, str] = {
     "auto": "CUDA: flash or memory-efficient, torch's pick per call, never cuDNN; CPU: flash or math",
@@ -45,10 +46,17 @@ def device_type(device: Any) -> str:
     return "cuda" if str(device).lower().startswith("cuda") else "cpu"
 
 
+def eager_on(device: Any, eager: bool | None = None) -> bool:
+    """`eager` as given, else the device's default: CUDA graphs on a GPU, eager on a CPU."""
+    return eager if eager is not None else device_type(device) == "cpu"
+
+
 @dataclass(frozen=True)
 class ExecutorConfig:
     attention: str = "auto"  # a key of ATTENTION
-    eager: bool = True  # kernels launched one by one; False (CUDA graphs of decode steps) is not built yet
+    # kernels launched one by one from Python; False: decode steps replay CUDA graphs (CUDA only,
+    # executor/cuda_graphs.py), their batch padded to the graph's bucket (costs/graph_buckets.py)
+    eager: bool = True
 
     def validate(self, device: str = "cpu") -> None:
         """InputError for a setting that cannot run on `device` (spelled as the CLI options)."""
@@ -57,8 +65,8 @@ class ExecutorConfig:
         if device_type(device) not in _BACKENDS[self.attention]:
             raise InputError(f"--attention {self.attention}: {ATTENTION[self.attention]}; it has no kernel "
                              f"on {device_type(device)}")
-        if self.eager is not True:
-            raise InputError("only eager execution is built (CUDA graphs of decode steps are not yet)")
+        if not self.eager and device_type(device) != "cuda":
+            raise InputError("--cuda-graphs needs a CUDA device; a CPU runs eager (--eager)")
 
     def backends(self, device: str) -> tuple[str, ...]:
         """The SDPA backends this configuration allows on `device`, in torch's priority order."""
@@ -67,8 +75,9 @@ class ExecutorConfig:
 
     def record(self, device: str) -> dict[str, Any]:
         """What meta.json and summary.json record: the settings, and the backends they allow on `device`."""
+        graphs = {} if self.eager else {"cuda_graphs": GraphShapes().to_json()}
         return {"attention": self.attention, "eager": self.eager,
-                "attention_backends": list(self.backends(device))}
+                "attention_backends": list(self.backends(device)), **graphs}
 
     @classmethod
     def of_record(cls, record: Mapping[str, Any]) -> ExecutorConfig:

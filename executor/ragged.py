@@ -55,7 +55,9 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 from common.errors import InputError
+from costs.graph_buckets import MAX_CAPTURE_ROWS, GraphShapes
 from executor.config import DEFAULT_CONFIG, ExecutorConfig
+from executor.cuda_graphs import DecodeGraphs
 from executor.ragged_attention import (
     ATTN_IMPLEMENTATION,
     BATCH_KWARG,
@@ -113,14 +115,19 @@ class RaggedExecutor:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.attn = attention_layout(config.backends(self.device.type), self.device, self.dtype,
                                cfg.num_attention_heads, cfg.num_key_value_heads, head_dim)
+        rows, positions = self.slots, self.max_len
+        if not config.eager:  # decode graphs: a scratch row for padding rows, whole KV blocks per row
+            shapes = GraphShapes(min(self.slots, MAX_CAPTURE_ROWS))
+            rows, positions = rows + 1, shapes.kv(positions)
         with torch.inference_mode():
-            self.kv = torch.zeros(cfg.num_hidden_layers, 2, self.slots, cfg.num_key_value_heads, self.max_len,
+            self.kv = torch.zeros(cfg.num_hidden_layers, 2, rows, cfg.num_key_value_heads, positions,
                                   head_dim, dtype=self.dtype, device=self.device)
+        self.graphs = None if config.eager else DecodeGraphs(self, shapes, scratch=self.slots)
 
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V one token takes over all layers (measured from the allocated slab)."""
-        return self.kv.element_size() * self.kv.numel() // (self.slots * self.max_len)
+        return self.kv.element_size() * self.kv[:, :, 0, :, 0].numel()
 
     # ---- input preparation ----------------------------------------------------------------------------
     def _check(self, segments: Sequence[Segment], length: int | None = None) -> None:
@@ -273,16 +280,21 @@ class RaggedExecutor:
         return kwargs, torch.tensor(sampled, dtype=torch.long, device=dev).reshape(-1, 2)
 
     # ---- execution ----------------------------------------------------------------------------------
-    def _forward(self, kwargs: dict[str, Any]) -> torch.Tensor:
+    def forward_hidden(self, kwargs: dict[str, Any]) -> torch.Tensor:
+        """The model's last hidden states for `prepare*`'s kwargs (what a decode graph captures too)."""
         with sdpa_kernel(list(self.attn.backends)):
             return self.model.model(use_cache=False, **kwargs).last_hidden_state
 
     def run(self, segments: Sequence[Segment]) -> torch.Tensor:
         """One ragged iteration; returns the logits `[n_sampled, vocab]` of the last token of each sampled
-        segment, in segment order."""
+        segment, in segment order. A decode-only step runs from its CUDA graph when the executor has them."""
+        graphs = self.graphs
+        if graphs is not None and (key := graphs.bucket(segments)) is not None:
+            self._check(segments)
+            return graphs.run(segments, key)
         with torch.inference_mode():
             kwargs, rows = self.prepare(segments)
-            hidden = self._forward(kwargs)[0]  # [T, hidden]
+            hidden = self.forward_hidden(kwargs)[0]  # [T, hidden]
             return self.model.lm_head(hidden.index_select(0, rows))
 
     def run_padded(self, segments: Sequence[Segment], length: int | None = None,
@@ -293,7 +305,7 @@ class RaggedExecutor:
         of each sampled segment, in segment order."""
         with torch.inference_mode():
             kwargs, rc = self.prepare_padded(segments, length, kv_len, dense)
-            hidden = self._forward(kwargs)  # [B, L, hidden]
+            hidden = self.forward_hidden(kwargs)  # [B, L, hidden]
             return self.model.lm_head(hidden[rc[:, 0], rc[:, 1]])
 
     def run_binpacked(self, rows: Sequence[Sequence[Segment]], length: int,
@@ -302,7 +314,7 @@ class RaggedExecutor:
         row order."""
         with torch.inference_mode():
             kwargs, rc = self.prepare_binpacked(rows, length, dense)
-            hidden = self._forward(kwargs)  # [B, L, hidden]
+            hidden = self.forward_hidden(kwargs)  # [B, L, hidden]
             return self.model.lm_head(hidden[rc[:, 0], rc[:, 1]])
 
     def move_slot(self, src: int, dst: int, positions: int) -> None:

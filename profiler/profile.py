@@ -85,17 +85,17 @@ def write_profile(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -
 
 
 def worker_command(model_name: str, device: str, dtype: str, threads: int, grid: str, seed: int,
-                   protocol: str, attention: str) -> list[str]:
+                   protocol: str, config: ExecutorConfig) -> list[str]:
     return [sys.executable, "-m", "profiler.worker", "--model", model_name, "--device", device, "--dtype",
             dtype, "--threads", str(threads), "--grid", grid, "--seed", str(seed), "--protocol", protocol,
-            "--attention", attention]
+            "--attention", config.attention, *([] if config.eager else ["--cuda-graphs"])]
 
 
 def run_worker(model_name: str, device: str, dtype: str, threads: int, grid: str, seed: int, protocol: str,
-               attention: str, on_event: Callable[[dict[str, Any]], None]
+               config: ExecutorConfig, on_event: Callable[[dict[str, Any]], None]
                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run the worker to completion; returns (rows, meta). `on_event` sees every protocol message."""
-    return run_child(worker_command(model_name, device, dtype, threads, grid, seed, protocol, attention),
+    return run_child(worker_command(model_name, device, dtype, threads, grid, seed, protocol, config),
                      worker_env(threads), on_event)
 
 
@@ -143,7 +143,7 @@ def run_child(command: list[str], env: dict[str, str], on_event: Callable[[dict[
 
 def profile(model_name: str, device: str, dtype: str, threads: int | None, quick: bool, out_dir: str | Path,
             progress: bool = True, *, grid: str | None = None, seed: int = 0, protocol: str = "served",
-            attention: str = "auto") -> Path:
+            attention: str = "auto", eager: bool = True) -> Path:
     """Profile `model_name` (a catalogue shape built with random weights) on `device` and write
     `out_dir/profile.csv` and `out_dir/meta.json`; returns `out_dir`.
 
@@ -153,7 +153,7 @@ def profile(model_name: str, device: str, dtype: str, threads: int | None, quick
     protocol: how a shape's repetitions run (`profiler.shape_protocol`): "served" (contexts and slab
     rows vary from call to call, as in serving) or "fixed" (the same shape every call).
     attention: the SDPA kernels (`executor.config.ATTENTION`), recorded in meta.json with those each kind of
-    call ran.
+    call ran. eager: False replays decode steps from CUDA graphs (`executor.cuda_graphs`).
     Raises InputError for an unknown model, dtype or device, cuda requested but missing, or a bad out_dir.
     """
     from catalogue.models import model_in_working_folder
@@ -162,11 +162,12 @@ def profile(model_name: str, device: str, dtype: str, threads: int | None, quick
     grid = grid if grid is not None else ("quick" if quick else "full")
     model_name = model_in_working_folder(model_name)  # the timing child finds the same config.json
     spec, dev, threads = _check_inputs(model_name, device, dtype, threads, grid, protocol)
-    ExecutorConfig(attention).validate(dev)
+    config = ExecutorConfig(attention, eager)
+    config.validate(dev)
     out = check_out_dir(Path(out_dir))
 
     with progress_events(f"{spec.name} on {dev}", progress) as on_event:
-        rows, meta = run_worker(spec.name, dev, dtype, threads, grid, seed, protocol, attention, on_event)
+        rows, meta = run_worker(spec.name, dev, dtype, threads, grid, seed, protocol, config, on_event)
     write_profile(out, rows, meta)
     return out
 

@@ -36,6 +36,7 @@ from typing import Literal
 import numpy as np
 
 from costs.features import plan_features
+from costs.graph_buckets import GraphShapes
 from policies.binpack import first_fit_decreasing
 from policies.plan import BatchPlan
 from policies.plan import binpacked_prefill as binpacked_prefill_plan
@@ -130,8 +131,10 @@ class Shape:
                     if not s.decode]
         return hybrid_plan(decodes, [s for s, _ in prefills], [q for _, q in prefills])
 
-    def features(self) -> dict[str, object]:
-        plan = self.plan()
+    def features(self, graphs: GraphShapes | None = None) -> dict[str, object]:
+        """The profile columns of this shape as the executor runs it (`graphs`: decode steps replayed from
+        CUDA graphs, their batch padded to the graph's)."""
+        plan = self.plan() if graphs is None else graphs.executed(self.plan())
         if self.kind == "padded_insertion":  # a newcomer's prompt on the batch's width
             q, c = self.length, plan.kv_len - self.length
         elif self.padded or self.bins:  # the representative chunk and context: a padded row

@@ -74,6 +74,7 @@ from functools import partial
 from typing import Any, TextIO
 
 from common.errors import InputError
+from costs.graph_buckets import GraphShapes
 from executor.runtime import cpu_name
 from profiler.shape_protocol import PROTOCOLS, ShapeProtocol
 from profiler.shapes import Shape
@@ -97,7 +98,7 @@ def _load() -> list[float] | None:
 
 class Worker:
     def __init__(self, model: str, device: str, dtype: str, threads: int, grid: str, seed: int,
-                 out: TextIO, protocol: str = "served", attention: str = "auto") -> None:
+                 out: TextIO, protocol: str = "served", attention: str = "auto", eager: bool = True) -> None:
         import torch
 
         from catalogue.models import get_model
@@ -113,7 +114,7 @@ class Worker:
         self.grid_name = grid
         self.seed = seed
         self.protocol = ShapeProtocol(protocol)
-        self.executor_config = ExecutorConfig(attention)
+        self.executor_config = ExecutorConfig(attention, eager)
         self.executor_config.validate(str(self.device))
         torch.set_num_threads(threads)
         self.gen = torch.Generator().manual_seed(seed)
@@ -186,8 +187,9 @@ class Worker:
         probe = executor_cls(model, 1, 1)
         kv_bpt = self._kv_bpt = probe.kv_bytes_per_token
         del probe
+        graphs = None if self.executor_config.eager else GraphShapes()
         grid = build_grid(self.grid_name, self.spec.max_position, self._kv_budget_tokens(kv_bpt), self.seed,
-                          self.protocol, self.spec.moe)
+                          self.protocol, self.spec.moe, graphs)
         self.emit(event="start", shapes=len(grid.shapes), total=len(grid.shapes) * grid.passes,
                   skipped=grid.skipped)
 
@@ -198,7 +200,7 @@ class Worker:
         blocks = self._measure(grid, model, executor_cls, monitor, deadline=t_start + grid.max_wall_s)
         rows, timing = summarize_blocks(blocks, grid, monitor)
         for i, shape in enumerate(grid.shapes):
-            self.emit(event="row", index=i, label=shape.label(), row={**shape.features(), **rows[i]})
+            self.emit(event="row", index=i, label=shape.label(), row={**shape.features(graphs), **rows[i]})
 
         meta = {**self._setting_meta(grid), "timing": timing, "attention_kernels": kernels,
                 "kv_bytes_per_token": kv_bpt, "weight_bytes": weight_bytes,
@@ -274,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--protocol", default="served", choices=PROTOCOLS)
     p.add_argument("--attention", default="auto")
+    p.add_argument("--cuda-graphs", action="store_true", help="decode steps replay CUDA graphs")
     args = p.parse_args(argv)
 
     # Keep the protocol stream clean: the original stdout is ours; anything else goes to stderr.
@@ -288,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         Worker(args.model, args.device, args.dtype, args.threads, args.grid, args.seed, out, args.protocol,
-               args.attention).run()
+               args.attention, not args.cuda_graphs).run()
     except InputError as e:
         return fail(e, True)
     except Exception as e:  # noqa: BLE001 -- a bug or a device failure: report it, traceback on stderr

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from catalogue.moe import MoE, expected_distinct_experts
+from costs.graph_buckets import GraphShapes
 from profiler.shape_protocol import SERVED, Repetitions, ShapeProtocol
 from profiler.shapes import (
     Shape,
@@ -69,10 +70,13 @@ class Grid:
     protocol: ShapeProtocol = SERVED
     max_position: int = 0
     max_kv_tokens: int | None = None
+    graphs: GraphShapes | None = None  # decode steps replay CUDA graphs
 
     def repetitions(self) -> list[Repetitions]:
-        """Each shape's calls under the grid's protocol, in shape order."""
-        return [self.protocol.repetitions(s, self.max_position, self.max_kv_tokens) for s in self.shapes]
+        """Each shape's calls under the grid's protocol, in shape order; under CUDA graphs a decode step
+        repeats its shape (a graph has one shape: nothing keyed on the KV length is left to defeat)."""
+        return [Repetitions(s, 0, 0) if self.graphs is not None and s.kind == "decode" else
+                self.protocol.repetitions(s, self.max_position, self.max_kv_tokens) for s in self.shapes]
 
     def protocol_meta(self) -> dict[str, object]:
         """meta.json's `shape_protocol`: the protocol and, when served, the shapes on cached context whose KV
@@ -191,10 +195,12 @@ def _add_layouts(grid: Grid, layouts: _Layouts, top: int) -> None:
 
 
 def build_grid(name: str, max_position: int, max_kv_tokens: int | None = None, seed: int = 0,
-               protocol: ShapeProtocol = SERVED, moe: MoE | None = None) -> Grid:
+               protocol: ShapeProtocol = SERVED, moe: MoE | None = None,
+               graphs: GraphShapes | None = None) -> Grid:
     """The shapes of grid `name`, with positions capped at `max_position` and KV slabs at `max_kv_tokens`;
-    `protocol` says how their repetitions run (the shapes do not depend on it). A mixture of experts (`moe`)
-    adds single prompts and decode batches of every token count over which its union of experts grows."""
+    `protocol` says how their repetitions run (the shapes do not depend on it), `graphs` whether decode
+    steps replay CUDA graphs. A mixture of experts (`moe`) adds single prompts and decode batches of every
+    token count over which its union of experts grows."""
     if name not in GRID_NAMES:
         raise ValueError(f"unknown grid {name!r}; choose one of {', '.join(GRID_NAMES)}")
     top = min(max_position, 2048)  # longest sequence profiled
@@ -203,6 +209,7 @@ def build_grid(name: str, max_position: int, max_kv_tokens: int | None = None, s
         _add_expert_knots(grid, moe, top)
     _add_layouts(grid, layouts, top)
     grid.protocol, grid.max_position, grid.max_kv_tokens = protocol, max_position, max_kv_tokens
+    grid.graphs = graphs
     kept = []
     for s in grid.shapes:
         if s.max_len > max_position or (max_kv_tokens is not None and s.kv_tokens > max_kv_tokens):

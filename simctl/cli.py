@@ -19,7 +19,7 @@ from policies.registry import POLICIES
 from simctl.capacity_cmd import capacity
 from simctl.config_options import with_config_options
 from simctl.display import out_console
-from simctl.options import Attention
+from simctl.options import Attention, Eager
 from simctl.plan_cmd import plan_cmd
 from simctl.plot_cmd import plot
 from simctl.prefill_bench_cmd import prefill_bench
@@ -56,6 +56,7 @@ def profile(
         "serving does, so no per-shape cache flatters it; fixed: the "
         "same shape every repetition."))] = "served",
     attention: Attention = "auto",
+    eager: Eager = None,
 ) -> None:
     """Time real prefill, decode, hybrid and padded iterations of a model on this device.
 
@@ -63,6 +64,7 @@ def profile(
     `simctl fit`. Example: simctl profile --model tiny --device cpu --out profiles/cpu
     vLLM's own steps: simctl profile --engine vllm --model tiny --device cpu --out profiles/vllm-tiny
     """
+    from executor.config import eager_on
     from profiler.profile import profile as run_profile
 
     if engine not in ("simctl", "vllm"):
@@ -71,7 +73,7 @@ def profile(
         if engine == "vllm":
             from profiler.vllm_profile import profile_vllm
 
-            for name in ("threads", "protocol", "attention"):
+            for name in ("threads", "protocol", "attention", "eager"):
                 if ctx.get_parameter_source(name).name != "DEFAULT":
                     raise InputError(f"--{name} applies to --engine simctl; vLLM steps run with its own "
                                      f"threads and attention, each timed as served")
@@ -81,7 +83,7 @@ def profile(
             path = profile_vllm(model, dtype, quick, out)
         else:
             path = run_profile(model, device, dtype, threads, quick, out, protocol=protocol,
-                               attention=attention)
+                               attention=attention, eager=eager_on(device, eager))
     except RuntimeError as e:  # the timing child crashed: its last words are in the message
         raise InputError(f"profiling failed: {e}") from None
     Console().print(escape(f"wrote {path}/profile.csv and meta.json; next: simctl fit {path}"))

@@ -22,6 +22,10 @@ ATTENTION_HELP = ("SDPA kernels of the attention: " + "; ".join(f"{k}: {v}" for 
                   + ". cuDNN re-plans for every new KV length, which serving meets every step. A fit prices "
                   "only runs made with the kernels it was profiled with.")
 Attention = Annotated[str, typer.Option(help=ATTENTION_HELP)]
+Eager = Annotated[bool | None, typer.Option(
+    "--eager/--cuda-graphs", help="Launch every kernel from Python (eager), or replay decode steps from CUDA "
+    "graphs captured per batch-size bucket, the batch padded to its bucket (CUDA only) [default: CUDA graphs "
+    "on a GPU, eager on a CPU]. A fit prices only runs made in the mode it was profiled in.")]
 
 
 def comma_list(text: str, what: str) -> list[str]:

@@ -11,7 +11,7 @@ import typer
 
 from common.errors import InputError
 from simctl.configs import RealDisaggregation, Workload
-from simctl.options import Attention
+from simctl.options import Attention, Eager
 from simctl.policy_options import PolicyChoice
 
 
@@ -37,6 +37,7 @@ def real(
     kv_capacity: Annotated[int | None, typer.Option(help="KV token slots given to the policy [default: "
                                                     "enough for every request at once].")] = None,
     attention: Attention = "auto",
+    eager: Eager = None,
     disaggregation: RealDisaggregation = RealDisaggregation(),
     out: Annotated[Path | None, typer.Option(help="Folder for summary.json, requests.parquet, "
                                              "iterations.parquet and replicas.parquet, as `simctl run` "
@@ -55,6 +56,7 @@ def real(
     (vLLM's settings as vllm-v1's, e.g. --max-batch-size 64 --enable-prefix-caching 0)
     """
     from engine.real import real_main
+    from executor.config import eager_on
 
     if engine not in ("simctl", "vllm"):
         raise InputError(f"--engine {engine!r}: choose simctl or vllm")
@@ -67,6 +69,7 @@ def real(
         else:
             summary = real_main(policy=policies.policy, device=device, threads=threads,
                                 options=policies.settings(), kv_capacity=kv_capacity, attention=attention,
+                                eager=eager_on(device, eager),
                                 prefill_instances=disaggregation.prefill_instances,
                                 decode_instances=disaggregation.decode_instances, **common)
     except RuntimeError as e:
@@ -94,7 +97,8 @@ def _on_vllm(ctx: typer.Context, policies: Any, common: dict[str, Any]) -> dict[
     if ctx.get_parameter_source("policy").name != "DEFAULT" and policies.policy != TWIN_POLICY:
         raise InputError(f"--policy {policies.policy}: with --engine vllm the scheduler is vLLM's own, which "
                          f"--policy {TWIN_POLICY} models (its settings are passed to vLLM)")
-    for name in ("device", "threads", "kv_capacity", "attention", "prefill_instances", "decode_instances"):
+    for name in ("device", "threads", "kv_capacity", "attention", "eager", "prefill_instances",
+                 "decode_instances"):
         if ctx.get_parameter_source(name).name != "DEFAULT":
             raise InputError(f"--{name.replace('_', '-')} applies to --engine simctl; vLLM runs on the CPU "
                              f"with its own threads, KV cache and attention")

@@ -170,8 +170,10 @@ def test_executor_config_values_and_records():
         ExecutorConfig("cudnn").validate()
     with pytest.raises(InputError, match="--attention efficient: .* no kernel on cpu"):
         ExecutorConfig("efficient").validate("cpu")
-    with pytest.raises(InputError, match="only eager"):
+    with pytest.raises(InputError, match="--cuda-graphs needs a CUDA device"):
         ExecutorConfig(eager=False).validate()
+    ExecutorConfig(eager=False).validate("cuda:0")
+    assert ExecutorConfig(eager=False).record("cuda")["cuda_graphs"] == {"max_rows": 512, "kv_block": 256}
     assert ExecutorConfig().backends("cuda:1") == ("flash", "efficient")  # never cuDNN by default
     assert "cudnn" in ExecutorConfig("any").backends("cuda")
     assert ExecutorConfig().record("cpu") == {"attention": "auto", "eager": True,

@@ -82,6 +82,7 @@ class Validation:
         s = real_main(trace=setup.trace, model=setup.model, num_requests=setup.num_requests,
                       scale=setup.scale, seed=setup.seed, dtype=setup.dtype, threads=setup.threads,
                       device=setup.device, kv_budget_bytes=setup.kv_budget_bytes, attention=setup.attention,
+                      eager=setup.eager,
                       prefill_instances=setup.prefill_instances, decode_instances=setup.decode_instances,
                       **kw)
         return s, self.meter.stop()

@@ -32,6 +32,7 @@ class Setup:
     device: str = "cpu"
     kv_budget_bytes: int | None = None  # the KV slab budget of every run (None: the CPU's); probed on cuda
     attention: str = "auto"  # the runs' SDPA kernels (executor.config.ATTENTION)
+    eager: bool = True  # False: the runs' decode steps replay CUDA graphs
     prefill_instances: int | None = None  # both 1: real disaggregated runs (engine.disagg), a cluster twin
     decode_instances: int | None = None
     kv_link_gbps: float = DEFAULT_LINK_GBPS  # the twin's link before a real run has measured one
@@ -42,8 +43,8 @@ class Setup:
         return RealConfig(policy=policy, trace=self.trace, model=self.model, device=self.device, qps=qps,
                           num_requests=self.num_requests, scale=self.scale, seed=self.seed, dtype=self.dtype,
                           threads=self.threads, kv_budget_bytes=self.kv_budget_bytes,
-                          attention=self.attention, prefill_instances=self.prefill_instances,
-                          decode_instances=self.decode_instances)
+                          attention=self.attention, eager=self.eager,
+                          prefill_instances=self.prefill_instances, decode_instances=self.decode_instances)
 
 
 

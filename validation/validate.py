@@ -189,7 +189,8 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
     setup = Setup(trace=trace, model=model, num_requests=num_requests, scale=scale, seed=seed,
                   threads=threads, dtype=dtype if dtype is not None else fitted_dtype(fit) or "float32",
                   device=str(device), attention=attention if attention is not None
-                  else fitted_executor(fitted).attention, prefill_instances=prefill_instances,
+                  else fitted_executor(fitted).attention, eager=fitted_executor(fitted).eager,
+                  prefill_instances=prefill_instances,
                   decode_instances=decode_instances)
     setup, names, loads, device_name = _ready(setup, fitted, policies, loads, out, say)
     t_start = time.perf_counter()
@@ -264,7 +265,8 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
     # a validation from before executor configurations were recorded let torch pick its kernels: "any"
     setup = Setup(trace=c["trace"], model=c["model"], num_requests=c["num_requests"], scale=c["scale"],
                   seed=c["seed"], threads=c["threads"], dtype=c["dtype"], device=c.get("device", "cpu"),
-                  kv_budget_bytes=c.get("kv_budget_bytes"), attention=c.get("attention", "any"))
+                  kv_budget_bytes=c.get("kv_budget_bytes"), attention=c.get("attention", "any"),
+                  eager=c.get("eager", True))
     check_fitted_run(getattr(fitted, "meta", {}), setup.device, c.get("device_name"), setup.dtype)
     caps: dict[str, dict[str, Any]] = {}
     for policy, was in old.capacity.items():

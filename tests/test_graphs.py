@@ -1,0 +1,178 @@
+"""CUDA-graph decode steps (`costs.graph_buckets`, `executor.cuda_graphs`): the buckets a step is padded to,
+a fitted model pricing the padded step and a graphed profile recording it, and the graph's padded
+computation giving every row the logits its eager step gives (on the CPU the graph's forward runs uncaptured;
+the capture itself in the tests that skip without CUDA)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from costs.fitted import Fitted
+from costs.graph_buckets import CAPTURE_SIZES, GraphShapes
+from policies.plan import Layout, hybrid, padded_decode
+from policies.seq import Seq
+from profiler.shape_protocol import SERVED
+from profiler.shapes import decode, hybrid as hybrid_shape, prefill
+from profiler.workloads import build_grid
+
+
+def decoding(i: int, context: int) -> Seq:
+    s = Seq(i, 0.0, context, 10 ** 6)
+    s.advance(context)
+    s.advance(1)
+    s.computed = context
+    return s
+
+
+def test_capture_sizes_and_buckets():
+    assert CAPTURE_SIZES[:5] == (1, 2, 4, 8, 16) and CAPTURE_SIZES[-1] == 512 and len(CAPTURE_SIZES) == 67
+    g = GraphShapes()
+    assert [g.rows(n) for n in (1, 2, 3, 5, 8, 9, 17, 505, 512)] == [1, 2, 4, 8, 8, 16, 24, 512, 512]
+    assert g.rows(513) is None  # beyond the largest graph: eager
+    assert GraphShapes(20).rows(17) == 20 and GraphShapes(20).rows(21) is None  # the slots are the last bucket
+    assert (g.kv(1), g.kv(256), g.kv(257)) == (256, 256, 512)
+    assert list(g.kv(np.array([255, 256, 257, 513]))) == [256, 256, 512, 768]
+    with pytest.raises(ValueError):
+        GraphShapes(0)
+
+
+def test_a_decode_step_is_executed_padded_to_its_graph():
+    seqs = [decoding(i, c) for i, c in enumerate([10, 300, 20, 5, 7])]
+    plan = hybrid(seqs, [], [])
+    run = GraphShapes().executed(plan)
+    assert run == padded_decode(seqs, 8, 512)  # 5 rows -> 8, longest 301 KV tokens -> 512
+    assert (run.linear_tokens, run.sampled_tokens, run.decode_rows, run.decode_kv, run.idle_rows) == (
+        8, 8, 8, 8 * 512, 3)
+    assert run.decode_tokens == 5 and run.layout is Layout.PADDED
+    chunked = hybrid(seqs[:2], [Seq(9, 0.0, 40, 5)], [16])
+    assert GraphShapes().executed(chunked) is chunked  # a step with a prefill runs eager
+    assert GraphShapes(4).executed(plan) is plan  # more rows than the graphs hold
+
+
+@pytest.fixture(scope="module")
+def fits() -> tuple[Fitted, Fitted]:
+    coef = {"overhead_s": 2e-3, "attn_unit_s": 2e-9, "attn_kv_token_s": 1e-6, "attn_segment_s": 5e-5,
+            "decode_pad_token_s": 3e-8, "decode_row_s": 2e-5}
+    curves = {"linear": [(1, 0.0), (64, 1e-3), (512, 6e-3)], "lm_head": [(0, 0.0), (1, 1e-4), (512, 3e-3)],
+              "decode_kv": [(16, 0.0), (1024, 1e-4), (4096, 5e-4)]}
+    graphed = {"executor_config": {"attention": "auto", "eager": False, "cuda_graphs": GraphShapes().to_json()}}
+    return Fitted(coef, 64, curves), Fitted(coef, 64, curves, meta=graphed)
+
+
+def test_a_graphed_fit_prices_decode_steps_as_their_graphs_run(fits):
+    eager, graphed = fits
+    assert eager.graphs is None and graphed.graphs == GraphShapes()
+    seqs = [decoding(i, c) for i, c in enumerate([100, 700, 90])]
+    plan = hybrid(seqs, [], [])
+    assert graphed.iteration_time(plan) == eager.iteration_time(padded_decode(seqs, 4, 768))
+    assert graphed.iteration_time(plan) > eager.iteration_time(plan)  # padding is work
+    mixed = hybrid(seqs, [Seq(7, 0.0, 50, 5)], [50])
+    assert graphed.iteration_time(mixed) == eager.iteration_time(mixed)
+    assert graphed.breakdown(plan) == eager.breakdown(padded_decode(seqs, 4, 768))
+
+
+def test_a_graphed_decode_stretch_prices_each_step_as_its_graph(fits):
+    """Repeat j of a stretch is the step with every row j tokens further: across KV-block boundaries the
+    closed form equals pricing each step alone."""
+    _, graphed = fits
+    rng = random.Random(3)
+    for _ in range(20):
+        contexts = [rng.randrange(1, 900) for _ in range(rng.randrange(1, 40))]
+        seqs = [decoding(i, c) for i, c in enumerate(contexts)]
+        k = rng.randrange(1, 600)
+        times = graphed.stretch_times(hybrid(seqs, [], []), k)
+        for j in sorted({0, k - 1, rng.randrange(k)}):
+            later = [decoding(i, c + j) for i, c in enumerate(contexts)]
+            assert times[j] == pytest.approx(graphed.iteration_time(hybrid(later, [], [])), rel=1e-12)
+
+
+def test_a_graphed_profile_records_decode_steps_as_run_and_repeats_them():
+    g = GraphShapes()
+    f = decode(5, 300).features(g)
+    assert (f["kind"], f["decode_rows"], f["linear_tokens"], f["decode_kv"], f["decode_pad_kv"]) == (
+        "decode", 8, 8, 8 * 512, 0)
+    assert prefill(64).features(g) == prefill(64).features()
+    assert hybrid_shape(4, 128, 32, 0).features(g) == hybrid_shape(4, 128, 32, 0).features()
+    grid = build_grid("quick", 2048, None, 0, SERVED, None, g)
+    reps = {r.shape.label(): r for r in grid.repetitions()}
+    eager = {r.shape.label(): r for r in build_grid("quick", 2048, None, 0, SERVED).repetitions()}
+    for label, r in reps.items():
+        if r.shape.kind == "decode":  # one graph, one shape: every call the same
+            assert (r.radius, r.spare_slots) == (0, 0) and eager[label].radius > 0
+        else:
+            assert r == eager[label]
+
+
+# ---- the executor ------------------------------------------------------------------------------------------
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from catalogue.models import get_model  # noqa: E402
+from executor.config import ExecutorConfig  # noqa: E402
+from executor.cuda_graphs import DecodeGraphs  # noqa: E402
+from executor.model import build_model  # noqa: E402
+from executor.ragged import RaggedExecutor, Segment  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+
+
+def check_graph_steps(ex: RaggedExecutor, graphs: DecodeGraphs, seed: int, steps: int, tol: float) -> None:
+    """Random decode steps over prefilled slots: the graph's logits equal the eager step's for every row,
+    and slots that do not decode this step keep their KV (padding rows write into the scratch row)."""
+    rng = random.Random(seed)
+    slots = graphs.shapes.max_rows
+    contexts = [rng.randrange(2, 40) for _ in range(slots)]
+    for s, c in enumerate(contexts):
+        ex.run([Segment(s, [rng.randrange(100) for _ in range(c)])])
+    for _ in range(steps):
+        live = sorted(rng.sample(range(slots), rng.randrange(1, slots + 1)))
+        segs = [Segment(s, [rng.randrange(100)], contexts[s]) for s in live]
+        want = ex.run(segs).float()
+        idle = [s for s in range(slots) if s not in live]
+        before = ex.kv[:, :, idle].clone()
+        got = graphs.run(segs, graphs.bucket(segs)).float()
+        assert (got - want).abs().max().item() <= tol * want.abs().max().item()
+        assert torch.equal(ex.kv[:, :, idle], before)
+        for s in live:
+            contexts[s] += 1
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("seed", range(3))
+def test_graph_steps_give_every_row_its_eager_logits_on_the_cpu(seed):
+    model = build_model(get_model("tiny-2l"), "cpu", "float32", seed=0)
+    slots = 6
+    ex = RaggedExecutor(model, slots + 1, 256)  # the last row: the graphs' scratch row
+    graphs = DecodeGraphs(ex, GraphShapes(slots, kv_block=16), scratch=slots)
+    check_graph_steps(ex, graphs, seed, 12, 1e-5)
+    assert {rows for rows, _ in graphs.graphs} <= {1, 2, 4, 6}
+
+
+@pytest.mark.torch
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_graph_steps_give_every_row_its_eager_logits(dtype):
+    model = build_model(get_model("tiny"), "cuda", dtype, seed=0)
+    slots = 12
+    eager = RaggedExecutor(model, slots + 1, 256)
+    graphs = DecodeGraphs(eager, GraphShapes(slots, kv_block=16), scratch=slots)
+    assert graphs.capture
+    check_graph_steps(eager, graphs, 0, 20, 1e-4 if dtype == "float32" else 3e-2)
+    assert all(g.graph is not None for g in graphs.graphs.values())
+
+
+@pytest.mark.torch
+@needs_cuda
+def test_cuda_graphed_executor_runs_decodes_from_graphs_and_captures_them_all():
+    model = build_model(get_model("tiny"), "cuda", "bfloat16", seed=0)
+    ex = RaggedExecutor(model, 10, 300, ExecutorConfig(eager=False))
+    assert ex.graphs is not None and ex.kv.shape[2] == 11 and ex.kv.shape[4] == 512  # scratch row, whole blocks
+    ex.run([Segment(0, [1] * 20), Segment(1, [2] * 30)])
+    first = ex.run([Segment(0, [3], 20), Segment(1, [4], 30)])
+    assert set(ex.graphs.graphs) == {(2, 256)} and first.shape[0] == 2
+    ex.graphs.capture_all()
+    assert set(ex.graphs.graphs) == {(b, k) for b in (1, 2, 4, 8, 10) for k in (256, 512)}
