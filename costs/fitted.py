@@ -30,7 +30,7 @@ from common.errors import InputError
 from costs.base import CostModel, tiled
 from costs.curves import Curve, CurveTables, check_knots, is_finite_number, pwl_array
 from costs.features import decode_pad_kv
-from costs.fitted_form import COEFFICIENTS, CURVES, FORM
+from costs.fitted_form import COEFFICIENTS, CURVES, FORM, OPTIONAL_COEFFICIENTS
 from costs.graph_buckets import GraphShapes
 from costs.overheads import StepOverheads
 from costs.roofline import DEFAULT_ACTIVATION_RESERVE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION
@@ -81,6 +81,7 @@ class Fitted(CurveTables, CostModel):
         self._pa_seg = c["attn_segment_s"]
         self._dpad = c["decode_pad_token_s"]
         self._drow = c["decode_row_s"]
+        self._eager = c["eager_step_s"]
 
     def __repr__(self) -> str:
         dev = self.meta.get("device_name") or self.meta.get("device") or "?"
@@ -151,13 +152,16 @@ class Fitted(CurveTables, CostModel):
         if plan.streams:
             raise InputError("a fitted cost model prices one stream at a time (its profile never ran two "
                              "at once): price overlapped plans (--overlap 1) with the roofline")
+        eager = 0.0
         if self.graphs is not None:
-            plan = self.graphs.executed(plan)
+            run = self.graphs.executed(plan)
+            eager = self._eager if run is plan else 0.0
+            plan = run
         rows = plan.decode_rows
         if rows <= 0:
-            t = self._fixed(plan)
+            t = self._fixed(plan) + eager
         else:
-            t = self._fixed(plan) + rows * self._dec(plan.decode_kv / rows)
+            t = self._fixed(plan) + eager + rows * self._dec(plan.decode_kv / rows)
         return self._floored(plan, t) if self._floor else t
 
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
@@ -168,6 +172,12 @@ class Fitted(CurveTables, CostModel):
             longest = max(s.computed for s in plan.seqs[:plan.decode_rows]) + 1
             kv = self.graphs.kv(longest + np.arange(k))
             return self._floored(run, self._fixed(run) + run.decode_rows * pwl_array(kv, self._dec_knots))
+        if self.graphs is not None and self._eager:  # an eager stretch beside decode graphs
+            return self._floored(plan, self._eager + self._stretch(plan, k))
+        return self._floored(plan, self._stretch(plan, k))
+
+    def _stretch(self, plan: BatchPlan, k: int) -> np.ndarray:
+        """`stretch_times` of a plan priced as it is, before the launch floor."""
         rows = plan.decode_rows
         if plan.prefill_q:  # a prompt's chunks: a few repeats, each priced as its iteration would be
             if rows <= 0:
@@ -183,13 +193,15 @@ class Fitted(CurveTables, CostModel):
             else:
                 mean_kv = plan.decode_kv / rows + np.arange(k, dtype=np.float64)  # every row gains one token
                 times = fixed + rows * pwl_array(mean_kv, self._dec_knots)
-        return self._floored(plan, times)
+        return times
 
     def breakdown(self, plan: BatchPlan) -> dict[str, float]:
         """The terms of `iteration_time(plan)` in seconds (reports and tests; not on the hot path)."""
         terms: dict[str, float] = {}
         if self.graphs is not None:
-            plan = self.graphs.executed(plan)
+            run = self.graphs.executed(plan)
+            terms["eager_step"] = self._eager if run is plan else 0.0
+            plan = run
         self._fixed(plan, terms)
         n = plan.decode_rows
         if n > 0:
@@ -321,6 +333,7 @@ def _checked_coefficients(coefficients: Any) -> dict[str, float]:
     """Every scalar of the form (`COEFFICIENTS`), each a finite number >= 0 (InputError otherwise)."""
     if not isinstance(coefficients, dict):
         raise InputError("coefficients must be an object")
+    coefficients = {**dict.fromkeys(OPTIONAL_COEFFICIENTS, 0.0), **coefficients}
     missing = [k for k in COEFFICIENTS if k not in coefficients]
     if missing:
         raise InputError(f"coefficients lack {', '.join(missing)}")

@@ -12,6 +12,7 @@ Functional form (seconds per iteration; every quantity is a field of the `BatchP
       + attn_segment_s x (number of prefill segments)              per-segment launches
       + decode_rows x (decode_row_s + decode_kv(decode_kv / decode_rows))   decode attention, per row
       + decode_pad_token_s x decode_pad_kv                         ... and padding to the longest row
+      + eager_step_s x eager_step                                  a step launched eagerly beside graphs
 
 with T = `linear_tokens` (padding included), r = `sampled_tokens` (LM-head rows), segments i =
 (`prefill_q`, `prefill_c`), decode_kv / decode_rows the mean KV tokens a decode row reads (its context + 1,
@@ -60,6 +61,11 @@ Why this form:
   share is a property of the executor profiled (an exact varlen kernel fits it at ~0).
 - A fixed overhead (launches, Python, sampling, and the linear layers at one token) absorbs everything
   independent of the batch.
+- An executor that replays decode steps from CUDA graphs (`costs/graph_buckets.py`) still launches every
+  other step kernel by kernel from Python: `eager_step` is 1 for those steps of such an executor (0 for its
+  graphed decodes, and for every step of an eager one, whose launches `overhead_s` holds). Measured on an
+  H200 (mistral-7b, bfloat16; `bench/results/gpu_h200.md`): graphed decode steps 7.6-11 ms, eager prompts of
+  16 to 512 tokens 25-39 ms, host-bound; one shared overhead priced the prompts at a third of that.
 - Step overheads (`step_overheads`, `costs/overheads.py`): host terms per step, per scheduled request and
   per sampled token, and an eager launch floor, added as the roofline adds them. A fit of whole profiled
   steps has them inside `overhead_s` and the per-row terms (its file has no `step_overheads`: all zero); a fit
@@ -87,7 +93,10 @@ COEFFICIENTS: tuple[str, ...] = (
     "attn_segment_s",  # s per prefill segment
     "decode_pad_token_s",  # s per KV token of padding to the longest decode row (ragged layouts)
     "decode_row_s",  # s per decode row (reading one KV token)
+    "eager_step_s",  # s per step launched eagerly by an executor that replays decode graphs
 )
+# coefficients a cost_model.json written before them may lack: they price at 0 there
+OPTIONAL_COEFFICIENTS: tuple[str, ...] = ("eager_step_s",)
 # The piecewise-linear curves: name -> (what their n counts, the first knot's n; None: the smallest n
 # profiled)
 CURVES: dict[str, tuple[str, int | None]] = {
@@ -99,18 +108,20 @@ CURVES: dict[str, tuple[str, int | None]] = {
 FORM = ("t = overhead_s + linear(tiled(T))[T>0] + lm_head(tiled(r))[r>0] + attn_unit_s*sum q(c+q/2) "
         "+ attn_kv_token_s*sum(c+q) + attn_segment_s*segments "
         "+ decode_rows*(decode_row_s + decode_kv(decode_kv/decode_rows)) + decode_pad_token_s*decode_pad_kv; "
+        "+ eager_step_s*eager_step; "
         "decode_pad_kv = decode_rows*(longest decode context+1) - decode_kv (ragged layouts; 0 padded); "
+        "eager_step = 1 for a step an executor replaying decode graphs launches eagerly, else 0; "
         "linear, lm_head, decode_kv: monotone piecewise-linear through their knots (last slope beyond the "
         "last knot); tiled(n) = n if n <= tile else ceil(n/tile)*tile")
 
 
 def predict_arrays(coef: dict[str, float] | np.ndarray, curves: dict[str, Sequence[tuple[float, float]]],
                    tile: int, linear_tokens, sampled_tokens, attn_units, attn_kv_tokens, num_segments,
-                   decode_rows, decode_kv, decode_pad_kv=0) -> np.ndarray:
+                   decode_rows, decode_kv, decode_pad_kv=0, eager_step=0) -> np.ndarray:
     """The functional form over arrays of plan fields (the fit and reports use it; `Fitted` prices the same
     formula one plan at a time). `curves`: the knot tables by name (`CURVES`)."""
-    c = (np.array([coef[k] for k in COEFFICIENTS], dtype=np.float64) if isinstance(coef, dict)
-         else np.asarray(coef, dtype=np.float64))
+    c = (np.array([coef.get(k, 0.0) if k in OPTIONAL_COEFFICIENTS else coef[k] for k in COEFFICIENTS],
+                  dtype=np.float64) if isinstance(coef, dict) else np.asarray(coef, dtype=np.float64))
     T = tiled_array(linear_tokens, tile)
     r = tiled_array(sampled_tokens, tile)
     rows = np.asarray(decode_rows, dtype=np.float64)
@@ -120,4 +131,5 @@ def predict_arrays(coef: dict[str, float] | np.ndarray, curves: dict[str, Sequen
             + c[2] * np.asarray(attn_kv_tokens, dtype=np.float64)
             + c[3] * np.asarray(num_segments, dtype=np.float64)
             + c[4] * np.asarray(decode_pad_kv, dtype=np.float64)
-            + rows * (c[5] + pwl_array(mean_kv, curves["decode_kv"])))
+            + rows * (c[5] + pwl_array(mean_kv, curves["decode_kv"]))
+            + c[6] * np.asarray(eager_step, dtype=np.float64))

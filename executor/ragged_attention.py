@@ -124,7 +124,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     B, H, L, D = q.shape
     if not is_causal:
         return _call(q.reshape(B, H // G, G * L, D), k, v, mask, False, scale, False, kind, " (folded)"
-                     ).view(B, H, L, D)
+                     ).reshape(B, H, L, D)
     if attn.gqa_causal:
         return _call(q, k, v, None, True, scale, True, kind, " (enable_gqa)")
     qg = q.unflatten(1, (H // G, G))

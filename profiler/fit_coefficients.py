@@ -46,7 +46,7 @@ TILE_CHI2 = 10.83  # chi-square(1 dof) at p = 0.001: how much a tile step must l
 
 # The plan fields a row is priced from.
 _FEATURES = ("linear_tokens", "sampled_tokens", "attn_units", "attn_kv_tokens", "num_segments", "decode_rows",
-             "decode_kv", "decode_pad_kv")
+             "decode_kv", "decode_pad_kv", "eager_step")
 
 
 def _arrays(df: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -58,7 +58,7 @@ def predict(fit: CoefficientFit | Fitted, df: pd.DataFrame) -> np.ndarray:
     a = _arrays(df)
     return predict_arrays(fit.coefficients, fit.curves, fit.tile, a["linear_tokens"], a["sampled_tokens"],
                           a["attn_units"], a["attn_kv_tokens"], a["num_segments"], a["decode_rows"],
-                          a["decode_kv"], a["decode_pad_kv"])
+                          a["decode_kv"], a["decode_pad_kv"], a["eager_step"])
 
 
 def choose_knots(counts: np.ndarray, first: int) -> list[int]:
@@ -112,7 +112,8 @@ class _TileFit:
 
 
 # the scalar coefficients' features, after the overhead's (a column of ones), in COEFFICIENTS order
-_SCALAR_FEATURES = ("attn_units", "attn_kv_tokens", "num_segments", "decode_pad_kv", "decode_rows")
+_SCALAR_FEATURES = ("attn_units", "attn_kv_tokens", "num_segments", "decode_pad_kv", "decode_rows",
+                    "eager_step")
 
 
 def _fit_tile(a: dict[str, np.ndarray], tile: int) -> _TileFit:
@@ -189,7 +190,9 @@ def fit_coefficients(df: pd.DataFrame, tiles: tuple[int, ...] = TILE_CANDIDATES)
         values = np.concatenate([[0.0], np.cumsum(f.x[at:at + m])])
         curves[k] = [(int(n), float(v)) for n, v in zip(f.knots[k], values)]
         at += m
-    covered = f.use[:ns] | (np.arange(ns) == 0)
+    # an eager profile has no eager_step feature to cover: the term does not apply to it (0), not unfitted
+    covered = f.use[:ns] | (np.arange(ns) == 0) | ((np.array(COEFFICIENTS) == "eager_step_s")
+                                                   & (a["eager_step"] == 0).all())
     return CoefficientFit(
         tile,
         {k: float(v) for k, v in zip(COEFFICIENTS, f.x[:ns])},

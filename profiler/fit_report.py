@@ -28,7 +28,8 @@ def fmt_s(v: float) -> str:
 
 UNITS = {"overhead_s": "per iteration",
           "attn_unit_s": "per q(c+q/2)", "attn_kv_token_s": "per c+q token", "attn_segment_s": "per segment",
-          "decode_pad_token_s": "per KV padding token", "decode_row_s": "per decode row (1 KV)"}
+          "decode_pad_token_s": "per KV padding token", "decode_row_s": "per decode row (1 KV)",
+          "eager_step_s": "per eager step"}
 
 
 

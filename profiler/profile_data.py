@@ -15,7 +15,8 @@ from common.errors import InputError
 
 PROFILE_COLUMNS: tuple[str, ...] = (
     "kind", "batch_size", "linear_tokens", "sampled_tokens", "num_segments", "attn_units", "attn_kv_tokens",
-    "decode_rows", "decode_kv", "decode_pad_kv", "q", "c", "reps", "time_s", "time_p10_s", "time_p90_s",
+    "decode_rows", "decode_kv", "decode_pad_kv", "eager_step", "q", "c", "reps", "time_s", "time_p10_s",
+    "time_p90_s",
 )
 
 
@@ -25,7 +26,7 @@ NUMERIC_COLUMNS = PROFILE_COLUMNS[1:]
 
 
 # Columns a profile may lack (written by an older profiler): derived in `load_profile`.
-OPTIONAL_COLUMNS: tuple[str, ...] = ("decode_pad_kv",)
+OPTIONAL_COLUMNS: tuple[str, ...] = ("decode_pad_kv", "eager_step")
 
 
 
@@ -91,6 +92,12 @@ def load_profile(profile_dir: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]
         rows, kv, c = (pd.to_numeric(df[k], errors="coerce") for k in ("decode_rows", "decode_kv", "c"))
         df["decode_pad_kv"] = np.where(df["kind"].astype(str).str.strip() == "decode",
                                        np.maximum(rows * (c + 1) - kv, 0), 0)
+    meta = _read_meta(meta_path)
+    if "eager_step" not in df.columns and "kind" in df.columns:
+        # written before the column: eager throughout, or (decode graphs recorded in meta.json) every row but
+        # the decode steps, which ran from graphs
+        graphed = bool((meta.get("executor_config") or {}).get("cuda_graphs"))
+        df["eager_step"] = (df["kind"].astype(str).str.strip() != "decode").astype(int) if graphed else 0
     missing = [c for c in PROFILE_COLUMNS if c not in df.columns]
     if missing:
         raise InputError(f"profile {csv}: missing column(s) {', '.join(missing)}")
@@ -104,7 +111,7 @@ def load_profile(profile_dir: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]
     df["kind"] = kinds
     for col in NUMERIC_COLUMNS:
         df[col] = _numbers(df[col], col, csv)
-    return df, _read_meta(meta_path)
+    return df, meta
 
 
 

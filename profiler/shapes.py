@@ -134,7 +134,7 @@ class Shape:
     def features(self, graphs: GraphShapes | None = None) -> dict[str, object]:
         """The profile columns of this shape as the executor runs it (`graphs`: decode steps replayed from
         CUDA graphs, their batch padded to the graph's)."""
-        plan = self.plan() if graphs is None else graphs.executed(self.plan())
+        plan = self.plan()
         if self.kind == "padded_insertion":  # a newcomer's prompt on the batch's width
             q, c = self.length, plan.kv_len - self.length
         elif self.padded or self.bins:  # the representative chunk and context: a padded row
@@ -143,7 +143,7 @@ class Shape:
             pre = [s for s in self.segs if not s.decode]
             rep = max(pre, key=lambda s: (s.q, s.c)) if pre else None
             q, c = (rep.q, rep.c) if rep else (1, max(s.c for s in self.segs))
-        return {"kind": self.kind, **plan_features(plan), "q": q, "c": c}
+        return {"kind": self.kind, **plan_features(plan, graphs), "q": q, "c": c}
 
     def label(self) -> str:
         f = self.features()

@@ -15,7 +15,8 @@ from costs.graph_buckets import CAPTURE_SIZES, GraphShapes
 from policies.plan import Layout, hybrid, padded_decode
 from policies.seq import Seq
 from profiler.shape_protocol import SERVED
-from profiler.shapes import decode, hybrid as hybrid_shape, prefill
+from profiler.shapes import decode, prefill
+from profiler.shapes import hybrid as hybrid_shape
 from profiler.workloads import build_grid
 
 
@@ -32,7 +33,7 @@ def test_capture_sizes_and_buckets():
     g = GraphShapes()
     assert [g.rows(n) for n in (1, 2, 3, 5, 8, 9, 17, 505, 512)] == [1, 2, 4, 8, 8, 16, 24, 512, 512]
     assert g.rows(513) is None  # beyond the largest graph: eager
-    assert GraphShapes(20).rows(17) == 20 and GraphShapes(20).rows(21) is None  # the slots are the last bucket
+    assert GraphShapes(20).rows(17) == 20 and GraphShapes(20).rows(21) is None  # the slots: the last bucket
     assert (g.kv(1), g.kv(256), g.kv(257)) == (256, 256, 512)
     assert list(g.kv(np.array([255, 256, 257, 513]))) == [256, 256, 512, 768]
     with pytest.raises(ValueError):
@@ -52,14 +53,20 @@ def test_a_decode_step_is_executed_padded_to_its_graph():
     assert GraphShapes(4).executed(plan) is plan  # more rows than the graphs hold
 
 
+EAGER_STEP_S = 5e-3
+
+
 @pytest.fixture(scope="module")
 def fits() -> tuple[Fitted, Fitted]:
+    """The same coefficients without graphs (a file from before `eager_step_s`: it prices at 0) and with
+    them."""
     coef = {"overhead_s": 2e-3, "attn_unit_s": 2e-9, "attn_kv_token_s": 1e-6, "attn_segment_s": 5e-5,
             "decode_pad_token_s": 3e-8, "decode_row_s": 2e-5}
     curves = {"linear": [(1, 0.0), (64, 1e-3), (512, 6e-3)], "lm_head": [(0, 0.0), (1, 1e-4), (512, 3e-3)],
               "decode_kv": [(16, 0.0), (1024, 1e-4), (4096, 5e-4)]}
-    graphed = {"executor_config": {"attention": "auto", "eager": False, "cuda_graphs": GraphShapes().to_json()}}
-    return Fitted(coef, 64, curves), Fitted(coef, 64, curves, meta=graphed)
+    config = {"attention": "auto", "eager": False, "cuda_graphs": GraphShapes().to_json()}
+    return (Fitted(coef, 64, curves),
+            Fitted({**coef, "eager_step_s": EAGER_STEP_S}, 64, curves, meta={"executor_config": config}))
 
 
 def test_a_graphed_fit_prices_decode_steps_as_their_graphs_run(fits):
@@ -69,9 +76,11 @@ def test_a_graphed_fit_prices_decode_steps_as_their_graphs_run(fits):
     plan = hybrid(seqs, [], [])
     assert graphed.iteration_time(plan) == eager.iteration_time(padded_decode(seqs, 4, 768))
     assert graphed.iteration_time(plan) > eager.iteration_time(plan)  # padding is work
-    mixed = hybrid(seqs, [Seq(7, 0.0, 50, 5)], [50])
-    assert graphed.iteration_time(mixed) == eager.iteration_time(mixed)
-    assert graphed.breakdown(plan) == eager.breakdown(padded_decode(seqs, 4, 768))
+    mixed = hybrid(seqs, [Seq(7, 0.0, 50, 5)], [50])  # runs eager beside the graphs
+    assert graphed.iteration_time(mixed) == pytest.approx(eager.iteration_time(mixed) + EAGER_STEP_S)
+    assert graphed.stretch_times(mixed, 1)[0] == pytest.approx(graphed.iteration_time(mixed))
+    assert graphed.breakdown(plan) == {**eager.breakdown(padded_decode(seqs, 4, 768)), "eager_step": 0.0}
+    assert graphed.breakdown(mixed)["eager_step"] == EAGER_STEP_S
 
 
 def test_a_graphed_decode_stretch_prices_each_step_as_its_graph(fits):
@@ -92,10 +101,11 @@ def test_a_graphed_decode_stretch_prices_each_step_as_its_graph(fits):
 def test_a_graphed_profile_records_decode_steps_as_run_and_repeats_them():
     g = GraphShapes()
     f = decode(5, 300).features(g)
-    assert (f["kind"], f["decode_rows"], f["linear_tokens"], f["decode_kv"], f["decode_pad_kv"]) == (
-        "decode", 8, 8, 8 * 512, 0)
-    assert prefill(64).features(g) == prefill(64).features()
-    assert hybrid_shape(4, 128, 32, 0).features(g) == hybrid_shape(4, 128, 32, 0).features()
+    assert (f["kind"], f["decode_rows"], f["linear_tokens"], f["decode_kv"], f["decode_pad_kv"],
+            f["eager_step"]) == ("decode", 8, 8, 8 * 512, 0, 0)
+    assert decode(5, 300).features()["eager_step"] == 0  # an eager executor: no eager step beside graphs
+    for shape in (prefill(64), hybrid_shape(4, 128, 32, 0)):
+        assert shape.features(g) == {**shape.features(), "eager_step": 1}
     grid = build_grid("quick", 2048, None, 0, SERVED, None, g)
     reps = {r.shape.label(): r for r in grid.repetitions()}
     eager = {r.shape.label(): r for r in build_grid("quick", 2048, None, 0, SERVED).repetitions()}
@@ -110,11 +120,11 @@ def test_a_graphed_profile_records_decode_steps_as_run_and_repeats_them():
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from catalogue.models import get_model  # noqa: E402
-from executor.config import ExecutorConfig  # noqa: E402
-from executor.cuda_graphs import DecodeGraphs  # noqa: E402
-from executor.model import build_model  # noqa: E402
-from executor.ragged import RaggedExecutor, Segment  # noqa: E402
+from catalogue.models import get_model
+from executor.config import ExecutorConfig
+from executor.cuda_graphs import DecodeGraphs
+from executor.model import build_model
+from executor.ragged import RaggedExecutor, Segment
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
@@ -170,9 +180,26 @@ def test_cuda_graph_steps_give_every_row_its_eager_logits(dtype):
 def test_cuda_graphed_executor_runs_decodes_from_graphs_and_captures_them_all():
     model = build_model(get_model("tiny"), "cuda", "bfloat16", seed=0)
     ex = RaggedExecutor(model, 10, 300, ExecutorConfig(eager=False))
-    assert ex.graphs is not None and ex.kv.shape[2] == 11 and ex.kv.shape[4] == 512  # scratch row, whole blocks
+    assert ex.graphs is not None
+    assert ex.kv.shape[2] == 11 and ex.kv.shape[4] == 512  # a scratch row, whole KV blocks
     ex.run([Segment(0, [1] * 20), Segment(1, [2] * 30)])
     first = ex.run([Segment(0, [3], 20), Segment(1, [4], 30)])
     assert set(ex.graphs.graphs) == {(2, 256)} and first.shape[0] == 2
     ex.graphs.capture_all()
     assert set(ex.graphs.graphs) == {(b, k) for b in (1, 2, 4, 8, 10) for k in (256, 512)}
+
+
+def test_a_graphed_profile_fits_the_eager_steps_own_cost(tmp_path):
+    """Synthetic profile rows of an executor replaying decode graphs, its eager steps 4 ms dearer: the fit
+    recovers that term and prices the profile's steps exactly; an eager profile has no such term."""
+    from tests.test_fit import TRUTH, design, fit_profile, synth_times, write_profile
+
+    df = design()
+    df["eager_step"] = (df["kind"] != "decode").astype(int)
+    truth = {**TRUTH, "eager_step_s": 4e-3}
+    report = fit_profile(write_profile(tmp_path / "graphed", df, synth_times(df, truth)), plot=False)
+    assert report.coefficients["eager_step_s"] == pytest.approx(4e-3, rel=1e-3)
+    assert report.holdout["overall"].mape < 1e-3
+    eager = design()
+    report = fit_profile(write_profile(tmp_path / "eager", eager, synth_times(eager)), plot=False)
+    assert report.coefficients["eager_step_s"] == 0 and "eager_step_s" not in report.not_covered
