@@ -15,7 +15,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
         .whl/*.whl || exit 1
 fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TRANSFORMERS_OFFLINE=1 HF_HUB_OFFLINE=1
-MODEL=${MODEL:-mistral-7b}
+MODEL=${MODEL:-mistral-7b}  # POLICIES (validate): vllm,sarathi unless set
 SIMCTL="python3 -m simctl.cli"
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -qi h200 && echo h200 || echo h100)
 
@@ -47,7 +47,7 @@ for s in "$@"; do
     profile) stage profile 200 "$SIMCTL profile --model $MODEL --device cuda --dtype bfloat16 --quick \
         --out $W/profile && $SIMCTL fit $W/profile --roofline-gpu $GPU" ;;
     validate) stage validate 200 "$SIMCTL validate --device cuda --cost $W/profile/cost_model.json \
-        --model $MODEL --policy vllm,sarathi --loads 0.5,0.7 --scale 0.2 --num-requests 150 \
+        --model $MODEL --policy ${POLICIES:-vllm,sarathi} --loads 0.5,0.7 --scale 0.2 --num-requests 150 \
         --out $W/validate" ;;
     *) echo "unknown stage $s" >&2; exit 2 ;;
     esac

@@ -20,16 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from common.errors import InputError
 from costs.graph_buckets import CAPTURE_SIZES, GraphShapes
 from executor.ragged_attention import BATCH_KWARG, Batch, DecodeRows
-
-if TYPE_CHECKING:
-    from executor.ragged import RaggedExecutor, Segment
 
 
 @dataclass(slots=True)
@@ -51,7 +48,9 @@ class DecodeGraphs:
     padding rows write into (the executor allocates one beyond its slots). Off CUDA nothing is captured and
     each step runs the graph's padded computation directly: tests check it against eager steps on a CPU."""
 
-    def __init__(self, executor: RaggedExecutor, shapes: GraphShapes, scratch: int) -> None:
+    # executor: the `executor.ragged.RaggedExecutor` it belongs to, segments its `Segment`s (not imported:
+    # that module builds this one)
+    def __init__(self, executor: Any, shapes: GraphShapes, scratch: int) -> None:
         if getattr(executor.model.config, "num_local_experts", None):
             raise InputError("CUDA-graph decode of a mixture of experts is not built (transformers routes "
                              "tokens to experts through host-side reads); profile and run it with --eager")
@@ -62,7 +61,7 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.graphs: dict[tuple[int, int], _Graph] = {}
 
-    def bucket(self, segments: Sequence[Segment]) -> tuple[int, int] | None:
+    def bucket(self, segments: Sequence[Any]) -> tuple[int, int] | None:
         """(B, K) of a decode-only step, or None where it runs eager (a prefill, or beyond the graphs)."""
         if any(s.q != 1 for s in segments):
             return None
@@ -71,7 +70,7 @@ class DecodeGraphs:
             return None
         return rows, self.shapes.kv(max(s.cached for s in segments) + 1)
 
-    def run(self, segments: Sequence[Segment], key: tuple[int, int]) -> torch.Tensor:
+    def run(self, segments: Sequence[Any], key: tuple[int, int]) -> torch.Tensor:
         """Replay the graph `key` (`bucket(segments)`) for `segments`: the logits of the sampled ones, in
         segment order."""
         graph = self.graphs.get(key) or self._capture(*key)

@@ -103,8 +103,12 @@ def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
           scale: float, gqa: bool, kind: str, layout: str) -> torch.Tensor:
     if _kernels_seen is not None:
         kind += "_masked" if mask is not None else "_causal" if is_causal else ""
-        chosen = SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, is_causal, scale=scale,
-                                                    enable_gqa=gqa))
+        try:
+            chosen = SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, is_causal, scale=scale,
+                                                        enable_gqa=gqa))
+        except RuntimeError:  # no kernel (CUDA says so before the call): this kind is the last one noted
+            _kernels_seen.setdefault(kind, "none")
+            raise
         _kernels_seen.setdefault(kind, _BACKEND_NAME.get(chosen, chosen.name.lower()) + layout)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                           enable_gqa=gqa)

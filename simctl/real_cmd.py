@@ -4,6 +4,7 @@ policy objects, or by the installed vLLM; the outputs have the simulator's forma
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -69,9 +70,7 @@ def real(
         else:
             summary = real_main(policy=policies.policy, device=device, threads=threads,
                                 options=policies.settings(), kv_capacity=kv_capacity, attention=attention,
-                                eager=eager_on(device, eager),
-                                prefill_instances=disaggregation.prefill_instances,
-                                decode_instances=disaggregation.decode_instances, **common)
+                                eager=eager_on(device, eager), **asdict(disaggregation), **common)
     except RuntimeError as e:
         # the serving child (or vLLM's engine) crashed: its last words are in the message
         raise InputError(f"real execution failed: {e}") from None

@@ -224,10 +224,10 @@ def test_one_percent_noise(tmp_path):
     assert r.tile == TILE
     c, se = r.coefficients, r.stderr
     assert c["eager_step_s"] == 0  # an eager profile: no step runs eager beside decode graphs
-    for k in TRUTH:
-        err = abs(c[k] / TRUTH[k] - 1)
-        assert err <= max(0.02, 3 * se[k] / TRUTH[k]), (k, err, se[k] / TRUTH[k])
-        if se[k] / TRUTH[k] < 0.007:
+    for k, truth in TRUTH.items():
+        err = abs(c[k] / truth - 1)
+        assert err <= max(0.02, 3 * se[k] / truth), (k, err, se[k] / truth)
+        if se[k] / truth < 0.007:
             assert err < 0.02, k
     assert curve_error(r.linear, TRUTH_LINEAR, 8192) < 0.02
     assert curve_error(r.curves["decode_kv"], TRUTH_DECODE, 8193, floor=TRUTH["decode_row_s"]) < 0.02

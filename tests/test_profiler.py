@@ -191,7 +191,7 @@ def test_shape_features_by_hand():
     f = hybrid(3, 100, 64, 1000).features()  # 3 decodes at context 100 + a mid-prompt chunk of 64 on 1000
     assert f == {"kind": "hybrid", "batch_size": 4, "linear_tokens": 67, "sampled_tokens": 3,
                  "num_segments": 1, "attn_units": 64 * (1000 + 32), "attn_kv_tokens": 1064, "decode_rows": 3,
-                 "decode_kv": 303, "decode_pad_kv": 0, "q": 64, "c": 1000}
+                 "decode_kv": 303, "decode_pad_kv": 0, "eager_step": 0, "q": 64, "c": 1000}
     f = padded_decode([10, 40], kv_len=50).features()
     assert (f["decode_rows"], f["decode_kv"], f["decode_pad_kv"], f["c"]) == (2, 100, 0, 49)
     f = decode_mixed([10, 40]).features()  # ragged: padding to the longest row (41) counted apart

@@ -48,7 +48,7 @@ def test_a_scheduler_output_becomes_the_plan_the_simulator_builds() -> None:
     assert plan_features(plan) == {"batch_size": 4, "linear_tokens": 96, "sampled_tokens": 2,
                                    "num_segments": 2, "attn_units": 64 * (100 + 32) + 30 * 15,
                                    "attn_kv_tokens": 164 + 30, "decode_rows": 2, "decode_kv": 49,
-                                   "decode_pad_kv": 2 * 41 - 49}
+                                   "decode_pad_kv": 2 * 41 - 49, "eager_step": 0}
     assert kind_of(plan) == "hybrid"
 
 

@@ -190,8 +190,7 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
                   threads=threads, dtype=dtype if dtype is not None else fitted_dtype(fit) or "float32",
                   device=str(device), attention=attention if attention is not None
                   else fitted_executor(fitted).attention, eager=fitted_executor(fitted).eager,
-                  prefill_instances=prefill_instances,
-                  decode_instances=decode_instances)
+                  prefill_instances=prefill_instances, decode_instances=decode_instances)
     setup, names, loads, device_name = _ready(setup, fitted, policies, loads, out, say)
     t_start = time.perf_counter()
     config: dict[str, Any] = {
