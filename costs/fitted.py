@@ -169,7 +169,7 @@ class Fitted(CurveTables, CostModel):
             return np.empty(0)
         if self.graphs is not None and (run := self.graphs.executed(plan)) is not plan:
             # a graphed decode stretch: B rows each reading the longest row's KV rounded up to whole blocks
-            longest = max(s.computed for s in plan.seqs[:plan.decode_rows]) + 1
+            longest = max(s.computed for s in plan.seqs) + 1
             kv = self.graphs.kv(longest + np.arange(k))
             return self._floored(run, self._fixed(run) + run.decode_rows * pwl_array(kv, self._dec_knots))
         if self.graphs is not None and self._eager:  # an eager stretch beside decode graphs

@@ -50,17 +50,18 @@ class GraphShapes:
         return -(-longest // self.kv_block) * self.kv_block
 
     def executed(self, plan: BatchPlan) -> BatchPlan:
-        """`plan` as the graphed executor runs it: a ragged decode-only step of n rows becomes a padded decode
-        of B rows x K KV columns (B - n idle rows); any other plan, or one beyond the largest graph, as it
-        is (it runs eager)."""
-        n = plan.decode_rows
-        if plan.layout is not Layout.PACKED or not plan.decode_only or n < 1 or len(plan.seqs) < n:
+        """`plan` as the graphed executor runs it: a ragged step in which each of its n sequences brings one
+        token onto a cached context (decodes; a prompt's last 1-token chunk computes the same) becomes a padded
+        decode of B rows x K KV columns (B - n idle rows); any other plan, one beyond the largest graph, or a
+        1-token prompt (nothing cached: a prefill kernel runs it), as it is (it runs eager)."""
+        seqs = plan.seqs
+        if (plan.layout is not Layout.PACKED or not seqs or any(q != 1 for q in plan.num_new)
+                or any(s.computed < 1 for s in seqs)):
             return plan
-        rows = self.rows(n)
+        rows = self.rows(len(seqs))
         if rows is None:
             return plan
-        longest = max(s.computed for s in plan.seqs[:n]) + 1
-        return padded_decode(plan.seqs, rows, self.kv(longest))
+        return padded_decode(seqs, rows, self.kv(max(s.computed for s in seqs) + 1))
 
     def to_json(self) -> dict[str, int]:
         return {"max_rows": self.max_rows, "kv_block": self.kv_block}

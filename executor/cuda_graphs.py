@@ -62,8 +62,9 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int], _Graph] = {}
 
     def bucket(self, segments: Sequence[Any]) -> tuple[int, int] | None:
-        """(B, K) of a decode-only step, or None where it runs eager (a prefill, or beyond the graphs)."""
-        if any(s.q != 1 for s in segments):
+        """(B, K) of a step of one token per segment on cached context, or None where it runs eager (a
+        prefill, a 1-token prompt, or beyond the graphs): as `GraphShapes.executed` prices it."""
+        if any(s.q != 1 or s.cached < 1 for s in segments):
             return None
         rows = self.shapes.rows(max(s.slot for s in segments) + 1)
         if rows is None:

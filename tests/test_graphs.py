@@ -51,6 +51,11 @@ def test_a_decode_step_is_executed_padded_to_its_graph():
     chunked = hybrid(seqs[:2], [Seq(9, 0.0, 40, 5)], [16])
     assert GraphShapes().executed(chunked) is chunked  # a step with a prefill runs eager
     assert GraphShapes(4).executed(plan) is plan  # more rows than the graphs hold
+    last = Seq(9, 0.0, 41, 5)
+    last.computed = 40  # a prompt's last token as a 1-token chunk: computed as a decode row is
+    assert GraphShapes().executed(hybrid(seqs, [last], [1])) == padded_decode(seqs + [last], 8, 512)
+    one = hybrid([], [Seq(9, 0.0, 1, 5)], [1])  # a 1-token prompt: nothing cached, a prefill kernel
+    assert GraphShapes().executed(one) is one
 
 
 EAGER_STEP_S = 5e-3
@@ -116,6 +121,22 @@ def test_a_graphed_profile_records_decode_steps_as_run_and_repeats_them():
             assert r == eager[label]
 
 
+def test_a_graphed_profile_fits_the_eager_steps_own_cost(tmp_path):
+    """Synthetic profile rows of an executor replaying decode graphs, its eager steps 4 ms dearer: the fit
+    recovers that term and prices the profile's steps exactly; an eager profile has no such term."""
+    from tests.test_fit import TRUTH, design, fit_profile, synth_times, write_profile
+
+    df = design()
+    df["eager_step"] = (df["kind"] != "decode").astype(int)
+    truth = {**TRUTH, "eager_step_s": 4e-3}
+    report = fit_profile(write_profile(tmp_path / "graphed", df, synth_times(df, truth)), plot=False)
+    assert report.coefficients["eager_step_s"] == pytest.approx(4e-3, rel=1e-3)
+    assert report.holdout["overall"].mape < 1e-3
+    eager = design()
+    report = fit_profile(write_profile(tmp_path / "eager", eager, synth_times(eager)), plot=False)
+    assert report.coefficients["eager_step_s"] == 0 and "eager_step_s" not in report.not_covered
+
+
 # ---- the executor ------------------------------------------------------------------------------------------
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -160,6 +181,8 @@ def test_graph_steps_give_every_row_its_eager_logits_on_the_cpu(seed):
     graphs = DecodeGraphs(ex, GraphShapes(slots, kv_block=16), scratch=slots)
     check_graph_steps(ex, graphs, seed, 12, 1e-5)
     assert {rows for rows, _ in graphs.graphs} <= {1, 2, 4, 6}
+    assert graphs.bucket([Segment(0, [5], 0)]) is None  # a 1-token prompt runs eager
+    assert graphs.bucket([Segment(0, [5], 3), Segment(1, [6, 7], 3)]) is None  # a chunk of two
 
 
 @pytest.mark.torch
@@ -188,18 +211,3 @@ def test_cuda_graphed_executor_runs_decodes_from_graphs_and_captures_them_all():
     ex.graphs.capture_all()
     assert set(ex.graphs.graphs) == {(b, k) for b in (1, 2, 4, 8, 10) for k in (256, 512)}
 
-
-def test_a_graphed_profile_fits_the_eager_steps_own_cost(tmp_path):
-    """Synthetic profile rows of an executor replaying decode graphs, its eager steps 4 ms dearer: the fit
-    recovers that term and prices the profile's steps exactly; an eager profile has no such term."""
-    from tests.test_fit import TRUTH, design, fit_profile, synth_times, write_profile
-
-    df = design()
-    df["eager_step"] = (df["kind"] != "decode").astype(int)
-    truth = {**TRUTH, "eager_step_s": 4e-3}
-    report = fit_profile(write_profile(tmp_path / "graphed", df, synth_times(df, truth)), plot=False)
-    assert report.coefficients["eager_step_s"] == pytest.approx(4e-3, rel=1e-3)
-    assert report.holdout["overall"].mape < 1e-3
-    eager = design()
-    report = fit_profile(write_profile(tmp_path / "eager", eager, synth_times(eager)), plot=False)
-    assert report.coefficients["eager_step_s"] == 0 and "eager_step_s" not in report.not_covered
