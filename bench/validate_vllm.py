@@ -3,9 +3,10 @@
 capacity bisected too.
 
 Targets (issue 20): |error| <= 10% for P50 TTFT, TPOT, ITL and E2E and <= 20% for their P99s, and |capacity
-error| <= 10%, at the machine's speed during the runs. Writes bench/results/validate_vllm.md (the run's
-table with the targets' misses listed) and validate_vllm.json; the runs' folders, the profile and its fit go
-to --out [default: a temporary folder], which is printed.
+error| <= 10%, at the machine's speed during the runs. Writes bench/results/validate_vllm_latest.md (the
+run's table with the targets' misses listed) and validate_vllm_latest.json, beside the study that
+validate_vllm.md keeps by hand; the runs' folders, the profile and its fit go to --out [default: a temporary
+folder], which is printed.
 
     .venv/bin/python bench/validate_vllm.py [--cost FIT] [--repeats 3] [--num-requests 150] [--out DIR]
 """
@@ -84,8 +85,8 @@ def main() -> None:
             + "\n## Targets missed (at the machine's speed)\n\n"
             + ("\n".join(f"- {m}" for m in missed) if missed else "none") + "\n")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "validate_vllm.md").write_text(text, encoding="utf-8")
-    (RESULTS / "validate_vllm.json").write_text(json.dumps(report, indent=1, default=str) + "\n",
+    (RESULTS / "validate_vllm_latest.md").write_text(text, encoding="utf-8")
+    (RESULTS / "validate_vllm_latest.json").write_text(json.dumps(report, indent=1, default=str) + "\n",
                                                 encoding="utf-8")
     print(text)
 
