@@ -51,9 +51,9 @@ class GraphShapes:
 
     def executed(self, plan: BatchPlan) -> BatchPlan:
         """`plan` as the graphed executor runs it: a ragged step in which each of its n sequences brings one
-        token onto a cached context (decodes; a prompt's last 1-token chunk computes the same) becomes a padded
-        decode of B rows x K KV columns (B - n idle rows); any other plan, one beyond the largest graph, or a
-        1-token prompt (nothing cached: a prefill kernel runs it), as it is (it runs eager)."""
+        token onto a cached context (decodes; a prompt's last 1-token chunk computes the same) becomes a
+        padded decode of B rows x K KV columns (B - n idle rows); any other plan, one beyond the largest
+        graph, or a 1-token prompt (nothing cached: a prefill kernel runs it), as it is (it runs eager)."""
         seqs = plan.seqs
         if (plan.layout is not Layout.PACKED or not seqs or any(q != 1 for q in plan.num_new)
                 or any(s.computed < 1 for s in seqs)):
