@@ -231,6 +231,15 @@ def model_in_working_folder(name: str) -> str:
     return name
 
 
+def is_moe(name: str) -> bool:
+    """Whether model `name` is a mixture of experts (False for a name it cannot find: the command using the
+    model refuses that in its own words)."""
+    try:
+        return get_model(name).moe is not None
+    except InputError:
+        return False
+
+
 def get_model(name: str) -> ModelSpec:
     """A catalogue shape by name, or the shape of a Hugging Face config.json given by its path
     (`catalogue.model_config`)."""

@@ -46,9 +46,10 @@ def device_type(device: Any) -> str:
     return "cuda" if str(device).lower().startswith("cuda") else "cpu"
 
 
-def eager_on(device: Any, eager: bool | None = None) -> bool:
-    """`eager` as given, else the device's default: CUDA graphs on a GPU, eager on a CPU."""
-    return eager if eager is not None else device_type(device) == "cpu"
+def eager_on(device: Any, eager: bool | None = None, moe: bool = False) -> bool:
+    """`eager` as given, else the default: CUDA graphs on a GPU, eager on a CPU and for a mixture of experts
+    (`moe`; its decode steps are not graphed, `executor.cuda_graphs`)."""
+    return eager if eager is not None else device_type(device) == "cpu" or moe
 
 
 @dataclass(frozen=True)

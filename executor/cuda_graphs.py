@@ -1,7 +1,8 @@
 """CUDA-graph decode steps of a `RaggedExecutor` (`ExecutorConfig.eager = False`): a decode-only iteration is
 replayed from a graph captured once per (batch size, KV length) bucket (`costs.graph_buckets.GraphShapes`),
 so the GPU runs the step's few hundred kernels without Python launching each (eager mode is host-bound: ~22
-ms a step for a 7B model on an H100, simctl issue 22).
+ms a step for a 7B model on an H100, simctl issue 22; on an H200 graphs took a 32-row step at 2k context from
+20.2 to 11.9 ms, `bench/results/gpu_h200.md`).
 
 A graph of B rows and K KV columns runs the slab's slots 0..B-1 as one decode batch: the engine keeps its
 running requests packed in the lowest slots (`executor.plans.SlotPool`), so a step of n decode rows spans

@@ -121,6 +121,14 @@ def test_a_graphed_profile_records_decode_steps_as_run_and_repeats_them():
             assert r == eager[label]
 
 
+def test_graphs_are_the_default_on_a_gpu_but_for_a_mixture_of_experts():
+    from executor.config import eager_on
+
+    assert eager_on("cuda:0") is False and eager_on("cpu") is True
+    assert eager_on("cuda", None, moe=True) is True and eager_on("cuda", False, moe=True) is False
+    assert eager_on("cuda", True) is True
+
+
 def test_a_graphed_profile_fits_the_eager_steps_own_cost(tmp_path):
     """Synthetic profile rows of an executor replaying decode graphs, its eager steps 4 ms dearer: the fit
     recovers that term and prices the profile's steps exactly; an eager profile has no such term."""
