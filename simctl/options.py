@@ -25,7 +25,8 @@ Attention = Annotated[str, typer.Option(help=ATTENTION_HELP)]
 Eager = Annotated[bool | None, typer.Option(
     "--eager/--cuda-graphs", help="Launch every kernel from Python (eager), or replay decode steps from CUDA "
     "graphs captured per batch-size bucket, the batch padded to its bucket (CUDA only) [default: CUDA graphs "
-    "on a GPU, eager on a CPU and for a mixture of experts]. A fit prices only runs made in the mode it was profiled in.")]
+    "on a GPU, eager on a CPU and for a mixture of experts]. A fit prices only runs made in the mode it was "
+    "profiled in.")]
 
 
 def comma_list(text: str, what: str) -> list[str]:
