@@ -15,7 +15,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
         .whl/*.whl || exit 1
 fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TRANSFORMERS_OFFLINE=1 HF_HUB_OFFLINE=1
-MODEL=${MODEL:-mistral-7b}  # POLICIES (validate): vllm,sarathi unless set
+# MODEL: mistral-7b unless set (llama-2-7b to compare with the reference operator profiles); POLICIES
+# (validate): vllm,sarathi unless set; QUICK= PROFILE_S=400 for the full grid instead of the quick one
+MODEL=${MODEL:-mistral-7b}
 SIMCTL="python3 -m simctl.cli"
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -qi h200 && echo h200 || echo h100)
 
@@ -44,7 +46,7 @@ for s in "$@"; do
         --rows 32 --context 1024 --reps 3" ;;
     protocols) stage protocols 90 "python3 bench/profile_protocols.py --model $MODEL --device cuda \
         --dtype bfloat16 --rounds 1" ;;
-    profile) stage profile 200 "$SIMCTL profile --model $MODEL --device cuda --dtype bfloat16 --quick \
+    profile) stage profile "${PROFILE_S:-200}" "$SIMCTL profile --model $MODEL --device cuda --dtype bfloat16 ${QUICK---quick} \
         --out $W/profile && $SIMCTL fit $W/profile --roofline-gpu $GPU" ;;
     validate) stage validate 200 "$SIMCTL validate --device cuda --cost $W/profile/cost_model.json \
         --model $MODEL --policy ${POLICIES:-vllm,sarathi} --loads 0.5,0.7 --scale 0.2 --num-requests 150 \
