@@ -31,8 +31,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from catalogue.models import is_moe
 from common.errors import InputError
 from engine.setup import DEFAULT_NUM_REQUESTS, RealConfig, RealRun, resolved, size_run
+from executor.config import eager_on
 from executor.runtime import default_threads
 from policies.base import Policy
 from policies.registry import make_policy, policy_class
@@ -195,7 +197,7 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
               qps: float | None = None, num_requests: int | None = None, out: str | Path | None = None,
               scale: float = 1.0, seed: int = 0, dtype: str = "float32", threads: int | None = None,
               options: dict[str, Any] | None = None, kv_capacity: int | None = None, attention: str = "auto",
-              eager: bool = True, arrival: str = "poisson", cv: float = 1.0,
+              eager: bool | None = None, arrival: str = "poisson", cv: float = 1.0,
               kv_budget_bytes: int | None = None,
               prefill_instances: int | None = None, decode_instances: int | None = None) -> dict[str, Any]:
     """What `simctl real` does: validate, serve in a child process with OMP_WAIT_POLICY=PASSIVE and the
@@ -211,7 +213,8 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     config = RealConfig(policy=policy, trace=trace, model=model, device=device, qps=qps,
                         num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests,
                         scale=scale, seed=seed, dtype=dtype, threads=threads, options=dict(options or {}),
-                        kv_capacity=kv_capacity, attention=attention, eager=eager, arrival=arrival, cv=cv,
+                        kv_capacity=kv_capacity, attention=attention,
+                        eager=eager_on(device, eager, is_moe(model)), arrival=arrival, cv=cv,
                         kv_budget_bytes=kv_budget_bytes,
                         prefill_instances=prefill_instances, decode_instances=decode_instances)
     config.validate()

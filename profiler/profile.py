@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
-from executor.config import ExecutorConfig
+from executor.config import ExecutorConfig, eager_on
 from executor.model import DTYPES
 from executor.runtime import default_threads, worker_env
 from profiler.shape_protocol import PROTOCOLS
@@ -143,7 +143,7 @@ def run_child(command: list[str], env: dict[str, str], on_event: Callable[[dict[
 
 def profile(model_name: str, device: str, dtype: str, threads: int | None, quick: bool, out_dir: str | Path,
             progress: bool = True, *, grid: str | None = None, seed: int = 0, protocol: str = "served",
-            attention: str = "auto", eager: bool = True) -> Path:
+            attention: str = "auto", eager: bool | None = None) -> Path:
     """Profile `model_name` (a catalogue shape built with random weights) on `device` and write
     `out_dir/profile.csv` and `out_dir/meta.json`; returns `out_dir`.
 
@@ -153,7 +153,8 @@ def profile(model_name: str, device: str, dtype: str, threads: int | None, quick
     protocol: how a shape's repetitions run (`profiler.shape_protocol`): "served" (contexts and slab
     rows vary from call to call, as in serving) or "fixed" (the same shape every call).
     attention: the SDPA kernels (`executor.config.ATTENTION`), recorded in meta.json with those each kind of
-    call ran. eager: False replays decode steps from CUDA graphs (`executor.cuda_graphs`).
+    call ran. eager: False replays decode steps from CUDA graphs (`executor.cuda_graphs`) [default: on a GPU
+    but for a mixture of experts, `executor.config.eager_on`].
     Raises InputError for an unknown model, dtype or device, cuda requested but missing, or a bad out_dir.
     """
     from catalogue.models import model_in_working_folder
@@ -162,7 +163,7 @@ def profile(model_name: str, device: str, dtype: str, threads: int | None, quick
     grid = grid if grid is not None else ("quick" if quick else "full")
     model_name = model_in_working_folder(model_name)  # the timing child finds the same config.json
     spec, dev, threads = _check_inputs(model_name, device, dtype, threads, grid, protocol)
-    config = ExecutorConfig(attention, eager)
+    config = ExecutorConfig(attention, eager_on(dev, eager, spec.moe is not None))
     config.validate(dev)
     out = check_out_dir(Path(out_dir))
 

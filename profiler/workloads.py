@@ -73,10 +73,15 @@ class Grid:
     graphs: GraphShapes | None = None  # decode steps replay CUDA graphs
 
     def repetitions(self) -> list[Repetitions]:
-        """Each shape's calls under the grid's protocol, in shape order; under CUDA graphs a decode step
-        repeats its shape (a graph has one shape: nothing keyed on the KV length is left to defeat)."""
-        return [Repetitions(s, 0, 0) if self.graphs is not None and s.kind == "decode" else
+        """Each shape's calls under the grid's protocol, in shape order; a shape that replays a CUDA graph
+        repeats itself (a graph has one shape: nothing keyed on the KV length is left to defeat, and moving
+        its rows would capture other graphs while timed)."""
+        return [Repetitions(s, 0, 0) if self._graphed(s) else
                 self.protocol.repetitions(s, self.max_position, self.max_kv_tokens) for s in self.shapes]
+
+    def _graphed(self, shape: Shape) -> bool:
+        plan = shape.plan()
+        return self.graphs is not None and self.graphs.executed(plan) is not plan
 
     def protocol_meta(self) -> dict[str, object]:
         """meta.json's `shape_protocol`: the protocol and, when served, the shapes on cached context whose KV

@@ -64,8 +64,6 @@ def profile(
     `simctl fit`. Example: simctl profile --model tiny --device cpu --out profiles/cpu
     vLLM's own steps: simctl profile --engine vllm --model tiny --device cpu --out profiles/vllm-tiny
     """
-    from catalogue.models import is_moe
-    from executor.config import eager_on
     from profiler.profile import profile as run_profile
 
     if engine not in ("simctl", "vllm"):
@@ -84,7 +82,7 @@ def profile(
             path = profile_vllm(model, dtype, quick, out)
         else:
             path = run_profile(model, device, dtype, threads, quick, out, protocol=protocol,
-                               attention=attention, eager=eager_on(device, eager, is_moe(model)))
+                               attention=attention, eager=eager)
     except RuntimeError as e:  # the timing child crashed: its last words are in the message
         raise InputError(f"profiling failed: {e}") from None
     Console().print(escape(f"wrote {path}/profile.csv and meta.json; next: simctl fit {path}"))

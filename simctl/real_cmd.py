@@ -56,9 +56,7 @@ def real(
     --out out/vllm-real
     (vLLM's settings as vllm-v1's, e.g. --max-batch-size 64 --enable-prefix-caching 0)
     """
-    from catalogue.models import is_moe
     from engine.real import real_main
-    from executor.config import eager_on
 
     if engine not in ("simctl", "vllm"):
         raise InputError(f"--engine {engine!r}: choose simctl or vllm")
@@ -71,8 +69,7 @@ def real(
         else:
             summary = real_main(policy=policies.policy, device=device, threads=threads,
                                 options=policies.settings(), kv_capacity=kv_capacity, attention=attention,
-                                eager=eager_on(device, eager, is_moe(model)), **asdict(disaggregation),
-                                **common)
+                                eager=eager, **asdict(disaggregation), **common)
     except RuntimeError as e:
         # the serving child (or vLLM's engine) crashed: its last words are in the message
         raise InputError(f"real execution failed: {e}") from None
