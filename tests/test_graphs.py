@@ -219,3 +219,50 @@ def test_cuda_graphed_executor_runs_decodes_from_graphs_and_captures_them_all():
     ex.graphs.capture_all()
     assert set(ex.graphs.graphs) == {(b, k) for b in (1, 2, 4, 8, 10) for k in (256, 512)}
 
+
+
+@pytest.mark.torch
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("name,options", [("vllm", {}), ("sarathi", {"token_budget": 16}),
+                                          ("orca", {"max_batch_size": 3})])
+def test_an_engine_whose_decodes_run_as_graphs_gives_each_request_its_tokens_alone(model, alone, name,
+                                                                                    options):
+    """The real engine with its decode steps run through the graphs' padded computation (uncaptured on the
+    CPU; every graph captured first, as a GPU engine does): each request gets exactly the tokens it gets
+    alone, slots that come and go (finished requests' KV moved down) included, and decode steps did run
+    from graphs."""
+    from conftest import ENGINE_MODEL, ENGINE_SEED
+
+    from engine.serve import Engine, prompt_ids, warm_up
+    from engine.setup import RealConfig, size_run, sized_policy
+    from tests.test_engine import REQUESTS
+
+    spec = get_model(ENGINE_MODEL)
+    config = RealConfig(policy=name, model=ENGINE_MODEL, seed=ENGINE_SEED, options=options)
+    size = size_run(config, REQUESTS, spec.kv_bytes_per_token(4), 1 << 30)
+    shapes = GraphShapes(size.kv_slots, kv_block=16)
+    ex = RaggedExecutor(model, size.kv_slots + 1, shapes.kv(size.kv_slot_tokens))  # + the scratch row
+    ex.graphs = DecodeGraphs(ex, shapes, scratch=size.kv_slots)
+    warm_up(ex, spec.vocab_size)
+    captured = len(ex.graphs.graphs)
+    assert captured == len({shapes.rows(n) for n in range(1, size.kv_slots + 1)}) * (ex.max_len // 16)
+    priced, replays = [], []  # each step's graph as priced before it runs, and the graphs replayed
+    replay = ex.graphs.run
+    ex.graphs.run = lambda segments, key: replays.append(key) or replay(segments, key)
+    prompts = {r.id: prompt_ids(r.id, r.prompt_tokens, spec.vocab_size, ENGINE_SEED) for r in REQUESTS}
+    engine = Engine(sized_policy(config, size), ex, prompts)
+    execute = engine.executor.execute
+
+    def noted(plan):
+        run = shapes.executed(plan)
+        if run is not plan:
+            priced.append((run.rows, run.kv_len))
+        return execute(plan)
+
+    engine.executor.execute = noted
+    out = engine.serve(REQUESTS)
+    assert not out.aborted
+    for r in REQUESTS:
+        assert out.tokens[r.id] == alone(r), f"request {r.id}: tokens differ from its run alone"
+    assert priced and replays == priced  # every step priced as graphed ran from that graph, and no other
+    assert len(ex.graphs.graphs) == captured  # nothing captured while serving
