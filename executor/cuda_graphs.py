@@ -10,7 +10,9 @@ n slots and B is n's bucket. Its inputs are static tensors, written before each 
 gets slot r's token and position, writes its K/V into slot r and reads its own context + 1 columns (an
 additive mask built inside the graph from the row lengths); a row whose slot does not decode this step
 (padding) reads column 0, writes into a scratch slot past the executor's slots and its logits are dropped.
-Graphs share one memory pool (one runs at a time) and are captured at first use, after a warm-up forward on
+Graphs share one memory pool (one runs at a time) and one logits buffer of the largest batch (each graph
+writes its rows' logits there, read out right after its replay: a buffer per graph held B x vocab each, GBs
+over hundreds of graphs), and are captured at first use, after a warm-up forward on
 a side stream, as torch requires: a profile's warm-up repetition pays for that, and the real engine captures
 every graph its slab can use before serving (`capture_all`, as vLLM does at start).
 Mixtures of experts are refused: transformers' expert routing reads which experts were hit on the host, which
@@ -35,7 +37,7 @@ class _Graph:
     inputs: torch.Tensor  # [4, B] int64: token id, position, slab row written, KV length read
     forward: Callable[[], torch.Tensor]  # the step on `inputs`: its logits [B, vocab]
     graph: torch.cuda.CUDAGraph | None = None  # the step captured (None: `forward` runs, off CUDA)
-    logits: torch.Tensor | None = None  # the captured step's output, rewritten by every replay
+    logits: torch.Tensor | None = None  # the captured step's output: rows of the shared logits buffer
 
     def replay(self) -> torch.Tensor:
         if self.graph is None:
@@ -60,6 +62,9 @@ class DecodeGraphs:
         self.scratch = scratch
         self.capture = executor.device.type == "cuda"
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
+        head = executor.model.lm_head
+        self.logits = torch.empty(shapes.max_rows, head.out_features, dtype=executor.dtype,
+                                  device=executor.device)
         self.graphs: dict[tuple[int, int], _Graph] = {}
 
     def bucket(self, segments: Sequence[Any]) -> tuple[int, int] | None:
@@ -112,7 +117,10 @@ class DecodeGraphs:
             batch = Batch(ex.kv, ex.attn, False, slot, pos,
                           decodes=DecodeRows(slice(0, rows), slice(0, rows), None, kv, mask))
             kwargs = {"input_ids": ids[None], "position_ids": pos[None], BATCH_KWARG: batch}
-            return ex.model.lm_head(ex.forward_hidden(kwargs)[0])
+            hidden, head, out = ex.forward_hidden(kwargs)[0], ex.model.lm_head, self.logits[:rows]
+            if head.bias is None:
+                return torch.mm(hidden, head.weight.t(), out=out)
+            return torch.addmm(head.bias, hidden, head.weight.t(), out=out)
 
         step = self.graphs[rows, kv] = _Graph(inputs, forward)
         if self.capture:
