@@ -148,15 +148,19 @@ class Fitted(CurveTables, CostModel):
         floors[:1] = floor  # schedules a request for the first time
         return np.maximum(t, floors)
 
+    def _as_run(self, plan: BatchPlan) -> tuple[BatchPlan, float]:
+        """`plan` as the profiled executor runs it, and its eager-step term: with decode graphs, a graphed
+        step padded to its graph (no term) or any other step as it is (`eager_step_s`); without, as it is."""
+        if self.graphs is None:
+            return plan, 0.0
+        run = self.graphs.executed(plan)
+        return run, self._eager if run is plan else 0.0
+
     def iteration_time(self, plan: BatchPlan) -> float:
         if plan.streams:
             raise InputError("a fitted cost model prices one stream at a time (its profile never ran two "
                              "at once): price overlapped plans (--overlap 1) with the roofline")
-        eager = 0.0
-        if self.graphs is not None:
-            run = self.graphs.executed(plan)
-            eager = self._eager if run is plan else 0.0
-            plan = run
+        plan, eager = self._as_run(plan)
         rows = plan.decode_rows
         if rows <= 0:
             t = self._fixed(plan) + eager
@@ -167,14 +171,13 @@ class Fitted(CurveTables, CostModel):
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
         if k <= 0:
             return np.empty(0)
-        if self.graphs is not None and (run := self.graphs.executed(plan)) is not plan:
+        run, eager = self._as_run(plan)
+        if run is not plan:
             # a graphed decode stretch: B rows each reading the longest row's KV rounded up to whole blocks
             longest = max(s.computed for s in plan.seqs) + 1
             kv = self.graphs.kv(longest + np.arange(k))
             return self._floored(run, self._fixed(run) + run.decode_rows * pwl_array(kv, self._dec_knots))
-        if self.graphs is not None and self._eager:  # an eager stretch beside decode graphs
-            return self._floored(plan, self._eager + self._stretch(plan, k))
-        return self._floored(plan, self._stretch(plan, k))
+        return self._floored(plan, eager + self._stretch(plan, k))
 
     def _stretch(self, plan: BatchPlan, k: int) -> np.ndarray:
         """`stretch_times` of a plan priced as it is, before the launch floor."""
@@ -199,9 +202,7 @@ class Fitted(CurveTables, CostModel):
         """The terms of `iteration_time(plan)` in seconds (reports and tests; not on the hot path)."""
         terms: dict[str, float] = {}
         if self.graphs is not None:
-            run = self.graphs.executed(plan)
-            terms["eager_step"] = self._eager if run is plan else 0.0
-            plan = run
+            plan, terms["eager_step"] = self._as_run(plan)
         self._fixed(plan, terms)
         n = plan.decode_rows
         if n > 0:

@@ -50,11 +50,7 @@ _FEATURES = ("linear_tokens", "sampled_tokens", "attn_units", "attn_kv_tokens", 
 
 
 def _arrays(df: pd.DataFrame) -> dict[str, np.ndarray]:
-    """The feature columns; `eager_step` is 0 where a frame has none (operator profiles time kernels, not an
-    executor's steps)."""
-    zeros = pd.Series(0.0, index=df.index)
-    return {c: (df[c] if c in df or c != "eager_step" else zeros).to_numpy(dtype=np.float64)
-            for c in (*_FEATURES, "time_s")}
+    return {c: df[c].to_numpy(dtype=np.float64) for c in (*_FEATURES, "time_s")}
 
 
 def predict(fit: CoefficientFit | Fitted, df: pd.DataFrame) -> np.ndarray:

@@ -165,7 +165,8 @@ def _attention_frame(att: pd.DataFrame, layers: int) -> pd.DataFrame:
         "attn_units": np.where(pre, b * q * (c + q / 2), 0.0),
         "attn_kv_tokens": np.where(pre, b * (c + q), 0.0), "num_segments": np.where(pre, b, 0.0),
         "decode_rows": np.where(pre, 0.0, b), "decode_kv": np.where(pre, 0.0, b * (c + 1)),
-        "decode_pad_kv": zero, "time_s": att["time_s"].to_numpy(dtype=np.float64) * layers})
+        "decode_pad_kv": zero, "eager_step": zero,
+        "time_s": att["time_s"].to_numpy(dtype=np.float64) * layers})
 
 
 def fit_operator_profile(root: str | Path, model: ModelSpec, gpu: str, tp: int = 1,
