@@ -41,12 +41,12 @@ for s in "$@"; do
         tests/test_attention.py tests/test_validate_device.py tests/test_graphs.py -rs" ;;
     floor) stage floor 90 "python3 bench/decode_floor.py --model $MODEL --dtype bfloat16 --rows 32 \
         --context 2047" ;;
-    kernels) stage kernels 90 "python3 bench/attention_kernels.py --model $MODEL --device cuda --dtype bfloat16 \
-        --rows 32 --context 1024 --reps 3" ;;
+    kernels) stage kernels 90 "python3 bench/attention_kernels.py --model $MODEL --device cuda \
+        --dtype bfloat16 --rows 32 --context 1024 --reps 3" ;;
     protocols) stage protocols 90 "python3 bench/profile_protocols.py --model $MODEL --device cuda \
         --dtype bfloat16 --rounds 1" ;;
-    profile) stage profile "${PROFILE_S:-200}" "$SIMCTL profile --model $MODEL --device cuda --dtype bfloat16 \
-        ${QUICK---quick} --out $W/profile && $SIMCTL fit $W/profile --roofline-gpu $GPU" ;;
+    profile) stage profile "${PROFILE_S:-200}" "$SIMCTL profile --model $MODEL --device cuda \
+        --dtype bfloat16 ${QUICK---quick} --out $W/profile && $SIMCTL fit $W/profile --roofline-gpu $GPU" ;;
     validate) stage validate 200 "$SIMCTL validate --device cuda --cost $W/profile/cost_model.json \
         --model $MODEL --policy ${POLICIES:-vllm,sarathi} --loads 0.5,0.7 --scale 0.2 --num-requests 150 \
         --out $W/validate" ;;
