@@ -27,6 +27,12 @@ class CostModel(ABC):
         `cost_assumptions`."""
         return {"kind": type(self).__name__}
 
+    @property
+    def admission_s(self) -> float:
+        """The front end's latency from a request's arrival until it can be scheduled
+        (`costs.overheads.StepOverheads.admission_s`); 0 unless measured."""
+        return 0.0
+
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
         """Durations of `k` back-to-back repeats of a plan whose sequences keep their roles (a stretch:
         decodes that go on decoding, and a prompt's chunks that go on being mid-prompt chunks of the same
@@ -57,6 +63,10 @@ class ScaledCost(CostModel):
 
     def assumptions(self) -> dict[str, Any]:
         return {**self.base.assumptions(), "scaled_by": self.factor}
+
+    @property
+    def admission_s(self) -> float:  # the front end runs on the same, slower, host
+        return self.factor * self.base.admission_s
 
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
         return self.factor * self.base.stretch_times(plan, k)

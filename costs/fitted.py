@@ -95,6 +95,10 @@ class Fitted(CurveTables, CostModel):
         return {"kind": "fitted", "tp": self.tp, "overhead_s": self._ovh, "step_overheads": steps,
                 **({"attention": self.fit["attention"]} if "attention" in self.fit else {})}
 
+    @property
+    def admission_s(self) -> float:
+        return self._steps.admission_s
+
     # ---- pricing ---------------------------------------------------------------------------------------
     def tiled(self, n: int) -> int:
         return tiled(n, self.tile)

@@ -11,6 +11,11 @@ model adds to an iteration.
   unset when the step is priced), and per prompt token of it: what a request costs the host once (its intake,
   its prompt carried to the engine and the model runner, its first scheduling), paid by the step that first
   schedules it. Fitted from a served request stream (`profiler/vllm_stream.py`).
+- `admission_s`: not a step's cost but the front end's latency, from a request's arrival to the scheduler
+  that can first schedule it (the server's request intake and its hand-over to the engine core): the
+  simulator makes a request schedulable that long after it arrives (`serving.inbox.Inbox`); its TTFT still
+  counts from the arrival. Measured on a served engine left idle between requests
+  (`profiler/vllm_served.py`); 0 elsewhere.
 - `launch_floor_s`: in eager mode every kernel is launched from Python, and the GPU cannot finish a step
   before the host has launched it; the launches overlap the kernels they feed, so a step costs at least the
   launch time (a floor), not the launch time plus the kernels. CUDA graphs replay a step's launches at once
@@ -58,11 +63,12 @@ class StepOverheads:
     source: str = "roofline defaults"
     new_request_s: float = 0.0
     new_request_token_s: float = 0.0
+    admission_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_execution(self.execution)
         for name in ("iteration_s", "request_s", "sampled_token_s", "launch_floor_s", "new_request_s",
-                     "new_request_token_s"):
+                     "new_request_token_s", "admission_s"):
             v = getattr(self, name)
             if not (is_number(v) and 0 <= v < float("inf")):
                 raise InputError(f"step overhead {name} must be a finite number >= 0, got {v!r}")
@@ -105,9 +111,10 @@ class StepOverheads:
         return self.new_request_s * len(new) + self.new_request_token_s * sum(new)
 
     def to_json(self) -> dict[str, Any]:
-        """Its fields; a per-new-request term that is 0 is left out (older files read the same)."""
+        """Its fields; a per-new-request term or an admission latency that is 0 is left out (older files
+        read the same)."""
         return {k: v for k, v in asdict(self).items()
-                if not (k in ("new_request_s", "new_request_token_s") and v == 0)}
+                if not (k in ("new_request_s", "new_request_token_s", "admission_s") and v == 0)}
 
     @classmethod
     def from_json(cls, data: Any) -> StepOverheads:
@@ -123,5 +130,7 @@ class StepOverheads:
         floor = f", launch floor {self.launch_floor_s * 1e3:.3g} ms" if self.launch_floor_s else ""
         new = (f" + {self.new_request_s * 1e6:.3g} us/new request + {self.new_request_token_s * 1e6:.3g} "
                "us/its prompt token" if self.new_request_s or self.new_request_token_s else "")
+        admission = f", admission {self.admission_s * 1e3:.3g} ms" if self.admission_s else ""
         return (f"{self.execution}: {self.iteration_s * 1e3:.3g} ms/step + {self.request_s * 1e6:.3g} "
-                f"us/request + {self.sampled_token_s * 1e6:.3g} us/sampled token{new}{floor} ({self.source})")
+                f"us/request + {self.sampled_token_s * 1e6:.3g} us/sampled token{new}{floor}{admission} "
+                f"({self.source})")

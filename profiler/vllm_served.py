@@ -37,6 +37,8 @@ from costs.overheads import StepOverheads
 
 SERVED_PROMPT = 192  # prompt tokens of every request of a closed batch
 SERVED_OUTPUTS = 40  # output tokens: 39 decode steps a batch
+ADMISSIONS = 40  # lone requests timed from arrival to first scheduling (`time_admission`)
+ADMISSION_GAP_S = 0.05  # between their arrivals: each finds the engine idle (a step here takes < 20 ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +91,17 @@ def time_served(server: Any, batches: tuple[int, ...], repeats: int) -> list[Ser
     return out
 
 
+def time_admission(server: Any) -> list[float]:
+    """The front end's admission latency on `server` (see `costs.overheads.StepOverheads.admission_s`): lone
+    requests, each arriving at an idle engine, from arrival to their first scheduling as the engine core
+    stamps it (on this clock; its scheduler takes a request in and schedules it within ~10 us, measured)."""
+    from traces.request import Request
+
+    requests = [Request(i, ADMISSION_GAP_S * (i + 1), SERVED_PROMPT, 2) for i in range(ADMISSIONS)]
+    frame = server.serve(requests).result.requests
+    return sorted(float(x) for x in frame.first_scheduled_s - frame.arrival_s)
+
+
 def served_stage(model: str, dtype: str, grid: str, seed: int, out: TextIO) -> None:
     """The served stage of `grid` as a profiling child (the worker's protocol on `out`): a start event, then
     done with meta holding `served_steps`, the request stream's steps (`served_stream`, and what was run,
@@ -103,9 +116,11 @@ def served_stage(model: str, dtype: str, grid: str, seed: int, out: TextIO) -> N
               + "\n")
     with VLLMServer(model, deployment_for(model, seed, {}, dtype)) as server:
         steps = time_served(server, g.served, g.served_repeats)
+        admissions = time_admission(server)
         stream, info = time_stream(server, seed) if g.stream else ([], {})
-    meta = {"served_steps": served_json(steps), "served_stream": [s.to_json() for s in stream],
-            "served_stream_info": info, "served_s": round(time.perf_counter() - t0, 3)}
+    meta = {"served_steps": served_json(steps), "served_admission_s": admissions,
+            "served_stream": [s.to_json() for s in stream], "served_stream_info": info,
+            "served_s": round(time.perf_counter() - t0, 3)}
     out.write(json.dumps({"event": "done", "meta": {**meta, "wall_s": meta["served_s"]}}) + "\n")
     out.flush()
 
@@ -137,6 +152,14 @@ def served_overheads(cost: CostModel, steps: list[ServedStep]) -> StepOverheads:
                          f"served calibration: closed decode batches of {batches} through AsyncLLM")
 
 
+def admission(meta: dict[str, Any]) -> float:
+    """The median of a profile's admission latencies (meta.json's `served_admission_s`; 0 without)."""
+    raw = meta.get("served_admission_s") or []
+    if not (isinstance(raw, list) and all(isinstance(x, (int, float)) and 0 <= x < 1 for x in raw)):
+        raise InputError("served_admission_s must be a list of latencies in seconds, each in [0, 1)")
+    return float(np.median(raw)) if raw else 0.0
+
+
 def served_json(steps: list[ServedStep]) -> list[dict[str, Any]]:
     return [asdict(s) for s in steps]
 
@@ -152,7 +175,7 @@ def calibrate(cost: Fitted, meta: dict[str, Any]) -> tuple[Fitted, list[dict[str
     steps = [ServedStep.from_json(d) for d in raw]
     if not steps:
         return cost, []
-    overheads = served_overheads(cost, steps)
+    overheads = replace(served_overheads(cost, steps), admission_s=admission(meta))
     calibrated = _with(cost, overheads)
     stream = meta.get("served_stream") or []
     if not isinstance(stream, list):

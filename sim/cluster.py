@@ -54,6 +54,7 @@ class Member:
                  on_release: Callable[[Member, list[Seq]], None]) -> None:
         self.index = index
         self.inbox: Inbox = RoutedInbox()
+        self.admission_s = backend.admission_s  # a request is due that long after it arrives
         self.replica = Replica(policy, backend, RoutedTime(self.inbox), self.inbox, max_waiting=max_waiting)
         self.policy = policy
         self.released = 0  # requests that left it (finished, or prefilled and handed on)
@@ -71,7 +72,7 @@ class Member:
     def take_ahead(self, seqs: list[Seq]) -> None:
         """Every request it will serve, pushed at the start (a lone entry replica: nothing to route). Its loop
         then knows when the next one is due, cuts stretches there itself, and never waits for a push."""
-        self.inbox = self.replica.inbox = Inbox(seqs)
+        self.inbox = self.replica.inbox = Inbox(seqs, self.admission_s)
         self.replica.clock = SimulatedTime()
         self.seqs = list(seqs)
 
@@ -101,6 +102,11 @@ class Pool:
 
     def route(self, seq: Seq, due: float) -> None:
         self.members[self.router([m.view() for m in self.members])].push(seq, due)
+
+    @property
+    def admission_s(self) -> float:
+        """Its front end's latency (its replicas share a cost model)."""
+        return self.members[0].admission_s
 
 
 def drive(env: simpy.Environment, member: Member, cluster: Cluster) -> Generator[simpy.Event, None, None]:
@@ -192,10 +198,10 @@ class Cluster:
     def _next_arrival(self) -> None:
         seq = next(self._arrivals, None)
         if seq is not None and not self.aborted:
-            at(self.env, seq.arrival_s, lambda _: self._arrive(seq))
+            at(self.env, seq.arrival_s + self.entry.admission_s, lambda _: self._arrive(seq))
 
-    def _arrive(self, seq: Seq) -> None:
-        self.entry.route(seq, seq.arrival_s)
+    def _arrive(self, seq: Seq) -> None:  # routed once its front end has taken it in
+        self.entry.route(seq, seq.arrival_s + self.entry.admission_s)
         self._next_arrival()
 
     def on_release(self, member: Member, finished: list[Seq]) -> None:

@@ -31,6 +31,10 @@ class CostBackend:
         self.fast = fast  # price stretches in closed form (identical results, fewer steps)
         self.on_release: Callable[[list[Seq]], None] | None = None  # set by the cluster member it serves
 
+    @property
+    def admission_s(self) -> float:
+        return self.cost.admission_s
+
     def run(self, plan: BatchPlan, start: float) -> float:
         return start + self.cost.iteration_time(plan)
 

@@ -3,6 +3,7 @@ host terms fitted from what the profiled model misses, by hand."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -74,3 +75,27 @@ def test_calibrate_adds_the_host_terms_to_a_fit() -> None:
 def test_a_malformed_served_step_is_an_input_error(entry: object) -> None:
     with pytest.raises(InputError, match="served_steps"):
         calibrate(Fitted.load(SHIPPED), {"served_steps": [entry]})
+
+
+def test_calibrate_takes_the_median_admission_latency_and_keeps_it_in_the_file(tmp_path) -> None:
+    """Latencies of 1, 2 and 9 ms: the fit's admission latency is their median, 2 ms; it survives the
+    cost_model.json round trip, says itself in the host terms' line, and changes no step's price."""
+    fitted = Fitted.load(SHIPPED)
+    steps = [{"batch": b, "context": 120, "time_s": fitted.iteration_time(decode_plan(b, 120)) + 1e-3,
+              "model_s": 0.0, "steps": 10} for b in (1, 8)]
+    calibrated, _ = calibrate(fitted, {"served_steps": steps, "served_admission_s": [9e-3, 1e-3, 2e-3]})
+    assert calibrated.admission_s == pytest.approx(2e-3, rel=1e-12)
+    assert "admission 2 ms" in calibrated.step_overheads.describe()
+    plan = decode_plan(4, 200)
+    assert calibrated.iteration_time(plan) == pytest.approx(fitted.iteration_time(plan) + 1e-3, rel=1e-9)
+    (tmp_path / "c.json").write_text(json.dumps(calibrated.to_json()))
+    assert Fitted.load(tmp_path / "c.json").admission_s == pytest.approx(2e-3, rel=1e-12)
+    without, _ = calibrate(fitted, {"served_steps": steps})  # an older profile: no latency measured
+    assert without.admission_s == 0 and "admission_s" not in without.step_overheads.to_json()
+
+
+@pytest.mark.parametrize("raw", ["x", [1e-3, -1e-3], [2.0], [None]])
+def test_a_malformed_admission_latency_is_an_input_error(raw: object) -> None:
+    steps = [{"batch": 1, "context": 10, "time_s": 1.0, "model_s": 0.0, "steps": 1}]
+    with pytest.raises(InputError, match="served_admission_s"):
+        calibrate(Fitted.load(SHIPPED), {"served_steps": steps, "served_admission_s": raw})

@@ -20,7 +20,14 @@ from conftest import TinyCost
 from costs.base import ScaledCost
 from results.validation_report import pct_error
 from studies.capacity import SLO
-from validation.vllm_validate import METRICS, VLLMValidation, Workload, simulate_requests, validate_vllm
+from validation.vllm_validate import (
+    FIT_SPEED_TOL,
+    METRICS,
+    VLLMValidation,
+    Workload,
+    simulate_requests,
+    validate_vllm,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -107,6 +114,10 @@ def test_errors_are_the_runs_own_values(validated: tuple[dict, Path]) -> None:
     for m in METRICS:
         expected = pct_error(twin[m], real[m])
         assert row[f"{m}_err_pct_at_speed"] == (pytest.approx(expected) if expected is not None else None)
+    at_fit_speed = abs(speed - 1) <= FIT_SPEED_TOL  # then the run is compared with the raw twin too
+    assert row["runs_at_fit_speed"] == int(at_fit_speed)
+    for m in METRICS:
+        assert row[f"{m}_err_pct_at_fit_speed"] == (row[f"{m}_err_pct"] if at_fit_speed else None)
     md = (out / "validation_vllm.md").read_text(encoding="utf-8")
     assert "| 0.5 | P50 ITL |" in md and "Twin capacity" in md
     assert len(pd.read_csv(out / "validation_vllm.csv")) == 1

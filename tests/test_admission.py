@@ -1,0 +1,83 @@
+"""A front end's admission latency (`CostModel.admission_s`): the simulator makes each request schedulable
+that long after it arrives, on a lone replica and behind a router alike; latencies still count from the
+arrival. By hand, and over random traces with every policy."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_cluster import MAX_SEQ_LEN, check_invariants
+
+from costs.base import CostModel, ScaledCost
+from policies.plan import BatchPlan
+from policies.registry import POLICIES, make_policy
+from serving.routers import make_router
+from sim.cluster import Cluster, Member, Pool
+from sim.replica import CostBackend
+from traces.request import Request
+
+
+class Admitting(CostModel):
+    """Every iteration costs `step_s`; a request is admitted `delay_s` after it arrives."""
+
+    def __init__(self, step_s: float, delay_s: float) -> None:
+        self.step_s, self.delay_s = step_s, delay_s
+
+    def iteration_time(self, plan: BatchPlan) -> float:
+        return self.step_s
+
+    @property
+    def admission_s(self) -> float:
+        return self.delay_s
+
+
+def serve(policy: str, reqs: list[Request], cost: CostModel, replicas: int = 1, kv: int = 100_000):
+    cluster = Cluster(simpy.Environment())
+    members = [Member(i, make_policy(policy, kv, MAX_SEQ_LEN, {}), CostBackend(cost), None,
+                      cluster.on_release) for i in range(replicas)]
+    cluster.entry = Pool("replicas", members, make_router("round-robin"))
+    return cluster, cluster.run(reqs)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_lone_request_waits_the_admission_latency_then_runs_as_before(replicas: int) -> None:
+    """Arrival 0.1 s, 10 ms a step, 3 ms admission, 3 output tokens: scheduled at 0.103, first token after the
+    prompt's step at 0.113, done two decode steps later at 0.133; TTFT 13 ms from the arrival."""
+    _, (seq,) = serve("vllm-v1", [Request(0, 0.1, 20, 3)], Admitting(0.010, 0.003), replicas)
+    assert seq.first_scheduled_s == pytest.approx(0.103, abs=1e-12)
+    assert seq.first_token_s == pytest.approx(0.113, abs=1e-12)
+    assert seq.completion_s == pytest.approx(0.133, abs=1e-12)
+    assert seq.arrival_s == 0.1
+
+
+def test_a_request_admitted_during_a_step_joins_the_next_one() -> None:
+    """A arrives at 0 and B at 4 ms; 10 ms a step. Without admission latency B is due at 4 ms, during A's
+    prompt step [0, 10], and is scheduled at 10 ms. With 7 ms, A runs [7, 17] and B, due at 11 ms, joins the
+    step at 17 ms; with 3 ms, A runs [3, 13] and B, due at 7 ms, also joins the next step, at 13 ms."""
+    reqs = [Request(0, 0.0, 20, 3), Request(1, 0.004, 20, 3)]
+    for delay, start_b in ((0.0, 0.010), (0.003, 0.013), (0.007, 0.017)):
+        _, seqs = serve("vllm-v1", reqs, Admitting(0.010, delay))
+        assert seqs[0].first_scheduled_s == pytest.approx(delay, abs=1e-12)
+        assert seqs[1].first_scheduled_s == pytest.approx(start_b, abs=1e-12)
+
+
+def test_a_slower_machine_admits_slower_too() -> None:
+    assert ScaledCost(Admitting(0.01, 0.002), 1.5).admission_s == pytest.approx(0.003, rel=1e-12)
+
+
+traces = st.lists(st.tuples(st.floats(0, 1), st.integers(1, 300), st.integers(1, 30)), min_size=1,
+                  max_size=20)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=traces, policy=st.sampled_from(list(POLICIES)), replicas=st.integers(1, 3),
+       delay=st.floats(0, 0.05), kv=st.sampled_from([700, 100_000]))
+def test_every_request_is_served_once_and_never_scheduled_before_it_is_admitted(reqs, policy, replicas, delay,
+                                                                                kv) -> None:
+    requests = [Request(i, t, p, o) for i, (t, p, o) in enumerate(sorted(reqs))]
+    cluster, seqs = serve(policy, requests, Admitting(0.004, delay), replicas, kv)
+    check_invariants(cluster, seqs)
+    for s in seqs:
+        assert s.first_scheduled_s >= s.arrival_s + delay - 1e-12, s
