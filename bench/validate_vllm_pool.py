@@ -1,7 +1,8 @@
 """Pool several `bench/validate_vllm.py` runs of one fit (same twin, same requests, same loads): each load's
 real runs of all of them together, their medians against the twin, raw and at the machine's speed (the twin
-scaled by the median of those runs' speed factors). With `--scales`, also how steep each load is in the
-cost: the P50 errors of the twin with its cost scaled by each factor (a diagnostic, never a correction).
+scaled by the median of those runs' speed factors), and the runs made at the fit's speed (factor within
+`FIT_SPEED_TOL` of 1) against the raw twin. With `--scales`, also how steep each load is in the cost: the P50
+errors of the twin with its cost scaled by each factor (a diagnostic, never a correction).
 
     .venv/bin/python bench/validate_vllm_pool.py OUT1/validation OUT2/validation ... [--scales 0.97,1,1.03]
 """
@@ -19,8 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SHOWN = ("ttft_p50", "tpot_p50", "tbt_p50", "e2e_p50", "ttft_p99", "tpot_p99", "tbt_p99", "e2e_p99")
 
 
-def pooled(dirs: list[Path]) -> tuple[dict[str, Any], list[tuple[float, float, list[dict], list[float]]]]:
-    """The first report's config and, per load: (load, qps, every real run's summary, their speed factors)."""
+Load = tuple[float, float, list[dict], list[float | None]]
+
+
+def pooled(dirs: list[Path]) -> tuple[dict[str, Any], list[Load]]:
+    """The first report's config and, per load: (load, qps, every real run's summary, each one's speed factor,
+    None where a run had none)."""
+    from validation.vllm_validate import run_dir
+
     reports = [json.loads((d / "validation_vllm.json").read_text(encoding="utf-8")) for d in dirs]
     cfg = reports[0]["config"]
     if any(r["config"]["cost"] != cfg["cost"] or r["capacity"]["sim_qps"] != reports[0]["capacity"]["sim_qps"]
@@ -31,9 +38,10 @@ def pooled(dirs: list[Path]) -> tuple[dict[str, Any], list[tuple[float, float, l
     for i, row in enumerate(reports[0]["rows"]):
         runs, speeds = [], []
         for d, r in zip(dirs, reports):
-            speeds += [s for s in r["speed_factors"][i::len(r["rows"])] if s is not None]
-            runs += [json.loads(p.read_text(encoding="utf-8"))
-                     for p in sorted((d / "runs" / f"load_{row['load']:g}").glob("real*/summary.json"))]
+            for k, speed in enumerate(r["speed_factors"][i::len(r["rows"])]):  # round k's run at this load
+                summary = run_dir(d, row["load"], k) / "summary.json"
+                runs.append(json.loads(summary.read_text(encoding="utf-8")))
+                speeds.append(speed)
         loads.append((row["load"], row["qps"], runs, speeds))
     cfg["real_capacities"] = [r["capacity"].get("real_qps") for r in reports]
     cfg["sim_qps"] = reports[0]["capacity"]["sim_qps"]
@@ -46,7 +54,7 @@ def main() -> None:
     from costs.base import ScaledCost
     from results.validation_report import pct_error
     from validation.twin import load_cost
-    from validation.vllm_validate import VLLMValidation, Workload, simulate_requests
+    from validation.vllm_validate import FIT_SPEED_TOL, VLLMValidation, Workload, simulate_requests
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dirs", nargs="+", type=Path)
@@ -62,16 +70,22 @@ def main() -> None:
 
     print(f"Pooled: {len(a.dirs)} validations of {cfg['cost']}, {cfg['runs']} real runs per load.\n")
     print("| load | metric | real median (runs) | real min..max | sim | error | speed factor (median) | "
-          "error at machine speed |\n|---|---|---|---|---|---|---|---|")
+          "error at machine speed | runs at the fit's speed: median, error |\n"
+          "|---|---|---|---|---|---|---|---|---|")
     for load, qps, runs, speeds in loads:
-        sim, speed = twin(qps, 1.0), statistics.median(speeds)
+        sim, speed = twin(qps, 1.0), statistics.median(s for s in speeds if s is not None)
         scaled = twin(qps, speed)
+        matched = [r for r, s in zip(runs, speeds, strict=True)
+                   if s is not None and abs(s - 1) <= FIT_SPEED_TOL]
         for m in SHOWN:
             values = [s[m] for s in runs]
             real = statistics.median(values)
+            at_fit = statistics.median(r[m] for r in matched) if matched else None
+            fit_cell = (f"{at_fit * 1e3:.1f} ms ({len(matched)}), {pct_error(sim[m], at_fit):+.1f}%"
+                        if at_fit is not None else "no run")
             print(f"| {load:g} | {m} | {real * 1e3:.1f} ms ({len(values)}) | {min(values) * 1e3:.1f}.."
                   f"{max(values) * 1e3:.1f} ms | {sim[m] * 1e3:.1f} ms | {pct_error(sim[m], real):+.1f}% | "
-                  f"{speed:.3f} | {pct_error(scaled[m], real):+.1f}% |")
+                  f"{speed:.3f} | {pct_error(scaled[m], real):+.1f}% | {fit_cell} |")
     caps = ", ".join(f"{c:.4g}" for c in cfg["real_capacities"] if c)
     print(f"\nReal capacities: {caps} QPS; twin {cfg['sim_qps']:.4g} QPS.")
     if a.scales:

@@ -13,6 +13,11 @@ requests of the same prompt arriving at once (`time_served`). The steps where al
 engine's own step log (`engine.vllm_steps`): the period between consecutive steps' outputs is the served
 step's time (`ServedStep`), with the model execution inside it as the engine core times it.
 
+Then lone requests, each arriving at the idle engine, time its front end (`time_admission`): from arrival to
+the engine core's first scheduling of the request, ~1.2-1.5 ms here (the client's wake-up, vLLM's input
+processing, the hand-over to the engine core's process); the fit keeps the median as
+`StepOverheads.admission_s`.
+
 `simctl fit` then prices each such step with the model fitted to the grid and fits the residual, served minus
 fitted, as the host terms of `costs.overheads.StepOverheads` (`served_overheads`): one non-negative least
 squares on relative residuals of `iteration_s + request_s x B`. In a decode step every scheduled request

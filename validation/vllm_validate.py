@@ -148,7 +148,7 @@ def _median_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _run_dir(out: Path, load: float, repeat: int) -> Path:
+def run_dir(out: Path, load: float, repeat: int) -> Path:
     return out / "runs" / f"load_{load:g}" / ("real" if repeat == 0 else f"real_{repeat + 1}")
 
 
@@ -217,7 +217,7 @@ class Rounds:
         for repeat in range(v.repeats):
             for load, qps in loads:
                 requests = self.workload.at(qps)
-                summary, speed = _serve(self.server, requests, v, qps, _run_dir(self.out, load, repeat),
+                summary, speed = _serve(self.server, requests, v, qps, run_dir(self.out, load, repeat),
                                         self.cost)
                 self.speeds.append(speed)
                 self.real.setdefault(load, []).append(summary)
