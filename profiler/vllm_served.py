@@ -14,7 +14,7 @@ engine's own step log (`engine.vllm_steps`): the period between consecutive step
 step's time (`ServedStep`), with the model execution inside it as the engine core times it.
 
 Then lone requests, each arriving at the idle engine, time its front end (`time_admission`): from arrival to
-the engine core's first scheduling of the request, ~1.2-1.5 ms here (the client's wake-up, vLLM's input
+the engine core's first scheduling of the request, 1.2-1.9 ms here (the client's wake-up, vLLM's input
 processing, the hand-over to the engine core's process); the fit keeps the median as
 `StepOverheads.admission_s`.
 
