@@ -1,6 +1,6 @@
 """A front end's admission latency (`CostModel.admission_s`): the simulator makes each request schedulable
-that long after it arrives, on a lone replica and behind a router alike; latencies still count from the
-arrival. By hand, and over random traces with every policy."""
+that long after it arrives, on a lone replica, behind a router and on disaggregated prefill instances alike;
+latencies still count from the arrival. By hand, and over random traces with every policy."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import pytest
 import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_cluster import MAX_SEQ_LEN, check_invariants
+from test_cluster import CONTINUOUS, MAX_SEQ_LEN, TINY, check_invariants
 
 from costs.base import CostModel, ScaledCost
 from policies.plan import BatchPlan
 from policies.registry import POLICIES, make_policy
 from serving.routers import make_router
 from sim.cluster import Cluster, Member, Pool
+from sim.kv_link import KVLink
 from sim.replica import CostBackend
 from traces.request import Request
 
@@ -33,11 +34,18 @@ class Admitting(CostModel):
         return self.delay_s
 
 
-def serve(policy: str, reqs: list[Request], cost: CostModel, replicas: int = 1, kv: int = 100_000):
-    cluster = Cluster(simpy.Environment())
-    members = [Member(i, make_policy(policy, kv, MAX_SEQ_LEN, {}), CostBackend(cost), None,
-                      cluster.on_release) for i in range(replicas)]
-    cluster.entry = Pool("replicas", members, make_router("round-robin"))
+def serve(policy: str, reqs: list[Request], cost: CostModel, replicas: int = 1, kv: int = 100_000,
+          split: tuple[int, int] | None = None):
+    """Serve `reqs` on `replicas` colocated replicas, or `split` = (prefill, decode) instances."""
+    cluster = Cluster(simpy.Environment(), KVLink(1.0) if split else None, TINY.kv_bytes_per_token())
+
+    def pool(name: str, n: int) -> Pool:
+        return Pool(name, [Member(i, make_policy(policy, kv, MAX_SEQ_LEN, {}), CostBackend(cost), None,
+                                  cluster.on_release) for i in range(n)], make_router("round-robin"))
+
+    cluster.entry = pool("prefill", split[0]) if split else pool("replicas", replicas)
+    if split:
+        cluster.decode = pool("decode", split[1])
     return cluster, cluster.run(reqs)
 
 
@@ -78,6 +86,17 @@ def test_every_request_is_served_once_and_never_scheduled_before_it_is_admitted(
                                                                                 kv) -> None:
     requests = [Request(i, t, p, o) for i, (t, p, o) in enumerate(sorted(reqs))]
     cluster, seqs = serve(policy, requests, Admitting(0.004, delay), replicas, kv)
+    check_invariants(cluster, seqs)
+    for s in seqs:
+        assert s.first_scheduled_s >= s.arrival_s + delay - 1e-12, s
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=traces, policy=st.sampled_from(CONTINUOUS), split=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+       delay=st.floats(0, 0.05))
+def test_disaggregated_prefill_instances_admit_after_the_latency(reqs, policy, split, delay) -> None:
+    requests = [Request(i, t, p, o) for i, (t, p, o) in enumerate(sorted(reqs))]
+    cluster, seqs = serve(policy, requests, Admitting(0.004, delay), split=split, kv=5000)
     check_invariants(cluster, seqs)
     for s in seqs:
         assert s.first_scheduled_s >= s.arrival_s + delay - 1e-12, s
