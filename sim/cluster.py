@@ -198,10 +198,11 @@ class Cluster:
     def _next_arrival(self) -> None:
         seq = next(self._arrivals, None)
         if seq is not None and not self.aborted:
-            at(self.env, seq.arrival_s + self.entry.admission_s, lambda _: self._arrive(seq))
+            due = seq.arrival_s + self.entry.admission_s  # routed once its front end has taken it in
+            at(self.env, due, lambda _: self._arrive(seq, due))
 
-    def _arrive(self, seq: Seq) -> None:  # routed once its front end has taken it in
-        self.entry.route(seq, seq.arrival_s + self.entry.admission_s)
+    def _arrive(self, seq: Seq, due: float) -> None:
+        self.entry.route(seq, due)
         self._next_arrival()
 
     def on_release(self, member: Member, finished: list[Seq]) -> None:
