@@ -1,8 +1,13 @@
 """A decode step against its memory floor, eager and from a CUDA graph (simctl issue 26): `rows` requests at
 `context` tokens each, the step timed back to back as serving runs it (host included), beside the floor
 (weights + the rows' KV over the device's copy bandwidth, measured here with a device-to-device copy).
+`--compile` adds graphed steps whose layers' pieces went through `torch.compile` first (issue 41: the
+twenty-odd small kernels a layer launches besides its GEMMs are what a graphed step spends beyond its floor):
+`norms` compiles each layer's two RMSNorms and its MLP (the executor's attention untouched), `layers` each
+whole decoder layer, attention function included.
 
-    python3 bench/decode_floor.py --model mistral-7b --dtype bfloat16 --rows 32 --context 2047
+    python3 bench/decode_floor.py --model mistral-7b --dtype bfloat16 --rows 32 --context 2047 \
+        --compile norms,layers
 """
 
 from __future__ import annotations
@@ -47,6 +52,28 @@ def step_times(ex: RaggedExecutor, rows: int, context: int, grow: bool, steps: i
     return times
 
 
+COMPILE_LEVELS = ("norms", "layers")
+
+
+def compile_parts(model, level: str | None) -> None:
+    """`torch.compile` the decoder layers' pieces of `level` (COMPILE_LEVELS; None: none), in place, undoing
+    any earlier level first. The layers share one compiled graph (same code, weights as inputs)."""
+    for m in model.modules():
+        m._compiled_call_impl = None
+    torch._dynamo.reset()
+    # the layer's index (an int attribute) picks its KV slab: dynamic, or one recompilation per layer
+    torch._dynamo.config.allow_unspec_int_on_nn_module = True
+    if level is None:
+        return
+    for layer in model.model.layers:
+        parts = [layer] if level == "layers" else [layer.input_layernorm, layer.post_attention_layernorm,
+                                                   layer.mlp]
+        for part in parts:
+            part.compile()
+    if level == "norms":
+        model.model.norm.compile()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="mistral-7b")
@@ -54,7 +81,12 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=32)
     p.add_argument("--context", type=int, default=2047)
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--compile", default="", help=f"comma list of {', '.join(COMPILE_LEVELS)}: graphed steps "
+                   "with those pieces compiled, after the eager and graphed rows")
     args = p.parse_args()
+    levels = [c for c in args.compile.split(",") if c]
+    if any(c not in COMPILE_LEVELS for c in levels):
+        p.error(f"--compile takes {', '.join(COMPILE_LEVELS)}")
     model = build_model(get_model(args.model), "cuda", args.dtype, seed=0)
     device = model.device
     bandwidth = copy_bandwidth(device)
@@ -64,15 +96,22 @@ def main() -> None:
           f"{bandwidth / 1e12:.2f} TB/s; weights {weights / 2**30:.2f} GiB")
     print("| mode | contexts | KV read / row | ms / step (median) | floor ms | step / floor |")
     print("|---|---|---:|---:|---:|---:|")
-    for eager in (True, False):
-        ex = RaggedExecutor(model, args.rows, span, ExecutorConfig(eager=eager))
-        for grow in (False, True):
-            med = statistics.median(step_times(ex, args.rows, args.context, grow, args.steps))
-            kv_read = args.context + 1 if eager else ex.graphs.shapes.kv(args.context + 1)
-            floor = (weights + args.rows * kv_read * ex.kv_bytes_per_token) / bandwidth
-            print(f"| {'eager' if eager else 'CUDA graph'} | {'growing' if grow else 'fixed'} | {kv_read} | "
-                  f"{med * 1e3:.2f} | {floor * 1e3:.2f} | {med / floor:.2f} |", flush=True)
-        del ex
+    for eager, level in [(True, None), (False, None)] + [(False, c) for c in levels]:
+        name = "eager" if eager else "CUDA graph" + (f", compiled {level}" if level else "")
+        try:
+            compile_parts(model, level)
+            ex = RaggedExecutor(model, args.rows, span, ExecutorConfig(eager=eager))
+            for grow in (False, True):
+                t0 = time.perf_counter()
+                med = statistics.median(step_times(ex, args.rows, args.context, grow, args.steps))
+                kv_read = args.context + 1 if eager else ex.graphs.shapes.kv(args.context + 1)
+                floor = (weights + args.rows * kv_read * ex.kv_bytes_per_token) / bandwidth
+                print(f"| {name} | {'growing' if grow else 'fixed'} | {kv_read} | {med * 1e3:.2f} | "
+                      f"{floor * 1e3:.2f} | {med / floor:.2f} |  ({time.perf_counter() - t0:.0f} s with "
+                      "warm-up)", flush=True)
+            del ex
+        except Exception as e:  # a level that does not compile is reported, the others still run
+            print(f"| {name} | failed: {type(e).__name__}: {str(e).splitlines()[0][:200]} |", flush=True)
         torch.cuda.empty_cache()
 
 

@@ -16,7 +16,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TRANSFORMERS_OFFLINE=1 HF_HUB_OFFLINE=1
 # MODEL: mistral-7b unless set (llama-2-7b to compare with the reference operator profiles); POLICIES
-# (validate): vllm,sarathi unless set; QUICK= PROFILE_S=400 for the full grid instead of the quick one
+# (validate): vllm,sarathi unless set; QUICK= PROFILE_S=400 for the full grid instead of the quick one;
+# PROFILE: the profile folder validate reads (a kept one from an earlier call on the same machine);
+# FLOOR_MODEL, COMPILE (norms,layers unless set; empty for none), FLOOR_S for the floor stage
 MODEL=${MODEL:-mistral-7b}
 SIMCTL="python3 -m simctl.cli"
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -qi h200 && echo h200 || echo h100)
@@ -38,18 +40,19 @@ for s in "$@"; do
         python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__, \
         torch.cuda.get_device_name(0))'" ;;
     tests) stage tests 120 "python3 -m pytest -q -p no:cacheprovider -k 'cuda and not shipped_cpu_fit' \
-        tests/test_attention.py tests/test_validate_device.py tests/test_graphs.py -rs" ;;
-    floor) stage floor 90 "python3 bench/decode_floor.py --model $MODEL --dtype bfloat16 --rows 32 \
-        --context 2047" ;;
+        tests/test_attention.py tests/test_validate_device.py tests/test_graphs.py \
+        tests/test_profiler.py -rs" ;;
+    floor) stage floor "${FLOOR_S:-200}" "python3 bench/decode_floor.py --model ${FLOOR_MODEL:-$MODEL} \
+        --dtype bfloat16 --rows 32 --context 2047 --compile ${COMPILE-norms,layers}" ;;
     kernels) stage kernels 90 "python3 bench/attention_kernels.py --model $MODEL --device cuda \
         --dtype bfloat16 --rows 32 --context 1024 --reps 3" ;;
     protocols) stage protocols 90 "python3 bench/profile_protocols.py --model $MODEL --device cuda \
         --dtype bfloat16 --rounds 1" ;;
     profile) stage profile "${PROFILE_S:-200}" "$SIMCTL profile --model $MODEL --device cuda \
         --dtype bfloat16 ${QUICK---quick} --out $W/profile && $SIMCTL fit $W/profile --roofline-gpu $GPU" ;;
-    validate) stage validate 200 "$SIMCTL validate --device cuda --cost $W/profile/cost_model.json \
-        --model $MODEL --policy ${POLICIES:-vllm,sarathi} --loads 0.5,0.7 --scale 0.2 --num-requests 150 \
-        --out $W/validate" ;;
+    validate) stage validate 200 "$SIMCTL validate --device cuda \
+        --cost ${PROFILE:-$W/profile}/cost_model.json --model $MODEL --policy ${POLICIES:-vllm,sarathi} \
+        --loads 0.5,0.7 --scale 0.2 --num-requests 150 --out $W/validate" ;;
     *) echo "unknown stage $s" >&2; exit 2 ;;
     esac
 done

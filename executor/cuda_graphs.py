@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import weakref
+
 import torch
 
 from common.errors import InputError
@@ -57,7 +59,9 @@ class DecodeGraphs:
         if getattr(executor.model.config, "num_local_experts", None):
             raise InputError("CUDA-graph decode of a mixture of experts is not built (transformers routes "
                              "tokens to experts through host-side reads); profile and run it with --eager")
-        self.ex = executor
+        # weak: the executor holds this object, and a cycle would keep its KV slab (GBs) alive until the
+        # collector ran; a profile builds an executor per shape and ran an H100 out of memory so (issue 41)
+        self.ex = weakref.proxy(executor)
         self.shapes = shapes
         self.scratch = scratch
         self.capture = executor.device.type == "cuda"
