@@ -57,14 +57,15 @@ COMPILE_LEVELS = ("norms", "layers")
 
 def compile_parts(model, level: str | None) -> None:
     """`torch.compile` the decoder layers' pieces of `level` (COMPILE_LEVELS; None: none), in place, undoing
-    any earlier level first. The layers share one compiled graph (same code, weights as inputs)."""
+    any earlier level first."""
     for m in model.modules():
         m._compiled_call_impl = None
     torch._dynamo.reset()
-    # the layer's index (an int attribute) picks its KV slab: dynamic, or one recompilation per layer
-    torch._dynamo.config.allow_unspec_int_on_nn_module = True
     if level is None:
         return
+    # dynamo guards on each layer's index (an int attribute that picks its KV slab): one graph per layer, so
+    # the default limit of 8 would leave the later layers eager
+    torch._dynamo.config.recompile_limit = len(model.model.layers) + 8
     for layer in model.model.layers:
         parts = [layer] if level == "layers" else [layer.input_layernorm, layer.post_attention_layernorm,
                                                    layer.mlp]
