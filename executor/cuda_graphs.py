@@ -21,11 +21,10 @@ a graph cannot capture.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import weakref
 
 import torch
 

@@ -117,6 +117,7 @@ class Sweeps:
         executor = self.kept.get(i)
         fresh = executor is None
         if fresh:
+            worker.free_cached_memory()
             executor = self.executor_cls(self.model, *self.runs[i].slab)
             if i in self.kept:
                 self.kept[i] = executor
