@@ -91,9 +91,13 @@ def prefill_bench(
     spec, g = get_model(model), get_gpu(gpu)
     price, _, label, warnings = cost_model(cost, spec, g, 1)
     warn_all(warnings)
+    drawn = {name: _pool(name, pools, spec) for name in comma_list(pools.lengths, "lengths")}
+    if timing.real:
+        from engine.prefill_bench import check_memory
+
+        check_memory(spec, list(drawn.values()), max(sizes), timing.device)
     rows, profiles = [], {}
-    for name in comma_list(pools.lengths, "lengths"):
-        pool = _pool(name, pools, spec)
+    for name, pool in drawn.items():
         profiles[name] = _profile(pool, name)
         rows += _points(name, pool, policies, sizes, spec, g, price, timing, pools.seed)
     frame = pd.DataFrame(rows)
