@@ -12,7 +12,6 @@ import numpy as np
 from catalogue.models import ModelSpec
 from studies.prefill_bench import serve_prefills
 
-
 DTYPE = "float32"
 
 
