@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
+from common.children import STOP_GRACE_S, exit_cause
 from engine.serve import Engine, EngineResult, Instance, Served
 from engine.setup import RealConfig, Sizing, build_engine
 from policies.seq import Seq
@@ -243,7 +244,9 @@ def _await_ready(child: Any, conn: Any) -> None:
     try:
         msg = conn.recv()
     except EOFError:
-        msg = ("error", f"it exited (code {child.exitcode}) while starting")
+        child.join(STOP_GRACE_S)  # its exit status says why (SIGKILL: out of memory)
+        why = exit_cause(child.exitcode) if child.exitcode is not None else "it closed its pipe"
+        msg = ("error", f"{why}, while starting")
     if msg[0] != "ready":
         raise RuntimeError(f"prefill instance failed: {msg[1]}")
 

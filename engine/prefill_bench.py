@@ -10,17 +10,29 @@ import time
 import numpy as np
 
 from catalogue.models import ModelSpec
-from engine.serve import prompt_ids
-from executor.model import build_model
-from executor.plans import PlanExecutor
-from executor.ragged import RaggedExecutor
 from studies.prefill_bench import serve_prefills
+
+DTYPE = "float32"
+
+
+def check_memory(spec: ModelSpec, pools: list[np.ndarray], batch_size: int, device: str) -> None:
+    """Before building: the model, the executor's slab (a batch of the longest prompt) and a padded prefill
+    of that batch against the device's memory (InputError)."""
+    from executor.memory import check_fits
+
+    longest = max(int(p.max()) for p in pools)
+    check_fits(spec, DTYPE, batch_size * (longest + 1), batch_size * longest, device)
 
 
 def measure_prefills(policy_name: str, lengths: np.ndarray, batch_size: int, model: ModelSpec, device: str,
                      batches: int, repeats: int, seed: int = 0) -> list[float]:
     """Median seconds over `repeats` of each of the first `batches` prefill forwards the policy plans."""
-    net = build_model(model, device, "float32", seed)
+    from engine.serve import prompt_ids  # torch: imported once the memory check has passed
+    from executor.model import build_model
+    from executor.plans import PlanExecutor
+    from executor.ragged import RaggedExecutor
+
+    net = build_model(model, device, DTYPE, seed)
     executor = RaggedExecutor(net, batch_size, int(lengths.max()) + 1)
     prompts = {i: prompt_ids(i, int(n), model.vocab_size, seed) for i, n in enumerate(lengths.tolist())}
     runs: list[list[float]] = []

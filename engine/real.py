@@ -163,23 +163,46 @@ def worker_command(config: RealConfig, out: Path | None, result_path: Path, prob
 
 def _run_worker(config: RealConfig, out: Path | None = None, probe: bool = False) -> dict[str, Any]:
     """Run the worker child on `config` and return its "done" message; InputError for its input errors,
-    RuntimeError (with the end of its output) if it crashed."""
+    RuntimeError (one line: why) if it crashed. Interrupted, the child is stopped within a bounded wait."""
+    from common.children import failure_line, stop
     from executor.runtime import worker_env
 
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile(mode="w+", encoding="utf-8",
                                                                      errors="replace") as err:
         result_path = Path(tmp) / "result.json"
-        proc = subprocess.run(worker_command(config, out, result_path, probe), env=worker_env(config.threads),
-                              stdin=subprocess.DEVNULL, stdout=err, stderr=err, check=False)
+        proc = subprocess.Popen(worker_command(config, out, result_path, probe),
+                                env=worker_env(config.threads), stdin=subprocess.DEVNULL, stdout=err,
+                                stderr=err)
+        try:
+            proc.wait()
+        finally:
+            stop(proc)
         msg = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else None
         if msg is not None and msg.get("event") == "error" and msg.get("input"):
             raise InputError(msg["message"])
         if proc.returncode != 0 or msg is None or msg.get("event") != "done":
             err.seek(0)
-            tail = err.read()[-4000:]
-            what = msg["message"] if msg else f"exit code {proc.returncode}"
-            raise RuntimeError(f"real-execution worker failed ({what}); its output ends with:\n{tail}")
+            raise RuntimeError(failure_line("real-execution worker", proc.returncode,
+                                            msg.get("message") if msg else None, err.read()))
     return msg
+
+
+def check_memory(config: RealConfig, requests: list[Request]) -> None:
+    """Before the child builds anything: sizing errors (a request longer than the model or the KV capacity),
+    and the model, its KV slab and a prefill of the longest prompt against the device's memory, for each
+    instance (InputError). On cuda without a budget given the slab takes a share of what the weights leave
+    (`device_kv_budget`): one slot is counted."""
+    from catalogue.models import get_model
+    from executor.memory import DTYPE_BYTES, check_fits
+
+    spec = get_model(config.model)
+    kv_bpt = spec.kv_bytes_per_token(DTYPE_BYTES[config.dtype])
+    on_cpu = str(config.device).lower() == "cpu"
+    budget = config.kv_budget_bytes or (CPU_KV_BYTES if on_cpu else None)
+    size = size_run(config, requests, kv_bpt, 1 << 62 if budget is None else budget)
+    kv_tokens = size.kv_slot_tokens * (1 if budget is None else size.kv_slots)
+    check_fits(spec, config.dtype, kv_tokens, max(r.prompt_tokens for r in requests), config.device,
+               instances=2 if config.disaggregated else 1)
 
 
 def probe_device(config: RealConfig) -> DeviceProbe:
@@ -187,6 +210,8 @@ def probe_device(config: RealConfig) -> DeviceProbe:
     so that this process never holds a CUDA context); InputError if cuda is missing."""
     from executor.runtime import cpu_name
 
+    check_memory(config, build_trace(config.trace, config.num_requests, config.qps, config.seed,
+                                     arrival=config.arrival, cv=config.cv, scale=config.scale))
     if str(config.device).lower() == "cpu":
         return DeviceProbe("cpu", cpu_name(), CPU_KV_BYTES)
     threads = config.threads if config.threads is not None else default_threads()
@@ -222,13 +247,9 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     config.validate()
     if config.threads is None:  # a disaggregated run's instances share the cores
         config = replace(config, threads=max(1, default_threads() // (2 if config.disaggregated else 1)))
-    # sizing errors (a request longer than the model or the KV capacity) before starting torch
-    from catalogue.models import get_model
-
-    spec = get_model(config.model)
     requests = build_trace(config.trace, config.num_requests, config.qps, config.seed, arrival=config.arrival,
                            cv=config.cv, scale=config.scale)
-    size_run(config, requests, spec.kv_bytes_per_token(4 if config.dtype == "float32" else 2), 1 << 62)
+    check_memory(config, requests)
     out_path = None
     if out is not None:
         out_path = check_out_dir(Path(out), CLUSTER_RUN_FILES)

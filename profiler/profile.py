@@ -13,7 +13,6 @@ profile.csv: one row per shape, the columns of `profiler.shapes.COLUMNS` (see th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from common.children import failure_line, stop
 from common.errors import InputError
 from executor.config import ExecutorConfig, eager_on
 from executor.model import DTYPES
@@ -59,17 +59,22 @@ def _check_inputs(model_name: str, device: str, dtype: str, threads: int | None,
         raise InputError(f"grid {grid!r} unknown; choose one of {', '.join(GRID_NAMES)}")
     if protocol not in PROTOCOLS:
         raise InputError(f"shape protocol {protocol!r} unknown; choose one of {', '.join(PROTOCOLS)}")
-    if dev == "cpu":
-        dtype_bytes = 4 if dtype == "float32" else 2
-        try:
-            mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            mem = None
-        if mem and spec.weight_bytes(dtype_bytes) > mem // 2:
-            raise InputError(f"model {spec.name!r} needs {spec.weight_bytes(dtype_bytes) / 2**30:.1f} GiB of "
-                             f"weights in {dtype}: too large for this machine's {mem / 2**30:.0f} GiB on the "
-                             f"cpu (use a tiny shape, or --device cuda)")
+    _check_memory(spec, dev, dtype, grid)
     return spec, dev, threads
+
+
+def _check_memory(spec: Any, device: str, dtype: str, grid: str) -> None:
+    """The model, a shape's KV slab (on the CPU its cap; on cuda the slab takes a share of what the weights
+    leave) and a prefill of the longest profiled shape against the device's memory, before the child
+    builds anything (InputError)."""
+    from executor.memory import DTYPE_BYTES, check_fits
+    from profiler.worker import DEFAULT_CPU_KV_BYTES
+    from profiler.workloads import build_grid
+
+    shapes = build_grid(grid, spec.max_position).shapes
+    cap = DEFAULT_CPU_KV_BYTES // spec.kv_bytes_per_token(DTYPE_BYTES[dtype]) if device == "cpu" else 0
+    kv_tokens = min(cap, max(s.kv_tokens for s in shapes))
+    check_fits(spec, dtype, kv_tokens, max(s.max_len for s in shapes), device)
 
 
 def write_profile(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
@@ -127,17 +132,14 @@ def run_child(command: list[str], env: dict[str, str], on_event: Callable[[dict[
                     error = msg
                 on_event(msg)
             rc = proc.wait()
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
+        finally:
+            stop(proc)  # bounded, when interrupted: a child holding a model may take minutes to exit
         if error is not None and error.get("input"):
             raise InputError(error["message"])
         if rc != 0 or meta is None:
             err.seek(0)
-            tail = err.read()[-4000:]
-            what = error["message"] if error else f"exit code {rc}"
-            raise RuntimeError(f"profiler worker failed ({what}); its stderr ends with:\n{tail}")
+            raise RuntimeError(failure_line("profiler worker", rc, error.get("message") if error else None,
+                                            err.read()))
     return rows, meta
 
 

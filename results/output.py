@@ -98,6 +98,37 @@ def check_out_dir(out: Path, files: tuple[str, ...] = (), dirs: tuple[str, ...] 
     return Path(in_working_folder(out))
 
 
+def check_out_file(path: Path, option: str, what: str, ours: Callable[[Path], bool],
+                   inputs: dict[str, str | os.PathLike[str] | None] | None = None) -> Path:
+    """--out's rule for an option that writes one file (`option`, e.g. "--trace-events"): the file may be
+    new or an earlier one of the same kind (`ours(path)`: `what`, e.g. "trace-events file"), which is
+    replaced, and never one of the command's `inputs` (option -> path given); InputError before any work
+    otherwise. Returns the path made absolute in the working folder."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{option} {path}: is a folder; give a file name")
+    for name, given in (inputs or {}).items():  # a name that is no file (a trace profile) is no input file
+        if given is not None and path.exists() and Path(given).exists() and os.path.samefile(given, path):
+            raise InputError(f"{option} {path}: is the input of {name}; give another file name")
+    if path.exists() and not ours(path):
+        raise InputError(f"{option} {path}: exists and is not an earlier {what}; give a new file name, or "
+                         "remove it")
+    check_out_dir(path.parent)
+    return Path(in_working_folder(path))
+
+
+def file_ends(path: Path, size: int = 4096) -> tuple[bytes, bytes]:
+    """The first and last `size` bytes of `path` (b"", b"" if it cannot be read): enough to recognise a file
+    a command wrote, without reading it whole."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(size)
+            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+            return head, f.read(size)
+    except OSError:
+        return b"", b""
+
+
 def earlier_outputs(out: Path, files: tuple[str, ...]) -> list[str]:
     """Which of `files` an earlier command left in `out` (they will be replaced)."""
     return [name for name in files if (Path(out) / name).exists()]

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from common.errors import InputError
-from results.output import check_out_dir, write_files
+from results.output import check_out_file, file_ends, write_files
 
 MAX_EVENTS = 200_000
 
@@ -57,12 +57,19 @@ def trace_events(iterations: pd.DataFrame, summary: dict[str, Any]) -> dict[str,
                           "truncated": len(its) < len(iterations), "max_events": MAX_EVENTS}}
 
 
-def check_trace_path(path: Path) -> None:
-    """Refuse, before the run, a path the trace cannot be written to."""
+def is_trace_events(path: Path) -> bool:
+    """Whether `path` holds trace events this module wrote (its first key, and `otherData` at its end)."""
+    head, tail = file_ends(path)
+    return head.startswith(b'{"traceEvents":') and b'"max_events":' in tail
+
+
+def check_trace_path(path: Path, inputs: dict[str, Any] | None = None) -> None:
+    """Refuse, before the run, a path the trace cannot be written to, one of the run's `inputs` (option ->
+    path), or an existing file that is not an earlier trace (`--out`'s rule, `check_out_file`)."""
     if path.is_dir():
         raise InputError(
             f"--trace-events {path}: is a folder; give a file name such as {path / 'trace.json'}")
-    check_out_dir(path.parent)
+    check_out_file(path, "--trace-events", "trace-events file", is_trace_events, inputs)
 
 
 def write_trace_events(path: Path, iterations: pd.DataFrame, summary: dict[str, Any]) -> bool:

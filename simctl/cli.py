@@ -221,7 +221,14 @@ def main(argv: list[str] | None = None) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the message short
             signal.signal(sig, signal.SIG_IGN)
         print("simctl: interrupted", file=sys.stderr)
-        sys.exit(e.exit_code)
+        # not sys.exit: the interpreter's exit joins multiprocessing children, and one killed while it frees
+        # many GB may take minutes; every `finally` has run, and children were stopped (common.children)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except OSError:
+                pass
+        os._exit(e.exit_code)
     except _ABORTS:  # click's answer to end of input at a prompt
         print("simctl: aborted", file=sys.stderr)
         sys.exit(1)

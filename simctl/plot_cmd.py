@@ -14,6 +14,17 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 FORMATS = ("png", "svg", "pdf")
+MAGIC = {"png": (b"\x89PNG",), "svg": (b"<?xml", b"<svg"), "pdf": (b"%PDF",)}
+
+
+def is_figure(path: Path) -> bool:
+    """Whether `path` is a figure matplotlib wrote in its suffix's format (its creator is named in the first
+    or, for a PDF, the last few kB): what `plot --out` may replace."""
+    from results.output import file_ends
+
+    head, tail = file_ends(path)
+    magic = MAGIC.get(path.suffix.lstrip(".").lower(), ())
+    return head.startswith(magic) and b"Matplotlib" in head + tail
 KINDS: dict[str, str] = {
     "capacity": "capacity per scheduler under each SLO (capacity or sweep folders)",
     "cdf": "TTFT, TBT and E2E CDFs (run folders)",
@@ -62,8 +73,9 @@ def figure(kind: str, dirs: list[Path], window: tuple[float, float] | None = Non
 def plot(
     kind: Annotated[str, typer.Argument(help="One of: " + "; ".join(f"{k}: {v}" for k, v in KINDS.items()))],
     dirs: Annotated[list[Path], typer.Argument(help="Output folders of simctl run, capacity or sweep.")],
-    out: Annotated[Path | None, typer.Option(help="The figure file (.png, .svg or .pdf) [default: KIND.png "
-                                             "in the current folder].")] = None,
+    out: Annotated[Path | None, typer.Option(help="The figure file (.png, .svg or .pdf; an existing "
+                                             "file only if it is an earlier figure) [default: KIND.png in "
+                                             "the current folder].")] = None,
     window: Annotated[str | None, typer.Option(help="tbt and timeline: only START:END (simulated seconds).")
                       ] = None,
 ) -> None:
@@ -75,7 +87,8 @@ def plot(
     from rich.console import Console
     from rich.markup import escape
 
-    from results.output import write_files
+    from results.output import check_out_file, write_files
+    from simctl.usage_errors import note_replaced
 
     if kind not in KINDS:
         raise InputError(f"unknown figure {kind!r}; known: {', '.join(KINDS)}")
@@ -85,7 +98,9 @@ def plot(
         raise InputError(f"--out {out}: give a .png, .svg or .pdf file")
     if out.is_dir():
         raise InputError(f"--out {out}: is a folder; give a file name such as {out / (kind + '.png')}")
+    check_out_file(out, "--out", "figure", is_figure)  # as --out folders: only an earlier figure is replaced
     fig = figure(kind, dirs, parse_window(window))
+    note_replaced(out.parent, (out.name,))
     try:
         write_files(out.parent, {out.name: lambda p: fig.savefig(p, dpi=120, format=fmt)}, "the figure")
     finally:

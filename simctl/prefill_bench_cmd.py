@@ -92,8 +92,7 @@ def prefill_bench(
     price, _, label, warnings = cost_model(cost, spec, g, 1)
     warn_all(warnings)
     rows, profiles = [], {}
-    for name in comma_list(pools.lengths, "lengths"):
-        pool = _pool(name, pools, spec)
+    for name, pool in _pools(pools, spec, timing, max(sizes)).items():
         profiles[name] = _profile(pool, name)
         rows += _points(name, pool, policies, sizes, spec, g, price, timing, pools.seed)
     frame = pd.DataFrame(rows)
@@ -107,6 +106,18 @@ def prefill_bench(
         print(json.dumps({**summary, "points": rows}, indent=1))
         return
     _print(frame, summary)
+
+
+def _pools(pools: PromptPools, spec: ModelSpec, timing: RealPrefills, batch_size: int
+           ) -> dict[str, np.ndarray]:
+    """Every prompt pool, drawn; with --real, the model checked against this machine's memory before any
+    work."""
+    drawn = {name: _pool(name, pools, spec) for name in comma_list(pools.lengths, "lengths")}
+    if timing.real:
+        from engine.prefill_bench import check_memory
+
+        check_memory(spec, list(drawn.values()), batch_size, timing.device)
+    return drawn
 
 
 def _pool(name: str, pools: PromptPools, spec: ModelSpec) -> np.ndarray:

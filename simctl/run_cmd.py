@@ -39,7 +39,8 @@ def run(
     timeline: Annotated[int, typer.Option(help="Also record which requests the first N iterations ran "
                                           "(timeline.parquet in --out, for `simctl plot timeline`).")] = 0,
     trace_events: Annotated[Path | None, typer.Option(help="Write the iterations as a Chrome/Perfetto trace "
-                                                      "(JSON trace events) to this file.")] = None,
+                                                      "(JSON trace events) to this file (an existing file "
+                                                      "only if it is an earlier trace).")] = None,
     goodput: Annotated[list[str] | None, typer.Option(metavar="KEY:MS[,KEY:MS]", help=(
         "vLLM bench's --goodput: per-request limits in ms on ttft, tpot and e2el (e.g. ttft:500,tpot:50, or "
         "the option repeated); adds vllm_bench.request_goodput to the summary, the requests meeting all of "
@@ -119,7 +120,11 @@ def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, time
     if out is not None:  # fail before the run, and create nothing until it has succeeded
         check_out_dir(out, files)
     if trace_events is not None:
-        check_trace_path(trace_events)
+        check_trace_path(trace_events, {"--trace": config.trace, "--model": config.model,
+                                        "--cost": config.cost})
+        if out is not None and trace_events.absolute().parent == Path(out).absolute():
+            raise InputError(f"--trace-events {trace_events}: is in --out {out}, which holds only the run's "
+                             "files; give a file elsewhere")
     with progress_bar(f"{config.policy}: requests arrived") as report:
         result = run(config, cluster, progress=report, timeline=timeline)
     result.summary = with_attainment(result.summary, result.result.requests, slo)
@@ -130,6 +135,7 @@ def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, time
         write_cluster_files(out, result.summary, result.result.requests, result.iterations, result.replicas,
                             result.timeline)
     if trace_events is not None:
+        note_replaced(trace_events.parent, (trace_events.name,))
         its = result.result.iterations.frame()
         if write_trace_events(trace_events, its, result.summary):
             warn_all([(f"--trace-events: only the first {MAX_EVENTS} of {len(its)} iteration rows "

@@ -13,6 +13,7 @@ from typing import Any
 from catalogue.gpus import get_gpu
 from catalogue.models import get_model
 from common.checks import is_int, is_number
+from common.children import stop_pool
 from common.errors import InputError
 from results.slo import (  # SLO: callers import it from here too
     DEFAULT_SCHED_DELAY_P50_S,
@@ -271,8 +272,7 @@ def search_capacities(spec: CapacityConfig, progress: bool = False) -> list[Capa
                     bar.advance(task)
             pool.close()
         finally:
-            pool.terminate()
-            pool.join()
+            stop_pool(pool)  # bounded: Ctrl-C must not wait on a worker that takes long to die
     return [Capacity(c.policy, name, slo,
                      {c.seed + i: found[(k, name, c.seed + i)] for i in range(spec.seeds)}, label, c)
             for k, (c, label) in enumerate(zip(spec.configs, spec.names)) for name, slo in spec.slos.items()]

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from common.children import stop_pool
 from common.errors import InputError
 from results.output import atomic_write, json_text, write_files
 from results.slo import SLO
@@ -95,8 +96,7 @@ def _local(jobs: list[tuple[SweepPoint, str]], workers: int) -> Iterator[dict[st
         yield from pool.imap_unordered(_compute_and_store, jobs)
         pool.close()
     finally:
-        pool.terminate()
-        pool.join()
+        stop_pool(pool)  # bounded: Ctrl-C must not wait on a worker that takes long to die
 
 
 RAY_CONNECT_TIMEOUT_S = 5.0

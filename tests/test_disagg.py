@@ -139,3 +139,20 @@ def test_validate_pd_refuses_threads_the_cores_cannot_hold(tmp_path: Path) -> No
     with pytest.raises(InputError, match="two instances"):
         validate_main(["vllm"], "sharegpt", [0.5], cost=TinyCost(), out=tmp_path / "val", model=MODEL,
                       threads=default_threads(), prefill_instances=1, decode_instances=1)
+
+
+def test_a_prefill_instance_killed_while_starting_says_why() -> None:
+    """Its exit status, not "code -9": the kernel's out-of-memory killer is named (issue 35)."""
+    from types import SimpleNamespace
+
+    from engine.disagg import _await_ready
+
+    def eof() -> None:
+        raise EOFError
+
+    child = SimpleNamespace(exitcode=-9, join=lambda timeout=None: None)
+    conn = SimpleNamespace(poll=lambda timeout=None: True, recv=eof)
+    with pytest.raises(RuntimeError) as e:
+        _await_ready(child, conn)
+    assert str(e.value) == ("prefill instance failed: killed by the kernel (SIGKILL), most likely out of "
+                            "memory, while starting")
