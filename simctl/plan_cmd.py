@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from common.errors import InputError
 from simctl.capacity_cmd import SLO_HELP
 from simctl.configs import Deployment, Workload
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 PLAN_FILES = ("plan.json", "probes.parquet", "pareto.png")
 VLLM_POLICY = "vllm-v1"  # the policy that models `vllm serve`'s scheduler: its choice is printed as flags
@@ -99,6 +100,9 @@ def plan_cmd(
     Example: simctl plan --model llama-2-7b --gpu a100-80gb --trace sharegpt --rate 20 --slo
     p99_tbt=0.1,p50_ttft=1 --policy vllm-v1,sarathi --gpu-cost a100-80gb=2.5 --out out/plan
     """
+    from rich.console import Console
+    from rich.markup import escape
+
     from results.output import check_out_dir
     from results.slo import parse_slo
     from simctl.option_grid import base_config
@@ -162,6 +166,8 @@ def _with_key_settings(options: dict[str, Any], policy: str, key: dict[str, tupl
 
 def show(console: Console, choices: list[Any], spec: Any) -> None:
     """The table, what every column means, the requests refused, the answer and its `vllm serve` flags."""
+    from rich.markup import escape
+
     console.print(plan_table(choices, spec))
     for note in FOOTNOTES:
         console.print(escape(note), style="dim")
@@ -182,6 +188,9 @@ def show(console: Console, choices: list[Any], spec: Any) -> None:
 
 
 def plan_table(choices: list[Any], spec: Any) -> Table:
+    from rich.markup import escape
+    from rich.table import Table
+
     from simctl.display import fmt_rate
 
     configs = [c.config for c in spec.candidates]
