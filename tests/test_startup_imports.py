@@ -24,13 +24,14 @@ try:
     main(json.loads(sys.argv[1]))
 except SystemExit:
     pass
-print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in json.loads(sys.argv[2]))), file=sys.stderr)
+wanted = json.loads(sys.argv[2])
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in wanted)), file=sys.stderr)
 """
 
 
 def _numerical_loaded(argv: list[str]) -> list[str]:
     done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv), json.dumps(NUMERICAL)],
-                          capture_output=True, text=True, timeout=120)
+                          check=True, capture_output=True, text=True, timeout=120)
     return json.loads(done.stderr.strip().splitlines()[-1])
 
 
@@ -48,7 +49,7 @@ def test_a_simulation_loads_no_plotting_and_no_torch() -> None:
 
 
 def test_option_checks_take_numpy_scalars() -> None:
-    # common.checks finds numpy's scalar types only once numpy is loaded (it is, here: numpy is imported above)
+    # common.checks finds numpy's scalar types only once numpy is loaded (it is: this module imports it)
     assert is_int(np.int64(3)) and not is_int(np.float64(3)) and not is_int(True)
     assert is_number(np.float32(0.5)) and is_number(np.int8(1)) and is_number(2) and not is_number(False)
     assert not is_number("1")
