@@ -23,10 +23,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from common.checks import is_number
 from common.errors import InputError
@@ -34,6 +33,9 @@ from costs.base import CostModel
 from policies.plan import hybrid
 from policies.seq import Seq
 from results.saturation import BACKLOGGED
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 METRICS = ("ttft", "tbt", "tpot", "e2e")
 PERCENTILES = (50, 90, 99)

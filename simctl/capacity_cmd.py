@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from common.errors import InputError
 from sim.cluster_config import ClusterConfig
@@ -19,6 +17,9 @@ from simctl.goodput_cmd import goodput_command
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
 from simctl.usage_errors import note_replaced, warn_all
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 SLO_HELP = ("SLO limits, key=seconds, comma-separated or repeated: p50/p90/p99 of ttft, tbt, tpot or e2e "
             "(e.g. p99_tbt=0.1,p50_ttft=2: that percentile of the run within the limit), or plain ttft, tbt "
@@ -88,6 +89,8 @@ def capacity(
 
 def _search(spec: Any, origin: str, trace: str, definition: str, out: Path | None) -> None:
     """The searches of `spec`: its SLOs and table printed, its problems warned of, its files in `out`."""
+    from rich.markup import escape
+
     from plots.capacity_search import capacity_figure
     from results.output import check_out_dir
     from studies.capacity import capacity_warnings, search_capacities
@@ -134,6 +137,9 @@ def _table3(configs: list[Any], deployment: Deployment, max_sched_delay_p50: flo
 def capacity_table(results: list[Any], trace: str, seeds: int, definition: str) -> Table:
     """One row per configuration and SLO; the title says the capacity's definition, and the refused column
     the share of requests at capacity longer than the max model length."""
+    from rich.markup import escape
+    from rich.table import Table
+
     from results.slo import DEFINITIONS
 
     spread = seeds > 1

@@ -10,9 +10,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from common.errors import InputError
 from policies.registry import POLICIES
@@ -29,8 +26,6 @@ from simctl.run_cmd import run
 from simctl.sweep_cmd import sweep
 from simctl.usage_errors import error_types, fail, given_value, usage_message
 from simctl.validate_cmd import validate
-
-_USAGE_ERRORS, _ABORTS = error_types()
 
 app = typer.Typer(
     help="Simulate LLM inference serving: pick a scheduler, trace, model and GPU; get TTFT, TBT, E2E, "
@@ -64,6 +59,9 @@ def profile(
     `simctl fit`. Example: simctl profile --model tiny --device cpu --out profiles/cpu
     vLLM's own steps: simctl profile --engine vllm --model tiny --device cpu --out profiles/vllm-tiny
     """
+    from rich.console import Console
+    from rich.markup import escape
+
     from profiler.profile import profile as run_profile
 
     if engine not in ("simctl", "vllm"):
@@ -144,6 +142,8 @@ def fit(
 
 def list_catalogue() -> None:
     """Show the policies, traces, models and GPUs simctl knows."""
+    from rich.table import Table
+
     from catalogue.gpus import GPUS
     from catalogue.models import MODELS
     from costs.overheads import EXECUTION_MODES, StepOverheads
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()  # a full disk or closed pipe fails here, not at exit
     except InputError as e:
         fail(str(e))
-    except _USAGE_ERRORS as e:
+    except error_types()[0] as e:
         fail(usage_message(e, args, tuple(COMMANDS)))
     except Interrupted as e:
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the message short
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
             except OSError:
                 pass
         os._exit(e.exit_code)
-    except _ABORTS:  # click's answer to end of input at a prompt
+    except error_types()[1]:  # click's answer to end of input at a prompt
         print("simctl: aborted", file=sys.stderr)
         sys.exit(1)
     except OSError as e:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console
 
 PIPED_WIDTH = 160  # rich's default for a pipe or file is 80 columns, which cuts and wraps wide tables
 
@@ -17,10 +16,15 @@ PIPED_WIDTH = 160  # rich's default for a pipe or file is 80 columns, which cuts
 def out_console() -> Console:
     """The console a command prints its tables on: the terminal's width, or PIPED_WIDTH when stdout is piped
     or redirected, so that a saved table reads as the screen's does."""
+    from rich.console import Console
+
     return Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
 
 
 def print_summary(s: dict) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     console = out_console()
     where = (f"{s.get('device_name', s['gpu'])} (measured)" if s.get("mode") == "real"
              else f"{s['gpu']} x{s['tp']}")
@@ -65,6 +69,8 @@ def progress_bar(what: str) -> Iterator[Callable[[int, int], None] | None]:
     if not sys.stderr.isatty():
         yield None
         return
+    from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn(escape(what)), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -75,6 +81,9 @@ def progress_bar(what: str) -> Iterator[Callable[[int, int], None] | None]:
 
 def print_cluster(summary: dict[str, Any]) -> None:
     """A cluster run's replicas, one row each, and its KV link's use."""
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title="replicas")
     cols = ("pool", "replica", "gpu", "requests", "utilisation", "queue_mean", "queue_max", "kv_peak_tokens")
     for c in cols:

@@ -7,9 +7,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-from rich.table import Table
-
 from common.errors import InputError
 
 GOODPUT_FILES = ("goodput.json",)
@@ -17,6 +14,9 @@ GOODPUT_FILES = ("goodput.json",)
 
 def goodput_command(configs: list[Any], cluster: Any, slo: Any, slo_given: bool, start_qps: float, seeds: int,
                     out: Path | None) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     from results.output import check_out_dir, json_text, write_files
     from simctl.display import fmt, out_console
     from simctl.usage_errors import note_replaced, warn_all

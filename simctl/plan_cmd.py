@@ -4,20 +4,21 @@ every column explained under the table, a Pareto figure, and vllm-v1's choice as
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from common.errors import InputError
 from simctl.capacity_cmd import SLO_HELP
 from simctl.configs import Deployment, Workload
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
+from simctl.usage_errors import warn_all
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 PLAN_FILES = ("plan.json", "probes.parquet", "pareto.png")
 VLLM_POLICY = "vllm-v1"  # the policy that models `vllm serve`'s scheduler: its choice is printed as flags
@@ -99,9 +100,12 @@ def plan_cmd(
     Example: simctl plan --model llama-2-7b --gpu a100-80gb --trace sharegpt --rate 20 --slo
     p99_tbt=0.1,p50_ttft=1 --policy vllm-v1,sarathi --gpu-cost a100-80gb=2.5 --out out/plan
     """
+    from rich.markup import escape
+
     from results.output import check_out_dir
     from results.slo import parse_slo
     from simctl.option_grid import base_config
+    from simctl.plan_files import write_plan
     from studies.plan import PlanSpec, plan
 
     found = candidates(base_config(workload, deployment, 1.0, num_requests), policies.policy, deployment,
@@ -113,19 +117,22 @@ def plan_cmd(
         raise InputError(f"--top must be >= 1, got {top}")
     if out is not None:
         check_out_dir(out, PLAN_FILES)
-    console = Console(width=max(Console().width, 150))  # a wide table: its captions explain every column
+    console = _wide_console()
     console.print(escape(f"searching {len(found)} configurations for {rate:g} QPS of {workload.trace} "
                          f"within {spec.slo.describe()}"))
     choices, capacities = plan(spec)
     show(console, choices[:top], spec)
-    warnings = {w for r in capacities for p in r.probes for w in p.get("warnings", [])}
-    for w in sorted(warnings):
-        print(f"simctl: warning: {w}", file=sys.stderr)
+    warn_all(sorted({w for r in capacities for p in r.probes for w in p.get("warnings", [])}))
     if out is not None:
-        from simctl.plan_files import write_plan
-
         write_plan(out, spec, choices, capacities, top)
         console.print(escape(f"wrote {out}/plan.json, probes.parquet, pareto.png"))
+
+
+def _wide_console() -> Console:
+    """The terminal's console, at least 150 columns wide: the plan's table has captions for every column."""
+    from rich.console import Console
+
+    return Console(width=max(Console().width, 150))
 
 
 def candidates(base: Any, policy: str, deployment: Deployment, options: dict[str, Any],
@@ -162,6 +169,8 @@ def _with_key_settings(options: dict[str, Any], policy: str, key: dict[str, tupl
 
 def show(console: Console, choices: list[Any], spec: Any) -> None:
     """The table, what every column means, the requests refused, the answer and its `vllm serve` flags."""
+    from rich.markup import escape
+
     console.print(plan_table(choices, spec))
     for note in FOOTNOTES:
         console.print(escape(note), style="dim")
@@ -182,6 +191,9 @@ def show(console: Console, choices: list[Any], spec: Any) -> None:
 
 
 def plan_table(choices: list[Any], spec: Any) -> Table:
+    from rich.markup import escape
+    from rich.table import Table
+
     from simctl.display import fmt_rate
 
     configs = [c.config for c in spec.candidates]

@@ -12,14 +12,12 @@ import typer
 
 
 def error_types() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
-    """Usage-error and abort exception types: typer's (it vendors click) and click's, if click is there."""
+    """Usage-error and abort exception types: typer's (it vendors click) and click's, if click is loaded (only
+    then can one of its exceptions exist, so start-up need not import it: called once an error is raised)."""
     usage: list[type[BaseException]] = [typer.TyperException] if hasattr(typer, "TyperException") else []
     aborts: list[type[BaseException]] = [typer.Abort]
-    try:
-        import click
-    except ImportError:
-        pass
-    else:
+    click = sys.modules.get("click")
+    if click is not None:
         usage.append(click.ClickException)
         aborts.append(click.exceptions.Abort)
     return tuple(usage), tuple(aborts)

@@ -8,9 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from common.errors import InputError
 from common.option_fields import option_field
@@ -65,6 +62,9 @@ def check_bench_options(ctx: typer.Context, from_bench: Path | None) -> None:
 def vllm_bench_command(ctx: typer.Context, bench: BenchFile, model: str, policy: str, cost: str | None,
                        out: Path) -> None:
     """The comparison of the bench result (validate's options, checked by check_bench_options)."""
+    from rich.console import Console
+    from rich.markup import escape
+
     from results.output import check_out_dir
     from results.vllm_bench import parse_goodput
     from simctl.usage_errors import note_replaced, warn_all
@@ -82,6 +82,9 @@ def vllm_bench_command(ctx: typer.Context, bench: BenchFile, model: str, policy:
 
 
 def _print(record: dict[str, Any]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     from results.validation_report import fmt_err
     from results.vllm_bench import ITL_PERCENTILES
     from validation.vllm_bench_compare import fmt_value

@@ -1,10 +1,18 @@
-"""Request traces: seeded arrival processes, length profiles fitted to published data, and file loaders."""
+"""Request traces: seeded arrival processes, length profiles fitted to published data, and file loaders.
 
-from traces.arrivals import gamma_arrivals, poisson_arrivals
-from traces.build import ARRIVAL_PROCESSES, build_trace, has_arrival_times, is_profile, trace_max_total_tokens
-from traces.lengths import PROFILES, LengthProfile, get_profile, sample_lengths
-from traces.loaders import LoadedTrace, load_trace_file
-from traces.request import Request
+The names below load on first use: `traces.request` is imported by the model catalogue and so by the command
+line's option parsing, which must not pay for numpy, scipy and pandas through this package."""
+
+from common.lazy_exports import lazy_exports
+
+__getattr__ = lazy_exports(__name__, {
+    "gamma_arrivals": "arrivals", "poisson_arrivals": "arrivals",
+    "ARRIVAL_PROCESSES": "build", "build_trace": "build", "has_arrival_times": "build", "is_profile": "build",
+    "trace_max_total_tokens": "build",
+    "PROFILES": "lengths", "LengthProfile": "lengths", "get_profile": "lengths", "sample_lengths": "lengths",
+    "LoadedTrace": "loaders", "load_trace_file": "loaders",
+    "Request": "request",
+})
 
 __all__ = [
     "ARRIVAL_PROCESSES",
