@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import research_module
+from research_scripts import research_module
 
 noise = research_module("host_noise")
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import research_module
+from research_scripts import research_module
 
 from traces.request import Request
 

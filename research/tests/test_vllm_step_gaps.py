@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from conftest import research_module
+from research_scripts import research_module
 
 gaps = research_module("vllm_step_gaps")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
-from conftest import research_module
+from research_scripts import research_module
 
 shapes = research_module("vllm_step_shapes")
 

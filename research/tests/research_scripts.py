@@ -1,4 +1,4 @@
-"""Helpers for the research scripts' own tests (`python -m pytest research/tests`; not part of `make test`:
+"""A helper for the research scripts' own tests (`python -m pytest research/tests`; not part of `make test`:
 the product's tests never import research code)."""
 
 from __future__ import annotations
