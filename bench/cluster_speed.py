@@ -8,6 +8,7 @@ Targets: >= 5,000 simulated requests per wall second; 100,000 requests in < 30 s
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import resource
@@ -67,7 +68,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--worker"]:
-        worker(int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # one timed run in this fresh process (main starts these)
+    ap.add_argument("--worker", nargs=3, metavar=("REQUESTS", "QPS", "SCALE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(int(args.worker[0]), float(args.worker[1]), float(args.worker[2]))
     else:
         main()

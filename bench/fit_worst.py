@@ -2,7 +2,7 @@
 bench/roofline_vs_measured.py, which writes the results).
 
 Per profile (GPU, model, TP degree) the fit's own split (20% of the interior token counts held out, seed 0)
-and its `linear` curve (`profiler.fit_operators._Layers`), as `simctl fit` builds them; the held-out
+and its `linear` curve (`profiler.fit_operators.LayerCurve`), as `simctl fit` builds them; the held-out
 iteration's P95 absolute error:
 - with the collective as measured (the fit before), or averaged over neighbouring message sizes before the
   curve is built (a rolling mean of 5 sizes: the fit now; a rolling median: checked, not adopted), the
@@ -24,10 +24,10 @@ from scipy.ndimage import median_filter, uniform_filter1d
 from profiler.fit_operators import (
     COLLECTIVE_WINDOW,
     DTYPE_BYTES,
-    _held_counts,
-    _Layers,
-    _subset,
+    LayerCurve,
+    held_counts,
     iteration_seconds,
+    profile_subset,
 )
 from profiler.operator_profiles import ALL_REDUCES_PER_LAYER, load_operator_profile
 
@@ -47,20 +47,20 @@ def _p95(e: np.ndarray) -> float:
 def profile_row(root: Path, spec, gpu: str, tp: int) -> dict[str, object]:
     """The held-out errors above for one profile."""
     p = load_operator_profile(root, spec, gpu, tp)
-    held = _held_counts(len(p.tokens), HOLDOUT, SEED)
-    train = _subset(p, ~held)
+    held = held_counts(len(p.tokens), HOLDOUT, SEED)
+    train = profile_subset(p, ~held)
     x, meas = p.tokens[held], iteration_seconds(p, spec)[held]
     row: dict[str, object] = {"gpu": gpu, "model": Path(p.model_dir).name, "tp": tp}
     for name, smooth in SMOOTHERS.items():
         tr = train if p.allreduce is None else dataclasses.replace(
             train, allreduce=(p.allreduce[0], smooth(p.allreduce[1])))
-        e = _Layers.fit(p, tr, spec).seconds(x) / meas - 1
+        e = LayerCurve.fit(p, tr, spec).seconds(x) / meas - 1
         row[name] = _p95(e)
         row[f"{name} MAPE"] = float(np.abs(e).mean())
     if p.allreduce is None:
         return row
     bare, bare_train = (dataclasses.replace(q, allreduce=None) for q in (p, train))
-    row["without all-reduces"] = _p95(_Layers.fit(bare, bare_train, spec).seconds(x)
+    row["without all-reduces"] = _p95(LayerCurve.fit(bare, bare_train, spec).seconds(x)
                                       / iteration_seconds(bare, spec)[held] - 1)
     sizes, secs = p.allreduce
     xs, ts = (n * spec.hidden_size * DTYPE_BYTES for n in (x, train.tokens))

@@ -1,6 +1,6 @@
 r"""The profiler's shape protocols side by side, in one run: the shapes of a grid that run on cached context
 (decodes, chunks, hybrids, padded decodes, insertions) timed by the profiler's own repetition loop
-(`profiler.worker.Worker._measure`) under `fixed` and `served` (`profiler.shape_protocol`), in rounds
+(`profiler.worker.Worker.measure`) under `fixed` and `served` (`profiler.shape_protocol`), in rounds
 that alternate the two so a spell of load hits both; per shape, the median of each protocol's quiet blocks
 (as the profile takes it) and served / fixed. A cache keyed on the shape (cuDNN's per-KV-length attention
 plans on an H100, simctl issue 11) shows as served / fixed >> 1 (`--attention any` lets torch pick cuDNN).
@@ -54,7 +54,7 @@ def main() -> None:
     model = build_model(first.spec, first.device, first.dtype, seed=0)
     executor_cls = partial(RaggedExecutor, config=first.executor_config)
     kv_bpt = executor_cls(model, 1, 1).kv_bytes_per_token
-    grid = build_grid(args.grid, first.spec.max_position, first._kv_budget_tokens(kv_bpt))
+    grid = build_grid(args.grid, first.spec.max_position, first.kv_budget_tokens(kv_bpt))
     shapes = [s for s in grid.shapes if any(g.c for g in s.segs)]
     monitor = CpuMonitor()
     blocks = {name: [[] for _ in shapes] for name in PROTOCOLS}
@@ -62,11 +62,10 @@ def main() -> None:
     for r in range(args.rounds):
         for name in PROTOCOLS if r % 2 == 0 else PROTOCOLS[::-1]:
             w = workers[name]
-            w._kv_bpt = kv_bpt
             g = Grid("bench", shapes, warmup=1, min_reps=6, max_reps=40, budget_s=0.3, passes=3,
                      protocol=ShapeProtocol(name), max_position=first.spec.max_position,
                      max_kv_tokens=grid.max_kv_tokens)
-            for i, bs in enumerate(w._measure(g, model, executor_cls, monitor, deadline=float("inf"))):
+            for i, bs in enumerate(w.measure(g, model, executor_cls, monitor, float("inf"), kv_bpt)):
                 blocks[name][i] += bs
         print(f"round {r + 1}/{args.rounds}: {time.perf_counter() - start:.0f} s", file=sys.stderr,
               flush=True)

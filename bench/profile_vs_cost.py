@@ -19,8 +19,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def priced(df: pd.DataFrame, cost) -> np.ndarray:
     """Seconds `cost` (a `Fitted`) gives each profile row."""
@@ -43,7 +41,6 @@ def ratios(df: pd.DataFrame, cost) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(ROOT))
     from catalogue.recorded_model import model_spec_from_shape
     from common.errors import InputError
     from costs.fitted import Fitted

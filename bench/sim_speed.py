@@ -11,6 +11,7 @@ memory <= 500 MB at 100k requests.
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import resource
@@ -96,7 +97,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
-        worker(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # one timed run in this fresh process (main starts these)
+    ap.add_argument("--worker", nargs=3, metavar=("POLICY", "REQUESTS", "QPS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.worker[0], int(args.worker[1]), float(args.worker[2]))
     else:
         main()

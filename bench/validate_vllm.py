@@ -63,7 +63,6 @@ def _load() -> str:
 
 
 def main() -> None:
-    sys.path.insert(0, str(ROOT))
     from validation.vllm_validate import VLLMValidation, markdown, validate_vllm
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
 SHOWN = ("ttft_p50", "tpot_p50", "tbt_p50", "e2e_p50", "ttft_p99", "tpot_p99", "tbt_p99", "e2e_p99")
 
 
@@ -50,7 +49,6 @@ def pooled(dirs: list[Path]) -> tuple[dict[str, Any], list[Load]]:
 
 
 def main() -> None:
-    sys.path.insert(0, str(ROOT))
     from costs.base import ScaledCost
     from results.validation_report import pct_error
     from validation.twin import load_cost

@@ -96,16 +96,17 @@ def iteration_seconds(p: OperatorProfile, model: ModelSpec, at: np.ndarray | Non
     return t
 
 
-def _held_counts(n: int, holdout: float, seed: int) -> np.ndarray:
-    """Held-out mask over n counts: never the first or last (the curves interpolate, they do not
-    extrapolate)."""
+def held_counts(n: int, holdout: float, seed: int) -> np.ndarray:
+    """The fit's held-out mask over n token counts: never the first or last (the curves interpolate, they do
+    not extrapolate). Public so that a study can rebuild the fit's own split (bench/fit_worst.py)."""
     held = np.zeros(n, dtype=bool)
     if n > 2:
         held[1:-1] = split_holdout(np.zeros(n - 2, dtype=np.int64), holdout, seed)
     return held
 
 
-def _subset(p: OperatorProfile, keep: np.ndarray) -> OperatorProfile:
+def profile_subset(p: OperatorProfile, keep: np.ndarray) -> OperatorProfile:
+    """`p` at the token counts `keep` marks (e.g. the fit's training counts: `~held_counts(...)`)."""
     return OperatorProfile(**{**{f.name: getattr(p, f.name) for f in fields(p)}, "tokens": p.tokens[keep],
                               "operators": {k: v[keep] for k, v in p.operators.items()}})
 
@@ -183,9 +184,9 @@ def fit_operator_profile(root: str | Path, model: ModelSpec, gpu: str, tp: int =
     out_dir = check_out_dir(Path(out), (COST_MODEL_FILE,))
     p = load_operator_profile(root, model, g.name, tp)
 
-    held = _held_counts(len(p.tokens), holdout, seed)
-    train = smoothed_collective(_subset(p, ~held))
-    layers = _Layers.fit(p, train, model)
+    held = held_counts(len(p.tokens), holdout, seed)
+    train = smoothed_collective(profile_subset(p, ~held))
+    layers = LayerCurve.fit(p, train, model)
     attention = (_measured_attention(p, model.num_layers, holdout, seed) if p.attention is not None
                  else _roofline_attention(rf))
     stats = {**_layer_errors(p, train, held, model, layers), **_all_reduce_errors(p, holdout, seed),
@@ -212,7 +213,7 @@ def fit_operator_profile(root: str | Path, model: ModelSpec, gpu: str, tp: int =
 
 
 @dataclass(frozen=True)
-class _Layers:
+class LayerCurve:
     """Every operator but attention and the LM head, as the `linear` curve: the seconds at one token (part of
     the overhead) and the knots above it, priced at the token count rounded up to `tile`."""
 
@@ -221,7 +222,7 @@ class _Layers:
     tile: int
 
     @classmethod
-    def fit(cls, p: OperatorProfile, train: OperatorProfile, model: ModelSpec) -> _Layers:
+    def fit(cls, p: OperatorProfile, train: OperatorProfile, model: ModelSpec) -> LayerCurve:
         """Made monotone over the training counts; the tile is the profile's token grid."""
         s = isotonic_regression(iteration_seconds(train, model)).x
         tile = int(np.gcd.reduce(p.tokens[p.tokens >= 8])) if (p.tokens >= 8).any() else 1
@@ -230,6 +231,7 @@ class _Layers:
         return cls(float(s[0]), knots, tile)
 
     def seconds(self, tokens: np.ndarray) -> np.ndarray:
+        """The curve's price of an iteration of `tokens` token rows (each count rounded up to the tile)."""
         return self.one_token_s + pwl_array(tiled_array(tokens, self.tile), self.knots)
 
 
@@ -266,7 +268,7 @@ def _roofline_attention(rf: Roofline) -> _Attention:
                       "roofline (no attention profile of this shape, GPU and TP degree)", {})
 
 
-def _coefficients(layers: _Layers, attention: _Attention) -> dict[str, float]:
+def _coefficients(layers: LayerCurve, attention: _Attention) -> dict[str, float]:
     att = attention.coefficients
     scalars = ("attn_unit_s", "attn_kv_token_s", "attn_segment_s", "decode_row_s")
     return {"overhead_s": layers.one_token_s + att["overhead_s"], **{k: float(att[k]) for k in scalars},
@@ -274,7 +276,7 @@ def _coefficients(layers: _Layers, attention: _Attention) -> dict[str, float]:
 
 
 def _layer_errors(p: OperatorProfile, train: OperatorProfile, held: np.ndarray, model: ModelSpec,
-                  layers: _Layers) -> dict[str, ErrorStats]:
+                  layers: LayerCurve) -> dict[str, ErrorStats]:
     """Held-out errors of each operator class (interpolated in the training counts) and of the whole
     iteration as the `linear` curve prices it."""
     if not held.any():
@@ -294,7 +296,7 @@ def _all_reduce_errors(p: OperatorProfile, holdout: float, seed: int) -> dict[st
     if p.allreduce is None:
         return {}
     sizes, secs = p.allreduce
-    h = _held_counts(len(sizes), holdout, seed)
+    h = held_counts(len(sizes), holdout, seed)
     if not h.any():
         return {}
     kept = uniform_filter1d(secs[~h], COLLECTIVE_WINDOW, mode="nearest")

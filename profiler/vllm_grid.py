@@ -87,8 +87,8 @@ def _full() -> VLLMGrid:
         *_decodes((128, 256), (32, 200)),
         # decodes at unequal contexts, as served batches hold them: a batch of 32 at contexts 32-940, over a
         # fit without these, served 18% dearer relative to its price than one at a single context; over a fit
-        # with them, 3% (bench/vllm_decode_mix.py). Their padding term fits to 0 (paged attention pays none):
-        # what they correct is the per-row curve over mean contexts
+        # with them, 3% (research/vllm_decode_mix.py). Their padding term fits to 0 (paged attention pays
+        # none): what they correct is the per-row curve over mean contexts
         *(StepProbe("decode", b, c, spread=s) for b, c, s in ((16, 1000, 900), (32, 512, 480), (64, 512, 480),
                                                               (128, 256, 220))),
         # whole prompts at powers of two and between (the linear curve's knots; decode batch sizes included)

@@ -84,7 +84,7 @@ from profiler.sweeps import QUIET_SHARE, Block, Sweeps, summarize_blocks
 __all__ = ["QUIET_SHARE", "Block", "Worker", "main", "summarize_blocks"]
 
 DEFAULT_CPU_KV_BYTES = 512 * 2 ** 20  # KV slab cap per shape on the CPU (a shared machine)
-KEEP_CPU_BYTES = 2 * 2 ** 30  # KV slabs kept allocated between visits of their shapes (CPU; see _measure)
+KEEP_CPU_BYTES = 2 * 2 ** 30  # KV slabs kept allocated between visits of their shapes (CPU; see measure)
 GPU_KV_SHARE = 0.5  # share of the free device memory (after the weights) a shape's KV slab may take
 WARMUP_S = 1.0  # seconds of whole-model warm-up before the first shape (thread pools, allocator, caches)
 
@@ -123,7 +123,9 @@ class Worker:
         self.out.write(json.dumps(msg, allow_nan=False) + "\n")
         self.out.flush()
 
-    def _kv_budget_tokens(self, kv_bytes_per_token: int) -> int:
+    def kv_budget_tokens(self, kv_bytes_per_token: int) -> int:
+        """The KV tokens the grid's slabs may hold on this device: a share of a GPU's free memory, or a fixed
+        budget on the CPU."""
         import torch
 
         if self.device.type == "cuda":
@@ -163,9 +165,12 @@ class Worker:
             return executor.run_padded(segs, length=shape.length, kv_len=shape.kv_len, dense=dense)
         return executor.run(segs)
 
-    def _measure(self, grid: Any, model: Any, executor_cls: Any, monitor: Any, deadline: float
-                 ) -> list[list[Block]]:
-        """Blocks of timed repetitions of every shape of `grid` (`profiler.sweeps.Sweeps`)."""
+    def measure(self, grid: Any, model: Any, executor_cls: Any, monitor: Any, deadline: float,
+                kv_bytes_per_token: int) -> list[list[Block]]:
+        """Blocks of timed repetitions of every shape of `grid` (`profiler.sweeps.Sweeps`), each shape's KV
+        slab sized at `kv_bytes_per_token`: the profile's own timing loop, which bench/profile_protocols.py
+        also runs to compare the shape protocols."""
+        self._kv_bpt = kv_bytes_per_token
         return Sweeps(self, grid, model, executor_cls, monitor, deadline).run()
 
     def _keep_bytes(self) -> int:
@@ -194,10 +199,10 @@ class Worker:
         kernels = attention_kernels(model, self.executor_config)  # InputError if a kind has no kernel
         executor_cls = partial(RaggedExecutor, config=self.executor_config)
         probe = executor_cls(model, 1, 1)
-        kv_bpt = self._kv_bpt = probe.kv_bytes_per_token
+        kv_bpt = probe.kv_bytes_per_token
         del probe
         graphs = None if self.executor_config.eager else GraphShapes()
-        grid = build_grid(self.grid_name, self.spec.max_position, self._kv_budget_tokens(kv_bpt), self.seed,
+        grid = build_grid(self.grid_name, self.spec.max_position, self.kv_budget_tokens(kv_bpt), self.seed,
                           self.protocol, self.spec.moe, graphs)
         self.emit(event="start", shapes=len(grid.shapes), total=len(grid.shapes) * grid.passes,
                   skipped=grid.skipped)
@@ -206,7 +211,7 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         monitor = CpuMonitor()
-        blocks = self._measure(grid, model, executor_cls, monitor, deadline=t_start + grid.max_wall_s)
+        blocks = self.measure(grid, model, executor_cls, monitor, t_start + grid.max_wall_s, kv_bpt)
         rows, timing = summarize_blocks(blocks, grid, monitor)
         for i, shape in enumerate(grid.shapes):
             self.emit(event="row", index=i, label=shape.label(), row={**shape.features(graphs), **rows[i]})

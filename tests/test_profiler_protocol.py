@@ -155,10 +155,9 @@ def record_calls(protocol: ShapeProtocol, shapes: list) -> list[list[tuple]]:
     from executor.model import build_model
 
     model = build_model(worker.spec, "cpu", "float32", seed=0)
-    worker._kv_bpt = 4 * 2 * 2 * 2 * 64
     grid = Grid("t", shapes, warmup=1, min_reps=5, max_reps=5, budget_s=0.0, protocol=protocol,
                 max_position=worker.spec.max_position)
-    blocks = worker._measure(grid, model, Recording, CpuMonitor(), deadline=float("inf"))
+    blocks = worker.measure(grid, model, Recording, CpuMonitor(), float("inf"), 4 * 2 * 2 * 2 * 64)
     assert [sum(len(b.times) for b in bs) for bs in blocks] == [5] * len(shapes)
     assert len(made) == len(shapes)  # one executor per shape, made in shape order in the first sweep
     return made

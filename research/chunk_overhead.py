@@ -16,22 +16,18 @@ every operator and prompt size, attention and all-reduce have the highest overhe
 none at chunk 2048, and the whole prefill's overhead is close to the linear operators'. Those four claims are
 checked on both sides.
 
-    .venv/bin/python bench/chunk_overhead.py [--root ../shared/reference/gpu_profiles]
+    .venv/bin/python research/chunk_overhead.py [--root ../shared/reference/gpu_profiles]
 
-Writes bench/results/chunk_overhead.md and chunk_overhead.png.
+Writes research/results/chunk_overhead.md and chunk_overhead.png.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from catalogue.models import get_model
 from costs.roofline import Roofline
@@ -39,7 +35,8 @@ from policies.plan import hybrid
 from policies.seq import Seq
 from profiler.operator_profiles import LAYER_OPERATORS, OperatorProfile, load_operator_profile
 
-RESULTS = ROOT / "bench" / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "research" / "results"
 GPU, TP = "a100-80gb", 2
 PROMPTS = (1024, 2048, 4096)
 CHUNKS = (256, 512, 1024, 2048)
@@ -138,7 +135,7 @@ def claims(df: pd.DataFrame) -> list[tuple[str, str, bool]]:
 def markdown(df: pd.DataFrame) -> str:
     lines = ["# Chunked-prefill overhead: measured (A100, TP 2) vs the roofline", "",
              ("Prefill time in chunks / in one piece, batch size 1 (Sarathi-Serve Figure 11's measure). Made "
-             "by `bench/chunk_overhead.py` (its docstring says what is measured and how)."), "",
+             "by `research/chunk_overhead.py` (its docstring says what is measured and how)."), "",
              "| model | side | prompt | chunk | linear | attention | all-reduce | gpu | with host |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in df.to_dict("records"):

@@ -3,18 +3,17 @@ excess (served period - the fit's price) regressed as `profiler.vllm_stream.fit_
 squares, soft L1 at 0.5 ms), but with the per-step and per-row terms split between decode-only steps and
 steps that also prefill; then served over priced time by kind and size.
 
-    .venv/bin/python bench/vllm_stream_split.py PROFILE_DIR [PROFILE_DIR ...]   (each fitted: cost_model.json)
+    .venv/bin/python research/vllm_stream_split.py PROFILE_DIR [PROFILE_DIR ...]  (each fitted)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
 TERMS = ("step (decode-only)", "step (mixed)", "row (decode-only)", "row (mixed)", "prompt token", "new",
          "arrival")
 SIZES = ((1, 8), (9, 32), (33, 1 << 30))
@@ -46,12 +45,10 @@ def split(profile: Path) -> None:
 
 
 def main() -> None:
-    sys.path.insert(0, str(ROOT))
-    if len(sys.argv) < 2:
-        print("usage: vllm_stream_split.py PROFILE_DIR...", file=sys.stderr)
-        sys.exit(2)
-    for d in sys.argv[1:]:
-        split(Path(d))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("profiles", nargs="+", type=Path, help="fitted vLLM profile folders")
+    for d in ap.parse_args().profiles:
+        split(d)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,12 @@
-"""bench/host_noise.py: the machine's own speed per probe and window, from given samples."""
+"""research/host_noise.py: the machine's own speed per probe and window, from given samples."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import bench_module
+from research_scripts import research_module
 
-pytestmark = pytest.mark.unit
-
-noise = bench_module("host_noise")
+noise = research_module("host_noise")
 
 
 def test_windows_are_medians_over_the_run_median() -> None:

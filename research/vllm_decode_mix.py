@@ -4,18 +4,16 @@ unequal contexts (prompts spread evenly), (c) requests leaving one by one (outpu
 For each, the steps where every running request decodes and that continue a busy engine
 (`profiler.vllm_stream.stream_steps`), their served periods over the fit's price of the same shapes, by batch.
 
-    .venv/bin/python bench/vllm_decode_mix.py --cost PROFILE/cost_model.json [--batch 32] [--repeats 3]
+    .venv/bin/python research/vllm_decode_mix.py --cost PROFILE/cost_model.json [--batch 32] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
 PROMPT, OUTPUT = 192, 40  # the served stage's closed batches
 SPREAD_PROMPTS = (32, 900)  # (b), (d): prompts spread evenly over this range
 SPREAD_OUTPUTS = (10, 70)  # (c), (d): outputs spread evenly over this range (mean 40)
@@ -32,7 +30,6 @@ def batches(n: int) -> dict[str, list[tuple[int, int]]]:
 
 
 def main() -> None:
-    sys.path.insert(0, str(ROOT))
     from costs.fitted import Fitted
     from engine.vllm_real import VLLMServer, deployment_for
     from profiler.vllm_stream import stream_steps

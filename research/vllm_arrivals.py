@@ -12,14 +12,13 @@ tokens, its requests scheduled for the first time, and the arrivals during the g
 If arrivals during the execution add nothing to the period, the front end's work on them overlaps the
 model's and the twin's arrival term (charged in a step's price) overcharges busy steps.
 
-    .venv/bin/python bench/vllm_arrivals.py --cost FIT [--out bench/results/vllm_arrivals.json]
+    .venv/bin/python research/vllm_arrivals.py --cost FIT [--out research/results/vllm_arrivals.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -157,10 +156,9 @@ def _by_rows(rows: list[dict], period: np.ndarray, price: np.ndarray) -> list[di
 
 
 def main() -> None:
-    sys.path.insert(0, str(ROOT))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cost", required=True)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "vllm_arrivals.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "research" / "results" / "vllm_arrivals.json")
     ap.add_argument("--validation", help="fractions of the twin's capacity (e.g. 0.5,0.7,0.9): price the "
                     "validation's served steps instead of regressing the streams")
     args = ap.parse_args()

@@ -16,7 +16,7 @@ shape, the same experts); with `--variant-rounds R` sampled iterations are re-ru
 (one factor changed each: a small slab as the profiler's, every decode row at the mean context, random
 tokens, all three), interleaved in shuffled order, R rounds.
 
-    OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=2 .venv/bin/python bench/served_replay.py \
+    OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=2 .venv/bin/python research/served_replay.py \
         RUN_DIR --cost PROFILE/cost_model.json --rounds 2 --modes b2b,gaps,profile \
         --reference PROFILE/profile.csv
 """

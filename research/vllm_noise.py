@@ -9,9 +9,9 @@ Reports, per load and metric, each round's value, the spread (max - min) / media
 difference between rounds; the probes' makespans; and whether the probe follows the runs (the Spearman
 correlation, over the rounds of a load, of the probe's makespan with the run's P50 ITL and E2E).
 
-    .venv/bin/python bench/vllm_noise.py --cost FIT [--rounds 4] [--capacities 2] [--out DIR]
+    .venv/bin/python research/vllm_noise.py --cost FIT [--rounds 4] [--capacities 2] [--out DIR]
 
-Writes bench/results/vllm_noise.md and vllm_noise.json.
+Writes research/results/vllm_noise.md and vllm_noise.json.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+RESULTS = ROOT / "research" / "results"
 SHOWN = ("ttft_p50", "tpot_p50", "tbt_p50", "e2e_p50", "ttft_p99", "tpot_p99", "tbt_p99", "e2e_p99",
          "throughput_rps")
 PROBE_REQUESTS = 16
@@ -149,7 +149,6 @@ def markdown(rep: dict, load: str, when: str) -> str:
 
 
 def main() -> None:
-    sys.path.insert(0, str(ROOT))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cost", required=True)
     ap.add_argument("--rounds", type=int, default=4)

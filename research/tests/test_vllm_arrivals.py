@@ -1,4 +1,4 @@
-"""bench/vllm_arrivals.py: a served step's arrivals split at its launch (no vLLM needed)."""
+"""research/vllm_arrivals.py: a served step's arrivals split at its launch (no vLLM needed)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import bench_module
+from research_scripts import research_module
 
 from traces.request import Request
 
-arrivals_bench = bench_module("vllm_arrivals")
+arrivals = research_module("vllm_arrivals")
 
 
 def test_arrivals_split_into_the_gap_and_the_execution() -> None:
@@ -23,7 +23,7 @@ def test_arrivals_split_into_the_gap_and_the_execution() -> None:
     members = [[(0, 0)], [(1, 0), (0, 1)], [(2, 0), (0, 2), (1, 1)]]
     run = SimpleNamespace(result=SimpleNamespace(iterations=SimpleNamespace(frame=lambda: frame)),
                           members=members, requests=requests)
-    rows = arrivals_bench.step_rows(run, {r.id: r.prompt_tokens for r in requests})
+    rows = arrivals.step_rows(run, {r.id: r.prompt_tokens for r in requests})
     assert [(r["arrival_gap"], r["arrival_exec"], r["step"].arrivals) for r in rows] == [(1, 1, 2), (0, 0, 0)]
     assert [r["exec_s"] for r in rows] == pytest.approx([0.001, 0.001])
     assert [r["step"].period_s for r in rows] == pytest.approx([0.002, 0.003])
@@ -34,4 +34,4 @@ def test_regress_recovers_a_known_split() -> None:
     rng = np.random.default_rng(0)
     x = np.column_stack([np.ones(200), rng.integers(0, 4, 200), rng.integers(0, 4, 200)])
     y = x @ np.array([1e-3, 2e-4, 5e-4])
-    assert arrivals_bench.regress(x, y) == pytest.approx([1e-3, 2e-4, 5e-4], abs=1e-7)
+    assert arrivals.regress(x, y) == pytest.approx([1e-3, 2e-4, 5e-4], abs=1e-7)

@@ -4,9 +4,9 @@ product (compute: 40 products of 256 x 256 float32, 0.5 MB, within a core's L2) 
 over the run's median, summarised per `--window` seconds. A step of the tiny model streams its ~20 MB of
 weights, so its time follows the copy's, not the product's.
 
-    .venv/bin/python bench/host_noise.py [--seconds 150] [--window 10] [--threads 2]
+    .venv/bin/python research/host_noise.py [--seconds 150] [--window 10] [--threads 2]
 
-Writes bench/results/host_noise.md.
+Writes research/results/host_noise.md.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def main() -> None:
     text = markdown(summary(rows, a.window), len(rows), a.seconds, a.window)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     text = text.replace("\n\n", f"\n\nMeasured {when}, {a.threads} torch threads.\n\n", 1)
-    (ROOT / "bench" / "results" / "host_noise.md").write_text(text, encoding="utf-8")
+    (ROOT / "research" / "results" / "host_noise.md").write_text(text, encoding="utf-8")
     print(text)
 
 

@@ -1,14 +1,12 @@
-"""bench/vllm_step_gaps.py: the gap from a step's end to the next one's start, per run (no vLLM needed)."""
+"""research/vllm_step_gaps.py: the gap from a step's end to the next one's start, per run (no vLLM needed)."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
-from conftest import bench_module
+from research_scripts import research_module
 
-pytestmark = pytest.mark.unit
-
-gaps = bench_module("vllm_step_gaps")
+gaps = research_module("vllm_step_gaps")
 
 
 def test_gaps_are_taken_within_each_run_in_start_order(tmp_path) -> None:

@@ -1,20 +1,17 @@
 """The steps of a vLLM validation's real runs at one load beside its twin's, raw and at a speed factor: how
 many steps, decode rows and prefill tokens per step, step periods (end to end) and the largest request gaps.
 
-    .venv/bin/python bench/vllm_step_shapes.py VALIDATION_DIR [--load 0.9] [--factor 1.07] [--runs 4]
+    .venv/bin/python research/vllm_step_shapes.py VALIDATION_DIR [--load 0.9] [--factor 1.07] [--runs 4]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def describe(name: str, it: pd.DataFrame, requests: pd.DataFrame) -> str:
@@ -33,7 +30,6 @@ def describe(name: str, it: pd.DataFrame, requests: pd.DataFrame) -> str:
 
 
 def main() -> None:
-    sys.path.insert(0, str(ROOT))
     from costs.base import ScaledCost
     from validation.twin import load_cost
     from validation.vllm_validate import VLLMValidation, Workload, simulate_requests

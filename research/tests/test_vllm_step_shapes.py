@@ -1,14 +1,11 @@
-"""bench/vllm_step_shapes.py: a run's steps in one line, a twin's stretch rows expanded (no vLLM needed)."""
+"""research/vllm_step_shapes.py: a run's steps in one line, a twin's stretch rows expanded (no vLLM)."""
 
 from __future__ import annotations
 
 import pandas as pd
-import pytest
-from conftest import bench_module
+from research_scripts import research_module
 
-pytestmark = pytest.mark.unit
-
-shapes_bench = bench_module("vllm_step_shapes")
+shapes = research_module("vllm_step_shapes")
 
 
 def test_a_stretch_row_counts_as_its_iterations_each_its_share_of_the_time() -> None:
@@ -17,7 +14,7 @@ def test_a_stretch_row_counts_as_its_iterations_each_its_share_of_the_time() -> 
     it = pd.DataFrame({"start_s": [0.0, 0.004, 0.010], "duration_s": [0.004, 0.006, 0.001],
                        "count": [1, 3, 1], "prefill_tokens": [100, 0, 0], "decode_tokens": [0, 2, 1]})
     requests = pd.DataFrame({"max_tbt_s": [0.002, 0.003], "preemptions": [0, 1]})
-    line = shapes_bench.describe("twin x1", it, requests)
+    line = shapes.describe("twin x1", it, requests)
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[:3] == ["twin x1", "5", "1.4 / 2"]  # decode rows (0 + 2 + 2 + 2 + 1) / 5
     assert cells[3].startswith("20 / ") and cells[3].endswith(" / 100")  # prefill tokens per step

@@ -4,7 +4,7 @@ duration as vLLM's step log gives them), pooled per load over the validations gi
 the median duration of decode-only steps and the median gap from a step's end to the next step's start
 (consecutive steps only: gaps under 5 ms).
 
-    .venv/bin/python bench/vllm_step_gaps.py /tmp/wv2/val17/validation /tmp/wv2/val18/validation ...
+    .venv/bin/python research/vllm_step_gaps.py /tmp/wv2/val17/validation /tmp/wv2/val18/validation ...
 """
 
 from __future__ import annotations
