@@ -238,6 +238,13 @@ def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> Deployment:
         raise InputError(f"--{pool}-tp {tp}: {e}") from None
 
 
+def check_memory(config: RunConfig, cluster: ClusterConfig) -> None:
+    """Size each pool's replicas as a run would, before any trace is built: `DoesNotFit` where the model does
+    not fit its GPUs' memory."""
+    for pool in ("prefill", "decode") if cluster.disaggregated else ("replicas",):
+        _deploy_pool(config, cluster, pool)
+
+
 def max_model_len(config: RunConfig, model: ModelSpec) -> int:
     """The positions a request may need: --max-model-len, within the model's context (its default)."""
     if config.max_model_len is None:

@@ -248,27 +248,29 @@ def _quiet_worker() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def search_capacities(spec: CapacityConfig, progress: bool = False) -> list[Capacity]:
+def search_capacities(spec: CapacityConfig, progress: Callable[[int, int], None] | None = None
+                      ) -> list[Capacity]:
     """Run every search of `spec` (configuration x SLO x seed) in a local process pool (searches are
-    independent and CPU-bound); one `Capacity` per configuration and SLO, in the order given. On any
-    exception, an interruption included, the workers are terminated before it propagates."""
+    independent and CPU-bound), `progress` fed (searches done, searches) as each ends; one `Capacity` per
+    configuration and SLO, in the order given. On any exception, an interruption included, the workers are
+    terminated before it propagates."""
     jobs = spec.jobs()
     found: dict[tuple[int, str, int], CapacityResult] = {}
     workers = min(spec.workers or os.cpu_count() or 1, len(jobs))
+    report = progress or (lambda done, total: None)
+    report(0, len(jobs))
     if workers == 1:
-        found = {(p, n, seed): r for p, n, seed, r in map(_search_one, jobs)}
+        for p, n, seed, r in map(_search_one, jobs):
+            found[(p, n, seed)] = r
+            report(len(found), len(jobs))
     else:
         from multiprocessing import Pool
 
-        from rich.progress import Progress
-
         pool = Pool(workers, initializer=_quiet_worker)
         try:
-            with Progress(disable=not progress, transient=True) as bar:
-                task = bar.add_task("capacity searches", total=len(jobs))
-                for p, n, seed, r in pool.imap_unordered(_search_one, jobs):
-                    found[(p, n, seed)] = r
-                    bar.advance(task)
+            for p, n, seed, r in pool.imap_unordered(_search_one, jobs):
+                found[(p, n, seed)] = r
+                report(len(found), len(jobs))
             pool.close()
         finally:
             pool.terminate()

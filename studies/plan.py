@@ -1,21 +1,24 @@
 """Sizing: the fewest GPUs that serve a rate within an SLO. Every candidate (policy, its key settings, TP
 degree, GPU; colocated, or a disaggregated unit of P prefill and D decode instances where the policy can
 serve so) gets its capacity per unit from `studies.capacity` (one search each, in its process pool); a
-candidate then needs ceil(rate / capacity) units, and the best choices are checked by a cluster run at the
-rate (the SLO judged as `studies.goodput` judges a deployment), a unit added while the check fails. Costs per
-million output tokens follow from prices per GPU-hour."""
+candidate then needs ceil(rate / capacity) units, and the choices are checked by a cluster run at the rate
+(the SLO judged as `studies.goodput` judges a deployment; a unit added while the check fails), fewest GPUs
+first, until no unchecked estimate has fewer GPUs than the answer (`select`). A candidate whose model does not
+fit its GPUs is skipped (`fitting`). Costs per million output tokens follow from prices per GPU-hour."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from catalogue.gpus import get_gpu
-from common.errors import InputError
+from common.errors import DoesNotFit, InputError
 from results.slo import SLO
+from sim.cluster import Progress
 from sim.cluster_config import ClusterConfig
-from sim.run import RunConfig, run
+from sim.run import RunConfig, check_memory, run
 from studies.capacity import Capacity, CapacityConfig, search_capacities
 from studies.goodput import with_attainment
 
@@ -26,6 +29,7 @@ KEY_SETTINGS: dict[str, tuple[int, ...]] = {"token_budget": (256, 512, 1024, 204
 PD_SPLITS: tuple[tuple[int, int], ...] = ((1, 1), (1, 2), (2, 1))  # (prefill, decode) instances of a unit
 CHECK_ROUTER = "least-outstanding"
 MAX_EXTRA_REPLICAS = 2  # units a failed check may add before the choice is kept as failed
+PlanProgress = Callable[[str, int, int], None]  # (the stage, done, total)
 
 
 def link_gbps(gpu: str) -> float:
@@ -160,14 +164,14 @@ def size(c: Capacity, candidate: Candidate, rate: float, prices: dict[str, float
     return Choice(candidate, c.qps, math.ceil(rate / c.qps), at, rate, prices.get(candidate.config.gpu))
 
 
-def check(choice: Choice, slo: SLO, max_gpus: int) -> Choice:
+def check(choice: Choice, slo: SLO, max_gpus: int, progress: Progress | None = None) -> Choice:
     """Serve the rate on the choice's units (as many requests per unit as one probe had); add a unit while
-    the SLO is missed, up to MAX_EXTRA_REPLICAS and within `max_gpus`."""
+    the SLO is missed, up to MAX_EXTRA_REPLICAS and within `max_gpus`. `progress`: each run's arrivals."""
     for replicas in range(choice.replicas, choice.replicas + MAX_EXTRA_REPLICAS + 1):
         if replicas * choice.candidate.gpus > max_gpus:
             break
         config = replace(choice.config, qps=choice.rate, num_requests=choice.config.num_requests * replicas)
-        r = run(config, choice.candidate.cluster(replicas))
+        r = run(config, choice.candidate.cluster(replicas), progress)
         if with_attainment(r.summary, r.result.requests, slo)["slo_met"]:
             return replace(choice, replicas=replicas, checked=True)
     return replace(choice, checked=False)
@@ -184,12 +188,46 @@ def final_key(c: Choice) -> tuple[float, ...]:
     return ({True: 0, None: 1, False: 2}[c.checked], *rank_key(c))
 
 
-def plan(spec: PlanSpec) -> tuple[list[Choice], list[Capacity]]:
-    """The candidates within --max-gpus, ranked, the best `checks` checked; and every capacity search."""
+def fitting(candidates: list[Candidate]) -> tuple[list[Candidate], dict[str, list[Candidate]]]:
+    """The candidates whose model fits their GPUs' memory, and those that do not, by the reason (one line
+    each); InputError, with the first reason, when none fits."""
+    fit: list[Candidate] = []
+    unfit: dict[str, list[Candidate]] = {}
+    for c in candidates:
+        try:
+            check_memory(c.config, c.cluster(1))
+        except DoesNotFit as e:
+            unfit.setdefault(str(e), []).append(c)
+        else:
+            fit.append(c)
+    if not fit:
+        raise InputError(f"none of the {len(candidates)} configurations fits its GPUs: {next(iter(unfit))}")
+    return fit, unfit
+
+
+def select(sized: list[Choice], checks: int, check_one: Callable[[Choice], Choice]) -> list[Choice]:
+    """The choices ranked: at least the best `checks` checked (`check_one`) in order of GPUs, and then every
+    one whose estimate has fewer GPUs than the fewest a check confirmed, so that the answer is the fewest GPUs
+    a check passed (or, none passing, every choice is checked). `checks` 0: estimates alone."""
+    pending = sorted(sized, key=rank_key)
+    done: list[Choice] = []
+    while pending and checks > 0:
+        confirmed = min((c.gpus for c in done if c.checked), default=math.inf)
+        if len(done) >= checks and pending[0].gpus >= confirmed:
+            break
+        done.append(check_one(pending.pop(0)))
+    return sorted(done + pending, key=final_key)
+
+
+def plan(spec: PlanSpec, progress: PlanProgress | None = None) -> tuple[list[Choice], list[Capacity]]:
+    """The candidates within --max-gpus, ranked, checked as `select` says; and every capacity search.
+    `progress` is told each stage's (what, done, total)."""
     spec.validate()
+    report = progress or (lambda what, done, total: None)
     capacities = search_capacities(CapacityConfig(
         [c.config for c in spec.candidates], {"plan": spec.slo}, workers=spec.workers,
-        labels=[c.label for c in spec.candidates], clusters=[c.cluster(1) for c in spec.candidates]))
+        labels=[c.label for c in spec.candidates], clusters=[c.cluster(1) for c in spec.candidates]),
+        lambda done, total: report("capacity searches", done, total))
     sized = sorted((s for s in (size(r, c, spec.rate, spec.prices or {})
                                 for r, c in zip(capacities, spec.candidates)) if s is not None), key=rank_key)
     if not sized:
@@ -200,8 +238,11 @@ def plan(spec: PlanSpec) -> tuple[list[Choice], list[Capacity]]:
     if not within:
         raise InputError(f"no configuration serves {spec.rate:g} QPS within --max-gpus {spec.max_gpus}: "
                          + best_reached(sized, spec.max_gpus))
-    checked = [check(c, spec.slo, spec.max_gpus) for c in within[:spec.checks]]
-    return sorted(checked + within[spec.checks:], key=final_key), capacities
+    def check_one(choice: Choice) -> Choice:
+        return check(choice, spec.slo, spec.max_gpus,
+                     lambda done, total: report(f"checking {choice.label}", done, total))
+
+    return select(within, spec.checks, check_one), capacities
 
 
 def best_reached(sized: list[Choice], max_gpus: int) -> str:

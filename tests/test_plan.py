@@ -258,3 +258,64 @@ def test_a_vllm_v1_choice_as_vllm_serve_flags() -> None:
     from simctl.plan_cmd import serve_flags
 
     assert serve_flags(SERVED, RunConfig(policy="vllm-v1", model="llama-2-7b", tp=2)) == (FLAGS, "llama-2-7b")
+
+
+# ---- issue 35: the fewest GPUs a check passed; configurations that do not fit skipped ----------------------
+def _checker(passes_at: dict[str, int]) -> tuple[list[str], object]:
+    """A check by hand: a choice passes once it has `passes_at[label]` replicas (0: never); the labels
+    checked, in order."""
+    seen: list[str] = []
+
+    def check_one(c: Choice) -> Choice:
+        seen.append(c.label)
+        need = passes_at[c.label]
+        return replace(c, replicas=max(c.replicas, need), checked=True) if need else replace(c, checked=False)
+
+    return seen, check_one
+
+
+def test_every_estimate_below_the_answer_is_checked_before_it_is_final() -> None:
+    from studies.plan import select
+
+    # 20 QPS: a 4.0 QPS replica is estimated at 5 GPUs, 3.4 at 6, 2.9 at 7
+    made = [_sized(n, q, 1) for n, q in (("five-a", 4.0), ("five-b", 4.0), ("six", 3.4), ("seven", 2.9))]
+    seen, check_one = _checker({"five-a": 6, "five-b": 5, "six": 6, "seven": 7})
+    ranked = select(made, 1, check_one)
+    # five-a needed a sixth replica: five-b, estimated at 5 GPUs, is checked and passes on 5
+    assert seen == ["five-a", "five-b"]
+    assert [(c.label, c.gpus, c.checked) for c in ranked] == [
+        ("five-b", 5, True), ("five-a", 6, True), ("six", 6, None), ("seven", 7, None)]
+
+
+def test_checks_go_on_until_one_passes_and_zero_checks_none() -> None:
+    from studies.plan import select
+
+    made = [_sized(n, q, 1) for n, q in (("five", 4.0), ("six", 3.4), ("seven", 2.9))]
+    seen, check_one = _checker({"five": 0, "six": 0, "seven": 7})
+    ranked = select(made, 1, check_one)
+    assert seen == ["five", "six", "seven"] and ranked[0].label == "seven" and ranked[0].checked
+    seen, check_one = _checker({"five": 5, "six": 6, "seven": 7})
+    assert select(made, 2, check_one)[0].label == "five" and seen == ["five", "six"]  # at least --checks
+    seen, check_one = _checker({"five": 5, "six": 6, "seven": 7})
+    assert [c.checked for c in select(made, 0, check_one)] == [None] * 3 and seen == []
+
+
+def test_a_tp_degree_that_does_not_fit_is_skipped_with_its_reason() -> None:
+    from studies.plan import fitting
+
+    made = [Candidate(RunConfig(policy="sarathi", model="mixtral-8x7b", gpu="h100", tp=tp), f"tp={tp}")
+            for tp in (1, 2)]
+    fit, unfit = fitting(made)
+    assert [c.label for c in fit] == ["tp=2"]
+    ((reason, skipped),) = unfit.items()
+    assert [c.label for c in skipped] == ["tp=1"]
+    assert "mixtral-8x7b does not fit on h100 with tp=1: each GPU needs 89.0 GiB" in reason
+    with pytest.raises(InputError, match="^none of the 1 configurations fits its GPUs: mixtral-8x7b"):
+        fitting(made[:1])
+
+
+def test_nothing_fitting_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _cli(capsys, "plan", "--model", "mixtral-8x7b", "--gpu", "h100,a100-80gb", "--tp", "1",
+                     "--policy", "vllm", "--pd-splits", "none", "--slo", "p99_tbt=0.1", "--rate", "5")
+    assert code == 2 and err.count("\n") == 0
+    assert "none of the 2 configurations fits its GPUs: mixtral-8x7b does not fit on h100 with tp=1" in err
