@@ -143,7 +143,7 @@ def plan_cmd(
 @contextmanager
 def plan_progress() -> Iterator[Callable[[str, int, int], None] | None]:
     """A bar on stderr while it is a terminal, fed (stage, done, total): the capacity searches, then each
-    check's run (its requests arrived)."""
+    batch of checks."""
     if not sys.stderr.isatty():
         yield None
         return

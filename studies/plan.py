@@ -9,6 +9,7 @@ fit its GPUs is skipped (`fitting`). Costs per million output tokens follow from
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,10 +17,9 @@ from typing import Any
 from catalogue.gpus import get_gpu
 from common.errors import DoesNotFit, InputError
 from results.slo import SLO
-from sim.cluster import Progress
 from sim.cluster_config import ClusterConfig
 from sim.run import RunConfig, check_memory, run
-from studies.capacity import Capacity, CapacityConfig, search_capacities
+from studies.capacity import Capacity, CapacityConfig, parallel_map, search_capacities
 from studies.goodput import with_attainment
 
 # the settings that trade latency for throughput, searched where a candidate policy takes them (a user's list
@@ -164,14 +164,14 @@ def size(c: Capacity, candidate: Candidate, rate: float, prices: dict[str, float
     return Choice(candidate, c.qps, math.ceil(rate / c.qps), at, rate, prices.get(candidate.config.gpu))
 
 
-def check(choice: Choice, slo: SLO, max_gpus: int, progress: Progress | None = None) -> Choice:
+def check(choice: Choice, slo: SLO, max_gpus: int) -> Choice:
     """Serve the rate on the choice's units (as many requests per unit as one probe had); add a unit while
-    the SLO is missed, up to MAX_EXTRA_REPLICAS and within `max_gpus`. `progress`: each run's arrivals."""
+    the SLO is missed, up to MAX_EXTRA_REPLICAS and within `max_gpus`."""
     for replicas in range(choice.replicas, choice.replicas + MAX_EXTRA_REPLICAS + 1):
         if replicas * choice.candidate.gpus > max_gpus:
             break
         config = replace(choice.config, qps=choice.rate, num_requests=choice.config.num_requests * replicas)
-        r = run(config, choice.candidate.cluster(replicas), progress)
+        r = run(config, choice.candidate.cluster(replicas))
         if with_attainment(r.summary, r.result.requests, slo)["slo_met"]:
             return replace(choice, replicas=replicas, checked=True)
     return replace(choice, checked=False)
@@ -205,18 +205,28 @@ def fitting(candidates: list[Candidate]) -> tuple[list[Candidate], dict[str, lis
     return fit, unfit
 
 
-def select(sized: list[Choice], checks: int, check_one: Callable[[Choice], Choice]) -> list[Choice]:
-    """The choices ranked: at least the best `checks` checked (`check_one`) in order of GPUs, and then every
-    one whose estimate has fewer GPUs than the fewest a check confirmed, so that the answer is the fewest GPUs
-    a check passed (or, none passing, every choice is checked). `checks` 0: estimates alone."""
+def select(sized: list[Choice], checks: int, check_batch: Callable[[list[Choice]], list[Choice]],
+           batch: int = 1) -> list[Choice]:
+    """The choices ranked: at least the best `checks` checked in order of GPUs, then every one whose estimate
+    has fewer GPUs than the fewest a check confirmed, so that the answer is the fewest GPUs a check passed
+    (none passing, every choice is checked); `checks` 0: estimates alone. `check_batch` checks up to `batch`
+    choices at a time (side by side: at most `batch` - 1 checks more than one at a time would run)."""
     pending = sorted(sized, key=rank_key)
     done: list[Choice] = []
     while pending and checks > 0:
         confirmed = min((c.gpus for c in done if c.checked), default=math.inf)
-        if len(done) >= checks and pending[0].gpus >= confirmed:
+        due = len(done) < checks
+        take = [i for i, c in enumerate(pending) if due or c.gpus < confirmed]
+        take = take[:max(batch, checks - len(done))]
+        if not take:
             break
-        done.append(check_one(pending.pop(0)))
+        done += check_batch([pending[i] for i in take])
+        pending = [c for i, c in enumerate(pending) if i not in take]
     return sorted(done + pending, key=final_key)
+
+
+def _check_job(args: tuple[Choice, SLO, int]) -> Choice:
+    return check(*args)
 
 
 def plan(spec: PlanSpec, progress: PlanProgress | None = None) -> tuple[list[Choice], list[Capacity]]:
@@ -238,11 +248,12 @@ def plan(spec: PlanSpec, progress: PlanProgress | None = None) -> tuple[list[Cho
     if not within:
         raise InputError(f"no configuration serves {spec.rate:g} QPS within --max-gpus {spec.max_gpus}: "
                          + best_reached(sized, spec.max_gpus))
-    def check_one(choice: Choice) -> Choice:
-        return check(choice, spec.slo, spec.max_gpus,
-                     lambda done, total: report(f"checking {choice.label}", done, total))
+    def check_batch(choices: list[Choice]) -> list[Choice]:
+        what = f"checking {len(choices)} choice{'s' if len(choices) > 1 else ''} at {spec.rate:g} QPS"
+        return parallel_map(_check_job, [(c, spec.slo, spec.max_gpus) for c in choices], spec.workers,
+                            lambda done, total: report(what, done, total))
 
-    return select(within, spec.checks, check_one), capacities
+    return select(within, spec.checks, check_batch, spec.workers or os.cpu_count() or 1), capacities
 
 
 def best_reached(sized: list[Choice], max_gpus: int) -> str:

@@ -261,17 +261,17 @@ def test_a_vllm_v1_choice_as_vllm_serve_flags() -> None:
 
 
 # ---- issue 35: the fewest GPUs a check passed; configurations that do not fit skipped ----------------------
-def _checker(passes_at: dict[str, int]) -> tuple[list[str], object]:
+def _checker(passes_at: dict[str, int]) -> tuple[list[list[str]], object]:
     """A check by hand: a choice passes once it has `passes_at[label]` replicas (0: never); the labels
-    checked, in order."""
-    seen: list[str] = []
+    checked, batch by batch."""
+    seen: list[list[str]] = []
 
-    def check_one(c: Choice) -> Choice:
-        seen.append(c.label)
-        need = passes_at[c.label]
-        return replace(c, replicas=max(c.replicas, need), checked=True) if need else replace(c, checked=False)
+    def check_batch(choices: list[Choice]) -> list[Choice]:
+        seen.append([c.label for c in choices])
+        return [replace(c, replicas=max(c.replicas, passes_at[c.label]), checked=True) if passes_at[c.label]
+                else replace(c, checked=False) for c in choices]
 
-    return seen, check_one
+    return seen, check_batch
 
 
 def test_every_estimate_below_the_answer_is_checked_before_it_is_final() -> None:
@@ -279,25 +279,28 @@ def test_every_estimate_below_the_answer_is_checked_before_it_is_final() -> None
 
     # 20 QPS: a 4.0 QPS replica is estimated at 5 GPUs, 3.4 at 6, 2.9 at 7
     made = [_sized(n, q, 1) for n, q in (("five-a", 4.0), ("five-b", 4.0), ("six", 3.4), ("seven", 2.9))]
-    seen, check_one = _checker({"five-a": 6, "five-b": 5, "six": 6, "seven": 7})
-    ranked = select(made, 1, check_one)
+    seen, check_batch = _checker({"five-a": 6, "five-b": 5, "six": 6, "seven": 7})
+    ranked = select(made, 1, check_batch)
     # five-a needed a sixth replica: five-b, estimated at 5 GPUs, is checked and passes on 5
-    assert seen == ["five-a", "five-b"]
+    assert seen == [["five-a"], ["five-b"]]
     assert [(c.label, c.gpus, c.checked) for c in ranked] == [
         ("five-b", 5, True), ("five-a", 6, True), ("six", 6, None), ("seven", 7, None)]
+    # two at a time: the same answer; the two 5-GPU estimates checked side by side
+    seen, check_batch = _checker({"five-a": 6, "five-b": 5, "six": 6, "seven": 7})
+    assert select(made, 1, check_batch, batch=2)[0].label == "five-b" and seen == [["five-a", "five-b"]]
 
 
 def test_checks_go_on_until_one_passes_and_zero_checks_none() -> None:
     from studies.plan import select
 
     made = [_sized(n, q, 1) for n, q in (("five", 4.0), ("six", 3.4), ("seven", 2.9))]
-    seen, check_one = _checker({"five": 0, "six": 0, "seven": 7})
-    ranked = select(made, 1, check_one)
-    assert seen == ["five", "six", "seven"] and ranked[0].label == "seven" and ranked[0].checked
-    seen, check_one = _checker({"five": 5, "six": 6, "seven": 7})
-    assert select(made, 2, check_one)[0].label == "five" and seen == ["five", "six"]  # at least --checks
-    seen, check_one = _checker({"five": 5, "six": 6, "seven": 7})
-    assert [c.checked for c in select(made, 0, check_one)] == [None] * 3 and seen == []
+    seen, check_batch = _checker({"five": 0, "six": 0, "seven": 7})
+    ranked = select(made, 1, check_batch)
+    assert seen == [["five"], ["six"], ["seven"]] and ranked[0].label == "seven" and ranked[0].checked
+    seen, check_batch = _checker({"five": 5, "six": 6, "seven": 7})
+    assert select(made, 2, check_batch)[0].label == "five" and seen == [["five", "six"]]  # at least --checks
+    seen, check_batch = _checker({"five": 5, "six": 6, "seven": 7})
+    assert [c.checked for c in select(made, 0, check_batch)] == [None] * 3 and seen == []
 
 
 def test_a_tp_degree_that_does_not_fit_is_skipped_with_its_reason() -> None:
