@@ -122,9 +122,10 @@ def plan_cmd(
     if out is not None:
         check_out_dir(out, PLAN_FILES)
     console = Console(width=max(Console().width, 150))  # a wide table: its captions explain every column
-    for reason, skipped in unfit.items():
-        console.print(escape(f"skipped {len(skipped)} configuration{'s' if len(skipped) > 1 else ''} "
-                             f"({', '.join(c.label for c in skipped)}): {reason}"))
+    for reason, skipped in unfit.items():  # the reason names the model, GPU and TP; a few are named too
+        named = f" ({', '.join(c.label for c in skipped)})" if len(skipped) <= 3 else ""
+        console.print(escape(f"skipped {len(skipped)} configuration{'s' if len(skipped) > 1 else ''}{named}: "
+                             f"{reason}"))
     console.print(escape(f"searching {len(fit)} configurations for {rate:g} QPS of {workload.trace} "
                          f"within {spec.slo.describe()}"))
     with plan_progress() as report:

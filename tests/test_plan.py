@@ -322,3 +322,16 @@ def test_nothing_fitting_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[st
                      "--policy", "vllm", "--pd-splits", "none", "--slo", "p99_tbt=0.1", "--rate", "5")
     assert code == 2 and err.count("\n") == 0
     assert "none of the 2 configurations fits its GPUs: mixtral-8x7b does not fit on h100 with tp=1" in err
+
+
+def test_a_plan_goes_on_without_the_tp_that_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    from simctl.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--model", "mixtral-8x7b", "--gpu", "h100", "--tp", "1,2", "--policy", "sarathi",
+              "--token-budget", "512", "--pd-splits", "none", "--trace", "sharegpt", "--slo", "p99_tbt=0.1",
+              "--rate", "2", "--num-requests", "100", "--workers", "1", "--checks", "1"])
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert e.value.code in (0, None)
+    assert "skipped 1 configuration (sarathi tp=1): mixtral-8x7b does not fit on h100 with tp=1" in out
+    assert "searching 1 configurations" in out and "answer: sarathi tp=2" in out
