@@ -18,7 +18,7 @@ from catalogue.gpus import get_gpu
 from common.errors import DoesNotFit, InputError
 from results.slo import SLO
 from sim.cluster_config import ClusterConfig
-from sim.run import RunConfig, check_memory, run
+from sim.run import RunConfig, check_fit, run
 from studies.capacity import Capacity, CapacityConfig, parallel_map, search_capacities
 from studies.goodput import with_attainment
 
@@ -189,13 +189,14 @@ def final_key(c: Choice) -> tuple[float, ...]:
 
 
 def fitting(candidates: list[Candidate]) -> tuple[list[Candidate], dict[str, list[Candidate]]]:
-    """The candidates whose model fits their GPUs' memory, and those that do not, by the reason (one line
-    each); InputError, with the first reason, when none fits."""
+    """The candidates whose model fits their GPUs' memory and whose KV cache holds the trace's longest
+    request, and those that do not, by the reason (one line each); InputError, with the first reason, when
+    none fits."""
     fit: list[Candidate] = []
     unfit: dict[str, list[Candidate]] = {}
     for c in candidates:
         try:
-            check_memory(c.config, c.cluster(1))
+            check_fit(c.config, c.cluster(1))
         except DoesNotFit as e:
             unfit.setdefault(str(e), []).append(c)
         else:

@@ -4,6 +4,7 @@ lists, capacity as a sustainable rate, and `simctl plan`'s sizing arithmetic and
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -335,3 +336,21 @@ def test_a_plan_goes_on_without_the_tp_that_does_not_fit(capsys: pytest.CaptureF
     assert e.value.code in (0, None)
     assert "skipped 1 configuration (sarathi tp=1): mixtral-8x7b does not fit on h100 with tp=1" in out
     assert "searching 1 configurations" in out and "answer: sarathi tp=2" in out
+
+
+def test_a_kv_cache_too_small_for_the_longest_request_is_skipped(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Llama-2-13B on the placeholder CPU's roofline: 729 KV slots at --tp 2 (tests/test_misuse.py), more at
+    --tp 4."""
+    import sim.run
+    from studies.plan import fitting
+
+    monkeypatch.setattr(sim.run, "default_cost_path", lambda gpu: None)
+    path = tmp_path / "long.csv"
+    path.write_text("num_prefill_tokens,num_decode_tokens\n2000,10\n")
+    made = [Candidate(RunConfig(policy="vllm", trace=str(path), model="llama-2-13b", gpu="cpu", tp=tp,
+                                num_requests=1), f"tp={tp}") for tp in (2, 4)]
+    fit, unfit = fitting(made)
+    assert [c.label for c in fit] == ["tp=4"]
+    ((reason, skipped),) = unfit.items()
+    assert [c.label for c in skipped] == ["tp=2"] and "needs 2010 tokens of KV cache" in reason
