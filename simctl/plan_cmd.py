@@ -111,8 +111,6 @@ def plan_cmd(
 
     found = candidates(base_config(workload, deployment, 1.0, num_requests), policies.policy, deployment,
                        policies.settings(), parse_splits(pd_splits), kv_link_gbps)
-    for c in found:  # bad input is refused before a configuration is skipped as too big
-        c.config.validate()
     fit, unfit = fitting(found)
     spec = PlanSpec(fit, parse_slo(slo, attainment), rate, max_gpus, parse_prices(gpu_cost), checks,
                     workers)

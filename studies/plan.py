@@ -4,7 +4,8 @@ serve so) gets its capacity per unit from `studies.capacity` (one search each, i
 candidate then needs ceil(rate / capacity) units, and the choices are checked by a cluster run at the rate
 (the SLO judged as `studies.goodput` judges a deployment; a unit added while the check fails), fewest GPUs
 first, until no unchecked estimate has fewer GPUs than the answer (`select`). A candidate whose model does not
-fit its GPUs is skipped (`fitting`). Costs per million output tokens follow from prices per GPU-hour."""
+fit its GPUs, or whose KV cache cannot hold the longest request, is skipped (`fitting`). Costs per million
+output tokens follow from prices per GPU-hour."""
 
 from __future__ import annotations
 
@@ -249,6 +250,7 @@ def plan(spec: PlanSpec, progress: PlanProgress | None = None) -> tuple[list[Cho
     if not within:
         raise InputError(f"no configuration serves {spec.rate:g} QPS within --max-gpus {spec.max_gpus}: "
                          + best_reached(sized, spec.max_gpus))
+
     def check_batch(choices: list[Choice]) -> list[Choice]:
         what = f"checking {len(choices)} choice{'s' if len(choices) > 1 else ''} at {spec.rate:g} QPS"
         return parallel_map(_check_job, [(c, spec.slo, spec.max_gpus) for c in choices], spec.workers,
