@@ -3,6 +3,7 @@ lists, capacity as a sustainable rate, and `simctl plan`'s sizing arithmetic and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -262,7 +263,7 @@ def test_a_vllm_v1_choice_as_vllm_serve_flags() -> None:
 
 
 # ---- issue 35: the fewest GPUs a check passed; configurations that do not fit skipped ----------------------
-def _checker(passes_at: dict[str, int]) -> tuple[list[list[str]], object]:
+def _checker(passes_at: dict[str, int]) -> tuple[list[list[str]], Callable[[list[Choice]], list[Choice]]]:
     """A check by hand: a choice passes once it has `passes_at[label]` replicas (0: never); the labels
     checked, batch by batch."""
     seen: list[list[str]] = []

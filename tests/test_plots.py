@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.figure import Figure
 
 from common.errors import InputError
 from plots.decode_gaps import decode_gaps
@@ -165,9 +166,9 @@ def _point(policy: str, qps: float, tpot: float, **more: object) -> dict[str, ob
             "qps": qps, "tpot_p50": tpot, "throughput_tokens_per_s": 100 * qps, "sustainable": True, **more}
 
 
-def _lines(fig: object) -> dict[str, np.ndarray]:
+def _lines(fig: Figure) -> dict[str, np.ndarray]:
     """Each legend entry's x data (the markers of its sustainable runs)."""
-    ax = fig.axes[0]  # type: ignore[attr-defined]
+    ax = fig.axes[0]
     return {str(h.get_label()): np.asarray(h.get_xdata()) for h in ax.get_lines()
             if not str(h.get_label()).startswith("_")}
 
