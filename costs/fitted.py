@@ -26,7 +26,7 @@ import numpy as np
 from catalogue.gpus import GiB
 from catalogue.models import ModelSpec
 from catalogue.recorded_model import dtype_bytes_of, model_spec_from_shape
-from common.errors import InputError
+from common.errors import DoesNotFit, InputError
 from costs.base import CostModel, tiled
 from costs.curves import Curve, CurveTables, check_knots, is_finite_number, pwl_array
 from costs.features import decode_pad_kv
@@ -261,7 +261,7 @@ class Fitted(CurveTables, CostModel):
         free = mem * gpu_memory_utilization - wb - activation_reserve_bytes
         tokens = int(free // kvb) if free > 0 else 0
         if tokens <= 0:
-            raise InputError(f"{self.model} does not fit: weights {wb / GiB:.2f} GiB + activation reserve "
+            raise DoesNotFit(f"{self.model} does not fit: weights {wb / GiB:.2f} GiB + activation reserve "
                              f"{activation_reserve_bytes / GiB:.2f} GiB exceed "
                              f"{gpu_memory_utilization:.0%} of "
                              f"{mem / GiB:.2f} GiB")

@@ -67,7 +67,7 @@ import numpy as np
 from catalogue.gpus import GiB, GPUSpec, get_gpu
 from catalogue.models import ModelSpec, get_model
 from catalogue.moe import busiest_gpu, check_routing_skew, expected_distinct_experts
-from common.errors import InputError
+from common.errors import DoesNotFit, InputError
 from costs.base import CostModel, tiled
 from costs.gpu_share import GPUShare, check_expert_parallel, check_split, gpu_share
 from costs.overheads import DEFAULT_ITERATION_S, StepOverheads
@@ -392,7 +392,7 @@ class Roofline(CostModel):
         if tokens <= 0:
             need = (self.weight_bytes_per_gpu + self.activation_reserve_bytes) / GiB
             have = self.gpu.memory_bytes * self.gpu_memory_utilization / GiB
-            raise InputError(
+            raise DoesNotFit(
                 f"{self.model.name} does not fit on {self.gpu.name} with tp={self.tp}: each GPU needs "
                 f"{need:.1f} GiB for weights and activations but has {have:.1f} GiB "
                 f"({self.gpu_memory_utilization:.0%} of {self.gpu.memory_bytes / GiB:.0f} GiB); "

@@ -120,7 +120,35 @@ def _slo_footnote(fig: Figure, points: pd.DataFrame) -> None:
         fig.get_layout_engine().set(rect=(0, 0.04 * len(slos), 1, 1 - 0.04 * len(slos)))
 
 
-MARKERS = "osD^v"  # with the 10 colours, 50 lines told apart
+MARKERS = "osD^vPX<>ph"  # with the 10 colours, 110 lines told apart
+
+
+def _styles(policies: list[str]) -> list[dict[str, str]]:
+    """Each line's colour and marker: with several policies and more lines than policies (settings or P/D
+    splits compared), a colour per policy and a marker per line of it, so that a family reads as one;
+    otherwise a colour per line (and a new marker after every 10)."""
+    families = list(dict.fromkeys(policies))
+    if not 1 < len(families) < len(policies) or len(families) > 10:
+        return [{"color": f"C{i % 10}", "marker": MARKERS[i // 10 % len(MARKERS)]}
+                for i in range(len(policies))]
+    seen: dict[str, int] = {}
+    styles = []
+    for p in policies:
+        seen[p] = seen.get(p, -1) + 1
+        styles.append({"color": f"C{families.index(p)}", "marker": MARKERS[seen[p] % len(MARKERS)]})
+    return styles
+
+
+def _named(points: pd.DataFrame) -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """The columns that name a line: a configuration's label (capacity's or plan's settings compared; a
+    policy where a folder has none, such as a sweep's or a run's), and the setup where it varies within one
+    label (folders of several traces)."""
+    if "config" not in points.columns:
+        return points, ("policy", *SETUP)
+    points = points.assign(config=points["config"].fillna(points["policy"]))
+    varies = [k for k in SETUP if k in points.columns
+              and (points.groupby("config", dropna=False)[k].nunique(dropna=False) > 1).any()]
+    return points, ("config", *varies)
 
 
 def pareto_figure(points: pd.DataFrame, chosen: list[tuple[str, float, float]] | None = None) -> Figure:
@@ -132,14 +160,17 @@ def pareto_figure(points: pd.DataFrame, chosen: list[tuple[str, float, float]] |
     points = points[points["tpot_p50"].notna() & (points["tpot_p50"] > 0)]
     # a run judged against several SLOs (a sweep's rows) is one point here
     # a configuration of settings compared (capacity's or plan's lists) is one line, named by what varies
-    split = ("config",) if "config" in points.columns else ("policy", *SETUP)
+    points, split = _named(points)
     points = points.drop_duplicates([c for c in (*split, "policy", *SETUP, "qps", "seed")
                                      if c in points.columns])
     fig, ax = plt.subplots(figsize=(12 if chosen is not None else 9, 6), constrained_layout=True)
-    for i, (label, g) in enumerate(_series(points, split)):
+    series = _series(points, split)
+    for (label, g), style in zip(series, _styles([str(g["policy"].iloc[0]) for _, g in series])):
         x, y = 1.0 / g["tpot_p50"].to_numpy(float), _per_gpu(g)
         ok = g["sustainable"].to_numpy(bool) if "sustainable" in g.columns else np.ones(len(g), bool)
-        style = {"color": f"C{i % 10}", "marker": MARKERS[i // 10 % len(MARKERS)], "ms": 5}
+        along = np.argsort(x, kind="stable")  # a line from the slowest per user to the fastest
+        x, y, ok = x[along], y[along], ok[along]
+        style = {**style, "ms": 5}
         ax.plot(x, y, "-", color=style["color"], lw=1, alpha=0.6)
         ax.plot(x[ok], y[ok], ls="none", label=label, **style)
         ax.plot(x[~ok], y[~ok], ls="none", mfc="none", **style)
@@ -169,9 +200,17 @@ def _front_and_choices(ax: plt.Axes, points: pd.DataFrame, chosen: list[tuple[st
         ax.plot(*zip(*front), "k--", lw=1.5, drawstyle="steps-post")
         handles.append(Line2D([], [], color="k", ls="--"))
         labels.append("Pareto front of the runs meeting the SLO")
-    for n, (_, cx, cy) in enumerate(chosen, 1):
+    # choices sit close together (near the front's knee), and above the front to the right no run meets the
+    # SLO: their labels stand in a column there, each with a leader line to its star, in the order of their
+    # heights (lines that do not cross)
+    for _, cx, cy in chosen:
         ax.plot(cx, cy, "*", color="k", ms=14, mfc="gold", zorder=5)
-        ax.annotate(f"#{n}", (cx, cy), xytext=(6, 6), textcoords="offset points", fontsize=9, weight="bold")
+    for row, k in enumerate(sorted(range(len(chosen)), key=lambda k: -chosen[k][2])):
+        name, cx, cy = chosen[k]
+        ax.annotate(f"#{k + 1} {name}", (cx, cy), xytext=(0.6, 0.95 - 0.06 * row), textcoords="axes fraction",
+                    fontsize=8, weight="bold", va="center", zorder=6,
+                    bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.6", "alpha": 0.9},
+                    arrowprops={"arrowstyle": "-", "color": "0.3", "lw": 0.8, "shrinkB": 6})
     handles.append(Line2D([], [], marker="*", color="k", mfc="gold", ms=12, ls="none"))
     labels.append("a choice at its capacity (#: the table's row)")
 

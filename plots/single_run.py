@@ -77,13 +77,20 @@ def tbt_figure(runs: list[RunOutput], window: tuple[float, float] | None = None,
                tbt_limit: float | None = None) -> Figure:
     """Each decode token's gap against the time it was sampled, one panel per run: a prefill that stalls the
     running decodes shows as a spike. Dashed: the run's P99 TBT."""
+    kept = []
+    for run in runs:
+        gaps = decode_gaps(run.iterations)
+        keep = _window(gaps.time_s, window)
+        if window is not None and not keep.any():  # an empty panel would look like a run without stalls
+            span = (f"its tokens were sampled from {gaps.time_s.min():.4g} to {gaps.time_s.max():.4g} s"
+                    if len(gaps.time_s) else "it sampled no decode token")
+            raise InputError(f"{run.path}: no token in --window {window[0]:g}:{window[1]:g} (simulated "
+                             f"seconds); {span}")
+        kept.append((gaps.time_s[keep], gaps.gap_s[keep]))
     fig, axes = plt.subplots(len(runs), 1, figsize=(12, 2.6 + 2.2 * len(runs)), sharey=True, squeeze=False,
                              constrained_layout=True)
     binned = False
-    for i, (ax, run) in enumerate(zip(axes[:, 0], runs)):
-        gaps = decode_gaps(run.iterations)
-        keep = _window(gaps.time_s, window)
-        t, g = gaps.time_s[keep], gaps.gap_s[keep]
+    for i, (ax, run, (t, g)) in enumerate(zip(axes[:, 0], runs, kept)):
         if len(t) > MAX_POINTS:  # the largest gap of each time bin
             binned = True
             bins = np.linspace(t.min(), t.max(), MAX_POINTS + 1)

@@ -17,7 +17,7 @@ from catalogue.gpus import GPUSpec, get_gpu
 from catalogue.models import ModelSpec, get_model, model_in_working_folder
 from catalogue.moe import check_routing_skew
 from common.checks import is_int, is_number
-from common.errors import InputError
+from common.errors import DoesNotFit, InputError
 from common.files import in_working_folder
 from costs.base import CostModel
 from costs.calibration import is_roofline_calibration, load_roofline_calibration
@@ -205,12 +205,12 @@ class Deployment:
         if need > fits:
             where = f"{self.model.name} on {self.gpu.name} x{self.tp}"
             if fits == 0:  # a reserving policy: the per-request reservation itself exceeds the cache
-                raise InputError(
+                raise DoesNotFit(
                     f"request {big.id} does not fit: {config.policy} reserves the max sequence length "
                     f"({max_seq_len} tokens) of KV cache for every request, but {where} has only "
                     f"{self.kv_capacity} KV slots; use a paged policy (vllm, sarathi), a larger GPU, "
                     "a higher --tp or shorter requests")
-            raise InputError(
+            raise DoesNotFit(
                 f"request {big.id} does not fit: it needs {need} tokens of KV cache "
                 f"({big.prompt_tokens} prompt + {output} output) but {config.policy} can hold at most {fits} "
                 f"for one request on {where} ({self.kv_capacity} KV slots); use a larger GPU, a higher --tp "
@@ -236,6 +236,16 @@ def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> Deployment:
         if tp == config.tp:
             raise
         raise InputError(f"--{pool}-tp {tp}: {e}") from None
+
+
+def check_fit(config: RunConfig, cluster: ClusterConfig) -> None:
+    """Size each pool's replicas and check the trace's requests against them as a run would, without running:
+    `DoesNotFit` where the model does not fit its GPUs' memory, or a request their KV cache."""
+    requests = trace_for(config).requests
+    if cluster.disaggregated:
+        _deploy_pool(config, cluster, "prefill").check_fits(config, requests, prefill_only=True)
+    serving = _deploy_pool(config, cluster, "decode" if cluster.disaggregated else "replicas")
+    serving.check_fits(config, requests)
 
 
 def max_model_len(config: RunConfig, model: ModelSpec) -> int:

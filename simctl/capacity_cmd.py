@@ -3,7 +3,6 @@ grammar), or by default under Sarathi-Serve's strict and relaxed SLOs for the de
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -12,7 +11,7 @@ import typer
 from common.errors import InputError
 from sim.cluster_config import ClusterConfig
 from simctl.configs import Deployment, Workload
-from simctl.display import fmt, out_console
+from simctl.display import fmt, out_console, progress_bar
 from simctl.goodput_cmd import goodput_command
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
@@ -102,7 +101,8 @@ def _search(spec: Any, origin: str, trace: str, definition: str, out: Path | Non
     console.print(escape(f"SLOs: {origin}"))
     for name, s in spec.slos.items():
         console.print(escape(f"  {name}: {s.describe()}"))
-    results = search_capacities(spec, progress=sys.stderr.isatty())
+    with progress_bar("capacity searches") as report:
+        results = search_capacities(spec, report)
     seeds = spec.seeds
     console.print(capacity_table(results, trace, seeds, definition))
     warn_all(capacity_warnings(results))

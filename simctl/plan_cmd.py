@@ -4,6 +4,9 @@ every column explained under the table, a Pareto figure, and vllm-v1's choice as
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -85,7 +88,10 @@ def plan_cmd(
         "counts by it."))] = None,
     max_gpus: Annotated[int, typer.Option(help="Most GPUs a choice may use.")] = 64,
     top: Annotated[int, typer.Option(help="Choices shown.")] = 5,
-    checks: Annotated[int, typer.Option(help="The best choices checked by a cluster run at the rate.")] = 3,
+    checks: Annotated[int, typer.Option(help=(
+        "The best choices checked by a cluster run at the rate, at least (then every choice estimated at "
+        "fewer GPUs than the best checked one, so that the answer is the fewest GPUs a check passed; 0: "
+        "estimates only)."))] = 3,
     attainment: Attainment = None,
     num_requests: Annotated[int, typer.Option(help="Requests per probed run (per replica in a check).")
                             ] = 1000,
@@ -106,11 +112,12 @@ def plan_cmd(
     from results.slo import parse_slo
     from simctl.option_grid import base_config
     from simctl.plan_files import write_plan
-    from studies.plan import PlanSpec, plan
+    from studies.plan import PlanSpec, fitting, plan
 
     found = candidates(base_config(workload, deployment, 1.0, num_requests), policies.policy, deployment,
                        policies.settings(), parse_splits(pd_splits), kv_link_gbps)
-    spec = PlanSpec(found, parse_slo(slo, attainment), rate, max_gpus, parse_prices(gpu_cost), checks,
+    fit, unfit = fitting(found)
+    spec = PlanSpec(fit, parse_slo(slo, attainment), rate, max_gpus, parse_prices(gpu_cost), checks,
                     workers)
     spec.validate()
     if top < 1:
@@ -118,9 +125,14 @@ def plan_cmd(
     if out is not None:
         check_out_dir(out, PLAN_FILES)
     console = _wide_console()
-    console.print(escape(f"searching {len(found)} configurations for {rate:g} QPS of {workload.trace} "
+    for reason, skipped in unfit.items():  # the reason names the model, GPU and TP; a few are named too
+        named = f" ({', '.join(c.label for c in skipped)})" if len(skipped) <= 3 else ""
+        console.print(escape(f"skipped {len(skipped)} configuration{'s' if len(skipped) > 1 else ''}{named}: "
+                             f"{reason}"))
+    console.print(escape(f"searching {len(fit)} configurations for {rate:g} QPS of {workload.trace} "
                          f"within {spec.slo.describe()}"))
-    choices, capacities = plan(spec)
+    with plan_progress() as report:
+        choices, capacities = plan(spec, report)
     show(console, choices[:top], spec)
     warn_all(sorted({w for r in capacities for p in r.probes for w in p.get("warnings", [])}))
     if out is not None:
@@ -133,6 +145,24 @@ def _wide_console() -> Console:
     from rich.console import Console
 
     return Console(width=max(Console().width, 150))
+
+
+@contextmanager
+def plan_progress() -> Iterator[Callable[[str, int, int], None] | None]:
+    """A bar on stderr while it is a terminal, fed (stage, done, total): the capacity searches, then each
+    batch of checks."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("plan", total=None)
+        yield lambda what, done, total: bar.update(task, description=escape(what), completed=done,
+                                                   total=total)
 
 
 def candidates(base: Any, policy: str, deployment: Deployment, options: dict[str, Any],

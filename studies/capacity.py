@@ -249,30 +249,46 @@ def _quiet_worker() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def search_capacities(spec: CapacityConfig, progress: bool = False) -> list[Capacity]:
-    """Run every search of `spec` (configuration x SLO x seed) in a local process pool (searches are
-    independent and CPU-bound); one `Capacity` per configuration and SLO, in the order given. On any
+def _indexed(args: tuple[Callable[[Any], Any], int, Any]) -> tuple[int, Any]:
+    fn, index, job = args
+    return index, fn(job)
+
+
+def parallel_map(fn: Callable[[Any], Any], jobs: list[Any], workers: int | None,
+                 progress: Callable[[int, int], None] | None = None) -> list[Any]:
+    """`fn` (a module-level function) over `jobs` in a local process pool of `workers` (None: one per core;
+    one: in this process), the results in the jobs' order, `progress` fed (done, jobs) as each ends. On any
     exception, an interruption included, the workers are terminated before it propagates."""
-    jobs = spec.jobs()
-    found: dict[tuple[int, str, int], CapacityResult] = {}
-    workers = min(spec.workers or os.cpu_count() or 1, len(jobs))
-    if workers == 1:
-        found = {(p, n, seed): r for p, n, seed, r in map(_search_one, jobs)}
-    else:
-        from multiprocessing import Pool
+    report = progress or (lambda done, total: None)
+    report(0, len(jobs))
+    workers = min(workers or os.cpu_count() or 1, len(jobs))
+    results: list[Any] = [None] * len(jobs)
+    if workers <= 1:
+        for i, job in enumerate(jobs):
+            results[i] = fn(job)
+            report(i + 1, len(jobs))
+        return results
+    from multiprocessing import Pool
 
-        from rich.progress import Progress
+    pool = Pool(workers, initializer=_quiet_worker)
+    try:
+        for done, (i, r) in enumerate(pool.imap_unordered(_indexed, [(fn, i, j) for i, j in enumerate(jobs)]),
+                                      1):
+            results[i] = r
+            report(done, len(jobs))
+        pool.close()
+    finally:
+        stop_pool(pool)  # bounded: Ctrl-C must not wait on a worker that takes long to die
+    return results
 
-        pool = Pool(workers, initializer=_quiet_worker)
-        try:
-            with Progress(disable=not progress, transient=True) as bar:
-                task = bar.add_task("capacity searches", total=len(jobs))
-                for p, n, seed, r in pool.imap_unordered(_search_one, jobs):
-                    found[(p, n, seed)] = r
-                    bar.advance(task)
-            pool.close()
-        finally:
-            stop_pool(pool)  # bounded: Ctrl-C must not wait on a worker that takes long to die
+
+def search_capacities(spec: CapacityConfig, progress: Callable[[int, int], None] | None = None
+                      ) -> list[Capacity]:
+    """Run every search of `spec` (configuration x SLO x seed) in a local process pool (`parallel_map`:
+    searches are independent and CPU-bound), `progress` fed (searches done, searches); one `Capacity` per
+    configuration and SLO, in the order given."""
+    found = {(p, n, seed): r for p, n, seed, r in parallel_map(_search_one, spec.jobs(), spec.workers,
+                                                                progress)}
     return [Capacity(c.policy, name, slo,
                      {c.seed + i: found[(k, name, c.seed + i)] for i in range(spec.seeds)}, label, c)
             for k, (c, label) in enumerate(zip(spec.configs, spec.names)) for name, slo in spec.slos.items()]

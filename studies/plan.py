@@ -1,22 +1,26 @@
 """Sizing: the fewest GPUs that serve a rate within an SLO. Every candidate (policy, its key settings, TP
 degree, GPU; colocated, or a disaggregated unit of P prefill and D decode instances where the policy can
 serve so) gets its capacity per unit from `studies.capacity` (one search each, in its process pool); a
-candidate then needs ceil(rate / capacity) units, and the best choices are checked by a cluster run at the
-rate (the SLO judged as `studies.goodput` judges a deployment), a unit added while the check fails. Costs per
-million output tokens follow from prices per GPU-hour."""
+candidate then needs ceil(rate / capacity) units, and the choices are checked by a cluster run at the rate
+(the SLO judged as `studies.goodput` judges a deployment; a unit added while the check fails), fewest GPUs
+first, until no unchecked estimate has fewer GPUs than the answer (`select`). A candidate whose model does not
+fit its GPUs, or whose KV cache cannot hold the longest request, is skipped (`fitting`). Costs per million
+output tokens follow from prices per GPU-hour."""
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from catalogue.gpus import get_gpu
-from common.errors import InputError
+from common.errors import DoesNotFit, InputError
 from results.slo import SLO
 from sim.cluster_config import ClusterConfig
-from sim.run import RunConfig, run
-from studies.capacity import Capacity, CapacityConfig, search_capacities
+from sim.run import RunConfig, check_fit, run
+from studies.capacity import Capacity, CapacityConfig, parallel_map, search_capacities
 from studies.goodput import with_attainment
 
 # the settings that trade latency for throughput, searched where a candidate policy takes them (a user's list
@@ -26,6 +30,7 @@ KEY_SETTINGS: dict[str, tuple[int, ...]] = {"token_budget": (256, 512, 1024, 204
 PD_SPLITS: tuple[tuple[int, int], ...] = ((1, 1), (1, 2), (2, 1))  # (prefill, decode) instances of a unit
 CHECK_ROUTER = "least-outstanding"
 MAX_EXTRA_REPLICAS = 2  # units a failed check may add before the choice is kept as failed
+PlanProgress = Callable[[str, int, int], None]  # (the stage, done, total)
 
 
 def link_gbps(gpu: str) -> float:
@@ -184,12 +189,57 @@ def final_key(c: Choice) -> tuple[float, ...]:
     return ({True: 0, None: 1, False: 2}[c.checked], *rank_key(c))
 
 
-def plan(spec: PlanSpec) -> tuple[list[Choice], list[Capacity]]:
-    """The candidates within --max-gpus, ranked, the best `checks` checked; and every capacity search."""
+def fitting(candidates: list[Candidate]) -> tuple[list[Candidate], dict[str, list[Candidate]]]:
+    """The candidates whose model fits their GPUs' memory and whose KV cache holds the trace's longest
+    request, and those that do not, by the reason (one line each); InputError, with the first reason, when
+    none fits."""
+    fit: list[Candidate] = []
+    unfit: dict[str, list[Candidate]] = {}
+    for c in candidates:
+        try:
+            check_fit(c.config, c.cluster(1))
+        except DoesNotFit as e:
+            unfit.setdefault(str(e), []).append(c)
+        else:
+            fit.append(c)
+    if not fit:
+        raise InputError(f"none of the {len(candidates)} configurations fits its GPUs: {next(iter(unfit))}")
+    return fit, unfit
+
+
+def select(sized: list[Choice], checks: int, check_batch: Callable[[list[Choice]], list[Choice]],
+           batch: int = 1) -> list[Choice]:
+    """The choices ranked: at least the best `checks` checked in order of GPUs, then every one whose estimate
+    has fewer GPUs than the fewest a check confirmed, so that the answer is the fewest GPUs a check passed
+    (none passing, every choice is checked); `checks` 0: estimates alone. `check_batch` checks up to `batch`
+    choices at a time (side by side: at most `batch` - 1 checks more than one at a time would run)."""
+    pending = sorted(sized, key=rank_key)
+    done: list[Choice] = []
+    while pending and checks > 0:
+        confirmed = min((c.gpus for c in done if c.checked), default=math.inf)
+        due = len(done) < checks
+        take = [i for i, c in enumerate(pending) if due or c.gpus < confirmed]
+        take = take[:max(batch, checks - len(done))]
+        if not take:
+            break
+        done += check_batch([pending[i] for i in take])
+        pending = [c for i, c in enumerate(pending) if i not in take]
+    return sorted(done + pending, key=final_key)
+
+
+def _check_job(args: tuple[Choice, SLO, int]) -> Choice:
+    return check(*args)
+
+
+def plan(spec: PlanSpec, progress: PlanProgress | None = None) -> tuple[list[Choice], list[Capacity]]:
+    """The candidates within --max-gpus, ranked, checked as `select` says; and every capacity search.
+    `progress` is told each stage's (what, done, total)."""
     spec.validate()
+    report = progress or (lambda what, done, total: None)
     capacities = search_capacities(CapacityConfig(
         [c.config for c in spec.candidates], {"plan": spec.slo}, workers=spec.workers,
-        labels=[c.label for c in spec.candidates], clusters=[c.cluster(1) for c in spec.candidates]))
+        labels=[c.label for c in spec.candidates], clusters=[c.cluster(1) for c in spec.candidates]),
+        lambda done, total: report("capacity searches", done, total))
     sized = sorted((s for s in (size(r, c, spec.rate, spec.prices or {})
                                 for r, c in zip(capacities, spec.candidates)) if s is not None), key=rank_key)
     if not sized:
@@ -200,8 +250,13 @@ def plan(spec: PlanSpec) -> tuple[list[Choice], list[Capacity]]:
     if not within:
         raise InputError(f"no configuration serves {spec.rate:g} QPS within --max-gpus {spec.max_gpus}: "
                          + best_reached(sized, spec.max_gpus))
-    checked = [check(c, spec.slo, spec.max_gpus) for c in within[:spec.checks]]
-    return sorted(checked + within[spec.checks:], key=final_key), capacities
+
+    def check_batch(choices: list[Choice]) -> list[Choice]:
+        what = f"checking {len(choices)} choice{'s' if len(choices) > 1 else ''} at {spec.rate:g} QPS"
+        return parallel_map(_check_job, [(c, spec.slo, spec.max_gpus) for c in choices], spec.workers,
+                            lambda done, total: report(what, done, total))
+
+    return select(within, spec.checks, check_batch, spec.workers or os.cpu_count() or 1), capacities
 
 
 def best_reached(sized: list[Choice], max_gpus: int) -> str:

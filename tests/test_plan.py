@@ -3,7 +3,9 @@ lists, capacity as a sustainable rate, and `simctl plan`'s sizing arithmetic and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -258,3 +260,98 @@ def test_a_vllm_v1_choice_as_vllm_serve_flags() -> None:
     from simctl.plan_cmd import serve_flags
 
     assert serve_flags(SERVED, RunConfig(policy="vllm-v1", model="llama-2-7b", tp=2)) == (FLAGS, "llama-2-7b")
+
+
+# ---- issue 35: the fewest GPUs a check passed; configurations that do not fit skipped ----------------------
+def _checker(passes_at: dict[str, int]) -> tuple[list[list[str]], Callable[[list[Choice]], list[Choice]]]:
+    """A check by hand: a choice passes once it has `passes_at[label]` replicas (0: never); the labels
+    checked, batch by batch."""
+    seen: list[list[str]] = []
+
+    def check_batch(choices: list[Choice]) -> list[Choice]:
+        seen.append([c.label for c in choices])
+        return [replace(c, replicas=max(c.replicas, passes_at[c.label]), checked=True) if passes_at[c.label]
+                else replace(c, checked=False) for c in choices]
+
+    return seen, check_batch
+
+
+def test_every_estimate_below_the_answer_is_checked_before_it_is_final() -> None:
+    from studies.plan import select
+
+    # 20 QPS: a 4.0 QPS replica is estimated at 5 GPUs, 3.4 at 6, 2.9 at 7
+    made = [_sized(n, q, 1) for n, q in (("five-a", 4.0), ("five-b", 4.0), ("six", 3.4), ("seven", 2.9))]
+    seen, check_batch = _checker({"five-a": 6, "five-b": 5, "six": 6, "seven": 7})
+    ranked = select(made, 1, check_batch)
+    # five-a needed a sixth replica: five-b, estimated at 5 GPUs, is checked and passes on 5
+    assert seen == [["five-a"], ["five-b"]]
+    assert [(c.label, c.gpus, c.checked) for c in ranked] == [
+        ("five-b", 5, True), ("five-a", 6, True), ("six", 6, None), ("seven", 7, None)]
+    # two at a time: the same answer; the two 5-GPU estimates checked side by side
+    seen, check_batch = _checker({"five-a": 6, "five-b": 5, "six": 6, "seven": 7})
+    assert select(made, 1, check_batch, batch=2)[0].label == "five-b" and seen == [["five-a", "five-b"]]
+
+
+def test_checks_go_on_until_one_passes_and_zero_checks_none() -> None:
+    from studies.plan import select
+
+    made = [_sized(n, q, 1) for n, q in (("five", 4.0), ("six", 3.4), ("seven", 2.9))]
+    seen, check_batch = _checker({"five": 0, "six": 0, "seven": 7})
+    ranked = select(made, 1, check_batch)
+    assert seen == [["five"], ["six"], ["seven"]] and ranked[0].label == "seven" and ranked[0].checked
+    seen, check_batch = _checker({"five": 5, "six": 6, "seven": 7})
+    assert select(made, 2, check_batch)[0].label == "five" and seen == [["five", "six"]]  # at least --checks
+    seen, check_batch = _checker({"five": 5, "six": 6, "seven": 7})
+    assert [c.checked for c in select(made, 0, check_batch)] == [None] * 3 and seen == []
+
+
+def test_a_tp_degree_that_does_not_fit_is_skipped_with_its_reason() -> None:
+    from studies.plan import fitting
+
+    made = [Candidate(RunConfig(policy="sarathi", model="mixtral-8x7b", gpu="h100", tp=tp), f"tp={tp}")
+            for tp in (1, 2)]
+    fit, unfit = fitting(made)
+    assert [c.label for c in fit] == ["tp=2"]
+    ((reason, skipped),) = unfit.items()
+    assert [c.label for c in skipped] == ["tp=1"]
+    assert "mixtral-8x7b does not fit on h100 with tp=1: each GPU needs 89.0 GiB" in reason
+    with pytest.raises(InputError, match="^none of the 1 configurations fits its GPUs: mixtral-8x7b"):
+        fitting(made[:1])
+
+
+def test_nothing_fitting_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _cli(capsys, "plan", "--model", "mixtral-8x7b", "--gpu", "h100,a100-80gb", "--tp", "1",
+                     "--policy", "vllm", "--pd-splits", "none", "--slo", "p99_tbt=0.1", "--rate", "5")
+    assert code == 2 and err.count("\n") == 0
+    assert "none of the 2 configurations fits its GPUs: mixtral-8x7b does not fit on h100 with tp=1" in err
+
+
+def test_a_plan_goes_on_without_the_tp_that_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    from simctl.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--model", "mixtral-8x7b", "--gpu", "h100", "--tp", "1,2", "--policy", "sarathi",
+              "--token-budget", "512", "--pd-splits", "none", "--trace", "sharegpt", "--slo", "p99_tbt=0.1",
+              "--rate", "2", "--num-requests", "100", "--workers", "1", "--checks", "1"])
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert e.value.code in (0, None)
+    assert "skipped 1 configuration (sarathi tp=1): mixtral-8x7b does not fit on h100 with tp=1" in out
+    assert "searching 1 configurations" in out and "answer: sarathi tp=2" in out
+
+
+def test_a_kv_cache_too_small_for_the_longest_request_is_skipped(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Llama-2-13B on the placeholder CPU's roofline: 729 KV slots at --tp 2 (tests/test_misuse.py), more at
+    --tp 4."""
+    import sim.run
+    from studies.plan import fitting
+
+    monkeypatch.setattr(sim.run, "default_cost_path", lambda gpu: None)
+    path = tmp_path / "long.csv"
+    path.write_text("num_prefill_tokens,num_decode_tokens\n2000,10\n")
+    made = [Candidate(RunConfig(policy="vllm", trace=str(path), model="llama-2-13b", gpu="cpu", tp=tp,
+                                num_requests=1), f"tp={tp}") for tp in (2, 4)]
+    fit, unfit = fitting(made)
+    assert [c.label for c in fit] == ["tp=4"]
+    ((reason, skipped),) = unfit.items()
+    assert [c.label for c in skipped] == ["tp=2"] and "needs 2010 tokens of KV cache" in reason

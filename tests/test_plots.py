@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.figure import Figure
 
 from common.errors import InputError
 from plots.decode_gaps import decode_gaps
@@ -149,3 +150,58 @@ def test_trace_events_are_ordered_and_bounded(folders: dict[str, Path], monkeypa
     cut = json.loads(path.read_text())
     assert sum(e["ph"] == "X" for e in cut["traceEvents"]) == 50 and cut["otherData"]["truncated"]
     one_line_error(cli(capsys, "run", "--num-requests", "30", "--trace-events", tmp_path), "is a folder")
+
+
+# ---- issue 35: figures that read at a glance ---------------------------------------------------------------
+def test_a_window_beyond_the_run_is_one_line_and_writes_nothing(folders: dict[str, Path], tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "tbt.png"
+    one_line_error(cli(capsys, "plot", "tbt", folders["run_vllm"], "--window", "1e6:2e6", "--out", png),
+                   "no token in --window 1e+06:2e+06", "its tokens were sampled from")
+    assert not png.exists()
+
+
+def _point(policy: str, qps: float, tpot: float, **more: object) -> dict[str, object]:
+    return {"policy": policy, "trace": "sharegpt", "model": "mistral-7b", "gpu": "a100-80gb", "tp": 1,
+            "qps": qps, "tpot_p50": tpot, "throughput_tokens_per_s": 100 * qps, "sustainable": True, **more}
+
+
+def _lines(fig: Figure) -> dict[str, np.ndarray]:
+    """Each legend entry's x data (the markers of its sustainable runs)."""
+    ax = fig.axes[0]
+    return {str(h.get_label()): np.asarray(h.get_xdata()) for h in ax.get_lines()
+            if not str(h.get_label()).startswith("_")}
+
+
+def test_pareto_of_a_capacity_and_a_sweep_names_every_line_and_runs_along_x() -> None:
+    from plots.across_runs import pareto_figure
+
+    # a capacity search's probes name their configuration; a sweep's rows (two traces) do not
+    cap = [_point("vllm", q, t, config="vllm", slo="strict") for q, t in ((1.5, 0.02), (4, 0.05), (3, 0.03))]
+    sweep = [_point(p, q, t, trace=trace) for p in ("vllm", "sarathi") for trace in ("sharegpt", "arxiv")
+             for q, t in ((0.5, 0.02), (1.0, 0.025), (2.0, 0.022))]
+    fig = pareto_figure(pd.DataFrame(cap + sweep))
+    lines = _lines(fig)
+    assert sorted(lines) == ["sarathi / arxiv", "sarathi / sharegpt", "vllm / arxiv", "vllm / sharegpt"]
+    assert all((np.diff(x) >= 0).all() for x in lines.values())
+    assert len(lines["vllm / sharegpt"]) == 6  # the capacity's probes and the sweep's runs on one setup
+
+
+def test_a_plans_many_lines_have_distinct_styles_and_labels_that_do_not_overlap() -> None:
+    from plots.across_runs import pareto_figure
+
+    names = [(p, f"{p} {s}") for p in ("vllm", "vllm-v1", "sarathi") for s in ("a", "b", "c", "d", "e", "f")]
+    points = pd.DataFrame([_point(p, q, 0.01 * q + 0.001 * i, config=name, slo_met=True)
+                           for i, (p, name) in enumerate(names) for q in (1.0, 2.0, 3.0)])
+    chosen = [(f"choice {k}", 1 / (0.03 + 0.0001 * k), 300.0 - k) for k in range(5)]  # nearly one point
+    fig = pareto_figure(points, chosen)
+    ax = fig.axes[0]
+    styles = {(h.get_color(), h.get_marker()) for h in ax.get_lines()
+              if not str(h.get_label()).startswith("_")}
+    assert len(styles) == len(names) == 18
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    boxes = [Text.get_window_extent(t) for t in ax.texts if t.get_text().startswith("#")]  # no leader line
+    assert len(boxes) == 5
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
