@@ -1,0 +1,40 @@
+"""What the commands print for a person (issue 35, "the reason on screen"): the SLO attainment and goodput of
+`run`, the GPUs of a cluster, the limit that bound each capacity, the median of seeds, why `validate` cannot
+run a load. In-process through `simctl.cli.main`, whose exit and output are what a user sees."""
+
+from __future__ import annotations
+
+import pytest
+
+from simctl.cli import main
+
+pytestmark = pytest.mark.unit
+
+
+def simctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `simctl ARGS` run in this process."""
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, " ".join(out.split()), err  # the table's wrapping depends on the width
+
+
+def test_run_prints_attainment_and_goodput(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = simctl(capsys, "run", "--trace", "sharegpt", "--num-requests", "100", "--slo",
+                          "ttft=1,p99_tbt=0.1", "--goodput", "ttft:500,tpot:50")
+    assert code == 0
+    assert "SLO met (P99 TBT <= 0.1 s, TTFT <= 1 s for >= 90% of requests" in out
+    assert "attainment 100.0% of requests within the per-request limits" in out
+    assert "goodput 0.4" in out and "meeting ttft:500 tpot:50 (ms)" in out
+
+
+def test_cluster_headers_count_every_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = simctl(capsys, "run", "--trace", "sharegpt", "--num-requests", "100", "--replicas", "2",
+                          "--tp", "2")
+    assert code == 0 and "a100-80gb x4 (2 replicas of TP2)" in out
+    code, out, _ = simctl(capsys, "run", "--trace", "sharegpt", "--num-requests", "100",
+                          "--prefill-instances", "1", "--decode-instances", "2", "--kv-link-gbps", "100")
+    assert code == 0 and "a100-80gb x3 (1P2D)" in out
