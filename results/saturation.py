@@ -8,12 +8,15 @@ offered vs served rate. It refines `results.metrics.unsustainable_reason` and ne
   requests waiting on average (a standing queue: the same noise margin as the sustainability rules), or the
   replica served under 80% of the offered rate (served: completions per second between the first and the
   last completion, which a queue stretches);
-- too short to judge: no queue built up, but the run is too short for the served rate to mean anything:
-  fewer than 16 requests (no trend can show), or arrivals that span less than 4x the P99 service time (first
-  scheduled to last token). A stable run's completions span its arrivals plus the service time of the last
-  requests, so a long-output tail alone can stretch them by 1/0.8 - 1 = 1/4 of the arrivals' span, which is
-  what the 80% rule would call a backlog (e.g. 50 ShareGPT requests at 2 QPS: 25 s of arrivals, 20 s
-  requests, a queue never above 2). The factor 4 is SERVED_SHARE / (1 - SERVED_SHARE), not a tuned number;
+- too short to judge: the served-rate rule fired, but the run is too short for it to mean anything: fewer
+  than 16 requests, or arrivals that span less than 4x the P99 service time (first scheduled to last token).
+  A stable run's completions span its arrivals plus the service time of the last requests, so a long-output
+  tail alone can stretch them by 1/0.8 - 1 = 1/4 of the arrivals' span, which is what the 80% rule calls a
+  backlog (e.g. 50 ShareGPT requests at 2 QPS: 23 s of arrivals, 22 s requests, a queue never above 2). The
+  factor 4 is SERVED_SHARE / (1 - SERVED_SHARE), not a tuned number. Only that rule's verdict is withheld:
+  an observed queue is a backlog however short the run, and a short run that shows nothing wrong stays
+  stable, so every verdict the rule did not give (the goldens') is unchanged. A capacity search counts it as
+  a miss, as it did the backlog (`results.slo`: the probe needs more requests);
 - stable: none of these.
 """
 
@@ -54,8 +57,8 @@ def too_short(arrivals: np.ndarray, service_s: np.ndarray) -> str | None:
 
 def verdict(queue_at_arrival: np.ndarray, offered_qps: float | None, served_rps: float | None,
             unsustainable: str | None, short: str | None = None) -> tuple[str, str | None]:
-    """(verdict, why) for a run; `why` is None for a stable run. `short`: why the run is too short to judge
-    (`too_short`), None for a run long enough."""
+    """(verdict, why) for a run; `why` is None for a stable run. `short`: why the run is too short for the
+    served-rate rule (`too_short`), None for a run long enough."""
     if unsustainable is not None:
         return OVERLOADED, unsustainable
     q = queue_at_arrival
@@ -69,8 +72,7 @@ def verdict(queue_at_arrival: np.ndarray, offered_qps: float | None, served_rps:
         if standing > STANDING_QUEUE:
             return BACKLOGGED, (f"a standing queue: {standing:.1f} requests waiting on average in the last "
                                 "half")
-    if short is not None:
-        return TOO_SHORT, short
     if offered_qps is not None and served_rps is not None and served_rps < SERVED_SHARE * offered_qps:
-        return BACKLOGGED, f"served {served_rps:.3g} requests/s of {offered_qps:.3g} offered"
+        served = f"served {served_rps:.3g} requests/s of {offered_qps:.3g} offered"
+        return (BACKLOGGED, served) if short is None else (TOO_SHORT, f"{served}, but {short}")
     return STABLE, None

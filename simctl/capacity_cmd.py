@@ -47,7 +47,8 @@ def capacity(
                                                        "apply.")] = 2.0,
     seeds: Annotated[int,
                      typer.Option(help="Searches per policy and SLO, on seeds --seed, --seed + 1, ...: the "
-                                       "capacity is their median, with its spread.")] = 1,
+                                       "capacity is their median (of an even count, the lower middle one: "
+                                       "a rate a search found), with its spread.")] = 1,
     start_qps: Annotated[float, typer.Option(help="First rate probed; doubled or halved to bracket.")] = 1.0,
     workers: Annotated[int | None, typer.Option(help="Processes searching in parallel, one search each "
                                                 "[default: one per core].")] = None,
@@ -139,7 +140,7 @@ def capacity_table(results: list[Any], trace: str, seeds: int, definition: str) 
     spread = seeds > 1
     setups = {(r.config.model, r.config.gpu, r.config.tp) for r in results}
     where = ": {} / {} x{}".format(*next(iter(setups))) if len(setups) == 1 else ""
-    title = f"capacity on {trace}{where}" + (f", median of {seeds} seeds" if spread else "")
+    title = f"capacity on {trace}{where}" + (f", {median_label(seeds)} of {seeds} seeds" if spread else "")
     ats = [r.median_search.at_capacity for r in results]
     refusing = any(at and at.get("rejected") for at in ats)  # the column only where a request was refused
     table = Table(title=escape(title),
@@ -147,9 +148,11 @@ def capacity_table(results: list[Any], trace: str, seeds: int, definition: str) 
                                  f"({DEFINITIONS[definition]}); P99 TBT, P50 TTFT, saturation"
                                  + (", refused" if refusing else "") + ": the run at capacity"
                                  + ("; refused: its requests longer than the max model length"
-                                    if refusing else "")))
+                                    if refusing else "")
+                                 + "; bound by: the limits the next rate probed above the capacity missed"))
     for col in ("config", "SLO", "capacity", *(("min..max",) if spread else ()),
-                "P99 TBT", "P50 TTFT", "saturation", *(("refused",) if refusing else ()), "probes"):
+                "P99 TBT", "P50 TTFT", "saturation", *(("refused",) if refusing else ()), "bound by",
+                "probes"):
         # numbers are never cut: only the two-word headers wrap on a narrow terminal
         table.add_column(col, justify="right", no_wrap=col not in ("P99 TBT", "P50 TTFT"), min_width=6)
     for r, at in zip(results, ats, strict=True):
@@ -162,5 +165,21 @@ def capacity_table(results: list[Any], trace: str, seeds: int, definition: str) 
                       at["saturation"] if at else "-",
                       *(("-" if refused is None else f"{refused / (refused + at['num_requests']):.1%}",)
                         if refusing else ()),
+                      bound_text(r.median_search.bound_by),
                       str(sum(len(s.probes) for s in r.searches.values())))
     return table
+
+
+BOUND_NAMES = {"sustainable": "sustainability", "unfinished": "unfinished requests",
+               "backlogged": "backlog", "sched_delay_p50": "sched delay", "attainment": "attainment"}
+
+
+def bound_text(missed: list[str]) -> str:
+    """The limits that bound a capacity, e.g. "p99_tbt, sched delay"; "-" without a probe above it."""
+    return ", ".join(BOUND_NAMES.get(m, m) for m in missed) or "-"
+
+
+def median_label(seeds: int) -> str:
+    """What the capacity of `seeds` searches is: their median, or for an even count the lower of the two
+    middle ones (a rate a search found, whose run the table shows)."""
+    return "median" if seeds % 2 else "lower median"

@@ -72,6 +72,13 @@ class CapacityResult:
         return None
 
     @property
+    def bound_by(self) -> list[str]:
+        """The limits (`SLO.misses`) that the lowest probe above the capacity missed: what bound it (empty
+        without such a probe)."""
+        above = [p for p in self.probes if not p["slo_met"] and p["qps"] > self.qps]
+        return min(above, key=lambda p: p["qps"])["slo_missed"] if above else []
+
+    @property
     def warnings(self) -> list[str]:
         """The cost model's warnings (a calibration of another GPU or model), which every probe carries."""
         return list(self.probes[0].get("warnings", [])) if self.probes else []
@@ -91,7 +98,8 @@ def search_qps(probe: Callable[[float], dict[str, Any]], slo: SLO, start_qps: fl
     def ok(qps: float) -> bool:
         s = dict(probe(qps))
         s["qps"] = qps
-        s["slo_met"] = slo.met(s)
+        s["slo_missed"] = slo.misses(s)
+        s["slo_met"] = not s["slo_missed"]
         probes.append(s)
         return s["slo_met"]
 

@@ -38,8 +38,9 @@ def test_too_short_to_judge() -> None:
     flat = np.ones(50, dtype=np.int64)
     short = too_short(arrivals, np.full(50, 20.0))
     # a served-rate shortfall of a short run is no backlog; an observed queue still is, and overload wins
-    assert verdict(flat, 2.0, 1.25, None, short) == (TOO_SHORT, short)
-    assert verdict(flat, 2.0, 2.0, None, short) == (TOO_SHORT, short)
+    assert verdict(flat, 2.0, 1.25, None, short) == (TOO_SHORT,
+                                                     f"served 1.25 requests/s of 2 offered, but {short}")
+    assert verdict(flat, 2.0, 2.0, None, short) == (STABLE, None)  # nothing wrong seen: stable
     assert verdict(np.full(50, 9), 2.0, 1.25, None, short)[0] == BACKLOGGED
     assert verdict(flat, 2.0, 0.5, "gave up", short)[0] == OVERLOADED
 
