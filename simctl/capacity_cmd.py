@@ -24,6 +24,7 @@ SLO_HELP = ("SLO limits, key=seconds, comma-separated or repeated: p50/p90/p99 o
             "(e.g. p99_tbt=0.1,p50_ttft=2: that percentile of the run within the limit), or plain ttft, tbt "
             "(a request's largest gap), tpot, e2e: per-request limits that a share --attainment of the "
             "requests must meet (DistServe's goodput).")
+DEFAULT_PROBE_REQUESTS = 1000
 TABLE3_HELP = (" Default: two searches, Sarathi-Serve's strict and relaxed P99 TBT SLOs (Table 3: 5x and 25x "
                "one decode iteration of 32 requests with 4k-token contexts on this model/GPU/TP), printed.")
 
@@ -31,7 +32,9 @@ TABLE3_HELP = (" Default: two searches, Sarathi-Serve's strict and relaxed P99 T
 def capacity(
     policies: PolicyLists = PolicyLists(policy="vllm,sarathi"),
     workload: Workload = Workload(),
-    num_requests: Annotated[int, typer.Option(help="Requests per probed run.")] = 1000,
+    num_requests: Annotated[int | None, typer.Option(help=(
+        f"Requests per probed run [default: {DEFAULT_PROBE_REQUESTS}, or every row of a trace file that has "
+        "fewer].")), ] = None,
     deployment: Deployment = Deployment(),
     capacity_definition: Annotated[str, typer.Option(help=(
         "sustainable: a rate whose run is backlogged (a queue that grows, or stands, though the median "
@@ -71,6 +74,8 @@ def capacity(
     from simctl.option_grid import base_config, grid
     from studies.capacity import CapacityConfig
 
+    if num_requests is None:
+        num_requests = probe_requests(workload.trace)
     base = base_config(workload, deployment, start_qps, num_requests)
     combos = grid(base, policies.policy, deployment, policies.settings())
     configs, labels = [c.config for c in combos], [c.label for c in combos]
@@ -85,6 +90,19 @@ def capacity(
         slos, origin = _table3(configs, deployment, max_sched_delay_p50, capacity_definition)
     _search(CapacityConfig(configs, slos, start_qps, workers, seeds, labels), origin, workload.trace,
             capacity_definition, out)
+
+
+def probe_requests(trace: str) -> int:
+    """The default requests per probe: DEFAULT_PROBE_REQUESTS, or a shorter trace file's every row (said on
+    stderr, as the header does not show it)."""
+    from traces import trace_rows
+
+    rows = trace_rows(trace) if trace.strip() else None
+    if rows is None or rows >= DEFAULT_PROBE_REQUESTS:
+        return DEFAULT_PROBE_REQUESTS
+    print(f"simctl: {trace} has {rows} rows: each probe runs all {rows} (--num-requests; "
+          f"{DEFAULT_PROBE_REQUESTS} by default)", file=sys.stderr)
+    return rows
 
 
 def _search(spec: Any, origin: str, trace: str, definition: str, out: Path | None) -> None:

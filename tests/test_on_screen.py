@@ -4,6 +4,8 @@ run a load. In-process through `simctl.cli.main`, whose exit and output are what
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from simctl.cli import main
@@ -47,3 +49,16 @@ def test_capacity_says_what_bound_it_and_which_median(capsys: pytest.CaptureFixt
     assert "lower median of 2 seeds" in out and "bound by" in out
     # both SLOs' capacities (3.438) were bound by a probe too short to tell a backlog: more requests needed
     assert out.count("3.438") >= 2 and "too short" in out
+
+
+def test_capacity_of_a_short_trace_file_probes_its_rows(capsys: pytest.CaptureFixture[str],
+                                                        tmp_path: Path) -> None:
+    """Issue 35: `capacity --trace my.csv` of 300 rows failed on its default of 1,000 requests per probe."""
+    trace = tmp_path / "my.csv"
+    trace.write_text("num_prefill_tokens,num_decode_tokens\n"
+                     + "".join(f"{100 + 7 * i % 900},{20 + 3 * i % 300}\n" for i in range(300)))
+    code, out, err = simctl(capsys, "capacity", "--policy", "sarathi", "--trace", str(trace), "--slo",
+                            "p99_tbt=0.1", "--workers", "1")
+    assert code == 0, err
+    assert f"simctl: {trace} has 300 rows: each probe runs all 300" in err
+    assert "capacity on" in out
