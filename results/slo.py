@@ -1,6 +1,7 @@
 """Service-level objectives a run must meet, and the grammar users write them in.
 
-`--slo` takes comma-separated `key=seconds` items, and may be repeated:
+`--slo` takes comma-separated `key=seconds` items (or with a unit: `p99_tbt=100ms`, `ttft=2s`), and may be
+repeated:
 
 - `{p50,p90,p99}_{ttft,tbt,tpot,e2e}`: that percentile of the run is at or under the limit (`p99_tbt=0.1`);
   TBT percentiles pool every gap of every request, as Sarathi-Serve reports P99 TBT.
@@ -29,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from common.checks import is_number
+from common.durations import seconds_of
 from common.errors import InputError
 from costs.base import CostModel
 from policies.plan import hybrid
@@ -189,10 +191,10 @@ def parse_slo(values: list[str], attainment: float | None = None,
             if key not in PERCENTILE_KEYS and key not in METRICS:
                 raise InputError(f"--slo {value!r}: unknown key {key!r}; known: {_known_keys()}")
             try:
-                seconds = float(text)
+                seconds = seconds_of(text, "s")
             except ValueError:
-                raise InputError(
-                    f"--slo {value!r}: {key}'s limit {text!r} is not a number of seconds") from None
+                raise InputError(f"--slo {value!r}: {key}'s limit {text!r} is not a number of seconds (or "
+                                 "of milliseconds with ms, e.g. 100ms)") from None
             target = per_request if key in METRICS else percentiles
             if key in target:
                 raise InputError(f"--slo: {key} is given twice")

@@ -20,10 +20,10 @@ from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
 from simctl.usage_errors import note_replaced, warn_all
 
-SLO_HELP = ("SLO limits, key=seconds, comma-separated or repeated: p50/p90/p99 of ttft, tbt, tpot or e2e "
-            "(e.g. p99_tbt=0.1,p50_ttft=2: that percentile of the run within the limit), or plain ttft, tbt "
-            "(a request's largest gap), tpot, e2e: per-request limits that a share --attainment of the "
-            "requests must meet (DistServe's goodput).")
+SLO_HELP = ("SLO limits, key=seconds (or with a unit: p99_tbt=100ms), comma-separated or repeated: "
+            "p50/p90/p99 of ttft, tbt, tpot or e2e (e.g. p99_tbt=0.1,p50_ttft=2: that percentile of the run "
+            "within the limit), or plain ttft, tbt (a request's largest gap), tpot, e2e: per-request limits "
+            "that a share --attainment of the requests must meet (DistServe's goodput).")
 DEFAULT_PROBE_REQUESTS = 1000
 TABLE3_HELP = (" Default: two searches, Sarathi-Serve's strict and relaxed P99 TBT SLOs (Table 3: 5x and 25x "
                "one decode iteration of 32 requests with 4k-token contexts on this model/GPU/TP), printed.")

@@ -167,3 +167,21 @@ def test_what_bound_a_capacity() -> None:
     assert 1.9 < result.qps <= 2.0 and result.bound_by == ["p99_tbt"]
     assert search_qps(lambda q: _summary(sched_delay_p50=q), slo).bound_by == ["sched_delay_p50"]
     assert CapacityResult(1.0, [{"qps": 1.0, "slo_met": True}]).bound_by == []  # nothing probed above
+
+
+def test_limits_with_units() -> None:
+    """Issue 35: --slo took seconds and --goodput milliseconds in one command; a unit now reads the same in
+    both, and a plain number keeps its option's unit."""
+    from results.vllm_bench import parse_goodput
+
+    assert parse_slo(["p99_tbt=100ms,ttft=2s,tpot=0.05"]) == SLO({"p99_tbt": 0.1},
+                                                                 {"ttft": 2.0, "tpot": 0.05})
+    assert parse_goodput(["ttft:0.5s,tpot:50ms,e2el:2000"]).limits_ms == {"ttft": 500.0, "tpot": 50.0,
+                                                                          "e2el": 2000.0}
+    assert parse_goodput(["ttft:100ms"]).slo() == parse_slo(["ttft=100ms"])
+    for bad, option in ((["p99_tbt=fast"], parse_slo), (["p99_tbt=ms"], parse_slo),
+                        (["ttft:5h"], parse_goodput)):
+        with pytest.raises(InputError, match="is not a number"):
+            option(bad)
+    with pytest.raises(InputError, match="positive"):
+        parse_slo(["p99_tbt=-5ms"])
