@@ -85,9 +85,10 @@ def fmt(v: float | None) -> str:
 
 
 @contextmanager
-def progress_bar(what: str) -> Iterator[Callable[[int, int], None] | None]:
-    """A progress bar on stderr while it is a terminal, fed (done, total); None where nobody would see it."""
-    if not sys.stderr.isatty():
+def progress_bar(what: str, shown: bool = True) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr while it is a terminal, fed (done, total); None where nobody would see it,
+    or where the command is not `shown` a bar (its --json output is for a program)."""
+    if not shown or not sys.stderr.isatty():
         yield None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -96,6 +97,21 @@ def progress_bar(what: str) -> Iterator[Callable[[int, int], None] | None]:
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(what, total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def ticker(report: Callable[[int, int], None] | None, total: int) -> Callable[[], None]:
+    """A function to call after each of `total` steps that feeds a progress bar's `report` (None: nothing)."""
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if report is not None:
+            report(done, total)
+
+    if report is not None:
+        report(0, total)
+    return tick
 
 
 def print_cluster(summary: dict[str, Any]) -> None:

@@ -122,7 +122,7 @@ def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, time
         check_out_dir(out, files)
     if trace_events is not None:
         check_trace_path(trace_events)
-    with progress_bar(f"{config.policy}: requests arrived") as report:
+    with progress_bar(f"{config.policy}: requests arrived", shown=not as_json) as report:
         result = run(config, cluster, progress=report, timeline=timeline)
     result.summary = with_attainment(result.summary, result.result.requests, slo)
     result.summary = with_goodput(result.summary, result.result.requests, goodput)

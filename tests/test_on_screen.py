@@ -4,6 +4,7 @@ run a load. In-process through `simctl.cli.main`, whose exit and output are what
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,56 @@ def test_capacity_of_a_short_trace_file_probes_its_rows(capsys: pytest.CaptureFi
     assert code == 0, err
     assert f"simctl: {trace} has 300 rows: each probe runs all 300" in err
     assert "capacity on" in out
+
+
+def test_validate_says_why_its_cells_are_na(tmp_path: Path) -> None:
+    """Issue 35: `validate --loads 5` printed every cell n/a with no reason (both runs gave up at 5x the
+    capacity, having completed nothing)."""
+    from results.validation_report import METRICS, ValidationReport, markdown, unavailable
+
+    def row(load: float, completed: int) -> dict:
+        values = {f"{m}{end}": None if not completed else 1.0 for m in METRICS
+                  for end in ("_real", "_sim", "_err_pct", "_adj_err_pct", "_real_min", "_real_max")}
+        return {"policy": "vllm", "load": load, "qps": 81.0 * load, "real_completed": completed,
+                "sim_completed": completed, "real_sustainable": bool(completed),
+                "sim_sustainable": bool(completed), "busy_ratio_real_over_repriced": 1.0,
+                "identical_requests": True, **values}
+
+    gave_up, fine = row(5.0, 0), row(0.5, 100)
+    assert unavailable(fine) is None
+    assert unavailable(gave_up).startswith("the real run and its twin completed no request at 5x the "
+                                           "simulated capacity (405 QPS) (overloaded")
+    config = {"model": "tiny", "dtype": "float32", "threads": 2, "trace": "sharegpt", "scale": 0.05,
+              "num_requests": 100, "seed": 0, "cost": "c", "slo_text": "s", "loadavg_start": 1,
+              "date": "d"}
+    text = markdown(ValidationReport(config, [fine, gave_up], {}, [], tmp_path))
+    assert "Why the cells are n/a:\n- vllm at load 5: the real run and its twin completed no request" in text
+    assert "vllm at load 0.5" not in text
+
+
+@pytest.mark.parametrize(("command", "points"), [
+    (["query-set", "--set", "short", "--batch-size", "2,4", "--policy", "hf-padded,baton"], 4),
+    (["prefill-bench", "--lengths", "mmlu", "--batch-size", "8,16", "--prompts", "32"], 6),
+])
+def test_long_commands_report_progress(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                       command: list[str], points: int) -> None:
+    """Issue 35: `query-set --real` printed nothing for 170 s, `prefill-bench --real` ran 80 s without a word:
+    both feed a progress bar point by point (on stderr, a terminal's only), none with --json."""
+    import contextlib
+    import importlib
+
+    module = importlib.import_module(f"simctl.{command[0].replace('-', '_')}_cmd")
+    seen: list[tuple[bool, list[tuple[int, int]]]] = []
+
+    @contextlib.contextmanager
+    def recorded(what: str, shown: bool = True) -> Iterator[Callable[[int, int], None]]:
+        reports: list[tuple[int, int]] = []
+        seen.append((shown, reports))
+        yield lambda done, total: reports.append((done, total))
+
+    monkeypatch.setattr(module, "progress_bar", recorded)
+    assert simctl(capsys, *command)[0] == 0
+    assert simctl(capsys, *command, "--json")[0] == 0
+    (shown, reports), (shown_json, _) = seen
+    assert shown and not shown_json
+    assert reports == [(i, points) for i in range(points + 1)]
