@@ -116,3 +116,17 @@ def test_long_commands_report_progress(capsys: pytest.CaptureFixture[str], monke
     (shown, reports), (shown_json, _) = seen
     assert shown and not shown_json
     assert reports == [(i, points) for i in range(points + 1)]
+
+
+def test_list_shows_the_efficiencies_runs_use(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 35: `list` said mfu 0.7 / mbu 0.75 while the A100's runs use its measured 0.757 / 0.819."""
+    from catalogue.models import get_model
+    from costs.roofline import DEFAULT_MBU, DEFAULT_MFU, Roofline
+
+    code, out, _ = simctl(capsys, "list")
+    out = " ".join(out.replace("│", " ").split())  # a wrapped cell's lines, joined
+    assert code == 0
+    for gpu in ("a100-80gb", "h100", "a40"):
+        r = Roofline(get_model("mistral-7b"), gpu)
+        assert f"{gpu} {r.mfu:g}/{r.mbu:g}" in out
+    assert f"{DEFAULT_MFU:g}/{DEFAULT_MBU:g} on the other GPUs" in out
