@@ -130,3 +130,21 @@ def test_list_shows_the_efficiencies_runs_use(capsys: pytest.CaptureFixture[str]
         r = Roofline(get_model("mistral-7b"), gpu)
         assert f"{gpu} {r.mfu:g}/{r.mbu:g}" in out
     assert f"{DEFAULT_MFU:g}/{DEFAULT_MBU:g} on the other GPUs" in out
+
+
+def test_readme_arxiv_examples_serve_most_requests(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 35: the README's `--trace arxiv --model llama-2-70b` refused 77% of its requests (longer than
+    4,096 positions). Every README `simctl run` on arxiv with a model serves most of them (200 requests)."""
+    import json
+    import shlex
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    lines = [line.split("#")[0] for line in readme.splitlines()
+             if line.startswith("simctl run ") and "--trace arxiv" in line and "--model" in line]
+    assert lines
+    for line in lines:
+        args = [a for a in shlex.split(line)[1:] if a != "--json"]
+        code, out, err = simctl(capsys, *args, "--num-requests", "200", "--json")
+        assert code == 0, err
+        summary = json.loads(out)
+        assert summary.get("rejected", 0) < summary["num_requests"] / 2, line
