@@ -239,6 +239,12 @@ class Capacity:
         return list(dict.fromkeys(w for r in self.searches.values() for w in r.warnings))
 
 
+def probe_row(probe: dict[str, Any], drop: tuple[str, ...] = ("warnings",)) -> dict[str, Any]:
+    """A probe as a row of probes.parquet: its summary but `drop`, the limits it missed comma-separated
+    (`slo_missed`, one string per row as a table's column holds)."""
+    return {**{k: v for k, v in probe.items() if k not in drop}, "slo_missed": ",".join(probe["slo_missed"])}
+
+
 def capacity_warnings(results: list[Capacity]) -> list[str]:
     """Every search's cost-model warnings, each once (the searches share the cost model)."""
     return list(dict.fromkeys(w for r in results for w in r.warnings))

@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from results.output import json_text, write_files
-from studies.capacity import Capacity, CapacityConfig, capacity_warnings
+from studies.capacity import Capacity, CapacityConfig, capacity_warnings, probe_row
 
 CAPACITY_FILES = ("probes.parquet", "capacity.png", "capacity.json")
 SETUP_KEYS = ("trace", "model", "gpu", "tp")
@@ -43,8 +43,7 @@ def probes_frame(results: list[Capacity]) -> pd.DataFrame:
     """Every probe of every search (the run's summary, `qps`, `slo_met`, the limits it missed as
     `slo_missed`, comma-separated, and the SLO's name as `slo`); the cost model's warnings, the same in every
     probe, are in capacity.json."""
-    return pd.DataFrame([{**{k: v for k, v in p.items() if k != "warnings"},
-                          "slo_missed": ",".join(p["slo_missed"])} for r in results for p in r.probes])
+    return pd.DataFrame([probe_row(p) for r in results for p in r.probes])
 
 
 def write_capacity(out: Path, spec: CapacityConfig, results: list[Capacity], slo_origin: str,
