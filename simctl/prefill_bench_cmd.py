@@ -187,9 +187,9 @@ def _print(frame, summary: dict) -> None:
                      f"estimated; max batch: the largest (of {summary['prompts']}) whose prefills fit"
                      + (f"; real first ms: the mean of the first {summary['real_batches']} prefills measured "
                         "on this machine (each the median of --repeats); pred. first ms: those same "
-                        "prefills priced; error: pred. first over real first. A few batches are a small "
-                        "sample: which prompts fill them changes with the batch size, and their times with "
-                        "them (hf-padded pads every prompt to the longest)"
+                        "prefills priced; error: pred. first over real first. A few prefills are a small "
+                        "sample: their prompts change with the batch size (hf-padded pads every one to the "
+                        "longest), and a burst of other work on the machine moves a whole point"
                         if summary["real"]
                         else ""))
     for r in frame.to_dict("records"):
