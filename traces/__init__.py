@@ -1,8 +1,14 @@
 """Request traces: seeded arrival processes, length profiles fitted to published data, and file loaders."""
 
 from traces.arrivals import gamma_arrivals, poisson_arrivals
-from traces.build import (ARRIVAL_PROCESSES, build_trace, has_arrival_times, is_profile, trace_max_total_tokens,
-                          trace_rows)
+from traces.build import (
+    ARRIVAL_PROCESSES,
+    build_trace,
+    has_arrival_times,
+    is_profile,
+    trace_max_total_tokens,
+    trace_rows,
+)
 from traces.lengths import PROFILES, LengthProfile, get_profile, sample_lengths
 from traces.loaders import LoadedTrace, load_trace_file
 from traces.request import Request
