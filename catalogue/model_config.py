@@ -1,14 +1,16 @@
 """A model shape (`catalogue.models.ModelSpec` fields) read from a Hugging Face `config.json` (`--model
-PATH`), for the decoder families whose blocks have the Llama layout: the dense Llama, Mistral, Qwen2 and Yi
-(pre-norm, rotary, GQA attention, SwiGLU MLP), and the mixture-of-experts Mixtral, Qwen2-MoE and Qwen3-MoE
-(the same attention; the MLP of their sparse layers a router, top-k routed SwiGLU experts and Qwen2-MoE's
-shared expert: `catalogue.moe.MoE`), so the roofline, the profiler and the real engine (a random-weight
-`LlamaForCausalLM`, or `MixtralForCausalLM` for an MoE, of that shape) all take it.
+PATH`, or the model's folder that holds it), for the decoder families whose blocks have the Llama layout:
+the dense Llama, Mistral, Qwen2, Qwen3 and Yi (pre-norm, rotary, GQA attention, SwiGLU MLP), and the
+mixture-of-experts Mixtral, Qwen2-MoE and Qwen3-MoE (the same attention; the MLP of their sparse layers a
+router, top-k routed SwiGLU experts and Qwen2-MoE's shared expert: `catalogue.moe.MoE`), so the roofline,
+the profiler and the real engine (a random-weight `LlamaForCausalLM`, or `MixtralForCausalLM` for an MoE,
+of that shape) all take it.
 
 What a `ModelSpec` keeps is read from the file's `transformers` field names; what it leaves out is small:
-Qwen2's QKV biases, Qwen3's QK norms, Mistral's sliding window (as the catalogue's mistral-7b), norms and
-rotary tables. DeepSeek-V2/V3 are refused: their multi-head latent attention caches a compressed latent per
-token and folds projections into the attention, which neither cost model nor the engine builds.
+Qwen2's QKV biases, Qwen3's QK norms (dense and MoE alike: an RMSNorm over each head's query and key,
+elementwise work of head_dim values per head), Mistral's sliding window (as the catalogue's mistral-7b),
+norms and rotary tables. DeepSeek-V2/V3 are refused: their multi-head latent attention caches a compressed
+latent per token and folds projections into the attention, which neither cost model nor the engine builds.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from common.checks import is_int
 from common.errors import InputError
 from common.files import read_text
 
-DENSE_TYPES = ("llama", "mistral", "qwen2", "yi")
+DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "yi")
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 MODEL_TYPES = DENSE_TYPES + MOE_TYPES
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "YiForCausalLM",
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                 "YiForCausalLM",
                  "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size",
             "num_experts_per_tok")
@@ -35,11 +38,21 @@ GATED_ACTIVATIONS = ("silu", "swish")
 
 
 def is_config_path(name: str) -> bool:
-    """Whether a --model value names a config file rather than a catalogue entry."""
-    return str(name).endswith(".json") or Path(str(name)).is_file()
+    """Whether a --model value names a config file, or a model's folder (which holds its config.json, as a
+    downloaded model does), rather than a catalogue entry."""
+    return str(name).endswith(".json") or Path(str(name)).is_file() or Path(str(name)).is_dir()
+
+
+def config_file(name: str) -> Path:
+    """The config.json a --model value names: the file itself, or the one in the folder it names."""
+    path = Path(str(name))
+    return path / "config.json" if path.is_dir() else path
 
 
 def _read(path: Path) -> dict[str, Any]:
+    if path.name == "config.json" and not path.is_file() and path.parent.is_dir():
+        raise InputError(f"--model {path.parent}: the folder holds no config.json (a model's folder, as "
+                         "Hugging Face downloads it, does)")
     text = read_text(path, f"--model {path}")
     try:
         data = json.loads(text)
@@ -119,7 +132,7 @@ def _checked(path: Path, build: Callable[[], MoE]) -> MoE:
 def read_model_config(name: str) -> dict[str, Any]:
     """The `catalogue.models.ModelSpec` fields of a config.json; InputError (one line) for a file that is
     missing, not JSON, of a family or attention it cannot model, or with missing or inconsistent shapes."""
-    path = Path(name)
+    path = config_file(name)
     c = _read(path)
     _check_family(path, c)
     hidden = _positive(path, c, "hidden_size")

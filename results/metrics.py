@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from results.run_result import SimResult
-from results.saturation import served_rate, verdict
+from results.saturation import served_rate, too_short, verdict
 from results.vllm_bench import summary_block
 
 PCTS = (50, 90, 99)
@@ -90,7 +90,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
     throughput = len(done) / makespan if makespan > 0 else 0.0
     offered = _offered_rate(req["arrival_s"].to_numpy())
     reason = unsustainable_reason(result.queue_at_arrival, len(req), result.aborted, offered, throughput)
-    saturation, saturation_reason = verdict(result.queue_at_arrival, offered, served_rate(end), reason)
+    short = too_short(req["arrival_s"].to_numpy(), end - done["first_scheduled_s"].to_numpy())
+    saturation, saturation_reason = verdict(result.queue_at_arrival, offered, served_rate(end), reason, short)
     summary = {
         "num_requests": len(req),
         "completed": len(done),

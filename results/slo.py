@@ -1,6 +1,7 @@
 """Service-level objectives a run must meet, and the grammar users write them in.
 
-`--slo` takes comma-separated `key=seconds` items, and may be repeated:
+`--slo` takes comma-separated `key=seconds` items (or with a unit: `p99_tbt=100ms`, `ttft=2s`), and may be
+repeated:
 
 - `{p50,p90,p99}_{ttft,tbt,tpot,e2e}`: that percentile of the run is at or under the limit (`p99_tbt=0.1`);
   TBT percentiles pool every gap of every request, as Sarathi-Serve reports P99 TBT.
@@ -28,11 +29,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from common.checks import is_number
+from common.durations import seconds_of
 from common.errors import InputError
 from costs.base import CostModel
 from policies.plan import hybrid
 from policies.seq import Seq
-from results.saturation import BACKLOGGED
+from results.saturation import BACKLOGGED, TOO_SHORT
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -88,22 +90,33 @@ class SLO:
     def met(self, s: Mapping[str, Any]) -> bool:
         """Whether a run's summary meets every limit. A summary without `slo_attainment` cannot be judged
         against per-request limits: that is a caller's bug (see the module docstring), not a miss."""
-        if not s["sustainable"] or s["completed"] < s["num_requests"]:
-            return False
-        if self.definition == SUSTAINABLE and s.get("saturation") == BACKLOGGED:
-            return False
+        return not self.misses(s)
+
+    def misses(self, s: Mapping[str, Any]) -> list[str]:
+        """The limits a run's summary misses, by name: `sustainable`, `unfinished` (requests not completed),
+        `backlogged`, `too short` (to tell whether it is backlogged), `sched_delay_p50`, a percentile key
+        (`p99_tbt`) or `attainment`; empty when it meets them all. What bound a capacity is what the probe
+        just above it missed."""
+        if not s["sustainable"]:
+            return ["sustainable"]
+        missed = []
+        if s["completed"] < s["num_requests"]:
+            missed.append("unfinished")
+        if self.definition == SUSTAINABLE and s.get("saturation") in (BACKLOGGED, TOO_SHORT):
+            missed.append("backlogged" if s["saturation"] == BACKLOGGED else "too short")  # to tell it is not
         delay = s["sched_delay_p50"]
         if delay is None or delay > self.sched_delay_p50_s:
-            return False
+            missed.append("sched_delay_p50")
         for key, limit in self.percentiles.items():
             value = s[summary_key(key)]
             if value is None or value > limit:
-                return False
+                missed.append(key)
         if self.per_request:
             if "slo_attainment" not in s:
                 raise ValueError("per-request SLO limits need the summary's slo_attainment (SLO.attainment)")
-            return s["slo_attainment"] >= self.attainment
-        return True
+            if s["slo_attainment"] < self.attainment:
+                missed.append("attainment")
+        return missed
 
     def attainment_of(self, requests: pd.DataFrame, refused: int = 0) -> float:
         """The share of requests meeting every per-request limit (1.0 without any); a request that never
@@ -180,10 +193,10 @@ def parse_slo(values: list[str], attainment: float | None = None,
             if key not in PERCENTILE_KEYS and key not in METRICS:
                 raise InputError(f"--slo {value!r}: unknown key {key!r}; known: {_known_keys()}")
             try:
-                seconds = float(text)
+                seconds = seconds_of(text, "s")
             except ValueError:
-                raise InputError(
-                    f"--slo {value!r}: {key}'s limit {text!r} is not a number of seconds") from None
+                raise InputError(f"--slo {value!r}: {key}'s limit {text!r} is not a number of seconds (or "
+                                 "of milliseconds with ms, e.g. 100ms)") from None
             target = per_request if key in METRICS else percentiles
             if key in target:
                 raise InputError(f"--slo: {key} is given twice")

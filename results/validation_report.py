@@ -181,7 +181,21 @@ def _latency_table(report: ValidationReport) -> list[str]:
         lines.append(_row([r["policy"], f"{r['load']:g}", f"{r['qps']:.3g}"]
                           + [f"{_fmt_value(m, r[f'{m}_real'])} / {_fmt_value(m, r[f'{m}_sim'])} "
                              f"({fmt_err(r[f'{m}_err_pct'])})" for m in METRICS]))
-    return lines
+    why = [f"- {r['policy']} at load {r['load']:g}: {unavailable(r)}" for r in report.rows if unavailable(r)]
+    return lines + (["", "Why the cells are n/a:", *why] if why else [])
+
+
+def unavailable(row: dict[str, Any]) -> str | None:
+    """Why a row's latencies are n/a (a run, real or simulated, that completed no request), or None."""
+    runs = [name for side, name in (("real", "the real run"), ("sim", "its twin"))
+            if row.get(f"{side}_completed") == 0]
+    if not runs:
+        return None
+    gave_up = not row.get("real_sustainable", True) or not row.get("sim_sustainable", True)
+    over = (f" at {row['load']:g}x the simulated capacity ({row['qps']:.3g} QPS)" if row["load"] > 1 else "")
+    return (f"{' and '.join(runs)} completed no request{over}"
+            + (" (overloaded: a run gives up once too many requests wait; loads up to 1 compare latencies)"
+               if gave_up else ""))
 
 
 def _adjusted_table(report: ValidationReport) -> list[str]:

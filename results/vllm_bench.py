@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from common.durations import seconds_of
 from common.errors import InputError
 from results.slo import SLO
 
@@ -114,7 +115,8 @@ class Goodput:
 
 def parse_goodput(values: list[str] | None) -> Goodput | None:
     """vLLM's `--goodput` items, KEY:MS (ttft, tpot, e2el), given as separate values or separated by commas
-    or spaces within one; None when none is given."""
+    or spaces within one, in milliseconds as vLLM's bench takes them, or with a unit (500ms, 0.5s); None
+    when none is given."""
     items = [item for v in values or [] for item in str(v).replace(",", " ").split()]
     if not items:
         return None
@@ -126,9 +128,10 @@ def parse_goodput(values: list[str] | None) -> Goodput | None:
                              f"{', '.join(GOODPUT_KEYS)}, e.g. --goodput ttft:500,tpot:50 (vLLM's bench "
                              "--goodput, in milliseconds)")
         try:
-            ms = float(text)
+            ms = seconds_of(text, "ms") * 1000.0
         except ValueError:
-            raise InputError(f"--goodput {item!r}: {text!r} is not a number of milliseconds") from None
+            raise InputError(f"--goodput {item!r}: {text!r} is not a number of milliseconds (or of seconds "
+                             "with s, e.g. 0.5s)") from None
         if not (ms > 0 and math.isfinite(ms)):
             raise InputError(f"--goodput {item!r}: the limit must be a positive, finite number of "
                              "milliseconds")

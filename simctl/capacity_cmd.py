@@ -3,6 +3,7 @@ grammar), or by default under Sarathi-Serve's strict and relaxed SLOs for the de
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -20,10 +21,11 @@ from simctl.usage_errors import note_replaced, warn_all
 if TYPE_CHECKING:
     from rich.table import Table
 
-SLO_HELP = ("SLO limits, key=seconds, comma-separated or repeated: p50/p90/p99 of ttft, tbt, tpot or e2e "
-            "(e.g. p99_tbt=0.1,p50_ttft=2: that percentile of the run within the limit), or plain ttft, tbt "
-            "(a request's largest gap), tpot, e2e: per-request limits that a share --attainment of the "
-            "requests must meet (DistServe's goodput).")
+SLO_HELP = ("SLO limits, key=seconds (or with a unit: p99_tbt=100ms), comma-separated or repeated: "
+            "p50/p90/p99 of ttft, tbt, tpot or e2e (e.g. p99_tbt=0.1,p50_ttft=2: that percentile of the run "
+            "within the limit), or plain ttft, tbt (a request's largest gap), tpot, e2e: per-request limits "
+            "that a share --attainment of the requests must meet (DistServe's goodput).")
+DEFAULT_PROBE_REQUESTS = 1000
 TABLE3_HELP = (" Default: two searches, Sarathi-Serve's strict and relaxed P99 TBT SLOs (Table 3: 5x and 25x "
                "one decode iteration of 32 requests with 4k-token contexts on this model/GPU/TP), printed.")
 
@@ -31,7 +33,9 @@ TABLE3_HELP = (" Default: two searches, Sarathi-Serve's strict and relaxed P99 T
 def capacity(
     policies: PolicyLists = PolicyLists(policy="vllm,sarathi"),
     workload: Workload = Workload(),
-    num_requests: Annotated[int, typer.Option(help="Requests per probed run.")] = 1000,
+    num_requests: Annotated[int | None, typer.Option(help=(
+        f"Requests per probed run [default: {DEFAULT_PROBE_REQUESTS}, or every row of a trace file that has "
+        "fewer].")), ] = None,
     deployment: Deployment = Deployment(),
     capacity_definition: Annotated[str, typer.Option(help=(
         "sustainable: a rate whose run is backlogged (a queue that grows, or stands, though the median "
@@ -47,7 +51,8 @@ def capacity(
                                                        "apply.")] = 2.0,
     seeds: Annotated[int,
                      typer.Option(help="Searches per policy and SLO, on seeds --seed, --seed + 1, ...: the "
-                                       "capacity is their median, with its spread.")] = 1,
+                                       "capacity is their median (of an even count, the lower middle one: "
+                                       "a rate a search found), with its spread.")] = 1,
     start_qps: Annotated[float, typer.Option(help="First rate probed; doubled or halved to bracket.")] = 1.0,
     workers: Annotated[int | None, typer.Option(help="Processes searching in parallel, one search each "
                                                 "[default: one per core].")] = None,
@@ -70,6 +75,8 @@ def capacity(
     from simctl.option_grid import base_config, grid
     from studies.capacity import CapacityConfig
 
+    if num_requests is None:
+        num_requests = probe_requests(workload.trace)
     base = base_config(workload, deployment, start_qps, num_requests)
     combos = grid(base, policies.policy, deployment, policies.settings())
     configs, labels = [c.config for c in combos], [c.label for c in combos]
@@ -84,6 +91,19 @@ def capacity(
         slos, origin = _table3(configs, deployment, max_sched_delay_p50, capacity_definition)
     _search(CapacityConfig(configs, slos, start_qps, workers, seeds, labels), origin, workload.trace,
             capacity_definition, out)
+
+
+def probe_requests(trace: str) -> int:
+    """The default requests per probe: DEFAULT_PROBE_REQUESTS, or a shorter trace file's every row (said on
+    stderr, as the header does not show it)."""
+    from traces import trace_rows
+
+    rows = trace_rows(trace) if trace.strip() else None
+    if rows is None or rows >= DEFAULT_PROBE_REQUESTS:
+        return DEFAULT_PROBE_REQUESTS
+    print(f"simctl: {trace} has {rows} rows: each probe runs all {rows} (--num-requests; "
+          f"{DEFAULT_PROBE_REQUESTS} by default)", file=sys.stderr)
+    return rows
 
 
 def _search(spec: Any, origin: str, trace: str, definition: str, out: Path | None) -> None:
@@ -145,7 +165,7 @@ def capacity_table(results: list[Any], trace: str, seeds: int, definition: str) 
     spread = seeds > 1
     setups = {(r.config.model, r.config.gpu, r.config.tp) for r in results}
     where = ": {} / {} x{}".format(*next(iter(setups))) if len(setups) == 1 else ""
-    title = f"capacity on {trace}{where}" + (f", median of {seeds} seeds" if spread else "")
+    title = f"capacity on {trace}{where}" + (f", {median_label(seeds)} of {seeds} seeds" if spread else "")
     ats = [r.median_search.at_capacity for r in results]
     refusing = any(at and at.get("rejected") for at in ats)  # the column only where a request was refused
     table = Table(title=escape(title),
@@ -153,9 +173,11 @@ def capacity_table(results: list[Any], trace: str, seeds: int, definition: str) 
                                  f"({DEFINITIONS[definition]}); P99 TBT, P50 TTFT, saturation"
                                  + (", refused" if refusing else "") + ": the run at capacity"
                                  + ("; refused: its requests longer than the max model length"
-                                    if refusing else "")))
+                                    if refusing else "")
+                                 + "; bound by: the limits the next rate probed above the capacity missed"))
     for col in ("config", "SLO", "capacity", *(("min..max",) if spread else ()),
-                "P99 TBT", "P50 TTFT", "saturation", *(("refused",) if refusing else ()), "probes"):
+                "P99 TBT", "P50 TTFT", "saturation", *(("refused",) if refusing else ()), "bound by",
+                "probes"):
         # numbers are never cut: only the two-word headers wrap on a narrow terminal
         table.add_column(col, justify="right", no_wrap=col not in ("P99 TBT", "P50 TTFT"), min_width=6)
     for r, at in zip(results, ats, strict=True):
@@ -168,5 +190,21 @@ def capacity_table(results: list[Any], trace: str, seeds: int, definition: str) 
                       at["saturation"] if at else "-",
                       *(("-" if refused is None else f"{refused / (refused + at['num_requests']):.1%}",)
                         if refusing else ()),
+                      bound_text(r.median_search.bound_by),
                       str(sum(len(s.probes) for s in r.searches.values())))
     return table
+
+
+BOUND_NAMES = {"sustainable": "sustainability", "unfinished": "unfinished requests",
+               "backlogged": "backlog", "sched_delay_p50": "sched delay", "attainment": "attainment"}
+
+
+def bound_text(missed: list[str]) -> str:
+    """The limits that bound a capacity, e.g. "p99_tbt, sched delay"; "-" without a probe above it."""
+    return ", ".join(BOUND_NAMES.get(m, m) for m in missed) or "-"
+
+
+def median_label(seeds: int) -> str:
+    """What the capacity of `seeds` searches is: their median, or for an even count the lower of the two
+    middle ones (a rate a search found, whose run the table shows)."""
+    return "median" if seeds % 2 else "lower median"

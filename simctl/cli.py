@@ -160,9 +160,11 @@ def list_catalogue() -> None:
         ("models", [(n, m.description) for n, m in MODELS.items()]),
         ("gpus", [(n, g.description) for n, g in GPUS.items()]),
         ("cost models", [
-            ("roofline", (f"published specs x efficiencies (mfu {DEFAULT_MFU}, mbu {DEFAULT_MBU}, "
-                         f"attention mfu {DEFAULT_ATTN_MFU}), tile per GPU; "
-                         "step overheads by execution mode:")),
+            ("roofline", ("published specs x efficiencies, mfu/mbu as runs use them: measured "
+                         + ", ".join(f"{n} {g.mfu or DEFAULT_MFU:g}/{g.mbu or DEFAULT_MBU:g}"
+                                     for n, g in GPUS.items() if g.mfu or g.mbu)
+                         + f", {DEFAULT_MFU:g}/{DEFAULT_MBU:g} on the other GPUs; attention mfu "
+                         f"{DEFAULT_ATTN_MFU}; tile per GPU; step overheads by execution mode:")),
             *((f"  {mode}", StepOverheads.defaults(mode, 32).describe() + " for 32 layers")
               for mode in EXECUTION_MODES),
             ("fitted", ("--cost cost_model.json of `simctl fit`: a simctl profile's steps, or operator "

@@ -27,7 +27,7 @@ def print_summary(s: dict) -> None:
 
     console = out_console()
     where = (f"{s.get('device_name', s['gpu'])} (measured)" if s.get("mode") == "real"
-             else f"{s['gpu']} x{s['tp']}")
+             else f"{s['gpu']} x{s.get('gpus', s['tp'])}{_deployment(s)}")
     head = (f"{s.get('vllm_version', s['policy'])} on {s['trace']}: {s['model']} / {where}, "
             f"{fmt_rate(s['offered_qps'])} QPS offered, {s['completed']}/{s['num_requests']} requests"
             + (f", {s['rejected']} refused (longer than {s['max_model_len']} positions)" if s.get("rejected")
@@ -45,6 +45,31 @@ def print_summary(s: dict) -> None:
         f"{s['preemptions']}; {saturation_text(s)}"
         + (f"; served in {s['real_wall_s']:.1f} s" if s.get("mode") == "real"
            else f"; simulated in {s['sim_wall_s']:.2f} s")))
+    for line in judged_lines(s):
+        console.print(escape(line))
+
+
+def _deployment(s: dict) -> str:
+    """How a cluster's GPUs are deployed, e.g. " (2 replicas of TP2)", " (1P2D)"; "" for one replica."""
+    if s.get("prefill_instances"):
+        return f" ({s['prefill_instances']}P{s['decode_instances']}D)"
+    replicas = s.get("replicas") or 1
+    return f" ({replicas} replicas of TP{s['tp']})" if replicas > 1 else ""
+
+
+def judged_lines(s: dict) -> list[str]:
+    """What `--slo` and `--goodput` asked of a run: whether it met the SLO, the share of requests meeting the
+    per-request limits, and vLLM's request goodput."""
+    lines = []
+    if "slo" in s:
+        attained = (f"; attainment {s['slo_attainment']:.1%} of requests within the per-request limits"
+                    if "slo_attainment" in s else "")
+        lines.append(f"SLO {'met' if s['slo_met'] else 'missed'} ({s['slo']}){attained}")
+    bench = s.get("vllm_bench") or {}
+    if "request_goodput" in bench:
+        lines.append(f"goodput {bench['request_goodput']:.3g} requests/s meeting {bench['goodput']} (ms), "
+                     f"of {bench['request_throughput']:.3g} completed per second (vLLM bench's definition)")
+    return lines
 
 
 
@@ -64,9 +89,10 @@ def fmt(v: float | None) -> str:
 
 
 @contextmanager
-def progress_bar(what: str) -> Iterator[Callable[[int, int], None] | None]:
-    """A progress bar on stderr while it is a terminal, fed (done, total); None where nobody would see it."""
-    if not sys.stderr.isatty():
+def progress_bar(what: str, shown: bool = True) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr while it is a terminal, fed (done, total); None where nobody would see it,
+    or where the command is not `shown` a bar (its --json output is for a program)."""
+    if not shown or not sys.stderr.isatty():
         yield None
         return
     from rich.console import Console
@@ -77,6 +103,21 @@ def progress_bar(what: str) -> Iterator[Callable[[int, int], None] | None]:
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(what, total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def ticker(report: Callable[[int, int], None] | None, total: int) -> Callable[[], None]:
+    """A function to call after each of `total` steps that feeds a progress bar's `report` (None: nothing)."""
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if report is not None:
+            report(done, total)
+
+    if report is not None:
+        report(0, total)
+    return tick
 
 
 def print_cluster(summary: dict[str, Any]) -> None:

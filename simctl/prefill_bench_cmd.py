@@ -5,6 +5,7 @@ on this machine's engine next to the prediction."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -13,7 +14,7 @@ import typer
 
 from common.errors import InputError
 from common.option_fields import option_field
-from simctl.display import out_console
+from simctl.display import out_console, progress_bar, ticker
 from simctl.options import batch_sizes, comma_list, policy_list
 
 if TYPE_CHECKING:
@@ -92,13 +93,18 @@ def prefill_bench(
     price, _, label, warnings = cost_model(cost, spec, g, 1)
     warn_all(warnings)
     rows, profiles = [], {}
-    for name, pool in _pools(pools, spec, timing, max(sizes)).items():
-        profiles[name] = _profile(pool, name)
-        rows += _points(name, pool, policies, sizes, spec, g, price, timing, pools.seed)
+    drawn = _pools(pools, spec, timing, max(sizes))
+    with progress_bar("prefill-bench points" + (" (timed for real)" if timing.real else ""),
+                      shown=not as_json) as report:
+        tick = ticker(report, len(drawn) * len(sizes) * len(policies))
+        for name, pool in drawn.items():
+            profiles[name] = _profile(pool, name)
+            rows += _points(name, pool, policies, sizes, spec, g, price, timing, pools.seed, tick)
     frame = pd.DataFrame(rows)
     summary = {"model": spec.name, "gpu": g.name, "cost_model": label, "warnings": warnings,
                "prompts": pools.prompts, "scale": pools.scale, "seed": pools.seed, "profiles": profiles,
-               "real": timing.real, "device": timing.device if timing.real else None}
+               "real": timing.real, "device": timing.device if timing.real else None,
+               "real_batches": timing.real_batches if timing.real else None}
     if out is not None:
         write_files(out, {"prefill_bench.parquet": lambda t: frame.to_parquet(t, index=False),
                           "summary.json": lambda t: t.write_text(json_text(summary))}, "the benchmark")
@@ -142,8 +148,10 @@ def _profile(pool: np.ndarray, name: str) -> dict[str, Any]:
 
 
 def _points(name: str, pool: np.ndarray, policies: list[str], sizes: list[int], spec: ModelSpec, g: GPUSpec,
-            price: CostModel, timing: RealPrefills, seed: int) -> list[dict[str, Any]]:
-    """One row per batch size and policy on this pool: predicted, and with --real measured too."""
+            price: CostModel, timing: RealPrefills, seed: int, tick: Callable[[], None]
+            ) -> list[dict[str, Any]]:
+    """One row per batch size and policy on this pool: predicted, and with --real measured too; `tick` after
+    each row."""
     import numpy as np
 
     from studies.prefill_bench import bench, largest_batch
@@ -167,6 +175,7 @@ def _points(name: str, pool: np.ndarray, policies: list[str], sizes: list[int], 
                            predicted_first_s=float(np.mean(predicted)),
                            real_error=float(np.mean(predicted) / np.mean(measured) - 1))
             rows.append(row)
+            tick()
         for row in rows[-len(policies):]:
             row["speedup_vs_hf_padded"] = None if base is None else base / row["prefill_s"]
     return rows
@@ -179,15 +188,19 @@ def _print(frame, summary: dict) -> None:
     table = Table(
         title=escape(f"prefill per batch: {summary['model']} / {summary['gpu']} ({summary['cost_model']})"))
     # short headers, explained by the caption
-    cols = ["lengths", "batch", "policy", "prefill ms", "speedup", "n/k", "MAD", "peak GiB", "max batch"]
+    cols = ["lengths", "batch", "policy", "pred. ms", "speedup", "n/k", "MAD", "peak GiB", "max batch"]
     if summary["real"]:
-        cols += ["real ms", "pred. ms", "error"]
+        cols += ["real first ms", "pred. first ms", "error"]
     for c in cols:
         table.add_column(c, justify="left" if c in ("lengths", "policy") else "right", no_wrap=True)
-    table.caption = ("speedup: over hf-padded; n/k: prompts per computed row; MAD: longest minus mean "
-                     f"prompt; peak GiB: estimated; max batch: the largest (of {summary['prompts']}) whose "
-                     "prefills fit"
-                     + ("; real: the first prefills on this machine, pred.: the same plans priced"
+    table.caption = ("pred. ms: the mean prefill of all the pool's batches, priced; speedup: over "
+                     "hf-padded; n/k: prompts per computed row; MAD: longest minus mean prompt; peak GiB: "
+                     f"estimated; max batch: the largest (of {summary['prompts']}) whose prefills fit"
+                     + (f"; real first ms: the mean of the first {summary['real_batches']} prefills measured "
+                        "on this machine (each the median of --repeats); pred. first ms: those same "
+                        "prefills priced; error: pred. first over real first. A few prefills are a small "
+                        "sample: their prompts change with the batch size (hf-padded pads every one to the "
+                        "longest), and a burst of other work on the machine moves a whole point"
                         if summary["real"]
                         else ""))
     for r in frame.to_dict("records"):

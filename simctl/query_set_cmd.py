@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -15,7 +16,7 @@ import typer
 
 from common.errors import InputError
 from common.option_fields import option_field
-from simctl.display import out_console
+from simctl.display import out_console, progress_bar, ticker
 from simctl.options import batch_sizes, policy_list
 
 if TYPE_CHECKING:
@@ -150,7 +151,10 @@ def query_set_cmd(
     spec.check_context(requests, scale)
     price, kv, label, warnings = _cost(pricing, spec, g)
     warn_all(warnings)
-    frame = _completions(name, requests, policies, sizes, price, kv, overlap, serving, seed)
+    with progress_bar("query-set points" + (" (served for real)" if serving.real else ""),
+                      shown=not as_json) as report:
+        frame = _completions(name, requests, policies, sizes, price, kv, overlap, serving, seed,
+                             ticker(report, len(sizes) * len(policies)))
     summary = {"set": name, "queries": len(requests), "model": spec.name, "gpu": g.name, "cost_model": label,
                "cost_assumptions": price.assumptions(),
                "scale": scale, "seed": seed, "overlap": overlap, "warnings": warnings,
@@ -166,9 +170,9 @@ def query_set_cmd(
 
 
 def _completions(name: str, requests: list, policies: list[str], sizes: list[int], price: CostModel, kv: int,
-                 overlap: int, serving: RealQuerySet, seed: int) -> pd.DataFrame:
+                 overlap: int, serving: RealQuerySet, seed: int, tick: Callable[[], None]) -> pd.DataFrame:
     """One row per batch size and policy: the set's completion time simulated (and with --real served, with
-    its twin), and each policy's speedup over hf-padded when it is compared."""
+    its twin), and each policy's speedup over hf-padded when it is compared; `tick` after each row."""
     import pandas as pd
 
     from studies.query_set import completion_time
@@ -183,6 +187,7 @@ def _completions(name: str, requests: list, policies: list[str], sizes: list[int
                 row.update(_real_point(p, requests, b, serving.real_model, serving.device, seed,
                                        serving.real_cost, serving.repeats, options))
             rows.append(row)
+            tick()
     frame = pd.DataFrame(rows)
     if "hf-padded" in policies:
         base = frame[frame["policy"] == "hf-padded"].set_index("batch_size")["completion_s"]

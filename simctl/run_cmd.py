@@ -42,12 +42,14 @@ def run(
                                                       "(JSON trace events) to this file (an existing file "
                                                       "only if it is an earlier trace).")] = None,
     goodput: Annotated[list[str] | None, typer.Option(metavar="KEY:MS[,KEY:MS]", help=(
-        "vLLM bench's --goodput: per-request limits in ms on ttft, tpot and e2el (e.g. ttft:500,tpot:50, or "
-        "the option repeated); adds vllm_bench.request_goodput to the summary, the requests meeting all of "
-        "them per second, as vLLM computes it."))] = None,
+        "vLLM bench's --goodput: per-request limits on ttft, tpot and e2el in ms unless a unit is given "
+        "(e.g. ttft:500,tpot:50 or ttft:0.5s,tpot:50ms, or the option repeated); adds "
+        "vllm_bench.request_goodput to the summary, the requests meeting all of them per second, as vLLM "
+        "computes it."))] = None,
     cluster: ClusterConfig = ClusterConfig(),
     slo: Annotated[list[str] | None, typer.Option(metavar="KEY=S[,KEY=S]", help=(
-        "SLO limits, KEY=SECONDS[,KEY=SECONDS] (results/slo.py's grammar, as `capacity --slo`): per-request "
+        "SLO limits, KEY=SECONDS[,KEY=SECONDS] (seconds unless a unit is given: p99_tbt=0.1 or "
+        "p99_tbt=100ms; results/slo.py's grammar, as `capacity --slo`): per-request "
         "ttft, tbt, tpot, e2e (the summary's slo_attainment is the share of requests meeting all of them) or "
         "percentiles such as p99_tbt; slo_met says whether the run meets them."))] = None,
     attainment: Attainment = None,
@@ -125,7 +127,7 @@ def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, time
         if out is not None and trace_events.absolute().parent == Path(out).absolute():
             raise InputError(f"--trace-events {trace_events}: is in --out {out}, which holds only the run's "
                              "files; give a file elsewhere")
-    with progress_bar(f"{config.policy}: requests arrived") as report:
+    with progress_bar(f"{config.policy}: requests arrived", shown=not as_json) as report:
         result = run(config, cluster, progress=report, timeline=timeline)
     result.summary = with_attainment(result.summary, result.result.requests, slo)
     result.summary = with_goodput(result.summary, result.result.requests, goodput)

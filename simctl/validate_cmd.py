@@ -23,7 +23,8 @@ class RealRuns:
     """The real runs: their trace and loads, their length, and how many of each."""
 
     trace: str = option_field("sharegpt", TRACE_HELP)
-    loads: str = option_field("0.5,0.7", "Loads as fractions of each policy's simulated capacity.")
+    loads: str = option_field("0.5,0.7", "Loads as fractions of each policy's simulated capacity (over 1: "
+                              "beyond it, where a run may give up, its latencies n/a).")
     scale: float = option_field(0.05, "Multiply prompt and output lengths (CPU-sized runs).")
     num_requests: int = option_field(300, "Requests per run.")
     seed: int = option_field(0, SEED_HELP)

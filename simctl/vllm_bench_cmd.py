@@ -32,7 +32,8 @@ class BenchFile:
     gpu: str | None = option_field(None, "With --from-vllm-bench: the GPU the bench ran on (catalogue).")
     tp: int = option_field(1, "With --from-vllm-bench: the server's tensor-parallel degree.")
     goodput: list[str] | None = option_field(None, (
-        "With --from-vllm-bench: the bench's --goodput limits in ms (ttft, tpot, e2el), to compare "
+        "With --from-vllm-bench: the bench's --goodput limits (ttft, tpot, e2el) in ms unless a unit is "
+        "given (500ms, 0.5s), to compare "
         "request_goodput (the file keeps vLLM's value, not its limits)."), metavar="KEY:MS[,KEY:MS]")
 
 

@@ -73,6 +73,13 @@ class CapacityResult:
         return None
 
     @property
+    def bound_by(self) -> list[str]:
+        """The limits (`SLO.misses`) that the lowest probe above the capacity missed: what bound it (empty
+        without such a probe)."""
+        above = [p for p in self.probes if not p["slo_met"] and p["qps"] > self.qps]
+        return min(above, key=lambda p: p["qps"])["slo_missed"] if above else []
+
+    @property
     def warnings(self) -> list[str]:
         """The cost model's warnings (a calibration of another GPU or model), which every probe carries."""
         return list(self.probes[0].get("warnings", [])) if self.probes else []
@@ -92,7 +99,8 @@ def search_qps(probe: Callable[[float], dict[str, Any]], slo: SLO, start_qps: fl
     def ok(qps: float) -> bool:
         s = dict(probe(qps))
         s["qps"] = qps
-        s["slo_met"] = slo.met(s)
+        s["slo_missed"] = slo.misses(s)
+        s["slo_met"] = not s["slo_missed"]
         probes.append(s)
         return s["slo_met"]
 
@@ -230,6 +238,12 @@ class Capacity:
     @property
     def warnings(self) -> list[str]:
         return list(dict.fromkeys(w for r in self.searches.values() for w in r.warnings))
+
+
+def probe_row(probe: dict[str, Any], drop: tuple[str, ...] = ("warnings",)) -> dict[str, Any]:
+    """A probe as a row of probes.parquet: its summary but `drop`, the limits it missed comma-separated
+    (`slo_missed`, one string per row as a table's column holds)."""
+    return {**{k: v for k, v in probe.items() if k not in drop}, "slo_missed": ",".join(probe["slo_missed"])}
 
 
 def capacity_warnings(results: list[Capacity]) -> list[str]:

@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from results.output import json_text, write_files
-from studies.capacity import Capacity, CapacityConfig, capacity_warnings
+from studies.capacity import Capacity, CapacityConfig, capacity_warnings, probe_row
 
 CAPACITY_FILES = ("probes.parquet", "capacity.png", "capacity.json")
 SETUP_KEYS = ("trace", "model", "gpu", "tp")
@@ -32,6 +32,7 @@ def capacity_rows(spec: CapacityConfig, results: list[Capacity]) -> list[dict[st
              "capacity_definition": r.slo.definition,
              "capacity_qps": r.qps, "capacity_qps_min": r.qps_min, "capacity_qps_max": r.qps_max,
              "capacity_qps_by_seed": {str(seed): s.qps for seed, s in r.searches.items()},
+             "bound_by": r.median_search.bound_by,
              "probes": sum(len(s.probes) for s in r.searches.values()),
              "rejected_at_capacity": (r.median_search.at_capacity or {}).get("rejected", 0),
              "problems": {str(seed): p for seed, p in r.problems.items()}}
@@ -39,9 +40,10 @@ def capacity_rows(spec: CapacityConfig, results: list[Capacity]) -> list[dict[st
 
 
 def probes_frame(results: list[Capacity]) -> pd.DataFrame:
-    """Every probe of every search (the run's summary, `qps`, `slo_met`, and the SLO's name as `slo`); the
-    cost model's warnings, the same in every probe, are in capacity.json."""
-    return pd.DataFrame([{k: v for k, v in p.items() if k != "warnings"} for r in results for p in r.probes])
+    """Every probe of every search (the run's summary, `qps`, `slo_met`, the limits it missed as
+    `slo_missed`, comma-separated, and the SLO's name as `slo`); the cost model's warnings, the same in every
+    probe, are in capacity.json."""
+    return pd.DataFrame([probe_row(p) for r in results for p in r.probes])
 
 
 def write_capacity(out: Path, spec: CapacityConfig, results: list[Capacity], slo_origin: str,

@@ -23,7 +23,11 @@ from common.errors import InputError
 from results.output import atomic_write, json_text, write_files
 from results.slo import SLO
 from sim.run import run
-from studies.capacity import _quiet_worker, find_capacity  # capacity's pool workers: signals are the parent's
+from studies.capacity import (  # _quiet_worker: capacity's pool workers: signals are the parent's
+    _quiet_worker,
+    find_capacity,
+    probe_row,
+)
 from studies.goodput import find_goodput
 from studies.sweep_spec import SweepPoint
 
@@ -60,8 +64,9 @@ def compute_point(point: SweepPoint) -> dict[str, Any]:
     at = found.at_capacity or {}
     row = {**labels, "mode": "capacity", "slo": name, "slo_text": slo.describe(), "capacity_qps": found.qps,
            **per_gpu,
-           "problem": found.problem, "probes": len(found.probes), **{k: at.get(k) for k in AT_CAPACITY}}
-    probes = [{**{k: v for k, v in p.items() if k not in ("warnings", "options")}, **labels, "slo": name,
+           "problem": found.problem, "bound_by": ",".join(found.bound_by), "probes": len(found.probes),
+           **{k: at.get(k) for k in AT_CAPACITY}}
+    probes = [{**probe_row(p, ("warnings", "options")), **labels, "slo": name,
                **({"attainment": slo.attainment} if slo.per_request else {})}
               for p in found.probes]
     return {"key": point.key, "rows": [row], "probes": probes, "warnings": found.warnings}

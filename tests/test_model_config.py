@@ -168,3 +168,41 @@ def test_engine_builds_the_configured_shape(tmp_path: Path) -> None:
             c.intermediate_size) == (64, 2, 4, 2, 256, 128)
     assert sum(p.numel() for n, p in model.named_parameters() if "norm" not in n) == get_model(
         write(tmp_path, TINY)).total_params
+
+
+# Qwen/Qwen3-0.6B's published config.json (its heads x head_dim, 2048, is twice its hidden size)
+QWEN3_DENSE = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
+               "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+               "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+               "max_position_embeddings": 40960, "hidden_act": "silu", "attention_bias": False,
+               "rms_norm_eps": 1e-06, "rope_theta": 1000000, "tie_word_embeddings": True,
+               "torch_dtype": "bfloat16"}
+
+
+def test_qwen3_dense_and_a_model_folder(tmp_path: Path) -> None:
+    """Issue 35: a Qwen3 dense config.json was refused, and a model's folder was an unknown model."""
+    folder = tmp_path / "Qwen3-0.6B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN3_DENSE))
+    for given in (folder / "config.json", folder):
+        spec = get_model(str(given))
+        assert (spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.moe) == (
+            28, 16, 8, 128, None)
+        assert spec.description.startswith("qwen3 from ")
+    # q, k, v and o projections: 1024 x (16 + 2 x 8) x 128 and 16 x 128 x 1024 per layer
+    assert (spec.qkv_params_per_layer, spec.o_params_per_layer) == (1024 * 32 * 128, 16 * 128 * 1024)
+    assert Roofline(spec, "a100-80gb").iteration_time(hybrid([], [Seq(0, 0.0, 512, 2)], [512])) > 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match="holds no config.json"):
+        get_model(str(empty))
+
+
+def test_a_model_folder_runs_in_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from simctl.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_DENSE))
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--model", str(tmp_path), "--trace", "sharegpt", "--num-requests", "20", "--json"])
+    assert done.value.code == 0
+    assert json.loads(capsys.readouterr().out)["model"] == str(tmp_path)

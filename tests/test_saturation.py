@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from results.saturation import BACKLOGGED, OVERLOADED, STABLE, served_rate, verdict
+from results.saturation import BACKLOGGED, OVERLOADED, STABLE, TOO_SHORT, served_rate, too_short, verdict
 from sim.run import RunConfig, run
 
 
@@ -28,6 +28,29 @@ def test_rules_by_hand() -> None:
     assert verdict(flat, None, 1.0, None) == (STABLE, None)  # no rate offered (one arrival instant)
     # fewer than 16 arrivals show no trend
     assert verdict(np.array([1] * 8 + [50] * 7), 1.0, 1.0, None) == (STABLE, None)
+
+
+def test_too_short_to_judge() -> None:
+    arrivals = np.arange(50) / 2.0  # 50 requests over 24.5 s
+    assert too_short(arrivals, np.full(50, 6.0)) is None  # 24.5 s >= 4 x 6 s
+    assert "4x the P99 service time" in too_short(arrivals, np.full(50, 6.2))
+    assert "under the 16" in too_short(arrivals[:15], np.full(15, 0.1))
+    flat = np.ones(50, dtype=np.int64)
+    short = too_short(arrivals, np.full(50, 20.0))
+    # a served-rate shortfall of a short run is no backlog; an observed queue still is, and overload wins
+    assert verdict(flat, 2.0, 1.25, None, short) == (TOO_SHORT,
+                                                     f"served 1.25 requests/s of 2 offered, but {short}")
+    assert verdict(flat, 2.0, 2.0, None, short) == (STABLE, None)  # nothing wrong seen: stable
+    assert verdict(np.full(50, 9), 2.0, 1.25, None, short)[0] == BACKLOGGED
+    assert verdict(flat, 2.0, 0.5, "gave up", short)[0] == OVERLOADED
+
+
+def test_short_run_with_a_long_tail() -> None:
+    """The issue's case: 50 ShareGPT requests at 2 QPS, served at under 80% of the offered rate only because
+    the last ones are long, with a queue never above 2, were called backlogged."""
+    s = run(RunConfig(policy="vllm", trace="sharegpt", num_requests=50, qps=2.0, seed=2)).summary
+    assert s["saturation"] == TOO_SHORT
+    assert "P99 service time" in s["saturation_reason"]
 
 
 def test_served_rate() -> None:

@@ -142,3 +142,46 @@ def test_capacity_over_seeds_is_the_lower_median() -> None:
     assert cap.median_search is cap.searches[2] and cap.problems == {}
     assert [p["slo"] for p in cap.probes] == ["strict"] * 8
     assert np.isclose(Capacity("vllm", "x", SLO(), {7: search(4.0)}).qps, 4.0)
+
+
+def test_misses_name_each_limit_missed() -> None:
+    slo = SLO({"p99_tbt": 0.1, "p50_ttft": 2.0}, {"ttft": 1.0})
+    assert slo.misses(_summary(slo_attainment=0.9)) == []
+    assert slo.misses(_summary(tbt_p99=0.2, sched_delay_p50=3.0, slo_attainment=0.5)) == [
+        "sched_delay_p50", "p99_tbt", "attainment"]
+    assert slo.misses(_summary(sustainable=False, tbt_p99=0.2)) == ["sustainable"]  # unsustainable says all
+    assert slo.misses(_summary(saturation="backlogged", slo_attainment=1.0)) == ["backlogged"]
+    assert slo.misses(_summary(saturation="too short to judge", slo_attainment=1.0)) == ["too short"]
+    assert SLO(definition="paper").misses(_summary(saturation="too short to judge")) == []
+
+
+def test_what_bound_a_capacity() -> None:
+    """The limits missed by the lowest probe above the capacity (issue 35: strict and relaxed both 3.44)."""
+    slo = SLO({"p99_tbt": 0.1})
+
+    def probe(qps: float) -> dict:
+        return _summary(tbt_p99=0.05 * qps, sched_delay_p50=1.0 if qps < 3 else 2.5)
+
+    from studies.capacity import search_qps
+    result = search_qps(probe, slo, start_qps=1.0)
+    assert 1.9 < result.qps <= 2.0 and result.bound_by == ["p99_tbt"]
+    assert search_qps(lambda q: _summary(sched_delay_p50=q), slo).bound_by == ["sched_delay_p50"]
+    assert CapacityResult(1.0, [{"qps": 1.0, "slo_met": True}]).bound_by == []  # nothing probed above
+
+
+def test_limits_with_units() -> None:
+    """Issue 35: --slo took seconds and --goodput milliseconds in one command; a unit now reads the same in
+    both, and a plain number keeps its option's unit."""
+    from results.vllm_bench import parse_goodput
+
+    assert parse_slo(["p99_tbt=100ms,ttft=2s,tpot=0.05"]) == SLO({"p99_tbt": 0.1},
+                                                                 {"ttft": 2.0, "tpot": 0.05})
+    assert parse_goodput(["ttft:0.5s,tpot:50ms,e2el:2000"]).limits_ms == {"ttft": 500.0, "tpot": 50.0,
+                                                                          "e2el": 2000.0}
+    assert parse_goodput(["ttft:100ms"]).slo() == parse_slo(["ttft=100ms"])
+    for bad, option in ((["p99_tbt=fast"], parse_slo), (["p99_tbt=ms"], parse_slo),
+                        (["ttft:5h"], parse_goodput)):
+        with pytest.raises(InputError, match="is not a number"):
+            option(bad)
+    with pytest.raises(InputError, match="positive"):
+        parse_slo(["p99_tbt=-5ms"])

@@ -358,7 +358,7 @@ def test_a_file_written_by_vllms_own_benchmark(tmp_path: Path) -> None:
             lora_modules=None, extra_headers=None, extra_body=None, ready_check_timeout_sec=0))
     finally:
         del funcs["simctl-test"]
-    path = write(tmp_path, {"model_id": "m", "num_prompts": 4, "request_rate": 50.0, "burstiness": 1.0,
+    path = write(tmp_path, {"model_id": "tiny", "num_prompts": 4, "request_rate": 50.0, "burstiness": 1.0,
                             "max_concurrency": None, **result})
     b = read_vllm_bench(path)
     assert (b.sent, b.failed, b.prompt_tokens.tolist()) == (4, 1, [5, 9, 11])
@@ -367,3 +367,15 @@ def test_a_file_written_by_vllms_own_benchmark(tmp_path: Path) -> None:
     for key in (*MEASURED, "request_goodput"):
         assert ours[key] == pytest.approx(result[key], rel=1e-9), key
     assert not compare(path, "tiny", "cpu", "vllm-v1", goodput=parse_goodput(["ttft:50,tpot:3"])).warnings
+
+
+def test_a_bench_of_another_model_is_warned_of(tmp_path: Path) -> None:
+    """Issue 35: a file whose model_id is another model than --model was compared without a word."""
+    from validation.vllm_bench_compare import _other_model
+
+    c = compare(write(tmp_path, bench(model_id="meta-llama/Llama-2-7b-hf")), "tiny", "cpu", "vllm")
+    assert any("model_id 'meta-llama/Llama-2-7b-hf' does not name --model tiny" in w for w in c.warnings)
+    assert _other_model("meta-llama/Llama-2-7b-hf", "llama-2-7b") == []
+    assert _other_model("mistralai/Mistral-7B-Instruct-v0.2", "mistral-7b") == []
+    assert _other_model("/models/Qwen3-8B/", str(tmp_path / "Qwen3-8B" / "config.json")) == []
+    assert _other_model(None, "tiny") == []

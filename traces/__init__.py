@@ -8,7 +8,7 @@ from common.lazy_exports import lazy_exports
 __getattr__ = lazy_exports(__name__, {
     "gamma_arrivals": "arrivals", "poisson_arrivals": "arrivals",
     "ARRIVAL_PROCESSES": "build", "build_trace": "build", "has_arrival_times": "build", "is_profile": "build",
-    "trace_max_total_tokens": "build",
+    "trace_max_total_tokens": "build", "trace_rows": "build",
     "PROFILES": "lengths", "LengthProfile": "lengths", "get_profile": "lengths", "sample_lengths": "lengths",
     "LoadedTrace": "loaders", "load_trace_file": "loaders",
     "Request": "request",
@@ -29,4 +29,5 @@ __all__ = [
     "poisson_arrivals",
     "sample_lengths",
     "trace_max_total_tokens",
+    "trace_rows",
 ]

@@ -91,6 +91,12 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     return int(value)
 
 
+def trace_rows(trace: str | os.PathLike[str]) -> int | None:
+    """How many requests a trace file holds (None for a length profile, which draws any number)."""
+    source = _resolve(trace)
+    return None if isinstance(source, str) else len(source)
+
+
 def has_arrival_times(trace: str | os.PathLike[str]) -> bool:
     """Whether `trace` is a file that gives its own arrival times."""
     source = _resolve(trace)

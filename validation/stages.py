@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
-from results.validation_report import RunPair, fmt_err, fmt_ratio, pct_error
+from results.validation_report import RunPair, fmt_err, fmt_ratio, pct_error, unavailable
 from studies.capacity import SLO, CapacityResult, search_qps
 from validation.compare import compare_run
 from validation.machine_load import LoadMeter, wait_quiet
@@ -122,7 +122,8 @@ class Validation:
                                                  max(shares) if shares else None))
             self.say(f"{policy} @ {load:g}: P50 TTFT {fmt_err(row['ttft_p50_err_pct'])}, P50 TBT "
                      f"{fmt_err(row['tbt_p50_err_pct'])}, P50 E2E {fmt_err(row['e2e_p50_err_pct'])}; busy "
-                     f"real/repriced {fmt_ratio(ev['busy_ratio_real_over_repriced'])}")
+                     f"real/repriced {fmt_ratio(ev['busy_ratio_real_over_repriced'])}"
+                     + (f" (n/a: {why})" if (why := unavailable(row)) else ""))
 
     def real_capacity(self, policy: str) -> None:
         """4. the real capacity, a few real runs from the simulated one: from the simulated capacity, unless a

@@ -12,6 +12,7 @@ vLLM's value but not the limits it used); without them, the file's value is show
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,8 @@ def compare(path: str | Path, model: str, gpu: str, policy: str = DEFAULT_POLICY
         real.setdefault("request_goodput", file_goodput)
     rows = [{"metric": k, "measured": real[k], "predicted": predicted.get(k),
              "error_pct": pct_error(predicted.get(k), real[k])} for k in keys]
-    warnings = [*sim.summary.get("warnings", []), *_disagreements(bench, real, goodput)]
+    warnings = [*_other_model(bench.model_id, model), *sim.summary.get("warnings", []),
+                *_disagreements(bench, real, goodput)]
     if not sim.summary["sustainable"]:
         warnings.append(f"the prediction is overloaded: {sim.summary['unsustainable_reason']}")
     if sim.summary["completed"] < len(bench):
@@ -106,6 +108,26 @@ def compare(path: str | Path, model: str, gpu: str, policy: str = DEFAULT_POLICY
     settings = f"{policy} with its default settings (the file does not record the server's scheduler setup)"
     assumptions = [*bench.assumptions(), settings]
     return Comparison(bench, rows, assumptions, warnings, goodput, sim.summary)
+
+
+def _other_model(model_id: str | None, model: str) -> list[str]:
+    """A warning when the file's `model_id` (a Hugging Face id or path, e.g. meta-llama/Llama-2-7b-hf) does
+    not name --model (a catalogue name, a config.json or its folder, e.g. llama-2-7b): names compared by
+    their letters and digits, the one within the other, so "mistral-7b" matches
+    "mistralai/Mistral-7B-Instruct-v0.2"."""
+    from catalogue.model_config import config_file, is_config_path
+
+    def key(name: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", name.lower().rstrip("/").rsplit("/", 1)[-1])
+
+    if not model_id:
+        return []
+    ours = config_file(model).parent.name if is_config_path(model) else model
+    theirs, mine = key(model_id), key(ours)
+    if mine and (mine in theirs or theirs in mine):
+        return []
+    return [(f"the file's model_id {model_id!r} does not name --model {model}: the prediction prices "
+             f"{ours}'s shape, not necessarily the model the bench served")]
 
 
 def _disagreements(bench: VLLMBench, real: dict[str, float | None], goodput: Goodput | None) -> list[str]:
