@@ -17,11 +17,11 @@ from collections.abc import Callable
 
 import torch
 
-from catalogue.models import get_model
-from common.errors import InputError
-from executor.config import ATTENTION, ExecutorConfig
-from executor.model import build_model
-from executor.ragged import RaggedExecutor, Segment, attention_kernels
+from simctl.catalogue.models import get_model
+from simctl.common.errors import InputError
+from simctl.executor.config import ATTENTION, ExecutorConfig
+from simctl.executor.model import build_model
+from simctl.executor.ragged import RaggedExecutor, Segment, attention_kernels
 
 STEPS = 8  # calls per timing (a decode "step" sequence: contexts fixed, or growing by one per call)
 

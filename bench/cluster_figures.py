@@ -31,14 +31,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from catalogue.gpus import get_gpu
-from costs.calibration import CALIBRATION_FORMAT
-from results.slo import SLO, parse_slo
-from serving.routers import ROUTERS
-from sim.cluster_config import ClusterConfig
-from sim.run import RunConfig, run
-from studies.capacity import find_capacity
-from studies.goodput import deployment_name, find_goodput, with_attainment
+from simctl.catalogue.gpus import get_gpu
+from simctl.costs.calibration import CALIBRATION_FORMAT
+from simctl.results.slo import SLO, parse_slo
+from simctl.serving.routers import ROUTERS
+from simctl.sim.cluster_config import ClusterConfig
+from simctl.sim.run import RunConfig, run
+from simctl.studies.capacity import find_capacity
+from simctl.studies.goodput import deployment_name, find_goodput, with_attainment
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

@@ -25,8 +25,8 @@ SIZES = (1_000, 10_000, 100_000)
 
 
 def worker(n: int, qps: float, scale: float) -> None:
-    from sim.cluster_config import ClusterConfig
-    from sim.run import RunConfig, run
+    from simctl.sim.cluster_config import ClusterConfig
+    from simctl.sim.run import RunConfig, run
 
     t0 = time.perf_counter()
     r = run(RunConfig(policy=POLICY, trace="sharegpt", qps=qps, num_requests=n, seed=0, scale=scale),
@@ -46,9 +46,9 @@ def measure(n: int, qps: float, scale: float = 1.0) -> dict:
 
 
 def main() -> None:
-    from results.slo import SLO
-    from sim.run import RunConfig
-    from studies.capacity import find_capacity
+    from simctl.results.slo import SLO
+    from simctl.sim.run import RunConfig
+    from simctl.studies.capacity import find_capacity
 
     one = find_capacity(RunConfig(policy=POLICY, trace="sharegpt", num_requests=1000, seed=0), SLO()).qps
     qps = 0.7 * one * REPLICAS

@@ -26,7 +26,7 @@ QPS = {  # 70% of each policy's sharegpt capacity (bench/results/sim_speed.json)
     "faster-transformer": 0.1326, "orca": 1.1375, "vllm": 2.1875, "sarathi": 2.1875,
     "sarathi-hybrid-only": 2.2312, "sarathi-chunked-only": 2.1219,
 }
-CHILD = ("import json, sys; from sim.run import RunConfig, run; "
+CHILD = ("import json, sys; from simctl.sim.run import RunConfig, run; "
          "r = run(RunConfig(policy=sys.argv[1], trace='sharegpt', qps=float(sys.argv[2]), "
          "num_requests=int(sys.argv[3]), seed=0)); print(json.dumps(r.summary['sim_wall_s']))")
 

@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from catalogue.models import get_model
-from executor.config import ExecutorConfig
-from executor.model import build_model
-from executor.ragged import RaggedExecutor, Segment
+from simctl.catalogue.models import get_model
+from simctl.executor.config import ExecutorConfig
+from simctl.executor.model import build_model
+from simctl.executor.ragged import RaggedExecutor, Segment
 
 
 def copy_bandwidth(device: torch.device, gib: float = 4.0) -> float:

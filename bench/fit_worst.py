@@ -2,7 +2,7 @@
 bench/roofline_vs_measured.py, which writes the results).
 
 Per profile (GPU, model, TP degree) the fit's own split (20% of the interior token counts held out, seed 0)
-and its `linear` curve (`profiler.fit_operators.LayerCurve`), as `simctl fit` builds them; the held-out
+and its `linear` curve (`simctl.profiler.fit_operators.LayerCurve`), as `simctl fit` builds them; the held-out
 iteration's P95 absolute error:
 - with the collective as measured (the fit before), or averaged over neighbouring message sizes before the
   curve is built (a rolling mean of 5 sizes: the fit now; a rolling median: checked, not adopted), the
@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy.ndimage import median_filter, uniform_filter1d
 
-from profiler.fit_operators import (
+from simctl.profiler.fit_operators import (
     COLLECTIVE_WINDOW,
     DTYPE_BYTES,
     LayerCurve,
@@ -29,12 +29,12 @@ from profiler.fit_operators import (
     iteration_seconds,
     profile_subset,
 )
-from profiler.operator_profiles import ALL_REDUCES_PER_LAYER, load_operator_profile
+from simctl.profiler.operator_profiles import ALL_REDUCES_PER_LAYER, load_operator_profile
 
 HOLDOUT, SEED = 0.2, 0  # the fit's defaults
 MIB = 1 << 20
 # the collective as the fit sums it: as measured (before), its rolling mean (the fit now:
-# `profiler.fit_operators.smoothed_collective`), its rolling median (checked, not adopted)
+# `simctl.profiler.fit_operators.smoothed_collective`), its rolling median (checked, not adopted)
 SMOOTHERS = {"as measured": lambda t: t,
              "rolling mean": lambda t: uniform_filter1d(t, COLLECTIVE_WINDOW, mode="nearest"),
              "rolling median": lambda t: median_filter(t, size=COLLECTIVE_WINDOW, mode="nearest")}

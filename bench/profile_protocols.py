@@ -22,15 +22,15 @@ from functools import partial
 
 import numpy as np
 
-from executor.config import ATTENTION
-from executor.model import build_model
-from executor.ragged import RaggedExecutor
-from executor.runtime import default_threads
-from profiler.shape_protocol import PROTOCOLS, ShapeProtocol
-from profiler.sweeps import select_blocks
-from profiler.timing import CpuMonitor
-from profiler.worker import Worker
-from profiler.workloads import Grid, build_grid
+from simctl.executor.config import ATTENTION
+from simctl.executor.model import build_model
+from simctl.executor.ragged import RaggedExecutor
+from simctl.executor.runtime import default_threads
+from simctl.profiler.shape_protocol import PROTOCOLS, ShapeProtocol
+from simctl.profiler.sweeps import select_blocks
+from simctl.profiler.timing import CpuMonitor
+from simctl.profiler.worker import Worker
+from simctl.profiler.workloads import Grid, build_grid
 
 
 def main() -> None:

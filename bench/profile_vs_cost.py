@@ -22,7 +22,7 @@ import pandas as pd
 
 def priced(df: pd.DataFrame, cost) -> np.ndarray:
     """Seconds `cost` (a `Fitted`) gives each profile row."""
-    from profiler.fit_coefficients import predict
+    from simctl.profiler.fit_coefficients import predict
 
     gpu = predict(cost, df)
     steps = cost.step_overheads
@@ -41,10 +41,10 @@ def ratios(df: pd.DataFrame, cost) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from catalogue.recorded_model import model_spec_from_shape
-    from common.errors import InputError
-    from costs.fitted import Fitted
-    from profiler.profile_data import load_profile
+    from simctl.catalogue.recorded_model import model_spec_from_shape
+    from simctl.common.errors import InputError
+    from simctl.costs.fitted import Fitted
+    from simctl.profiler.profile_data import load_profile
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("profile", type=Path, help="a folder of `simctl profile` (profile.csv, meta.json)")

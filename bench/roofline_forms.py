@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from catalogue.gpus import GPUSpec, get_gpu
+from simctl.catalogue.gpus import GPUSpec, get_gpu
 
 OPS = ("qkv", "o", "gate_up", "down")
 
@@ -54,7 +54,7 @@ FORMS = (
 
 def gemm_shapes(spec, tp: int) -> dict[str, tuple[int, int]]:
     """(K, N) of each linear operator on one GPU of a TP group (Megatron split; KV heads replicated below
-    1), as `costs.gpu_share` counts their weights."""
+    1), as `simctl.costs.gpu_share` counts their weights."""
     h, d = spec.hidden_size, spec.head_dim
     kv = max(1, spec.num_kv_heads // tp)
     return {"qkv": (h, d * (spec.num_heads // tp + 2 * kv)), "o": (spec.num_heads // tp * d, h),

@@ -30,13 +30,13 @@ from fit_worst import worst_fits_section
 from roofline_forms import FORMS, compare_forms, forms_section, gemm_points
 from scipy.optimize import isotonic_regression, least_squares
 
-from catalogue.gpus import catalogue_gpu_of, get_gpu
-from catalogue.models import ModelSpec
-from common.errors import InputError
-from costs.gpu_share import GEMMS_PER_LAYER
-from costs.roofline import Roofline
-from profiler.fit_operators import fit_operator_profile
-from profiler.operator_profiles import load_operator_profile
+from simctl.catalogue.gpus import catalogue_gpu_of, get_gpu
+from simctl.catalogue.models import ModelSpec
+from simctl.common.errors import InputError
+from simctl.costs.gpu_share import GEMMS_PER_LAYER
+from simctl.costs.roofline import Roofline
+from simctl.profiler.fit_operators import fit_operator_profile
+from simctl.profiler.operator_profiles import load_operator_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT.parent / "shared" / "reference" / "gpu_profiles"
@@ -310,7 +310,7 @@ def fitted_model_section(root: Path, ms: list[Measured]) -> list[str]:
             ("Every model, GPU and TP degree above, fitted with 20% of the interior token counts held out "
              "(seed 0); absolute errors on them. `iteration`: the cost model's linear curve (every profiled "
              "operator of an iteration, all-reduces included) as it prices the held-out counts. The curve "
-             "steps at 64-row tile boundaries (`profiler.fit_operators.tile_step_knots`) and sums the "
+             "steps at 64-row tile boundaries (`simctl.profiler.fit_operators.tile_step_knots`) and sums the "
              "collective averaged over 5 neighbouring message sizes (`smoothed_collective`; `all_reduce`: "
              "held-out sizes against that average of the others). Before the average, `iteration` was: P95 "
              "APE (median fit / worst fit) A100 3.8% / 10.9%, A40 3.5% / 4.7%, H100 4.4% / 12.6%; MAPE "

@@ -31,7 +31,7 @@ LOAD = 0.7
 
 
 def worker(policy: str, n: int, qps: float) -> None:
-    from sim.run import RunConfig, run
+    from simctl.sim.run import RunConfig, run
 
     t0 = time.perf_counter()
     r = run(RunConfig(policy=policy, trace="sharegpt", qps=qps, num_requests=n, seed=0))
@@ -62,9 +62,9 @@ def time_cli() -> float:
 
 
 def main() -> None:
-    from policies.registry import POLICIES
-    from sim.run import RunConfig
-    from studies.capacity import SLO, find_capacity
+    from simctl.policies.registry import POLICIES
+    from simctl.sim.run import RunConfig
+    from simctl.studies.capacity import SLO, find_capacity
 
     console = Console(width=130)
     rows = []

@@ -36,14 +36,14 @@ LOADS = (0.5, 0.7)
 TARGETS = {"ttft_p50": 10.0, "tbt_p50": 10.0, "e2e_p50": 10.0, "ttft_p99": 20.0, "tbt_p99": 20.0,
            "e2e_p99": 20.0}
 CAPACITY_TARGET = 10.0
-SHIPPED = ROOT / "profiler" / "profiles" / "cpu" / "cost_model.json"
+SHIPPED = ROOT / "simctl" / "profiler" / "profiles" / "cpu" / "cost_model.json"
 
 
 def find_cost(out: Path, console: Console) -> Path | None:
     """The cost model to validate: the shipped CPU fit (refitted from its profile if its format is outdated),
     else None."""
-    from common.errors import InputError
-    from costs.fitted import Fitted
+    from simctl.common.errors import InputError
+    from simctl.costs.fitted import Fitted
 
     if not SHIPPED.is_file():
         return None
@@ -52,7 +52,7 @@ def find_cost(out: Path, console: Console) -> Path | None:
         return SHIPPED
     except InputError as e:
         console.print(f"[yellow]{e}[/yellow]")
-    from profiler.fit import fit_profile
+    from simctl.profiler.fit import fit_profile
 
     refit = out / "refit"
     fit_profile(SHIPPED.parent, refit, plot=False)
@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                              "CPU fit, profiled on another machine of the same kind]")
     args = parser.parse_args(argv)
 
-    from results.validation_report import jsonable, load_report, markdown, metric_label
-    from validation.validate import validate_main
+    from simctl.results.validation_report import jsonable, load_report, markdown, metric_label
+    from simctl.validation.validate import validate_main
 
     console = Console(width=170)
     if args.report is not None:
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{len(misses)} of {len(report.rows) * len(TARGETS) + len(report.capacity)} targets missed")
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    from results.output import atomic_write, json_text
+    from simctl.results.output import atomic_write, json_text
 
     data = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -41,8 +41,8 @@ def fit_of_vllm(out: Path) -> Path:
 def misses(report: dict, suffix: str = "_at_speed") -> list[str]:
     """The targets missed: at the machine's speed (`suffix` "_at_speed"), or by the runs made at the fit's
     speed against the raw twin ("_at_fit_speed")."""
-    from results.validation_report import metric_label
-    from validation.vllm_validate import LABELS
+    from simctl.results.validation_report import metric_label
+    from simctl.validation.vllm_validate import LABELS
 
     out = []
     for row in report["rows"]:
@@ -63,7 +63,7 @@ def _load() -> str:
 
 
 def main() -> None:
-    from validation.vllm_validate import VLLMValidation, markdown, validate_vllm
+    from simctl.validation.vllm_validate import VLLMValidation, markdown, validate_vllm
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cost", help="a fit of vLLM's steps on this machine [default: profile and fit now]")

@@ -25,7 +25,7 @@ Load = tuple[float, float, list[dict], list[float | None]]
 def pooled(dirs: list[Path]) -> tuple[dict[str, Any], list[Load]]:
     """The first report's config and, per load: (load, qps, every real run's summary, each one's speed factor,
     None where a run had none)."""
-    from validation.vllm_validate import run_dir
+    from simctl.validation.vllm_validate import run_dir
 
     reports = [json.loads((d / "validation_vllm.json").read_text(encoding="utf-8")) for d in dirs]
     cfg = reports[0]["config"]
@@ -49,10 +49,10 @@ def pooled(dirs: list[Path]) -> tuple[dict[str, Any], list[Load]]:
 
 
 def main() -> None:
-    from costs.base import ScaledCost
-    from results.validation_report import pct_error
-    from validation.twin import load_cost
-    from validation.vllm_validate import FIT_SPEED_TOL, VLLMValidation, Workload, simulate_requests
+    from simctl.costs.base import ScaledCost
+    from simctl.results.validation_report import pct_error
+    from simctl.validation.twin import load_cost
+    from simctl.validation.vllm_validate import FIT_SPEED_TOL, VLLMValidation, Workload, simulate_requests
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dirs", nargs="+", type=Path)

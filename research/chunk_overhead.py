@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from catalogue.models import get_model
-from costs.roofline import Roofline
-from policies.plan import hybrid
-from policies.seq import Seq
-from profiler.operator_profiles import LAYER_OPERATORS, OperatorProfile, load_operator_profile
+from simctl.catalogue.models import get_model
+from simctl.costs.roofline import Roofline
+from simctl.policies.plan import hybrid
+from simctl.policies.seq import Seq
+from simctl.profiler.operator_profiles import LAYER_OPERATORS, OperatorProfile, load_operator_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "research" / "results"

@@ -36,13 +36,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from engine.replay import _kind
-from engine.serve import prompt_ids, warm_up
-from executor.config import ExecutorConfig
-from executor.model import build_model
-from executor.plans import PlanExecutor
-from executor.ragged import RaggedExecutor
-from serving.replay import LoggedRun
+from simctl.engine.replay import _kind
+from simctl.engine.serve import prompt_ids, warm_up
+from simctl.executor.config import ExecutorConfig
+from simctl.executor.model import build_model
+from simctl.executor.plans import PlanExecutor
+from simctl.executor.ragged import RaggedExecutor
+from simctl.serving.replay import LoggedRun
 
 BUCKETS = [0, 1, 2, 4, 8, 16, 32, 64, 256]
 VARIANTS = ("served", "small_slab", "uniform_ctx", "random_tokens", "profile_like")
@@ -107,7 +107,7 @@ class Executing(LoggedRun):
         more, so the slab holds the served KV again."""
         if not self.repeats:
             return {}
-        from executor.ragged import Segment
+        from simctl.executor.ragged import Segment
 
         ragged = self.executor.executor
         inner = type(ragged).run
@@ -131,10 +131,10 @@ class Executing(LoggedRun):
 
 def execute_run(run: Path, cost: Any, gaps: bool, repeats: int = 0, variants: tuple[int, int] = (0, 0),
                 nogc: bool = False) -> pd.DataFrame:
-    from catalogue.models import get_model
-    from engine.real import twin_inputs
-    from serving.inbox import Inbox
-    from serving.loop import Replica
+    from simctl.catalogue.models import get_model
+    from simctl.engine.real import twin_inputs
+    from simctl.serving.inbox import Inbox
+    from simctl.serving.loop import Replica
 
     summary = json.loads((run / "summary.json").read_text())
     iterations = pd.read_parquet(run / "iterations.parquet")
@@ -145,7 +145,7 @@ def execute_run(run: Path, cost: Any, gaps: bool, repeats: int = 0, variants: tu
     reqs, policy = twin_inputs(summary)
     prompts = {r.id: prompt_ids(r.id, r.prompt_tokens, spec.vocab_size, summary["seed"]) for r in reqs}
     warm_up(ragged, spec.vocab_size, seed=summary["seed"])
-    from serving.handoff import arrivals
+    from simctl.serving.handoff import arrivals
 
     seqs = arrivals(reqs).entering
     log = Executing(iterations, PlanExecutor(ragged, prompts), cost, gaps, repeats,
@@ -184,7 +184,7 @@ def report(frames: dict[str, list[pd.DataFrame]]) -> None:
 
 
 def main() -> None:
-    from costs.fitted import Fitted
+    from simctl.costs.fitted import Fitted
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run", type=Path, help="a real run's folder (summary.json, iterations.parquet)")
@@ -241,7 +241,7 @@ def extra_reports(frames: dict[str, list[pd.DataFrame]], args: argparse.Namespac
 
 def _variant(segs: list[Any], name: str, gen: torch.Generator, vocab: int) -> tuple[list[Any], bool]:
     """The segments of variant `name` of a served iteration, and whether they run on the small slab."""
-    from executor.ragged import Segment
+    from simctl.executor.ragged import Segment
 
     small = name in ("small_slab", "profile_like")
     uniform = name in ("uniform_ctx", "profile_like")
@@ -289,7 +289,7 @@ def profile_in_process(reference: Path, model: str = "tiny-moe") -> str:
     each shape's time over the reference profile's: the median and quartiles of the ratio."""
     import io
 
-    from profiler.worker import Worker
+    from simctl.profiler.worker import Worker
 
     out = io.StringIO()
     Worker(model, "cpu", "float32", torch.get_num_threads(), "quick", 0, out).run()

@@ -31,7 +31,7 @@ TERMS = ("step", "row", "prefill_token", "new", "arrival_gap", "arrival_exec")
 def step_rows(run, prompts: dict[int, int]) -> list[dict]:
     """Each counting step (`profiler.vllm_stream.stream_steps`' rule) with its execution, gap and arrivals
     split at its launch."""
-    from profiler.vllm_stream import StreamStep
+    from simctl.profiler.vllm_stream import StreamStep
 
     it = run.result.iterations.frame()
     start = it.start_s.to_numpy()
@@ -55,7 +55,7 @@ def step_rows(run, prompts: dict[int, int]) -> list[dict]:
 
 
 def regress(x: np.ndarray, y: np.ndarray) -> list[float]:
-    from profiler.vllm_stream import robust_lstsq
+    from simctl.profiler.vllm_stream import robust_lstsq
 
     return [float(v) for v in robust_lstsq(x, y)]
 
@@ -63,8 +63,8 @@ def regress(x: np.ndarray, y: np.ndarray) -> list[float]:
 def measure(cost_path: str, seed: int = 0) -> dict:
     from dataclasses import replace
 
-    from engine.vllm_real import VLLMServer, deployment_for
-    from profiler.vllm_stream import (
+    from simctl.engine.vllm_real import VLLMServer, deployment_for
+    from simctl.profiler.vllm_stream import (
         CLOSED_BATCH,
         SEED_OFFSET,
         STREAM_LOADS,
@@ -73,9 +73,9 @@ def measure(cost_path: str, seed: int = 0) -> dict:
         STREAM_SCALE,
         STREAM_TRACE,
     )
-    from results.metrics import summarize
-    from traces.build import build_trace
-    from validation.twin import load_cost
+    from simctl.results.metrics import summarize
+    from simctl.traces.build import build_trace
+    from simctl.validation.twin import load_cost
 
     cost = load_cost(cost_path, "tiny")
 
@@ -111,9 +111,15 @@ def validation_steps(cost_path: str, fractions: list[float], seed: int = 0) -> d
     capacity: per load, the counting steps' served periods against the fit's price of the same shapes."""
     import tempfile
 
-    from engine.vllm_real import VLLMServer, deployment_for
-    from studies.capacity import search_qps
-    from validation.vllm_validate import SIM_REL_TOL, VLLMValidation, Workload, check, simulate_requests
+    from simctl.engine.vllm_real import VLLMServer, deployment_for
+    from simctl.studies.capacity import search_qps
+    from simctl.validation.vllm_validate import (
+        SIM_REL_TOL,
+        VLLMValidation,
+        Workload,
+        check,
+        simulate_requests,
+    )
 
     v = VLLMValidation(cost=cost_path, out=Path(tempfile.mkdtemp()) / "unused", repeats=1)
     fit, _ = check(v)

@@ -30,10 +30,10 @@ def batches(n: int) -> dict[str, list[tuple[int, int]]]:
 
 
 def main() -> None:
-    from costs.fitted import Fitted
-    from engine.vllm_real import VLLMServer, deployment_for
-    from profiler.vllm_stream import stream_steps
-    from traces.request import Request
+    from simctl.costs.fitted import Fitted
+    from simctl.engine.vllm_real import VLLMServer, deployment_for
+    from simctl.profiler.vllm_stream import stream_steps
+    from simctl.traces.request import Request
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cost", required=True, type=Path)

@@ -50,12 +50,12 @@ def rank_corr(a: list[float], b: list[float]) -> float | None:
 
 
 def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
-    from engine.vllm_real import VLLMServer, deployment_for
-    from executor.vllm_pinning import descendants
-    from profiler.timing import CpuMonitor
-    from results.metrics import summarize
-    from studies.capacity import search_qps
-    from validation.vllm_validate import (
+    from simctl.engine.vllm_real import VLLMServer, deployment_for
+    from simctl.executor.vllm_pinning import descendants
+    from simctl.profiler.timing import CpuMonitor
+    from simctl.results.metrics import summarize
+    from simctl.studies.capacity import search_qps
+    from simctl.validation.vllm_validate import (
         REAL_REL_TOL,
         REAL_STEP,
         SIM_REL_TOL,

@@ -30,9 +30,9 @@ def describe(name: str, it: pd.DataFrame, requests: pd.DataFrame) -> str:
 
 
 def main() -> None:
-    from costs.base import ScaledCost
-    from validation.twin import load_cost
-    from validation.vllm_validate import VLLMValidation, Workload, simulate_requests
+    from simctl.costs.base import ScaledCost
+    from simctl.validation.twin import load_cost
+    from simctl.validation.vllm_validate import VLLMValidation, Workload, simulate_requests
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("validation", type=Path)

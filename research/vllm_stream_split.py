@@ -20,8 +20,8 @@ SIZES = ((1, 8), (9, 32), (33, 1 << 30))
 
 
 def split(profile: Path) -> None:
-    from costs.fitted import Fitted
-    from profiler.vllm_stream import StreamStep, robust_lstsq
+    from simctl.costs.fitted import Fitted
+    from simctl.profiler.vllm_stream import StreamStep, robust_lstsq
 
     cost = Fitted.load(profile / "cost_model.json")
     meta = json.loads((profile / "meta.json").read_text(encoding="utf-8"))

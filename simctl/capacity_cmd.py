@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from common.errors import InputError
-from sim.cluster_config import ClusterConfig
+from simctl.common.errors import InputError
 from simctl.configs import Deployment, Workload
 from simctl.display import fmt, out_console, progress_bar
 from simctl.goodput_cmd import goodput_command
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
+from simctl.sim.cluster_config import ClusterConfig
 from simctl.usage_errors import note_replaced, warn_all
 
 if TYPE_CHECKING:
@@ -71,9 +71,9 @@ def capacity(
     """
     from dataclasses import replace
 
-    from results.slo import parse_slo
     from simctl.option_grid import base_config, grid
-    from studies.capacity import CapacityConfig
+    from simctl.results.slo import parse_slo
+    from simctl.studies.capacity import CapacityConfig
 
     if num_requests is None:
         num_requests = probe_requests(workload.trace)
@@ -96,7 +96,7 @@ def capacity(
 def probe_requests(trace: str) -> int:
     """The default requests per probe: DEFAULT_PROBE_REQUESTS, or a shorter trace file's every row (said on
     stderr, as the header does not show it)."""
-    from traces import trace_rows
+    from simctl.traces import trace_rows
 
     rows = trace_rows(trace) if trace.strip() else None
     if rows is None or rows >= DEFAULT_PROBE_REQUESTS:
@@ -110,10 +110,10 @@ def _search(spec: Any, origin: str, trace: str, definition: str, out: Path | Non
     """The searches of `spec`: its SLOs and table printed, its problems warned of, its files in `out`."""
     from rich.markup import escape
 
-    from plots.capacity_search import capacity_figure
-    from results.output import check_out_dir
-    from studies.capacity import capacity_warnings, search_capacities
-    from studies.capacity_files import CAPACITY_FILES, probes_frame, write_capacity
+    from simctl.plots.capacity_search import capacity_figure
+    from simctl.results.output import check_out_dir
+    from simctl.studies.capacity import capacity_warnings, search_capacities
+    from simctl.studies.capacity_files import CAPACITY_FILES, probes_frame, write_capacity
 
     if out is not None:
         check_out_dir(out, CAPACITY_FILES)
@@ -141,8 +141,8 @@ def _table3(configs: list[Any], deployment: Deployment, max_sched_delay_p50: flo
     """Sarathi-Serve's strict and relaxed SLOs for the one deployment compared, and where they come from."""
     from dataclasses import replace
 
-    from results.slo import TABLE3_BATCH, TABLE3_CONTEXT
-    from studies.capacity import table3_slos_for
+    from simctl.results.slo import TABLE3_BATCH, TABLE3_CONTEXT
+    from simctl.studies.capacity import table3_slos_for
 
     if len({(c.model, c.gpu, c.tp) for c in configs}) > 1:
         raise InputError("comparing models, GPUs or TP degrees needs --slo (Table 3's default SLOs "
@@ -160,7 +160,7 @@ def capacity_table(results: list[Any], trace: str, seeds: int, definition: str) 
     from rich.markup import escape
     from rich.table import Table
 
-    from results.slo import DEFINITIONS
+    from simctl.results.slo import DEFINITIONS
 
     spread = seeds > 1
     setups = {(r.config.model, r.config.gpu, r.config.tp) for r in results}

@@ -11,14 +11,14 @@ from typing import Annotated
 
 import typer
 
-from common.errors import InputError
-from policies.registry import POLICIES
 from simctl.capacity_cmd import capacity
+from simctl.common.errors import InputError
 from simctl.config_options import with_config_options
 from simctl.display import out_console
 from simctl.options import Attention, Eager
 from simctl.plan_cmd import plan_cmd
 from simctl.plot_cmd import plot
+from simctl.policies.registry import POLICIES
 from simctl.prefill_bench_cmd import prefill_bench
 from simctl.query_set_cmd import query_set_cmd
 from simctl.real_cmd import real
@@ -62,13 +62,13 @@ def profile(
     from rich.console import Console
     from rich.markup import escape
 
-    from profiler.profile import profile as run_profile
+    from simctl.profiler.profile import profile as run_profile
 
     if engine not in ("simctl", "vllm"):
         raise InputError(f"--engine {engine!r}: choose simctl or vllm")
     try:
         if engine == "vllm":
-            from profiler.vllm_profile import profile_vllm
+            from simctl.profiler.vllm_profile import profile_vllm
 
             for name in ("threads", "protocol", "attention", "eager"):
                 if ctx.get_parameter_source(name).name != "DEFAULT":
@@ -118,8 +118,8 @@ def fit(
     operators = (Path(profile_dir) / "compute").is_dir()
     given = [n for n in ("model", "gpu", "tp", "execution") if ctx.get_parameter_source(n).name != "DEFAULT"]
     if operators:
-        from catalogue.models import get_model
-        from profiler.fit_operators import fit_operator_profile, format_operator_report
+        from simctl.catalogue.models import get_model
+        from simctl.profiler.fit_operators import fit_operator_profile, format_operator_report
 
         if roofline_gpu is not None:
             raise InputError("--roofline-gpu calibrates on a simctl profile; operator profiles are fitted "
@@ -133,8 +133,8 @@ def fit(
     if given:
         raise InputError(f"--{given[0]} applies to operator profiles (a folder with compute/); "
                          f"{profile_dir} is fitted as a simctl profile")
-    from profiler.fit import fit_profile
-    from profiler.fit_report import format_report
+    from simctl.profiler.fit import fit_profile
+    from simctl.profiler.fit_report import format_report
 
     report = fit_profile(profile_dir, out=out, holdout=holdout, seed=seed, roofline_gpu=roofline_gpu)
     print(format_report(report))
@@ -144,11 +144,11 @@ def list_catalogue() -> None:
     """Show the policies, traces, models and GPUs simctl knows."""
     from rich.table import Table
 
-    from catalogue.gpus import GPUS
-    from catalogue.models import MODELS
-    from costs.overheads import EXECUTION_MODES, StepOverheads
-    from costs.roofline import DEFAULT_ATTN_MFU, DEFAULT_MBU, DEFAULT_MFU
-    from traces import PROFILES
+    from simctl.catalogue.gpus import GPUS
+    from simctl.catalogue.models import MODELS
+    from simctl.costs.overheads import EXECUTION_MODES, StepOverheads
+    from simctl.costs.roofline import DEFAULT_ATTN_MFU, DEFAULT_MBU, DEFAULT_MFU
+    from simctl.traces import PROFILES
 
     console = out_console()
     for title, rows in (

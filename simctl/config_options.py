@@ -1,6 +1,6 @@
 """Command-line options generated from configuration dataclasses, after Vidur's config classes that make
 their own flags: a command's parameter whose type is a dataclass, with an instance of it as its default,
-becomes one `--option` per field (the field's help, flags and metavar from `common.option_fields`, the
+becomes one `--option` per field (the field's help, flags and metavar from `simctl.common.option_fields`, the
 instance's value as its default), and the command is called with the dataclass built from them. Every
 command's sections (workload, deployment, policy, cluster, and groups of its own options) go through this
 one generator, so an option is declared once, where its configuration is."""
@@ -23,7 +23,7 @@ def _section_options(name: str, section: Any) -> list[inspect.Parameter]:
     for f in fields(section):
         if "help" not in f.metadata:
             raise TypeError(f"{type(section).__name__}.{f.name} (section {name!r}) has no help: declare it "
-                            "with common.option_fields.option_field")
+                            "with simctl.common.option_fields.option_field")
         option = typer.Option(*f.metadata.get("flags", ()), help=f.metadata["help"],
                               metavar=f.metadata.get("metavar"))
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY,

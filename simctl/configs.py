@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.option_fields import option_field
+from simctl.common.option_fields import option_field
 from simctl.options import SEED_HELP, TRACE_HELP
 
 

@@ -1,5 +1,5 @@
 """`simctl capacity --goodput` (or capacity with cluster options): the highest rate each policy's deployment
-meets the --slo at, and that rate per GPU (DistServe's goodput), from `studies.goodput`."""
+meets the --slo at, and that rate per GPU (DistServe's goodput), from `simctl.studies.goodput`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from common.errors import InputError
+from simctl.common.errors import InputError
 
 GOODPUT_FILES = ("goodput.json",)
 
@@ -17,10 +17,10 @@ def goodput_command(configs: list[Any], cluster: Any, slo: Any, slo_given: bool,
     from rich.markup import escape
     from rich.table import Table
 
-    from results.output import check_out_dir, json_text, write_files
     from simctl.display import fmt, out_console
+    from simctl.results.output import check_out_dir, json_text, write_files
+    from simctl.studies.goodput import find_goodput
     from simctl.usage_errors import note_replaced, warn_all
-    from studies.goodput import find_goodput
 
     if not slo_given:
         raise InputError("--goodput (and capacity with cluster options) needs --slo, e.g. --slo "

@@ -9,11 +9,11 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Any
 
-from common.errors import InputError
-from policies.registry import check_options, policy_class
-from sim.run import RunConfig
+from simctl.common.errors import InputError
 from simctl.configs import Deployment, Workload
 from simctl.options import comma_list, policy_list
+from simctl.policies.registry import check_options, policy_class
+from simctl.sim.run import RunConfig
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,8 @@ def int_list(text: str, flag: str) -> list[int]:
 
 def _known(models: list[str], gpus: list[str]) -> None:
     """An unknown model or GPU in a list is refused before anything runs."""
-    from catalogue.gpus import get_gpu
-    from catalogue.models import get_model
+    from simctl.catalogue.gpus import get_gpu
+    from simctl.catalogue.models import get_model
 
     for m in models:
         get_model(m)

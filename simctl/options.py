@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from common.errors import InputError
-from executor.config import ATTENTION
+from simctl.common.errors import InputError
+from simctl.executor.config import ATTENTION
 
 TRACE_HELP = ("Length profile (sharegpt, arxiv) or a trace file: CSV with num_prefill_tokens, "
               "num_decode_tokens[, arrived_at], JSONL, or a `vllm bench serve --save-detailed` result "
@@ -39,7 +39,7 @@ def comma_list(text: str, what: str) -> list[str]:
 
 def policy_list(text: str) -> list[str]:
     """The policies of a `--policy` comma list, each known (the registry's one line if not)."""
-    from policies.registry import policy_class
+    from simctl.policies.registry import policy_class
 
     policies = comma_list(text, "policy")
     for p in policies:

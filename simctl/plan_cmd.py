@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from common.errors import InputError
 from simctl.capacity_cmd import SLO_HELP
+from simctl.common.errors import InputError
 from simctl.configs import Deployment, Workload
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
@@ -108,11 +108,11 @@ def plan_cmd(
     """
     from rich.markup import escape
 
-    from results.output import check_out_dir
-    from results.slo import parse_slo
     from simctl.option_grid import base_config
     from simctl.plan_files import write_plan
-    from studies.plan import PlanSpec, fitting, plan
+    from simctl.results.output import check_out_dir
+    from simctl.results.slo import parse_slo
+    from simctl.studies.plan import PlanSpec, fitting, plan
 
     found = candidates(base_config(workload, deployment, 1.0, num_requests), policies.policy, deployment,
                        policies.settings(), parse_splits(pd_splits), kv_link_gbps)
@@ -169,9 +169,9 @@ def candidates(base: Any, policy: str, deployment: Deployment, options: dict[str
                splits: list[tuple[int, int]], kv_link_gbps: float | None) -> list[Any]:
     """Every colocated combination (key settings searched by default), then each P/D split of the policies
     that can serve disaggregated, with the settings given only (their defaults otherwise)."""
-    from policies.registry import policy_class
     from simctl.option_grid import grid
-    from studies.plan import KEY_SETTINGS, Candidate, link_gbps
+    from simctl.policies.registry import policy_class
+    from simctl.studies.plan import KEY_SETTINGS, Candidate, link_gbps
 
     found = [Candidate(c.config, c.label) for c in grid(base, policy, deployment,
                                                         _with_key_settings(options, policy, KEY_SETTINGS))]
@@ -189,7 +189,7 @@ def candidates(base: Any, policy: str, deployment: Deployment, options: dict[str
 def _with_key_settings(options: dict[str, Any], policy: str, key: dict[str, tuple[int, ...]]
                        ) -> dict[str, Any]:
     """The settings given, and the key settings searched by default where a listed policy takes them."""
-    from policies.registry import setting_names
+    from simctl.policies.registry import setting_names
 
     listed = {p.strip() for p in policy.split(",")}
     takes = setting_names()
@@ -265,8 +265,8 @@ def vllm_flags(choices: list[Any]) -> str | None:
 
 def serve_flags(s: dict[str, Any], config: Any) -> tuple[str, str]:
     """A vllm-v1 run's settings (`s`: its summary) as `vllm serve` flags, and the model's name."""
-    from catalogue.models import get_model
-    from costs.roofline import DEFAULT_GPU_MEMORY_UTILIZATION
+    from simctl.catalogue.models import get_model
+    from simctl.costs.roofline import DEFAULT_GPU_MEMORY_UTILIZATION
 
     model = get_model(config.model)
     flags = [f"--tensor-parallel-size {config.tp}", f"--max-num-batched-tokens {s['max_num_batched_tokens']}",

@@ -1,14 +1,14 @@
 """What `simctl plan --out` writes, all or none (`results.output.write_files`): plan.json (the SLO, the rate,
 every choice and every configuration's capacity), probes.parquet (every probed run) and pareto.png (output
 tokens/s per GPU against tokens/s per user, one line per configuration, with the Pareto front of the runs
-meeting the SLO and the choices shown: `plots.across_runs.pareto_figure`)."""
+meeting the SLO and the choices shown: `simctl.plots.across_runs.pareto_figure`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from results.output import json_text, write_files
+from simctl.results.output import json_text, write_files
 
 
 def _choice_row(c: Any) -> dict[str, Any]:
@@ -25,8 +25,8 @@ def _choice_row(c: Any) -> dict[str, Any]:
 def write_plan(out: Path, spec: Any, choices: list[Any], capacities: list[Any], top: int) -> None:
     import matplotlib.pyplot as plt
 
-    from plots.across_runs import pareto_figure
-    from studies.capacity_files import probes_frame
+    from simctl.plots.across_runs import pareto_figure
+    from simctl.studies.capacity_files import probes_frame
 
     probes = probes_frame(capacities)
     text = json_text({

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from common.errors import InputError
+from simctl.common.errors import InputError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -20,7 +20,7 @@ MAGIC = {"png": (b"\x89PNG",), "svg": (b"<?xml", b"<svg"), "pdf": (b"%PDF",)}
 def is_figure(path: Path) -> bool:
     """Whether `path` is a figure matplotlib wrote in its suffix's format (its creator is named in the first
     or, for a PDF, the last few kB): what `plot --out` may replace."""
-    from results.output import file_ends
+    from simctl.results.output import file_ends
 
     head, tail = file_ends(path)
     magic = MAGIC.get(path.suffix.lstrip(".").lower(), ())
@@ -51,10 +51,10 @@ def parse_window(text: str | None) -> tuple[float, float] | None:
 
 def figure(kind: str, dirs: list[Path], window: tuple[float, float] | None = None) -> Figure:
     """Read the folders (InputError naming what is missing) and draw the figure."""
-    from plots.inputs import load_results, load_run
+    from simctl.plots.inputs import load_results, load_run
 
     if kind in ("cdf", "tbt", "timeline"):
-        from plots.single_run import cdf_figure, tbt_figure, timeline_figure
+        from simctl.plots.single_run import cdf_figure, tbt_figure, timeline_figure
 
         runs = [load_run(d) for d in dirs]
         if kind == "timeline":
@@ -62,7 +62,7 @@ def figure(kind: str, dirs: list[Path], window: tuple[float, float] | None = Non
                 raise InputError("the timeline figure draws one run: give one folder")
             return timeline_figure(runs[0], window)
         return cdf_figure(runs) if kind == "cdf" else tbt_figure(runs, window)
-    from plots.across_runs import attainment_figure, capacity_figure, pareto_figure
+    from simctl.plots.across_runs import attainment_figure, capacity_figure, pareto_figure
 
     caps, points = load_results(dirs)
     if kind == "capacity":
@@ -87,7 +87,7 @@ def plot(
     from rich.console import Console
     from rich.markup import escape
 
-    from results.output import check_out_file, write_files
+    from simctl.results.output import check_out_file, write_files
     from simctl.usage_errors import note_replaced
 
     if kind not in KINDS:

@@ -10,9 +10,9 @@ from collections import Counter
 from dataclasses import fields, make_dataclass
 from typing import Any
 
-from common.errors import InputError
-from common.option_fields import option_field
-from policies.registry import POLICIES, setting_names
+from simctl.common.errors import InputError
+from simctl.common.option_fields import option_field
+from simctl.policies.registry import POLICIES, setting_names
 
 POLICY_HELP = f"Scheduler: {', '.join(POLICIES)} (see `simctl list`)."
 

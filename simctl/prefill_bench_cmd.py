@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from common.errors import InputError
-from common.option_fields import option_field
+from simctl.common.errors import InputError
+from simctl.common.option_fields import option_field
 from simctl.display import out_console, progress_bar, ticker
 from simctl.options import batch_sizes, comma_list, policy_list
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from catalogue.gpus import GPUSpec
-    from catalogue.models import ModelSpec
-    from costs.base import CostModel
+    from simctl.catalogue.gpus import GPUSpec
+    from simctl.catalogue.models import ModelSpec
+    from simctl.costs.base import CostModel
 
 FILES = ("prefill_bench.parquet", "summary.json")
 
@@ -75,10 +75,10 @@ def prefill_bench(
     """
     import pandas as pd
 
-    from catalogue.gpus import get_gpu
-    from catalogue.models import get_model
-    from results.output import check_out_dir, json_text, write_files
-    from sim.run import cost_model
+    from simctl.catalogue.gpus import get_gpu
+    from simctl.catalogue.models import get_model
+    from simctl.results.output import check_out_dir, json_text, write_files
+    from simctl.sim.run import cost_model
     from simctl.usage_errors import warn_all
 
     policies = policy_list(policy)
@@ -120,7 +120,7 @@ def _pools(pools: PromptPools, spec: ModelSpec, timing: RealPrefills, batch_size
     work."""
     drawn = {name: _pool(name, pools, spec) for name in comma_list(pools.lengths, "lengths")}
     if timing.real:
-        from engine.prefill_bench import check_memory
+        from simctl.engine.prefill_bench import check_memory
 
         check_memory(spec, list(drawn.values()), batch_size, timing.device)
     return drawn
@@ -128,7 +128,7 @@ def _pools(pools: PromptPools, spec: ModelSpec, timing: RealPrefills, batch_size
 
 def _pool(name: str, pools: PromptPools, spec: ModelSpec) -> np.ndarray:
     """The prompt lengths drawn from profile `name`; InputError if one exceeds the model's context."""
-    from studies.prefill_bench import prompt_lengths
+    from simctl.studies.prefill_bench import prompt_lengths
 
     pool = prompt_lengths(name, pools.prompts, pools.seed, pools.scale)
     if pool.max() > spec.max_position:
@@ -139,7 +139,7 @@ def _pool(name: str, pools: PromptPools, spec: ModelSpec) -> np.ndarray:
 
 def _profile(pool: np.ndarray, name: str) -> dict[str, Any]:
     """The pool drawn, beside Prepacking's Table 2 for a named profile."""
-    from studies.prefill_bench import PROFILES
+    from simctl.studies.prefill_bench import PROFILES
 
     table = PROFILES.get(name)
     return {"sampled_min_mean_max": [int(pool.min()), float(pool.mean()), int(pool.max())],
@@ -154,7 +154,7 @@ def _points(name: str, pool: np.ndarray, policies: list[str], sizes: list[int], 
     each row."""
     import numpy as np
 
-    from studies.prefill_bench import bench, largest_batch
+    from simctl.studies.prefill_bench import bench, largest_batch
 
     fits = {p: largest_batch(p, pool, spec, g.memory_bytes) for p in policies}
     rows: list[dict[str, Any]] = []
@@ -166,7 +166,7 @@ def _points(name: str, pool: np.ndarray, policies: list[str], sizes: list[int], 
             if p == "hf-padded":
                 base = point.prefill_s
             if timing.real:
-                from engine.prefill_bench import measure_prefills
+                from simctl.engine.prefill_bench import measure_prefills
 
                 measured = measure_prefills(p, pool, b, spec, timing.device, timing.real_batches,
                                             timing.repeats, seed)

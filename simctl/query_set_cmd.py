@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from common.errors import InputError
-from common.option_fields import option_field
+from simctl.common.errors import InputError
+from simctl.common.option_fields import option_field
 from simctl.display import out_console, progress_bar, ticker
 from simctl.options import batch_sizes, policy_list
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from catalogue.gpus import GPUSpec
-    from catalogue.models import ModelSpec
-    from costs.base import CostModel
+    from simctl.catalogue.gpus import GPUSpec
+    from simctl.catalogue.models import ModelSpec
+    from simctl.costs.base import CostModel
 
 FILES = ("query_set.parquet", "summary.json")
 
@@ -63,10 +63,10 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
     project's CPU)."""
     import statistics
 
-    from catalogue.gpus import get_gpu
-    from engine.real import real_main
-    from sim.run import default_cost_path
-    from validation.twin import load_cost, simulate_twin
+    from simctl.catalogue.gpus import get_gpu
+    from simctl.engine.real import real_main
+    from simctl.sim.run import default_cost_path
+    from simctl.validation.twin import load_cost, simulate_twin
 
     if real_cost is None and device != "cpu":
         raise InputError("--real-cost: give the fitted cost model (cost_model.json) of the --real device")
@@ -90,8 +90,8 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
 def _cost(pricing: StepPricing, spec: ModelSpec, gpu: GPUSpec) -> tuple[CostModel, int, str, list[str]]:
     """`sim.run.cost_model`'s model, or the roofline with the step overheads given (they are the roofline's:
     a fit carries what its profile measured)."""
-    from costs.roofline import DEFAULT_OVERHEAD_S, Roofline
-    from sim.run import cost_model
+    from simctl.costs.roofline import DEFAULT_OVERHEAD_S, Roofline
+    from simctl.sim.run import cost_model
 
     cost, execution, step_overhead_ms = pricing.cost, pricing.execution, pricing.step_overhead_ms
     if execution is None and step_overhead_ms is None:
@@ -132,11 +132,11 @@ def query_set_cmd(
 
     Example: simctl query-set --set mixed --batch-size 4,8 --gpu a6000
     """
-    from catalogue.gpus import get_gpu
-    from catalogue.models import get_model
-    from results.output import check_out_dir, json_text, write_files
+    from simctl.catalogue.gpus import get_gpu
+    from simctl.catalogue.models import get_model
+    from simctl.results.output import check_out_dir, json_text, write_files
+    from simctl.studies.query_set import query_set
     from simctl.usage_errors import warn_all
-    from studies.query_set import query_set
 
     policies = policy_list(policy)
     sizes = batch_sizes(batch_size)
@@ -175,7 +175,7 @@ def _completions(name: str, requests: list, policies: list[str], sizes: list[int
     its twin), and each policy's speedup over hf-padded when it is compared; `tick` after each row."""
     import pandas as pd
 
-    from studies.query_set import completion_time
+    from simctl.studies.query_set import completion_time
 
     rows = []
     for b in sizes:

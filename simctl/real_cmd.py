@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from common.errors import InputError
+from simctl.common.errors import InputError
 from simctl.configs import RealDisaggregation, Workload
 from simctl.options import Attention, Eager
 from simctl.policy_options import PolicyChoice
@@ -56,7 +56,7 @@ def real(
     --out out/vllm-real
     (vLLM's settings as vllm-v1's, e.g. --max-batch-size 64 --enable-prefix-caching 0)
     """
-    from engine.real import real_main
+    from simctl.engine.real import real_main
 
     if engine not in ("simctl", "vllm"):
         raise InputError(f"--engine {engine!r}: choose simctl or vllm")
@@ -77,8 +77,8 @@ def real(
 
 
 def _show(summary: dict[str, Any], as_json: bool) -> None:
-    from results.output import json_text
     from simctl.display import print_cluster, print_summary
+    from simctl.results.output import json_text
 
     if as_json:
         sys.stdout.write(json_text(summary))
@@ -90,7 +90,7 @@ def _show(summary: dict[str, Any], as_json: bool) -> None:
 
 def _on_vllm(ctx: typer.Context, policies: Any, common: dict[str, Any]) -> dict[str, Any]:
     """`simctl real --engine vllm`: InputError for an option only simctl's own engine takes; else the run."""
-    from engine.vllm_real import TWIN_POLICY, engine_settings, vllm_real_main
+    from simctl.engine.vllm_real import TWIN_POLICY, engine_settings, vllm_real_main
 
     if ctx.get_parameter_source("policy").name != "DEFAULT" and policies.policy != TWIN_POLICY:
         raise InputError(f"--policy {policies.policy}: with --engine vllm the scheduler is vLLM's own, which "

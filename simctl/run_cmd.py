@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from common.errors import InputError
-from sim.cluster_config import ClusterConfig
+from simctl.common.errors import InputError
 from simctl.configs import Deployment, Workload
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
+from simctl.sim.cluster_config import ClusterConfig
 
 if TYPE_CHECKING:
-    from sim.run import RunConfig
+    from simctl.sim.run import RunConfig
 
 DEFAULT_NUM_REQUESTS = 1000
 DEFAULT_QPS = 0.5
@@ -60,11 +60,11 @@ def run(
     Example: simctl run --policy vllm --trace sharegpt --qps 2 --out out/vllm; compared: simctl run --policy
     sarathi --token-budget 256,512,1024 --trace sharegpt --qps 2
     """
-    from results.slo import parse_slo
-    from results.vllm_bench import parse_goodput
     from simctl.option_grid import base_config, grid
+    from simctl.results.slo import parse_slo
+    from simctl.results.vllm_bench import parse_goodput
     from simctl.run_grid_cmd import check_single_outputs, run_grid
-    from traces import has_arrival_times, is_profile
+    from simctl.traces import has_arrival_times, is_profile
 
     trace = workload.trace
     if qps is None and (not trace.strip() or not has_arrival_times(trace)):
@@ -89,7 +89,7 @@ def _every_row(config: RunConfig, workload: Workload) -> RunConfig:
     """A trace file's run serves every row unless --num-requests says otherwise."""
     from dataclasses import replace
 
-    from traces import build_trace
+    from simctl.traces import build_trace
 
     rows = len(build_trace(workload.trace, None, config.qps, workload.seed, arrival=workload.arrival,
                            cv=workload.cv))
@@ -102,15 +102,15 @@ def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, time
                 trace_events: Path | None, goodput: Any = None, slo: Any = None) -> None:
     """`simctl run` once its options are read: summary.json, requests.parquet, iterations.parquet (with pool
     and replica columns), replicas.parquet and, with --timeline, timeline.parquet in --out."""
-    from results.output import TIMELINE_FILE, check_out_dir, json_text
-    from results.trace_events import MAX_EVENTS, check_trace_path, write_trace_events
-    from results.vllm_bench import with_goodput
-    from sim.cluster_run import CLUSTER_RUN_FILES, write_cluster_files
-    from sim.run import run
-    from sim.timeline import check_timeline
     from simctl.display import print_cluster, print_summary, progress_bar
+    from simctl.results.output import TIMELINE_FILE, check_out_dir, json_text
+    from simctl.results.trace_events import MAX_EVENTS, check_trace_path, write_trace_events
+    from simctl.results.vllm_bench import with_goodput
+    from simctl.sim.cluster_run import CLUSTER_RUN_FILES, write_cluster_files
+    from simctl.sim.run import run
+    from simctl.sim.timeline import check_timeline
+    from simctl.studies.goodput import with_attainment
     from simctl.usage_errors import note_replaced, warn_all
-    from studies.goodput import with_attainment
 
     for name, given in (("timeline", timeline), ("trace-events", trace_events)):
         if given and cluster.is_cluster:

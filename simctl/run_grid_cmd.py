@@ -8,7 +8,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from common.errors import InputError
+from simctl.common.errors import InputError
 from simctl.display import fmt, fmt_rate, out_console
 
 COLUMNS = (  # (summary key, caption)
@@ -27,9 +27,9 @@ def check_single_outputs(**given: Any) -> None:
 
 
 def run_grid(combos: list[Any], cluster: Any, slo: Any) -> None:
-    from sim.run import run
+    from simctl.sim.run import run
+    from simctl.studies.goodput import with_attainment
     from simctl.usage_errors import warn_all
-    from studies.goodput import with_attainment
 
     for c in combos:
         c.config.validate()

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from common.errors import InputError
+from simctl.common.errors import InputError
 
 
 def sweep(
@@ -39,10 +39,10 @@ def sweep(
         TimeRemainingColumn,
     )
 
-    from results.output import check_out_dir
+    from simctl.results.output import check_out_dir
+    from simctl.studies.sweep import POINTS_DIR, SWEEP_FILES, run_sweep
+    from simctl.studies.sweep_spec import read_sweep, sweep_points
     from simctl.usage_errors import warn_all
-    from studies.sweep import POINTS_DIR, SWEEP_FILES, run_sweep
-    from studies.sweep_spec import read_sweep, sweep_points
 
     if workers is not None and workers < 1:
         raise InputError(f"--workers must be >= 1, got {workers}")

@@ -42,7 +42,7 @@ def warn_all(warnings: Iterable[str]) -> None:
 
 
 def note_replaced(out: Path, files: tuple[str, ...]) -> None:
-    from results.output import earlier_outputs
+    from simctl.results.output import earlier_outputs
 
     earlier = earlier_outputs(out, files)
     if earlier:

@@ -11,8 +11,8 @@ from typing import Annotated
 
 import typer
 
-from common.errors import InputError
-from common.option_fields import option_field
+from simctl.common.errors import InputError
+from simctl.common.option_fields import option_field
 from simctl.configs import RealDisaggregation
 from simctl.options import ATTENTION_HELP, SEED_HELP, TRACE_HELP
 from simctl.vllm_bench_cmd import BenchFile
@@ -96,10 +96,10 @@ def _on_simctl(policies: list[str], runs: RealRuns, fractions: list[float], cost
                dtype: str | None, attention: str | None, model: str, disaggregation: RealDisaggregation,
                out: Path) -> None:
     """The validation of simctl's own engine: its report on stdout, its files in `out`."""
-    from catalogue.gpus import get_gpu
-    from results.validation_report import markdown
-    from sim.run import default_cost_path
-    from validation.validate import validate_main
+    from simctl.catalogue.gpus import get_gpu
+    from simctl.results.validation_report import markdown
+    from simctl.sim.run import default_cost_path
+    from simctl.validation.validate import validate_main
 
     cost_path = cost if cost is not None else default_cost_path(get_gpu("cpu"))
     if cost_path is None:

@@ -1,5 +1,5 @@
 """`simctl validate --from-vllm-bench FILE`: a user's `vllm bench serve` result beside simctl's prediction
-(validation.vllm_bench_compare), as a table, and vllm_bench_comparison.json / .md in --out."""
+(simctl.validation.vllm_bench_compare), as a table, and vllm_bench_comparison.json / .md in --out."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import typer
 
-from common.errors import InputError
-from common.option_fields import option_field
+from simctl.common.errors import InputError
+from simctl.common.option_fields import option_field
 from simctl.display import out_console
 
 DEFAULT_OUT = Path("out/vllm-bench")
@@ -66,10 +66,10 @@ def vllm_bench_command(ctx: typer.Context, bench: BenchFile, model: str, policy:
     from rich.console import Console
     from rich.markup import escape
 
-    from results.output import check_out_dir
-    from results.vllm_bench import parse_goodput
+    from simctl.results.output import check_out_dir
+    from simctl.results.vllm_bench import parse_goodput
     from simctl.usage_errors import note_replaced, warn_all
-    from validation.vllm_bench_compare import DEFAULT_POLICY, FILES, compare, write_comparison
+    from simctl.validation.vllm_bench_compare import DEFAULT_POLICY, FILES, compare, write_comparison
 
     limits = parse_goodput(bench.goodput)
     out = check_out_dir(out if _given(ctx, "out") else DEFAULT_OUT, FILES)
@@ -86,9 +86,9 @@ def _print(record: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from results.validation_report import fmt_err
-    from results.vllm_bench import ITL_PERCENTILES
-    from validation.vllm_bench_compare import fmt_value
+    from simctl.results.validation_report import fmt_err
+    from simctl.results.vllm_bench import ITL_PERCENTILES
+    from simctl.validation.vllm_bench_compare import fmt_value
 
     p = record["prediction"]
     title = (f"{Path(record['file']).name}: {record['completed']}/{record['sent']} requests measured; "

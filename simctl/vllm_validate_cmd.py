@@ -1,5 +1,5 @@
 """`simctl validate --engine vllm`: the simulated vllm-v1 twin against the installed vLLM
-(validation.vllm_validate), its table on stdout and validation_vllm.{json,md,csv} in --out."""
+(simctl.validation.vllm_validate), its table on stdout and validation_vllm.{json,md,csv} in --out."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from common.errors import InputError
+from simctl.common.errors import InputError
 
 DEFAULT_OUT = Path("out/validate-vllm")
 DEFAULT_NUM_REQUESTS = 150  # each real run on vLLM's CPU build: 150 requests / QPS seconds
@@ -29,7 +29,7 @@ def check_engine_options(ctx: typer.Context, engine: str, policy: str) -> None:
         raise InputError(f"--engine {engine!r}: choose simctl or vllm")
     if engine == "simctl":
         return
-    from engine.vllm_real import TWIN_POLICY
+    from simctl.engine.vllm_real import TWIN_POLICY
 
     if _given(ctx, "policy") and policy != TWIN_POLICY:
         raise InputError(f"--policy {policy}: with --engine vllm the twin is {TWIN_POLICY}, vLLM's scheduler")
@@ -42,7 +42,7 @@ def check_engine_options(ctx: typer.Context, engine: str, policy: str) -> None:
 def vllm_validate_command(ctx: typer.Context, trace: str, loads: list[float], cost: str | None, model: str,
                           scale: float, num_requests: int, seed: int, capacity: bool, repeats: int,
                           out: Path) -> None:
-    from validation.vllm_validate import VLLMValidation, markdown, validate_vllm
+    from simctl.validation.vllm_validate import VLLMValidation, markdown, validate_vllm
 
     if cost is None:
         raise InputError("--engine vllm needs --cost: the fit of vLLM's steps on this machine (`simctl "

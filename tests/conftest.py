@@ -7,9 +7,9 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from costs.base import CostModel
-from policies.plan import BatchPlan
-from traces.request import Request
+from simctl.costs.base import CostModel
+from simctl.policies.plan import BatchPlan
+from simctl.traces.request import Request
 
 
 class AffineCost(CostModel):
@@ -73,8 +73,8 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def model():
-    from catalogue.models import get_model
-    from executor.model import build_model
+    from simctl.catalogue.models import get_model
+    from simctl.executor.model import build_model
 
     return build_model(get_model(ENGINE_MODEL), "cpu", "float32", ENGINE_SEED)
 
@@ -82,9 +82,9 @@ def model():
 @pytest.fixture(scope="module")
 def alone(model):
     """Greedy tokens of a request run by itself (cached by prompt length, output length and id)."""
-    from catalogue.models import get_model
-    from engine.serve import generate_alone, prompt_ids
-    from executor.ragged import RaggedExecutor
+    from simctl.catalogue.models import get_model
+    from simctl.engine.serve import generate_alone, prompt_ids
+    from simctl.executor.ragged import RaggedExecutor
 
     vocab = get_model(ENGINE_MODEL).vocab_size
     cache: dict[tuple[int, int, int], list[int]] = {}

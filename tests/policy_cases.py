@@ -11,14 +11,14 @@ from typing import Any
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from common.errors import InputError
-from policies.admission import waiting_queue
-from policies.base import Policy
-from policies.kv import PagedKV, ReservedKV
-from policies.padded_kv import PaddedBatchKV
-from policies.plan import BatchPlan, Layout
-from policies.registry import POLICIES, max_admissible_tokens
-from policies.seq import Phase, Seq
+from simctl.common.errors import InputError
+from simctl.policies.admission import waiting_queue
+from simctl.policies.base import Policy
+from simctl.policies.kv import PagedKV, ReservedKV
+from simctl.policies.padded_kv import PaddedBatchKV
+from simctl.policies.plan import BatchPlan, Layout
+from simctl.policies.registry import POLICIES, max_admissible_tokens
+from simctl.policies.seq import Phase, Seq
 
 # ----------------------------------------------------------------------------------------------------------
 # the driver

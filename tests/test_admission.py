@@ -10,14 +10,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_cluster import CONTINUOUS, MAX_SEQ_LEN, TINY, check_invariants
 
-from costs.base import CostModel, ScaledCost
-from policies.plan import BatchPlan
-from policies.registry import POLICIES, make_policy
-from serving.routers import make_router
-from sim.cluster import Cluster, Member, Pool
-from sim.kv_link import KVLink
-from sim.replica import CostBackend
-from traces.request import Request
+from simctl.costs.base import CostModel, ScaledCost
+from simctl.policies.plan import BatchPlan
+from simctl.policies.registry import POLICIES, make_policy
+from simctl.serving.routers import make_router
+from simctl.sim.cluster import Cluster, Member, Pool
+from simctl.sim.kv_link import KVLink
+from simctl.sim.replica import CostBackend
+from simctl.traces.request import Request
 
 
 class Admitting(CostModel):

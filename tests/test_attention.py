@@ -1,4 +1,4 @@
-"""The executor's attention: kernels chosen explicitly (`executor.config.ExecutorConfig.attention`),
+"""The executor's attention: kernels chosen explicitly (`simctl.executor.config.ExecutorConfig.attention`),
 grouped-query calls folded into the query axis rather than `enable_gqa` or repeated K/V heads, and the kernels
 recorded.
 
@@ -23,13 +23,13 @@ pytest.importorskip("transformers")
 
 from torch.nn.attention import sdpa_kernel
 
-from catalogue.models import get_model
-from common.errors import InputError
-from executor import ragged_attention
-from executor.config import ATTENTION, ExecutorConfig, check_same
-from executor.model import build_model, reference_model
-from executor.ragged import RaggedExecutor, Segment, attention_kernels
-from executor.ragged_attention import AttentionLayout, sdpa
+from simctl.catalogue.models import get_model
+from simctl.common.errors import InputError
+from simctl.executor import ragged_attention
+from simctl.executor.config import ATTENTION, ExecutorConfig, check_same
+from simctl.executor.model import build_model, reference_model
+from simctl.executor.ragged import RaggedExecutor, Segment, attention_kernels
+from simctl.executor.ragged_attention import AttentionLayout, sdpa
 
 pytestmark = pytest.mark.torch
 
@@ -269,7 +269,7 @@ def test_cuda_decode_step_costs_the_same_when_contexts_grow():
 # ---- one executor configuration for the profile, its fit and the real runs it prices -----------------------
 
 
-SHIPPED_CPU_PROFILE = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu"
+SHIPPED_CPU_PROFILE = Path(__file__).resolve().parents[1] / "simctl" / "profiler" / "profiles" / "cpu"
 SIMCTL = Path(sys.executable).parent / "simctl"
 
 
@@ -283,9 +283,9 @@ def simctl_error(*args: str, cwd: Path) -> str:
 
 
 def test_a_fit_records_its_profiles_executor_and_the_twin_refuses_another(tmp_path):
-    from costs.fitted import Fitted
-    from profiler.fit import fit_profile
-    from validation.twin import Setup, check_executor, twin_summary
+    from simctl.costs.fitted import Fitted
+    from simctl.profiler.fit import fit_profile
+    from simctl.validation.twin import Setup, check_executor, twin_summary
 
     profile = tmp_path / "cpu"
     shutil.copytree(SHIPPED_CPU_PROFILE, profile)
@@ -301,7 +301,7 @@ def test_a_fit_records_its_profiles_executor_and_the_twin_refuses_another(tmp_pa
 
 
 def test_validate_refuses_real_runs_with_other_kernels_than_the_fits(tmp_path):
-    from validation.validate import validate_main
+    from simctl.validation.validate import validate_main
 
     with pytest.raises(InputError, match="--attention math"):
         validate_main(["vllm"], cost=SHIPPED_CPU_PROFILE / "cost_model.json", out=tmp_path / "v",

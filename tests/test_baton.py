@@ -8,12 +8,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from costs.roofline import Roofline
-from policies.baton import Baton, BatonPD
-from policies.padded_kv import PaddedBatchKV
-from policies.plan import BatchPlan, Layout, padded_prefill
-from policies.registry import make_policy
-from policies.seq import Seq
+from simctl.costs.roofline import Roofline
+from simctl.policies.baton import Baton, BatonPD
+from simctl.policies.padded_kv import PaddedBatchKV
+from simctl.policies.plan import BatchPlan, Layout, padded_prefill
+from simctl.policies.registry import make_policy
+from simctl.policies.seq import Seq
 
 
 def step(policy) -> BatchPlan | None:
@@ -180,7 +180,7 @@ def test_the_cost_model_prices_b_times_l_new_tokens_and_dense_attention() -> Non
 
 @pytest.mark.parametrize("name", ["baton", "baton-pd", "pd"])
 def test_bad_options_are_one_line_errors(name: str) -> None:
-    from common.errors import InputError
+    from simctl.common.errors import InputError
 
     with pytest.raises(InputError, match="--max-batch-size must be an integer from 1 to"):
         make_policy(name, 10_000, 512, {"max_batch_size": 0})
@@ -190,8 +190,8 @@ def test_bad_options_are_one_line_errors(name: str) -> None:
 def test_hf_padded_returns_a_batch_at_its_end_unless_early_return(early_return: int) -> None:
     from conftest import AffineCost
 
-    from sim.simulate import simulate
-    from traces.request import Request
+    from simctl.sim.simulate import simulate
+    from simctl.traces.request import Request
 
     requests = [Request(i, 0.0, p, o) for i, (p, o) in enumerate([(30, 3), (10, 9), (20, 5), (5, 2)])]
     policy = make_policy("hf-padded", 10_000, 64, {"max_batch_size": 2, "early_return": early_return})
@@ -252,8 +252,8 @@ def test_no_preemption_without_the_option_or_a_higher_priority() -> None:
 def test_preemption_and_scaling_keep_every_invariant(reqs, name, batch, threshold, spare) -> None:
     from conftest import AffineCost
 
-    from sim.simulate import simulate
-    from traces.request import Request
+    from simctl.sim.simulate import simulate
+    from simctl.traces.request import Request
 
     t, requests = 0.0, []
     for i, (gap, p, o, prio) in enumerate(reqs):
@@ -298,7 +298,7 @@ def test_overlap_prefills_the_next_query_beside_the_decodes_and_embeds_it_when_a
 
 
 def test_overlap_refuses_preemption() -> None:
-    from common.errors import InputError
+    from simctl.common.errors import InputError
 
     with pytest.raises(InputError, match="--overlap 1 .* cannot take --preempt 1"):
         make_policy("baton-pd", 10_000, 512, {"overlap": 1, "preempt": 1, "admission": "priority"})
@@ -310,7 +310,7 @@ def test_concurrent_streams_add_their_demands_in_one_roofline() -> None:
     terms twice; the result lies between the longer stream and the two run in turn."""
     import math
 
-    from policies.plan import concurrent, hybrid, padded_decode
+    from simctl.policies.plan import concurrent, hybrid, padded_decode
 
     roof = Roofline("llama-2-7b", "a6000")
     running = [Seq(i, 0.0, 300, 50) for i in range(4)]
@@ -333,7 +333,7 @@ def test_concurrent_streams_add_their_demands_in_one_roofline() -> None:
 
 
 def test_eager_streams_pay_both_launch_floors() -> None:
-    from policies.plan import concurrent, hybrid, padded_decode
+    from simctl.policies.plan import concurrent, hybrid, padded_decode
 
     roof = Roofline("llama-2-7b", "h100", execution="eager")  # two weight reads well under two floors
     s, newcomer = Seq(0, 0.0, 4, 5), Seq(1, 0.0, 4, 5)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.run import RunConfig
-from studies.capacity import SLO, find_capacity
+from simctl.sim.run import RunConfig
+from simctl.studies.capacity import SLO, find_capacity
 
 pytestmark = pytest.mark.cli
 

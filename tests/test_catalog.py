@@ -2,9 +2,9 @@
 
 import pytest
 
-from catalogue.gpus import GPUS, GPUSpec, get_gpu
-from catalogue.models import MODELS, ModelSpec, get_model
-from common.errors import InputError
+from simctl.catalogue.gpus import GPUS, GPUSpec, get_gpu
+from simctl.catalogue.models import MODELS, ModelSpec, get_model
+from simctl.common.errors import InputError
 
 
 def test_llama2_7b_param_counts():

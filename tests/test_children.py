@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from common.children import TAIL_CHARS, failure_line, stop, stop_pool
+from simctl.common.children import TAIL_CHARS, failure_line, stop, stop_pool
 
 pytestmark = pytest.mark.unit
 
@@ -46,18 +46,18 @@ def _python(code: str) -> list[str]:
 
 
 def test_a_real_run_killed_for_memory_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.real
+    import simctl.engine.real
 
-    monkeypatch.setattr(engine.real, "worker_command", lambda *a, **k: _python(
+    monkeypatch.setattr(simctl.engine.real, "worker_command", lambda *a, **k: _python(
         "import os, signal; print('x' * 3000); os.kill(os.getpid(), signal.SIGKILL)"))
     with pytest.raises(RuntimeError) as e:
-        engine.real._run_worker(engine.real.RealConfig(threads=1))
+        simctl.engine.real._run_worker(simctl.engine.real.RealConfig(threads=1))
     assert str(e.value) == ("real-execution worker: killed by the kernel (SIGKILL), most likely out of "
                             "memory")
 
 
 def test_a_profiler_child_error_is_its_last_line() -> None:
-    from profiler.profile import run_child
+    from simctl.profiler.profile import run_child
 
     code = "def f():\n    raise MemoryError('DefaultCPUAllocator: not enough memory')\nf()\n"
     with pytest.raises(RuntimeError) as e:

@@ -16,24 +16,25 @@ from conftest import AffineCost
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import serving.loop
-from costs.base import ScaledCost
-from costs.fitted import Fitted
-from costs.roofline import Roofline
-from policies.kv import PagedKV
-from policies.plan import hybrid
-from policies.registry import make_policy
-from policies.sarathi import SarathiServe
-from policies.seq import Phase, Seq
-from serving.inbox import Inbox
-from serving.loop import Replica
-from serving.routers import make_router
-from sim.cluster import Cluster, Member, Pool
-from sim.replica import CostBackend, SimulatedTime
-from sim.simulate import simulate
-from traces.request import Request
+import simctl.serving.loop
+from simctl.costs.base import ScaledCost
+from simctl.costs.fitted import Fitted
+from simctl.costs.roofline import Roofline
+from simctl.policies.kv import PagedKV
+from simctl.policies.plan import hybrid
+from simctl.policies.registry import make_policy
+from simctl.policies.sarathi import SarathiServe
+from simctl.policies.seq import Phase, Seq
+from simctl.serving.inbox import Inbox
+from simctl.serving.loop import Replica
+from simctl.serving.routers import make_router
+from simctl.sim.cluster import Cluster, Member, Pool
+from simctl.sim.replica import CostBackend, SimulatedTime
+from simctl.sim.simulate import simulate
+from simctl.traces.request import Request
 
-SHIPPED_FIT = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu" / "cost_model.json"
+SHIPPED_FIT = (Path(__file__).resolve().parents[1] / "simctl" / "profiler" / "profiles" / "cpu"
+    / "cost_model.json")
 COSTS = {
     "affine": AffineCost(),  # the generic CostModel.stretch_times
     "mistral": Roofline("mistral-7b", "a100-80gb"),
@@ -190,19 +191,19 @@ def test_a_request_arriving_with_its_kv_stops_a_chunk_stretch() -> None:
 
 def test_a_long_prompt_beside_decodes_is_one_stretch(monkeypatch) -> None:
     calls = []
-    apply = serving.loop.apply_stretch
+    apply = simctl.serving.loop.apply_stretch
 
     def counting(policy, records, plan, start, ends, kv_used=None):
         calls.append((plan.decode_tokens, len(ends), kv_used is not None))
         return apply(policy, records, plan, start, ends, kv_used)
 
     requests = [Request(i, 0.001 * i, 20, 400) for i in range(8)] + [Request(8, 0.5, 3000, 3)]
-    monkeypatch.setattr(serving.loop, "apply_stretch", counting)
+    monkeypatch.setattr(simctl.serving.loop, "apply_stretch", counting)
     stretched, _ = _run("sarathi", requests, 100_000, None, "mistral", True)
     chunk_stretches = [c for c in calls if c[2]]
     # 8 decodes leave 504 tokens of the budget: 3000 = 5 x 504 + 480, so the first chunk repeats 4 more times
     assert chunk_stretches == [(8, 5, True)]
-    monkeypatch.setattr(serving.loop, "apply_stretch", apply)
+    monkeypatch.setattr(simctl.serving.loop, "apply_stretch", apply)
     _assert_identical(stretched, _run("sarathi", requests, 100_000, None, "mistral", False)[0])
 
 
@@ -222,13 +223,13 @@ def test_a_cluster_s_chunk_stretches_cut_by_pushes_are_bit_identical(monkeypatch
     requests = [Request(i, float(t), int(p), int(o)) for i, (t, p, o) in enumerate(zip(
         np.cumsum(rng.exponential(0.05, 60)), rng.integers(1, 3000, 60), rng.integers(1, 80, 60)))]
     calls = []
-    apply = serving.loop.apply_stretch
+    apply = simctl.serving.loop.apply_stretch
 
     def counting(policy, records, plan, start, ends, kv_used=None):
         calls.append(kv_used is not None)
         return apply(policy, records, plan, start, ends, kv_used)
 
-    monkeypatch.setattr(serving.loop, "apply_stretch", counting)
+    monkeypatch.setattr(simctl.serving.loop, "apply_stretch", counting)
     seqs, logs = _cluster(requests, 2)
     assert sum(calls) > 10  # chunk stretches ran
     monkeypatch.setattr(SarathiServe, "chunk_repeats", lambda self, plan: 0)

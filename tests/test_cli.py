@@ -280,7 +280,7 @@ def test_failed_run_leaves_earlier_outputs_untouched(tmp_path: Path, traces: dic
 
 def test_write_run_is_all_or_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A failure while writing (here: the second parquet file) leaves no new file and no temporary file."""
-    from results.output import write_run
+    from simctl.results.output import write_run
 
     out = tmp_path / "out"
     frame = pd.DataFrame({"a": [1, 2]})
@@ -467,7 +467,7 @@ def test_trace_file_num_requests_takes_the_first_rows(tmp_path: Path, traces: di
 
 
 def test_list_names_the_catalogue() -> None:
-    from policies.registry import POLICIES
+    from simctl.policies.registry import POLICIES
 
     res = simctl("list")
     assert res.returncode == 0 and res.stderr == ""
@@ -513,7 +513,7 @@ def test_roofline_calibration_of_the_cpu_prices_the_cpu_only(tmp_path: Path) -> 
     """`simctl fit --roofline-gpu` on the shipped CPU profile, then `run --cost` with that calibration: on the
     CPU it prices; on a GPU (the README's old example predicted Mistral-7B on an A100 at 77 s per token) it is
     refused, and so is calibrating a CPU profile against a GPU's specs."""
-    shipped = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu"
+    shipped = Path(__file__).resolve().parents[1] / "simctl" / "profiler" / "profiles" / "cpu"
     assert_one_line_error(simctl("fit", shipped, "--out", tmp_path / "gpu", "--roofline-gpu", "a100-80gb"),
                           "--roofline-gpu a100-80gb", "--roofline-gpu cpu")
     assert not (tmp_path / "gpu").exists()

@@ -14,18 +14,18 @@ import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from catalogue.gpus import get_gpu
-from catalogue.models import get_model
-from policies.registry import POLICIES, make_policy
-from policies.seq import Seq
-from serving.records import request_frame
-from serving.routers import ROUTERS, ReplicaView, Router, make_router
-from sim.cluster import Cluster, Member, Pool
-from sim.cluster_config import ClusterConfig
-from sim.kv_link import KVLink, kv_transfer_bytes
-from sim.replica import CostBackend
-from sim.run import RunConfig, cost_model, run
-from traces.request import Request
+from simctl.catalogue.gpus import get_gpu
+from simctl.catalogue.models import get_model
+from simctl.policies.registry import POLICIES, make_policy
+from simctl.policies.seq import Seq
+from simctl.serving.records import request_frame
+from simctl.serving.routers import ROUTERS, ReplicaView, Router, make_router
+from simctl.sim.cluster import Cluster, Member, Pool
+from simctl.sim.cluster_config import ClusterConfig
+from simctl.sim.kv_link import KVLink, kv_transfer_bytes
+from simctl.sim.replica import CostBackend
+from simctl.sim.run import RunConfig, cost_model, run
+from simctl.traces.request import Request
 
 TINY = get_model("tiny")
 COST = cost_model(None, TINY, get_gpu("cpu"), 1)[0]

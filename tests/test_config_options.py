@@ -11,8 +11,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from common.option_fields import option_field
 from simctl.cli import app
+from simctl.common.option_fields import option_field
 from simctl.config_options import with_config_options
 
 pytestmark = pytest.mark.unit

@@ -30,15 +30,15 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from policy_cases import Step, build, cases, drive
 
-from costs.base import CostModel
-from costs.roofline import Roofline
-from policies.base import Policy
-from policies.kv import ReservedKV
-from policies.registry import POLICIES
-from results.metrics import summarize
-from results.run_result import SimResult
-from sim.simulate import simulate
-from traces.request import Request
+from simctl.costs.base import CostModel
+from simctl.costs.roofline import Roofline
+from simctl.policies.base import Policy
+from simctl.policies.kv import ReservedKV
+from simctl.policies.registry import POLICIES
+from simctl.results.metrics import summarize
+from simctl.results.run_result import SimResult
+from simctl.sim.simulate import simulate
+from simctl.traces.request import Request
 
 # ----------------------------------------------------------------------------------------------------------
 # step by step: every plan checked as it is made (`policy_cases.drive`)
@@ -91,7 +91,7 @@ def test_steps_conform(name: str, data: st.DataObject) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# whole simulator runs (`sim.simulate.simulate`)
+# whole simulator runs (`simctl.sim.simulate.simulate`)
 # ----------------------------------------------------------------------------------------------------------
 
 COSTS: dict[str, CostModel] = {

@@ -8,14 +8,14 @@ from conftest import AffineCost
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.kv import PagedKV
-from policies.registry import POLICIES, make_policy
-from policies.sarathi import SarathiServe
-from policies.seq import Phase, Seq
-from policies.vllm import VLLM
-from serving.inbox import Inbox
-from serving.loop import Replica
-from sim.replica import CostBackend, SimulatedTime
+from simctl.policies.kv import PagedKV
+from simctl.policies.registry import POLICIES, make_policy
+from simctl.policies.sarathi import SarathiServe
+from simctl.policies.seq import Phase, Seq
+from simctl.policies.vllm import VLLM
+from simctl.serving.inbox import Inbox
+from simctl.serving.loop import Replica
+from simctl.sim.replica import CostBackend, SimulatedTime
 
 
 def prefilled(i: int, arrival: float, prompt: int, output: int) -> Seq:

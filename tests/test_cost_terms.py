@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from catalogue.gpus import get_gpu
-from costs.fitted import Fitted
-from costs.roofline import Roofline
-from policies.plan import hybrid
-from policies.seq import Seq
-from sim.run import default_cost_path
+from simctl.catalogue.gpus import get_gpu
+from simctl.costs.fitted import Fitted
+from simctl.costs.roofline import Roofline
+from simctl.policies.plan import hybrid
+from simctl.policies.seq import Seq
+from simctl.sim.run import default_cost_path
 
 MODELS = {
     "roofline": Roofline("mistral-7b", "a100-80gb"),

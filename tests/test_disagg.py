@@ -19,8 +19,8 @@ pytest.importorskip("transformers")
 from conftest import TinyCost
 from test_engine import MODEL, REQUESTS, SEED, SPEC
 
-from engine.deployment import serve_deployment
-from engine.setup import RealConfig, size_run
+from simctl.engine.deployment import serve_deployment
+from simctl.engine.setup import RealConfig, size_run
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
 SIMCTL = Path(sys.executable).parent / "simctl"
@@ -110,8 +110,8 @@ def test_bad_real_pd_input_is_one_line_exit_2(tmp_path: Path, args: tuple[str, .
 
 
 def test_validate_compares_a_real_pd_run_with_the_simulated_cluster(tmp_path: Path) -> None:
-    from studies.capacity import SLO
-    from validation.validate import validate_main
+    from simctl.studies.capacity import SLO
+    from simctl.validation.validate import validate_main
 
     out = tmp_path / "val"
     report = validate_main(["vllm"], "sharegpt", [0.5], cost=TinyCost(), out=out, model=MODEL, scale=0.02,
@@ -132,9 +132,9 @@ def test_validate_compares_a_real_pd_run_with_the_simulated_cluster(tmp_path: Pa
 
 
 def test_validate_pd_refuses_threads_the_cores_cannot_hold(tmp_path: Path) -> None:
-    from common.errors import InputError
-    from executor.runtime import default_threads
-    from validation.validate import validate_main
+    from simctl.common.errors import InputError
+    from simctl.executor.runtime import default_threads
+    from simctl.validation.validate import validate_main
 
     with pytest.raises(InputError, match="two instances"):
         validate_main(["vllm"], "sharegpt", [0.5], cost=TinyCost(), out=tmp_path / "val", model=MODEL,
@@ -145,7 +145,7 @@ def test_a_prefill_instance_killed_while_starting_says_why() -> None:
     """Its exit status, not "code -9": the kernel's out-of-memory killer is named (issue 35)."""
     from types import SimpleNamespace
 
-    from engine.disagg import _await_ready
+    from simctl.engine.disagg import _await_ready
 
     def eof() -> None:
         raise EOFError

@@ -13,19 +13,19 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from conftest import ENGINE_MODEL, ENGINE_SEED
-
-from catalogue.models import get_model
-from common.errors import InputError
-from engine.real import real_main, run_real, twin_inputs, write_real
 from engine.serve import Engine, prompt_ids
-from engine.setup import RealConfig, size_run, sized_policy
-from executor.plans import SlotPool
-from executor.ragged import RaggedExecutor, Segment
-from policies.registry import POLICIES
-from sim.cluster_run import write_cluster_files
-from sim.run import RunConfig, run
-from traces import build_trace
-from traces.request import Request
+
+from simctl.catalogue.models import get_model
+from simctl.common.errors import InputError
+from simctl.engine.real import real_main, run_real, twin_inputs, write_real
+from simctl.engine.setup import RealConfig, size_run, sized_policy
+from simctl.executor.plans import SlotPool
+from simctl.executor.ragged import RaggedExecutor, Segment
+from simctl.policies.registry import POLICIES
+from simctl.sim.cluster_run import write_cluster_files
+from simctl.sim.run import RunConfig, run
+from simctl.traces import build_trace
+from simctl.traces.request import Request
 
 MODEL, SEED = ENGINE_MODEL, ENGINE_SEED
 SPEC = get_model(MODEL)
@@ -221,7 +221,7 @@ def test_prepack_packs_and_hf_padded_masks_densely(model, alone, monkeypatch) ->
 
 
 def test_slot_pool_stays_packed_and_refuses() -> None:
-    from policies.seq import Seq
+    from simctl.policies.seq import Seq
 
     moves = []
     pool = SlotPool(3, lambda *m: moves.append(m))

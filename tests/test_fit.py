@@ -22,22 +22,22 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from catalogue.gpus import get_gpu
-from catalogue.models import get_model
-from common.errors import InputError
-from costs import Fitted, Roofline
-from costs.calibration import load_roofline_calibration
-from costs.curves import pwl_array
-from costs.features import decode_pad_kv
-from costs.fitted_form import COEFFICIENTS
-from policies.plan import BatchPlan, Layout, packed, padded_decode, padded_prefill
-from policies.seq import Seq
-from profiler.fit import COST_MODEL_FILE, fit_profile
-from profiler.fit_coefficients import choose_knots, fit_coefficients
-from profiler.fit_report import format_report
-from profiler.fit_roofline import plans_from_rows
-from profiler.profile_data import PROFILE_COLUMNS
-from sim.run import cost_model
+from simctl.catalogue.gpus import get_gpu
+from simctl.catalogue.models import get_model
+from simctl.common.errors import InputError
+from simctl.costs import Fitted, Roofline
+from simctl.costs.calibration import load_roofline_calibration
+from simctl.costs.curves import pwl_array
+from simctl.costs.features import decode_pad_kv
+from simctl.costs.fitted_form import COEFFICIENTS
+from simctl.policies.plan import BatchPlan, Layout, packed, padded_decode, padded_prefill
+from simctl.policies.seq import Seq
+from simctl.profiler.fit import COST_MODEL_FILE, fit_profile
+from simctl.profiler.fit_coefficients import choose_knots, fit_coefficients
+from simctl.profiler.fit_report import format_report
+from simctl.profiler.fit_roofline import plans_from_rows
+from simctl.profiler.profile_data import PROFILE_COLUMNS
+from simctl.sim.run import cost_model
 
 TINY = get_model("tiny")
 TINY_SHAPE = {f.name: getattr(TINY, f.name) for f in dataclasses.fields(TINY) if f.name != "description"}

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from results.slo import parse_slo
-from sim.cluster_config import ClusterConfig
-from sim.run import RunConfig, run
-from studies.goodput import find_goodput, with_attainment
+from simctl.results.slo import parse_slo
+from simctl.sim.cluster_config import ClusterConfig
+from simctl.sim.run import RunConfig, run
+from simctl.studies.goodput import find_goodput, with_attainment
 
 CONFIG = RunConfig(policy="vllm", trace="sharegpt", qps=4.0, num_requests=100, seed=2)
 

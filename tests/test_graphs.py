@@ -12,14 +12,14 @@ import weakref
 import numpy as np
 import pytest
 
-from costs.fitted import Fitted
-from costs.graph_buckets import CAPTURE_SIZES, GraphShapes
-from policies.plan import Layout, hybrid, padded_decode
-from policies.seq import Seq
-from profiler.shape_protocol import SERVED
-from profiler.shapes import decode, prefill
-from profiler.shapes import hybrid as hybrid_shape
-from profiler.workloads import build_grid
+from simctl.costs.fitted import Fitted
+from simctl.costs.graph_buckets import CAPTURE_SIZES, GraphShapes
+from simctl.policies.plan import Layout, hybrid, padded_decode
+from simctl.policies.seq import Seq
+from simctl.profiler.shape_protocol import SERVED
+from simctl.profiler.shapes import decode, prefill
+from simctl.profiler.shapes import hybrid as hybrid_shape
+from simctl.profiler.workloads import build_grid
 
 
 def decoding(i: int, context: int) -> Seq:
@@ -124,7 +124,7 @@ def test_a_graphed_profile_records_decode_steps_as_run_and_repeats_them():
 
 
 def test_graphs_are_the_default_on_a_gpu_but_for_a_mixture_of_experts():
-    from executor.config import eager_on
+    from simctl.executor.config import eager_on
 
     assert eager_on("cuda:0") is False and eager_on("cpu") is True
     assert eager_on("cuda", None, moe=True) is True and eager_on("cuda", False, moe=True) is False
@@ -151,11 +151,12 @@ def test_a_graphed_profile_fits_the_eager_steps_own_cost(tmp_path):
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from catalogue.models import get_model
-from executor.config import ExecutorConfig
-from executor.cuda_graphs import DecodeGraphs
 from executor.model import build_model
-from executor.ragged import RaggedExecutor, Segment
+
+from simctl.catalogue.models import get_model
+from simctl.executor.config import ExecutorConfig
+from simctl.executor.cuda_graphs import DecodeGraphs
+from simctl.executor.ragged import RaggedExecutor, Segment
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
@@ -251,9 +252,9 @@ def test_an_engine_whose_decodes_run_as_graphs_gives_each_request_its_tokens_alo
     alone, slots that come and go (finished requests' KV moved down) included, and decode steps did run
     from graphs."""
     from conftest import ENGINE_MODEL, ENGINE_SEED
-
     from engine.serve import Engine, prompt_ids, warm_up
-    from engine.setup import RealConfig, size_run, sized_policy
+
+    from simctl.engine.setup import RealConfig, size_run, sized_policy
     from tests.test_engine import REQUESTS
 
     spec = get_model(ENGINE_MODEL)

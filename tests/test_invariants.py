@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from conftest import AffineCost
 
-from policies.registry import make_policy
-from sim.simulate import simulate
-from traces.request import Request
+from simctl.policies.registry import make_policy
+from simctl.sim.simulate import simulate
+from simctl.traces.request import Request
 
 
 def test_stretch_end_is_the_replica_clock() -> None:

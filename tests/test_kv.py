@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.kv import PagedKV, ReservedKV
-from policies.seq import Seq
+from simctl.policies.kv import PagedKV, ReservedKV
+from simctl.policies.seq import Seq
 
 
 def seq(i: int, prompt: int, output: int = 10) -> Seq:

@@ -1,6 +1,7 @@
-"""The packages form layers that follow the data flow: a package imports only itself and lower layers, and no
-module takes part in an import cycle. Every import counts, including those inside functions: a lazy import is
-still a dependency."""
+"""The packages under the one import root `simctl` form layers that follow the data flow: a package
+imports only itself and lower layers, and no module takes part in an import cycle. Every import counts,
+including those inside functions: a lazy import is still a dependency. The command line's modules sit in
+`simctl` itself, the top layer."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"engine"},  # the real-execution mode: simctl's engine and the real vLLM as targets
     {"profiler"},  # timing shapes and fitting them; served vLLM's steps through the engine's server
     {"validation"},  # real runs against their simulated twins
-    {"simctl"},  # the command line
+    {"simctl"},  # the command line: the modules of `simctl` itself
 ]
 LAYER = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 THIRD_PARTY = {"torch": {"executor", "profiler", "engine"},
@@ -32,14 +33,22 @@ THIRD_PARTY = {"torch": {"executor", "profiler", "engine"},
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for pkg in LAYER:
-        for f in sorted((ROOT / pkg).rglob("*.py")):
-            parts = f.relative_to(ROOT).with_suffix("").parts
-            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    for f in sorted((ROOT / "simctl").rglob("*.py")):
+        parts = f.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
     return out
 
 
 MODULES = _modules()
+
+
+def _package(module: str) -> str:
+    """The layered package of a module of simctl ("simctl.sim.run" -> "sim"; the CLI's "simctl.run_cmd" ->
+    "simctl"), or the top-level name of any other module ("numpy.linalg" -> "numpy")."""
+    parts = module.split(".")
+    if parts[0] != "simctl":
+        return parts[0]
+    return parts[1] if len(parts) > 1 and parts[1] in LAYER else "simctl"
 
 
 def _imports(name: str, path: Path) -> list[tuple[int, str]]:
@@ -63,21 +72,33 @@ def _imports(name: str, path: Path) -> list[tuple[int, str]]:
 def test_relative_imports_resolve(tmp_path: Path) -> None:
     # the project has none today; one added later must not slip past the checks
     (tmp_path / "m.py").write_text("from .fitted import Fitted\nfrom .. import capacity\n")
-    assert _imports("studies.sub.m", tmp_path / "m.py") == [
-        (1, "studies.sub.fitted"), (2, "studies"), (2, "studies.capacity")]
+    assert _imports("simctl.studies.sub.m", tmp_path / "m.py") == [
+        (1, "simctl.studies.sub.fitted"), (2, "simctl.studies"), (2, "simctl.studies.capacity")]
 
 
 def test_every_package_is_layered() -> None:
-    on_disk = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "bench", "notebooks"}
+    on_disk = {p.parent.name for p in (ROOT / "simctl").glob("*/__init__.py")}
     assert on_disk <= set(LAYER), f"packages missing from the layer table: {sorted(on_disk - set(LAYER))}"
+
+
+def test_one_import_root() -> None:
+    # what `pip install` adds to site-packages: the packages pyproject.toml's find rule includes
+    import tomllib
+
+    from setuptools import find_namespace_packages
+
+    rule = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    installed = find_namespace_packages(str(ROOT), **rule["packages"]["find"])
+    assert installed and {p.split(".")[0] for p in installed} == {"simctl"}
+    assert not [p.parent.name for p in ROOT.glob("*/__init__.py") if p.parent.name not in {"simctl", "tests"}]
 
 
 def test_packages_import_only_lower_layers() -> None:
     bad = []
     for name, path in MODULES.items():
-        pkg = name.split(".")[0]
+        pkg = _package(name)
         for line, mod in _imports(name, path):
-            top = mod.split(".")[0]
+            top = _package(mod)
             if top in LAYER and top != pkg and LAYER[top] >= LAYER[pkg]:
                 bad.append(
                     f"{path.relative_to(ROOT)}:{line} imports {mod} (layer {LAYER[top]} >= {LAYER[pkg]})")

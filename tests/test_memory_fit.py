@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from catalogue.models import get_model
-from common.errors import InputError
-from executor.memory import available_bytes, check_fits, memory_need
+from simctl.catalogue.models import get_model
 from simctl.cli import main
+from simctl.common.errors import InputError
+from simctl.executor.memory import available_bytes, check_fits, memory_need
 
 pytestmark = pytest.mark.unit
 
@@ -28,17 +28,17 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str
 @pytest.fixture
 def machine_of_21_gb(monkeypatch: pytest.MonkeyPatch) -> None:
     """21 GB available on every device, and no child, worker or model may be started."""
-    import engine.real
-    import executor.model
-    import profiler.profile
+    import simctl.engine.real
+    import simctl.executor.model
+    import simctl.profiler.profile
 
     def started(*args: object, **kw: object) -> None:
         raise AssertionError("a model was built or a child started")
 
-    monkeypatch.setattr("executor.memory.available_bytes", lambda device: 21 * GB)
-    monkeypatch.setattr(engine.real, "_run_worker", started)
-    monkeypatch.setattr(profiler.profile, "run_worker", started)
-    monkeypatch.setattr(executor.model, "build_model", started)
+    monkeypatch.setattr("simctl.executor.memory.available_bytes", lambda device: 21 * GB)
+    monkeypatch.setattr(simctl.engine.real, "_run_worker", started)
+    monkeypatch.setattr(simctl.profiler.profile, "run_worker", started)
+    monkeypatch.setattr(simctl.executor.model, "build_model", started)
 
 
 def refused_with_numbers(code: int, err: str, model: str = "llama-2-70b") -> None:
@@ -69,7 +69,7 @@ def test_the_profile_is_refused_before_its_child_starts(machine_of_21_gb: None, 
 
 def test_validate_probes_memory_before_building_on_cuda(machine_of_21_gb: None) -> None:
     """validate's probe builds the model in a child on cuda: the check comes first."""
-    from engine.real import RealConfig, probe_device
+    from simctl.engine.real import RealConfig, probe_device
 
     with pytest.raises(InputError, match=r"llama-2-70b in float32 needs .* but cuda has 21 GB available"):
         probe_device(RealConfig(model="llama-2-70b", device="cuda", num_requests=5, scale=0.1))

@@ -16,15 +16,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common.errors import InputError
-from sim.run import RunConfig, run
-from studies.capacity import SLO, find_capacity, search_qps
-from traces import build_trace
+from simctl.common.errors import InputError
+from simctl.sim.run import RunConfig, run
+from simctl.studies.capacity import SLO, find_capacity, search_qps
+from simctl.traces import build_trace
 
 pytestmark = pytest.mark.cli
 
 SIMCTL = Path(sys.executable).parent / "simctl"
-SHIPPED_CPU_PROFILE = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu"
+SHIPPED_CPU_PROFILE = Path(__file__).resolve().parents[1] / "simctl" / "profiler" / "profiles" / "cpu"
 
 
 def simctl(*args: str | Path, cwd: Path | None = None, **kw) -> subprocess.CompletedProcess[str]:
@@ -117,8 +117,8 @@ def test_validate_with_few_requests_is_refused_or_close(monkeypatch: pytest.Monk
     """`simctl validate --num-requests 20` bisected a simulated capacity of 432 QPS for the tiny model (85
     with 300 requests) and went on to real runs at 216 and 302 QPS, without a word. The real runs are stubbed
     out here: only the simulated capacity is checked."""
-    import engine.real
-    from validation.validate import validate_main
+    import simctl.engine.real
+    from simctl.validation.validate import validate_main
 
     class RealRunStarted(Exception):
         pass
@@ -126,7 +126,7 @@ def test_validate_with_few_requests_is_refused_or_close(monkeypatch: pytest.Monk
     def no_real_run(**kw):
         raise RealRunStarted
 
-    monkeypatch.setattr(engine.real, "real_main", no_real_run)
+    monkeypatch.setattr(simctl.engine.real, "real_main", no_real_run)
     cost = SHIPPED_CPU_PROFILE / "cost_model.json"
 
     def simulated_capacity(n: int) -> float | None:
@@ -289,9 +289,9 @@ def test_a_request_within_the_context_but_beyond_the_kv_cache_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str, words: str) -> None:
     """The catalogue's one such pair: Llama-2-13B on the placeholder CPU's roofline, 729 KV slots at
     --tp 2."""
-    import sim.run
+    import simctl.sim.run
 
-    monkeypatch.setattr(sim.run, "default_cost_path", lambda gpu: None)
+    monkeypatch.setattr(simctl.sim.run, "default_cost_path", lambda gpu: None)
     path = tmp_path / "long.csv"
     path.write_text("num_prefill_tokens,num_decode_tokens\n2000,10\n")
     with pytest.raises(InputError, match=f"does not fit: .*{words}.*729"):
@@ -300,8 +300,8 @@ def test_a_request_within_the_context_but_beyond_the_kv_cache_is_refused(
 
 def test_real_with_every_default_fits_its_model() -> None:
     """`simctl real` with no options used to fail: unscaled sharegpt is longer than tiny's context."""
-    from catalogue.models import get_model
-    from engine.real import RealConfig, size_run
+    from simctl.catalogue.models import get_model
+    from simctl.engine.real import RealConfig, size_run
 
     assert "[default: 0.05]" in " ".join(simctl("real", "--help").stdout.split())
     config = RealConfig(scale=0.05)
@@ -374,7 +374,7 @@ def test_validate_into_a_folder_holding_other_files_is_refused(tmp_path: Path) -
 def test_an_interrupted_write_leaves_no_new_folder(tmp_path: Path) -> None:
     """SIGTERM during `simctl run --out NEW`'s write phase (or during `simctl validate`) left NEW behind,
     empty: --out was not "left as it was"."""
-    from results.output import write_files
+    from simctl.results.output import write_files
 
     class Stop(BaseException):  # what simctl.cli raises on SIGTERM
         pass
@@ -508,7 +508,7 @@ def test_a_bad_start_rate_names_its_option() -> None:
 
 def test_an_interruption_while_writing_leaves_no_temporaries(tmp_path: Path) -> None:
     """SIGTERM during `simctl run`'s write phase left a 13 MB hidden temporary: now it unwinds through it."""
-    from results.output import write_files
+    from simctl.results.output import write_files
 
     class Stop(BaseException):  # what simctl.cli raises on SIGTERM: not an Exception
         pass
@@ -535,12 +535,12 @@ def test_trace_help_keeps_its_column_names_whole(command: str) -> None:
 
 # ---- long runs ---------------------------------------------------------------------------------------------
 def test_progress_is_reported_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sim.cluster
+    import simctl.sim.cluster
 
     # a lone replica's waits per SimPy event (YIELD_EVERY), and events between reports (PROGRESS_EVERY):
     # several in this run
-    monkeypatch.setattr(sim.cluster, "YIELD_EVERY", 16)
-    monkeypatch.setattr(sim.cluster, "PROGRESS_EVERY", 4)
+    monkeypatch.setattr(simctl.sim.cluster, "YIELD_EVERY", 16)
+    monkeypatch.setattr(simctl.sim.cluster, "PROGRESS_EVERY", 4)
     config = RunConfig(policy="vllm", trace="sharegpt", qps=2.0, num_requests=300)
     seen: list[tuple[int, int]] = []
     with_bar = run(config, progress=lambda done, total: seen.append((done, total))).summary

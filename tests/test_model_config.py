@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from catalogue.models import MODELS, get_model
-from catalogue.moe import MoE
-from common.errors import InputError
-from costs.roofline import Roofline
-from policies.plan import hybrid
-from policies.seq import Seq
+from simctl.catalogue.models import MODELS, get_model
+from simctl.catalogue.moe import MoE
+from simctl.common.errors import InputError
+from simctl.costs.roofline import Roofline
+from simctl.policies.plan import hybrid
+from simctl.policies.seq import Seq
 
 pytestmark = pytest.mark.cli
 
@@ -160,7 +160,7 @@ def test_cli_runs_a_config_and_refuses_a_bad_one(tmp_path: Path) -> None:
 
 def test_engine_builds_the_configured_shape(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from executor.model import build_model
+    from simctl.executor.model import build_model
 
     model = build_model(get_model(write(tmp_path, TINY)))
     c = model.config

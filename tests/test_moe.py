@@ -8,13 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from catalogue.gpus import GiB, get_gpu
-from catalogue.models import MODELS, ModelSpec
-from catalogue.moe import MoE, busiest_gpu, expected_distinct_experts, routing_probabilities
-from common.errors import InputError
-from costs.roofline import Roofline
-from policies.plan import hybrid
-from policies.seq import Seq
+from simctl.catalogue.gpus import GiB, get_gpu
+from simctl.catalogue.models import MODELS, ModelSpec
+from simctl.catalogue.moe import MoE, busiest_gpu, expected_distinct_experts, routing_probabilities
+from simctl.common.errors import InputError
+from simctl.costs.roofline import Roofline
+from simctl.policies.plan import hybrid
+from simctl.policies.seq import Seq
 
 
 def decodes(batch: int, context: int = 100) -> object:
@@ -129,7 +129,7 @@ def test_moe_weights_resident_and_kv_as_its_attention() -> None:
 
 
 def test_routing_skew_reaches_the_run_and_is_refused_where_meaningless() -> None:
-    from sim.run import RunConfig, run
+    from simctl.sim.run import RunConfig, run
 
     base = RunConfig(policy="vllm", trace="sharegpt", model="qwen3-30b-a3b", gpu="h100", qps=2.0,
                      num_requests=60)
@@ -144,7 +144,7 @@ def test_routing_skew_reaches_the_run_and_is_refused_where_meaningless() -> None
 
 
 def test_profile_grid_spans_the_expert_union() -> None:
-    from profiler.workloads import build_grid, expert_union_tokens
+    from simctl.profiler.workloads import build_grid, expert_union_tokens
 
     moe = MODELS["tiny-moe"].moe  # 8 (1 - 0.75^T) >= 7.9 first at T = 16
     assert expert_union_tokens(moe) == list(range(1, 17))
@@ -160,7 +160,7 @@ def test_profile_grid_spans_the_expert_union() -> None:
 
 
 def test_vllm_profile_grid_spans_the_expert_union() -> None:
-    from profiler.vllm_grid import vllm_grid
+    from simctl.profiler.vllm_grid import vllm_grid
 
     moe = MODELS["tiny-moe"].moe
     for name in ("full", "quick"):
@@ -175,8 +175,8 @@ def test_vllm_profile_grid_spans_the_expert_union() -> None:
 def test_a_profile_records_the_moe_shape_and_a_fit_checks_it() -> None:
     from dataclasses import asdict, replace
 
-    from catalogue.recorded_model import model_spec_from_shape
-    from costs.fitted import Fitted
+    from simctl.catalogue.recorded_model import model_spec_from_shape
+    from simctl.costs.fitted import Fitted
 
     spec = MODELS["tiny-moe"]
     assert model_spec_from_shape("tiny-moe", asdict(spec)) == spec  # meta.json's model_shape, read back
@@ -253,7 +253,7 @@ def test_expert_parallelism_refused_where_meaningless() -> None:
 
 
 def test_expert_parallelism_reaches_the_run_and_is_refused_with_a_fit() -> None:
-    from sim.run import RunConfig, run
+    from simctl.sim.run import RunConfig, run
 
     base = RunConfig(policy="vllm", trace="sharegpt", model="qwen3-30b-a3b", gpu="h100", tp=2, qps=2.0,
                      num_requests=60)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from catalogue.models import MODELS, get_model
-from common.errors import InputError
-from executor.model import build_model, llama_config, reference_model
-from executor.ragged import RaggedExecutor, Segment
+from simctl.catalogue.models import MODELS, get_model
+from simctl.common.errors import InputError
+from simctl.executor.model import build_model, llama_config, reference_model
+from simctl.executor.ragged import RaggedExecutor, Segment
 
 pytestmark = pytest.mark.torch
 
@@ -47,7 +47,7 @@ def test_shapes_that_cannot_be_built() -> None:
 
 
 def test_vllm_builds_the_moe_as_mixtral() -> None:
-    from executor.vllm_runtime import model_config_json
+    from simctl.executor.vllm_runtime import model_config_json
 
     config = model_config_json(get_model("tiny-moe"), "float32")
     assert config["architectures"] == ["MixtralForCausalLM"]
@@ -59,9 +59,9 @@ def test_vllm_builds_the_moe_as_mixtral() -> None:
 @pytest.mark.vllm
 def test_vllm_serves_the_tiny_moe() -> None:
     pytest.importorskip("vllm")
-    from engine.vllm_real import VLLMServer
-    from executor.vllm_runtime import VLLMDeployment
-    from traces.request import Request
+    from simctl.engine.vllm_real import VLLMServer
+    from simctl.executor.vllm_runtime import VLLMDeployment
+    from simctl.traces.request import Request
 
     requests = [Request(i, 0.02 * i, 5 + (i * 37) % 300, 1 + i % 6) for i in range(8)]
     with VLLMServer("tiny-moe", VLLMDeployment(max_model_len=2048)) as server:

@@ -68,7 +68,7 @@ def test_capacity_of_a_short_trace_file_probes_its_rows(capsys: pytest.CaptureFi
 def test_validate_says_why_its_cells_are_na(tmp_path: Path) -> None:
     """Issue 35: `validate --loads 5` printed every cell n/a with no reason (both runs gave up at 5x the
     capacity, having completed nothing)."""
-    from results.validation_report import METRICS, ValidationReport, markdown, unavailable
+    from simctl.results.validation_report import METRICS, ValidationReport, markdown, unavailable
 
     def row(load: float, completed: int) -> dict:
         values = {f"{m}{end}": None if not completed else 1.0 for m in METRICS
@@ -120,8 +120,8 @@ def test_long_commands_report_progress(capsys: pytest.CaptureFixture[str], monke
 
 def test_list_shows_the_efficiencies_runs_use(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 35: `list` said mfu 0.7 / mbu 0.75 while the A100's runs use its measured 0.757 / 0.819."""
-    from catalogue.models import get_model
-    from costs.roofline import DEFAULT_MBU, DEFAULT_MFU, Roofline
+    from simctl.catalogue.models import get_model
+    from simctl.costs.roofline import DEFAULT_MBU, DEFAULT_MFU, Roofline
 
     code, out, _ = simctl(capsys, "list")
     out = " ".join(out.replace("│", " ").split())  # a wrapped cell's lines, joined

@@ -10,19 +10,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from catalogue.gpus import get_gpu
-from catalogue.models import get_model
-from common.errors import InputError
-from policies.plan import hybrid
-from policies.seq import Seq
-from profiler.fit_operators import (
+from simctl.catalogue.gpus import get_gpu
+from simctl.catalogue.models import get_model
+from simctl.common.errors import InputError
+from simctl.policies.plan import hybrid
+from simctl.policies.seq import Seq
+from simctl.profiler.fit_operators import (
     fit_operator_profile,
     iteration_seconds,
     smoothed_collective,
     tile_step_knots,
 )
-from profiler.operator_profiles import OperatorProfile, load_operator_profile
-from sim.run import cost_model
+from simctl.profiler.operator_profiles import OperatorProfile, load_operator_profile
+from simctl.sim.run import cost_model
 
 PROFILES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gpu_profiles"
 needs_profiles = pytest.mark.skipif(not (PROFILES / "compute").is_dir(), reason="no reference GPU profiles")

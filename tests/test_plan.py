@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.errors import InputError
-from results.slo import SLO
-from sim.run import RunConfig, run, trace_for
-from studies.capacity import Capacity, CapacityResult
-from studies.plan import (
+from simctl.common.errors import InputError
+from simctl.results.slo import SLO
+from simctl.sim.run import RunConfig, run, trace_for
+from simctl.studies.capacity import Capacity, CapacityResult
+from simctl.studies.plan import (
     Candidate,
     Choice,
     best_reached,
@@ -25,8 +25,8 @@ from studies.plan import (
     rank_key,
     size,
 )
-from traces.request import Request
-from traces.too_long import screen
+from simctl.traces.request import Request
+from simctl.traces.too_long import screen
 
 
 def _requests(*lengths: tuple[int, int]) -> list[Request]:
@@ -277,7 +277,7 @@ def _checker(passes_at: dict[str, int]) -> tuple[list[list[str]], Callable[[list
 
 
 def test_every_estimate_below_the_answer_is_checked_before_it_is_final() -> None:
-    from studies.plan import select
+    from simctl.studies.plan import select
 
     # 20 QPS: a 4.0 QPS replica is estimated at 5 GPUs, 3.4 at 6, 2.9 at 7
     made = [_sized(n, q, 1) for n, q in (("five-a", 4.0), ("five-b", 4.0), ("six", 3.4), ("seven", 2.9))]
@@ -293,7 +293,7 @@ def test_every_estimate_below_the_answer_is_checked_before_it_is_final() -> None
 
 
 def test_checks_go_on_until_one_passes_and_zero_checks_none() -> None:
-    from studies.plan import select
+    from simctl.studies.plan import select
 
     made = [_sized(n, q, 1) for n, q in (("five", 4.0), ("six", 3.4), ("seven", 2.9))]
     seen, check_batch = _checker({"five": 0, "six": 0, "seven": 7})
@@ -306,7 +306,7 @@ def test_checks_go_on_until_one_passes_and_zero_checks_none() -> None:
 
 
 def test_a_tp_degree_that_does_not_fit_is_skipped_with_its_reason() -> None:
-    from studies.plan import fitting
+    from simctl.studies.plan import fitting
 
     made = [Candidate(RunConfig(policy="sarathi", model="mixtral-8x7b", gpu="h100", tp=tp), f"tp={tp}")
             for tp in (1, 2)]
@@ -343,10 +343,10 @@ def test_a_kv_cache_too_small_for_the_longest_request_is_skipped(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Llama-2-13B on the placeholder CPU's roofline: 729 KV slots at --tp 2 (tests/test_misuse.py), more at
     --tp 4."""
-    import sim.run
-    from studies.plan import fitting
+    import simctl.sim.run
+    from simctl.studies.plan import fitting
 
-    monkeypatch.setattr(sim.run, "default_cost_path", lambda gpu: None)
+    monkeypatch.setattr(simctl.sim.run, "default_cost_path", lambda gpu: None)
     path = tmp_path / "long.csv"
     path.write_text("num_prefill_tokens,num_decode_tokens\n2000,10\n")
     made = [Candidate(RunConfig(policy="vllm", trace=str(path), model="llama-2-13b", gpu="cpu", tp=tp,

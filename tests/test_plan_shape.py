@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from policies.plan import Layout, hybrid, packed, padded_decode, padded_prefill
-from policies.seq import Seq
+from simctl.policies.plan import Layout, hybrid, packed, padded_decode, padded_prefill
+from simctl.policies.seq import Seq
 
 
 def _seq(i: int, prompt: int, output: int, computed: int = 0, generated: int = 0) -> Seq:

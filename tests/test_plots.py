@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from common.errors import InputError
-from plots.decode_gaps import decode_gaps
-from sim.run import RunConfig, run
 from simctl.cli import main
+from simctl.common.errors import InputError
 from simctl.plot_cmd import KINDS
+from simctl.plots.decode_gaps import decode_gaps
+from simctl.sim.run import RunConfig, run
 
 CONFIG = RunConfig(trace="sharegpt", qps=1.5, num_requests=120)
 
@@ -141,9 +141,9 @@ def test_trace_events_are_ordered_and_bounded(folders: dict[str, Path], monkeypa
     assert (np.diff(ts) > 0).all() and (ends[:-1] <= ts[1:]).all() and (ends > ts).all()
     assert {e["pid"] for e in x} == {0} and {e["tid"] for e in x} == {0}
     assert sum(e["args"]["prefill_tokens"] * e["args"]["count"] for e in x) >= summary["num_requests"]
-    import results.trace_events
+    import simctl.results.trace_events
 
-    monkeypatch.setattr(results.trace_events, "MAX_EVENTS", 50)
+    monkeypatch.setattr(simctl.results.trace_events, "MAX_EVENTS", 50)
     path = tmp_path / "t.json"
     code, _, err = cli(capsys, "run", "--num-requests", "30", "--trace-events", path)
     assert code == 0 and "only the first 50" in err
@@ -174,7 +174,7 @@ def _lines(fig: Figure) -> dict[str, np.ndarray]:
 
 
 def test_pareto_of_a_capacity_and_a_sweep_names_every_line_and_runs_along_x() -> None:
-    from plots.across_runs import pareto_figure
+    from simctl.plots.across_runs import pareto_figure
 
     # a capacity search's probes name their configuration; a sweep's rows (two traces) do not
     cap = [_point("vllm", q, t, config="vllm", slo="strict") for q, t in ((1.5, 0.02), (4, 0.05), (3, 0.03))]
@@ -188,7 +188,7 @@ def test_pareto_of_a_capacity_and_a_sweep_names_every_line_and_runs_along_x() ->
 
 
 def test_a_plans_many_lines_have_distinct_styles_and_labels_that_do_not_overlap() -> None:
-    from plots.across_runs import pareto_figure
+    from simctl.plots.across_runs import pareto_figure
 
     names = [(p, f"{p} {s}") for p in ("vllm", "vllm-v1", "sarathi") for s in ("a", "b", "c", "d", "e", "f")]
     points = pd.DataFrame([_point(p, q, 0.01 * q + 0.001 * i, config=name, slo_met=True)

@@ -12,19 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_cases import Row, Step, add, big_paged, cases, drive, make_seqs, run_plan, shape
 
-from policies.admission import highest_priority_first
-from policies.base import Policy
-from policies.binpack import first_fit_decreasing
-from policies.faster_transformer import FasterTransformer
-from policies.full_batching import HFPadded, LengthOrdered
-from policies.kv import PagedKV, ReservedKV
-from policies.orca import Orca
-from policies.plan import Layout
-from policies.prepack import Prepack
-from policies.sarathi import ChunkedPrefillsOnly, HybridBatchingOnly, SarathiServe
-from policies.seq import Phase, Seq
-from policies.vllm import VLLM
-from policies.vllm_v1 import VLLMV1
+from simctl.policies.admission import highest_priority_first
+from simctl.policies.base import Policy
+from simctl.policies.binpack import first_fit_decreasing
+from simctl.policies.faster_transformer import FasterTransformer
+from simctl.policies.full_batching import HFPadded, LengthOrdered
+from simctl.policies.kv import PagedKV, ReservedKV
+from simctl.policies.orca import Orca
+from simctl.policies.plan import Layout
+from simctl.policies.prepack import Prepack
+from simctl.policies.sarathi import ChunkedPrefillsOnly, HybridBatchingOnly, SarathiServe
+from simctl.policies.seq import Phase, Seq
+from simctl.policies.vllm import VLLM
+from simctl.policies.vllm_v1 import VLLMV1
 
 # ----------------------------------------------------------------------------------------------------------
 # FasterTransformer

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from catalogue.models import get_model
-from common.errors import InputError
-from costs.roofline import Roofline
-from studies.prefill_bench import PROFILES, bench, largest_batch, prefill_plans, prompt_lengths
+from simctl.catalogue.models import get_model
+from simctl.common.errors import InputError
+from simctl.costs.roofline import Roofline
+from simctl.studies.prefill_bench import PROFILES, bench, largest_batch, prefill_plans, prompt_lengths
 
 pytestmark = pytest.mark.torch
 

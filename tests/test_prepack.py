@@ -7,15 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from catalogue.gpus import get_gpu
-from costs.features import plan_features
-from costs.fitted import Fitted
-from costs.roofline import Roofline
-from policies.binpack import first_fit_decreasing
-from policies.plan import Layout, binpacked_prefill, padded_prefill
-from policies.registry import make_policy
-from policies.seq import Seq
-from sim.run import default_cost_path
+from simctl.catalogue.gpus import get_gpu
+from simctl.costs.features import plan_features
+from simctl.costs.fitted import Fitted
+from simctl.costs.roofline import Roofline
+from simctl.policies.binpack import first_fit_decreasing
+from simctl.policies.plan import Layout, binpacked_prefill, padded_prefill
+from simctl.policies.registry import make_policy
+from simctl.policies.seq import Seq
+from simctl.sim.run import default_cost_path
 
 MODELS = {
     "roofline": Roofline("mistral-7b", "a100-80gb"),

@@ -7,9 +7,9 @@ import json
 import pytest
 from conftest import bench_module
 
-from costs.fitted import Fitted
-from costs.overheads import StepOverheads
-from profiler.profile_data import load_profile
+from simctl.costs.fitted import Fitted
+from simctl.costs.overheads import StepOverheads
+from simctl.profiler.profile_data import load_profile
 from tests.test_fit import META, design, synth_times, write_profile
 
 pytestmark = pytest.mark.unit
@@ -18,7 +18,7 @@ bench = bench_module("profile_vs_cost")
 
 
 def test_a_profile_priced_by_its_own_exact_fit_is_one_and_host_terms_are_added(tmp_path):
-    from profiler.fit import fit_profile
+    from simctl.profiler.fit import fit_profile
 
     d = write_profile(tmp_path / "p", design(), synth_times(design()))
     fit_profile(d, plot=False)
@@ -41,7 +41,7 @@ def test_a_profile_priced_by_its_own_exact_fit_is_one_and_host_terms_are_added(t
 def test_another_models_cost_is_refused_in_one_line(tmp_path, capsys):
     d = write_profile(tmp_path / "p", design(), synth_times(design()))
     other = tmp_path / "other.json"
-    from profiler.fit import fit_profile
+    from simctl.profiler.fit import fit_profile
 
     fit_profile(d, plot=False)
     data = json.loads((d / "cost_model.json").read_text())

@@ -21,12 +21,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from catalogue.models import get_model
-from common.errors import InputError
-from executor.model import build_model, reference_model
-from executor.ragged import RaggedExecutor, Segment
-from profiler.profile import profile
-from profiler.shapes import (
+from simctl.catalogue.models import get_model
+from simctl.common.errors import InputError
+from simctl.executor.model import build_model, reference_model
+from simctl.executor.ragged import RaggedExecutor, Segment
+from simctl.profiler.profile import profile
+from simctl.profiler.shapes import (
     COLUMNS,
     KINDS,
     binpacked_prompts,
@@ -36,9 +36,9 @@ from profiler.shapes import (
     padded_decode,
     padded_insertion,
 )
-from profiler.sweeps import Block, select_blocks, summarize_blocks
-from profiler.timing import CpuMonitor, summarize, time_fn
-from profiler.workloads import build_grid
+from simctl.profiler.sweeps import Block, select_blocks, summarize_blocks
+from simctl.profiler.timing import CpuMonitor, summarize, time_fn
+from simctl.profiler.workloads import build_grid
 
 pytestmark = pytest.mark.torch
 

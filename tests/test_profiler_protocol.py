@@ -9,9 +9,9 @@ import io
 import pandas as pd
 import pytest
 
-from common.errors import InputError
-from profiler.shape_protocol import ShapeProtocol
-from profiler.shapes import (
+from simctl.common.errors import InputError
+from simctl.profiler.shape_protocol import ShapeProtocol
+from simctl.profiler.shapes import (
     FEATURES,
     binpacked_prompts,
     decode,
@@ -22,7 +22,7 @@ from profiler.shapes import (
     padded_insertion,
     prefill,
 )
-from profiler.workloads import Grid, build_grid
+from simctl.profiler.workloads import Grid, build_grid
 
 pytestmark = pytest.mark.torch
 
@@ -124,9 +124,9 @@ def record_calls(protocol: ShapeProtocol, shapes: list) -> list[list[tuple]]:
     the (slot, cached, q) of every segment and the KV width; returns them per shape, with each executor's
     slab."""
     pytest.importorskip("torch")
-    from executor.ragged import RaggedExecutor
-    from profiler.timing import CpuMonitor
-    from profiler.worker import Worker
+    from simctl.executor.ragged import RaggedExecutor
+    from simctl.profiler.timing import CpuMonitor
+    from simctl.profiler.worker import Worker
 
     made: list[tuple[tuple[int, int], list]] = []
 
@@ -152,7 +152,7 @@ def record_calls(protocol: ShapeProtocol, shapes: list) -> list[list[tuple]]:
             return super().run_binpacked(rows, length, dense)
 
     worker = Worker("tiny-2l", "cpu", "float32", 1, "test", 0, io.StringIO(), protocol.name)
-    from executor.model import build_model
+    from simctl.executor.model import build_model
 
     model = build_model(worker.spec, "cpu", "float32", seed=0)
     grid = Grid("t", shapes, warmup=1, min_reps=5, max_reps=5, budget_s=0.0, protocol=protocol,
@@ -192,7 +192,7 @@ def test_worker_fixed_protocol_repeats_every_call():
 
 
 def test_profile_records_the_protocol_and_nominal_features(tmp_path):
-    from profiler.profile import profile
+    from simctl.profiler.profile import profile
 
     out = profile("tiny-2l", "cpu", "float32", 1, True, tmp_path / "p", progress=False, grid="test")
     frame = pd.read_csv(out / "profile.csv")

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from costs.roofline import Roofline
-from studies.query_set import QUERY_SETS, completion_time, query_set
+from simctl.costs.roofline import Roofline
+from simctl.studies.query_set import QUERY_SETS, completion_time, query_set
 
 pytestmark = pytest.mark.torch
 

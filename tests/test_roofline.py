@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from catalogue.gpus import AllReduceFit, get_gpu
-from common.errors import InputError
-from costs import CostModel, Roofline
-from policies.plan import BatchPlan, Layout, packed, padded_decode, padded_prefill
-from policies.seq import Seq
+from simctl.catalogue.gpus import AllReduceFit, get_gpu
+from simctl.common.errors import InputError
+from simctl.costs import CostModel, Roofline
+from simctl.policies.plan import BatchPlan, Layout, packed, padded_decode, padded_prefill
+from simctl.policies.seq import Seq
 
 # Spec numbers written out by hand (A100-80GB SXM datasheet; Mistral-7B-v0.1 config.json) and the defaults.
 PEAK, BW, MEM = 312e12, 2039e9, 80 * 2**30

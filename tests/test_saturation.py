@@ -6,8 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from results.saturation import BACKLOGGED, OVERLOADED, STABLE, TOO_SHORT, served_rate, too_short, verdict
-from sim.run import RunConfig, run
+from simctl.results.saturation import (
+    BACKLOGGED,
+    OVERLOADED,
+    STABLE,
+    TOO_SHORT,
+    served_rate,
+    too_short,
+    verdict,
+)
+from simctl.sim.run import RunConfig, run
 
 
 def test_rules_by_hand() -> None:

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 from conftest import AffineCost, random_requests
 
-from policies.base import Policy
-from policies.registry import make_policy
-from results.metrics import summarize
-from results.run_result import SimResult
-from sim.run import RunConfig, run
-from sim.simulate import simulate
-from traces.request import Request
+from simctl.policies.base import Policy
+from simctl.policies.registry import make_policy
+from simctl.results.metrics import summarize
+from simctl.results.run_result import SimResult
+from simctl.sim.run import RunConfig, run
+from simctl.sim.simulate import simulate
+from simctl.traces.request import Request
 
 A, B, C, D = 0.01, 0.001, 1e-5, 1e-4  # overhead, per linear token, per attention unit, per KV token read
 COST = AffineCost(overhead=A, per_token=B, per_attn=C, per_kv=D)
@@ -299,7 +299,7 @@ def test_tbt_percentiles_match_brute_force(name: str) -> None:
 def test_scaled_cost_scales_every_time_when_all_arrive_at_once(name: str) -> None:
     """ScaledCost(base, 2): with every request arriving at 0 no decision depends on the clock, so the same
     iterations run and every timestamp doubles (decode stretches included)."""
-    from costs.base import ScaledCost
+    from simctl.costs.base import ScaledCost
 
     requests = [Request(i, 0.0, r.prompt_tokens, r.output_tokens)
                 for i, r in enumerate(random_requests(40, 1.0, seed=3, max_prompt=600, max_output=60))]

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from conftest import AffineCost, random_requests
 
-from policies.registry import POLICIES, make_policy
-from results.metrics import summarize
-from sim.simulate import simulate
+from simctl.policies.registry import POLICIES, make_policy
+from simctl.results.metrics import summarize
+from simctl.sim.simulate import simulate
 
 
 def _run(policy_name: str, requests, fast: bool, kv: int = 60_000):
@@ -62,7 +62,7 @@ def test_waits_without_simpy_events_change_nothing(policy: str, monkeypatch: pyt
     very same results."""
     import simpy
 
-    import sim.cluster
+    import simctl.sim.cluster
 
     requests = random_requests(150, 2.0, seed=3)
     lone = _run(policy, requests, True)
@@ -71,9 +71,9 @@ def test_waits_without_simpy_events_change_nothing(policy: str, monkeypatch: pyt
         while env.now < 200:  # past the run's end (150 requests at 2 QPS)
             yield env.timeout(0.01)
 
-    real_drive = sim.cluster.drive
-    monkeypatch.setattr(sim.cluster, "YIELD_EVERY", 0)
-    monkeypatch.setattr(sim.cluster, "drive",
+    real_drive = simctl.sim.cluster.drive
+    monkeypatch.setattr(simctl.sim.cluster, "YIELD_EVERY", 0)
+    monkeypatch.setattr(simctl.sim.cluster, "drive",
                         lambda env, member, cluster: (env.process(ticker(env)),
                                                       real_drive(env, member, cluster))[1])
     busy = _run(policy, requests, True)

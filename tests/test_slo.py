@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common.errors import InputError
-from costs.roofline import Roofline
-from results.slo import SLO, parse_slo, table3_decode_time, table3_slos
-from sim.run import RunConfig
-from studies.capacity import Capacity, CapacityResult, probe_summary
+from simctl.common.errors import InputError
+from simctl.costs.roofline import Roofline
+from simctl.results.slo import SLO, parse_slo, table3_decode_time, table3_slos
+from simctl.sim.run import RunConfig
+from simctl.studies.capacity import Capacity, CapacityResult, probe_summary
 
 
 def test_parse_combines_items_and_repeats() -> None:
@@ -162,7 +162,7 @@ def test_what_bound_a_capacity() -> None:
     def probe(qps: float) -> dict:
         return _summary(tbt_p99=0.05 * qps, sched_delay_p50=1.0 if qps < 3 else 2.5)
 
-    from studies.capacity import search_qps
+    from simctl.studies.capacity import search_qps
     result = search_qps(probe, slo, start_qps=1.0)
     assert 1.9 < result.qps <= 2.0 and result.bound_by == ["p99_tbt"]
     assert search_qps(lambda q: _summary(sched_delay_p50=q), slo).bound_by == ["sched_delay_p50"]
@@ -172,7 +172,7 @@ def test_what_bound_a_capacity() -> None:
 def test_limits_with_units() -> None:
     """Issue 35: --slo took seconds and --goodput milliseconds in one command; a unit now reads the same in
     both, and a plain number keeps its option's unit."""
-    from results.vllm_bench import parse_goodput
+    from simctl.results.vllm_bench import parse_goodput
 
     assert parse_slo(["p99_tbt=100ms,ttft=2s,tpot=0.05"]) == SLO({"p99_tbt": 0.1},
                                                                  {"ttft": 2.0, "tpot": 0.05})

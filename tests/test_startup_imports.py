@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from common.checks import is_int, is_number
+from simctl.common.checks import is_int, is_number
 
 pytestmark = pytest.mark.cli
 

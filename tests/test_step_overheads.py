@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from catalogue.gpus import get_gpu
-from common.errors import InputError
-from costs.fitted import Fitted
-from costs.overheads import EAGER_LAUNCH_S_PER_LAYER, StepOverheads
-from costs.roofline import Roofline
-from policies.plan import hybrid
-from policies.seq import Seq
-from sim.run import default_cost_path
+from simctl.catalogue.gpus import get_gpu
+from simctl.common.errors import InputError
+from simctl.costs.fitted import Fitted
+from simctl.costs.overheads import EAGER_LAUNCH_S_PER_LAYER, StepOverheads
+from simctl.costs.roofline import Roofline
+from simctl.policies.plan import hybrid
+from simctl.policies.seq import Seq
+from simctl.sim.run import default_cost_path
 
 
 def _plan(decodes: int, prompt: int = 0):

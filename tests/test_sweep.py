@@ -11,11 +11,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import studies.sweep
-from common.errors import InputError
+import simctl.studies.sweep
 from simctl.cli import main
-from studies.sweep import POINTS_DIR, run_sweep
-from studies.sweep_spec import sweep_points
+from simctl.common.errors import InputError
+from simctl.studies.sweep import POINTS_DIR, run_sweep
+from simctl.studies.sweep_spec import sweep_points
 
 SPEC = {"mode": "run", "num_requests": 100, "seeds": [0],
         "grid": {"policy": ["vllm", "sarathi"], "trace": ["sharegpt"], "qps": [0.5, 2.0],
@@ -63,7 +63,7 @@ def test_an_interrupted_sweep_resumes_without_recomputing(tmp_path: Path, monkey
                                                           ) -> None:
     points = sweep_points(SPEC)
     out = tmp_path / "out"
-    real = studies.sweep.compute_point
+    real = simctl.studies.sweep.compute_point
     calls: list[str] = []
 
     def interrupted_after_two(point):
@@ -72,7 +72,7 @@ def test_an_interrupted_sweep_resumes_without_recomputing(tmp_path: Path, monkey
         calls.append(point.key)
         return real(point)
 
-    monkeypatch.setattr(studies.sweep, "compute_point", interrupted_after_two)
+    monkeypatch.setattr(simctl.studies.sweep, "compute_point", interrupted_after_two)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(points, out)
     assert sorted(p.stem for p in (out / POINTS_DIR).iterdir()) == sorted(calls)  # finished points, whole
@@ -83,7 +83,7 @@ def test_an_interrupted_sweep_resumes_without_recomputing(tmp_path: Path, monkey
         calls.append(point.key)
         return real(point)
 
-    monkeypatch.setattr(studies.sweep, "compute_point", counted)
+    monkeypatch.setattr(simctl.studies.sweep, "compute_point", counted)
     resumed = run_sweep(points, out)
     assert resumed.reused == 2 and len(calls) == 6 and not set(calls[2:]) & set(first)
     calls.clear()

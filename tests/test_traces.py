@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from common.errors import InputError
-from traces import (
+from simctl.common.errors import InputError
+from simctl.traces import (
     PROFILES,
     Request,
     build_trace,
@@ -22,7 +22,7 @@ from traces import (
     sample_lengths,
     trace_max_total_tokens,
 )
-from traces.lengths import PAPER_QUANTILES, SHAREGPT_SPEARMAN
+from simctl.traces.lengths import PAPER_QUANTILES, SHAREGPT_SPEARMAN
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "traces"
 SHAREGPT_REAL = REFERENCE / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
@@ -429,7 +429,7 @@ def test_splitwise_conv_loads_with_its_arrivals() -> None:
 
 
 def test_priority_is_read_from_both_formats_and_defaults_to_zero(tmp_path: Path) -> None:
-    from traces.build import build_trace
+    from simctl.traces.build import build_trace
 
     csv = tmp_path / "t.csv"
     csv.write_text("num_prefill_tokens,num_decode_tokens,priority\n10,2,3\n20,4,-1\n", encoding="utf-8")

@@ -14,10 +14,10 @@ pytest.importorskip("transformers")
 
 from conftest import TinyCost
 
-from common.errors import InputError
-from results.validation_report import METRICS
-from studies.capacity import SLO, search_qps
-from validation.validate import rescore, validate_main
+from simctl.common.errors import InputError
+from simctl.results.validation_report import METRICS
+from simctl.studies.capacity import SLO, search_qps
+from simctl.validation.validate import rescore, validate_main
 
 pytestmark = pytest.mark.torch
 
@@ -95,8 +95,8 @@ def test_validate_end_to_end(validated):
 def test_validate_records_the_device_and_sizes_twins_as_the_real_runs(validated):
     """The default device and dtype (cpu, float32: the hand-made model records no dtype) reach the real runs
     and the records; each twin has its real run's KV sizing."""
-    from engine.real import CPU_KV_BYTES
-    from executor.runtime import cpu_name
+    from simctl.engine.real import CPU_KV_BYTES
+    from simctl.executor.runtime import cpu_name
 
     _, out = validated
     c = json.loads((out / "validation.json").read_text())["config"]
@@ -158,7 +158,7 @@ def test_slo_that_never_binds_is_an_input_error(cost, tmp_path):
 
 
 def test_search_qps_brackets_and_bisects():
-    """The same search as studies.capacity.find_capacity on any probe, with a bracketing factor."""
+    """The same search as simctl.studies.capacity.find_capacity on any probe, with a bracketing factor."""
     def probe(q):
         return {"qps": q, "sustainable": True, "completed": 1, "num_requests": 1, "tbt_p99": 0.0,
                 "ttft_p50": 0.0, "sched_delay_p50": 1.0 if q <= 3.3 else 5.0}

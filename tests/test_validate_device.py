@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from common.errors import InputError
-from costs.provenance import check_fitted_run
+from simctl.common.errors import InputError
+from simctl.costs.provenance import check_fitted_run
 
 pytestmark = pytest.mark.torch
 
 SIMCTL = Path(sys.executable).parent / "simctl"
-SHIPPED_FIT = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu" / "cost_model.json"
+SHIPPED_FIT = (Path(__file__).resolve().parents[1] / "simctl" / "profiler" / "profiles" / "cpu"
+    / "cost_model.json")
 H100 = "NVIDIA H100 80GB HBM3"
 
 
@@ -120,7 +121,7 @@ class RealRunStarted(Exception):
 
 
 def stub_cost(meta, overhead=1.5e-3):
-    from costs.base import CostModel
+    from simctl.costs.base import CostModel
 
     class StubCost(CostModel):
         """Tiny-2l on a CPU thread, roughly (as tests/test_validate.py's), for a capacity search in
@@ -141,7 +142,7 @@ def stub_cost(meta, overhead=1.5e-3):
 @pytest.fixture
 def real_runs(monkeypatch):
     """The keyword arguments of every real run validate_main starts (the first one stops it)."""
-    import engine.real
+    import simctl.engine.real
 
     calls: list[dict] = []
 
@@ -149,7 +150,7 @@ def real_runs(monkeypatch):
         calls.append(kw)
         raise RealRunStarted
 
-    monkeypatch.setattr(engine.real, "real_main", no_real_run)
+    monkeypatch.setattr(simctl.engine.real, "real_main", no_real_run)
     return calls
 
 
@@ -158,8 +159,8 @@ ARGS = {"policies": ["vllm"], "trace": "sharegpt", "loads": [0.5], "model": "tin
 
 
 def test_cpu_float32_reaches_the_real_runs_as_before(real_runs, tmp_path):
-    from engine.real import CPU_KV_BYTES
-    from validation.validate import validate_main
+    from simctl.engine.real import CPU_KV_BYTES
+    from simctl.validation.validate import validate_main
 
     cost = stub_cost({"device": "cpu", "device_name": "AMD EPYC", "dtype": "float32", "threads": 1})
     with pytest.raises(RealRunStarted):
@@ -173,11 +174,11 @@ def test_cuda_plumbing_and_sizing_on_the_probed_budget(real_runs, monkeypatch, t
     """On cuda the device is probed once; every real run gets its KV budget, so the twins (and the simulated
     capacity) are sized as the real runs will be, here with the batch capped by a small budget. The dtype
     defaults to the fit's."""
-    import engine.real
-    from catalogue.models import get_model
-    from engine.real import DeviceProbe
-    from validation.twin import Setup, twin_summary
-    from validation.validate import validate_main
+    import simctl.engine.real
+    from simctl.catalogue.models import get_model
+    from simctl.engine.real import DeviceProbe
+    from simctl.validation.twin import Setup, twin_summary
+    from simctl.validation.validate import validate_main
 
     budget = 20 * 2**20  # tiny-2l in bfloat16: 1 KiB per token, slots of 416 tokens: 49 fit, not 100
     probed: list = []
@@ -186,7 +187,7 @@ def test_cuda_plumbing_and_sizing_on_the_probed_budget(real_runs, monkeypatch, t
         probed.append(config)
         return DeviceProbe("cuda", H100, budget)
 
-    monkeypatch.setattr(engine.real, "probe_device", probe)
+    monkeypatch.setattr(simctl.engine.real, "probe_device", probe)
     cost = stub_cost({"device": "cuda", "device_name": H100, "dtype": "bfloat16", "threads": 4})
     said: list[str] = []
     with pytest.raises(RealRunStarted):
@@ -204,20 +205,20 @@ def test_cuda_plumbing_and_sizing_on_the_probed_budget(real_runs, monkeypatch, t
     roomy = twin_summary(replace(setup, kv_budget_bytes=1 << 40), "vllm", kw["qps"])
     assert roomy["max_batch_size"] == 128 and roomy["kv_capacity_tokens"] > capped["kv_capacity_tokens"]
     # the real run's own sizing, from its config as real_main builds it: the twin's
-    config = engine.real.RealConfig(policy="vllm", **{k: v for k, v in kw.items()
+    config = simctl.engine.real.RealConfig(policy="vllm", **{k: v for k, v in kw.items()
                                                       if k not in ("policy", "out")})
-    requests = engine.real.build_trace("sharegpt", 100, kw["qps"], 0, scale=0.05)
-    real = engine.real.size_run(config, requests, get_model("tiny-2l").kv_bytes_per_token(2),
+    requests = simctl.engine.real.build_trace("sharegpt", 100, kw["qps"], 0, scale=0.05)
+    real = simctl.engine.real.size_run(config, requests, get_model("tiny-2l").kv_bytes_per_token(2),
                                 config.kv_budget_bytes)
     assert (real.kv_capacity, real.max_batch_size) == (capped["kv_capacity_tokens"], capped["max_batch_size"])
 
 
 def test_a_probed_gpu_other_than_the_fits_is_refused_before_any_real_run(real_runs, monkeypatch, tmp_path):
-    import engine.real
-    from engine.real import DeviceProbe
-    from validation.validate import validate_main
+    import simctl.engine.real
+    from simctl.engine.real import DeviceProbe
+    from simctl.validation.validate import validate_main
 
-    monkeypatch.setattr(engine.real, "probe_device",
+    monkeypatch.setattr(simctl.engine.real, "probe_device",
                         lambda config: DeviceProbe("cuda", "NVIDIA A100", 1 << 30))
     cost = stub_cost({"device": "cuda", "device_name": H100, "dtype": "bfloat16"})
     with pytest.raises(InputError, match=f"profiled on {H100}, but --device cuda is NVIDIA A100"):
@@ -229,8 +230,8 @@ def test_the_probing_child_finds_the_device_as_a_run_does():
     """The child `probe_device` starts on cuda, here on the CPU: it builds the model and reports the
     device."""
     pytest.importorskip("torch")
-    from engine.real import CPU_KV_BYTES, DeviceProbe, RealConfig, _run_worker
-    from executor.runtime import cpu_name
+    from simctl.engine.real import CPU_KV_BYTES, DeviceProbe, RealConfig, _run_worker
+    from simctl.executor.runtime import cpu_name
 
     msg = _run_worker(RealConfig(model="tiny-2l", threads=1), probe=True)
     assert DeviceProbe(**msg["probe"]) == DeviceProbe("cpu", cpu_name(), CPU_KV_BYTES)
@@ -239,8 +240,8 @@ def test_the_probing_child_finds_the_device_as_a_run_does():
 def test_a_real_run_sizes_its_kv_on_the_budget_given():
     """What validate hands every real run: the budget caps the slots and the batch, as the twin's sizing."""
     pytest.importorskip("torch")
-    from engine.real import RealConfig, run_real
-    from validation.twin import Setup, twin_summary
+    from simctl.engine.real import RealConfig, run_real
+    from simctl.validation.twin import Setup, twin_summary
 
     budget = 2 * 2**20  # tiny-2l in float32: 2 KiB per token; 8 requests' slots of 352 tokens: 2 fit
     run = run_real(RealConfig(policy="vllm", model="tiny-2l", qps=50.0, num_requests=8, scale=0.05, threads=1,
@@ -274,8 +275,8 @@ def test_a_tiny_validation_on_cuda(tmp_path):
     are of the plumbing, not of the GPU's speed."""
     import torch
 
-    from studies.capacity import SLO
-    from validation.validate import validate_main
+    from simctl.studies.capacity import SLO
+    from simctl.validation.validate import validate_main
 
     name = torch.cuda.get_device_name(0)
     cost = stub_cost({"device": "cuda", "device_name": name, "dtype": "bfloat16", "threads": 2},

@@ -14,17 +14,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common.errors import InputError
-from costs.base import CostModel
-from policies.registry import make_policy
-from results.metrics import summarize
-from results.vllm_bench import parse_goodput
-from sim.simulate import simulate
 from simctl.cli import main
-from traces import build_trace
-from traces.request import Request
-from traces.vllm_bench import read_vllm_bench
-from validation.vllm_bench_compare import compare, measured
+from simctl.common.errors import InputError
+from simctl.costs.base import CostModel
+from simctl.policies.registry import make_policy
+from simctl.results.metrics import summarize
+from simctl.results.vllm_bench import parse_goodput
+from simctl.sim.simulate import simulate
+from simctl.traces import build_trace
+from simctl.traces.request import Request
+from simctl.traces.vllm_bench import read_vllm_bench
+from simctl.validation.vllm_bench_compare import compare, measured
 
 
 def bench(**changes: Any) -> dict[str, Any]:
@@ -371,7 +371,7 @@ def test_a_file_written_by_vllms_own_benchmark(tmp_path: Path) -> None:
 
 def test_a_bench_of_another_model_is_warned_of(tmp_path: Path) -> None:
     """Issue 35: a file whose model_id is another model than --model was compared without a word."""
-    from validation.vllm_bench_compare import _other_model
+    from simctl.validation.vllm_bench_compare import _other_model
 
     c = compare(write(tmp_path, bench(model_id="meta-llama/Llama-2-7b-hf")), "tiny", "cpu", "vllm")
     assert any("model_id 'meta-llama/Llama-2-7b-hf' does not name --model tiny" in w for w in c.warnings)

@@ -14,13 +14,13 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from engine.real import twin_policy
-from engine.setup import RealConfig
-from engine.vllm_real import VLLMServer, run_summary
-from executor.vllm_runtime import INSTALL_HINT, VLLMDeployment
 from simctl.cli import main
-from traces.request import Request
-from traces.tokens import prompt_token_ids
+from simctl.engine.real import twin_policy
+from simctl.engine.setup import RealConfig
+from simctl.engine.vllm_real import VLLMServer, run_summary
+from simctl.executor.vllm_runtime import INSTALL_HINT, VLLMDeployment
+from simctl.traces.request import Request
+from simctl.traces.tokens import prompt_token_ids
 
 pytestmark = pytest.mark.vllm
 
@@ -94,7 +94,7 @@ def test_prompt_ids_share_only_a_group_prefix() -> None:
 
 
 def test_a_request_longer_than_the_engine_takes_is_refused_in_one_line(server) -> None:
-    from common.errors import InputError
+    from simctl.common.errors import InputError
 
     with pytest.raises(InputError, match="max_model_len is 2048"):
         server.check([Request(0, 0.0, 2000, 100)])

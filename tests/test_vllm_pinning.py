@@ -1,4 +1,4 @@
-"""executor.vllm_pinning: which process goes on which core, on a fake /proc (no vLLM needed)."""
+"""simctl.executor.vllm_pinning: which process goes on which core, on a fake /proc (no vLLM needed)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from executor import vllm_pinning as vp
+from simctl.executor import vllm_pinning as vp
 
 
 def _proc(tmp_path: Path, procs: dict[int, tuple[int, str, list[int]]]) -> Path:

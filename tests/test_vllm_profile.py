@@ -12,13 +12,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costs.features import plan_features
-from executor.vllm_runtime import INSTALL_HINT
-from policies.plan import hybrid
-from policies.seq import Seq
-from profiler.vllm_grid import StepProbe, vllm_grid
-from profiler.vllm_worker import StepDriver, cohort_lengths, cohort_prompts, kind_of
 from simctl.cli import main
+from simctl.costs.features import plan_features
+from simctl.executor.vllm_runtime import INSTALL_HINT
+from simctl.policies.plan import hybrid
+from simctl.policies.seq import Seq
+from simctl.profiler.vllm_grid import StepProbe, vllm_grid
+from simctl.profiler.vllm_worker import StepDriver, cohort_lengths, cohort_prompts, kind_of
 
 pytestmark = pytest.mark.vllm
 
@@ -117,8 +117,8 @@ def test_a_quick_vllm_profile_fits_unchanged(tmp_path, capsys) -> None:
     actually scheduled (the probe's shape), the fit reports its held-out error, vLLM's per-step overhead
     comes out positive, and the served stage's steps give the fit its host terms."""
     pytest.importorskip("vllm")
-    from costs.fitted import Fitted
-    from profiler.fit import fit_profile
+    from simctl.costs.fitted import Fitted
+    from simctl.profiler.fit import fit_profile
 
     out = tmp_path / "vllm-tiny"
     with pytest.raises(SystemExit) as exit_:

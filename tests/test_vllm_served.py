@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.errors import InputError
-from costs.base import CostModel
-from costs.fitted import Fitted
-from policies.plan import BatchPlan
-from profiler.vllm_served import ServedStep, calibrate, decode_periods, decode_plan, served_overheads
+from simctl.common.errors import InputError
+from simctl.costs.base import CostModel
+from simctl.costs.fitted import Fitted
+from simctl.policies.plan import BatchPlan
+from simctl.profiler.vllm_served import ServedStep, calibrate, decode_periods, decode_plan, served_overheads
 
-SHIPPED = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu" / "cost_model.json"
+SHIPPED = Path(__file__).resolve().parents[1] / "simctl" / "profiler" / "profiles" / "cpu" / "cost_model.json"
 
 
 class PerRow(CostModel):

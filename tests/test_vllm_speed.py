@@ -1,4 +1,4 @@
-"""The machine's speed during a real vLLM run (`validation.vllm_validate.run_speed`): as simctl's own
+"""The machine's speed during a real vLLM run (`simctl.validation.vllm_validate.run_speed`): as simctl's own
 validation measures it, the run's busy time over the fit's price of the same steps, counted only where a step
 continues a busy engine, its shape read back from the requests vLLM gave a token."""
 
@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from conftest import AffineCost
 
-from traces.request import Request
-from validation.vllm_validate import run_speed
+from simctl.traces.request import Request
+from simctl.validation.vllm_validate import run_speed
 
 pytestmark = pytest.mark.unit
 
@@ -54,7 +54,14 @@ def test_a_run_with_no_busy_step_has_no_speed() -> None:
 def test_runs_at_the_fit_speed_are_compared_with_the_raw_twin(tmp_path) -> None:
     """Three rounds at speed factors 0.97, 1.20 and 1.04 (and a run without one): the rounds within 5% of the
     fit's speed are the first and the third; their medians are compared with the unscaled twin."""
-    from validation.vllm_validate import METRICS, Rounds, VLLMValidation, Workload, _row, simulate_requests
+    from simctl.validation.vllm_validate import (
+        METRICS,
+        Rounds,
+        VLLMValidation,
+        Workload,
+        _row,
+        simulate_requests,
+    )
 
     settings = {"policy": "vllm-v1", "kv_cache_tokens": 64 * 16, "block_size": 16, "max_batch_size": 8,
                 "max_num_batched_tokens": 256,

@@ -1,5 +1,5 @@
 """A vLLM profile's request stream (`profiler/vllm_stream.py`) and the per-request host terms it fits
-(`costs.overheads.StepOverheads.new_request_s`, `new_request_token_s`), checked by hand."""
+(`simctl.costs.overheads.StepOverheads.new_request_s`, `new_request_token_s`), checked by hand."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common.errors import InputError
-from costs.base import CostModel
-from costs.fitted import Fitted
-from costs.overheads import StepOverheads
-from policies.plan import BatchPlan, hybrid
-from policies.seq import Seq
-from profiler.vllm_served import calibrate, decode_plan
-from profiler.vllm_stream import StreamStep, fit_stream, stream_steps
-from traces.request import Request
+from simctl.common.errors import InputError
+from simctl.costs.base import CostModel
+from simctl.costs.fitted import Fitted
+from simctl.costs.overheads import StepOverheads
+from simctl.policies.plan import BatchPlan, hybrid
+from simctl.policies.seq import Seq
+from simctl.profiler.vllm_served import calibrate, decode_plan
+from simctl.profiler.vllm_stream import StreamStep, fit_stream, stream_steps
+from simctl.traces.request import Request
 
-SHIPPED = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu" / "cost_model.json"
+SHIPPED = Path(__file__).resolve().parents[1] / "simctl" / "profiler" / "profiles" / "cpu" / "cost_model.json"
 
 
 class PerRow(CostModel):

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from policy_cases import drive, run_plan, shape
 
-from common.errors import InputError
-from policies.registry import make_policy
-from policies.seq import Phase, Seq
-from policies.vllm_v1 import VLLMV1
-from sim.run import RunConfig, run
-from traces.build import build_trace
-from traces.request import Request
+from simctl.common.errors import InputError
+from simctl.policies.registry import make_policy
+from simctl.policies.seq import Phase, Seq
+from simctl.policies.vllm_v1 import VLLMV1
+from simctl.sim.run import RunConfig, run
+from simctl.traces.build import build_trace
+from simctl.traces.request import Request
 
 
 def v1(blocks: int, block: int = 4, caching: int = 0, **options: int) -> VLLMV1:
@@ -275,8 +275,8 @@ def test_a_victim_may_come_back_at_once_so_its_step_does_not_repeat() -> None:
 
 
 def test_simctl_s_own_engine_refuses_shared_prefixes_it_cannot_share() -> None:
-    from catalogue.models import get_model
-    from engine.setup import RealConfig, size_run
+    from simctl.catalogue.models import get_model
+    from simctl.engine.setup import RealConfig, size_run
 
     requests = [Request(i, 0.0, 40, 4, prefix_group=0, prefix_tokens=32) for i in range(3)]
     per_token = get_model("tiny").kv_bytes_per_token(4)

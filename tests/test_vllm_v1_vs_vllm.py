@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.registry import make_policy
-from policies.seq import Seq
-from policies.vllm_v1 import VLLMV1
+from simctl.policies.registry import make_policy
+from simctl.policies.seq import Seq
+from simctl.policies.vllm_v1 import VLLMV1
 
 pytestmark = pytest.mark.vllm
 
@@ -31,8 +31,8 @@ def vllm_config(block: int, tokens: int, seqs: int, caching: int, threshold: int
     from vllm.engine.arg_utils import EngineArgs
     from vllm.usage.usage_lib import UsageContext
 
-    from catalogue.models import get_model
-    from executor.vllm_runtime import VLLMDeployment, engine_args, vllm_model_dir
+    from simctl.catalogue.models import get_model
+    from simctl.executor.vllm_runtime import VLLMDeployment, engine_args, vllm_model_dir
 
     with vllm_model_dir(get_model("tiny")) as d:
         kw = engine_args(d, VLLMDeployment(max_model_len=2048, block_size=block,

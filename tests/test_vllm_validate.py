@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 from conftest import TinyCost
 
-from costs.base import ScaledCost
-from results.validation_report import pct_error
-from studies.capacity import SLO
-from validation.vllm_validate import (
+from simctl.costs.base import ScaledCost
+from simctl.results.validation_report import pct_error
+from simctl.studies.capacity import SLO
+from simctl.validation.vllm_validate import (
     FIT_SPEED_TOL,
     METRICS,
     VLLMValidation,
@@ -32,7 +32,8 @@ from validation.vllm_validate import (
 pytestmark = pytest.mark.vllm
 
 SIMCTL = Path(sys.executable).parent / "simctl"
-SHIPPED_CPU_FIT = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu" / "cost_model.json"
+SHIPPED_CPU_FIT = (Path(__file__).resolve().parents[1] / "simctl" / "profiler" / "profiles" / "cpu"
+    / "cost_model.json")
 
 
 @pytest.mark.parametrize(("args", "words"), [

@@ -21,11 +21,11 @@ pytest.importorskip("transformers")
 
 from conftest import TinyCost
 
-from profiler.profile import profile
-from sim.run import RunConfig
-from studies.capacity import SLO
-from studies.sweep_spec import read_sweep, sweep_points
-from validation.validate import validate_main
+from simctl.profiler.profile import profile
+from simctl.sim.run import RunConfig
+from simctl.studies.capacity import SLO
+from simctl.studies.sweep_spec import read_sweep, sweep_points
+from simctl.validation.validate import validate_main
 
 pytestmark = pytest.mark.torch
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from research_scripts import research_module
 
-from traces.request import Request
+from simctl.traces.request import Request
 
 arrivals = research_module("vllm_arrivals")
 

@@ -51,7 +51,7 @@ def column_hashes(frame: pd.DataFrame) -> dict[str, str]:
 
 
 def record(case: dict[str, Any]) -> dict[str, Any]:
-    from sim.run import RunConfig, run
+    from simctl.sim.run import RunConfig, run
 
     r = run(RunConfig(**case))
     summary = {k: v for k, v in r.summary.items() if k not in WALL_CLOCK}

@@ -1,0 +1,133 @@
+"""Accelerator specs the roofline cost model prices against: a catalogue of published datasheet numbers.
+
+Conventions:
+- `peak_flops`: dense (no 2:4 sparsity) BF16/FP16 tensor-core FLOP/s with FP32 accumulation. Datasheets often
+  print the sparse figure; it is halved here.
+- `mem_bandwidth`: peak DRAM (HBM/GDDR) bandwidth in bytes/s (decimal GB, as datasheets mean it).
+- `memory_bytes`: DRAM capacity. Datasheet "80 GB" is binary (80 GiB: the driver reports 81920 MiB on an
+  A100-80GB), so capacities are stored as GiB x 2**30.
+- `interconnect_bandwidth`: per-GPU, per-direction bandwidth of the link a tensor-parallel all-reduce runs
+  over: NVLink where the part has it, else PCIe Gen4 x16 (64 GB/s bidirectional = 32 GB/s each way). Peak
+  link numbers; NCCL achieves less.
+- `tile`: the M-tile (token rows) of the linear-layer GEMM kernels; 128 on these GPUs.
+- `mfu`, `mbu`, `gemm_latency_s`: the roofline's GEMM efficiencies and per-GEMM fixed time where measured
+  (None: the roofline's defaults). Fitted by bench/roofline_vs_measured.py to Vidur's published operator times
+  (A100, H100, A40; fitted on Llama-2-7B, Llama-2-70B and InternLM-20B, checked on the other models:
+  bench/results/roofline_vs_measured.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from simctl.common.errors import InputError
+
+GiB = 2**30
+PCIE4_X16_PER_DIRECTION = 32e9  # source: PCI-SIG PCIe 4.0 spec, 16 GT/s x 16 lanes ~ 32 GB/s each way
+
+
+@dataclass(frozen=True, slots=True)
+class AllReduceFit:
+    """A ring all-reduce of `tp` GPUs in one node as measured: latency_s + 2 (tp - 1) / tp x bytes over the
+    link at `efficiency` of its peak. Per degree: NCCL's latency and reachable bandwidth differ with it (A100:
+    39-44 us and 0.50-0.57 of the link over tp 2-8, bench/results/roofline_vs_measured.md)."""
+
+    tp: int
+    efficiency: float
+    latency_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class GPUSpec:
+    name: str
+    peak_flops: float  # dense bf16/fp16 FLOP/s
+    mem_bandwidth: float  # bytes/s
+    memory_bytes: int
+    interconnect_bandwidth: float  # bytes/s per GPU per direction, for all-reduce
+    tile: int = 128
+    description: str = ""
+    mfu: float | None = None
+    mbu: float | None = None
+    gemm_latency_s: float | None = None
+    allreduce: tuple[AllReduceFit, ...] = ()  # measured all-reduces, by TP degree (none: the defaults)
+
+    def __post_init__(self) -> None:
+        for f in ("peak_flops", "mem_bandwidth", "memory_bytes", "interconnect_bandwidth", "tile"):
+            v = getattr(self, f)
+            if not v > 0:
+                raise InputError(f"GPU {self.name!r}: {f} must be positive, got {v!r}")
+
+    def allreduce_at(self, tp: int) -> AllReduceFit | None:
+        """The measured all-reduce of the degree nearest `tp` (the larger on a tie), or None."""
+        return max(self.allreduce, key=lambda a: (-abs(a.tp - tp), a.tp), default=None)
+
+
+GPUS: dict[str, GPUSpec] = {g.name: g for g in [
+    # source: NVIDIA A100 Tensor Core GPU datasheet: BF16 tensor 312 TFLOPS dense (624 sparse); A100 80GB SXM
+    # 2,039 GB/s HBM2e, 80 GB; NVLink 600 GB/s (bidirectional, 300 GB/s each way)
+    # measured (bench/results/roofline_vs_measured.md, Vidur's A100 profiles): mfu 0.757, mbu 0.819, 6.9 us
+    # per GEMM; NCCL all-reduce per TP degree (DGX A100)
+    GPUSpec("a100-80gb", 312e12, 2039e9, 80 * GiB, 300e9, mfu=0.757, mbu=0.819, gemm_latency_s=6.9e-6,
+            allreduce=(AllReduceFit(2, 0.565, 43.7e-6), AllReduceFit(4, 0.536, 38.8e-6),
+                       AllReduceFit(8, 0.503, 42.5e-6)),
+            description="NVIDIA A100 80GB SXM: 312 TFLOP/s bf16, 2039 GB/s HBM2e, NVLink 600 GB/s"),
+    # source: NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 1,979 TFLOPS with sparsity (989 dense);
+    # 3.35 TB/s HBM3, 80 GB; NVLink 900 GB/s (bidirectional)
+    # measured (as the A100): mfu 0.717, mbu 0.994 (weight streaming at the datasheet's bandwidth once each
+    # GEMM's 7.6 us are apart), all-reduce per TP degree (DGX H100)
+    GPUSpec("h100", 989e12, 3350e9, 80 * GiB, 450e9, mfu=0.717, mbu=0.994, gemm_latency_s=7.57e-6,
+            allreduce=(AllReduceFit(2, 0.726, 26.1e-6), AllReduceFit(4, 0.863, 33.0e-6),
+                       AllReduceFit(8, 0.759, 29.7e-6)),
+            description="NVIDIA H100 SXM 80GB: 989 TFLOP/s bf16, 3350 GB/s HBM3, NVLink 900 GB/s"),
+    # source: NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: BF16 1,979 TFLOPS with sparsity (989 dense);
+    # 4.8 TB/s HBM3e, 141 GB; NVLink 900 GB/s (bidirectional)
+    GPUSpec("h200", 989e12, 4800e9, 141 * GiB, 450e9,
+            description="NVIDIA H200 SXM 141GB: 989 TFLOP/s bf16, 4800 GB/s HBM3e, NVLink 900 GB/s"),
+    # source: NVIDIA RTX A6000 datasheet: tensor performance 309.7 TFLOPS with sparsity (154.8 dense);
+    # 768 GB/s GDDR6, 48 GB; PCIe Gen 4 x16 (a 2-GPU NVLink bridge is optional; not assumed)
+    GPUSpec("a6000", 154.8e12, 768e9, 48 * GiB, PCIE4_X16_PER_DIRECTION,
+            description="NVIDIA RTX A6000: 155 TFLOP/s bf16, 768 GB/s GDDR6, 48 GB, PCIe Gen4"),
+    # source: NVIDIA A40 datasheet: BF16 tensor 149.7 TFLOPS dense (299.4 sparse); 696 GB/s GDDR6, 48 GB;
+    # PCIe Gen4 x16 (NVLink bridge optional; not assumed)
+    # measured (as the A100): mfu 0.788, mbu 0.823, 13.9 us per GEMM (no all-reduce measured)
+    GPUSpec("a40", 149.7e12, 696e9, 48 * GiB, PCIE4_X16_PER_DIRECTION, mfu=0.788, mbu=0.823,
+            gemm_latency_s=13.86e-6,
+            description="NVIDIA A40: 150 TFLOP/s bf16, 696 GB/s GDDR6, 48 GB, PCIe Gen4"),
+    # source: NVIDIA L4 Tensor Core GPU datasheet: BF16 tensor 242 TFLOPS with sparsity (121 dense);
+    # 300 GB/s GDDR6, 24 GB; PCIe Gen4 x16
+    GPUSpec("l4", 121e12, 300e9, 24 * GiB, PCIE4_X16_PER_DIRECTION,
+            description="NVIDIA L4: 121 TFLOP/s bf16, 300 GB/s GDDR6, 24 GB, PCIe Gen4"),
+    # source: NVIDIA Ada Lovelace GPU architecture whitepaper, GeForce RTX 4090: peak FP16/BF16 tensor with
+    # FP32 accumulate 165.2 TFLOPS dense; 1,008 GB/s GDDR6X, 24 GB; PCIe Gen4 x16, no NVLink
+    GPUSpec("rtx-4090", 165.2e12, 1008e9, 24 * GiB, PCIE4_X16_PER_DIRECTION,
+            description="NVIDIA GeForce RTX 4090: 165 TFLOP/s bf16 (fp32 acc.), 1008 GB/s GDDR6X, 24 GB"),
+    # PLACEHOLDER, NOT MEASURED AND NOT FROM A DATASHEET: round made-up numbers for a typical 2-core x86 cloud
+    # host (AVX2 FMA at ~2.5 GHz: 2 cores x 32 fp32 FLOP/cycle ~ 160 GFLOP/s peak, ~20 GB/s DRAM, 16 GiB).
+    # Only there so CPU runs have something to price with; to be replaced by the profiler's fitted model.
+    # tile=1: no tile quantization is assumed on CPU.
+    GPUSpec("cpu", 160e9, 20e9, 16 * GiB, 10e9, tile=1,
+            description="PLACEHOLDER 2-core CPU host (made-up round numbers; use a profiled/fitted model)"),
+]}
+
+
+# The word by which each catalogue GPU shows in its device name (torch.cuda.get_device_name, e.g. "NVIDIA H100
+# 80GB HBM3"): how a profile's device is matched to the catalogue entry whose specs describe it.
+DEVICE_NAME_MARKERS = {"a100-80gb": "A100", "h100": "H100", "h200": "H200", "a6000": "A6000", "a40": "A40",
+                       "l4": "L4", "rtx-4090": "4090"}
+
+
+def catalogue_gpu_of(device: str, device_name: str) -> str | None:
+    """The catalogue name of a profiled device: `cpu` for any CPU, the GPU whose marker is a word of a CUDA
+    device's name, or None when the catalogue has no such GPU."""
+    if device == "cpu":
+        return "cpu"
+    words = set(re.split(r"[^A-Za-z0-9]+", device_name.upper()))
+    return next((gpu for gpu, marker in DEVICE_NAME_MARKERS.items() if marker in words), None)
+
+
+def get_gpu(name: str) -> GPUSpec:
+    try:
+        return GPUS[str(name).lower()]
+    except KeyError:
+        raise InputError(f"unknown GPU {name!r}; known GPUs: {', '.join(GPUS)}") from None

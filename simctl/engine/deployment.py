@@ -1,0 +1,59 @@
+"""A real deployment, as the simulator's (`sim.run`): one engine is a deployment of one, a prefill and a
+decode instance (`simctl.engine.disagg`) a deployment of two. Either way each engine runs the one serving loop
+(`engine.serve.Engine.run`) on the requests `serving.handoff.arrivals` makes, and their records are summarised
+as the simulated cluster's (`sim.cluster_run.summarise_cluster`), so `simctl real` writes what `simctl run`
+writes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from engine.serve import EngineResult, Instance, Served
+
+from simctl.engine.setup import RealConfig, RealRun, Sizing, build_engine
+from simctl.serving.loop import overload_limit
+from simctl.traces.request import Request
+
+
+def serve_deployment(config: RealConfig, size: Sizing, requests: list[Request], model: Any
+                     ) -> tuple[RealRun, Served]:
+    """Serve `requests` on `config`'s deployment, this process's engine on `model`: its records and summary
+    in the cluster's form, and what was served."""
+    if config.disaggregated:  # this process is the decode instance; the prefill instance is its child
+        from simctl.engine.disagg import serve_pair
+
+        served = serve_pair(config, size, requests, model)
+    else:
+        served = _serve_one(config, size, requests, model)
+    return _summarised(config, requests, served), served
+
+
+def _serve_one(config: RealConfig, size: Sizing, requests: list[Request], model: Any) -> Served:
+    engine, warm_s = build_engine(config, requests, size, model)
+    out = engine.serve(requests, max_waiting=overload_limit(len(requests)))
+    return Served(engine, warm_s, [Instance("replicas", out, out.seqs)], out.seqs, out.tokens)
+
+
+def _summarised(config: RealConfig, requests: list[Request], served: Served) -> RealRun:
+    """The records of every instance merged as the simulated cluster's, with its summary."""
+    from simctl.sim.cluster_run import MemberRecords, iterations_frame, summarise_cluster
+
+    kv = served.engine.policy.kv.capacity  # every instance's policy is sized alike
+    outs = [i.result for i in served.instances]
+    members = [MemberRecords(i.pool, 0, config.device, o.iterations, o.gaps, o.queue_at_arrival, i.seqs,
+                             o.aborted, kv) for i, o in zip(served.instances, outs, strict=True)]
+    aborted = any(o.aborted for o in outs)
+    wall = max(o.wall_s for o in outs)
+    head = {"mode": "real", **{k: v for k, v in asdict(config).items() if k != "options"}}
+    result, summary = summarise_cluster(head, members, served.seqs, served.link, aborted, kv, wall)
+    for name, values in served.columns.items():
+        result.requests[name] = values
+    engine = EngineResult(seqs=served.seqs, iterations=result.iterations, gaps=result.gaps,
+                          queue_at_arrival=result.queue_at_arrival, aborted=aborted, wall_s=wall,
+                          tokens=served.tokens, forward_s=np.concatenate([o.forward_s for o in outs]),
+                          peak_slots=max(o.peak_slots for o in outs))
+    return RealRun(config, requests, summary, result, engine, iterations=iterations_frame(members),
+                   replicas=pd.DataFrame(summary["replica_metrics"]))

@@ -1,0 +1,111 @@
+"""Sarathi-Serve: stall-free batching with chunked prefills (Sarathi-Serve, Algorithm 3).
+
+Each iteration has a token budget tau. First every running decode joins the batch (lines 6-8), then the
+ongoing partial prefills take chunks of what budget is left (lines 9-12), and only then are new requests
+admitted, each with the largest chunk that still fits (lines 13-20). Decodes are never stalled by a prefill,
+and an iteration never processes more than tau tokens (unless its decodes alone exceed it).
+
+The two ablations of the paper's Table 4:
+- hybrid-batching-only: decodes and prefills share iterations, but prefills are not chunked;
+- chunked-prefills-only: prefills are chunked to the budget, but run in iterations of their own, first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from simctl.policies.base import Policy, Settings, option
+from simctl.policies.plan import BatchPlan, hybrid
+from simctl.policies.seq import Seq
+
+
+class SarathiServe(Policy):
+    name = "sarathi"
+    summary = "stall-free batching: decodes first, then prefill chunks within a token budget"
+    chunked = True  # split prefills to the leftover budget
+    coalesce = True  # run prefill chunks in the same iterations as the running decodes
+
+    @dataclass(frozen=True)
+    class Settings(Settings):
+        token_budget: int = option(512, "tokens per iteration (tau; 512 is the paper's strict-SLO setting)")
+
+    def __init__(self, kv: Any, **options: int) -> None:
+        super().__init__(kv, **options)
+        self.token_budget = self.settings.token_budget
+
+    def _chunk(self, s: Seq, used: int, first: bool) -> int:
+        """get_next_chunk_size: the largest piece of the pending prefill that fits the leftover budget.
+
+        Unchunked (the hybrid-only ablation), a prompt goes whole: the first prefill of an iteration always,
+        later ones only if they fit the budget.
+        """
+        if not self.chunked:
+            return s.prefill_remaining if first or used + s.prefill_remaining <= self.token_budget else 0
+        return min(s.prefill_remaining, self.token_budget - used)
+
+    def _prefill_chunks(self, used: int, ongoing: bool = True,
+                        admit: bool = True) -> tuple[list[Seq], list[int]]:
+        """The prefill segments of the iteration; `ongoing`: some running sequence may be mid-prefill (False
+        when every running sequence is a decode, which saves the scan); `admit`: new requests may join (not in
+        a step that preempted, as vLLM v1 schedules: under an order other than arrival a victim could
+        otherwise be re-admitted, or passed, in the step that evicted it)."""
+        seqs: list[Seq] = []
+        chunks: list[int] = []
+        for s in self.running if ongoing else ():  # lines 9-12: ongoing prefills
+            if s.computed < s.prefill_end:
+                c = self._chunk(s, used, not seqs)
+                if c > 0:
+                    seqs.append(s)
+                    chunks.append(c)
+                    used += c
+        while (admit and self.waiting  # lines 13-20
+               and (used < self.token_budget or not seqs and not self.chunked)
+               and len(self.running) < self.max_batch_size and self.kv.can_admit(self.waiting.head())):
+            s = self.waiting.head()
+            c = self._chunk(s, used, not seqs)
+            if c == 0:
+                break
+            seqs.append(s)
+            chunks.append(c)
+            used += c
+            self._admit(s)
+        return seqs, chunks
+
+    def chunk_repeats(self, plan: BatchPlan) -> int:
+        """A plan whose one prefill is a mid-prompt chunk repeats: the chunk took all the budget its decodes
+        left (a chunk short of it is the prompt's last), so the next iteration has the same decodes (lines
+        6-8), gives the same ongoing prompt, the first running sequence in prefill, the same chunk (lines
+        9-12) and has no budget left to admit anyone (lines 13-20: a fresh arrival waits), up to the
+        prompt's last chunk, which samples a token."""
+        nd = plan.decode_tokens
+        if len(plan.seqs) != nd + 1:
+            return 0
+        # chunks j = 0, 1, ... of c tokens stay mid-prompt while (j + 1) c < the prompt's remaining tokens
+        return max((plan.seqs[nd].prefill_remaining - 1) // plan.num_new[nd] - 1, 0)
+
+    def schedule(self) -> BatchPlan | None:
+        if not self.coalesce:
+            seqs, chunks = self._prefill_chunks(0)
+            if seqs:
+                return hybrid([], seqs, chunks)
+            decodes = self._grow_decodes()
+            return hybrid(decodes, [], []) if decodes else None
+        decodes = self._grow_decodes()  # lines 6-8
+        seqs, chunks = self._prefill_chunks(len(decodes), len(decodes) < len(self.running),
+                                            not self.preempted)
+        if not decodes and not seqs:
+            return None
+        return hybrid(decodes, seqs, chunks)
+
+
+class HybridBatchingOnly(SarathiServe):
+    name = "sarathi-hybrid-only"
+    summary = "Sarathi-Serve ablation: hybrid batches of decodes and whole (unchunked) prefills"
+    chunked = False
+
+
+class ChunkedPrefillsOnly(SarathiServe):
+    name = "sarathi-chunked-only"
+    summary = "Sarathi-Serve ablation: chunked prefills in iterations of their own, no decode coalescing"
+    coalesce = False

@@ -1,0 +1,219 @@
+"""Every simulation is a cluster in simulated time: pools of replicas behind routers, and disaggregated
+prefill and decode; one replica is a cluster of one, driven by the same process (`drive`).
+
+Every replica runs the one replica loop (`simctl.serving.loop.Replica`) with its own policy, KV manager and a
+`RoutedInbox`, as a SimPy process of one shared environment. Requests reach a pool at the instant they are
+due (the cluster's arrivals; a KV transfer's end for a decode pool), and the pool's router chooses a replica
+with what exists at that instant (`serving.routers.ReplicaView`). Those instants are URGENT SimPy events, so
+at a tie they are handled before an iteration that ends at the same instant is applied, which is the order
+of the single-replica loop (it applies an iteration, then takes what arrived by its end).
+
+A replica is woken by a push when it waits for work, and a push during a stretch resumes its loop early to
+cut the stretch: no replica does any work for a request routed elsewhere. An entry pool of one replica has
+nothing to route: it takes every arrival ahead (`Member.take_ahead`), so its loop knows when the next request
+is due and runs without a SimPy event per arrival; routing every request to one replica of several gives the
+same results (tested).
+
+Disaggregation: a prefill instance serves a copy of each request that ends at its first token; the request's
+KV then crosses the shared `KVLink`, and a decode instance admits the request with its KV cached
+(`Policy.add`: it decodes, and prefills again only if preempted). Its first token is stamped when the
+transfer ends: that is when the decode side, and a user streaming from it, has it (DistServe stamps it at the
+prefill's end; `prefill_done_s` in the requests table keeps that time). A request of one output token ends
+on its prefill instance and never crosses the link.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+
+import simpy
+from simpy.events import URGENT
+
+from simctl.policies.base import Policy
+from simctl.policies.seq import Seq
+from simctl.serving.handoff import arrivals, arrive_with_kv
+from simctl.serving.inbox import Inbox
+from simctl.serving.loop import Replica
+from simctl.serving.routed import HELD, RoutedInbox, RoutedTime
+from simctl.serving.routers import ReplicaView, Router
+from simctl.sim.kv_link import KVLink, kv_transfer_bytes
+from simctl.sim.replica import CostBackend, SimulatedTime
+from simctl.traces.request import Request
+
+Progress = Callable[[int, int], None]  # (requests arrived, requests in all)
+# SimPy events between two progress reports (a lone replica yields every YIELD_EVERY waits)
+PROGRESS_EVERY = 8
+YIELD_EVERY = 1024  # at most this many waits run without handing control back to SimPy (progress reports)
+
+
+class Member:
+    """One replica of a pool and what its driver and router need to know about it."""
+
+    def __init__(self, index: int, policy: Policy, backend: CostBackend, max_waiting: int | None,
+                 on_release: Callable[[Member, list[Seq]], None]) -> None:
+        self.index = index
+        self.inbox: Inbox = RoutedInbox()
+        self.admission_s = backend.admission_s  # a request is due that long after it arrives
+        self.replica = Replica(policy, backend, RoutedTime(self.inbox), self.inbox, max_waiting=max_waiting)
+        self.policy = policy
+        self.released = 0  # requests that left it (finished, or prefilled and handed on)
+        self.wake: simpy.Event | None = None  # set while it waits for a push
+        self.cutting = False  # a push has resumed it early to cut its stretch
+        self.process: simpy.Process | None = None
+        self.seqs: list[Seq] = []  # every request pushed here (a prefill instance's copies)
+        self._on_release = on_release
+        backend.on_release = self._released
+
+    def _released(self, finished: list[Seq]) -> None:
+        self.released += len(finished)
+        self._on_release(self, finished)
+
+    def take_ahead(self, seqs: list[Seq]) -> None:
+        """Every request it will serve, pushed at the start (a lone entry replica: nothing to route). Its loop
+        then knows when the next one is due, cuts stretches there itself, and never waits for a push."""
+        self.inbox = self.replica.inbox = Inbox(seqs, self.admission_s)
+        self.replica.clock = SimulatedTime()
+        self.seqs = list(seqs)
+
+    def view(self) -> ReplicaView:  # every replica's, at every arrival: kept to plain reads
+        p, inbox = self.policy, self.inbox
+        return ReplicaView(len(p.waiting) + len(p.arrived_with_kv) + inbox.pending,
+                           inbox.pushed - self.released, p.kv.used)
+
+    def push(self, seq: Seq, due: float) -> None:
+        self.inbox.push_due(seq, due)
+        self.seqs.append(seq)
+        if self.wake is not None:
+            if not self.wake.triggered:
+                self.wake.succeed()
+        elif not self.cutting and self.replica.stretch is not None and due < self.replica.stretch[-1]:
+            self.cutting = True
+            self.process.interrupt()
+
+
+@dataclass
+class Pool:
+    name: str  # "replicas" (colocated), "prefill" or "decode"
+    members: list[Member]
+    router: Router
+    gpu: str = ""
+    tp: int = 1  # GPUs per replica (its tensor-parallel group)
+
+    def route(self, seq: Seq, due: float) -> None:
+        self.members[self.router([m.view() for m in self.members])].push(seq, due)
+
+    @property
+    def admission_s(self) -> float:
+        """Its front end's latency (its replicas share a cost model)."""
+        return self.members[0].admission_s
+
+
+def drive(env: simpy.Environment, member: Member, cluster: Cluster) -> Generator[simpy.Event, None, None]:
+    """The member's loop as a SimPy process: each wait is a timeout, a wait for work waits for a push, and a
+    push during a stretch resumes the loop early to cut it. A wait that ends strictly before the next event in
+    SimPy's queue needs no SimPy event (nothing can be pushed before it ends), so the loop goes straight on: a
+    lone replica makes a SimPy event only every `YIELD_EVERY` waits. Its own clock is exact either way; a tie
+    with another event still goes through SimPy, which orders it."""
+    gen = member.replica.serve(env.now)
+    ran, now = 0, env.now  # SimPy's time moves only while this process yields to it
+    for until in gen:
+        while True:
+            if until < now - 1e-9 * now:  # beyond the two clocks' rounding: a push was missed
+                raise RuntimeError(f"replica {member.index} fell behind the cluster's clock")
+            if until >= HELD:
+                member.wake = env.event()
+                yield member.wake
+                member.wake, now = None, env.now
+            elif until < env.peek() and ran < YIELD_EVERY:
+                ran += 1
+            else:
+                ran = 0
+                try:
+                    yield env.timeout(max(until - now, 0.0))
+                except simpy.Interrupt:
+                    member.cutting, now = False, env.now
+                    until = gen.send(True)  # the stretch's cut end, where the loop waits next
+                    continue
+                now = env.now
+            break
+    if member.replica.aborted:
+        cluster.aborted = True
+
+
+def at(env: simpy.Environment, when: float, callback: Callable[[simpy.Event], None]) -> None:
+    """Run `callback` at `when`, before any process resumed at the same instant (URGENT)."""
+    event = simpy.Event(env)
+    event._ok, event._value = True, None  # a plain event scheduled as already triggered, like a Timeout
+    event.callbacks.append(callback)
+    env.schedule(event, URGENT, max(when - env.now, 0.0))
+
+
+class Cluster:
+    """Pools and the link between them; `run(requests)` serves every request and returns its filled-in
+    `Seq`."""
+
+    def __init__(self, env: simpy.Environment, link: KVLink | None = None,
+                 kv_bytes_per_token: int = 0) -> None:
+        self.env, self.link, self.kv_bytes_per_token = env, link, kv_bytes_per_token
+        self.entry: Pool  # where requests arrive (the colocated replicas, or the prefill instances)
+        self.decode: Pool | None = None
+        self.aborted = False
+        self.originals: dict[int, Seq] = {}
+
+    @property
+    def members(self) -> list[Member]:
+        return self.entry.members + (self.decode.members if self.decode else [])
+
+    def run(self, requests: list[Request], progress: Progress | None = None) -> list[Seq]:
+        """Serve `requests` (in arrival order); `progress(arrived, total)` every few thousand events, if
+        given. Returns each request's `Seq`, filled in."""
+        env = self.env
+        served = arrivals(requests, disaggregated=self.decode is not None)
+        seqs, entering, self.originals = served.seqs, served.entering, served.crossing
+        if len(self.entry.members) == 1:
+            self.entry.members[0].take_ahead(entering)
+        for m in self.members:
+            m.process = env.process(drive(env, m, self))
+        if len(self.entry.members) > 1:
+            self._arrivals = iter(entering)
+            self._next_arrival()
+        if progress is None:
+            env.run()
+            return seqs
+        try:
+            while True:
+                for _ in range(PROGRESS_EVERY):
+                    env.step()
+                progress(self.arrived, len(seqs))
+        except simpy.core.EmptySchedule:  # what ends env.run() too
+            progress(len(seqs), len(seqs))
+        return seqs
+
+    @property
+    def arrived(self) -> int:
+        """Requests handed to an entry replica's policy so far."""
+        return sum(len(m.replica.records.queue_at_arrival) for m in self.entry.members)
+
+    def _next_arrival(self) -> None:
+        seq = next(self._arrivals, None)
+        if seq is not None and not self.aborted:
+            due = seq.arrival_s + self.entry.admission_s  # routed once its front end has taken it in
+            at(self.env, due, lambda _: self._arrive(seq, due))
+
+    def _arrive(self, seq: Seq, due: float) -> None:
+        self.entry.route(seq, due)
+        self._next_arrival()
+
+    def on_release(self, member: Member, finished: list[Seq]) -> None:
+        """A replica's sequences sampled their last token; a prefill instance's copies go on to the link."""
+        if self.decode is None:
+            return
+        for copy in finished:
+            seq = self.originals.pop(copy.id, None)
+            if seq is None:
+                continue  # one output token: it finished on the prefill instance
+            ready = copy.completion_s
+            end = self.link.transfer(ready, kv_transfer_bytes(self.kv_bytes_per_token, seq.prompt_tokens))
+            arrive_with_kv(seq, copy, end)
+            at(self.env, end, lambda _, seq=seq, end=end: self.decode.route(seq, end))

@@ -1,0 +1,208 @@
+"""A run's deployment served (its shape: `sim.cluster_config.ClusterConfig`, one replica, replicas behind a
+router, or disaggregated prefill and decode), its pools, and its summary and files: `sim.run.run` serves
+every run through these, one replica being a cluster of one.
+
+The summary is a single run's (`results.metrics.summarize` over every request, every token gap and every
+iteration of the cluster), plus per replica and per pool: requests served, utilisation (busy time / the
+run's span), the waiting queue each arrival met, KV peak; and the KV link's use. The cluster is
+sustainable when every replica is, by the single-replica rules applied to the requests it served.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from simctl.costs.base import CostModel
+from simctl.policies.base import Policy
+from simctl.policies.seq import Seq
+from simctl.results.metrics import summarize
+from simctl.results.output import write_run
+from simctl.results.run_result import SimResult
+from simctl.serving.loop import overload_limit
+from simctl.serving.records import GapHistogram, IterationLog, request_frame
+from simctl.serving.routers import make_router
+from simctl.sim.cluster import Cluster, Member, Pool
+from simctl.sim.kv_link import KVLink
+from simctl.sim.replica import CostBackend
+from simctl.traces.request import Request
+
+
+def make_pool(name: str, count: int, gpu: str, new_backend: Callable[[], CostBackend],
+              new_policy: Callable[[], Policy], router: str, cluster: Cluster, max_waiting: int | None,
+              tp: int = 1) -> Pool:
+    """`count` replicas of `tp` GPUs each, each with a policy of its own from `new_policy` and a backend from
+    `new_backend`."""
+    members = [Member(i, new_policy(), new_backend(), max_waiting, cluster.on_release) for i in range(count)]
+    return Pool(name, members, make_router(router), gpu, tp)
+
+
+def _merged(logs: list[IterationLog]) -> IterationLog:
+    out = IterationLog()
+    for log in logs:
+        for name in ("start", "duration", "count", "prefill_tokens", "decode_tokens", "batch_size",
+                     "linear_tokens", "kv_used"):
+            getattr(out, name).extend(getattr(log, name))
+    return out
+
+
+@dataclass
+class MemberRecords:
+    """What the cluster's summary reads of one replica: a simulated member's, or a real engine's."""
+
+    pool: str  # "replicas" (colocated), "prefill" or "decode"
+    index: int
+    gpu: str
+    iterations: IterationLog
+    gaps: GapHistogram
+    queue: np.ndarray  # the waiting queue each request met on arrival
+    seqs: list[Seq]  # every request it served (a prefill instance's copies)
+    aborted: bool
+    kv_capacity: int
+    tp: int = 1  # GPUs of its tensor-parallel group
+
+    @classmethod
+    def of(cls, pool: Pool, m: Member) -> MemberRecords:
+        r = m.replica.records
+        return cls(pool.name, m.index, pool.gpu, r.iterations, r.gaps, r.queue_lengths(), m.seqs,
+                   m.replica.aborted, m.replica.policy.kv.capacity, pool.tp)
+
+    def result(self) -> SimResult:
+        return SimResult(requests=request_frame(self.seqs), iterations=self.iterations, gaps=self.gaps,
+                         queue_at_arrival=self.queue, aborted=self.aborted, kv_capacity=self.kv_capacity,
+                         wall_s=0.0)
+
+
+def simulate_disaggregated(requests: list[Request], new_policy: Callable[[], Policy], cost: CostModel,
+                           link_gbps: float, kv_bytes_per_token: int, head: dict[str, Any]
+                           ) -> tuple[SimResult, dict[str, Any]]:
+    """One prefill and one decode instance, each with a policy from `new_policy`, priced by `cost`, the KV
+    crossing a link of `link_gbps`: the simulated twin of a real disaggregated run (`engine.disagg`)."""
+    t0 = time.perf_counter()
+    cluster = Cluster(simpy.Environment(), KVLink(link_gbps), kv_bytes_per_token)
+    limit = overload_limit(len(requests))
+    cluster.entry = make_pool("prefill", 1, "", lambda: CostBackend(cost), new_policy, "round-robin", cluster,
+                              limit)
+    cluster.decode = make_pool("decode", 1, "", lambda: CostBackend(cost), new_policy, "round-robin", cluster,
+                               limit)
+    seqs = cluster.run(requests)
+    members = [MemberRecords.of(p, m) for p in (cluster.entry, cluster.decode) for m in p.members]
+    return summarise_cluster(head, members, seqs, cluster.link, cluster.aborted,
+                             cluster.decode.members[0].policy.kv.capacity, time.perf_counter() - t0)
+
+
+def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: list[Seq],
+                      link: KVLink | None, aborted: bool, kv_capacity: int,
+                      wall_s: float) -> tuple[SimResult, dict[str, Any]]:
+    """The cluster's records (every request, token gap and iteration) and summary: `head` (its configuration),
+    the single-run metrics over all of it, and per replica, per pool and for the link."""
+    gaps = GapHistogram()
+    for m in members:
+        gaps.merge(m.gaps)
+    requests = request_frame(seqs)
+    _request_columns(requests, members, seqs)
+    entry = [m for m in members if m.pool != "decode"]
+    result = SimResult(requests=requests, iterations=_merged([m.iterations for m in members]), gaps=gaps,
+                       queue_at_arrival=np.concatenate([m.queue for m in entry]), aborted=aborted,
+                       kv_capacity=kv_capacity, wall_s=wall_s)
+    summary = {**head, **summarize(result)}
+    span = summary["makespan_s"]
+    rows = []
+    for m in members:
+        s = summarize(m.result()) if len(members) > 1 else summary  # one replica: its metrics are the run's
+        busy = float(np.frombuffer(m.iterations.duration, dtype=np.float64).sum())
+        q = m.queue
+        rows.append({"pool": m.pool, "replica": m.index, "gpu": m.gpu, "requests": s["num_requests"],
+                     "completed": s["completed"], "busy_s": busy,
+                     "utilisation": busy / span if span > 0 else 0.0,
+                     "queue_mean": float(q.mean()) if len(q) else 0.0,
+                     "queue_max": int(q.max()) if len(q) else 0,
+                     "kv_peak_tokens": s["kv_peak_tokens"], "kv_capacity_tokens": s["kv_capacity_tokens"],
+                     "iterations": s["iterations"], "preemptions": s["preemptions"],
+                     "sustainable": s["sustainable"], "unsustainable_reason": s["unsustainable_reason"]})
+    unsustainable = [f"{r['pool']} {r['replica']}: {r['unsustainable_reason']}"
+                     for r in rows if not r["sustainable"]]
+    if len(rows) > 1 and unsustainable:  # one replica: the run's own verdict, as `simctl.sim.run`'s
+        summary["sustainable"] = False
+        summary["unsustainable_reason"] = "; ".join(unsustainable)
+    summary["gpus"] = sum(m.tp for m in members)  # each replica's TP group
+    pools = dict.fromkeys(m.pool for m in members)
+    summary["pools"] = {name: _pool_summary(name, next(m.gpu for m in members if m.pool == name),
+                                            [r for r in rows if r["pool"] == name]) for name in pools}
+    if link is not None:
+        summary["kv_link"] = _link_summary(link, span)
+    summary["replica_metrics"] = rows
+    return result, summary
+
+
+def _request_columns(frame: pd.DataFrame, members: list[MemberRecords], seqs: list[Seq]) -> None:
+    """Where each request ran: its replica, or its prefill and decode instances and when its prefill ended."""
+    index = {s.id: i for i, s in enumerate(seqs)}
+
+    def placed(pool: str) -> np.ndarray:
+        where = np.full(len(seqs), -1, dtype=np.int64)
+        for m in members:
+            if m.pool == pool:
+                where[[index[s.id] for s in m.seqs]] = m.index
+        return where
+
+    if all(m.pool == "replicas" for m in members):
+        frame["replica"] = placed("replicas")
+        return
+    frame["prefill_replica"] = placed("prefill")
+    frame["decode_replica"] = placed("decode")
+    done = np.full(len(seqs), -1.0)
+    for m in members:
+        if m.pool == "prefill":
+            for s in m.seqs:
+                done[index[s.id]] = s.completion_s
+    frame["prefill_done_s"] = done
+
+
+def _pool_summary(name: str, gpu: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    util = [r["utilisation"] for r in rows]
+    return {"instances": len(rows), "gpu": gpu, "requests": sum(r["requests"] for r in rows),
+            "utilisation_mean": float(np.mean(util)), "utilisation_max": float(np.max(util)),
+            "queue_max": max(r["queue_max"] for r in rows),
+            "kv_peak_tokens": max(r["kv_peak_tokens"] for r in rows)}
+
+
+def _link_summary(link: KVLink, span: float) -> dict[str, Any]:
+    ready, start, end = (np.frombuffer(a, dtype=np.float64) for a in (link.ready, link.start, link.end))
+    busy = float((end - start).sum())
+    took, waited = end - ready, start - ready
+
+    def pct(values: np.ndarray, p: int) -> float | None:
+        return float(np.percentile(values, p)) if len(values) else None
+
+    return {"gbps": link.gbps, "transfers": len(ready), "bytes": link.bytes, "busy_s": busy,
+            "utilisation": busy / span if span > 0 else 0.0,
+            "transfer_s_mean": float(took.mean()) if len(took) else None, "transfer_s_p50": pct(took, 50),
+            "transfer_s_p99": pct(took, 99), "wait_s_p50": pct(waited, 50), "wait_s_p99": pct(waited, 99)}
+
+
+def iterations_frame(members: list[MemberRecords]) -> pd.DataFrame:
+    """Every replica's iteration rows, with the pool and replica that ran them."""
+    frames = []
+    for m in members:
+        f = m.iterations.frame()
+        f.insert(0, "replica", m.index)
+        f.insert(0, "pool", m.pool)
+        frames.append(f)
+    return pd.concat(frames, ignore_index=True)
+
+
+CLUSTER_RUN_FILES = ("requests.parquet", "iterations.parquet", "replicas.parquet", "summary.json")
+
+
+def write_cluster_files(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterations: pd.DataFrame,
+                        replicas: pd.DataFrame, timeline: pd.DataFrame | None = None) -> None:
+    """A deployment's run files into `out` (a simulated or a real one): `write_run`'s and replicas.parquet."""
+    write_run(out, summary, requests, iterations, timeline, replicas=replicas)

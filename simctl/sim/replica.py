@@ -1,0 +1,47 @@
+"""A replica in simulated time: its clock and its backend, a cost model (`sim.cluster` drives its loop).
+
+The loop keeps its own exact clock (every time a running sum of iteration durations added one at a time, in
+both the stepping and the stretch paths), so a stretch ends exactly where stepping would have; SimPy's clock,
+advanced by a stretch's total, can differ from it in the last bit, and only orders events between processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from simctl.costs.base import CostModel
+from simctl.policies.plan import BatchPlan
+from simctl.policies.seq import Seq
+
+
+class SimulatedTime:
+    """A replica's clock in a simulation: the loop's exact time, unchanged."""
+
+    def now(self, exact: float) -> float:
+        return exact
+
+
+class CostBackend:
+    """Executes a plan by pricing it: the iteration ends `cost.iteration_time(plan)` after it starts."""
+
+    def __init__(self, cost: CostModel, fast: bool = True) -> None:
+        self.cost = cost
+        self.fast = fast  # price stretches in closed form (identical results, fewer steps)
+        self.on_release: Callable[[list[Seq]], None] | None = None  # set by the cluster member it serves
+
+    @property
+    def admission_s(self) -> float:
+        return self.cost.admission_s
+
+    def run(self, plan: BatchPlan, start: float) -> float:
+        return start + self.cost.iteration_time(plan)
+
+    def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray | None:
+        return self.cost.stretch_times(plan, k) if self.fast else None
+
+    def release(self, finished: list[Seq]) -> None:
+        # a priced iteration holds nothing beyond the policy's KV accounting; the cluster learns who left
+        if self.on_release is not None:
+            self.on_release(finished)

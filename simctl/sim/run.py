@@ -1,0 +1,349 @@
+"""One simulation from names: what `simctl run` does, usable from Python and notebooks too. Every run is a
+deployment (`simctl.sim.cluster_config.ClusterConfig`): one replica by default, a cluster of one."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import simpy
+
+from simctl.catalogue.gpus import GPUSpec, get_gpu
+from simctl.catalogue.models import ModelSpec, get_model, model_in_working_folder
+from simctl.catalogue.moe import check_routing_skew
+from simctl.common.checks import is_int, is_number
+from simctl.common.errors import DoesNotFit, InputError
+from simctl.common.files import in_working_folder
+from simctl.costs.base import CostModel
+from simctl.costs.calibration import is_roofline_calibration, load_roofline_calibration
+from simctl.costs.fitted import Fitted
+from simctl.costs.provenance import calibration_warnings, check_fitted_device
+from simctl.costs.roofline import Roofline
+from simctl.policies.base import Policy, run_stats
+from simctl.policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
+from simctl.results.run_result import SimResult
+from simctl.serving.loop import overload_limit
+from simctl.sim.cluster import Cluster, Pool, Progress
+from simctl.sim.cluster_config import ClusterConfig
+from simctl.sim.cluster_run import MemberRecords, iterations_frame, make_pool, summarise_cluster
+from simctl.sim.kv_link import KVLink
+from simctl.sim.replica import CostBackend
+from simctl.sim.timeline import TimelineBackend, check_timeline
+from simctl.traces import (
+    ARRIVAL_PROCESSES,
+    PROFILES,
+    build_trace,
+    has_arrival_times,
+    is_profile,
+    trace_max_total_tokens,
+)
+from simctl.traces.build import check_scale, trace_in_working_folder
+from simctl.traces.request import Request
+from simctl.traces.too_long import ERROR, REFUSE, Screened, check_on_too_long, screen
+
+# Upper bounds that keep a run from exhausting memory or the float clock's resolution: at 1e9 s
+# (~32 years) a float64 time still resolves 0.2 us, far below any iteration's duration.
+MAX_REQUESTS = 10_000_000
+MAX_CLOCK_S = 1e9
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    policy: str = "sarathi"
+    trace: str = "arxiv"  # a length profile name or a trace file
+    model: str = "mistral-7b"
+    gpu: str = "a100-80gb"
+    tp: int = 1
+    # None: a trace file's own arrival times (with a rate, they are time-scaled to it)
+    qps: float | None = 0.5
+    num_requests: int = 1000
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)  # the policy's settings given (its Settings fields)
+    arrival: str = "poisson"
+    cv: float = 1.0  # burstiness of gamma arrivals
+    # prompt and output lengths multiplied by this (rounded, >= 1), as `simctl real --scale`
+    scale: float = 1.0
+    fast: bool = True  # advance decode-only stretches in one step (identical results)
+    # a fitted cost_model.json; None: the roofline (or, for --gpu cpu, the shipped fit)
+    cost: str | None = None
+    routing_skew: float = 0.0  # an MoE's imbalanced routing for the roofline (catalogue.moe); 0: uniform
+    ep: int = 1  # an MoE's experts spread whole over the TP group (the roofline's `ep`); 1: split by TP
+    max_model_len: int | None = None  # positions a request may need (prompt + output); None: the model's
+    on_too_long: str = REFUSE  # a longer request: refused and counted, an error, or its prompt truncated
+
+    def __post_init__(self) -> None:
+        # the user's paths, absolute before a child process (a capacity worker, a Ray task) reads them
+        object.__setattr__(self, "trace", trace_in_working_folder(self.trace))
+        object.__setattr__(self, "model", model_in_working_folder(self.model))
+        if isinstance(self.cost, str) and self.cost.strip():
+            object.__setattr__(self, "cost", in_working_folder(self.cost))
+
+    def validate(self) -> None:
+        """Check the options that need no catalogue look-up or trace file; raise InputError naming the bad
+        value and what is allowed (as the CLI spells the option)."""
+        policy_class(self.policy)
+        if not str(self.trace).strip():
+            raise InputError(f"--trace is empty; give a length profile ({', '.join(PROFILES)}) "
+                             "or a .csv / .jsonl trace file")
+        if not is_int(self.tp) or self.tp < 1:
+            raise InputError(f"--tp must be an integer >= 1, got {self.tp!r}")
+        if self.qps is None and is_profile(self.trace):
+            raise InputError(f"--qps is needed: length profile {self.trace!r} gives no arrival times")
+        if self.qps is not None and (not is_number(self.qps)
+                                     or not (self.qps > 0 and math.isfinite(self.qps))):
+            raise InputError(f"--qps must be a finite number > 0 (requests per second), got {self.qps!r}")
+        if not is_int(self.num_requests) or not 1 <= self.num_requests <= MAX_REQUESTS:
+            raise InputError(f"--num-requests must be an integer from 1 to {MAX_REQUESTS}, "
+                             f"got {self.num_requests!r}")
+        if self.qps is not None and self.num_requests / self.qps > MAX_CLOCK_S:
+            raise InputError(f"--qps {self.qps!r} is too low: {self.num_requests} requests would take about "
+                             f"{self.num_requests / self.qps:.3g} s to arrive, beyond the simulated clock's "
+                             f"{MAX_CLOCK_S:.0e} s; raise --qps")
+        if not is_int(self.seed) or self.seed < 0:
+            raise InputError(f"--seed must be an integer >= 0, got {self.seed!r}")
+        check_scale(self.scale)
+        check_options(self.policy, self.options)
+        if self.arrival not in ARRIVAL_PROCESSES:
+            raise InputError(f"unknown --arrival {self.arrival!r}; known: {', '.join(ARRIVAL_PROCESSES)}")
+        if not is_number(self.cv) or not (self.cv > 0 and math.isfinite(self.cv)):
+            raise InputError(f"--cv must be a finite number > 0, got {self.cv!r}")
+        if self.arrival == "poisson" and self.cv != 1.0:
+            raise InputError(f"--cv {self.cv!r} needs --arrival gamma (Poisson arrivals always have cv 1)")
+        check_routing_skew(self.routing_skew)
+        check_on_too_long(self.on_too_long)
+        if self.max_model_len is not None and (not is_int(self.max_model_len) or self.max_model_len < 2):
+            raise InputError(f"--max-model-len must be an integer >= 2, got {self.max_model_len!r}")
+
+    def recorded(self) -> dict[str, Any]:
+        """The settings a summary starts with: all but `fast` and the policy's options (recorded apart), and
+        the routing skew, max model length and what happens to a longer request only when given (a run
+        without them keeps the summary it had before them)."""
+        defaults = {"routing_skew": 0.0, "ep": 1, "max_model_len": None, "on_too_long": REFUSE}
+        return {k: v for k, v in asdict(self).items()
+                if k not in ("fast", "options") and (k not in defaults or v != defaults[k])}
+
+
+@dataclass
+class Run:
+    config: RunConfig
+    result: SimResult  # the whole deployment's records (every replica's)
+    summary: dict[str, Any]
+    iterations: pd.DataFrame  # every replica's iteration rows, with pool and replica columns
+    replicas: pd.DataFrame  # one row per replica (its metrics)
+    cluster: Cluster  # the pools as the run left them (their policies, KV and records)
+    timeline: pd.DataFrame | None = None  # the first iterations' members (run(..., timeline=N))
+
+
+def default_cost_path(gpu: GPUSpec) -> Path | None:
+    """The fitted cost model shipped for a device kind, if any: `cpu` has one, profiled on a 2-core CPU."""
+    path = Path(str(files("simctl.profiler") / "profiles" / gpu.name / "cost_model.json"))
+    return path if path.is_file() else None
+
+
+def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp: int,
+               routing_skew: float = 0.0, ep: int = 1) -> tuple[CostModel, int, str, list[str]]:
+    """The cost model, KV capacity, a label and the warnings for a run: a fitted model when one is given (or
+    shipped for this device), else the roofline from published specs, calibrated when a calibration is given.
+    `routing_skew`, `ep`: an MoE's routing imbalance and expert parallelism, for the roofline (a fit has its
+    profiled router's, on one device)."""
+    if routing_skew and model.moe is None:
+        raise InputError(f"--routing-skew {routing_skew:g}: {model.name} is dense (no experts to route to)")
+    path = cost_path if cost_path is not None else default_cost_path(gpu)
+    if path is None:
+        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep)
+        return roofline, roofline.kv_capacity_tokens(), "roofline", []
+    if is_roofline_calibration(path):  # efficiencies calibrated on one device, applied to this GPU's specs
+        params = load_roofline_calibration(path)
+        warnings = calibration_warnings(path, model.name, gpu.name)
+        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep, **params)
+        return roofline, roofline.kv_capacity_tokens(), f"roofline calibrated by {path}", warnings
+    if routing_skew:
+        raise InputError(f"--routing-skew {routing_skew:g} sets the roofline's routing; the fit {path} "
+                         "prices the routing its profiled router did")
+    if ep != 1:
+        raise InputError(f"--ep {ep} spreads experts over GPUs in the roofline; the fit {path} prices the "
+                         "one device it profiled")
+    fitted = Fitted.load(path)
+    fitted.check_model(model)
+    check_fitted_device(fitted.meta, gpu.name)
+    if tp != fitted.tp:
+        raise InputError(f"--tp {tp}: the cost model was fitted for tp={fitted.tp} (its times are per GPU of "
+                         f"that group, all-reduces included); run with --tp {fitted.tp} or fit that degree")
+    if tp > 1:  # a group's KV: each GPU holds its share of the weights and KV heads, as the roofline sizes it
+        return fitted, Roofline(model, gpu, tp=tp).kv_capacity_tokens(), f"fitted {path}", []
+    memory = None if fitted.memory_bytes is not None else gpu.memory_bytes
+    return fitted, fitted.kv_capacity_tokens(memory_bytes=memory), f"fitted {path}", []
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One replica's hardware for a run: the model on its GPU(s), its cost model and KV capacity."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    tp: int
+    cost: CostModel
+    kv_capacity: int
+    cost_label: str
+    warnings: list[str]
+
+    def check_fits(self, config: RunConfig, requests: list[Request], prefill_only: bool = False) -> int:
+        """The max model length (the trace's cap, within the model's context), once every request is checked
+        to fit (only its prompt and first token on a prefill-only instance); InputError naming one that does
+        not."""
+        max_seq_len = min(trace_max_total_tokens(config.trace, requests, config.scale),
+                          max_model_len(config, self.model))
+        fits = max_admissible_tokens(config.policy, self.kv_capacity, max_seq_len)
+        big = max(requests, key=lambda r: r.prompt_tokens + (1 if prefill_only else r.output_tokens))
+        output = 1 if prefill_only else big.output_tokens
+        need = big.prompt_tokens + output
+        if need > fits:
+            where = f"{self.model.name} on {self.gpu.name} x{self.tp}"
+            if fits == 0:  # a reserving policy: the per-request reservation itself exceeds the cache
+                raise DoesNotFit(
+                    f"request {big.id} does not fit: {config.policy} reserves the max sequence length "
+                    f"({max_seq_len} tokens) of KV cache for every request, but {where} has only "
+                    f"{self.kv_capacity} KV slots; use a paged policy (vllm, sarathi), a larger GPU, "
+                    "a higher --tp or shorter requests")
+            raise DoesNotFit(
+                f"request {big.id} does not fit: it needs {need} tokens of KV cache "
+                f"({big.prompt_tokens} prompt + {output} output) but {config.policy} can hold at most {fits} "
+                f"for one request on {where} ({self.kv_capacity} KV slots); use a larger GPU, a higher --tp "
+                "or shorter requests")
+        return max_seq_len
+
+
+def deploy(config: RunConfig, gpu_name: str, tp: int) -> Deployment:
+    """A replica of `tp` GPUs named `gpu_name` for `config`'s model and cost model."""
+    model, gpu = get_model(config.model), get_gpu(gpu_name)
+    return Deployment(model, gpu, tp, *cost_model(config.cost, model, gpu, tp, config.routing_skew,
+                                                        config.ep))
+
+
+def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> Deployment:
+    """A pool's replica: its own GPU and TP degree where given (--prefill-gpu/-tp, --decode-gpu/-tp), else the
+    run's; a TP degree the model or cost model refuses is named by the option that gave it."""
+    gpu = {"prefill": cc.prefill_gpu, "decode": cc.decode_gpu}.get(pool) or config.gpu
+    tp = cc.pool_tp(pool, config.tp)
+    try:
+        return deploy(config, gpu, tp)
+    except InputError as e:
+        if tp == config.tp:
+            raise
+        raise InputError(f"--{pool}-tp {tp}: {e}") from None
+
+
+def check_fit(config: RunConfig, cluster: ClusterConfig) -> None:
+    """Size each pool's replicas and check the trace's requests against them as a run would, without running:
+    `DoesNotFit` where the model does not fit its GPUs' memory, or a request their KV cache."""
+    requests = trace_for(config).requests
+    if cluster.disaggregated:
+        _deploy_pool(config, cluster, "prefill").check_fits(config, requests, prefill_only=True)
+    serving = _deploy_pool(config, cluster, "decode" if cluster.disaggregated else "replicas")
+    serving.check_fits(config, requests)
+
+
+def max_model_len(config: RunConfig, model: ModelSpec) -> int:
+    """The positions a request may need: --max-model-len, within the model's context (its default)."""
+    if config.max_model_len is None:
+        return model.max_position
+    if config.max_model_len > model.max_position:
+        raise InputError(f"--max-model-len {config.max_model_len} exceeds {model.name}'s context of "
+                         f"{model.max_position} positions")
+    return config.max_model_len
+
+
+def trace_for(config: RunConfig) -> Screened:
+    """The run's requests, those longer than the max model length refused or truncated (`on_too_long`),
+    checked against the simulated clock."""
+    config.validate()
+    model = get_model(config.model)
+    requests = build_trace(config.trace, config.num_requests, config.qps, config.seed,
+                           arrival=config.arrival, cv=config.cv, scale=config.scale)
+    limit = max_model_len(config, model)
+    if config.on_too_long == ERROR and config.max_model_len is None:
+        model.check_context(requests, config.scale)  # the catalogue's words: the model's context
+    screened = screen(requests, limit, config.on_too_long)
+    requests = screened.requests
+    last = requests[-1].arrival_s
+    if last > MAX_CLOCK_S:
+        raise InputError(f"request {requests[-1].id} arrives at {last:.6g} s, beyond the simulated clock's "
+                         f"{MAX_CLOCK_S:.0e} s (raise --qps, or check that the trace file's arrival times "
+                         "are in seconds)")
+    return screened
+
+
+def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progress | None = None,
+        timeline: int = 0) -> Run:
+    """Simulate `config` on the deployment `cluster` describes (one replica if None); with `timeline` > 0
+    (one replica), also record which requests the first `timeline` iterations ran."""
+    cc = cluster or ClusterConfig()
+    config.validate()
+    cc.validate(config.policy)
+    check_timeline(timeline)
+    if timeline and cc.is_cluster:
+        raise InputError("--timeline records one replica; it is not available with a cluster")
+    entry = _deploy_pool(config, cc, "prefill") if cc.disaggregated else None
+    serving = _deploy_pool(config, cc, "decode" if cc.disaggregated else "replicas")
+    screened = trace_for(config)
+    requests = screened.requests
+    recorder = TimelineBackend(serving.cost, config.fast, timeline) if timeline else None
+    built = Cluster(simpy.Environment(), KVLink(cc.kv_link_gbps) if cc.disaggregated else None,
+                    serving.model.kv_bytes_per_token())
+    if entry is not None:
+        built.entry = _pool("prefill", cc.prefill_instances, entry,
+                            entry.check_fits(config, requests, prefill_only=True), config, cc, built)
+        built.decode = _pool("decode", cc.decode_instances, serving, serving.check_fits(config, requests),
+                             config, cc, built)
+    else:
+        built.entry = _pool("replicas", cc.replicas, serving, serving.check_fits(config, requests), config,
+                            cc, built, recorder)
+    t0 = time.perf_counter()
+    seqs = built.run(requests, progress)
+    wall_s = time.perf_counter() - t0
+    members = [MemberRecords.of(p, m) for p in _pools(built) for m in p.members]
+    head = {**config.recorded(), **cc.recorded(config.tp)}
+    policies = [m.policy for m in built.members]
+    result, summary = summarise_cluster(head, members, seqs, built.link, built.aborted,
+                                        built.members[-1].policy.kv.capacity, wall_s)
+    summary["arrivals_from_file"] = has_arrival_times(config.trace)  # replayed (qps None) or time-scaled
+    summary["cost_model"] = serving.cost_label
+    summary["cost_assumptions"] = serving.cost.assumptions()
+    summary["warnings"] = list(dict.fromkeys(w for d in (entry, serving) if d is not None
+                                             for w in d.warnings))
+    _note_too_long(summary, screened, max_model_len(config, serving.model))
+    summary.update(policies[0].settings.as_dict())  # every setting of the policy, given or default
+    summary.update(run_stats(policies))  # what the policies counted (vllm-v1: prefix-cache hits), if anything
+    return Run(config, result, summary, iterations_frame(members), pd.DataFrame(summary["replica_metrics"]),
+               built, recorder.frame() if recorder else None)
+
+
+def _note_too_long(summary: dict[str, Any], screened: Screened, limit: int) -> None:
+    """`rejected` and `truncated` in the summary (and a warning) when some request exceeded the max model
+    length; a run whose requests all fit keeps the summary it had before."""
+    note = screened.note(limit)
+    if note is None:
+        return
+    summary["max_model_len"] = limit
+    summary["rejected"] = screened.refused
+    summary["truncated"] = screened.truncated
+    summary["longest_rejected_positions"] = screened.longest
+    summary["warnings"].append(note)
+
+
+def _pool(name: str, count: int, d: Deployment, max_seq_len: int, config: RunConfig, cc: ClusterConfig,
+          cluster: Cluster, recorder: TimelineBackend | None = None) -> Pool:
+    def new_policy() -> Policy:
+        return make_policy(config.policy, d.kv_capacity, max_seq_len, config.options, d.gpu.name)
+
+    return make_pool(name, count, d.gpu.name, lambda: recorder or CostBackend(d.cost, config.fast),
+                     new_policy, cc.router, cluster, overload_limit(config.num_requests), d.tp)
+
+
+def _pools(cluster: Cluster) -> list[Pool]:
+    return [cluster.entry] if cluster.decode is None else [cluster.entry, cluster.decode]

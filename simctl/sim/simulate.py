@@ -1,0 +1,29 @@
+"""Simulate one replica over a list of requests, given its policy and cost model: a cluster of one."""
+
+from __future__ import annotations
+
+import time
+
+import simpy
+
+from simctl.costs.base import CostModel
+from simctl.policies.base import Policy
+from simctl.results.run_result import SimResult
+from simctl.serving.routers import make_router
+from simctl.sim.cluster import Cluster, Member, Pool, Progress
+from simctl.sim.replica import CostBackend
+from simctl.traces.request import Request
+
+
+def simulate(requests: list[Request], policy: Policy, cost: CostModel, fast: bool = True,
+             max_waiting: int | None = None, progress: Progress | None = None,
+             backend: CostBackend | None = None) -> SimResult:
+    """Replay `requests` (sorted by arrival) through `policy` on hardware priced by `cost` (or by `backend`, a
+    CostBackend that also records, e.g. simctl.sim.timeline's); `progress(arrived, total)` is called every few
+    thousand events, if given."""
+    t0 = time.perf_counter()
+    cluster = Cluster(simpy.Environment())
+    member = Member(0, policy, backend or CostBackend(cost, fast), max_waiting, cluster.on_release)
+    cluster.entry = Pool("replicas", [member], make_router("round-robin"))
+    seqs = cluster.run(requests, progress)
+    return SimResult.of(seqs, member.replica, time.perf_counter() - t0)

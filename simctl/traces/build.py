@@ -1,0 +1,217 @@
+"""Turn a trace spec (a length-profile name or a trace file path) into a list of ``Request``s.
+
+- Profile (``sharegpt``, ``arxiv``): lengths from the profile, then arrivals from the chosen generator, both
+  from ONE ``np.random.default_rng(seed)`` in that order, so a (spec, n, qps, seed, arrival, cv) tuple
+  always yields the same trace.
+- File WITH arrival times: the first ``num_requests`` rows are replayed as given (lengths and arrivals), or,
+  with a ``qps``, with every arrival time multiplied by one factor that makes their mean rate ``qps`` (the
+  pattern of the trace kept: what a capacity search over a real trace needs). ``arrival`` and ``cv`` describe
+  generated arrivals: another value than the default is refused rather than ignored.
+- File WITHOUT arrival times: the first ``num_requests`` rows' lengths, in file order, with arrivals
+  generated as for a profile.
+- For a file, ``num_requests=None`` means every row; asking for more rows than the file has is an error
+  (we neither cycle through the file nor silently return fewer requests than asked for).
+- ``scale`` multiplies every prompt and output length (rounded, at least 1) after all of the above, arrivals
+  unchanged: ``sharegpt`` x 0.05 is a CPU-sized trace with the same shape. A profile's max sequence length
+  scales with it (``trace_max_total_tokens``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from simctl.common.errors import InputError
+from simctl.common.files import in_working_folder
+from simctl.traces.arrivals import gamma_arrivals, poisson_arrivals
+from simctl.traces.lengths import PROFILES, get_profile, sample_lengths
+from simctl.traces.loaders import SUPPORTED_EXTENSIONS, LoadedTrace, load_trace_file
+from simctl.traces.request import Request
+
+ARRIVAL_PROCESSES = ("poisson", "gamma")
+# File traces report their max sequence length rounded up to this, a KV block / tile friendly multiple.
+SEQ_LEN_ALIGN = 16
+
+
+def check_scale(scale: object) -> float:
+    """`scale` if it is a finite number > 0 (and at most 1e6), else InputError."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (0 < scale <= 1e6):
+        raise InputError(f"--scale must be a number > 0 (lengths are multiplied by it), got {scale!r}")
+    return float(scale)
+
+
+def scale_lengths(n: np.ndarray, scale: float) -> np.ndarray:
+    """Lengths times `scale`, each rounded half up, at least 1."""
+    return np.maximum(1, np.floor(n * scale + 0.5)).astype(np.int64)
+
+
+def is_profile(trace: str | os.PathLike[str]) -> bool:
+    return isinstance(trace, str) and trace in PROFILES
+
+
+def _looks_like_path(trace: str | os.PathLike[str]) -> bool:
+    text = os.fspath(trace)
+    return (
+        not isinstance(trace, str)
+        or os.sep in text
+        or "/" in text
+        or Path(text).suffix.lower() in SUPPORTED_EXTENSIONS
+        or Path(text).exists()
+    )
+
+
+def trace_in_working_folder(trace: str) -> str:
+    """A trace file's path made absolute in the user's working folder; a length profile's name as it is."""
+    if isinstance(trace, str | os.PathLike) and str(trace).strip() and not is_profile(trace) \
+            and _looks_like_path(trace):
+        return in_working_folder(trace)
+    return trace
+
+
+def _resolve(trace: str | os.PathLike[str]) -> str | LoadedTrace:
+    """The profile name, or the loaded file; an InputError for anything else."""
+    if is_profile(trace):
+        return str(trace)
+    if _looks_like_path(trace):
+        return load_trace_file(trace)
+    raise InputError(
+        f"unknown trace {str(trace)!r}: not a length profile (known: {', '.join(sorted(PROFILES))}) "
+        f"nor a {' / '.join(SUPPORTED_EXTENSIONS)} file"
+    )
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def trace_rows(trace: str | os.PathLike[str]) -> int | None:
+    """How many requests a trace file holds (None for a length profile, which draws any number)."""
+    source = _resolve(trace)
+    return None if isinstance(source, str) else len(source)
+
+
+def has_arrival_times(trace: str | os.PathLike[str]) -> bool:
+    """Whether `trace` is a file that gives its own arrival times."""
+    source = _resolve(trace)
+    return not isinstance(source, str) and source.has_arrivals
+
+
+def _time_scaled(source: LoadedTrace, arrivals: np.ndarray, qps: float) -> np.ndarray:
+    """`arrivals` stretched or squeezed by one factor so that their mean rate is `qps`."""
+    span = float(arrivals[-1] - arrivals[0])
+    if len(arrivals) < 2 or span <= 0:
+        raise InputError(f"trace file {source.path}: its {len(arrivals)} arrival time(s) span no time, so "
+                         "they cannot be scaled to a rate (--qps); leave --qps out to replay them")
+    return arrivals * ((len(arrivals) - 1) / span / qps)
+
+
+def _arrivals(n: int, qps: float | None, arrival: str, cv: float, rng: np.random.Generator) -> np.ndarray:
+    if qps is None:
+        raise InputError("an arrival rate (--qps) is needed: the trace does not give arrival times")
+    if arrival == "poisson":
+        return poisson_arrivals(n, qps, rng)
+    return gamma_arrivals(n, qps, cv, rng)
+
+
+def build_trace(
+    trace: str | os.PathLike[str],
+    num_requests: int | None,
+    qps: float | None,
+    seed: int,
+    arrival: str = "poisson",
+    cv: float = 1.0,
+    scale: float = 1.0,
+) -> list[Request]:
+    """Requests with ids 0..n-1 in arrival order (see the module docstring for the rules)."""
+    scale = check_scale(scale)
+    if arrival not in ARRIVAL_PROCESSES:
+        raise InputError(f"unknown arrival process {arrival!r} (known: {', '.join(ARRIVAL_PROCESSES)})")
+    if arrival == "poisson" and cv != 1.0:
+        raise InputError(f"cv={cv!r} given with poisson arrivals (Poisson has cv 1); use arrival='gamma'")
+    seed = _check_int("seed", seed, 0)
+    if num_requests is not None:
+        num_requests = _check_int("num_requests", num_requests, 1)
+    source = _resolve(trace)
+    rng = np.random.default_rng(seed)
+
+    priority: list[int] = []
+    prefixes: list[tuple[int, int]] = []
+    if isinstance(source, str):
+        if num_requests is None:
+            raise InputError(f"the number of requests is required for length profile {source!r}")
+        prompts, outputs = sample_lengths(source, num_requests, rng)
+        arrivals = _arrivals(num_requests, qps, arrival, cv, rng)
+    else:
+        prompts, outputs, arrivals, priority, prefixes = _from_file(source, num_requests, qps, arrival, cv,
+                                                                    rng)
+
+    prompts, outputs = np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
+    if scale != 1.0:
+        prompts, outputs = scale_lengths(prompts, scale), scale_lengths(outputs, scale)
+        # a shared prefix scales with its prompt and stays within it (0 stays 0)
+        prefixes = [(g, min(int(t * scale + 0.5), p)) for (g, t), p in zip(prefixes, prompts.tolist())]
+    arrivals = np.asarray(arrivals, dtype=np.float64)
+    requests = [  # plain Python numbers (tolist), so that a Request holds no numpy scalar
+        Request(i, a, p, o)
+        for i, (a, p, o) in enumerate(zip(arrivals.tolist(), prompts.tolist(), outputs.tolist(), strict=True))
+    ]
+    if priority:
+        requests = [replace(r, priority=k) for r, k in zip(requests, priority, strict=True)]
+    if prefixes:
+        requests = [replace(r, prefix_group=g, prefix_tokens=t)
+                    for r, (g, t) in zip(requests, prefixes, strict=True)]
+    return requests
+
+
+def _from_file(source: LoadedTrace, num_requests: int | None, qps: float | None, arrival: str, cv: float,
+               rng: np.random.Generator
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], list[tuple[int, int]]]:
+    """A trace file's first `num_requests` (all: None) prompt and output lengths, arrival times (the file's,
+    time-scaled to `qps` if given, else generated), priorities and (prefix_group, prefix_tokens) where the
+    file gives them (else empty)."""
+    n = len(source) if num_requests is None else num_requests
+    if n > len(source):
+        raise InputError(f"trace file {source.path}: {n} requests asked for but it has only {len(source)}")
+    priority = source.priority[:n].tolist() if source.priority is not None else []
+    prefixes = []
+    if source.prefix_group is not None and source.prefix_tokens is not None:
+        prefixes = list(zip(source.prefix_group[:n].tolist(), source.prefix_tokens[:n].tolist()))
+    if source.arrival_s is not None:
+        if arrival != "poisson" or cv != 1.0:
+            raise InputError(f"trace file {source.path} gives its own arrival times: --arrival and --cv "
+                             "describe generated ones (drop them, or the file's arrival column)")
+        arrivals = source.arrival_s[:n] if qps is None else _time_scaled(source, source.arrival_s[:n], qps)
+    else:
+        arrivals = _arrivals(n, qps, arrival, cv, rng)
+    return source.prompt_tokens[:n], source.output_tokens[:n], arrivals, priority, prefixes
+
+
+def aligned(tokens: float) -> int:
+    """`tokens` rounded up to a multiple of ``SEQ_LEN_ALIGN``: how a max sequence length is sized."""
+    return math.ceil(tokens / SEQ_LEN_ALIGN) * SEQ_LEN_ALIGN
+
+
+def trace_max_total_tokens(trace: str | os.PathLike[str], requests: Sequence[Request],
+                           scale: float = 1.0) -> int:
+    """Max sequence length (prompt + output) a run of this trace needs.
+
+    A profile's cap (every generated request fits, and it matches what the paper configured), times `scale`
+    rounded up to a multiple of ``SEQ_LEN_ALIGN``; for a file, the longest request rounded up to a multiple of
+    ``SEQ_LEN_ALIGN``.
+    """
+    if is_profile(trace):
+        cap = get_profile(str(trace)).max_total_tokens
+        if scale == 1.0:
+            return cap
+        return max([aligned(cap * scale),
+                    *(r.prompt_tokens + r.output_tokens for r in requests)])
+    if not requests:
+        raise InputError("cannot size the max sequence length of an empty trace")
+    return aligned(max(r.prompt_tokens + r.output_tokens for r in requests))

@@ -1,0 +1,154 @@
+"""The simulator's twin of a real run: the setup every run of a validation shares, the summary a real run at a
+rate would record (its requests and KV sizing) without running it, its simulation, and the cost model it is
+priced with."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from simctl.common.errors import InputError
+from simctl.executor.config import DEFAULT_CONFIG, ExecutorConfig, check_same
+from simctl.serving.loop import overload_limit
+
+DEFAULT_TRACE = "sharegpt"
+DEFAULT_SCALE = 0.05  # sharegpt x 0.05: median prompt ~80 tokens, output ~20; a real run takes ~10-30 s here
+DEFAULT_LINK_GBPS = 1.0  # this VM's shared-memory hand-over, measured: 0.7-2.7 Gbit/s effective per transfer
+DEFAULT_NUM_REQUESTS = 300  # see the module docstring: fewer, and the default SLO never binds
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every run of one validation shares (the real runs' options)."""
+
+    trace: str = DEFAULT_TRACE
+    model: str = "tiny"
+    num_requests: int = DEFAULT_NUM_REQUESTS
+    scale: float = DEFAULT_SCALE
+    seed: int = 0
+    threads: int | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    kv_budget_bytes: int | None = None  # the KV slab budget of every run (None: the CPU's); probed on cuda
+    attention: str = "auto"  # the runs' SDPA kernels (simctl.executor.config.ATTENTION)
+    eager: bool = True  # False: the runs' decode steps replay CUDA graphs
+    prefill_instances: int | None = None  # both 1: real disaggregated runs (engine.disagg), a cluster twin
+    decode_instances: int | None = None
+    kv_link_gbps: float = DEFAULT_LINK_GBPS  # the twin's link before a real run has measured one
+
+    def real_config(self, policy: str, qps: float) -> Any:
+        from simctl.engine.real import RealConfig
+
+        return RealConfig(policy=policy, trace=self.trace, model=self.model, device=self.device, qps=qps,
+                          num_requests=self.num_requests, scale=self.scale, seed=self.seed, dtype=self.dtype,
+                          threads=self.threads, kv_budget_bytes=self.kv_budget_bytes,
+                          attention=self.attention, eager=self.eager,
+                          prefill_instances=self.prefill_instances, decode_instances=self.decode_instances)
+
+
+
+def real_dirs(run_dir: Path, repeats: int) -> list[Path]:
+    """Where the real runs of one policy and load go: `real/`, then `real_2/`, `real_3/`, ..."""
+    return [run_dir / "real"] + [run_dir / f"real_{k}" for k in range(2, repeats + 1)]
+
+
+
+def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
+    """The summary fields `engine.real.twin_inputs` reads, as a real run of `policy` at `qps` would record
+    them (its requests and its KV sizing on the setup's budget), without running it."""
+    from simctl.catalogue.models import get_model
+    from simctl.catalogue.recorded_model import dtype_bytes_of
+    from simctl.engine.real import CPU_KV_BYTES
+    from simctl.engine.setup import size_run, sized_policy
+    from simctl.traces import build_trace
+
+    config = setup.real_config(policy, qps)
+    requests = build_trace(config.trace, config.num_requests, qps, config.seed, arrival=config.arrival,
+                           cv=config.cv, scale=config.scale)
+    spec = get_model(config.model)
+    if setup.kv_budget_bytes is None and setup.device != "cpu":
+        raise ValueError("a cuda setup sizes its runs on the budget simctl.engine.real.probe_device measured")
+    budget = CPU_KV_BYTES if setup.kv_budget_bytes is None else setup.kv_budget_bytes
+    size = size_run(config, requests, spec.kv_bytes_per_token(dtype_bytes_of(config.dtype)), budget)
+    probe = sized_policy(config, size)
+    summary = {**asdict(config), "kv_capacity_tokens": size.kv_capacity, "max_seq_len": size.max_seq_len,
+               "executor_config": config.executor.record(config.device), **probe.settings.as_dict()}
+    if config.disaggregated:
+        summary["kv_link"] = {"gbps": setup.kv_link_gbps}
+    return summary
+
+
+
+def fitted_executor(cost: Any) -> ExecutorConfig:
+    """The executor configuration a fitted `cost` was profiled with (the default for a cost model without a
+    profile)."""
+    meta = getattr(cost, "meta", None)
+    return ExecutorConfig.of_record(meta) if meta else DEFAULT_CONFIG
+
+
+def check_executor(cost: Any, run: dict[str, Any]) -> None:
+    """InputError when `run` (a real run's summary, or `twin_summary`'s) was made with another executor
+    configuration than the fitted `cost` was profiled with: its times are another executor's."""
+    meta = getattr(cost, "meta", None)
+    if meta:
+        check_same(meta, run)
+
+
+def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], Any]:
+    """The simulator's prediction of the run `summary` describes (a real run's, or `twin_summary`'s):
+    (its summary, its SimResult)."""
+    from simctl.catalogue.recorded_model import dtype_bytes_of
+    from simctl.engine.real import twin_inputs, twin_policy
+    from simctl.results.metrics import summarize
+    from simctl.sim.simulate import simulate
+
+    check_executor(cost, summary)
+    requests, policy = twin_inputs(summary)
+    keep = ("policy", "trace", "model", "qps", "scale", "seed", "arrival", "cv", "max_seq_len")
+    head = {"mode": "sim", **{k: summary.get(k) for k in keep}, **policy.settings.as_dict()}
+    # a disaggregated run: the cluster, its link as the real one measured
+    if summary.get("prefill_instances"):
+        from simctl.catalogue.models import get_model
+        from simctl.sim.cluster_run import simulate_disaggregated
+
+        spec = get_model(summary["model"])
+        result, s = simulate_disaggregated(requests, lambda: twin_policy(summary), cost,
+                                           summary.get("kv_link", {}).get("gbps", DEFAULT_LINK_GBPS),
+                                           spec.kv_bytes_per_token(dtype_bytes_of(summary["dtype"])), head)
+        return s, result
+    result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)))
+    return {**head, **summarize(result)}, result
+
+
+
+def load_cost(cost: Any, model: str) -> Any:
+    """The cost model to validate: a fitted cost_model.json (checked against `model`), or a `CostModel`
+    object as is (programmatic use, tests)."""
+    from simctl.catalogue.models import get_model
+    from simctl.costs.base import CostModel
+    from simctl.costs.fitted import Fitted
+
+    if isinstance(cost, CostModel):
+        fitted = cost
+    else:
+        if cost is None or not str(cost).strip():
+            raise InputError("--cost: give the fitted cost model (cost_model.json) of this machine")
+        fitted = Fitted.load(cost)
+    if hasattr(fitted, "check_model"):
+        fitted.check_model(get_model(model))
+    return fitted
+
+
+
+def cost_name(cost: Any) -> str:
+    from simctl.costs.base import CostModel
+
+    return repr(cost) if isinstance(cost, CostModel) else str(cost)
+
+
+
+def cost_meta(cost: Any) -> dict[str, Any]:
+    meta = getattr(cost, "meta", None) or {}
+    return {k: meta.get(k) for k in ("device", "device_name", "dtype", "threads", "date", "grid")}
+

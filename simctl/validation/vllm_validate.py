@@ -1,0 +1,353 @@
+"""`simctl validate --engine vllm`: the simulated `vllm-v1` twin against the installed vLLM, side by side.
+
+    report = validate_vllm(VLLMValidation(cost="profiles/vllm-tiny/cost_model.json", out="out/val-vllm"))
+
+1. **One engine.** vLLM is started once (`engine.vllm_real.VLLMServer`); the settings it resolved configure
+   the twin: policy `vllm-v1` with vLLM's block size, token budget, max_num_seqs, long-prefill threshold,
+   prefix caching and KV blocks, at its max_model_len, priced by the fitted cost model of vLLM's own steps
+   (`simctl profile --engine vllm`, then `simctl fit`).
+2. **Twin capacity.** The highest rate whose simulated run meets the SLO (`studies.capacity.search_qps`).
+3. **Loads.** In each of `repeats` rounds, each load (a fraction of that capacity) is served for real and
+   simulated on the identical requests (`traces.build_trace`: same trace, count, seed, scaled lengths and
+   rate). Measured values are medians over the rounds (min and max kept). Errors are (sim - real) / real, raw
+   and at the machine's speed during the run, as simctl's own validation measures it (`validation.compare`):
+   each real run's busy time over the fit's price of the same steps (`run_speed`: the steps that continue a
+   busy engine, their shapes read back from the requests vLLM gave a token in each, their periods between
+   outputs) scales that run's twin (`costs.base.ScaledCost`). A run at the last load is served first and
+   discarded (the first runs after the engine's start came slower). Also against the raw twin: the medians of
+   the runs made at the fit's own speed (factor within `FIT_SPEED_TOL` of 1), where no scaling is needed:
+   this VM's speed jumps between states ~30% apart (factors 0.99-1.43 within one validation), and near
+   saturation a twin scaled by a run's factor extrapolates from prices a few percent off, where 5% of cost
+   moves the P50s by 15-25 points.
+4. **Real capacity** (`capacity=True`): the SLO bisected over real runs, from the twin's capacity, at most
+   `MAX_REAL_PROBES` runs.
+
+Outputs in `out`: validation_vllm.json (everything), .md (the table), .csv (one row per load); each run's
+files under `runs/load_<x>/{real,real_2,...,sim}/` and the real capacity probes under `capacity/qps_<q>/`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from simctl.common.errors import InputError
+from simctl.costs.base import CostModel, ScaledCost
+from simctl.results.validation_report import fmt_err, metric_label, pct_error
+from simctl.studies.capacity import SLO, CapacityResult, check_probe_requests, search_qps
+from simctl.traces.request import Request
+
+# scheduling delay (arrival to first scheduled step) splits TTFT into queueing and the prefill steps
+METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "sched_delay_p50", "sched_delay_p90", "tpot_p50", "tpot_p90",
+           "tpot_p99", "tbt_p50", "tbt_p90", "tbt_p99", "e2e_p50", "e2e_p90", "e2e_p99", "throughput_rps",
+           "throughput_tokens_per_s")
+# vLLM's bench names for the rows of the report (TBT pooled over every token is vLLM's ITL)
+LABELS = {"ttft": "TTFT", "sched_delay": "sched delay", "tpot": "TPOT", "tbt": "ITL", "e2e": "E2E",
+          "throughput_rps": "req/s",
+          "throughput_tokens_per_s": "out tok/s"}
+FILES = ("validation_vllm.json", "validation_vllm.md", "validation_vllm.csv")
+DIRS = ("runs", "capacity")
+SIM_REL_TOL = 0.01
+REAL_REL_TOL = 0.05
+REAL_STEP = 1.25
+MAX_REAL_PROBES = 6
+MAX_LOAD = 10.0
+FIT_SPEED_TOL = 0.05  # a run at the fit's speed: its speed factor within 5% of 1
+
+
+@dataclass(frozen=True)
+class VLLMValidation:
+    """What a vLLM validation runs: the workload, the loads, the twin's cost model and vLLM's settings."""
+
+    cost: str | CostModel | None = None  # the fitted cost model of vLLM's steps on this device
+    out: str | Path = "out/validate-vllm"
+    loads: tuple[float, ...] = (0.5, 0.7, 0.9)
+    trace: str = "sharegpt"
+    model: str = "tiny"
+    scale: float = 0.05
+    num_requests: int = 150
+    seed: int = 0
+    repeats: int = 1
+    capacity: bool = False
+    slo: SLO = field(default_factory=SLO)
+    settings: dict[str, int | None] = field(default_factory=dict)  # vLLM's, by vLLM's names (deployment_for)
+
+
+def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: CostModel
+                      ) -> tuple[dict[str, Any], Any]:
+    """The twin's prediction of serving `requests` on the engine `settings` describe (`VLLMServer.settings`:
+    vllm-v1 with the engine's settings, on its KV blocks): (summary, SimResult)."""
+    from simctl.engine.real import twin_policy
+    from simctl.policies.base import run_stats
+    from simctl.results.metrics import summarize
+    from simctl.serving.loop import overload_limit
+    from simctl.sim.simulate import simulate
+
+    policy = twin_policy({**settings, "kv_capacity_tokens": settings["kv_cache_tokens"],
+                          "max_seq_len": settings["max_model_len"]})
+    result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)))
+    return {"mode": "sim", "policy": policy.name, **policy.settings.as_dict(), **summarize(result),
+            **run_stats([policy])}, result
+
+
+class Workload:
+    """The requests of a run at a rate, as `simctl real` builds them (same trace, count, seed, scale)."""
+
+    def __init__(self, v: VLLMValidation) -> None:
+        self.v = v
+
+    def at(self, qps: float) -> list[Request]:
+        from simctl.traces.build import build_trace
+
+        v = self.v
+        return build_trace(v.trace, v.num_requests, qps, v.seed, scale=v.scale)
+
+
+def check(v: VLLMValidation) -> tuple[CostModel, list[float]]:
+    """Every check that needs no engine: (the cost model, the loads); InputError in one line."""
+    from simctl.common.checks import is_number
+    from simctl.results.output import check_out_dir
+    from simctl.traces.build import check_scale
+    from simctl.validation.twin import load_cost
+
+    loads = [float(x) for x in v.loads] if all(is_number(x) for x in v.loads) else []
+    if not loads or any(not (0 < x <= MAX_LOAD) for x in loads) or len(set(loads)) != len(loads):
+        raise InputError(f"--loads: distinct fractions of the twin's capacity in (0, {MAX_LOAD:g}], got "
+                         f"{list(v.loads)!r}")
+    if isinstance(v.repeats, bool) or not isinstance(v.repeats, int) or not 1 <= v.repeats <= 20:
+        raise InputError(f"--repeats must be an integer from 1 to 20, got {v.repeats!r}")
+    check_scale(v.scale)
+    check_probe_requests(v.num_requests)
+    cost = load_cost(v.cost, v.model)
+    engine = (getattr(cost, "meta", None) or {}).get("engine")
+    if not isinstance(v.cost, CostModel) and engine != "vllm":
+        raise InputError(f"--cost {v.cost}: a fit of simctl's own engine, not of vLLM's steps; profile with "
+                         "`simctl profile --engine vllm`, then `simctl fit`")
+    check_out_dir(Path(v.out), FILES, DIRS)
+    return cost, loads
+
+
+def _errors(real: dict[str, Any], sim: dict[str, Any], suffix: str = "") -> dict[str, float | None]:
+    return {f"{m}_err_pct{suffix}": pct_error(sim.get(m), real.get(m)) for m in METRICS}
+
+
+def _median_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each metric's median over the repeats (min and max kept: the run-to-run spread)."""
+    out: dict[str, Any] = {}
+    for m in METRICS:
+        values = [r[m] for r in runs if r.get(m) is not None]
+        out[m] = statistics.median(values) if values else None
+        out[f"{m}_min"], out[f"{m}_max"] = (min(values), max(values)) if values else (None, None)
+    return out
+
+
+def run_dir(out: Path, load: float, repeat: int) -> Path:
+    return out / "runs" / f"load_{load:g}" / ("real" if repeat == 0 else f"real_{repeat + 1}")
+
+
+def validate_vllm(v: VLLMValidation, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the validation `v` describes and write its files; returns the report (what validation_vllm.json
+    holds). InputError for bad input, before vLLM starts."""
+    from simctl.engine.vllm_real import VLLMServer, deployment_for
+    from simctl.executor.vllm_runtime import require_vllm
+    from simctl.results.output import prepare_out_dir
+    from simctl.validation.twin import cost_name
+    from simctl.validation.validate import remove_earlier
+
+    say = log or (lambda _msg: None)
+    require_vllm()
+    cost, loads = check(v)
+    workload = Workload(v)
+    t0 = time.perf_counter()
+    with VLLMServer(v.model, deployment_for(v.model, v.seed, v.settings)) as server:
+        settings = server.settings()
+        server.check(workload.at(1.0))
+        say(f"vLLM started in {settings['engine_start_s']:.0f} s: {settings['num_gpu_blocks']} KV blocks of "
+            f"{settings['block_size']}, token budget {settings['max_num_batched_tokens']}")
+        capacity = search_qps(lambda q: simulate_requests(workload.at(q), settings, cost)[0], v.slo,
+                              rel_tol=SIM_REL_TOL, max_probes=40)
+        if capacity.problem:
+            raise InputError(f"the twin's capacity under the SLO: {capacity.problem}")
+        say(f"twin capacity: {capacity.qps:.3g} QPS")
+        out = prepare_out_dir(Path(v.out))
+        remove_earlier(out, say, (*FILES, *DIRS))
+        rounds = Rounds(server, workload, settings, cost, out, say)
+        rounds.run(v, [(x, x * capacity.qps) for x in loads])
+        rows = [_row(x, x * capacity.qps, rounds, workload.at(x * capacity.qps), out) for x in loads]
+        real_capacity = _real_capacity(server, workload, v, capacity, out) if v.capacity else None
+    report = {
+        "config": {**{k: x for k, x in asdict(v).items() if k not in ("cost", "out")},
+                   "cost": cost_name(v.cost), "out": str(out), "engine": settings,
+                   "wall_s": time.perf_counter() - t0},
+        "speed_factors": rounds.speeds,
+        "capacity": {"sim_qps": capacity.qps, "sim_probes": len(capacity.probes),
+                     **(_capacity_row(capacity, real_capacity) if real_capacity else {})},
+        "rows": rows,
+    }
+    _write_report(out, report)
+    return report
+
+
+@dataclass
+class Rounds:
+    """The real runs of a validation, round by round, each load's twin at the machine's speed then."""
+
+    server: Any  # a started simctl.engine.vllm_real.VLLMServer
+    workload: Workload
+    settings: dict[str, Any]
+    cost: CostModel
+    out: Path
+    say: Callable[[str], None]
+    real: dict[float, list[dict[str, Any]]] = field(default_factory=dict)  # per load, each round's summary
+    real_speeds: dict[float, list[float | None]] = field(default_factory=dict)  # and its speed factor
+    scaled: dict[float, list[dict[str, Any]]] = field(default_factory=dict)  # their twins at machine speed
+    speeds: list[float | None] = field(default_factory=list)  # each run's speed factor (None: no busy step)
+
+    def run(self, v: VLLMValidation, loads: list[tuple[float, float]]) -> None:
+        """`v.repeats` rounds of every (load, qps), after a discarded run at the last load (the first runs
+        after the engine's start came slower)."""
+        self.server.serve(self.workload.at(loads[-1][1]), v.seed)
+        for repeat in range(v.repeats):
+            for load, qps in loads:
+                requests = self.workload.at(qps)
+                summary, speed = _serve(self.server, requests, v, qps, run_dir(self.out, load, repeat),
+                                        self.cost)
+                self.speeds.append(speed)
+                self.real.setdefault(load, []).append(summary)
+                self.real_speeds.setdefault(load, []).append(speed)
+                if speed is not None:
+                    scaled = simulate_requests(requests, self.settings, ScaledCost(self.cost, speed))[0]
+                    self.scaled.setdefault(load, []).append(scaled)
+                self.say(f"load {load:g} round {repeat + 1}: P50 TTFT {summary['ttft_p50']:.3f} s, P50 ITL "
+                         f"{summary['tbt_p50'] * 1e3:.1f} ms, machine speed factor "
+                         f"{'-' if speed is None else f'{speed:.2f}'}")
+
+
+def run_speed(run: Any, cost: CostModel) -> float | None:
+    """The machine's speed during a served `run` (recorded with its members) against the one `cost` was
+    fitted on: the periods of its steps that continue a busy engine over `cost`'s price of their shapes
+    (`simctl.profiler.vllm_stream.stream_steps`); None if no step counts."""
+    from simctl.profiler.vllm_stream import stream_steps
+
+    steps, _ = stream_steps(run, {r.id: r.prompt_tokens for r in run.requests})
+    price = sum(cost.iteration_time(s.plan()) for s in steps)
+    return sum(s.period_s for s in steps) / price if price > 0 else None
+
+
+def _row(load: float, qps: float, rounds: Rounds, requests: list[Request], out: Path) -> dict[str, Any]:
+    """One load's row of the report: the medians of its real runs, the twin raw and at machine speed, and
+    their errors; the twin's run written to `out`."""
+    sim, result = simulate_requests(requests, rounds.settings, rounds.cost)
+    _write_sim(out / "runs" / f"load_{load:g}" / "sim", sim, result)
+    measured = _median_summary(rounds.real[load])
+    at_speed = _median_summary(rounds.scaled.get(load, []))
+    at_fit_speed = [r for r, f in zip(rounds.real[load], rounds.real_speeds[load], strict=True)
+                    if f is not None and abs(f - 1) <= FIT_SPEED_TOL]
+    return {"load": load, "qps": qps,
+            **{f"real_{k}": x for k, x in measured.items()},
+            **{f"sim_{m}": sim.get(m) for m in METRICS}, **_errors(measured, sim),
+            **_errors(measured, at_speed, "_at_speed"),
+            "runs_at_fit_speed": len(at_fit_speed),
+            **_errors(_median_summary(at_fit_speed), sim, "_at_fit_speed"),
+            "prefix_cache_hit_rate_real": rounds.real[load][0].get("prefix_cache_hit_rate"),
+            "prefix_cache_hit_rate_sim": sim.get("prefix_cache_hit_rate")}
+
+
+def _serve(server: Any, requests: list[Request], v: VLLMValidation, qps: float, where: Path,
+           cost: CostModel | None = None) -> tuple[dict[str, Any], float | None]:
+    """One real run, written to `where` as `simctl real --engine vllm` writes it: its summary and, given the
+    twin's `cost`, the machine's speed during it (`run_speed`)."""
+    from simctl.engine.setup import RealConfig
+    from simctl.engine.vllm_real import run_summary
+    from simctl.results.output import write_run
+
+    t0 = time.perf_counter()
+    run = server.serve(requests, v.seed, members=cost is not None)
+    config = RealConfig(policy="vllm", trace=v.trace, model=v.model, qps=qps, num_requests=v.num_requests,
+                        scale=v.scale, seed=v.seed)
+    summary = run_summary(config, server, run, time.perf_counter() - t0)
+    write_run(where, summary, run.result.requests, run.result.iterations.frame())
+    return summary, (run_speed(run, cost) if cost is not None else None)
+
+
+def _write_sim(where: Path, summary: dict[str, Any], result: Any) -> None:
+    from simctl.results.output import write_run
+
+    write_run(where, summary, result.requests, result.iterations.frame())
+
+
+def _real_capacity(server: Any, workload: Workload, v: VLLMValidation, sim: CapacityResult,
+                   out: Path) -> CapacityResult:
+    """The SLO bisected over real runs, from the twin's capacity."""
+    def probe(qps: float) -> dict[str, Any]:
+        return _serve(server, workload.at(qps), v, qps, out / "capacity" / f"qps_{qps:.4g}")[0]
+
+    return search_qps(probe, v.slo, start_qps=sim.qps, rel_tol=REAL_REL_TOL, max_probes=MAX_REAL_PROBES,
+                      step=REAL_STEP)
+
+
+def _capacity_row(sim: CapacityResult, real: CapacityResult) -> dict[str, Any]:
+    probes = [{"qps": p["qps"], "slo_met": p["slo_met"]} for p in real.probes]
+    return {"real_qps": real.qps, "real_probes": probes, "real_problem": real.problem,
+            "err_pct": pct_error(sim.qps, real.qps) if not real.problem else None}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report's table: per load, each metric measured (median of the rounds), predicted and the error,
+    raw, at the machine's speed, and against the runs made at the fit's speed."""
+    cfg, cap = report["config"], report["capacity"]
+    eng = cfg["engine"]
+    setup = (f"{eng['vllm_version']} on {cfg['model']} (random weights, {eng['dtype']}), {cfg['trace']} x "
+             f"{cfg['scale']}, {cfg['num_requests']} requests per run, {cfg['repeats']} round(s); KV "
+             f"{eng['num_gpu_blocks']} blocks of {eng['block_size']}, token budget "
+             f"{eng['max_num_batched_tokens']}, max_num_seqs {eng['max_num_seqs']}, prefix caching "
+             f"{'on' if eng['enable_prefix_caching'] else 'off'}; cost model {cfg['cost']}.")
+    capacity = f"Twin capacity {cap['sim_qps']:.3g} QPS"
+    if "real_qps" in cap:
+        capacity += f"; real capacity {cap['real_qps']:.3g} QPS (error {fmt_err(cap.get('err_pct'))})"
+    speeds = ", ".join("-" if s is None else f"{s:.2f}" for s in report["speed_factors"])
+    lines = ["# simctl's vllm-v1 twin vs the real vLLM engine", "", setup, "",
+             (f"{capacity}. Machine speed factors (each run's busy time over the fit's price of its steps, "
+              f"rounds of loads in order; `run_speed`): {speeds}."), "",
+             ("| load | metric | real (median) | real min..max | sim | error | error at machine speed | "
+              f"error, runs at the fit's speed (+-{FIT_SPEED_TOL:.0%}) |"),
+             "|---|---|---|---|---|---|---|---|"]
+    for row in report["rows"]:
+        n = row["runs_at_fit_speed"]
+        for m in METRICS:
+            lines.append(f"| {row['load']:g} | {metric_label(m, LABELS)} | {_fmt(m, row[f'real_{m}'])} | "
+                         f"{_fmt(m, row[f'real_{m}_min'])}..{_fmt(m, row[f'real_{m}_max'])} | "
+                         f"{_fmt(m, row[f'sim_{m}'])} | {fmt_err(row[f'{m}_err_pct'])} | "
+                         f"{fmt_err(row[f'{m}_err_pct_at_speed'])} | "
+                         f"{fmt_err(row[f'{m}_err_pct_at_fit_speed'])} ({n} of {cfg['repeats']}) |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _fmt(metric: str, value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    if metric.startswith("throughput"):
+        return f"{value:.3g}"
+    return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _write_report(out: Path, report: dict[str, Any]) -> None:
+    from simctl.results.output import json_text, write_files
+    from simctl.results.validation_report import jsonable
+
+    text = json_text(jsonable(report))
+    md = markdown(report)
+    frame = pd.DataFrame(report["rows"])
+    write_files(out, {
+        "validation_vllm.json": lambda p: p.write_text(text, encoding="utf-8"),
+        "validation_vllm.md": lambda p: p.write_text(md, encoding="utf-8"),
+        "validation_vllm.csv": lambda p: frame.to_csv(p, index=False),
+    }, "the vLLM validation report")
