@@ -13,11 +13,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from conftest import ENGINE_MODEL, ENGINE_SEED
-from engine.serve import Engine, prompt_ids
 
 from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
 from simctl.engine.real import real_main, run_real, twin_inputs, write_real
+from simctl.engine.serve import Engine, prompt_ids
 from simctl.engine.setup import RealConfig, size_run, sized_policy
 from simctl.executor.plans import SlotPool
 from simctl.executor.ragged import RaggedExecutor, Segment

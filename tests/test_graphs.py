@@ -151,11 +151,10 @@ def test_a_graphed_profile_fits_the_eager_steps_own_cost(tmp_path):
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from executor.model import build_model
-
 from simctl.catalogue.models import get_model
 from simctl.executor.config import ExecutorConfig
 from simctl.executor.cuda_graphs import DecodeGraphs
+from simctl.executor.model import build_model
 from simctl.executor.ragged import RaggedExecutor, Segment
 
 CUDA = torch.cuda.is_available()
@@ -252,8 +251,8 @@ def test_an_engine_whose_decodes_run_as_graphs_gives_each_request_its_tokens_alo
     alone, slots that come and go (finished requests' KV moved down) included, and decode steps did run
     from graphs."""
     from conftest import ENGINE_MODEL, ENGINE_SEED
-    from engine.serve import Engine, prompt_ids, warm_up
 
+    from simctl.engine.serve import Engine, prompt_ids, warm_up
     from simctl.engine.setup import RealConfig, size_run, sized_policy
     from tests.test_engine import REQUESTS
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from engine.serve import EngineResult, Instance, Served
 
+from simctl.engine.serve import EngineResult, Instance, Served
 from simctl.engine.setup import RealConfig, RealRun, Sizing, build_engine
 from simctl.serving.loop import overload_limit
 from simctl.traces.request import Request
