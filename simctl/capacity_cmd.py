@@ -75,8 +75,7 @@ def capacity(
     from simctl.results.slo import parse_slo
     from simctl.studies.capacity import CapacityConfig
 
-    if num_requests is None:
-        num_requests = probe_requests(workload.trace)
+    num_requests = probe_requests(workload.trace) if num_requests is None else num_requests
     base = base_config(workload, deployment, start_qps, num_requests)
     combos = grid(base, policies.policy, deployment, policies.settings())
     configs, labels = [c.config for c in combos], [c.label for c in combos]

@@ -89,10 +89,10 @@ def fmt(v: float | None) -> str:
 
 
 @contextmanager
-def progress_bar(what: str, shown: bool = True) -> Iterator[Callable[[int, int], None] | None]:
-    """A progress bar on stderr while it is a terminal, fed (done, total); None where nobody would see it,
-    or where the command is not `shown` a bar (its --json output is for a program)."""
-    if not shown or not sys.stderr.isatty():
+def progress_bar(what: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr while it is a terminal, fed (done, total); None where nobody would see it.
+    With --json too: the JSON goes to stdout, the bar to the terminal."""
+    if not sys.stderr.isatty():
         yield None
         return
     from rich.console import Console

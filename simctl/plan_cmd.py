@@ -106,10 +106,7 @@ def plan_cmd(
     Example: simctl plan --model llama-2-7b --gpu a100-80gb --trace sharegpt --rate 20 --slo
     p99_tbt=0.1,p50_ttft=1 --policy vllm-v1,sarathi --gpu-cost a100-80gb=2.5 --out out/plan
     """
-    from rich.markup import escape
-
     from simctl.option_grid import base_config
-    from simctl.plan_files import write_plan
     from simctl.results.output import check_out_dir
     from simctl.results.slo import parse_slo
     from simctl.studies.plan import PlanSpec, fitting, plan
@@ -125,19 +122,36 @@ def plan_cmd(
     if out is not None:
         check_out_dir(out, PLAN_FILES)
     console = _wide_console()
-    for reason, skipped in unfit.items():  # the reason names the model, GPU and TP; a few are named too
-        named = f" ({', '.join(c.label for c in skipped)})" if len(skipped) <= 3 else ""
-        console.print(escape(f"skipped {len(skipped)} configuration{'s' if len(skipped) > 1 else ''}{named}: "
-                             f"{reason}"))
-    console.print(escape(f"searching {len(fit)} configurations for {rate:g} QPS of {workload.trace} "
-                         f"within {spec.slo.describe()}"))
+    _announce(console, unfit, spec, workload.trace)
     with plan_progress() as report:
         choices, capacities = plan(spec, report)
     show(console, choices[:top], spec)
     warn_all(sorted({w for r in capacities for p in r.probes for w in p.get("warnings", [])}))
     if out is not None:
-        write_plan(out, spec, choices, capacities, top)
-        console.print(escape(f"wrote {out}/plan.json, probes.parquet, pareto.png"))
+        _save(console, out, spec, choices, capacities, top)
+
+
+def _announce(console: Console, unfit: dict[str, list[Any]], spec: Any, trace: str) -> None:
+    """The configurations skipped (the reason names the model, GPU and TP; a few are named too) and what the
+    plan searches."""
+    from rich.markup import escape
+
+    for reason, skipped in unfit.items():
+        named = f" ({', '.join(c.label for c in skipped)})" if len(skipped) <= 3 else ""
+        console.print(escape(f"skipped {len(skipped)} configuration{'s' if len(skipped) > 1 else ''}{named}: "
+                             f"{reason}"))
+    console.print(escape(f"searching {len(spec.candidates)} configurations for {spec.rate:g} QPS of {trace} "
+                         f"within {spec.slo.describe()}"))
+
+
+def _save(console: Console, out: Path, spec: Any, choices: list[Any], capacities: list[Any], top: int
+          ) -> None:
+    from rich.markup import escape
+
+    from simctl.plan_files import write_plan
+
+    write_plan(out, spec, choices, capacities, top)
+    console.print(escape(f"wrote {out}/plan.json, probes.parquet, pareto.png"))
 
 
 def _wide_console() -> Console:

@@ -85,8 +85,6 @@ def prefill_bench(
     sizes = batch_sizes(batch_size)
     if pools.prompts < 1 or timing.real_batches < 1 or timing.repeats < 1:
         raise InputError("--prompts, --real-batches and --repeats must be >= 1")
-    if not pools.scale > 0:
-        raise InputError(f"--scale must be > 0, got {pools.scale}")
     if out is not None:
         check_out_dir(out, FILES)
     spec, g = get_model(model), get_gpu(gpu)
@@ -94,8 +92,7 @@ def prefill_bench(
     warn_all(warnings)
     rows, profiles = [], {}
     drawn = _pools(pools, spec, timing, max(sizes))
-    with progress_bar("prefill-bench points" + (" (timed for real)" if timing.real else ""),
-                      shown=not as_json) as report:
+    with progress_bar("prefill-bench points" + (" (timed for real)" if timing.real else "")) as report:
         tick = ticker(report, len(drawn) * len(sizes) * len(policies))
         for name, pool in drawn.items():
             profiles[name] = _profile(pool, name)
@@ -118,6 +115,8 @@ def _pools(pools: PromptPools, spec: ModelSpec, timing: RealPrefills, batch_size
            ) -> dict[str, np.ndarray]:
     """Every prompt pool, drawn; with --real, the model checked against this machine's memory before any
     work."""
+    if not pools.scale > 0:
+        raise InputError(f"--scale must be > 0, got {pools.scale}")
     drawn = {name: _pool(name, pools, spec) for name in comma_list(pools.lengths, "lengths")}
     if timing.real:
         from simctl.engine.prefill_bench import check_memory

@@ -151,8 +151,7 @@ def query_set_cmd(
     spec.check_context(requests, scale)
     price, kv, label, warnings = _cost(pricing, spec, g)
     warn_all(warnings)
-    with progress_bar("query-set points" + (" (served for real)" if serving.real else ""),
-                      shown=not as_json) as report:
+    with progress_bar("query-set points" + (" (served for real)" if serving.real else "")) as report:
         frame = _completions(name, requests, policies, sizes, price, kv, overlap, serving, seed,
                              ticker(report, len(sizes) * len(policies)))
     summary = {"set": name, "queries": len(requests), "model": spec.name, "gpu": g.name, "cost_model": label,

@@ -127,7 +127,7 @@ def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, time
         if out is not None and trace_events.absolute().parent == Path(out).absolute():
             raise InputError(f"--trace-events {trace_events}: is in --out {out}, which holds only the run's "
                              "files; give a file elsewhere")
-    with progress_bar(f"{config.policy}: requests arrived", shown=not as_json) as report:
+    with progress_bar(f"{config.policy}: requests arrived") as report:
         result = run(config, cluster, progress=report, timeline=timeline)
     result.summary = with_attainment(result.summary, result.result.requests, slo)
     result.summary = with_goodput(result.summary, result.result.requests, goodput)

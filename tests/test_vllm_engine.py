@@ -112,6 +112,9 @@ def test_the_cli_writes_the_run_files_to_a_relative_out(tmp_path: Path) -> None:
     req = pd.read_parquet(out / "requests.parquet")
     assert (req["generated_tokens"] == req["output_tokens"]).all()
     assert pd.read_parquet(out / "iterations.parquet")["count"].sum() == summary["iterations"]
+    replicas = pd.read_parquet(out / "replicas.parquet")  # one replica, as simctl's own real runs write
+    assert len(replicas) == 1 and replicas["completed"].item() == 12
+    assert replicas["iterations"].item() == summary["iterations"] and 0 < replicas["utilisation"].item() <= 1
 
 
 @pytest.mark.parametrize("args,words", [

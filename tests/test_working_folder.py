@@ -119,8 +119,8 @@ def test_a_non_editable_install_serves_from_any_folder(tmp_path: Path) -> None:
     work = user_folder(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(site)}
     run = [sys.executable, "-c", "import sys; from simctl.cli import main; sys.argv[0] = 'simctl'; main()"]
-    where = subprocess.run([sys.executable, "-c", "import engine; print(engine.__file__)"], cwd=work, env=env,
-                           capture_output=True, text=True, timeout=60, check=True)
+    where = subprocess.run([sys.executable, "-c", "import simctl.engine as e; print(e.__file__)"], cwd=work,
+                           env=env, capture_output=True, text=True, timeout=60, check=True)
     assert where.stdout.strip().startswith(str(site))
     sim = subprocess.run([*run, "run", "--gpu", "cpu", "--model", "tiny", "--trace", "trace.csv", "--out",
                           "out-sim"], cwd=work, env=env, capture_output=True, text=True, timeout=120,

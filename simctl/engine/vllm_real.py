@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
+import pandas as pd
 
 from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
@@ -271,14 +272,19 @@ def run_summary(config: RealConfig, server: VLLMServer, run: VLLMRun, wall_s: fl
     `simctl.results.metrics.summarize`, the engine's settings, and what could not be recorded."""
     from simctl.executor.runtime import cpu_name
     from simctl.results.metrics import summarize
+    from simctl.sim.cluster_run import replica_row
     from simctl.traces.build import has_arrival_times
 
     trace = {k: getattr(config, k) for k in ("trace", "model", "device", "qps", "num_requests", "scale",
                                              "seed", "arrival", "cv")}
-    return {"mode": "real", **trace, **summarize(run.result), **server.settings(), **run.fields,
+    metrics = summarize(run.result)
+    # one replica, as simctl's own real runs record theirs (replicas.parquet)
+    replica = replica_row("replicas", 0, "cpu", metrics, run.result.iterations, run.result.queue_at_arrival,
+                          metrics["makespan_s"])
+    return {"mode": "real", **trace, **metrics, **server.settings(), **run.fields,
             "arrivals_from_file": has_arrival_times(config.trace), "gpu": "cpu", "tp": 1,
             "device_name": cpu_name(), "max_seq_len": server.settings()["max_model_len"],
-            "not_recorded": NOT_RECORDED, "real_wall_s": wall_s}
+            "not_recorded": NOT_RECORDED, "real_wall_s": wall_s, "replica_metrics": [replica]}
 
 
 def vllm_real_main(*, trace: str = "sharegpt", model: str = "tiny", qps: float | None = None,
@@ -286,12 +292,13 @@ def vllm_real_main(*, trace: str = "sharegpt", model: str = "tiny", qps: float |
                    seed: int = 0, dtype: str = "float32", arrival: str = "poisson", cv: float = 1.0,
                    settings: dict[str, int | None] | None = None) -> dict[str, Any]:
     """What `simctl real --engine vllm` does: check the options and the trace, start vLLM, serve, write `out`
-    (summary.json, requests.parquet, iterations.parquet) if given, and return the summary. `settings`: vLLM's
-    own, by vLLM's names (`engine_settings` makes them from vllm-v1's; None keeps vLLM's default). InputError
-    in one line for what cannot run."""
+    (summary.json, requests.parquet, iterations.parquet, replicas.parquet) if given, and return the summary.
+    `settings`: vLLM's own, by vLLM's names (`engine_settings` makes them from vllm-v1's; None keeps vLLM's
+    default). InputError in one line for what cannot run."""
     from simctl.engine.real import DEFAULT_QPS
     from simctl.engine.setup import DEFAULT_NUM_REQUESTS, resolved
-    from simctl.results.output import RUN_FILES, check_out_dir, write_run
+    from simctl.results.output import check_out_dir
+    from simctl.sim.cluster_run import CLUSTER_RUN_FILES, write_cluster_files
     from simctl.traces.build import build_trace, has_arrival_times
 
     t0 = time.perf_counter()
@@ -309,12 +316,13 @@ def vllm_real_main(*, trace: str = "sharegpt", model: str = "tiny", qps: float |
     requests = build_trace(config.trace, config.num_requests, config.qps, config.seed, arrival=config.arrival,
                            cv=config.cv, scale=config.scale)
     get_model(config.model).check_context(requests, config.scale)
-    out_path = check_out_dir(Path(out), RUN_FILES) if out is not None else None
+    out_path = check_out_dir(Path(out), CLUSTER_RUN_FILES) if out is not None else None
     with VLLMServer(config.model, deployment) as server:
         run = server.serve(requests, config.seed)
         summary = run_summary(config, server, run, time.perf_counter() - t0)
     if out_path is not None:
-        write_run(out_path, summary, run.result.requests, run.result.iterations.frame())
+        write_cluster_files(out_path, summary, run.result.requests, run.result.iterations.frame(),
+                            pd.DataFrame(summary["replica_metrics"]))
     return summary
 
 

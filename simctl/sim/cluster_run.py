@@ -98,6 +98,20 @@ def simulate_disaggregated(requests: list[Request], new_policy: Callable[[], Pol
                              cluster.decode.members[0].policy.kv.capacity, time.perf_counter() - t0)
 
 
+def replica_row(pool: str, index: int, gpu: str, s: dict[str, Any], iterations: IterationLog,
+                queue: np.ndarray, span: float) -> dict[str, Any]:
+    """One replica's row of replicas.parquet (and the summary's `replica_metrics`): `s` its metrics
+    (`summarize`), `iterations` its iteration records, `queue` the queue each of its arrivals found."""
+    busy = float(np.frombuffer(iterations.duration, dtype=np.float64).sum())
+    return {"pool": pool, "replica": index, "gpu": gpu, "requests": s["num_requests"],
+            "completed": s["completed"], "busy_s": busy, "utilisation": busy / span if span > 0 else 0.0,
+            "queue_mean": float(queue.mean()) if len(queue) else 0.0,
+            "queue_max": int(queue.max()) if len(queue) else 0,
+            "kv_peak_tokens": s["kv_peak_tokens"], "kv_capacity_tokens": s["kv_capacity_tokens"],
+            "iterations": s["iterations"], "preemptions": s["preemptions"],
+            "sustainable": s["sustainable"], "unsustainable_reason": s["unsustainable_reason"]}
+
+
 def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: list[Seq],
                       link: KVLink | None, aborted: bool, kv_capacity: int,
                       wall_s: float) -> tuple[SimResult, dict[str, Any]]:
@@ -114,19 +128,9 @@ def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: 
                        kv_capacity=kv_capacity, wall_s=wall_s)
     summary = {**head, **summarize(result)}
     span = summary["makespan_s"]
-    rows = []
-    for m in members:
-        s = summarize(m.result()) if len(members) > 1 else summary  # one replica: its metrics are the run's
-        busy = float(np.frombuffer(m.iterations.duration, dtype=np.float64).sum())
-        q = m.queue
-        rows.append({"pool": m.pool, "replica": m.index, "gpu": m.gpu, "requests": s["num_requests"],
-                     "completed": s["completed"], "busy_s": busy,
-                     "utilisation": busy / span if span > 0 else 0.0,
-                     "queue_mean": float(q.mean()) if len(q) else 0.0,
-                     "queue_max": int(q.max()) if len(q) else 0,
-                     "kv_peak_tokens": s["kv_peak_tokens"], "kv_capacity_tokens": s["kv_capacity_tokens"],
-                     "iterations": s["iterations"], "preemptions": s["preemptions"],
-                     "sustainable": s["sustainable"], "unsustainable_reason": s["unsustainable_reason"]})
+    rows = [replica_row(m.pool, m.index, m.gpu, summarize(m.result()) if len(members) > 1 else summary,
+                        m.iterations, m.queue, span)  # one replica: its metrics are the run's
+            for m in members]
     unsustainable = [f"{r['pool']} {r['replica']}: {r['unsustainable_reason']}"
                      for r in rows if not r["sustainable"]]
     if len(rows) > 1 and unsustainable:  # one replica: the run's own verdict, as `simctl.sim.run`'s
