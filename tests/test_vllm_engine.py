@@ -105,6 +105,7 @@ def test_the_cli_writes_the_run_files_to_a_relative_out(tmp_path: Path) -> None:
                           "--qps", "20", "--num-requests", "12", "--max-batch-size", "8", "--out", "out/vllm",
                           "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stderr == ""  # vLLM's start-up and shutdown warnings stay off a successful run's terminal
     out = tmp_path / "out" / "vllm"
     summary = json.loads((out / "summary.json").read_text())
     assert summary == json.loads(res.stdout)

@@ -37,6 +37,7 @@ import pandas as pd
 from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
 from simctl.engine.setup import RealConfig
+from simctl.engine.vllm_output import EngineOutput
 from simctl.engine.vllm_steps import StepLog, step_recorder
 from simctl.executor.vllm_pinning import pinned
 from simctl.executor.vllm_runtime import (
@@ -65,6 +66,7 @@ VLLM_SETTINGS = {"max_batch_size": "max_num_seqs", "max_num_batched_tokens": "ma
 # and binds the worker's OpenMP threads to the others: on 2 cores, the model runs on one thread of its own
 # and the busy scheduler and the client share the other instead of preempting the model's threads.
 THREAD_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_CPU_NUM_OF_RESERVED_CPU": None}
+ENGINE_FAILED = "vLLM's engine did not start"
 WARM_UP = [Request(i, 0.0, 64 * (i + 1), 8) for i in range(4)]  # first calls of prefill and decode shapes
 NOT_RECORDED = [
     ("iterations duration_s is each step's model execution as vLLM's engine core times it (elapsed_ms); its "
@@ -95,35 +97,47 @@ class VLLMServer:
         self.deployment = deployment
         self.device = device
         set_vllm_env(device)  # before vLLM is first imported: its logging is set up then
-        self.version = require_vllm()
+        self.output = EngineOutput()  # vLLM's warnings, shown only if it fails
+        try:
+            with self.output.held():
+                self.version = require_vllm()
+        except BaseException:
+            self.output.close()
+            raise
         self._logs: list[StepLog] = []  # the run in progress, fed by the engine's stat logger
         self._stack = ExitStack()
+        self._stack.callback(self.output.close)
         self.llm: Any = None
         self.engine_start_s = 0.0
         self.warmup_s = 0.0
         self.pinned: dict[int, str] = {}  # the processes `executor.vllm_pinning` pinned, by pid: their role
 
     def __enter__(self) -> Self:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-
         self._loop = asyncio.new_event_loop()
         self._stack.callback(self._close_loop)
         try:
-            model_dir = self._stack.enter_context(vllm_model_dir(self.spec, self.deployment.dtype))
-            t0 = time.perf_counter()
-            self.llm = self._start(AsyncEngineArgs(**engine_args(model_dir, self.deployment),
-                                                   disable_log_stats=True,
-                                                   enable_logging_iteration_details=True))
-            self._stack.callback(self._shutdown)
-            self.pinned = self._stack.enter_context(pinned(os.getpid()))  # SIMCTL_VLLM_PIN
-            self.engine_start_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            self.serve(WARM_UP)  # as simctl's own engine warms up before its clock starts
-            self.warmup_s = time.perf_counter() - t0
-        except BaseException:
+            with self.output.held():
+                self._start_and_warm_up()
+        except BaseException as e:
+            if not isinstance(e, InputError) or e.args[0].startswith(ENGINE_FAILED):
+                self.output.show()  # a crash, or an engine that did not start: the reason is in vLLM's output
             self._stack.close()
             raise
         return self
+
+    def _start_and_warm_up(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        model_dir = self._stack.enter_context(vllm_model_dir(self.spec, self.deployment.dtype))
+        t0 = time.perf_counter()
+        self.llm = self._start(AsyncEngineArgs(**engine_args(model_dir, self.deployment),
+                                               disable_log_stats=True, enable_logging_iteration_details=True))
+        self._stack.callback(self._shutdown)
+        self.pinned = self._stack.enter_context(pinned(os.getpid()))  # SIMCTL_VLLM_PIN
+        self.engine_start_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.serve(WARM_UP)  # as simctl's own engine warms up before its clock starts
+        self.warmup_s = time.perf_counter() - t0
 
     def _start(self, args: Any) -> Any:
         """The started AsyncLLM; InputError, in one line, for settings vLLM refuses or an engine that
@@ -138,8 +152,8 @@ class VLLMServer:
         except ValueError as e:  # vLLM's checks of its settings, most of them pydantic's ValidationError
             why = e.errors()[0]["msg"] if hasattr(e, "errors") else str(e).strip().splitlines()[0]
             raise InputError(f"vLLM refused its settings: {why}") from None
-        except RuntimeError as e:  # its engine process failed: the reason is in the log it wrote above
-            raise InputError(f"vLLM's engine did not start: {str(e).strip().splitlines()[0]}") from None
+        except RuntimeError as e:  # its engine process failed: the reason is in its output (shown)
+            raise InputError(f"{ENGINE_FAILED}: {str(e).strip().splitlines()[0]}") from None
 
     def _close_loop(self) -> None:
         """Let the engine's tasks (output handler, socket reader) end before the loop closes, quietly."""
@@ -154,7 +168,8 @@ class VLLMServer:
         self._loop.close()
 
     def _shutdown(self) -> None:
-        self.llm.shutdown()
+        with self.output.held():  # its process manager says it killed the engine core: a normal stop
+            self.llm.shutdown()
         self.llm = None  # collected now, not at interpreter exit, where its own shutdown fails
 
     def __exit__(self, *exc: object) -> None:
@@ -302,8 +317,6 @@ def vllm_real_main(*, trace: str = "sharegpt", model: str = "tiny", qps: float |
     from simctl.traces.build import build_trace, has_arrival_times
 
     t0 = time.perf_counter()
-    set_vllm_env("cpu")  # before vLLM is first imported: its logging is set up then
-    require_vllm()
     if qps is None and (not str(trace).strip() or not has_arrival_times(trace)):
         qps = DEFAULT_QPS
     # the trace's options checked as `simctl real` checks them (its policy is only a placeholder here)
