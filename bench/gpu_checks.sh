@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of simctl issues 26 and 41, as one device call: `bash bench/gpu_checks.sh STAGE...` on a
-# machine with a CUDA GPU and the image's torch/transformers, from the repository root, simpy carried as a wheel in
-# .whl/ (the device tool's README says how). Each stage runs under its own time limit, so one that fails or
+# machine with a CUDA GPU and the image's torch/transformers, from the repository root, simpy carried as a
+# wheel in .whl/ (the device tool's README says how). Each stage runs under its own time limit, so one that fails or
 # hangs leaves the others; logs and outputs land in $OUT/gpu (tarred into $OUT/gpu.tgz after every stage:
 # a call stopped at its limit still brings back what had finished).
 #
