@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks of simctl issues 26 and 41, as one device call: `bash bench/gpu_checks.sh STAGE...` on a
 # machine with a CUDA GPU and the image's torch/transformers, from the repository root, simpy carried as a
-# wheel in .whl/ (the device tool's README says how). Each stage runs under its own time limit, so one that fails or
-# hangs leaves the others; logs and outputs land in $OUT/gpu (tarred into $OUT/gpu.tgz after every stage:
-# a call stopped at its limit still brings back what had finished).
+# wheel in .whl/ (the device tool's README says how). Each stage runs under its own time limit, so one that
+# fails or hangs leaves the others; logs and outputs land in $OUT/gpu (tarred into $OUT/gpu.tgz after every
+# stage: a call stopped at its limit still brings back what had finished).
 #
 #   stages: env tests floor profile validate kernels protocols   (run in the order given)
 # Next on an H100 (issue 41, about 10 minutes): MODEL=llama-2-7b QUICK= PROFILE_S=330 \
