@@ -107,7 +107,7 @@ def test_configs_hold_absolute_paths_for_children_started_elsewhere(tmp_path: Pa
                                      'trace = ["trace.csv"]\nmodel = ["tiny"]\ngpu = ["cpu"]\nqps = [1.0]\n',
                                      encoding="utf-8")
     point = sweep_points(read_sweep(work / "sweep.toml"))[0].config
-    assert (point.trace, point.cost) == (str(work / "trace.csv"), str(work / "fit.json"))
+    assert (point.workload.trace, point.cost) == (str(work / "trace.csv"), str(work / "fit.json"))
 
 
 def test_a_non_editable_install_serves_from_any_folder(tmp_path: Path) -> None:
