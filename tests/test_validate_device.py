@@ -208,7 +208,7 @@ def test_cuda_plumbing_and_sizing_on_the_probed_budget(real_runs, monkeypatch, t
     # the real run's own sizing, from its config as real_main builds it: the twin's
     config = simctl.engine.real.RealConfig(policy="vllm", **{k: v for k, v in kw.items()
                                                       if k not in ("policy", "out")})
-    requests = simctl.engine.real.build_trace("sharegpt", 100, kw["workload"].qps, 0, scale=0.05)
+    requests = config.workload.requests()  # sharegpt, 100 requests, scale 0.05, seed 0 (ARGS)
     real = simctl.engine.real.size_run(config, requests, get_model("tiny-2l").kv_bytes_per_token(2),
                                 config.kv_budget_bytes)
     assert (real.kv_capacity, real.max_batch_size) == (capped["kv_capacity_tokens"], capped["max_batch_size"])
