@@ -26,6 +26,8 @@ from typing import Any
 
 import matplotlib
 
+from simctl.traces.workload import Workload
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
@@ -128,8 +130,8 @@ def distserve(n: int) -> str:
 
 def _distserve(n: int, tmp: Path) -> str:
     trace = filtered_sharegpt(tmp)
-    base = RunConfig(policy="vllm", trace=str(trace), model="llama-2-13b", gpu="a100-80gb", num_requests=n,
-                     seed=0)
+    base = RunConfig(policy="vllm", workload=Workload(trace=str(trace), num_requests=n, seed=0),
+                     model="llama-2-13b", gpu="a100-80gb")
     slo = parse_slo([SLO_LIMITS], 0.9)
     rows, curves = [], {}
     for d in DEPLOYMENTS:
@@ -216,15 +218,15 @@ def _f(v: float | None) -> str:
 
 
 def routers(n: int) -> str:
-    base = RunConfig(policy="vllm", trace="sharegpt", model="mistral-7b", gpu="a100-80gb", num_requests=n,
-                     seed=0)
-    one = find_capacity(replace(base, num_requests=max(n, 500)), SLO()).qps
+    base = RunConfig(policy="vllm", workload=Workload(trace="sharegpt", num_requests=n, seed=0),
+                     model="mistral-7b", gpu="a100-80gb")
+    one = find_capacity(base.with_workload(num_requests=max(n, 500)), SLO()).qps
     qps = 0.7 * 8 * one
     slo = parse_slo(["ttft=2,tpot=0.1"], 0.9)
-    traces = [("sharegpt, gamma cv 3", replace(base, qps=qps, arrival="gamma", cv=3.0))]
+    traces = [("sharegpt, gamma cv 3", base.with_workload(qps=qps, arrival="gamma", cv=3.0))]
     if SPLITWISE.is_file():
         traces.append(("splitwise_conv.csv arrivals, time-scaled",
-                       replace(base, trace=str(SPLITWISE), qps=qps)))
+                       base.with_workload(trace=str(SPLITWISE), qps=qps)))
     else:
         print(f"skipped: {SPLITWISE} is absent")
     lines = [(f"# Routers at 8 replicas: vllm, Mistral-7B, A100-80GB, {n} requests at {qps:.2f} req/s "

@@ -18,6 +18,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from simctl.traces.workload import Workload
+
 ROOT = Path(__file__).resolve().parents[1]
 REPLICAS = 16
 POLICY = "vllm"
@@ -29,7 +31,8 @@ def worker(n: int, qps: float, scale: float) -> None:
     from simctl.sim.run import RunConfig, run
 
     t0 = time.perf_counter()
-    r = run(RunConfig(policy=POLICY, trace="sharegpt", qps=qps, num_requests=n, seed=0, scale=scale),
+    r = run(RunConfig(policy=POLICY, workload=Workload(trace="sharegpt", qps=qps, num_requests=n, seed=0,
+                                                       scale=scale)),
             ClusterConfig(replicas=REPLICAS, router="least-outstanding"))
     wall = time.perf_counter() - t0  # trace generation, summaries and per-replica tables included
     print(json.dumps({"wall_s": wall, "requests_per_s": n / wall, "completed": r.summary["completed"],
@@ -50,7 +53,8 @@ def main() -> None:
     from simctl.sim.run import RunConfig
     from simctl.studies.capacity import find_capacity
 
-    one = find_capacity(RunConfig(policy=POLICY, trace="sharegpt", num_requests=1000, seed=0), SLO()).qps
+    one = find_capacity(RunConfig(policy=POLICY, workload=Workload(trace="sharegpt", num_requests=1000,
+                                                                   seed=0)), SLO()).qps
     qps = 0.7 * one * REPLICAS
     rows = [{"requests": n, "scale": 1.0, **measure(n, qps)} for n in SIZES]
     # twice the tokens per request at the same request count: memory must not follow the tokens

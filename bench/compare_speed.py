@@ -27,8 +27,9 @@ QPS = {  # 70% of each policy's sharegpt capacity (bench/results/sim_speed.json)
     "sarathi-hybrid-only": 2.2312, "sarathi-chunked-only": 2.1219,
 }
 CHILD = ("import json, sys; from simctl.sim.run import RunConfig, run; "
-         "r = run(RunConfig(policy=sys.argv[1], trace='sharegpt', qps=float(sys.argv[2]), "
-         "num_requests=int(sys.argv[3]), seed=0)); print(json.dumps(r.summary['sim_wall_s']))")
+         "from simctl.traces.workload import Workload; "
+         "r = run(RunConfig(policy=sys.argv[1], workload=Workload(trace='sharegpt', qps=float(sys.argv[2]), "
+         "num_requests=int(sys.argv[3]), seed=0))); print(json.dumps(r.summary['sim_wall_s']))")
 
 
 def time_once(tree: Path, policy: str, n: int, qps: float) -> float:

@@ -25,6 +25,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from simctl.traces.workload import Workload
+
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (1_000, 10_000, 100_000)
 LOAD = 0.7
@@ -34,7 +36,7 @@ def worker(policy: str, n: int, qps: float) -> None:
     from simctl.sim.run import RunConfig, run
 
     t0 = time.perf_counter()
-    r = run(RunConfig(policy=policy, trace="sharegpt", qps=qps, num_requests=n, seed=0))
+    r = run(RunConfig(policy=policy, workload=Workload(trace="sharegpt", qps=qps, num_requests=n, seed=0)))
     wall = time.perf_counter() - t0  # trace generation and metrics included
     print(json.dumps({
         "wall_s": wall, "sim_loop_s": r.summary["sim_wall_s"],
@@ -70,7 +72,8 @@ def main() -> None:
     rows = []
     for policy in POLICIES:
         with console.status(f"capacity of {policy}"):
-            cap = find_capacity(RunConfig(policy=policy, trace="sharegpt", num_requests=1000), SLO()).qps
+            cap = find_capacity(RunConfig(policy=policy, workload=Workload(trace="sharegpt",
+                                                                           num_requests=1000)), SLO()).qps
         for n in SIZES:
             with console.status(f"{policy}: {n} requests at {LOAD:.0%} of {cap:.2f} QPS"):
                 m = measure(policy, n, LOAD * cap)

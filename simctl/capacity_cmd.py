@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from simctl.common.errors import InputError
+from simctl.config_options import Without
 from simctl.configs import Deployment, Workload
 from simctl.display import fmt, out_console, progress_bar
 from simctl.goodput_cmd import goodput_command
@@ -32,10 +33,7 @@ TABLE3_HELP = (" Default: two searches, Sarathi-Serve's strict and relaxed P99 T
 
 def capacity(
     policies: PolicyLists = PolicyLists(policy="vllm,sarathi"),
-    workload: Workload = Workload(),
-    num_requests: Annotated[int | None, typer.Option(help=(
-        f"Requests per probed run [default: {DEFAULT_PROBE_REQUESTS}, or every row of a trace file that has "
-        "fewer].")), ] = None,
+    workload: Annotated[Workload, Without("qps")] = Workload(trace="sharegpt", num_requests=None),
     deployment: Deployment = Deployment(),
     capacity_definition: Annotated[str, typer.Option(help=(
         "sustainable: a rate whose run is backlogged (a queue that grows, or stands, though the median "
@@ -75,8 +73,9 @@ def capacity(
     from simctl.results.slo import parse_slo
     from simctl.studies.capacity import CapacityConfig
 
-    num_requests = probe_requests(workload.trace) if num_requests is None else num_requests
-    base = base_config(workload, deployment, start_qps, num_requests)
+    if workload.num_requests is None:
+        workload = replace(workload, num_requests=probe_requests(workload.trace))
+    base = base_config(replace(workload, qps=start_qps), deployment)
     combos = grid(base, policies.policy, deployment, policies.settings())
     configs, labels = [c.config for c in combos], [c.label for c in combos]
     given = parse_slo(slo or [], attainment, max_sched_delay_p50)  # also checks --attainment and the delay

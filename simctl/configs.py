@@ -1,6 +1,7 @@
 """The sections several commands share, as frozen dataclasses whose fields are their options
-(`simctl.config_options`): the workload served (`run`, `capacity`, `plan`, `real`), the deployment serving it
-(`run`, `capacity`, `plan`) and the real engine's disaggregation (`real`, `validate`). The policy section is
+(`simctl.config_options`): the workload served (`run`, `capacity`, `plan`, `real`: `traces.workload.Workload`,
+the class the simulator's and the real engine's configurations embed), the deployment serving it (`run`,
+`capacity`, `plan`) and the real engine's disaggregation (`real`, `validate`). The policy section is
 `simctl.policy_options`, the simulated cluster `sim.cluster_config.ClusterConfig`. Each command gives its own
 defaults as the instance it declares."""
 
@@ -9,19 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simctl.common.option_fields import option_field
-from simctl.options import SEED_HELP, TRACE_HELP
+from simctl.traces.workload import Workload
 
-
-@dataclass(frozen=True)
-class Workload:
-    """The requests: their lengths, how they arrive, and the seed that draws both."""
-
-    trace: str = option_field("sharegpt", TRACE_HELP)
-    seed: int = option_field(0, SEED_HELP)
-    arrival: str = option_field("poisson", "Arrival process: poisson, or gamma (bursty, see --cv).")
-    cv: float = option_field(1.0, "Coefficient of variation of gamma inter-arrivals.")
-    scale: float = option_field(1.0, "Multiply prompt and output lengths (e.g. 0.05 makes sharegpt "
-                                "CPU-sized); recorded in the summary.")
+__all__ = ["Deployment", "RealDisaggregation", "Workload"]
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ meets the --slo at, and that rate per GPU (DistServe's goodput), from `simctl.st
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +35,8 @@ def goodput_command(configs: list[Any], cluster: Any, slo: Any, slo_given: bool,
         check_out_dir(out, GOODPUT_FILES)
     console = out_console()
     console.print(escape(f"SLO: {slo.describe()}"))
-    results = [find_goodput(replace(c, qps=start_qps), cluster, slo, start_qps) for c in configs]
-    table = Table(title=escape(f"goodput on {configs[0].trace}: {configs[0].model}"))
+    results = [find_goodput(c.with_workload(qps=start_qps), cluster, slo, start_qps) for c in configs]
+    table = Table(title=escape(f"goodput on {configs[0].workload.trace}: {configs[0].model}"))
     for col in ("policy", "deployment", "GPUs", "rate QPS", "goodput QPS/GPU", "attainment", "probes"):
         table.add_column(col, justify="right")
     for g in results:

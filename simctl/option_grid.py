@@ -47,12 +47,11 @@ def _settings(policy: str, options: dict[str, list[Any] | None]) -> list[dict[st
     return [dict(zip(taken, values)) for values in itertools.product(*taken.values())]
 
 
-def base_config(workload: Workload, deployment: Deployment, qps: float | None,
-                num_requests: int) -> RunConfig:
-    """The run configuration the sections give, before the comma lists are expanded."""
-    return RunConfig(trace=workload.trace, qps=qps, num_requests=num_requests, seed=workload.seed,
-                     arrival=workload.arrival, cv=workload.cv, scale=workload.scale, cost=deployment.cost,
-                     routing_skew=deployment.routing_skew, ep=deployment.ep,
+def base_config(workload: Workload, deployment: Deployment) -> RunConfig:
+    """The run configuration the sections give (the workload's defaults resolved), before the comma lists
+    are expanded."""
+    return RunConfig(workload=workload, cost=deployment.cost, routing_skew=deployment.routing_skew,
+                     ep=deployment.ep,
                      max_model_len=deployment.max_model_len, on_too_long=deployment.on_too_long)
 
 

@@ -9,11 +9,8 @@ import typer
 
 from simctl.common.errors import InputError
 from simctl.executor.config import ATTENTION
+from simctl.traces.workload import SEED_HELP, TRACE_HELP
 
-TRACE_HELP = ("Length profile (sharegpt, arxiv) or a trace file: CSV with num_prefill_tokens, "
-              "num_decode_tokens[, arrived_at], JSONL, or a `vllm bench serve --save-detailed` result "
-              "(.json: its requests, sent when it sent them).")
-SEED_HELP = "Seed for lengths and arrivals: same seed, same results."
 Trace = Annotated[str, typer.Option(help=TRACE_HELP)]
 Seed = Annotated[int, typer.Option(help=SEED_HELP)]
 Attainment = Annotated[float | None, typer.Option(help="Share of requests that must meet the per-request "

@@ -14,6 +14,7 @@ import typer
 
 from simctl.capacity_cmd import SLO_HELP
 from simctl.common.errors import InputError
+from simctl.config_options import Without
 from simctl.configs import Deployment, Workload
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
@@ -75,7 +76,7 @@ def plan_cmd(
                                         "long included).")],
     slo: Annotated[list[str], typer.Option(help=SLO_HELP, metavar="KEY=S[,KEY=S]")],
     policies: PolicyLists = PolicyLists(policy="vllm,sarathi"),
-    workload: Workload = Workload(),
+    workload: Annotated[Workload, Without("qps")] = Workload(trace="sharegpt", qps=1.0),
     deployment: Deployment = Deployment(),
     pd_splits: Annotated[str, typer.Option(help=(
         "Disaggregated units searched too, PREFILL:DECODE instances (comma list; none: colocated only), "
@@ -93,8 +94,6 @@ def plan_cmd(
         "fewer GPUs than the best checked one, so that the answer is the fewest GPUs a check passed; 0: "
         "estimates only)."))] = 3,
     attainment: Attainment = None,
-    num_requests: Annotated[int, typer.Option(help="Requests per probed run (per replica in a check).")
-                            ] = 1000,
     workers: Annotated[int | None, typer.Option(help="Processes searching in parallel [default: one per "
                                                 "core].")] = None,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.json, probes.parquet (every probed run) "
@@ -111,7 +110,7 @@ def plan_cmd(
     from simctl.results.slo import parse_slo
     from simctl.studies.plan import PlanSpec, fitting, plan
 
-    found = candidates(base_config(workload, deployment, 1.0, num_requests), policies.policy, deployment,
+    found = candidates(base_config(workload, deployment), policies.policy, deployment,
                        policies.settings(), parse_splits(pd_splits), kv_link_gbps)
     fit, unfit = fitting(found)
     spec = PlanSpec(fit, parse_slo(slo, attainment), rate, max_gpus, parse_prices(gpu_cost), checks,

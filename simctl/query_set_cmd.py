@@ -66,6 +66,7 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
     from simctl.catalogue.gpus import get_gpu
     from simctl.engine.real import real_main
     from simctl.sim.run import default_cost_path
+    from simctl.traces.workload import Workload
     from simctl.validation.twin import load_cost, simulate_twin
 
     if real_cost is None and device != "cpu":
@@ -76,8 +77,8 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
         path.write_text("".join(json.dumps({"prompt_tokens": r.prompt_tokens,
                                             "output_tokens": r.output_tokens, "arrival_s": 0.0}) + "\n"
                                             for r in requests), encoding="utf-8")
-        runs = [real_main(policy=policy, trace=str(path), model=model, device=device, qps=None,
-                          num_requests=len(requests), seed=seed,
+        workload = Workload(trace=str(path), qps=None, num_requests=len(requests), seed=seed)
+        runs = [real_main(policy=policy, workload=workload, model=model, device=device,
                           options={**(options or {}), "max_batch_size": batch})
                 for _ in range(repeats)]
         twin, _ = simulate_twin(runs[0], load_cost(real_cost or default_cost_path(get_gpu("cpu")), model))

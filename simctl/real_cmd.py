@@ -24,15 +24,10 @@ def real(
                                         "are passed to vLLM, --max-batch-size as its max_num_seqs; vLLM's "
                                         "defaults otherwise. `make vllm` installs it).")] = "simctl",
     policies: PolicyChoice = PolicyChoice(),
-    workload: Workload = Workload(scale=0.05),
+    workload: Workload = Workload(trace="sharegpt", qps=None, num_requests=None, scale=0.05),
     model: Annotated[str, typer.Option(help=(
         "Model shape, built with random weights (`tiny`, `tiny-2l` suit a CPU)."))] = "tiny",
     device: Annotated[str, typer.Option(help="cpu, or cuda.")] = "cpu",
-    qps: Annotated[float | None, typer.Option(help="Mean arrival rate, requests per second (real time) "
-                                              "[default: 1; a trace file's own arrival times are replayed, "
-                                              "or time-scaled to the rate given].")] = None,
-    num_requests: Annotated[int | None, typer.Option(help="Requests to serve [default: 100 for a length "
-                                                      "profile, every row of a trace file].")] = None,
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
     threads: Annotated[int | None, typer.Option(help="CPU threads [default: every core available].")] = None,
     kv_capacity: Annotated[int | None, typer.Option(help="KV token slots given to the policy [default: "
@@ -60,9 +55,7 @@ def real(
 
     if engine not in ("simctl", "vllm"):
         raise InputError(f"--engine {engine!r}: choose simctl or vllm")
-    w = workload
-    common = {"trace": w.trace, "model": model, "qps": qps, "num_requests": num_requests, "out": out,
-              "scale": w.scale, "seed": w.seed, "dtype": dtype, "arrival": w.arrival, "cv": w.cv}
+    common = {"workload": workload, "model": model, "out": out, "dtype": dtype}
     try:
         if engine == "vllm":
             summary = _on_vllm(ctx, policies, common)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -16,21 +16,13 @@ from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
 from simctl.sim.cluster_config import ClusterConfig
 
-if TYPE_CHECKING:
-    from simctl.sim.run import RunConfig
-
 DEFAULT_NUM_REQUESTS = 1000
 DEFAULT_QPS = 0.5
 
 
 def run(
     policies: PolicyLists = PolicyLists(policy="sarathi"),
-    workload: Workload = Workload(trace="arxiv"),
-    qps: Annotated[float | None, typer.Option(help="Mean arrival rate, requests per second [default: "
-                                              f"{DEFAULT_QPS}; a trace file's own arrival times are "
-                                              "replayed, or time-scaled to the rate given].")] = None,
-    num_requests: Annotated[int | None, typer.Option(help="Requests to simulate [default: 1000 for a length "
-                                                      "profile, every row of a trace file].")] = None,
+    workload: Workload = Workload(trace="arxiv", qps=None, num_requests=None),
     deployment: Deployment = Deployment(),
     out: Annotated[Path | None, typer.Option(help=(
         "Folder for summary.json, requests.parquet, iterations.parquet and "
@@ -64,38 +56,16 @@ def run(
     from simctl.results.slo import parse_slo
     from simctl.results.vllm_bench import parse_goodput
     from simctl.run_grid_cmd import check_single_outputs, run_grid
-    from simctl.traces import has_arrival_times, is_profile
 
-    trace = workload.trace
-    if qps is None and (not trace.strip() or not has_arrival_times(trace)):
-        qps = DEFAULT_QPS
     judged = parse_slo(slo, attainment) if slo or attainment is not None else None
-    base = base_config(workload, deployment, qps,
-                       DEFAULT_NUM_REQUESTS if num_requests is None else num_requests)
+    base = base_config(workload.resolved(DEFAULT_QPS, DEFAULT_NUM_REQUESTS), deployment)
     combos = grid(base, policies.policy, deployment, policies.settings())
     if len(combos) > 1:
         check_single_outputs(out=out, json=as_json, timeline=timeline, trace_events=trace_events,
                              goodput=goodput)
         return run_grid(combos, cluster, judged)
-    config = combos[0].config
-    config.validate()
-    if num_requests is None and not is_profile(trace):
-        config = _every_row(config, workload)
-    cluster.validate(config.policy)
-    run_command(config, cluster, out, as_json, timeline, trace_events, parse_goodput(goodput), judged)
-
-
-def _every_row(config: RunConfig, workload: Workload) -> RunConfig:
-    """A trace file's run serves every row unless --num-requests says otherwise."""
-    from dataclasses import replace
-
-    from simctl.traces import build_trace
-
-    rows = len(build_trace(workload.trace, None, config.qps, workload.seed, arrival=workload.arrival,
-                           cv=workload.cv))
-    config = replace(config, num_requests=rows)
-    config.validate()
-    return config
+    run_command(combos[0].config, cluster, out, as_json, timeline, trace_events, parse_goodput(goodput),
+                judged)
 
 
 def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, timeline: int,
@@ -112,6 +82,8 @@ def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, time
     from simctl.studies.goodput import with_attainment
     from simctl.usage_errors import note_replaced, warn_all
 
+    config.validate()  # the options' errors first, before those of the outputs
+    cluster.validate(config.policy)
     for name, given in (("timeline", timeline), ("trace-events", trace_events)):
         if given and cluster.is_cluster:
             raise InputError(f"--{name} records one replica; it is not available with a cluster")
@@ -122,7 +94,7 @@ def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, time
     if out is not None:  # fail before the run, and create nothing until it has succeeded
         check_out_dir(out, files)
     if trace_events is not None:
-        check_trace_path(trace_events, {"--trace": config.trace, "--model": config.model,
+        check_trace_path(trace_events, {"--trace": config.workload.trace, "--model": config.model,
                                         "--cost": config.cost})
         if out is not None and trace_events.absolute().parent == Path(out).absolute():
             raise InputError(f"--trace-events {trace_events}: is in --out {out}, which holds only the run's "

@@ -34,9 +34,8 @@ def run_grid(combos: list[Any], cluster: Any, slo: Any) -> None:
     for c in combos:
         c.config.validate()
         cluster.validate(c.config.policy)
-    first = combos[0].config
-    table = Table(title=escape(f"{first.trace} at {fmt_rate(first.qps)} QPS offered, {first.num_requests} "
-                               "requests"),
+    w = combos[0].config.workload
+    table = Table(title=escape(f"{w.trace} at {fmt_rate(w.qps)} QPS offered, {w.num_requests} requests"),
                   caption="refused: requests longer than the max model length (out of the percentiles)"
                   + ("; SLO attainment: share of all requests, refused ones included" if slo else ""))
     for col in ("configuration", *(caption for _, caption in COLUMNS), *(("SLO attainment", "SLO met")

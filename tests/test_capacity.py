@@ -12,13 +12,15 @@ import pytest
 
 from simctl.sim.run import RunConfig
 from simctl.studies.capacity import SLO, find_capacity
+from simctl.traces.workload import Workload
 
 pytestmark = pytest.mark.cli
 
 
 def test_capacity_brackets_the_slo_boundary() -> None:
     slo = SLO({"p99_tbt": 0.5})
-    res = find_capacity(RunConfig(policy="vllm", trace="sharegpt", num_requests=300), slo, rel_tol=0.05)
+    res = find_capacity(RunConfig(policy="vllm", workload=Workload(trace="sharegpt", num_requests=300)),
+                        slo, rel_tol=0.05)
     assert res.qps > 0
     met = [p["qps"] for p in res.probes if p["slo_met"]]
     failed = [p["qps"] for p in res.probes if not p["slo_met"]]
@@ -29,7 +31,7 @@ def test_capacity_brackets_the_slo_boundary() -> None:
 
 
 def test_stricter_slo_never_raises_capacity() -> None:
-    base = RunConfig(policy="orca", trace="sharegpt", num_requests=300)
+    base = RunConfig(policy="orca", workload=Workload(trace="sharegpt", num_requests=300))
     relaxed = find_capacity(base, SLO({"p99_tbt": 0.5}), rel_tol=0.05).qps
     strict = find_capacity(base, SLO({"p99_tbt": 0.1}), rel_tol=0.05).qps
     assert strict <= relaxed

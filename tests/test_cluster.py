@@ -26,6 +26,7 @@ from simctl.sim.kv_link import KVLink, kv_transfer_bytes
 from simctl.sim.replica import CostBackend
 from simctl.sim.run import RunConfig, cost_model, run
 from simctl.traces.request import Request
+from simctl.traces.workload import Workload
 
 TINY = get_model("tiny")
 COST = cost_model(None, TINY, get_gpu("cpu"), 1)[0]
@@ -125,8 +126,8 @@ def test_decode_instances_never_prefill_and_ttft_includes_the_transfer() -> None
 def test_pools_of_their_own_tp_count_their_gpus_size_their_kv_and_send_the_whole_kv() -> None:
     """Prefill TP2 + decode TP1 (DistServe's placement): 3 GPUs; each pool's KV as the roofline sizes its TP
     group; the link carries a request's whole KV (every layer and head) whatever the degrees."""
-    config = RunConfig(policy="vllm", trace="sharegpt", model="llama-2-13b", scale=0.1, num_requests=30,
-                       qps=2.0)
+    config = RunConfig(policy="vllm", workload=Workload(trace="sharegpt", scale=0.1, num_requests=30,
+                                                        qps=2.0), model="llama-2-13b")
     cc = ClusterConfig(prefill_instances=1, decode_instances=1, kv_link_gbps=100.0, prefill_tp=2, decode_tp=1)
     r = run(config, cc)
     model, gpu = get_model("llama-2-13b"), get_gpu("a100-80gb")
@@ -172,8 +173,8 @@ def test_least_outstanding_picks_a_replica_with_the_fewest_outstanding_at_that_i
 
 
 def test_same_seed_same_results() -> None:
-    config = RunConfig(policy="vllm", trace="sharegpt", qps=6.0, num_requests=200, seed=3, arrival="gamma",
-                       cv=3.0)
+    config = RunConfig(policy="vllm", workload=Workload(trace="sharegpt", qps=6.0, num_requests=200, seed=3,
+                                                        arrival="gamma", cv=3.0))
     for cc in (ClusterConfig(replicas=3, router="least-kv"),
                ClusterConfig(prefill_instances=2, decode_instances=1, kv_link_gbps=50.0,
                              router="shortest-queue")):
@@ -194,8 +195,8 @@ def test_queue_and_kv_routers_break_ties_by_outstanding_requests() -> None:
 def test_a_decode_instance_counts_requests_that_wait_with_their_kv() -> None:
     """A decode instance's queue is the requests that arrived with their KV and wait for a slot (a backlog of
     decodes behind a small batch), not only those waiting for a prefill (none ever do there)."""
-    config = RunConfig(policy="vllm", trace="sharegpt", qps=4.0, num_requests=100, seed=1,
-                       options={"max_batch_size": 2})
+    config = RunConfig(policy="vllm", workload=Workload(trace="sharegpt", qps=4.0, num_requests=100,
+                                                        seed=1), options={"max_batch_size": 2})
     r = run(config, ClusterConfig(prefill_instances=2, decode_instances=1, kv_link_gbps=100.0))
     decode = r.replicas[r.replicas["pool"] == "decode"].iloc[0]
     assert decode["queue_max"] > 2 and decode["queue_mean"] > 0

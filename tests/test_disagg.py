@@ -13,6 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from simctl.traces.workload import Workload
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -30,8 +32,10 @@ SIMCTL = Path(sys.executable).parent / "simctl"
 
 
 def serve_pd(model, policy: str, kv_capacity: int | None = None, **options):
-    config = RealConfig(policy=policy, model=MODEL, seed=SEED, options=options, kv_capacity=kv_capacity,
-                        threads=1, prefill_instances=1, decode_instances=1)
+    config = RealConfig(policy=policy, workload=Workload(trace="sharegpt", qps=1.0, num_requests=100,
+                                                         seed=SEED),
+                        model=MODEL, options=options, kv_capacity=kv_capacity, threads=1, prefill_instances=1,
+                        decode_instances=1)
     config.validate()
     size = size_run(config, REQUESTS, SPEC.kv_bytes_per_token(4), 1 << 30)
     run, served = serve_deployment(config, size, REQUESTS, model)

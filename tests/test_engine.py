@@ -9,6 +9,8 @@ import math
 import pandas as pd
 import pytest
 
+from simctl.traces.workload import Workload
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -50,7 +52,9 @@ CASES = [(name, {}) for name in POLICIES] + [
 
 
 def serve(model, policy_name: str, requests: list[Request], on_iteration=None, kv_capacity=None, **options):
-    config = RealConfig(policy=policy_name, model=MODEL, seed=SEED, options=options, kv_capacity=kv_capacity)
+    config = RealConfig(policy=policy_name, workload=Workload(trace="sharegpt", qps=1.0, num_requests=100,
+                                                              seed=SEED),
+                        model=MODEL, options=options, kv_capacity=kv_capacity)
     size = size_run(config, requests, SPEC.kv_bytes_per_token(4), 1 << 30)
     policy = sized_policy(config, size)
     executor = RaggedExecutor(model, size.kv_slots, size.kv_slot_tokens)
@@ -238,8 +242,9 @@ def test_slot_pool_stays_packed_and_refuses() -> None:
 
 def test_real_run_writes_the_simulators_files(tmp_path) -> None:
     """The whole path: child process with OMP_WAIT_POLICY=PASSIVE, scaled profile trace, output files."""
-    summary = real_main(policy="vllm", trace="sharegpt", model=MODEL, qps=40.0, num_requests=8, scale=0.02,
-                        threads=1, out=tmp_path / "real")
+    summary = real_main(policy="vllm", workload=Workload(trace="sharegpt", qps=40.0, num_requests=8,
+                                                         scale=0.02),
+                        model=MODEL, threads=1, out=tmp_path / "real")
     assert summary["mode"] == "real" and summary["completed"] == 8
     assert summary["OMP_WAIT_POLICY"] == "PASSIVE" and summary["OMP_NUM_THREADS"] == "1"
     assert summary["threads"] == 1 and summary["child_process"] is True
@@ -248,7 +253,7 @@ def test_real_run_writes_the_simulators_files(tmp_path) -> None:
     assert summary["executor_config"] == {"attention": "auto", "eager": True,
                                           "attention_backends": ["flash", "math"]}
     assert summary["attention_kernels"]["decode_masked"] == "flash (folded)"
-    sim = run(RunConfig(policy="vllm", trace="sharegpt", num_requests=5, qps=1.0))
+    sim = run(RunConfig(policy="vllm", workload=Workload(trace="sharegpt", num_requests=5, qps=1.0)))
     write_cluster_files(tmp_path / "sim", sim.summary, sim.result.requests, sim.iterations, sim.replicas)
     for name in ("requests.parquet", "iterations.parquet", "replicas.parquet"):
         real_frame, sim_frame = (pd.read_parquet(tmp_path / "real" / name),
@@ -274,8 +279,9 @@ def test_real_run_writes_the_simulators_files(tmp_path) -> None:
 
 
 def test_run_real_in_process_and_scale(tmp_path) -> None:
-    r = run_real(RealConfig(policy="sarathi", trace="arxiv", model=MODEL, qps=50.0, num_requests=4,
-                            scale=0.01, threads=1, options={"token_budget": 64}))
+    r = run_real(RealConfig(policy="sarathi", workload=Workload(trace="arxiv", qps=50.0, num_requests=4,
+                                                                scale=0.01),
+                            model=MODEL, threads=1, options={"token_budget": 64}))
     assert r.summary["completed"] == 4 and r.summary["token_budget"] == 64 and r.summary["scale"] == 0.01
     full = build_trace("arxiv", 4, 50.0, 0)
     assert [(q.prompt_tokens, q.output_tokens) for q in r.requests] == [
@@ -286,17 +292,16 @@ def test_run_real_in_process_and_scale(tmp_path) -> None:
                                                     "replicas.parquet"}
 
 
-@pytest.mark.parametrize("options,match", [
-    ({"scale": 0}, "--scale"),
-    ({"scale": 1.0, "trace": "arxiv"}, "positions"),  # long requests on a 2048-position model
-    ({"device": "tpu"}, "--device"),
-    ({"dtype": "int8"}, "--dtype"),
-    ({"kv_capacity": 16}, "KV cache"),
+@pytest.mark.parametrize("workload,options,match", [
+    ({"scale": 0}, {}, "--scale"),
+    ({"scale": 1.0, "trace": "arxiv"}, {}, "positions"),  # long requests on a 2048-position model
+    ({}, {"device": "tpu"}, "--device"),
+    ({}, {"dtype": "int8"}, "--dtype"),
+    ({}, {"kv_capacity": 16}, "KV cache"),
 ])
-def test_real_main_input_errors(options, match, tmp_path) -> None:
-    kwargs = {"policy": "vllm", "trace": "sharegpt", "model": MODEL, "num_requests": 50, "scale": 0.02,
-              **options}
+def test_real_main_input_errors(workload, options, match, tmp_path) -> None:
+    given = Workload(**{"trace": "sharegpt", "qps": None, "num_requests": 50, "scale": 0.02, **workload})
     with pytest.raises(InputError, match=match):
-        real_main(**kwargs, out=tmp_path / "x")
+        real_main(policy="vllm", workload=given, model=MODEL, **options, out=tmp_path / "x")
     assert not (tmp_path / "x").exists()
 

@@ -9,8 +9,9 @@ from simctl.results.slo import parse_slo
 from simctl.sim.cluster_config import ClusterConfig
 from simctl.sim.run import RunConfig, run
 from simctl.studies.goodput import find_goodput, with_attainment
+from simctl.traces.workload import Workload
 
-CONFIG = RunConfig(policy="vllm", trace="sharegpt", qps=4.0, num_requests=100, seed=2)
+CONFIG = RunConfig(policy="vllm", workload=Workload(trace="sharegpt", qps=4.0, num_requests=100, seed=2))
 
 
 def test_attainment_is_the_share_of_requests_meeting_every_limit() -> None:

@@ -20,6 +20,7 @@ from simctl.profiler.shape_protocol import SERVED
 from simctl.profiler.shapes import decode, prefill
 from simctl.profiler.shapes import hybrid as hybrid_shape
 from simctl.profiler.workloads import build_grid
+from simctl.traces.workload import Workload
 
 
 def decoding(i: int, context: int) -> Seq:
@@ -257,7 +258,8 @@ def test_an_engine_whose_decodes_run_as_graphs_gives_each_request_its_tokens_alo
     from tests.test_engine import REQUESTS
 
     spec = get_model(ENGINE_MODEL)
-    config = RealConfig(policy=name, model=ENGINE_MODEL, seed=ENGINE_SEED, options=options)
+    config = RealConfig(policy=name, workload=Workload(trace="sharegpt", qps=1.0, num_requests=100,
+                                                       seed=ENGINE_SEED), model=ENGINE_MODEL, options=options)
     size = size_run(config, REQUESTS, spec.kv_bytes_per_token(4), 1 << 30)
     shapes = GraphShapes(size.kv_slots, kv_block=16)
     ex = RaggedExecutor(model, size.kv_slots + 1, shapes.kv(size.kv_slot_tokens))  # + the scratch row

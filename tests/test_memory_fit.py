@@ -13,6 +13,7 @@ from simctl.catalogue.models import get_model
 from simctl.cli import main
 from simctl.common.errors import InputError
 from simctl.executor.memory import available_bytes, check_fits, memory_need
+from simctl.traces.workload import Workload
 
 pytestmark = pytest.mark.unit
 
@@ -72,7 +73,8 @@ def test_validate_probes_memory_before_building_on_cuda(machine_of_21_gb: None) 
     from simctl.engine.real import RealConfig, probe_device
 
     with pytest.raises(InputError, match=r"llama-2-70b in float32 needs .* but cuda has 21 GB available"):
-        probe_device(RealConfig(model="llama-2-70b", device="cuda", num_requests=5, scale=0.1))
+        probe_device(RealConfig(workload=Workload(trace="sharegpt", qps=1.0, num_requests=5, scale=0.1),
+                                model="llama-2-70b", device="cuda"))
 
 
 def test_the_need_is_weights_kv_and_activations() -> None:

@@ -20,6 +20,7 @@ from simctl.common.errors import InputError
 from simctl.sim.run import RunConfig, run
 from simctl.studies.capacity import SLO, find_capacity, search_qps
 from simctl.traces import build_trace
+from simctl.traces.workload import Workload
 
 pytestmark = pytest.mark.cli
 
@@ -59,21 +60,21 @@ def a100_calibration(path: Path) -> Path:
 # ---- sustainability holds for short runs; overload is given up on in bounded work ------------------------
 def test_a_short_overloaded_run_is_unsustainable() -> None:
     """652 requests per second offered, 1.4 served: it was called sustainable (its queue had no quarters)."""
-    s = run(RunConfig(qps=1000, num_requests=20)).summary
+    s = run(RunConfig(workload=Workload(qps=1000, num_requests=20))).summary
     assert s["sustainable"] is False and s["gave_up"] is False
     assert "still waiting when the last one arrived" in s["unsustainable_reason"]
     assert s["throughput_rps"] < s["offered_qps"] / 2
 
 
 def test_a_short_light_run_is_sustainable() -> None:
-    s = run(RunConfig(qps=0.05, num_requests=20)).summary
+    s = run(RunConfig(workload=Workload(qps=0.05, num_requests=20))).summary
     assert s["sustainable"] is True and s["unsustainable_reason"] is None
 
 
 def test_overload_is_given_up_on_and_says_so() -> None:
     """A token budget of 1 on arxiv used to simulate for minutes: the give-up needed 1,000 waiting of
     1,000."""
-    s = run(RunConfig(policy="sarathi", trace="arxiv", qps=0.5, num_requests=400,
+    s = run(RunConfig(policy="sarathi", workload=Workload(trace="arxiv", qps=0.5, num_requests=400),
                       options={"token_budget": 1})).summary
     assert s["gave_up"] is True and s["sustainable"] is False
     assert s["unsustainable_reason"].startswith("gave up: ")
@@ -81,8 +82,10 @@ def test_overload_is_given_up_on_and_says_so() -> None:
 
 
 @pytest.mark.parametrize("config", [
-    RunConfig(qps=5.0, num_requests=20),  # sarathi/arxiv: 3.3 QPS offered, 1.04 served, P50 sched delay 3.4 s
-    RunConfig(policy="vllm", trace="sharegpt", qps=7.375, num_requests=100),  # 7.2 offered, 2.3 served
+    # sarathi/arxiv: 3.3 QPS offered, 1.04 served, P50 sched delay 3.4 s
+    RunConfig(workload=Workload(qps=5.0, num_requests=20)),
+    RunConfig(policy="vllm", workload=Workload(trace="sharegpt", qps=7.375,
+                                               num_requests=100)),  # 7.2 offered, 2.3 served
 ], ids=["sarathi-arxiv-20", "vllm-sharegpt-100"])
 def test_a_short_run_served_at_a_third_of_the_offered_rate_is_unsustainable(config: RunConfig) -> None:
     """Batching admits a whole batch at once, so "more than half still waiting when the last one arrived"
@@ -95,7 +98,7 @@ def test_a_short_run_served_at_a_third_of_the_offered_rate_is_unsustainable(conf
 def test_overload_is_given_up_on_after_a_bounded_queue_whatever_n() -> None:
     """The give-up needs min(max(64, N/2), 2048) waiting: with 200,000 requests it stops near 2,048 arrived,
     not after 100,000 (the issue: 1,000 requests took 108 s and 1 GB)."""
-    s = run(RunConfig(qps=1000.0, num_requests=200_000)).summary
+    s = run(RunConfig(workload=Workload(qps=1000.0, num_requests=200_000))).summary
     assert s["gave_up"] is True and s["sustainable"] is False
     arrived = int(re.search(r"\((\d+) of 200000 had arrived\)", s["unsustainable_reason"]).group(1))
     assert arrived < 4096, s["unsustainable_reason"]
@@ -106,8 +109,10 @@ def test_capacity_with_the_shortest_probes_allowed_is_honest() -> None:
     """`simctl capacity --policy vllm --num-requests 100` (the fewest it accepts) reported 7.375 QPS; with
     1000 requests per probe it is 3.125, and a 1000-request run at 7.375 QPS gives up. The short search must
     come close, or say (CapacityResult.problem) that its probes were too short."""
-    short = find_capacity(RunConfig(policy="vllm", trace="sharegpt", num_requests=100), SLO())
-    long = find_capacity(RunConfig(policy="vllm", trace="sharegpt", num_requests=1000), SLO())
+    short = find_capacity(RunConfig(policy="vllm", workload=Workload(trace="sharegpt", num_requests=100)),
+                          SLO())
+    long = find_capacity(RunConfig(policy="vllm", workload=Workload(trace="sharegpt", num_requests=1000)),
+                         SLO())
     assert long.problem is None
     assert short.problem is not None or short.qps <= 1.5 * long.qps, (short.qps, long.qps)
 
@@ -178,7 +183,7 @@ def test_a_search_that_never_succeeds_reports_it() -> None:
 
 def test_an_absurd_start_rate_still_finds_the_capacity() -> None:
     """--start-qps 1e12 ended at capacity 0: 30 halvings did not reach the capacity."""
-    config = RunConfig(policy="vllm", trace="sharegpt", num_requests=200)
+    config = RunConfig(policy="vllm", workload=Workload(trace="sharegpt", num_requests=200))
     usual = find_capacity(config, SLO())
     absurd = find_capacity(config, SLO(), start_qps=1e12)
     assert usual.problem is None and absurd.problem is None
@@ -207,7 +212,7 @@ def test_a_start_rate_too_low_for_the_clock_names_start_qps() -> None:
 def test_a_start_rate_beyond_the_search_ceiling_still_finds_the_capacity() -> None:
     """--start-qps 1e300 halved 60 times from above the 1e9 ceiling and reported "no rate met the SLO, down to
     1.73e+282 QPS"; capping the start at the ceiling (or refusing it) answers."""
-    config = RunConfig(policy="vllm", trace="sharegpt", num_requests=200)
+    config = RunConfig(policy="vllm", workload=Workload(trace="sharegpt", num_requests=200))
     usual = find_capacity(config, SLO())
     try:
         absurd = find_capacity(config, SLO(), start_qps=1e300)
@@ -256,7 +261,8 @@ def test_a_timed_trace_is_replayed_or_time_scaled_to_the_rate_given(tmp_path: Pa
 def test_capacity_of_a_timed_trace_varies_its_rate(tmp_path: Path) -> None:
     """Every probe replayed the file's own arrivals, so no rate ever failed."""
     path = timed_csv(tmp_path / "t.csv", n=300)
-    r = find_capacity(RunConfig(policy="vllm", trace=str(path), num_requests=300), SLO({"p99_tbt": 0.2}))
+    r = find_capacity(RunConfig(policy="vllm", workload=Workload(trace=str(path), num_requests=300)),
+                      SLO({"p99_tbt": 0.2}))
     assert r.problem is None and r.qps > 0
     assert len({p["offered_qps"] for p in r.probes}) == len(r.probes)
 
@@ -271,7 +277,7 @@ def test_generated_arrival_options_are_refused_for_a_timed_trace(tmp_path: Path,
 
 def test_a_length_profile_needs_a_rate() -> None:
     with pytest.raises(InputError, match="--qps is needed"):
-        RunConfig(qps=None).validate()
+        RunConfig(workload=Workload(qps=None)).validate()
 
 
 # ---- the model's context -----------------------------------------------------------------------------------
@@ -279,8 +285,9 @@ def test_a_length_profile_needs_a_rate() -> None:
                                                          ("tiny", "sharegpt", "2048")])
 def test_requests_beyond_the_models_context_are_refused(model: str, trace: str, context: str) -> None:
     with pytest.raises(InputError, match=f"but {model} has a context of {context}; lower --scale"):
-        run(RunConfig(model=model, gpu="cpu" if model == "tiny" else "a100-80gb", trace=trace,
-                      num_requests=100, on_too_long="error"))  # refused and counted by default
+        run(RunConfig(workload=Workload(trace=trace, num_requests=100), model=model,
+                      # refused and counted by default
+                      gpu="cpu" if model == "tiny" else "a100-80gb", on_too_long="error"))
 
 
 @pytest.mark.parametrize(("policy", "words"), [("vllm", "needs 2010 tokens of KV cache"),
@@ -295,7 +302,8 @@ def test_a_request_within_the_context_but_beyond_the_kv_cache_is_refused(
     path = tmp_path / "long.csv"
     path.write_text("num_prefill_tokens,num_decode_tokens\n2000,10\n")
     with pytest.raises(InputError, match=f"does not fit: .*{words}.*729"):
-        run(RunConfig(policy=policy, trace=str(path), model="llama-2-13b", gpu="cpu", tp=2, num_requests=1))
+        run(RunConfig(policy=policy, workload=Workload(trace=str(path), num_requests=1),
+                      model="llama-2-13b", gpu="cpu", tp=2))
 
 
 def test_real_with_every_default_fits_its_model() -> None:
@@ -304,8 +312,8 @@ def test_real_with_every_default_fits_its_model() -> None:
     from simctl.engine.real import RealConfig, size_run
 
     assert "[default: 0.05]" in " ".join(simctl("real", "--help").stdout.split())
-    config = RealConfig(scale=0.05)
-    requests = build_trace(config.trace, config.num_requests, config.qps, config.seed, scale=config.scale)
+    config = RealConfig(workload=Workload(trace="sharegpt", qps=1.0, num_requests=100, scale=0.05))
+    requests = config.workload.requests()
     size_run(config, requests, get_model("tiny").kv_bytes_per_token(4), 1 << 62)  # raises if it cannot run
 
 
@@ -498,7 +506,7 @@ def test_help_shows_defaults_and_plain_flags(command: str) -> None:
     flat = " ".join(text.split())
     assert not re.search(r" \.( |$)", flat) and "<bool>" not in flat  # "simulate ." lost a [default: ...]
     if command == "run":
-        assert "[default: 0.5;" in flat and "[default: 1000 for a length profile" in flat
+        assert "[default: 0.5 for `run`" in flat and "[default: 1000 for `run`" in flat
         assert "num_prefill_tokens, num_decode_tokens[, arrived_at], JSONL, or a `vllm bench serve" in flat
 
 
@@ -541,7 +549,7 @@ def test_progress_is_reported_and_changes_nothing(monkeypatch: pytest.MonkeyPatc
     # several in this run
     monkeypatch.setattr(simctl.sim.cluster, "YIELD_EVERY", 16)
     monkeypatch.setattr(simctl.sim.cluster, "PROGRESS_EVERY", 4)
-    config = RunConfig(policy="vllm", trace="sharegpt", qps=2.0, num_requests=300)
+    config = RunConfig(policy="vllm", workload=Workload(trace="sharegpt", qps=2.0, num_requests=300))
     seen: list[tuple[int, int]] = []
     with_bar = run(config, progress=lambda done, total: seen.append((done, total))).summary
     plain = run(config).summary

@@ -15,6 +15,7 @@ from simctl.common.errors import InputError
 from simctl.costs.roofline import Roofline
 from simctl.policies.plan import hybrid
 from simctl.policies.seq import Seq
+from simctl.traces.workload import Workload
 
 
 def decodes(batch: int, context: int = 100) -> object:
@@ -131,8 +132,8 @@ def test_moe_weights_resident_and_kv_as_its_attention() -> None:
 def test_routing_skew_reaches_the_run_and_is_refused_where_meaningless() -> None:
     from simctl.sim.run import RunConfig, run
 
-    base = RunConfig(policy="vllm", trace="sharegpt", model="qwen3-30b-a3b", gpu="h100", qps=2.0,
-                     num_requests=60)
+    base = RunConfig(policy="vllm", workload=Workload(trace="sharegpt", qps=2.0, num_requests=60),
+                     model="qwen3-30b-a3b", gpu="h100")
     uniform, skewed = run(base).summary, run(RunConfig(**{**base.__dict__, "routing_skew": 2.0})).summary
     assert "routing_skew" not in uniform and uniform["cost_assumptions"]["routing_skew"] == 0.0
     assert skewed["routing_skew"] == 2.0 and skewed["cost_assumptions"]["routing_skew"] == 2.0
@@ -255,8 +256,8 @@ def test_expert_parallelism_refused_where_meaningless() -> None:
 def test_expert_parallelism_reaches_the_run_and_is_refused_with_a_fit() -> None:
     from simctl.sim.run import RunConfig, run
 
-    base = RunConfig(policy="vllm", trace="sharegpt", model="qwen3-30b-a3b", gpu="h100", tp=2, qps=2.0,
-                     num_requests=60)
+    base = RunConfig(policy="vllm", workload=Workload(trace="sharegpt", qps=2.0, num_requests=60),
+                     model="qwen3-30b-a3b", gpu="h100", tp=2)
     tp, ep = run(base).summary, run(RunConfig(**{**base.__dict__, "ep": 2})).summary
     assert "ep" not in tp and tp["cost_assumptions"]["ep"] == 1
     assert ep["ep"] == 2 and ep["cost_assumptions"]["ep"] == 2

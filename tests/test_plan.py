@@ -27,6 +27,7 @@ from simctl.studies.plan import (
 )
 from simctl.traces.request import Request
 from simctl.traces.too_long import screen
+from simctl.traces.workload import Workload
 
 
 def _requests(*lengths: tuple[int, int]) -> list[Request]:
@@ -67,7 +68,8 @@ def test_every_request_is_served_within_the_limit_or_counted(lengths: list[tuple
 
 
 def test_llama2_on_sharegpt_runs_and_reports_the_refused() -> None:
-    config = RunConfig(policy="sarathi", model="llama-2-7b", trace="sharegpt", qps=2.0, num_requests=200)
+    config = RunConfig(policy="sarathi", workload=Workload(trace="sharegpt", qps=2.0, num_requests=200),
+                       model="llama-2-7b")
     long = sum(r.prompt_tokens + r.output_tokens > 4096 for r in trace_for(
         RunConfig(**{**config.__dict__, "max_model_len": 8192 * 4, "model": "mistral-7b"})).requests)
     r = run(config)
@@ -77,7 +79,7 @@ def test_llama2_on_sharegpt_runs_and_reports_the_refused() -> None:
 
 
 def test_a_run_whose_requests_fit_keeps_its_summary() -> None:
-    r = run(RunConfig(policy="vllm", trace="arxiv", qps=0.5, num_requests=50))
+    r = run(RunConfig(policy="vllm", workload=Workload(trace="arxiv", qps=0.5, num_requests=50)))
     assert not {"rejected", "max_model_len", "on_too_long"} & set(r.summary)
 
 
@@ -349,8 +351,8 @@ def test_a_kv_cache_too_small_for_the_longest_request_is_skipped(tmp_path: Path,
     monkeypatch.setattr(simctl.sim.run, "default_cost_path", lambda gpu: None)
     path = tmp_path / "long.csv"
     path.write_text("num_prefill_tokens,num_decode_tokens\n2000,10\n")
-    made = [Candidate(RunConfig(policy="vllm", trace=str(path), model="llama-2-13b", gpu="cpu", tp=tp,
-                                num_requests=1), f"tp={tp}") for tp in (2, 4)]
+    made = [Candidate(RunConfig(policy="vllm", workload=Workload(trace=str(path), num_requests=1),
+                                model="llama-2-13b", gpu="cpu", tp=tp), f"tp={tp}") for tp in (2, 4)]
     fit, unfit = fitting(made)
     assert [c.label for c in fit] == ["tp=4"]
     ((reason, skipped),) = unfit.items()

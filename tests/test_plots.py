@@ -17,8 +17,9 @@ from simctl.common.errors import InputError
 from simctl.plot_cmd import KINDS
 from simctl.plots.decode_gaps import decode_gaps
 from simctl.sim.run import RunConfig, run
+from simctl.traces.workload import Workload
 
-CONFIG = RunConfig(trace="sharegpt", qps=1.5, num_requests=120)
+CONFIG = RunConfig(workload=Workload(trace="sharegpt", qps=1.5, num_requests=120))
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
@@ -101,7 +102,7 @@ def test_decode_gaps_by_hand() -> None:
 
 @pytest.mark.parametrize("policy", ["vllm", "sarathi", "orca", "faster-transformer"])
 def test_decode_gaps_match_the_runs_own_percentiles(policy: str) -> None:
-    r = run(RunConfig(policy=policy, trace="sharegpt", qps=1.5, num_requests=150))
+    r = run(RunConfig(policy=policy, workload=Workload(trace="sharegpt", qps=1.5, num_requests=150)))
     g = decode_gaps(r.result.iterations.frame())
     assert abs(int(g.weight.sum()) - r.result.gaps.total) <= 2
     for p in (50, 90, 99):

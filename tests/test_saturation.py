@@ -16,6 +16,7 @@ from simctl.results.saturation import (
     verdict,
 )
 from simctl.sim.run import RunConfig, run
+from simctl.traces.workload import Workload
 
 
 def test_rules_by_hand() -> None:
@@ -56,7 +57,8 @@ def test_too_short_to_judge() -> None:
 def test_short_run_with_a_long_tail() -> None:
     """The issue's case: 50 ShareGPT requests at 2 QPS, served at under 80% of the offered rate only because
     the last ones are long, with a queue never above 2, were called backlogged."""
-    s = run(RunConfig(policy="vllm", trace="sharegpt", num_requests=50, qps=2.0, seed=2)).summary
+    s = run(RunConfig(policy="vllm", workload=Workload(trace="sharegpt", num_requests=50, qps=2.0,
+                                                       seed=2))).summary
     assert s["saturation"] == TOO_SHORT
     assert "P99 service time" in s["saturation_reason"]
 
@@ -69,7 +71,7 @@ def test_served_rate() -> None:
 
 @pytest.mark.parametrize(("qps", "want"), [(0.1, STABLE), (50.0, OVERLOADED)])
 def test_simulated_runs(qps: float, want: str) -> None:
-    s = run(RunConfig(policy="vllm", trace="sharegpt", num_requests=200, qps=qps)).summary
+    s = run(RunConfig(policy="vllm", workload=Workload(trace="sharegpt", num_requests=200, qps=qps))).summary
     assert s["saturation"] == want
     assert (s["saturation"] == OVERLOADED) == (not s["sustainable"])
     assert (s["saturation_reason"] is None) == (want == STABLE)

@@ -23,6 +23,7 @@ from simctl.results.run_result import SimResult
 from simctl.sim.run import RunConfig, run
 from simctl.sim.simulate import simulate
 from simctl.traces.request import Request
+from simctl.traces.workload import Workload
 
 A, B, C, D = 0.01, 0.001, 1e-5, 1e-4  # overhead, per linear token, per attention unit, per KV token read
 COST = AffineCost(overhead=A, per_token=B, per_attn=C, per_kv=D)
@@ -259,11 +260,13 @@ def test_vllm_preemption_by_recompute() -> None:
 
 def test_overload_is_unsustainable_and_light_load_is_not() -> None:
     t0 = time.perf_counter()
-    heavy = run(RunConfig(policy="vllm", trace="sharegpt", qps=50, num_requests=2000)).summary
+    heavy = run(RunConfig(policy="vllm", workload=Workload(trace="sharegpt", qps=50,
+                                                           num_requests=2000))).summary
     assert time.perf_counter() - t0 < 30
     assert heavy["sustainable"] is False
     assert heavy["completed"] < heavy["num_requests"]
-    light = run(RunConfig(policy="vllm", trace="sharegpt", qps=0.5, num_requests=2000)).summary
+    light = run(RunConfig(policy="vllm", workload=Workload(trace="sharegpt", qps=0.5,
+                                                           num_requests=2000))).summary
     assert light["sustainable"] is True
     assert light["completed"] == light["num_requests"] == 2000
     assert light["preemptions"] == 0

@@ -14,6 +14,7 @@ from simctl.costs.roofline import Roofline
 from simctl.results.slo import SLO, parse_slo, table3_decode_time, table3_slos
 from simctl.sim.run import RunConfig
 from simctl.studies.capacity import Capacity, CapacityResult, probe_summary
+from simctl.traces.workload import Workload
 
 
 def test_parse_combines_items_and_repeats() -> None:
@@ -93,7 +94,7 @@ def test_attainment_by_hand() -> None:
 
 
 def test_attainment_of_a_simulated_run_matches_its_records() -> None:
-    config = RunConfig(policy="sarathi", trace="sharegpt", num_requests=100, qps=2.0)
+    config = RunConfig(policy="sarathi", workload=Workload(trace="sharegpt", num_requests=100, qps=2.0))
     s = probe_summary(config, SLO(per_request={"tbt": 0.06, "ttft": 0.5}))
     s_loose = probe_summary(config, SLO(per_request={"tbt": 1e3, "ttft": 1e3}))
     assert 0 < s["slo_attainment"] < 1 and s_loose["slo_attainment"] == 1.0

@@ -16,6 +16,7 @@ import pytest
 
 from simctl.common.errors import InputError
 from simctl.costs.provenance import check_fitted_run
+from simctl.traces.workload import Workload
 
 pytestmark = pytest.mark.torch
 
@@ -200,14 +201,14 @@ def test_cuda_plumbing_and_sizing_on_the_probed_budget(real_runs, monkeypatch, t
 
     setup = Setup(trace="sharegpt", model="tiny-2l", num_requests=100, scale=0.05, threads=4,
                   dtype="bfloat16", device="cuda", kv_budget_bytes=budget)
-    capped = twin_summary(setup, "vllm", kw["qps"])
+    capped = twin_summary(setup, "vllm", kw["workload"].qps)
     assert capped["max_batch_size"] < 128 and capped["kv_budget_bytes"] == budget
-    roomy = twin_summary(replace(setup, kv_budget_bytes=1 << 40), "vllm", kw["qps"])
+    roomy = twin_summary(replace(setup, kv_budget_bytes=1 << 40), "vllm", kw["workload"].qps)
     assert roomy["max_batch_size"] == 128 and roomy["kv_capacity_tokens"] > capped["kv_capacity_tokens"]
     # the real run's own sizing, from its config as real_main builds it: the twin's
     config = simctl.engine.real.RealConfig(policy="vllm", **{k: v for k, v in kw.items()
                                                       if k not in ("policy", "out")})
-    requests = simctl.engine.real.build_trace("sharegpt", 100, kw["qps"], 0, scale=0.05)
+    requests = config.workload.requests()  # sharegpt, 100 requests, scale 0.05, seed 0 (ARGS)
     real = simctl.engine.real.size_run(config, requests, get_model("tiny-2l").kv_bytes_per_token(2),
                                 config.kv_budget_bytes)
     assert (real.kv_capacity, real.max_batch_size) == (capped["kv_capacity_tokens"], capped["max_batch_size"])
@@ -244,8 +245,9 @@ def test_a_real_run_sizes_its_kv_on_the_budget_given():
     from simctl.validation.twin import Setup, twin_summary
 
     budget = 2 * 2**20  # tiny-2l in float32: 2 KiB per token; 8 requests' slots of 352 tokens: 2 fit
-    run = run_real(RealConfig(policy="vllm", model="tiny-2l", qps=50.0, num_requests=8, scale=0.05, threads=1,
-                              kv_budget_bytes=budget))
+    run = run_real(RealConfig(policy="vllm", workload=Workload(trace="sharegpt", qps=50.0, num_requests=8,
+                                                               scale=0.05),
+                              model="tiny-2l", threads=1, kv_budget_bytes=budget))
     s = run.summary
     twin = twin_summary(Setup(trace="sharegpt", model="tiny-2l", num_requests=8, scale=0.05, threads=1,
                               kv_budget_bytes=budget), "vllm", 50.0)

@@ -12,6 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from simctl.traces.workload import Workload
+
 pytest.importorskip("vllm")
 
 from simctl.cli import main
@@ -60,7 +62,8 @@ def test_every_request_gets_exactly_its_tokens_and_the_records_add_up(server) ->
     assert run.result.gaps.total == req["output_tokens"].sum() - len(req)
     assert (its["start_s"].diff().dropna() > 0).all() and (its["duration_s"] > 0).all()
     assert its["batch_size"].max() > 1, "nothing was batched: the test proves little"
-    config = RealConfig(policy="vllm", trace="sharegpt", model="tiny", qps=40.0, num_requests=len(REQUESTS))
+    config = RealConfig(policy="vllm", workload=Workload(trace="sharegpt", qps=40.0,
+                                                         num_requests=len(REQUESTS)), model="tiny")
     summary = run_summary(config, server, run, 1.0)
     assert all(k in summary for k in TWIN_FIELDS) and summary["engine"] == "vllm"
     assert summary["completed"] == len(REQUESTS) and summary["tbt_p50"] > 0

@@ -16,6 +16,7 @@ from simctl.policies.vllm_v1 import VLLMV1
 from simctl.sim.run import RunConfig, run
 from simctl.traces.build import build_trace
 from simctl.traces.request import Request
+from simctl.traces.workload import Workload
 
 
 def v1(blocks: int, block: int = 4, caching: int = 0, **options: int) -> VLLMV1:
@@ -240,17 +241,18 @@ def test_summary_reports_prefix_caching_only_where_there_is_some(tmp_path: Path)
     trace = tmp_path / "shared.jsonl"
     trace.write_text("".join(f'{{"prompt_tokens": 600, "output_tokens": 20, "prefix_group": 0, '
                              f'"prefix_tokens": 512, "arrival_s": {0.5 * i}}}\n' for i in range(8)))
-    config = RunConfig(policy="vllm-v1", trace=str(trace), qps=None, num_requests=8, model="tiny")
+    config = RunConfig(policy="vllm-v1", workload=Workload(trace=str(trace), qps=None, num_requests=8),
+                       model="tiny")
     summary = run(config).summary
     # the first request misses; the 7 others hit the 512 shared tokens (32 blocks of 16)
     assert summary["prefix_cache_hit_tokens"] == 7 * 512 and summary["prefix_cache_queried_tokens"] == 8 * 600
     assert summary["prefix_cache_hit_rate"] == 7 * 512 / (8 * 600)
     for policy, options in [("vllm-v1", {"enable_prefix_caching": 0}), ("vllm", {})]:
-        other = run(RunConfig(policy=policy, trace=str(trace), qps=None, num_requests=8, model="tiny",
-                              options=options)).summary
+        other = run(RunConfig(policy=policy, workload=Workload(trace=str(trace), qps=None, num_requests=8),
+                              model="tiny", options=options)).summary
         assert not [k for k in other if k.startswith("prefix_cache")]
-    cpu = run(RunConfig(policy="vllm-v1", trace=str(trace), qps=None, num_requests=8, model="tiny",
-                        gpu="cpu"))
+    cpu = run(RunConfig(policy="vllm-v1", workload=Workload(trace=str(trace), qps=None, num_requests=8),
+                        model="tiny", gpu="cpu"))
     assert (cpu.summary["block_size"], cpu.summary["max_num_batched_tokens"]) == (128, 2048)
     assert cpu.summary["prefix_cache_hit_tokens"] == 7 * 512  # 4 blocks of 128
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from simctl.traces.workload import Workload
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -95,16 +97,17 @@ def test_configs_hold_absolute_paths_for_children_started_elsewhere(tmp_path: Pa
     work = user_folder(tmp_path)
     (work / "fit.json").write_text("{}", encoding="utf-8")
     monkeypatch.chdir(work)
-    config = RunConfig(trace="trace.csv", model="cfg/config.json", cost="fit.json", gpu="cpu")
-    assert (config.trace, config.model, config.cost) == (
+    config = RunConfig(workload=Workload(trace="trace.csv"), model="cfg/config.json", cost="fit.json",
+                       gpu="cpu")
+    assert (config.workload.trace, config.model, config.cost) == (
         str(work / "trace.csv"), str(work / "cfg" / "config.json"), str(work / "fit.json"))
-    named = RunConfig(trace="sharegpt", model="tiny")
-    assert (named.trace, named.model, named.cost) == ("sharegpt", "tiny", None)
+    named = RunConfig(workload=Workload(trace="sharegpt"), model="tiny")
+    assert (named.workload.trace, named.model, named.cost) == ("sharegpt", "tiny", None)
     (work / "sweep.toml").write_text('mode = "run"\ncost = "fit.json"\n[grid]\npolicy = ["vllm"]\n'
                                      'trace = ["trace.csv"]\nmodel = ["tiny"]\ngpu = ["cpu"]\nqps = [1.0]\n',
                                      encoding="utf-8")
     point = sweep_points(read_sweep(work / "sweep.toml"))[0].config
-    assert (point.trace, point.cost) == (str(work / "trace.csv"), str(work / "fit.json"))
+    assert (point.workload.trace, point.cost) == (str(work / "trace.csv"), str(work / "fit.json"))
 
 
 def test_a_non_editable_install_serves_from_any_folder(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ writes."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -47,7 +46,7 @@ def _summarised(config: RealConfig, requests: list[Request], served: Served) -> 
                              o.aborted, kv) for i, o in zip(served.instances, outs, strict=True)]
     aborted = any(o.aborted for o in outs)
     wall = max(o.wall_s for o in outs)
-    head = {"mode": "real", **{k: v for k, v in asdict(config).items() if k != "options"}}
+    head = {"mode": "real", **config.recorded()}
     result, summary = summarise_cluster(head, members, served.seqs, served.link, aborted, kv, wall)
     for name, values in served.columns.items():
         result.requests[name] = values

@@ -64,7 +64,8 @@ def build_instance(config: RealConfig, requests: list[Request], size: Sizing) ->
     from simctl.executor.model import build_model, resolve_device
 
     torch.set_num_threads(config.threads or 1)
-    model = build_model(get_model(config.model), resolve_device(config.device), config.dtype, config.seed)
+    model = build_model(get_model(config.model), resolve_device(config.device), config.dtype,
+                        config.workload.seed)
     return build_engine(config, requests, size, model)
 
 

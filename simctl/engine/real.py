@@ -1,8 +1,8 @@
 """`simctl real`: serve a trace in real time on a real torch model (random weights), driven by the simulator's
 own policy objects, and write the simulator's output files with measured timestamps.
 
-    summary = real_main(policy="sarathi", trace="sharegpt", model="tiny", device="cpu", qps=2,
-                        num_requests=30, scale=0.05, out="out/real")
+    summary = real_main(policy="sarathi", workload=Workload(trace="sharegpt", qps=2, num_requests=30,
+                        scale=0.05), model="tiny", device="cpu", out="out/real")
 
 `real_main` runs the serving in a child process (`python -m simctl.engine.worker`) started with
 OMP_WAIT_POLICY=PASSIVE and OMP_NUM_THREADS / MKL_NUM_THREADS = threads, as the profiler does: OpenMP reads
@@ -27,21 +27,28 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from simctl.catalogue.models import is_moe
 from simctl.common.errors import InputError
-from simctl.engine.setup import DEFAULT_NUM_REQUESTS, RealConfig, RealRun, resolved, size_run
+from simctl.engine.setup import (
+    DEFAULT_NUM_REQUESTS,
+    DEFAULT_QPS,
+    REAL_WORKLOAD,
+    RealConfig,
+    RealRun,
+    size_run,
+)
 from simctl.executor.config import eager_on
 from simctl.executor.runtime import default_threads
 from simctl.policies.base import Policy
 from simctl.policies.registry import make_policy, policy_class
-from simctl.traces.build import build_trace, has_arrival_times
+from simctl.traces.build import has_arrival_times
 from simctl.traces.request import Request
+from simctl.traces.workload import Workload
 
-DEFAULT_QPS = 1.0  # for generated arrivals when none is given
 CPU_KV_BYTES = 1 << 30  # slab budget on the CPU
 GPU_KV_SHARE = 0.5  # share of the free device memory (after the weights) the slab may take
 
@@ -81,7 +88,7 @@ def measure_device(config: RealConfig) -> DeviceProbe:
     from simctl.executor.model import build_model, resolve_device
 
     device = resolve_device(config.device)
-    build_model(get_model(config.model), device, config.dtype, config.seed)
+    build_model(get_model(config.model), device, config.dtype, config.workload.seed)
     return DeviceProbe(str(device), _device_name(device), device_kv_budget(device))
 
 
@@ -89,8 +96,7 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     """Serve `config` in this process and return its records and summary (nothing written)."""
     t_total = time.perf_counter()
     config.validate()
-    requests = build_trace(config.trace, config.num_requests, config.qps, config.seed, arrival=config.arrival,
-                           cv=config.cv, scale=config.scale)
+    requests = config.workload.requests()
 
     import torch
     import transformers
@@ -104,7 +110,7 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     torch.set_num_threads(threads)
     device = resolve_device(config.device)
     spec = get_model(config.model)
-    model = build_model(spec, device, config.dtype, config.seed)
+    model = build_model(spec, device, config.dtype, config.workload.seed)
     kernels = attention_kernels(model, config.executor)  # InputError, before serving, if a kind has none
     kv_bpt = spec.kv_bytes_per_token(model.dtype.itemsize)
     budget = config.kv_budget_bytes if config.kv_budget_bytes is not None else device_kv_budget(device)
@@ -113,7 +119,7 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
     summary, out, engine = run.summary, run.engine, served.engine
     slab = engine.executor.executor.kv
     summary.update({
-        "arrivals_from_file": has_arrival_times(config.trace),
+        "arrivals_from_file": has_arrival_times(config.workload.trace),
         "gpu": "cpu" if device.type == "cpu" else None,  # the catalogue device to simulate it with, if any
         "tp": 1,
         "device": str(device),
@@ -127,7 +133,6 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
         "child_process": threads_env,
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
-        "scale": config.scale,
         "max_seq_len": size.max_seq_len,
         "kv_slots": size.kv_slots,
         "kv_slot_tokens": size.kv_slot_tokens,
@@ -210,19 +215,17 @@ def probe_device(config: RealConfig) -> DeviceProbe:
     so that this process never holds a CUDA context); InputError if cuda is missing."""
     from simctl.executor.runtime import cpu_name
 
-    check_memory(config, build_trace(config.trace, config.num_requests, config.qps, config.seed,
-                                     arrival=config.arrival, cv=config.cv, scale=config.scale))
+    check_memory(config, config.workload.requests())
     if str(config.device).lower() == "cpu":
         return DeviceProbe("cpu", cpu_name(), CPU_KV_BYTES)
     threads = config.threads if config.threads is not None else default_threads()
     return DeviceProbe(**_run_worker(replace(config, threads=threads), probe=True)["probe"])
 
 
-def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = "tiny", device: str = "cpu",
-              qps: float | None = None, num_requests: int | None = None, out: str | Path | None = None,
-              scale: float = 1.0, seed: int = 0, dtype: str = "float32", threads: int | None = None,
-              options: dict[str, Any] | None = None, kv_capacity: int | None = None, attention: str = "auto",
-              eager: bool | None = None, arrival: str = "poisson", cv: float = 1.0,
+def real_main(*, policy: str = "sarathi", workload: Workload = REAL_WORKLOAD, model: str = "tiny",
+              device: str = "cpu", out: str | Path | None = None, dtype: str = "float32",
+              threads: int | None = None, options: dict[str, Any] | None = None,
+              kv_capacity: int | None = None, attention: str = "auto", eager: bool | None = None,
               kv_budget_bytes: int | None = None,
               prefill_instances: int | None = None, decode_instances: int | None = None) -> dict[str, Any]:
     """What `simctl real` does: validate, serve in a child process with OMP_WAIT_POLICY=PASSIVE and the
@@ -233,22 +236,15 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
     from simctl.results.output import check_out_dir
     from simctl.sim.cluster_run import CLUSTER_RUN_FILES
 
-    if qps is None and (not str(trace).strip() or not has_arrival_times(trace)):
-        qps = DEFAULT_QPS
-    config = RealConfig(policy=policy, trace=trace, model=model, device=device, qps=qps,
-                        num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests,
-                        scale=scale, seed=seed, dtype=dtype, threads=threads, options=dict(options or {}),
+    config = RealConfig(policy=policy, workload=workload.resolved(DEFAULT_QPS, DEFAULT_NUM_REQUESTS),
+                        model=model, device=device, dtype=dtype, threads=threads, options=dict(options or {}),
                         kv_capacity=kv_capacity, attention=attention,
-                        eager=eager_on(device, eager, is_moe(model)), arrival=arrival, cv=cv,
-                        kv_budget_bytes=kv_budget_bytes,
+                        eager=eager_on(device, eager, is_moe(model)), kv_budget_bytes=kv_budget_bytes,
                         prefill_instances=prefill_instances, decode_instances=decode_instances)
-    config.validate()
-    config = resolved(config, num_requests is not None)
     config.validate()
     if config.threads is None:  # a disaggregated run's instances share the cores
         config = replace(config, threads=max(1, default_threads() // (2 if config.disaggregated else 1)))
-    requests = build_trace(config.trace, config.num_requests, config.qps, config.seed, arrival=config.arrival,
-                           cv=config.cv, scale=config.scale)
+    requests = config.workload.requests()
     check_memory(config, requests)
     out_path = None
     if out is not None:
@@ -262,9 +258,8 @@ def real_main(*, policy: str = "sarathi", trace: str = "sharegpt", model: str = 
 def twin_inputs(summary: dict[str, Any]) -> tuple[list[Request], Policy]:
     """The Request list a real run served and a fresh policy configured as it was (`twin_policy`), from the
     run's summary: `simctl.sim.simulate.simulate(requests, policy, cost)` then predicts the same run."""
-    requests = build_trace(summary["trace"], summary["num_requests"], summary["qps"], summary["seed"],
-                           arrival=summary["arrival"], cv=summary["cv"], scale=summary["scale"])
-    return requests, twin_policy(summary)
+    workload = Workload(**{f.name: summary[f.name] for f in fields(Workload)})
+    return workload.requests(), twin_policy(summary)
 
 
 def twin_policy(summary: dict[str, Any]) -> Policy:

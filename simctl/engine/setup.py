@@ -20,7 +20,7 @@ memory between runs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from simctl.catalogue.models import model_in_working_folder
@@ -28,30 +28,31 @@ from simctl.common.checks import is_int
 from simctl.common.errors import InputError
 from simctl.executor.config import ExecutorConfig
 from simctl.policies.base import Policy
-from simctl.policies.registry import make_policy, max_admissible_tokens, policy_class
-from simctl.traces.build import aligned, build_trace, check_scale, is_profile, trace_in_working_folder
+from simctl.policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
+from simctl.traces.build import aligned
 from simctl.traces.request import Request
+from simctl.traces.workload import Workload
 
 DEFAULT_NUM_REQUESTS = 100  # for a length profile when none is given (a trace file: every row)
+DEFAULT_QPS = 1.0  # for generated arrivals when none is given
+# what `real_main` serves unless given: the rate and count above (a trace file: its own arrival times, all
+# its rows)
+REAL_WORKLOAD = Workload(trace="sharegpt", qps=None, num_requests=None)
 
 
 @dataclass(frozen=True)
 class RealConfig:
     policy: str = "sarathi"
-    trace: str = "sharegpt"  # a length profile or a trace file
+    # the requests and how they arrive; its seed also draws the prompt ids and the model's weights
+    workload: Workload = field(default_factory=lambda: Workload(trace="sharegpt", qps=DEFAULT_QPS,
+                                                                num_requests=DEFAULT_NUM_REQUESTS))
     model: str = "tiny"
     device: str = "cpu"
-    qps: float | None = 1.0  # None: a trace file's own arrival times (as simctl.sim.run.RunConfig)
-    num_requests: int = DEFAULT_NUM_REQUESTS
-    scale: float = 1.0  # prompt and output lengths multiplied by this (rounded, >= 1)
-    seed: int = 0  # trace lengths/arrivals, prompt ids and model weights
     dtype: str = "float32"
     threads: int | None = None  # CPU threads [default: every core, simctl.executor.runtime.default_threads]
     options: dict[str, Any] = field(default_factory=dict)  # the policy's settings given (its Settings fields)
     kv_capacity: int | None = None  # KV token slots the policy may use [default: kv_slots x max_seq_len]
     kv_budget_bytes: int | None = None  # the KV slab's memory budget [default: device_kv_budget]
-    arrival: str = "poisson"
-    cv: float = 1.0
     attention: str = "auto"  # SDPA kernels (simctl.executor.config.ATTENTION)
     eager: bool = True  # False: decode steps replay CUDA graphs (simctl.executor.cuda_graphs)
     prefill_instances: int | None = None  # both 1: disaggregated prefill and decode (simctl.engine.disagg)
@@ -59,8 +60,19 @@ class RealConfig:
 
     def __post_init__(self) -> None:
         # the user's paths, absolute before the serving child (and a prefill instance's own child) reads them
-        object.__setattr__(self, "trace", trace_in_working_folder(self.trace))
+        object.__setattr__(self, "workload", self.workload.in_working_folder())
         object.__setattr__(self, "model", model_in_working_folder(self.model))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RealConfig:
+        """A configuration from its `asdict` (the serving child reads it so)."""
+        return cls(**{**d, "workload": Workload(**d["workload"])})
+
+    def recorded(self) -> dict[str, Any]:
+        """The settings a summary starts with: every field but the policy's options (recorded apart), the
+        workload's among them."""
+        return {"policy": self.policy, **self.workload.recorded(),
+                **{k: v for k, v in asdict(self).items() if k not in ("policy", "workload", "options")}}
 
     @property
     def disaggregated(self) -> bool:
@@ -77,16 +89,14 @@ class RealConfig:
         spells the option)."""
         from simctl.catalogue.models import get_model
         from simctl.executor.model import DEVICES, DTYPES
-        from simctl.sim.run import RunConfig
 
-        RunConfig(policy=self.policy, trace=self.trace, model=self.model, qps=self.qps,
-                  num_requests=self.num_requests, seed=self.seed, options=self.options, arrival=self.arrival,
-                  cv=self.cv).validate()
+        policy_class(self.policy)
+        self.workload.validate()
+        check_options(self.policy, self.options)
         spec = get_model(self.model)
         if spec.mlp != "gated":
             raise InputError(f"--model {spec.name}: only gated (SwiGLU, Llama-style) shapes can be built "
                              "for real execution")
-        check_scale(self.scale)
         dev = str(self.device).lower()
         if dev not in DEVICES and not dev.startswith("cuda:"):
             raise InputError(f"--device {self.device!r} not supported; choose cpu or cuda")
@@ -128,15 +138,6 @@ class Sizing:
 
 
 
-def resolved(config: RealConfig, num_requests_given: bool = True) -> RealConfig:
-    """`config` with num_requests filled in for a trace file given without one (every row)."""
-    if not num_requests_given and not is_profile(config.trace):
-        rows = len(build_trace(config.trace, None, config.qps, config.seed, arrival=config.arrival,
-                               cv=config.cv))
-        return replace(config, num_requests=rows)
-    return config
-
-
 def sized_policy(config: RealConfig, size: Sizing) -> Policy:
     """The policy of a real run, on its KV capacity and with its (possibly capped) batch size."""
     return make_policy(config.policy, size.kv_capacity, size.max_seq_len,
@@ -153,7 +154,7 @@ def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: in
     longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
     need = longest.prompt_tokens + longest.output_tokens
     max_seq_len = aligned(need)
-    spec.check_context(requests, config.scale)
+    spec.check_context(requests, config.workload.scale)
     max_seq_len = min(max_seq_len, spec.max_position)
     slot_tokens = max_seq_len
     if policy_class(config.policy).padded_batches:  # padded decodes read prompt-pad + steps columns
@@ -215,6 +216,7 @@ def build_engine(config: RealConfig, requests: list[Request], size: Sizing, mode
     vocab = get_model(config.model).vocab_size
     executor = RaggedExecutor(model, size.kv_slots, size.kv_slot_tokens, config.executor)
     policy = sized_policy(config, size)
-    prompts = {r.id: prompt_ids(r.id, r.prompt_tokens, vocab, config.seed) for r in requests}
-    warm_s = warm_up(executor, vocab, padded=policy.padded_batches or policy.widening_kv, seed=config.seed)
+    seed = config.workload.seed
+    prompts = {r.id: prompt_ids(r.id, r.prompt_tokens, vocab, seed) for r in requests}
+    warm_s = warm_up(executor, vocab, padded=policy.padded_batches or policy.widening_kv, seed=seed)
     return Engine(policy, executor, prompts), warm_s

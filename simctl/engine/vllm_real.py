@@ -36,7 +36,7 @@ import pandas as pd
 
 from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
-from simctl.engine.setup import RealConfig
+from simctl.engine.setup import REAL_WORKLOAD, RealConfig
 from simctl.engine.vllm_output import EngineOutput
 from simctl.engine.vllm_steps import StepLog, step_recorder
 from simctl.executor.vllm_pinning import pinned
@@ -55,6 +55,7 @@ from simctl.results.run_result import SimResult
 from simctl.serving.records import request_frame
 from simctl.traces.request import Request
 from simctl.traces.tokens import prompt_token_ids
+from simctl.traces.workload import Workload
 
 TWIN_POLICY = "vllm-v1"  # the simulator's model of vLLM's scheduler: its settings are the engine's
 # vLLM's settings simctl passes through: vLLM's name by the name of the vllm-v1 setting that models it
@@ -290,48 +291,39 @@ def run_summary(config: RealConfig, server: VLLMServer, run: VLLMRun, wall_s: fl
     from simctl.sim.cluster_run import replica_row
     from simctl.traces.build import has_arrival_times
 
-    trace = {k: getattr(config, k) for k in ("trace", "model", "device", "qps", "num_requests", "scale",
-                                             "seed", "arrival", "cv")}
     metrics = summarize(run.result)
     # one replica, as simctl's own real runs record theirs (replicas.parquet)
     replica = replica_row("replicas", 0, "cpu", metrics, run.result.iterations, run.result.queue_at_arrival,
                           metrics["makespan_s"])
-    return {"mode": "real", **trace, **metrics, **server.settings(), **run.fields,
-            "arrivals_from_file": has_arrival_times(config.trace), "gpu": "cpu", "tp": 1,
+    return {"mode": "real", **config.workload.recorded(), "model": config.model, "device": config.device,
+            **metrics, **server.settings(), **run.fields,
+            "arrivals_from_file": has_arrival_times(config.workload.trace), "gpu": "cpu", "tp": 1,
             "device_name": cpu_name(), "max_seq_len": server.settings()["max_model_len"],
             "not_recorded": NOT_RECORDED, "real_wall_s": wall_s, "replica_metrics": [replica]}
 
 
-def vllm_real_main(*, trace: str = "sharegpt", model: str = "tiny", qps: float | None = None,
-                   num_requests: int | None = None, out: str | Path | None = None, scale: float = 1.0,
-                   seed: int = 0, dtype: str = "float32", arrival: str = "poisson", cv: float = 1.0,
-                   settings: dict[str, int | None] | None = None) -> dict[str, Any]:
+def vllm_real_main(*, workload: Workload = REAL_WORKLOAD, model: str = "tiny", out: str | Path | None = None,
+                   dtype: str = "float32", settings: dict[str, int | None] | None = None) -> dict[str, Any]:
     """What `simctl real --engine vllm` does: check the options and the trace, start vLLM, serve, write `out`
     (summary.json, requests.parquet, iterations.parquet, replicas.parquet) if given, and return the summary.
     `settings`: vLLM's own, by vLLM's names (`engine_settings` makes them from vllm-v1's; None keeps vLLM's
     default). InputError in one line for what cannot run."""
-    from simctl.engine.real import DEFAULT_QPS
-    from simctl.engine.setup import DEFAULT_NUM_REQUESTS, resolved
+    from simctl.engine.setup import DEFAULT_NUM_REQUESTS, DEFAULT_QPS
     from simctl.results.output import check_out_dir
     from simctl.sim.cluster_run import CLUSTER_RUN_FILES, write_cluster_files
-    from simctl.traces.build import build_trace, has_arrival_times
 
     t0 = time.perf_counter()
-    if qps is None and (not str(trace).strip() or not has_arrival_times(trace)):
-        qps = DEFAULT_QPS
     # the trace's options checked as `simctl real` checks them (its policy is only a placeholder here)
-    config = RealConfig(policy="vllm", trace=trace, model=model, qps=qps, scale=scale, seed=seed, dtype=dtype,
-                        arrival=arrival, cv=cv,
-                        num_requests=DEFAULT_NUM_REQUESTS if num_requests is None else num_requests)
+    config = RealConfig(policy="vllm", workload=workload.resolved(DEFAULT_QPS, DEFAULT_NUM_REQUESTS),
+                        model=model, dtype=dtype)
     config.validate()
-    config = resolved(config, num_requests is not None)
-    deployment = deployment_for(config.model, config.seed, settings or {}, config.dtype)
-    requests = build_trace(config.trace, config.num_requests, config.qps, config.seed, arrival=config.arrival,
-                           cv=config.cv, scale=config.scale)
-    get_model(config.model).check_context(requests, config.scale)
+    seed = config.workload.seed
+    deployment = deployment_for(config.model, seed, settings or {}, config.dtype)
+    requests = config.workload.requests()
+    get_model(config.model).check_context(requests, config.workload.scale)
     out_path = check_out_dir(Path(out), CLUSTER_RUN_FILES) if out is not None else None
     with VLLMServer(config.model, deployment) as server:
-        run = server.serve(requests, config.seed)
+        run = server.serve(requests, seed)
         summary = run_summary(config, server, run, time.perf_counter() - t0)
     if out_path is not None:
         write_cluster_files(out_path, summary, run.result.requests, run.result.iterations.frame(),

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from simctl.engine.real import RealConfig, measure_device, run_real, write_real
 
-        config = RealConfig(**json.loads(args.config))
+        config = RealConfig.from_dict(json.loads(args.config))
         if args.probe:
             _write(args.result, {"event": "done", "probe": asdict(measure_device(config))})
             return 0

@@ -3,9 +3,8 @@ deployment (`simctl.sim.cluster_config.ClusterConfig`): one replica by default, 
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import simpy
 from simctl.catalogue.gpus import GPUSpec, get_gpu
 from simctl.catalogue.models import ModelSpec, get_model, model_in_working_folder
 from simctl.catalogue.moe import check_routing_skew
-from simctl.common.checks import is_int, is_number
+from simctl.common.checks import is_int
 from simctl.common.errors import DoesNotFit, InputError
 from simctl.common.files import in_working_folder
 from simctl.costs.base import CostModel
@@ -34,51 +33,33 @@ from simctl.sim.cluster_run import MemberRecords, iterations_frame, make_pool, s
 from simctl.sim.kv_link import KVLink
 from simctl.sim.replica import CostBackend
 from simctl.sim.timeline import TimelineBackend, check_timeline
-from simctl.traces import (
-    ARRIVAL_PROCESSES,
-    PROFILES,
-    build_trace,
-    has_arrival_times,
-    is_profile,
-    trace_max_total_tokens,
-)
-from simctl.traces.build import check_scale, trace_in_working_folder
+from simctl.traces import has_arrival_times, trace_max_total_tokens
 from simctl.traces.request import Request
 from simctl.traces.too_long import ERROR, REFUSE, Screened, check_on_too_long, screen
-
-# Upper bounds that keep a run from exhausting memory or the float clock's resolution: at 1e9 s
-# (~32 years) a float64 time still resolves 0.2 us, far below any iteration's duration.
-MAX_REQUESTS = 10_000_000
-MAX_CLOCK_S = 1e9
+from simctl.traces.workload import MAX_CLOCK_S, Workload
 
 
 @dataclass(frozen=True)
 class RunConfig:
     policy: str = "sarathi"
-    trace: str = "arxiv"  # a length profile name or a trace file
+    workload: Workload = field(default_factory=Workload)  # the requests and how they arrive
     model: str = "mistral-7b"
     gpu: str = "a100-80gb"
     tp: int = 1
-    # None: a trace file's own arrival times (with a rate, they are time-scaled to it)
-    qps: float | None = 0.5
-    num_requests: int = 1000
-    seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)  # the policy's settings given (its Settings fields)
-    arrival: str = "poisson"
-    cv: float = 1.0  # burstiness of gamma arrivals
-    # prompt and output lengths multiplied by this (rounded, >= 1), as `simctl real --scale`
-    scale: float = 1.0
     fast: bool = True  # advance decode-only stretches in one step (identical results)
     # a fitted cost_model.json; None: the roofline (or, for --gpu cpu, the shipped fit)
     cost: str | None = None
     routing_skew: float = 0.0  # an MoE's imbalanced routing for the roofline (catalogue.moe); 0: uniform
     ep: int = 1  # an MoE's experts spread whole over the TP group (the roofline's `ep`); 1: split by TP
-    max_model_len: int | None = None  # positions a request may need (prompt + output); None: the model's
-    on_too_long: str = REFUSE  # a longer request: refused and counted, an error, or its prompt truncated
+    # the server's limits, as vLLM's --max-model-len: positions a request may need (prompt + output; None:
+    # the model's context), and what happens to a longer one (refused and counted, an error, its prompt cut)
+    max_model_len: int | None = None
+    on_too_long: str = REFUSE
 
     def __post_init__(self) -> None:
         # the user's paths, absolute before a child process (a capacity worker, a Ray task) reads them
-        object.__setattr__(self, "trace", trace_in_working_folder(self.trace))
+        object.__setattr__(self, "workload", self.workload.in_working_folder())
         object.__setattr__(self, "model", model_in_working_folder(self.model))
         if isinstance(self.cost, str) and self.cost.strip():
             object.__setattr__(self, "cost", in_working_folder(self.cost))
@@ -87,45 +68,30 @@ class RunConfig:
         """Check the options that need no catalogue look-up or trace file; raise InputError naming the bad
         value and what is allowed (as the CLI spells the option)."""
         policy_class(self.policy)
-        if not str(self.trace).strip():
-            raise InputError(f"--trace is empty; give a length profile ({', '.join(PROFILES)}) "
-                             "or a .csv / .jsonl trace file")
+        self.workload.validate()
         if not is_int(self.tp) or self.tp < 1:
             raise InputError(f"--tp must be an integer >= 1, got {self.tp!r}")
-        if self.qps is None and is_profile(self.trace):
-            raise InputError(f"--qps is needed: length profile {self.trace!r} gives no arrival times")
-        if self.qps is not None and (not is_number(self.qps)
-                                     or not (self.qps > 0 and math.isfinite(self.qps))):
-            raise InputError(f"--qps must be a finite number > 0 (requests per second), got {self.qps!r}")
-        if not is_int(self.num_requests) or not 1 <= self.num_requests <= MAX_REQUESTS:
-            raise InputError(f"--num-requests must be an integer from 1 to {MAX_REQUESTS}, "
-                             f"got {self.num_requests!r}")
-        if self.qps is not None and self.num_requests / self.qps > MAX_CLOCK_S:
-            raise InputError(f"--qps {self.qps!r} is too low: {self.num_requests} requests would take about "
-                             f"{self.num_requests / self.qps:.3g} s to arrive, beyond the simulated clock's "
-                             f"{MAX_CLOCK_S:.0e} s; raise --qps")
-        if not is_int(self.seed) or self.seed < 0:
-            raise InputError(f"--seed must be an integer >= 0, got {self.seed!r}")
-        check_scale(self.scale)
         check_options(self.policy, self.options)
-        if self.arrival not in ARRIVAL_PROCESSES:
-            raise InputError(f"unknown --arrival {self.arrival!r}; known: {', '.join(ARRIVAL_PROCESSES)}")
-        if not is_number(self.cv) or not (self.cv > 0 and math.isfinite(self.cv)):
-            raise InputError(f"--cv must be a finite number > 0, got {self.cv!r}")
-        if self.arrival == "poisson" and self.cv != 1.0:
-            raise InputError(f"--cv {self.cv!r} needs --arrival gamma (Poisson arrivals always have cv 1)")
         check_routing_skew(self.routing_skew)
         check_on_too_long(self.on_too_long)
         if self.max_model_len is not None and (not is_int(self.max_model_len) or self.max_model_len < 2):
             raise InputError(f"--max-model-len must be an integer >= 2, got {self.max_model_len!r}")
 
+    def with_workload(self, **changes: Any) -> RunConfig:
+        """This configuration serving its workload with `changes` (a capacity search's rate, a seed)."""
+        return replace(self, workload=replace(self.workload, **changes))
+
     def recorded(self) -> dict[str, Any]:
-        """The settings a summary starts with: all but `fast` and the policy's options (recorded apart), and
-        the routing skew, max model length and what happens to a longer request only when given (a run
-        without them keeps the summary it had before them)."""
+        """The settings a summary starts with: all but `fast` and the policy's options (recorded apart), the
+        workload's fields among them, and the routing skew, max model length and what happens to a longer
+        request only when given (a run without them keeps the summary it had before them)."""
         defaults = {"routing_skew": 0.0, "ep": 1, "max_model_len": None, "on_too_long": REFUSE}
-        return {k: v for k, v in asdict(self).items()
-                if k not in ("fast", "options") and (k not in defaults or v != defaults[k])}
+        workload = self.workload.recorded()
+        head = {"policy": self.policy, "trace": workload.pop("trace"), "model": self.model, "gpu": self.gpu,
+                "tp": self.tp, **workload}
+        return {**head, **{k: v for k, v in asdict(self).items()
+                           if k not in ("workload", "fast", "options", *head)
+                           and (k not in defaults or v != defaults[k])}}
 
 
 @dataclass
@@ -196,7 +162,7 @@ class Deployment:
         """The max model length (the trace's cap, within the model's context), once every request is checked
         to fit (only its prompt and first token on a prefill-only instance); InputError naming one that does
         not."""
-        max_seq_len = min(trace_max_total_tokens(config.trace, requests, config.scale),
+        max_seq_len = min(trace_max_total_tokens(config.workload.trace, requests, config.workload.scale),
                           max_model_len(config, self.model))
         fits = max_admissible_tokens(config.policy, self.kv_capacity, max_seq_len)
         big = max(requests, key=lambda r: r.prompt_tokens + (1 if prefill_only else r.output_tokens))
@@ -241,6 +207,7 @@ def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> Deployment:
 def check_fit(config: RunConfig, cluster: ClusterConfig) -> None:
     """Size each pool's replicas and check the trace's requests against them as a run would, without running:
     `DoesNotFit` where the model does not fit its GPUs' memory, or a request their KV cache."""
+    config.validate()
     requests = trace_for(config).requests
     if cluster.disaggregated:
         _deploy_pool(config, cluster, "prefill").check_fits(config, requests, prefill_only=True)
@@ -259,15 +226,13 @@ def max_model_len(config: RunConfig, model: ModelSpec) -> int:
 
 
 def trace_for(config: RunConfig) -> Screened:
-    """The run's requests, those longer than the max model length refused or truncated (`on_too_long`),
-    checked against the simulated clock."""
-    config.validate()
+    """The run's requests (of a validated `config`), those longer than the max model length refused or
+    truncated (`on_too_long`), checked against the simulated clock."""
     model = get_model(config.model)
-    requests = build_trace(config.trace, config.num_requests, config.qps, config.seed,
-                           arrival=config.arrival, cv=config.cv, scale=config.scale)
+    requests = config.workload.requests()
     limit = max_model_len(config, model)
     if config.on_too_long == ERROR and config.max_model_len is None:
-        model.check_context(requests, config.scale)  # the catalogue's words: the model's context
+        model.check_context(requests, config.workload.scale)  # the catalogue's words: the model's context
     screened = screen(requests, limit, config.on_too_long)
     requests = screened.requests
     last = requests[-1].arrival_s
@@ -311,7 +276,8 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
     policies = [m.policy for m in built.members]
     result, summary = summarise_cluster(head, members, seqs, built.link, built.aborted,
                                         built.members[-1].policy.kv.capacity, wall_s)
-    summary["arrivals_from_file"] = has_arrival_times(config.trace)  # replayed (qps None) or time-scaled
+    # replayed (qps None) or time-scaled
+    summary["arrivals_from_file"] = has_arrival_times(config.workload.trace)
     summary["cost_model"] = serving.cost_label
     summary["cost_assumptions"] = serving.cost.assumptions()
     summary["warnings"] = list(dict.fromkeys(w for d in (entry, serving) if d is not None
@@ -342,7 +308,7 @@ def _pool(name: str, count: int, d: Deployment, max_seq_len: int, config: RunCon
         return make_policy(config.policy, d.kv_capacity, max_seq_len, config.options, d.gpu.name)
 
     return make_pool(name, count, d.gpu.name, lambda: recorder or CostBackend(d.cost, config.fast),
-                     new_policy, cc.router, cluster, overload_limit(config.num_requests), d.tp)
+                     new_policy, cc.router, cluster, overload_limit(config.workload.num_requests), d.tp)
 
 
 def _pools(cluster: Cluster) -> list[Pool]:

@@ -7,7 +7,7 @@ import os
 import signal
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from simctl.catalogue.gpus import get_gpu
@@ -141,8 +141,8 @@ def probe_summary(config: RunConfig, slo: SLO, cluster: ClusterConfig | None = N
 def find_capacity(config: RunConfig, slo: SLO, start_qps: float = 1.0, rel_tol: float = 0.02,
                   max_probes: int = 60, cluster: ClusterConfig | None = None) -> CapacityResult:
     """The capacity of one simulated configuration (its seed) under `slo`, on one replica or `cluster`."""
-    return search_qps(lambda qps: probe_summary(replace(config, qps=qps), slo, cluster), slo, start_qps,
-                      rel_tol, max_probes, min_qps=lowest_qps(config.num_requests))
+    return search_qps(lambda qps: probe_summary(config.with_workload(qps=qps), slo, cluster), slo, start_qps,
+                      rel_tol, max_probes, min_qps=lowest_qps(config.workload.num_requests))
 
 
 Job = tuple[int, RunConfig, str, SLO, float, ClusterConfig | None]
@@ -174,10 +174,11 @@ class CapacityConfig:
             raise InputError(f"a configuration is listed twice: {', '.join(names)}")
         if not self.slos:
             raise InputError("no SLO given")
-        check_start_qps(self.start_qps, self.configs[0].num_requests)  # before the configs' own --qps check
+        # before the configs' own --qps check
+        check_start_qps(self.start_qps, self.configs[0].workload.num_requests)
         for c in self.configs:
             c.validate()
-        check_probe_requests(self.configs[0].num_requests)
+        check_probe_requests(self.configs[0].workload.num_requests)
         if not is_int(self.seeds) or not 1 <= self.seeds <= 1000:
             raise InputError(f"--seeds must be an integer from 1 to 1000, got {self.seeds!r}")
         if self.workers is not None and self.workers < 1:
@@ -186,7 +187,7 @@ class CapacityConfig:
     def jobs(self) -> list[Job]:
         """One search per configuration (by its index), SLO and seed."""
         clusters = self.clusters or [None] * len(self.configs)
-        return [(k, replace(c, seed=c.seed + i), name, slo, self.start_qps, clusters[k])
+        return [(k, c.with_workload(seed=c.workload.seed + i), name, slo, self.start_qps, clusters[k])
                 for k, c in enumerate(self.configs) for name, slo in self.slos.items()
                 for i in range(self.seeds)]
 
@@ -253,7 +254,7 @@ def capacity_warnings(results: list[Capacity]) -> list[str]:
 
 def _search_one(args: Job) -> tuple[int, str, int, CapacityResult]:
     index, config, name, slo, start_qps, cluster = args
-    return index, name, config.seed, find_capacity(config, slo, start_qps, cluster=cluster)
+    return index, name, config.workload.seed, find_capacity(config, slo, start_qps, cluster=cluster)
 
 
 def _quiet_worker() -> None:
@@ -303,8 +304,8 @@ def search_capacities(spec: CapacityConfig, progress: Callable[[int, int], None]
     configuration and SLO, in the order given."""
     found = {(p, n, seed): r for p, n, seed, r in parallel_map(_search_one, spec.jobs(), spec.workers,
                                                                 progress)}
-    return [Capacity(c.policy, name, slo,
-                     {c.seed + i: found[(k, name, c.seed + i)] for i in range(spec.seeds)}, label, c)
+    return [Capacity(c.policy, name, slo, {(seed := c.workload.seed + i): found[(k, name, seed)]
+                                           for i in range(spec.seeds)}, label, c)
             for k, (c, label) in enumerate(zip(spec.configs, spec.names)) for name, slo in spec.slos.items()]
 
 

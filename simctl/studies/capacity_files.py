@@ -24,7 +24,8 @@ def capacity_rows(spec: CapacityConfig, results: list[Capacity]) -> list[dict[st
     seed's."""
     def setup(r: Capacity) -> dict[str, Any]:
         c = r.config or spec.configs[0]
-        return {**{k: getattr(c, k) for k in SETUP_KEYS}, "options": {k: v for k, v in c.options.items()
+        named = c.recorded()
+        return {**{k: named[k] for k in SETUP_KEYS}, "options": {k: v for k, v in c.options.items()
                                                                        if v is not None}}
 
     return [{"policy": r.policy, "config": r.name, **setup(r), "slo": r.slo_name,
@@ -59,7 +60,7 @@ def write_capacity(out: Path, spec: CapacityConfig, results: list[Capacity], slo
         "warnings": capacity_warnings(results),
         "config": {k: v for k, v in asdict(spec.configs[0]).items()
                    if k not in ("policy", "qps", "fast", "seed")}
-        | {"first_seed": spec.configs[0].seed}})
+        | {"first_seed": spec.configs[0].workload.seed}})
     try:
         write_files(Path(out), {
             "probes.parquet": lambda p: probes.to_parquet(p, index=False),

@@ -8,7 +8,7 @@ a cluster run (`sim.cluster_run`: one replica routed through it gives the single
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -77,17 +77,18 @@ def find_goodput(config: RunConfig, cc: ClusterConfig, slo: SLO, start_qps: floa
     """The highest rate meeting `slo` on the deployment `cc`, searched from `start_qps`."""
     config.validate()
     cc.validate(config.policy)
-    check_start_qps(start_qps, config.num_requests)
-    check_probe_requests(config.num_requests)
+    check_start_qps(start_qps, config.workload.num_requests)
+    check_probe_requests(config.workload.num_requests)
     if not slo.per_request and not slo.percentiles:
         raise InputError("--goodput needs an SLO (--slo ttft=...,tpot=..., DistServe's per-request limits)")
     gpus = 0
 
     def probe(qps: float) -> dict[str, Any]:
         nonlocal gpus
-        r = run(replace(config, qps=qps), cc)
+        r = run(config.with_workload(qps=qps), cc)
         gpus = r.summary["gpus"]
         return with_attainment(r.summary, r.result.requests, slo)
 
-    search = search_qps(probe, slo, start_qps, rel_tol, max_probes, min_qps=lowest_qps(config.num_requests))
+    search = search_qps(probe, slo, start_qps, rel_tol, max_probes,
+                        min_qps=lowest_qps(config.workload.num_requests))
     return Goodput(config, cc, search, gpus)

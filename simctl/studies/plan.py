@@ -171,7 +171,8 @@ def check(choice: Choice, slo: SLO, max_gpus: int) -> Choice:
     for replicas in range(choice.replicas, choice.replicas + MAX_EXTRA_REPLICAS + 1):
         if replicas * choice.candidate.gpus > max_gpus:
             break
-        config = replace(choice.config, qps=choice.rate, num_requests=choice.config.num_requests * replicas)
+        config = choice.config.with_workload(qps=choice.rate,
+                                              num_requests=choice.config.workload.num_requests * replicas)
         r = run(config, choice.candidate.cluster(replicas))
         if with_attainment(r.summary, r.result.requests, slo)["slo_met"]:
             return replace(choice, replicas=replicas, checked=True)

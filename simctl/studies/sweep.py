@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ def compute_point(point: SweepPoint) -> dict[str, Any]:
     (name, slo), = point.slos.items()
     per_gpu = {}
     if point.cluster.is_cluster:  # the deployment's rate, and per GPU (DistServe's goodput)
-        g = find_goodput(replace(point.config, qps=point.start_qps), point.cluster, slo, point.start_qps)
+        g = find_goodput(point.config.with_workload(qps=point.start_qps), point.cluster, slo, point.start_qps)
         found, per_gpu = g.search, {"gpus": g.gpus, "capacity_qps_per_gpu": g.per_gpu}
     else:
         found = find_capacity(point.config, slo, point.start_qps)

@@ -30,7 +30,7 @@ import hashlib
 import itertools
 import json
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from simctl.results.slo import SLO, parse_slo
 from simctl.sim.cluster_config import ClusterConfig
 from simctl.sim.run import RunConfig
 from simctl.studies.capacity import check_probe_requests, check_start_qps
+from simctl.traces.workload import Workload
 
 MODES = ("run", "capacity")
 RUN_FIELDS = ("policy", "trace", "model", "gpu", "tp", "qps")  # grid fields that are RunConfig fields
@@ -53,6 +54,7 @@ TOP_FIELDS = {"mode": str, "num_requests": int, "seeds": list, "start_qps": (int
               "max_sched_delay_p50": (int, float), "grid": dict, "slo": dict, "max_model_len": int,
               "on_too_long": str}
 DEFAULTS = RunConfig()
+WORKLOAD_FIELDS = {f.name for f in fields(Workload)}
 POINT_FORMAT = 1  # part of every key: a change to what a point computes must not reuse older results
 
 
@@ -147,7 +149,7 @@ def sweep_points(spec: dict[str, Any]) -> list[SweepPoint]:
     seeds = spec.get("seeds", [0])
     for s in seeds:
         _check_type("seeds", s, int)
-    base = {"num_requests": spec.get("num_requests", DEFAULTS.num_requests),
+    base = {"num_requests": spec.get("num_requests", DEFAULTS.workload.num_requests),
             **{k: spec[k] for k in ("arrival", "cv", "scale", "cost", "max_model_len", "on_too_long")
                if k in spec}}
     start_qps = float(spec.get("start_qps", 1.0))
@@ -160,8 +162,13 @@ def sweep_points(spec: dict[str, Any]) -> list[SweepPoint]:
         run_fields = {k: v for k, v in chosen.items() if k in RUN_FIELDS}
         cluster = ClusterConfig(**{k: v for k, v in chosen.items() if k in CLUSTER_FIELDS})
         for seed in seeds:
-            config = replace(DEFAULTS, **base, **run_fields, seed=seed, options=takes)
-            labels = {**{k: getattr(config, k) for k in ("policy", "trace", "model", "gpu", "tp", "seed")},
+            given = {**base, **run_fields, "seed": seed}
+            config = replace(DEFAULTS, **{k: v for k, v in given.items() if k not in WORKLOAD_FIELDS},
+                             options=takes,
+                             workload=replace(DEFAULTS.workload, **{k: v for k, v in given.items()
+                                                                    if k in WORKLOAD_FIELDS}))
+            named = config.recorded()
+            labels = {**{k: named[k] for k in ("policy", "trace", "model", "gpu", "tp", "seed")},
                       **{k: getattr(cluster, k) for k in CLUSTER_FIELDS if k in grid},
                       **{k: takes.get(k) for k in options if k in grid},
                       "variant": " ".join([policy, *(f"{k}={v}" for k, v in takes.items())])}
@@ -179,9 +186,9 @@ def _validate(point: SweepPoint, checked: set[tuple[str, str]]) -> None:
     where = ", ".join(f"{k}={v}" for k, v in point.labels.items())
     try:
         if point.mode == "capacity":
-            check_start_qps(point.start_qps, c.num_requests)
-            c = replace(c, qps=point.start_qps)
-            check_probe_requests(c.num_requests)
+            check_start_qps(point.start_qps, c.workload.num_requests)
+            c = c.with_workload(qps=point.start_qps)
+            check_probe_requests(c.workload.num_requests)
         c.validate()
         point.cluster.validate(c.policy)
         if (c.model, c.gpu) not in checked:

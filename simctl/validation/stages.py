@@ -79,8 +79,8 @@ class Validation:
                 self.say(f"  the machine is busy ({share:.0%} of it used by other processes after "
                          f"{waited:.0f} s); running anyway")
         self.meter.start()
-        s = real_main(trace=setup.trace, model=setup.model, num_requests=setup.num_requests,
-                      scale=setup.scale, seed=setup.seed, dtype=setup.dtype, threads=setup.threads,
+        s = real_main(workload=setup.workload(kw.pop("qps")), model=setup.model, dtype=setup.dtype,
+                      threads=setup.threads,
                       device=setup.device, kv_budget_bytes=setup.kv_budget_bytes, attention=setup.attention,
                       eager=setup.eager,
                       prefill_instances=setup.prefill_instances, decode_instances=setup.decode_instances,

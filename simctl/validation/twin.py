@@ -4,13 +4,14 @@ priced with."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from simctl.common.errors import InputError
 from simctl.executor.config import DEFAULT_CONFIG, ExecutorConfig, check_same
 from simctl.serving.loop import overload_limit
+from simctl.traces.workload import Workload
 
 DEFAULT_TRACE = "sharegpt"
 DEFAULT_SCALE = 0.05  # sharegpt x 0.05: median prompt ~80 tokens, output ~20; a real run takes ~10-30 s here
@@ -37,11 +38,16 @@ class Setup:
     decode_instances: int | None = None
     kv_link_gbps: float = DEFAULT_LINK_GBPS  # the twin's link before a real run has measured one
 
+    def workload(self, qps: float) -> Workload:
+        """The requests of every run, arriving at `qps`."""
+        return Workload(trace=self.trace, qps=qps, num_requests=self.num_requests, seed=self.seed,
+                        scale=self.scale)
+
     def real_config(self, policy: str, qps: float) -> Any:
         from simctl.engine.real import RealConfig
 
-        return RealConfig(policy=policy, trace=self.trace, model=self.model, device=self.device, qps=qps,
-                          num_requests=self.num_requests, scale=self.scale, seed=self.seed, dtype=self.dtype,
+        return RealConfig(policy=policy, workload=self.workload(qps), model=self.model, device=self.device,
+                          dtype=self.dtype,
                           threads=self.threads, kv_budget_bytes=self.kv_budget_bytes,
                           attention=self.attention, eager=self.eager,
                           prefill_instances=self.prefill_instances, decode_instances=self.decode_instances)
@@ -61,18 +67,15 @@ def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
     from simctl.catalogue.recorded_model import dtype_bytes_of
     from simctl.engine.real import CPU_KV_BYTES
     from simctl.engine.setup import size_run, sized_policy
-    from simctl.traces import build_trace
-
     config = setup.real_config(policy, qps)
-    requests = build_trace(config.trace, config.num_requests, qps, config.seed, arrival=config.arrival,
-                           cv=config.cv, scale=config.scale)
+    requests = config.workload.requests()
     spec = get_model(config.model)
     if setup.kv_budget_bytes is None and setup.device != "cpu":
         raise ValueError("a cuda setup sizes its runs on the budget simctl.engine.real.probe_device measured")
     budget = CPU_KV_BYTES if setup.kv_budget_bytes is None else setup.kv_budget_bytes
     size = size_run(config, requests, spec.kv_bytes_per_token(dtype_bytes_of(config.dtype)), budget)
     probe = sized_policy(config, size)
-    summary = {**asdict(config), "kv_capacity_tokens": size.kv_capacity, "max_seq_len": size.max_seq_len,
+    summary = {**config.recorded(), "kv_capacity_tokens": size.kv_capacity, "max_seq_len": size.max_seq_len,
                "executor_config": config.executor.record(config.device), **probe.settings.as_dict()}
     if config.disaggregated:
         summary["kv_link"] = {"gbps": setup.kv_link_gbps}

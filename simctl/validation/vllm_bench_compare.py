@@ -26,6 +26,7 @@ from simctl.results.validation_report import fmt_err, pct_error
 from simctl.results.vllm_bench import ITL_PERCENTILES, KEYS, Goodput, Stats, block, with_goodput
 from simctl.sim.run import RunConfig, run
 from simctl.traces.vllm_bench import VLLMBench, read_vllm_bench
+from simctl.traces.workload import Workload
 
 FILES = ("vllm_bench_comparison.json", "vllm_bench_comparison.md")
 DEFAULT_POLICY = "vllm-v1"
@@ -84,8 +85,8 @@ def compare(path: str | Path, model: str, gpu: str, policy: str = DEFAULT_POLICY
         raise InputError(f"--from-vllm-bench {path}: expected a .json file, as `vllm bench serve "
                          "--save-result` writes")
     bench = read_vllm_bench(path)
-    sim = run(RunConfig(policy=policy, trace=str(path), model=model, gpu=gpu, tp=tp, qps=None,
-                        num_requests=len(bench), cost=cost))
+    sim = run(RunConfig(policy=policy, workload=Workload(trace=str(path), qps=None, num_requests=len(bench)),
+                        model=model, gpu=gpu, tp=tp, cost=cost))
     predicted = with_goodput(sim.summary, sim.result.requests, goodput)["vllm_bench"]
     real = measured(bench, goodput)
     keys = list(KEYS)

@@ -42,6 +42,7 @@ from simctl.common.errors import InputError
 from simctl.costs.base import CostModel, ScaledCost
 from simctl.results.validation_report import fmt_err, metric_label, pct_error
 from simctl.studies.capacity import SLO, CapacityResult, check_probe_requests, search_qps
+from simctl.traces import workload as traces_workload
 from simctl.traces.request import Request
 
 # scheduling delay (arrival to first scheduled step) splits TTFT into queueing and the prefill steps
@@ -103,11 +104,13 @@ class Workload:
     def __init__(self, v: VLLMValidation) -> None:
         self.v = v
 
-    def at(self, qps: float) -> list[Request]:
-        from simctl.traces.build import build_trace
-
+    def of(self, qps: float) -> traces_workload.Workload:
         v = self.v
-        return build_trace(v.trace, v.num_requests, qps, v.seed, scale=v.scale)
+        return traces_workload.Workload(trace=v.trace, qps=qps, num_requests=v.num_requests, seed=v.seed,
+                                        scale=v.scale)
+
+    def at(self, qps: float) -> list[Request]:
+        return self.of(qps).requests()
 
 
 def check(v: VLLMValidation) -> tuple[CostModel, list[float]]:
@@ -270,8 +273,7 @@ def _serve(server: Any, requests: list[Request], v: VLLMValidation, qps: float, 
 
     t0 = time.perf_counter()
     run = server.serve(requests, v.seed, members=cost is not None)
-    config = RealConfig(policy="vllm", trace=v.trace, model=v.model, qps=qps, num_requests=v.num_requests,
-                        scale=v.scale, seed=v.seed)
+    config = RealConfig(policy="vllm", workload=Workload(v).of(qps), model=v.model)
     summary = run_summary(config, server, run, time.perf_counter() - t0)
     write_run(where, summary, run.result.requests, run.result.iterations.frame())
     return summary, (run_speed(run, cost) if cost is not None else None)

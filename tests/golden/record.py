@@ -51,9 +51,14 @@ def column_hashes(frame: pd.DataFrame) -> dict[str, str]:
 
 
 def record(case: dict[str, Any]) -> dict[str, Any]:
-    from simctl.sim.run import RunConfig, run
+    from dataclasses import fields
 
-    r = run(RunConfig(**case))
+    from simctl.sim.run import RunConfig, run
+    from simctl.traces.workload import Workload
+
+    workload = {f.name for f in fields(Workload)}
+    r = run(RunConfig(**{k: v for k, v in case.items() if k not in workload},
+                      workload=Workload(**{k: v for k, v in case.items() if k in workload})))
     summary = {k: v for k, v in r.summary.items() if k not in WALL_CLOCK}
     # the cost model's label names the file it was read from: where the checkout lies is not a result
     summary["cost_model"] = summary["cost_model"].replace(str(ROOT), "<repo>")
