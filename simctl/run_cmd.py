@@ -129,8 +129,8 @@ def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, time
                              "files; give a file elsewhere")
     with progress_bar(f"{config.policy}: requests arrived", shown=not as_json) as report:
         result = run(config, cluster, progress=report, timeline=timeline)
-    result.summary = with_attainment(result.summary, result.result.requests, slo)
-    result.summary = with_goodput(result.summary, result.result.requests, goodput)
+    result.summary = with_attainment(result.summary, result.result.request_columns, slo)
+    result.summary = with_goodput(result.summary, result.result.request_columns, goodput)
     warn_all(result.summary.get("warnings", []))
     if out is not None:
         note_replaced(out, files)

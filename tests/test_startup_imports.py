@@ -48,6 +48,16 @@ def test_a_simulation_loads_no_plotting_and_no_torch() -> None:
     assert not [m for m in loaded if m.split(".")[0] in ("matplotlib", "torch")]
 
 
+def test_a_summary_alone_loads_no_pandas() -> None:
+    # the request and iteration tables are built only when asked for (--out, plots, studies): a run that
+    # prints its summary, JSON or a table, with an SLO and vLLM's goodput, reads numpy columns (issue 42)
+    for tail in (["--json"], ["--slo", "ttft=1,tpot=0.1", "--goodput", "ttft:1000"]):
+        loaded = _numerical_loaded(["run", "--policy", "vllm", "--trace", "sharegpt", "--num-requests", "20",
+                                    *tail])
+        assert "simpy" in loaded  # the probe saw the run happen
+        assert not [m for m in loaded if m.split(".")[0] == "pandas"], tail
+
+
 def test_option_checks_take_numpy_scalars() -> None:
     # common.checks finds numpy's scalar types only once numpy is loaded (it is: this module imports it)
     assert is_int(np.int64(3)) and not is_int(np.float64(3)) and not is_int(True)

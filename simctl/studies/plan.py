@@ -173,7 +173,7 @@ def check(choice: Choice, slo: SLO, max_gpus: int) -> Choice:
             break
         config = replace(choice.config, qps=choice.rate, num_requests=choice.config.num_requests * replicas)
         r = run(config, choice.candidate.cluster(replicas))
-        if with_attainment(r.summary, r.result.requests, slo)["slo_met"]:
+        if with_attainment(r.summary, r.result.request_columns, slo)["slo_met"]:
             return replace(choice, replicas=replicas, checked=True)
     return replace(choice, checked=False)
 
