@@ -63,7 +63,6 @@ def run(
     from simctl.option_grid import base_config, grid
     from simctl.results.slo import parse_slo
     from simctl.results.vllm_bench import parse_goodput
-    from simctl.run_grid_cmd import check_single_outputs, run_grid
     from simctl.traces import has_arrival_times, is_profile
 
     trace = workload.trace
@@ -74,6 +73,8 @@ def run(
                        DEFAULT_NUM_REQUESTS if num_requests is None else num_requests)
     combos = grid(base, policies.policy, deployment, policies.settings())
     if len(combos) > 1:
+        from simctl.run_grid_cmd import check_single_outputs, run_grid  # its table's rich: not for --json
+
         check_single_outputs(out=out, json=as_json, timeline=timeline, trace_events=trace_events,
                              goodput=goodput)
         return run_grid(combos, cluster, judged)
