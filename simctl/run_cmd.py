@@ -74,7 +74,6 @@ def run(
     combos = grid(base, policies.policy, deployment, policies.settings())
     if len(combos) > 1:
         from simctl.run_grid_cmd import check_single_outputs, run_grid  # its table's rich: not for --json
-
         check_single_outputs(out=out, json=as_json, timeline=timeline, trace_events=trace_events,
                              goodput=goodput)
         return run_grid(combos, cluster, judged)
