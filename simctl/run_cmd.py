@@ -55,12 +55,12 @@ def run(
     from simctl.option_grid import base_config, grid
     from simctl.results.slo import parse_slo
     from simctl.results.vllm_bench import parse_goodput
-    from simctl.run_grid_cmd import check_single_outputs, run_grid
 
     judged = parse_slo(slo, attainment) if slo or attainment is not None else None
     base = base_config(workload.resolved(DEFAULT_QPS, DEFAULT_NUM_REQUESTS), deployment)
     combos = grid(base, policies.policy, deployment, policies.settings())
     if len(combos) > 1:
+        from simctl.run_grid_cmd import check_single_outputs, run_grid  # its table's rich: not for --json
         check_single_outputs(out=out, json=as_json, timeline=timeline, trace_events=trace_events,
                              goodput=goodput)
         return run_grid(combos, cluster, judged)
@@ -101,8 +101,8 @@ def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, time
                              "files; give a file elsewhere")
     with progress_bar(f"{config.policy}: requests arrived") as report:
         result = run(config, cluster, progress=report, timeline=timeline)
-    result.summary = with_attainment(result.summary, result.result.requests, slo)
-    result.summary = with_goodput(result.summary, result.result.requests, goodput)
+    result.summary = with_attainment(result.summary, result.result.request_columns, slo)
+    result.summary = with_goodput(result.summary, result.result.request_columns, goodput)
     warn_all(result.summary.get("warnings", []))
     if out is not None:
         note_replaced(out, files)

@@ -44,7 +44,7 @@ def run_grid(combos: list[Any], cluster: Any, slo: Any) -> None:
     warnings: list[str] = []
     for c in combos:
         r = run(c.config, cluster)
-        s = with_attainment(r.summary, r.result.requests, slo)
+        s = with_attainment(r.summary, r.result.request_columns, slo)
         warnings += s.get("warnings", [])
         cells = [s.get(k, 0) if k == "rejected" else s.get(k) for k, _ in COLUMNS]
         judged = (fmt(s.get("slo_attainment")), str(s["slo_met"])) if slo else ()

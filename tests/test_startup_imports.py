@@ -29,8 +29,8 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in wanted)), f
 """
 
 
-def _numerical_loaded(argv: list[str]) -> list[str]:
-    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv), json.dumps(NUMERICAL)],
+def _numerical_loaded(argv: list[str], wanted: tuple[str, ...] = NUMERICAL) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv), json.dumps(wanted)],
                           check=True, capture_output=True, text=True, timeout=120)
     return json.loads(done.stderr.strip().splitlines()[-1])
 
@@ -46,6 +46,18 @@ def test_a_simulation_loads_no_plotting_and_no_torch() -> None:
     loaded = _numerical_loaded(["run", "--policy", "vllm", "--trace", "sharegpt", "--num-requests", "20"])
     assert "numpy" in loaded  # the probe saw the run happen
     assert not [m for m in loaded if m.split(".")[0] in ("matplotlib", "torch")]
+
+
+def test_a_summary_alone_loads_no_pandas() -> None:
+    # the request and iteration tables are built only when asked for (--out, plots, studies): a run that
+    # prints its summary, JSON or a table, with an SLO and vLLM's goodput, reads numpy columns (issue 42);
+    # its JSON needs no rich either
+    for tail, unwanted in ((["--json"], ("pandas", "rich")),
+                           (["--slo", "ttft=1,tpot=0.1", "--goodput", "ttft:1000"], ("pandas",))):
+        loaded = _numerical_loaded(["run", "--policy", "vllm", "--trace", "sharegpt", "--num-requests", "20",
+                                    *tail], (*NUMERICAL, "rich"))
+        assert "simpy" in loaded  # the probe saw the run happen
+        assert not [m for m in loaded if m.split(".")[0] in unwanted], tail
 
 
 def test_option_checks_take_numpy_scalars() -> None:

@@ -48,8 +48,7 @@ def _summarised(config: RealConfig, requests: list[Request], served: Served) -> 
     wall = max(o.wall_s for o in outs)
     head = {"mode": "real", **config.recorded()}
     result, summary = summarise_cluster(head, members, served.seqs, served.link, aborted, kv, wall)
-    for name, values in served.columns.items():
-        result.requests[name] = values
+    result.request_columns.update({name: np.asarray(values) for name, values in served.columns.items()})
     engine = EngineResult(seqs=served.seqs, iterations=result.iterations, gaps=result.gaps,
                           queue_at_arrival=result.queue_at_arrival, aborted=aborted, wall_s=wall,
                           tokens=served.tokens, forward_s=np.concatenate([o.forward_s for o in outs]),

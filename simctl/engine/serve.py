@@ -32,7 +32,7 @@ from simctl.serving.handoff import arrivals
 from simctl.serving.inbox import Inbox
 from simctl.serving.loop import Replica
 from simctl.serving.realtime import RealTime
-from simctl.serving.records import GapHistogram, IterationLog, request_frame
+from simctl.serving.records import GapHistogram, IterationLog, request_columns
 from simctl.traces.request import Request
 
 
@@ -58,8 +58,8 @@ class EngineResult:
     def sim_result(self, kv_capacity: int) -> SimResult:
         """The records in the simulator's form, for `simctl.results.metrics.summarize` and
         `simctl.results.output.write_run`."""
-        return SimResult(requests=request_frame(self.seqs), iterations=self.iterations, gaps=self.gaps,
-                         queue_at_arrival=self.queue_at_arrival, aborted=self.aborted,
+        return SimResult(request_columns=request_columns(self.seqs), iterations=self.iterations,
+                         gaps=self.gaps, queue_at_arrival=self.queue_at_arrival, aborted=self.aborted,
                          kv_capacity=kv_capacity, wall_s=self.wall_s)
 
 

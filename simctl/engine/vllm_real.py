@@ -52,7 +52,7 @@ from simctl.policies.admission import FCFS
 from simctl.policies.registry import check_options, policy_class
 from simctl.policies.seq import Seq
 from simctl.results.run_result import SimResult
-from simctl.serving.records import request_frame
+from simctl.serving.records import request_columns
 from simctl.traces.request import Request
 from simctl.traces.tokens import prompt_token_ids
 from simctl.traces.workload import Workload
@@ -236,9 +236,9 @@ class VLLMServer:
             self._logs.clear()
         wall_s = time.monotonic() - t0
         _check(requests, tokens, log)
-        frame = request_frame(seqs).assign(prefix_cached_tokens=np.asarray(cached, dtype=np.int64))
+        columns = {**request_columns(seqs), "prefix_cached_tokens": np.asarray(cached, dtype=np.int64)}
         records = log.records
-        result = SimResult(requests=frame, iterations=records.iterations, gaps=records.gaps,
+        result = SimResult(request_columns=columns, iterations=records.iterations, gaps=records.gaps,
                            queue_at_arrival=records.queue_lengths(), aborted=False,
                            kv_capacity=settings["kv_cache_tokens"], wall_s=wall_s)
         return VLLMRun(requests, result, {

@@ -72,29 +72,33 @@ def _offered_rate(arrivals: np.ndarray) -> float | None:
 
 
 def summarize(result: SimResult) -> dict[str, Any]:
-    req = result.requests
-    done = req[req["completion_s"] >= 0]
-    arrival = done["arrival_s"].to_numpy()
-    first = done["first_token_s"].to_numpy()
-    end = done["completion_s"].to_numpy()
-    outputs = done["output_tokens"].to_numpy()
+    req = result.request_columns
+    all_arrivals = req["arrival_s"]
+    done = req["completion_s"] >= 0
+    completed = int(done.sum())
+    arrival = all_arrivals[done]
+    first = req["first_token_s"][done]
+    end = req["completion_s"][done]
+    outputs = req["output_tokens"][done]
+    prompts = req["prompt_tokens"][done]
     ttft = first - arrival
     e2e = end - arrival
     multi = outputs > 1
     tpot = (end[multi] - first[multi]) / (outputs[multi] - 1)
-    sched = req["first_scheduled_s"].to_numpy()
-    sched_delay = (sched - req["arrival_s"].to_numpy())[sched >= 0]
+    sched = req["first_scheduled_s"]
+    sched_delay = (sched - all_arrivals)[sched >= 0]
     tbt = dict(zip((f"tbt_p{p}" for p in PCTS), result.gaps.percentiles(PCTS)))
-    makespan = float(end.max() - req["arrival_s"].min()) if len(done) else 0.0
+    makespan = float(end.max() - all_arrivals.min()) if completed else 0.0
     its = result.iterations
-    throughput = len(done) / makespan if makespan > 0 else 0.0
-    offered = _offered_rate(req["arrival_s"].to_numpy())
-    reason = unsustainable_reason(result.queue_at_arrival, len(req), result.aborted, offered, throughput)
-    short = too_short(req["arrival_s"].to_numpy(), end - done["first_scheduled_s"].to_numpy())
+    throughput = completed / makespan if makespan > 0 else 0.0
+    offered = _offered_rate(all_arrivals)
+    reason = unsustainable_reason(result.queue_at_arrival, len(all_arrivals), result.aborted, offered,
+                                  throughput)
+    short = too_short(all_arrivals, end - sched[done])
     saturation, saturation_reason = verdict(result.queue_at_arrival, offered, served_rate(end), reason, short)
     summary = {
-        "num_requests": len(req),
-        "completed": len(done),
+        "num_requests": len(all_arrivals),
+        "completed": completed,
         **_pcts("ttft", ttft),
         **tbt,
         "tpot_p50": float(np.median(tpot)) if len(tpot) else None,
@@ -103,7 +107,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         **_pcts("sched_delay", sched_delay),
         "throughput_rps": throughput,
         "throughput_tokens_per_s": float(outputs.sum()) / makespan if makespan > 0 else 0.0,
-        "total_tokens_per_s": float(outputs.sum() + done["prompt_tokens"].sum()) / makespan
+        "total_tokens_per_s": float(outputs.sum() + prompts.sum()) / makespan
         if makespan > 0 else 0.0,
         "makespan_s": makespan,
         "offered_qps": offered,
@@ -118,6 +122,5 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "gave_up": result.aborted,
         "sim_wall_s": result.wall_s,
     }
-    summary["vllm_bench"] = summary_block(summary, ttft, tpot, e2e, outputs, done["prompt_tokens"].to_numpy(),
-                                          end)
+    summary["vllm_bench"] = summary_block(summary, ttft, tpot, e2e, outputs, prompts, end)
     return summary

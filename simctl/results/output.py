@@ -14,12 +14,13 @@ import secrets
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from simctl.common.errors import InputError
 from simctl.common.files import in_working_folder
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _temp_in(folder: Path, name: str) -> Path:

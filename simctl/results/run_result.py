@@ -4,18 +4,24 @@ token-gap records, the queue seen at each arrival, and whether it stopped early.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from simctl.policies.seq import Seq
 from simctl.serving.loop import Replica
-from simctl.serving.records import GapHistogram, IterationLog, request_frame
+from simctl.serving.records import GapHistogram, IterationLog, request_columns
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
 class SimResult:
-    requests: pd.DataFrame  # one row per request (records.request_frame)
+    # one row per request, by column (records.request_columns): the summary reads these, and a run that
+    # writes no table never imports pandas (about half a second of a short run's start-up, issue 42)
+    request_columns: dict[str, np.ndarray]
     iterations: IterationLog
     gaps: GapHistogram  # time between consecutive tokens, weighted
     queue_at_arrival: np.ndarray  # waiting-queue length seen at each arrival
@@ -23,9 +29,16 @@ class SimResult:
     kv_capacity: int
     wall_s: float
 
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        """The request columns as a table, built on first use (files, plots, studies' tables)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.request_columns)
+
     @classmethod
     def of(cls, seqs: list[Seq], replica: Replica, wall_s: float) -> SimResult:
         records = replica.records
-        return cls(requests=request_frame(seqs), iterations=records.iterations, gaps=records.gaps,
+        return cls(request_columns=request_columns(seqs), iterations=records.iterations, gaps=records.gaps,
                    queue_at_arrival=records.queue_lengths(), aborted=replica.aborted,
                    kv_capacity=replica.policy.kv.capacity, wall_s=wall_s)

@@ -37,7 +37,7 @@ from simctl.policies.seq import Seq
 from simctl.results.saturation import BACKLOGGED, TOO_SHORT
 
 if TYPE_CHECKING:
-    import pandas as pd
+    from simctl.serving.records import RequestTable
 
 METRICS = ("ttft", "tbt", "tpot", "e2e")
 PERCENTILES = (50, 90, 99)
@@ -118,24 +118,24 @@ class SLO:
                 missed.append("attainment")
         return missed
 
-    def attainment_of(self, requests: pd.DataFrame, refused: int = 0) -> float:
+    def attainment_of(self, requests: RequestTable, refused: int = 0) -> float:
         """The share of requests meeting every per-request limit (1.0 without any); a request that never
         finished meets none, nor does one the server refused (`refused`, too long: not in the table). Reads a
-        requests table (simctl.serving.records.request_frame)."""
-        n = len(requests) + refused
+        requests table (simctl.serving.records.request_columns, or their frame)."""
+        n = len(requests["arrival_s"]) + refused
         return self.meeting(requests) / n if n else 0.0
 
-    def meeting(self, requests: pd.DataFrame) -> int:
+    def meeting(self, requests: RequestTable) -> int:
         """How many requests of a requests table meet every per-request limit (vLLM's good requests)."""
-        first = requests["first_token_s"].to_numpy()
-        end = requests["completion_s"].to_numpy()
-        arrival = requests["arrival_s"].to_numpy()
-        outputs = requests["output_tokens"].to_numpy()
+        first = np.asarray(requests["first_token_s"])
+        end = np.asarray(requests["completion_s"])
+        arrival = np.asarray(requests["arrival_s"])
+        outputs = np.asarray(requests["output_tokens"])
         ok = end >= 0
         values = {
             "ttft": first - arrival,
             "e2e": end - arrival,
-            "tbt": requests["max_tbt_s"].to_numpy(),
+            "tbt": np.asarray(requests["max_tbt_s"]),
             # a one-token request has no time per output token: it meets any TPOT limit
             "tpot": np.where(outputs > 1, (end - first) / np.maximum(outputs - 1, 1), 0.0),
         }

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from simctl.common.errors import InputError
 from simctl.results.output import check_out_file, file_ends, write_files
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MAX_EVENTS = 200_000
 

@@ -25,13 +25,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from simctl.common.durations import seconds_of
 from simctl.common.errors import InputError
 from simctl.results.slo import SLO
+
+if TYPE_CHECKING:
+    from simctl.serving.records import RequestTable
 
 METRICS = ("ttft", "tpot", "itl", "e2el")  # vLLM's names; simctl's: ttft, tpot, tbt, e2e
 OURS = {"ttft": "ttft", "tpot": "tpot", "itl": "tbt", "e2el": "e2e"}
@@ -108,7 +111,7 @@ class Goodput:
     def describe(self) -> str:
         return " ".join(f"{k}:{v:g}" for k, v in self.limits_ms.items())
 
-    def request_goodput(self, requests: pd.DataFrame, duration_s: float) -> float:
+    def request_goodput(self, requests: RequestTable, duration_s: float) -> float:
         """Requests of a requests table meeting every limit, per second of `duration_s` (vLLM's duration)."""
         return self.slo().meeting(requests) / duration_s if duration_s > 0 else 0.0
 
@@ -141,13 +144,13 @@ def parse_goodput(values: list[str] | None) -> Goodput | None:
     return Goodput(limits)
 
 
-def with_goodput(summary: dict[str, object], requests: pd.DataFrame, goodput: Goodput | None
+def with_goodput(summary: dict[str, object], requests: RequestTable, goodput: Goodput | None
                  ) -> dict[str, object]:
     """The summary with `vllm_bench.request_goodput` (and the limits, `vllm_bench.goodput`), when given."""
     if goodput is None:
         return summary
     bench = dict(summary["vllm_bench"])  # type: ignore[call-overload]
     bench["goodput"] = goodput.describe()
-    end = requests["completion_s"].to_numpy()
+    end = np.asarray(requests["completion_s"])
     bench["request_goodput"] = goodput.request_goodput(requests, duration_of(end[end >= 0]))
     return {**summary, "vllm_bench": bench}

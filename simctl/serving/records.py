@@ -10,11 +10,19 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 from math import log10
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from simctl.policies.seq import Seq
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import pandas as pd
+
+    # a requests table as the SLO and goodput checks read it: its columns by name, or their frame
+    RequestTable = Mapping[str, np.ndarray] | pd.DataFrame
 
 
 class IterationLog:
@@ -60,6 +68,8 @@ class IterationLog:
         return int(sum(self.count))
 
     def frame(self) -> pd.DataFrame:
+        import pandas as pd  # only where a table is asked for: a run's summary reads the arrays
+
         return pd.DataFrame({
             "start_s": np.frombuffer(self.start, dtype=np.float64),
             "duration_s": np.frombuffer(self.duration, dtype=np.float64),
@@ -158,8 +168,16 @@ class Records:
 
 
 def request_frame(seqs: list[Seq]) -> pd.DataFrame:
-    """One row per request; times in seconds, -1 where the event never happened (run cut short)."""
-    return pd.DataFrame({
+    """`request_columns` as a table."""
+    import pandas as pd  # only where a table is asked for: a run's summary reads the columns
+
+    return pd.DataFrame(request_columns(seqs))
+
+
+def request_columns(seqs: list[Seq]) -> dict[str, np.ndarray]:
+    """One row per request, by column; times in seconds, -1 where the event never happened (run cut
+    short)."""
+    return {
         "request_id": np.fromiter((s.id for s in seqs), np.int64, len(seqs)),
         "arrival_s": np.fromiter((s.arrival_s for s in seqs), np.float64, len(seqs)),
         "first_scheduled_s": np.fromiter((s.first_scheduled_s for s in seqs), np.float64, len(seqs)),
@@ -170,4 +188,4 @@ def request_frame(seqs: list[Seq]) -> pd.DataFrame:
         "generated_tokens": np.fromiter((s.generated for s in seqs), np.int64, len(seqs)),
         "preemptions": np.fromiter((s.preemptions for s in seqs), np.int64, len(seqs)),
         "max_tbt_s": np.fromiter((s.max_gap_s for s in seqs), np.float64, len(seqs)),
-    })
+    }

@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from simctl.costs.base import CostModel
@@ -27,12 +26,15 @@ from simctl.results.metrics import summarize
 from simctl.results.output import write_run
 from simctl.results.run_result import SimResult
 from simctl.serving.loop import overload_limit
-from simctl.serving.records import GapHistogram, IterationLog, request_frame
+from simctl.serving.records import GapHistogram, IterationLog, request_columns
 from simctl.serving.routers import make_router
 from simctl.sim.cluster import Cluster, Member, Pool
 from simctl.sim.kv_link import KVLink
 from simctl.sim.replica import CostBackend
 from simctl.traces.request import Request
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def make_pool(name: str, count: int, gpu: str, new_backend: Callable[[], CostBackend],
@@ -75,9 +77,9 @@ class MemberRecords:
                    m.replica.aborted, m.replica.policy.kv.capacity, pool.tp)
 
     def result(self) -> SimResult:
-        return SimResult(requests=request_frame(self.seqs), iterations=self.iterations, gaps=self.gaps,
-                         queue_at_arrival=self.queue, aborted=self.aborted, kv_capacity=self.kv_capacity,
-                         wall_s=0.0)
+        return SimResult(request_columns=request_columns(self.seqs), iterations=self.iterations,
+                         gaps=self.gaps, queue_at_arrival=self.queue, aborted=self.aborted,
+                         kv_capacity=self.kv_capacity, wall_s=0.0)
 
 
 def simulate_disaggregated(requests: list[Request], new_policy: Callable[[], Policy], cost: CostModel,
@@ -120,11 +122,11 @@ def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: 
     gaps = GapHistogram()
     for m in members:
         gaps.merge(m.gaps)
-    requests = request_frame(seqs)
-    _request_columns(requests, members, seqs)
+    columns = request_columns(seqs)
+    _placement_columns(columns, members, seqs)
     entry = [m for m in members if m.pool != "decode"]
-    result = SimResult(requests=requests, iterations=_merged([m.iterations for m in members]), gaps=gaps,
-                       queue_at_arrival=np.concatenate([m.queue for m in entry]), aborted=aborted,
+    result = SimResult(request_columns=columns, iterations=_merged([m.iterations for m in members]),
+                       gaps=gaps, queue_at_arrival=np.concatenate([m.queue for m in entry]), aborted=aborted,
                        kv_capacity=kv_capacity, wall_s=wall_s)
     summary = {**head, **summarize(result)}
     span = summary["makespan_s"]
@@ -146,7 +148,7 @@ def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: 
     return result, summary
 
 
-def _request_columns(frame: pd.DataFrame, members: list[MemberRecords], seqs: list[Seq]) -> None:
+def _placement_columns(columns: dict[str, np.ndarray], members: list[MemberRecords], seqs: list[Seq]) -> None:
     """Where each request ran: its replica, or its prefill and decode instances and when its prefill ended."""
     index = {s.id: i for i, s in enumerate(seqs)}
 
@@ -158,16 +160,16 @@ def _request_columns(frame: pd.DataFrame, members: list[MemberRecords], seqs: li
         return where
 
     if all(m.pool == "replicas" for m in members):
-        frame["replica"] = placed("replicas")
+        columns["replica"] = placed("replicas")
         return
-    frame["prefill_replica"] = placed("prefill")
-    frame["decode_replica"] = placed("decode")
+    columns["prefill_replica"] = placed("prefill")
+    columns["decode_replica"] = placed("decode")
     done = np.full(len(seqs), -1.0)
     for m in members:
         if m.pool == "prefill":
             for s in m.seqs:
                 done[index[s.id]] = s.completion_s
-    frame["prefill_done_s"] = done
+    columns["prefill_done_s"] = done
 
 
 def _pool_summary(name: str, gpu: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -194,6 +196,8 @@ def _link_summary(link: KVLink, span: float) -> dict[str, Any]:
 
 def iterations_frame(members: list[MemberRecords]) -> pd.DataFrame:
     """Every replica's iteration rows, with the pool and replica that ran them."""
+    import pandas as pd  # only where the table is asked for (files, plots): a summary needs none
+
     frames = []
     for m in members:
         f = m.iterations.frame()

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import simpy
 
 from simctl.catalogue.gpus import GPUSpec, get_gpu
@@ -37,6 +37,9 @@ from simctl.traces import has_arrival_times, trace_max_total_tokens
 from simctl.traces.request import Request
 from simctl.traces.too_long import ERROR, REFUSE, Screened, check_on_too_long, screen
 from simctl.traces.workload import MAX_CLOCK_S, Workload
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -99,10 +102,22 @@ class Run:
     config: RunConfig
     result: SimResult  # the whole deployment's records (every replica's)
     summary: dict[str, Any]
-    iterations: pd.DataFrame  # every replica's iteration rows, with pool and replica columns
-    replicas: pd.DataFrame  # one row per replica (its metrics)
+    members: list[MemberRecords]  # each replica's records
     cluster: Cluster  # the pools as the run left them (their policies, KV and records)
     timeline: pd.DataFrame | None = None  # the first iterations' members (run(..., timeline=N))
+
+    # the tables are built when asked for (files, plots): a run that prints its summary imports no pandas
+    @cached_property
+    def iterations(self) -> pd.DataFrame:
+        """Every replica's iteration rows, with pool and replica columns."""
+        return iterations_frame(self.members)
+
+    @cached_property
+    def replicas(self) -> pd.DataFrame:
+        """One row per replica (its metrics)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.summary["replica_metrics"])
 
 
 def default_cost_path(gpu: GPUSpec) -> Path | None:
@@ -285,8 +300,7 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
     _note_too_long(summary, screened, max_model_len(config, serving.model))
     summary.update(policies[0].settings.as_dict())  # every setting of the policy, given or default
     summary.update(run_stats(policies))  # what the policies counted (vllm-v1: prefix-cache hits), if anything
-    return Run(config, result, summary, iterations_frame(members), pd.DataFrame(summary["replica_metrics"]),
-               built, recorder.frame() if recorder else None)
+    return Run(config, result, summary, members, built, recorder.frame() if recorder else None)
 
 
 def _note_too_long(summary: dict[str, Any], screened: Screened, limit: int) -> None:

@@ -9,13 +9,17 @@ stretches one iteration at a time while it records (stepping and stretches agree
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from simctl.common.errors import InputError
 from simctl.costs.base import CostModel
 from simctl.policies.plan import BatchPlan
 from simctl.sim.replica import CostBackend
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MAX_TIMELINE_ITERATIONS = 10_000  # x at most a batch of members each: a few million rows at the most
 
@@ -55,6 +59,8 @@ class TimelineBackend(CostBackend):
     def frame(self) -> pd.DataFrame:
         """One row per (iteration, member): its times, the request, the tokens it cached, prefill or
         decode."""
+        import pandas as pd  # the run's other tables are built on demand too: a summary needs none
+
         types = {"iteration": np.int64, "start_s": np.float64, "end_s": np.float64, "request_id": np.int64,
                  "tokens": np.int64, "prefill": bool}
         return pd.DataFrame({k: np.asarray(v, dtype=types[k]) for k, v in self._rows.items()})

@@ -134,8 +134,8 @@ def probe_summary(config: RunConfig, slo: SLO, cluster: ClusterConfig | None = N
     r = run(config, cluster)
     if not slo.per_request:
         return r.summary
-    return {**r.summary, "slo_attainment": slo.attainment_of(r.result.requests,
-                                                                   r.summary.get("rejected", 0))}
+    return {**r.summary, "slo_attainment": slo.attainment_of(r.result.request_columns,
+                                                            r.summary.get("rejected", 0))}
 
 
 def find_capacity(config: RunConfig, slo: SLO, start_qps: float = 1.0, rel_tol: float = 0.02,

@@ -9,9 +9,7 @@ a cluster run (`sim.cluster_run`: one replica routed through it gives the single
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from simctl.common.errors import InputError
 from simctl.results.slo import SLO
@@ -25,8 +23,11 @@ from simctl.studies.capacity import (
     search_qps,
 )
 
+if TYPE_CHECKING:
+    from simctl.serving.records import RequestTable
 
-def with_attainment(summary: dict[str, Any], requests: pd.DataFrame, slo: SLO | None) -> dict[str, Any]:
+
+def with_attainment(summary: dict[str, Any], requests: RequestTable, slo: SLO | None) -> dict[str, Any]:
     """The run's summary with `slo_attainment` (per-request limits) and `slo_met`, when an SLO is given."""
     if slo is None:
         return summary
@@ -87,7 +88,7 @@ def find_goodput(config: RunConfig, cc: ClusterConfig, slo: SLO, start_qps: floa
         nonlocal gpus
         r = run(config.with_workload(qps=qps), cc)
         gpus = r.summary["gpus"]
-        return with_attainment(r.summary, r.result.requests, slo)
+        return with_attainment(r.summary, r.result.request_columns, slo)
 
     search = search_qps(probe, slo, start_qps, rel_tol, max_probes,
                         min_qps=lowest_qps(config.workload.num_requests))

@@ -174,7 +174,7 @@ def check(choice: Choice, slo: SLO, max_gpus: int) -> Choice:
         config = choice.config.with_workload(qps=choice.rate,
                                               num_requests=choice.config.workload.num_requests * replicas)
         r = run(config, choice.candidate.cluster(replicas))
-        if with_attainment(r.summary, r.result.requests, slo)["slo_met"]:
+        if with_attainment(r.summary, r.result.request_columns, slo)["slo_met"]:
             return replace(choice, replicas=replicas, checked=True)
     return replace(choice, checked=False)
 

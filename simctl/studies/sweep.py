@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -31,13 +31,16 @@ from simctl.studies.capacity import (  # _quiet_worker: capacity's pool workers:
 from simctl.studies.goodput import find_goodput
 from simctl.studies.sweep_spec import SweepPoint
 
+if TYPE_CHECKING:
+    from simctl.serving.records import RequestTable
+
 SWEEP_FILES = ("sweep.parquet", "probes.parquet")
 POINTS_DIR = "points"
 AT_CAPACITY = ("ttft_p50", "tbt_p99", "tpot_p50", "e2e_p50", "throughput_tokens_per_s", "sched_delay_p50",
                "rejected")  # requests refused as too long (absent: every request fit)
 
 
-def _judged(summary: dict[str, Any], slo: SLO, requests: pd.DataFrame) -> dict[str, Any]:
+def _judged(summary: dict[str, Any], slo: SLO, requests: RequestTable) -> dict[str, Any]:
     share = ({"slo_attainment": slo.attainment_of(requests, summary.get("rejected", 0))}
              if slo.per_request else {})
     required = {"attainment": slo.attainment} if slo.per_request else {}
@@ -50,7 +53,7 @@ def compute_point(point: SweepPoint) -> dict[str, Any]:
     if point.mode == "run":
         r = run(point.config, point.cluster)
         summary = {k: v for k, v in r.summary.items() if k not in ("warnings", "options")}
-        judged = [{"slo": name, "slo_text": slo.describe(), **_judged(summary, slo, r.result.requests)}
+        judged = [{"slo": name, "slo_text": slo.describe(), **_judged(summary, slo, r.result.request_columns)}
                   for name, slo in point.slos.items()] or [{"slo": None}]
         rows = [{**summary, **labels, "mode": "run", **j} for j in judged]
         return {"key": point.key, "rows": rows, "probes": [], "warnings": r.summary.get("warnings", [])}

@@ -31,12 +31,15 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from simctl.common.errors import InputError
 from simctl.traces.vllm_bench import read_vllm_bench
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CSV_PROMPT, CSV_OUTPUT, CSV_ARRIVAL = "num_prefill_tokens", "num_decode_tokens", "arrived_at"
 JSON_PROMPT, JSON_OUTPUT, JSON_ARRIVAL = "prompt_tokens", "output_tokens", "arrival_s"
@@ -145,6 +148,8 @@ def _check_arrivals(path: Path, lines: np.ndarray, name: str, arrivals: np.ndarr
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
+    import pandas as pd  # a CSV trace's reader; a length profile's run needs no pandas
+
     try:
         # Everything as text so that we, not pandas, decide what a bad cell is and which line it is on;
         # blank lines are kept (then dropped below) so that index + 2 is the line number.
@@ -191,6 +196,8 @@ def _header(path: Path) -> list[str]:
 
 
 def _numeric_column(path: Path, df: pd.DataFrame, name: str) -> np.ndarray:
+    import pandas as pd
+
     raw = df[name].str.strip()
     values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
     # to_numeric maps both junk and literal 'nan' to NaN: either way the cell is not a usable number.
