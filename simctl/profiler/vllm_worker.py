@@ -59,7 +59,7 @@ from simctl.policies.plan import BatchPlan, packed
 from simctl.policies.seq import Seq
 from simctl.profiler.vllm_grid import VLLM_GRIDS, StepProbe, VLLMGrid, vllm_grid
 from simctl.profiler.vllm_served import served_stage
-from simctl.profiler.worker import QUIET_SHARE, Block, summarize_blocks
+from simctl.profiler.worker import QUIET_SHARE, Block, run_child, summarize_blocks
 
 # the engine settings recorded in meta.json: the vLLM config field each is read from
 _SETTINGS = {"max_model_len": ("model_config", "max_model_len"),
@@ -371,29 +371,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage", choices=("grid", "served"), default="grid")
     args = p.parse_args(argv)
 
-    # Keep the protocol stream clean: the original stdout is ours; anything else goes to stderr.
-    out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-
-    def fail(e: BaseException, is_input: bool) -> int:
-        out.write(json.dumps({"event": "error", "input": is_input, "message": str(e)}) + "\n")
-        out.flush()
-        return 2 if is_input else 1
-
-    try:
+    def body(out: TextIO) -> None:
         if args.stage == "served":
             served_stage(args.model, args.dtype, args.grid, args.seed, out)
         else:
             VLLMWorker(args.model, args.dtype, args.grid, args.seed, out).run()
-    except InputError as e:
-        return fail(e, True)
-    except Exception as e:  # noqa: BLE001 -- a bug or an engine failure: report it, traceback on stderr
-        import traceback
 
-        traceback.print_exc()
-        return fail(e if str(e) else RuntimeError(type(e).__name__), False)
-    return 0
+    return run_child(body)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
 from typing import Any, TextIO
@@ -293,7 +294,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cuda-graphs", action="store_true", help="decode steps replay CUDA graphs")
     args = p.parse_args(argv)
 
-    # Keep the protocol stream clean: the original stdout is ours; anything else goes to stderr.
+    return run_child(lambda out: Worker(args.model, args.device, args.dtype, args.threads, args.grid,
+                                        args.seed, out, args.protocol, args.attention,
+                                        not args.cuda_graphs).run())
+
+
+def run_child(body: Callable[[TextIO], None]) -> int:
+    """A profiling child's protocol around `body(out)`: the original stdout becomes `out`, the event stream,
+    and anything else printed goes to stderr; an error ends the stream as an `error` event (`input`: the
+    user's mistake, exit 2; else a bug or a device failure, its traceback on stderr, exit 1)."""
     out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -304,8 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if is_input else 1
 
     try:
-        Worker(args.model, args.device, args.dtype, args.threads, args.grid, args.seed, out, args.protocol,
-               args.attention, not args.cuda_graphs).run()
+        body(out)
     except InputError as e:
         return fail(e, True)
     except Exception as e:  # noqa: BLE001 -- a bug or a device failure: report it, traceback on stderr
