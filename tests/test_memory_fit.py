@@ -99,3 +99,23 @@ def test_a_model_that_fits_passes_and_the_machine_is_asked() -> None:
     has = available_bytes("cpu")
     assert has is not None and has > 0
     check_fits(get_model("tiny"), "float32", 1000, 100, "cpu")
+
+
+def test_a_real_run_on_a_probed_cuda_budget_asks_the_device_nothing_more(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # validate probes the device once (a child builds the model there); each of its real runs then carries
+    # that budget, and must not start another CUDA child just to ask for the free memory
+    from simctl.engine.real import check_memory
+    from simctl.engine.setup import RealConfig
+
+    def asked(device: str) -> int:
+        raise AssertionError(f"the device {device} was asked again")
+
+    monkeypatch.setattr("simctl.executor.memory.available_bytes", asked)
+    workload = Workload(trace="sharegpt", qps=1.0, num_requests=20, scale=0.05)
+    config = RealConfig(policy="vllm", workload=workload, model="tiny", device="cuda",
+                        kv_budget_bytes=1 << 30)
+    check_memory(config, config.workload.requests())
+    with pytest.raises(AssertionError, match="asked again"):  # without a probed budget it does ask
+        check_memory(RealConfig(policy="vllm", workload=config.workload, model="tiny", device="cuda"),
+                     config.workload.requests())

@@ -196,7 +196,9 @@ def check_memory(config: RealConfig, requests: list[Request]) -> None:
     """Before the child builds anything: sizing errors (a request longer than the model or the KV capacity),
     and the model, its KV slab and a prefill of the longest prompt against the device's memory, for each
     instance (InputError). On cuda without a budget given the slab takes a share of what the weights leave
-    (`device_kv_budget`): one slot is counted."""
+    (`device_kv_budget`): one slot is counted. On cuda with a budget given, that budget was measured on the
+    device by a child that built the model (`probe_device`, once per validation): it fits, and the device is
+    not asked again for every run."""
     from simctl.catalogue.models import get_model
     from simctl.executor.memory import DTYPE_BYTES, check_fits
 
@@ -205,6 +207,8 @@ def check_memory(config: RealConfig, requests: list[Request]) -> None:
     on_cpu = str(config.device).lower() == "cpu"
     budget = config.kv_budget_bytes or (CPU_KV_BYTES if on_cpu else None)
     size = size_run(config, requests, kv_bpt, 1 << 62 if budget is None else budget)
+    if budget is not None and not on_cpu:
+        return
     kv_tokens = size.kv_slot_tokens * (1 if budget is None else size.kv_slots)
     check_fits(spec, config.dtype, kv_tokens, max(r.prompt_tokens for r in requests), config.device,
                instances=2 if config.disaggregated else 1)
