@@ -2,9 +2,9 @@
 (vllm/v1/core/block_pool.py, kv_cache_manager.py, single_type_kv_cache_manager.py: FullAttentionManager).
 
 Blocks are allocated as a request's tokens are scheduled (not for its whole prompt at admission). With
-caching on, a block gets a hash once it is full of known tokens, chained on its parent: here the key
-`(prefix_group, i)` for block i wholly inside the request's shared prefix (`Seq.prefix_group`,
-`Seq.prefix_tokens`), else `(-1 - request id, i)`, its own. A freed request's hashed blocks stay cached: free,
+caching on, a block gets a hash once it is full of known tokens, chained on its parent: here a key naming
+the block's content and place (`_key`: a shared prefix, a Mooncake block id, a session's stream, else the
+request's own). A freed request's hashed blocks stay cached: free,
 but found by a later request's lookup, until a new block evicts them. The free queue holds blocks without a
 hash first (reused first) and then the hashed ones in the order they were freed, a request's tail block first
 (`BlockPool.free_blocks`: unhashed blocks prepended, hashed ones appended; `free`: in reverse), so a new block
@@ -22,7 +22,7 @@ from collections import OrderedDict
 from simctl.policies.kv import KVManager, PagedKV
 from simctl.policies.seq import Seq
 
-Key = tuple[int, int]
+Key = tuple[int | str, ...]
 
 
 class PrefixCachingKV(PagedKV):
@@ -43,8 +43,17 @@ class PrefixCachingKV(PagedKV):
         self.hashed: dict[int, int] = {}  # request id -> how many of its first blocks have their hash
 
     def _key(self, seq: Seq, i: int) -> Key:
-        if seq.prefix_group >= 0 and (i + 1) * self.block_size <= seq.prefix_tokens:
+        """Block i's hash: its content's identity and its place. vLLM chains each block's hash on its parent's,
+        so equal keys must mean equal tokens up to the block's end: a shared prefix's group, a Mooncake block
+        id (itself chained: equal ids, equal prefixes), a session's stream (every turn's tokens, answers
+        included, are a prefix of it), else the request's own."""
+        end = (i + 1) * self.block_size
+        if seq.prefix_group >= 0 and end <= seq.prefix_tokens:
             return seq.prefix_group, i
+        if seq.hash_ids and end <= seq.prompt_tokens and (end - 1) // seq.hash_block < len(seq.hash_ids):
+            return "h", seq.hash_ids[(end - 1) // seq.hash_block], i
+        if seq.session >= 0:
+            return "s", seq.session, i
         return -1 - seq.id, i
 
     # --- prefix lookup and admission (kv_cache_manager.get_computed_blocks, allocate_slots) ---

@@ -24,18 +24,22 @@ class Phase(Enum):
 
 class Seq:
     __slots__ = (
-        "arrival_s", "completion_s", "computed", "first_scheduled_s", "first_token_s", "generated", "id",
-        "last_token_s", "max_gap_s", "output_tokens", "phase", "preemptions", "prefill_end", "prefix_group",
-        "prefix_tokens", "priority", "prompt_tokens",
+        "arrival_s", "completion_s", "computed", "first_scheduled_s", "first_token_s", "generated", "hash_block",
+        "hash_ids", "id", "last_token_s", "max_gap_s", "output_tokens", "phase", "preemptions", "prefill_end",
+        "prefix_group", "prefix_tokens", "priority", "prompt_tokens", "session",
     )
 
     def __init__(self, id: int, arrival_s: float, prompt_tokens: int, output_tokens: int, priority: int = 0,
-                 prefix_group: int = -1, prefix_tokens: int = 0) -> None:
+                 prefix_group: int = -1, prefix_tokens: int = 0, session: int = -1,
+                 hash_ids: tuple[int, ...] = (), hash_block: int = 0) -> None:
         self.id = id
         self.priority = priority  # higher runs first where a policy honours it (Baton's preemption)
-        # prompt content for prefix caching, as `simctl.traces.request.Request` defines it
+        # content for prefix caching, as `simctl.traces.request.Request` defines it
         self.prefix_group = prefix_group
         self.prefix_tokens = prefix_tokens
+        self.session = session
+        self.hash_ids = hash_ids
+        self.hash_block = hash_block
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
@@ -55,7 +59,8 @@ class Seq:
         """The run-time state of a request that has just arrived (the one place a request becomes a `Seq`);
         `output_tokens` given: of the same request asking that many tokens (a prefill instance's copy)."""
         outputs = r.output_tokens if output_tokens is None else output_tokens
-        return cls(r.id, r.arrival_s, r.prompt_tokens, outputs, r.priority, r.prefix_group, r.prefix_tokens)
+        return cls(r.id, r.arrival_s, r.prompt_tokens, outputs, r.priority, r.prefix_group, r.prefix_tokens,
+                   r.session, r.hash_ids, r.hash_block)
 
     @property
     def known_tokens(self) -> int:

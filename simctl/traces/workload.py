@@ -50,6 +50,13 @@ class Workload:
     cv: float = option_field(1.0, "Coefficient of variation of gamma inter-arrivals.")
     scale: float = option_field(1.0, "Multiply prompt and output lengths (e.g. 0.05 makes sharegpt "
                                 "CPU-sized); recorded in the summary.")
+    # Closed-loop clients (vLLM bench's --max-concurrency): None, open loop
+    concurrency: int | None = option_field(None, (
+        "Closed loop: at most N requests in flight, each client sending its next request when its previous "
+        "one completed (plus --think-time). Without --qps every request is ready at once (`vllm bench serve "
+        "--max-concurrency N`); with --qps they arrive at that rate and wait for a free client."))
+    think_time: float = option_field(0.0, "Seconds a closed-loop client waits after a response before "
+                                     "sending its next request (needs --concurrency).")
 
     def in_working_folder(self) -> Workload:
         """This workload with a trace file's path made absolute in the user's working folder, before a child
@@ -81,7 +88,7 @@ class Workload:
         if not str(self.trace).strip():
             raise InputError(f"--trace is empty; give a length profile ({', '.join(PROFILES)}) "
                              "or a .csv / .jsonl trace file")
-        if self.qps is None and is_profile(self.trace):
+        if self.qps is None and is_profile(self.trace) and self.concurrency is None:
             raise InputError(f"--qps is needed: length profile {self.trace!r} gives no arrival times")
         if self.qps is not None and (not is_number(self.qps)
                                      or not (self.qps > 0 and math.isfinite(self.qps))):
@@ -102,6 +109,12 @@ class Workload:
             raise InputError(f"--cv must be a finite number > 0, got {self.cv!r}")
         if self.arrival == "poisson" and self.cv != 1.0:
             raise InputError(f"--cv {self.cv!r} needs --arrival gamma (Poisson arrivals always have cv 1)")
+        if self.concurrency is not None and (not is_int(self.concurrency) or self.concurrency < 1):
+            raise InputError(f"--concurrency must be an integer >= 1 (requests in flight), got {self.concurrency!r}")
+        if not is_number(self.think_time) or not (0 <= self.think_time < MAX_CLOCK_S):
+            raise InputError(f"--think-time must be a number of seconds >= 0, got {self.think_time!r}")
+        if self.think_time and self.concurrency is None:
+            raise InputError("--think-time is a closed-loop client's pause: give --concurrency too")
 
     def requests(self) -> list[Request]:
         """The requests, ids 0..n-1 in arrival order (`simctl.traces.build`); the caller passes them on
