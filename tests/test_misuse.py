@@ -137,8 +137,9 @@ def test_validate_with_few_requests_is_refused_or_close(monkeypatch: pytest.Monk
     def simulated_capacity(n: int) -> float | None:
         said: list[str] = []
         try:
-            validate_main(["vllm"], "sharegpt", [0.5], cost=cost, out=tmp_path / f"val{n}", model="tiny",
-                          scale=0.05, num_requests=n, threads=1, quiet_wait_s=0, log=said.append)
+            validate_main(["vllm"], Workload(trace="sharegpt", qps=None, num_requests=n, scale=0.05), [0.5],
+                          cost=cost, out=tmp_path / f"val{n}", model="tiny", threads=1, quiet_wait_s=0,
+                          log=said.append)
         except InputError as e:
             assert "num-requests" in str(e), e
             return None

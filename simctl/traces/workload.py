@@ -10,7 +10,7 @@ library is loaded (tests/test_startup_imports.py); the methods import the trace 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from simctl.common.checks import is_int, is_number
@@ -44,7 +44,8 @@ class Workload:
         "arrival times are replayed, or time-scaled to the rate given]."))
     num_requests: int | None = option_field(1000, (
         "Requests to serve [default: 1000 for `run` and per `capacity` or `plan` probe (per replica in a "
-        "`plan` check), 100 for `real`; every row of a trace file (`capacity`: at most 1000)]."))
+        "`plan` check), 100 for `real`, 300 per `validate` run (150 with --engine vllm); every row of a trace "
+        "file (`capacity`: at most 1000)]."))
     seed: int = option_field(0, SEED_HELP)
     arrival: str = option_field("poisson", "Arrival process: poisson, or gamma (bursty, see --cv).")
     cv: float = option_field(1.0, "Coefficient of variation of gamma inter-arrivals.")
@@ -57,6 +58,10 @@ class Workload:
         "--max-concurrency N`); with --qps they arrive at that rate and wait for a free client."))
     think_time: float = option_field(0.0, "Seconds a closed-loop client waits after a response before "
                                      "sending its next request (needs --concurrency).")
+
+    def at(self, qps: float) -> Workload:
+        """The same requests arriving at `qps` (a validation's loads, a capacity probe's rate)."""
+        return replace(self, qps=qps)
 
     def in_working_folder(self) -> Workload:
         """This workload with a trace file's path made absolute in the user's working folder, before a child
@@ -110,7 +115,8 @@ class Workload:
         if self.arrival == "poisson" and self.cv != 1.0:
             raise InputError(f"--cv {self.cv!r} needs --arrival gamma (Poisson arrivals always have cv 1)")
         if self.concurrency is not None and (not is_int(self.concurrency) or self.concurrency < 1):
-            raise InputError(f"--concurrency must be an integer >= 1 (requests in flight), got {self.concurrency!r}")
+            raise InputError(f"--concurrency must be an integer >= 1 (requests in flight), got "
+                             f"{self.concurrency!r}")
         if not is_number(self.think_time) or not (0 <= self.think_time < MAX_CLOCK_S):
             raise InputError(f"--think-time must be a number of seconds >= 0, got {self.think_time!r}")
         if self.think_time and self.concurrency is None:
@@ -127,3 +133,9 @@ class Workload:
     def recorded(self) -> dict[str, Any]:
         """The summary's workload fields, in declaration order."""
         return asdict(self)
+
+    @classmethod
+    def of_record(cls, record: dict[str, Any]) -> Workload:
+        """The workload a summary (or a validation's config) recorded; a field it predates keeps its
+        default."""
+        return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
