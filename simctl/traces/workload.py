@@ -44,8 +44,8 @@ class Workload:
         "arrival times are replayed, or time-scaled to the rate given]."))
     num_requests: int | None = option_field(1000, (
         "Requests to serve [default: 1000 for `run` and per `capacity` or `plan` probe (per replica in a "
-        "`plan` check), 100 for `real`, 300 per `validate` run (150 with --engine vllm); every row of a trace "
-        "file (`capacity`: at most 1000)]."))
+        "`plan` check), 100 for `real`, 300 per `validate` run (150 with --engine vllm); every row of a "
+        "trace file (`capacity`: at most 1000)]."))
     seed: int = option_field(0, SEED_HELP)
     arrival: str = option_field("poisson", "Arrival process: poisson, or gamma (bursty, see --cv).")
     cv: float = option_field(1.0, "Coefficient of variation of gamma inter-arrivals.")
