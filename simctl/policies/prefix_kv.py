@@ -18,6 +18,7 @@ Unlike vLLM, no block is set aside as the null block: the capacity is `capacity 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Container, Iterable, Iterator
 
 from simctl.policies.kv import KVManager, PagedKV
 from simctl.policies.seq import Seq
@@ -58,13 +59,23 @@ class PrefixCachingKV(PagedKV):
 
     # --- prefix lookup and admission (kv_cache_manager.get_computed_blocks, allocate_slots) ---
 
+    def block_keys(self, seq: Seq) -> Iterator[Key]:
+        """The keys of the request's first full blocks a lookup may hit, in order: the last known token is
+        never a hit (its logits are needed), so (known - 1) // block_size of them."""
+        for i in range((seq.known_tokens - 1) // self.block_size):
+            yield self._key(seq, i)
+
+    def cached_run(self, keys: Iterable[Key]) -> int:
+        """How many of the first `keys` this pool caches, in a run: the blocks a lookup would hit now (a
+        router's precise view of a replica's cache, the request's keys computed once for every replica)."""
+        return leading(keys, self.cached)
+
     def lookup(self, seq: Seq) -> list[int]:
-        """The longest run of the request's first full blocks found in the cache. The last known token is
-        never a hit (its logits are needed), so at most (known - 1) // block_size blocks."""
+        """The longest run of the request's first full blocks found in the cache (`block_keys`)."""
         hits: list[int] = []
         if self.caching:
-            for i in range((seq.known_tokens - 1) // self.block_size):
-                blocks = self.cached.get(self._key(seq, i))
+            for k in self.block_keys(seq):
+                blocks = self.cached.get(k)
                 if blocks is None:
                     break
                 hits.append(blocks[0])
@@ -159,3 +170,13 @@ class PrefixCachingKV(PagedKV):
                     self.plain.append(b)
                 else:
                     self.evictable[b] = None
+
+
+def leading(keys: Iterable[Key], held: Container[Key]) -> int:
+    """How many of the first `keys` are in `held`, in a run (a prefix match)."""
+    n = 0
+    for k in keys:
+        if k not in held:
+            break
+        n += 1
+    return n

@@ -101,7 +101,7 @@ class Pool:
     tp: int = 1  # GPUs per replica (its tensor-parallel group)
 
     def route(self, seq: Seq, due: float) -> None:
-        self.members[self.router([m.view() for m in self.members])].push(seq, due)
+        self.members[self.router([m.view() for m in self.members], seq)].push(seq, due)
 
     @property
     def admission_s(self) -> float:
