@@ -209,6 +209,11 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
               moe=MoE(experts=128, experts_per_token=8, expert_size=768),
               description=("Qwen3-30B-A3B: 48 layers, d=2048, GQA 32/4 heads, 128 SwiGLU experts of 768, "
                            "top-8")),
+    # source: Qwen/Qwen3-32B config.json (hidden 5120, 64 layers, 64 heads, 8 KV heads, head_dim 128,
+    # intermediate 25600, vocab 151936, max_position_embeddings 40960, tie_word_embeddings false): llm-d's
+    # "KV-cache wins" model
+    ModelSpec("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 151936, 40960,
+              description="Qwen3-32B: 64 layers, d=5120, GQA 64/8 heads (dim 128), SwiGLU 25600"),
     # Tiny Llama-style shapes for CPU profiling and tests (not published models): meant to be instantiated
     # with transformers' LlamaConfig and random weights by the profiler.
     ModelSpec("tiny", 4, 256, 4, 2, 64, 688, 4096, 2048,

@@ -20,11 +20,15 @@ replica saturates, which we define as SGLang's router defines an imbalance (`bal
 over 1.5 times its count. Then the turn, and the session from then on, goes to the least outstanding.
 Requests without a session go to the least outstanding.
 
+`load` is llm-d's load-aware profile (the KV-utilisation and queue scorers, 1:1), `random` its random picker
+(seeded).
+
 Ties go to fewer outstanding requests, then the lower index (llm-d's picker breaks them at random).
 """
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -42,21 +46,23 @@ class Scored:
     """llm-d's scheduling profile: weighted prefix, KV-utilisation and queue scorers, the max score wins.
     Subclasses give the prefix score (`prefix_scores`) and learn where a request went (`routed`)."""
 
-    def __init__(self, caches: Sequence[PrefixCachingKV], settings: RouterSettings) -> None:
-        self.caches = caches
+    def __init__(self, caches: Sequence[KVManager], weights: tuple[float, float, float]) -> None:
         self.capacity = [kv.capacity for kv in caches]
-        self.weights = settings.weights
+        self.weights = weights
+
+    def keys(self, seq: Seq | None) -> list[Key]:
+        """The request's block keys the prefix score matches (none: no prefix score)."""
+        return []
 
     def prefix_scores(self, keys: list[Key]) -> list[float]:
-        raise NotImplementedError
+        return [0.0] * len(self.capacity)
 
     def routed(self, replica: int, keys: list[Key]) -> None:
         """The request with these block keys went to `replica`."""
 
     def __call__(self, views: Sequence[ReplicaView], seq: Seq | None = None) -> int:
-        assert seq is not None, "a cache-aware router needs the request"
         wp, wk, wq = self.weights
-        keys = list(self.caches[0].block_keys(seq))  # the same keys on every replica: computed once
+        keys = self.keys(seq) if wp else []  # the same on every replica: computed once, and only if wanted
         prefix = self.prefix_scores(keys) if wp else None
         queued = [v.queued for v in views]
         lo, hi = min(queued), max(queued)
@@ -73,7 +79,19 @@ class Scored:
         return best
 
 
-class Precise(Scored):
+class Prefix(Scored):
+    """Scored with a prefix score over the request's block keys, as the replicas' prefix caches key them."""
+
+    def __init__(self, caches: Sequence[PrefixCachingKV], settings: RouterSettings) -> None:
+        super().__init__(caches, settings.weights)
+        self.caches = caches
+
+    def keys(self, seq: Seq | None) -> list[Key]:
+        assert seq is not None, "a prefix router needs the request"
+        return list(self.caches[0].block_keys(seq))  # every replica keys blocks alike
+
+
+class Precise(Prefix):
     """The prefix score from each replica's actual cache: its cached run of the request's blocks, min-max
     normalised over the replicas holding any."""
 
@@ -86,7 +104,7 @@ class Precise(Scored):
         return [0.0 if not c else 1.0 if hi == lo else (c - lo) / (hi - lo) for c in counts]
 
 
-class Approximate(Scored):
+class Approximate(Prefix):
     """The prefix score from the router's own LRU index per replica of the blocks it sent there."""
 
     def __init__(self, caches: Sequence[PrefixCachingKV], settings: RouterSettings) -> None:
@@ -129,9 +147,23 @@ def saturated(load: int, least: int) -> bool:
     return load - least > SATURATION_ABS and load > SATURATION_REL * least
 
 
+class Random:
+    """Uniformly at random (llm-d's random-picker), from a fixed seed so that a run repeats."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+
+    def __call__(self, views: Sequence[ReplicaView], seq: Seq | None = None) -> int:
+        return self.rng.randrange(len(views))
+
+
 def build(name: str, caches: Sequence[KVManager], settings: RouterSettings) -> Router:
     if name == "session":
         return Sticky()
+    if name == "random":
+        return Random()
+    if name == "load":  # llm-d's load-aware profile: the KV and queue scorers alone, 1:1
+        return Scored(caches, (0.0, 1.0, 1.0))
     if not caches or not all(isinstance(kv, PrefixCachingKV) and kv.caching for kv in caches):
         raise InputError(f"--router {name} routes by the replicas' prefix caches: it needs a policy with "
                          "prefix caching on (vllm-v1)")

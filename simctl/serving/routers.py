@@ -42,7 +42,7 @@ def least(key: Callable[[ReplicaView], object]) -> Router:
     return choose
 
 
-def _cache_aware(name: str) -> Callable[[Sequence[KVManager], RouterSettings], Router]:
+def _in_cache_routers(name: str) -> Callable[[Sequence[KVManager], RouterSettings], Router]:
     def build(caches: Sequence[KVManager], settings: RouterSettings) -> Router:
         from simctl.serving import cache_routers  # the registry stays light; these need the KV managers
 
@@ -60,12 +60,14 @@ ROUTERS: dict[str, tuple[Callable[[Sequence[KVManager], RouterSettings], Router]
     "least-outstanding": (_plain(lambda: least(lambda v: v.outstanding)), "fewest requests in flight"),
     "least-kv": (_plain(lambda: least(lambda v: (v.kv_used, v.outstanding))), "least KV held"),
     "shortest-queue": (_plain(lambda: least(lambda v: (v.queued, v.outstanding))), "fewest waiting"),
-    "prefix": (_cache_aware("prefix"), "llm-d's precise prefix-cache, KV-utilisation and queue scorers"),
-    "prefix-approx": (_cache_aware("prefix-approx"),
-                      "the same, its prefix score from its own LRU of what it sent where (llm-d's "
-                      "approximate scorer, SGLang's router)"),
-    "session": (_cache_aware("session"), "a session's turns to one replica until it saturates (SGLang's "
-                                          "balance thresholds)"),
+    "random": (_in_cache_routers("random"), "uniform, seeded: llm-d's random picker"),
+    "load": (_in_cache_routers("load"), "llm-d's KV-utilisation and queue scorers, 1:1"),
+    "prefix": (_in_cache_routers("prefix"), "llm-d's precise prefix-cache, KV-utilisation and queue scorers"),
+    "prefix-approx": (_in_cache_routers("prefix-approx"),
+                      ("the same, its prefix score from its own LRU of what it sent where: llm-d's "
+                       "approximate scorer, SGLang's router")),
+    "session": (_in_cache_routers("session"),
+                "a session's turns to one replica until it saturates: SGLang's balance thresholds"),
 }
 
 
@@ -75,8 +77,8 @@ def check_router(name: str) -> None:
 
 
 def make_router(name: str, caches: Sequence[KVManager] = (),
-                settings: RouterSettings = RouterSettings()) -> Router:
+                settings: RouterSettings | None = None) -> Router:
     """A fresh router (round-robin keeps its position, so each pool gets its own); `caches`: the pool's
     replicas' KV managers, in replica order (read by the cache-aware routers only)."""
     check_router(name)
-    return ROUTERS[name][0](caches, settings)
+    return ROUTERS[name][0](caches, settings or RouterSettings())

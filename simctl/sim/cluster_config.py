@@ -96,8 +96,8 @@ class ClusterConfig:
             except ValueError:
                 weights = ()
             if len(weights) != 3 or not all(math.isfinite(w) and w >= 0 for w in weights) or not any(weights):
-                raise InputError(f"--router-weights must be three numbers >= 0, not all 0 (prefix, KV, queue), "
-                                 f"as '2,1,1'; got {self.router_weights!r}")
+                raise InputError(f"--router-weights must be three numbers >= 0, not all 0 (prefix, KV, "
+                                 f"queue), as '2,1,1'; got {self.router_weights!r}")
             out = replace(out, weights=weights)
         if self.router_index_tokens is not None:
             if not is_int(self.router_index_tokens) or self.router_index_tokens < 1:

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 def make_pool(name: str, count: int, gpu: str, new_backend: Callable[[], CostBackend],
               new_policy: Callable[[], Policy], router: str, cluster: Cluster, max_waiting: int | None,
-              tp: int = 1, router_settings: RouterSettings = RouterSettings()) -> Pool:
+              tp: int = 1, router_settings: RouterSettings | None = None) -> Pool:
     """`count` replicas of `tp` GPUs each, each with a policy of its own from `new_policy` and a backend from
     `new_backend`."""
     members = [Member(i, new_policy(), new_backend(), max_waiting, cluster.on_release) for i in range(count)]
