@@ -12,10 +12,12 @@ report's weights).
 The twin: vllm-v1 with vLLM's H100 serving defaults but 64-token blocks (the report's indexer block size,
 which must match vLLM's); a prompt's blocks are keyed by content with Mooncake-style block ids of 1,200
 tokens (five for its group's system prompt, one for its question), so requests share exactly what the
-published prompts share. Each stage's output throughput is the output tokens generated during the stage (a
-request's tokens spread evenly from its first token to its completion) over its duration; the summary is the
-mean over the ladder's stages (the report's summary row is the mean of its per-stage rows: 8,730.0 for
-precise) and P90 TTFT is over every request sent during the ladder.
+published prompts share. Each stage's output throughput is inference-perf's: the output tokens of the
+requests sent during the stage over the time from the stage's start to the last of them completing (its
+per-stage reports divide by that span); the summary is the mean over the ladder's stages (the report's
+summary row is the mean of its per-stage rows: 8,730.0 for precise) and P90 TTFT is over every request sent
+during the ladder. Beside it, what the GPUs generated: output tokens produced during the ladder per second
+(a request's tokens spread evenly from its first token to its completion).
 
 `--output` sets the output length: 1,000 as configured (ignore_eos); the report's own figures imply fewer
 (its output tokens/s over its requests/s is 370-465 tokens per request in the stages precise scheduling
@@ -32,7 +34,6 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
@@ -80,7 +81,7 @@ def requests(stages: list[tuple[float, float]], output: int = OUTPUT, seed: int 
             if t >= t0 + seconds:
                 break
             prompt = int(order[len(out) % len(order)])
-            group, user = divmod(prompt, USERS)
+            group = prompt // USERS  # the group's system prompt: 5 block ids of its own, the question 1
             ids = tuple(group * 5 + j for j in range(SYSTEM // QUESTION)) + (GROUPS * USERS + prompt,)
             out.append(Request(len(out), t, SYSTEM + QUESTION, output, hash_ids=ids, hash_block=QUESTION))
             stage_of.append(k)
@@ -96,6 +97,7 @@ class Result:
     stage_tok_s: list[float]
     stage_ttft_p90: list[float]
     tok_s: float  # mean over the ladder's stages
+    made_tok_s: float  # output tokens generated during the ladder, per second
     ttft_p90: float  # over the ladder's requests
     ttft_mean: float
     hit_rate: float
@@ -106,7 +108,7 @@ def serve(router: str, reqs: list[Request], stage_of: list[int], stages: list[tu
     d = deploy(RunConfig(policy="vllm-v1", model=MODEL, gpu=GPU, tp=TP), GPU, TP)
     cluster = Cluster(simpy.Environment(), None, d.model.kv_bytes_per_token())
 
-    def policy():  # noqa: ANN202
+    def policy():
         return make_policy("vllm-v1", KV_TOKENS, d.model.max_position, {"block_size": BLOCK}, GPU)
 
     settings = RouterSettings(weights=ROUTERS[router][1], index_tokens=31_250 * 64)
@@ -123,19 +125,20 @@ def serve(router: str, reqs: list[Request], stage_of: list[int], stages: list[tu
     ends = np.cumsum([WARMUP[1], *(sec for _, sec in stages)])
     tok_s, p90 = [], []
     for k in range(1, len(stages) + 1):
-        a, b = ends[k - 1], ends[k]
-        tok_s.append(generated(first, done, out, a, b) / (b - a))
+        mine = stage == k  # inference-perf: the stage's requests' tokens over their first send to last end
+        tok_s.append(float(out[mine].sum() / (done[mine].max() - ends[k - 1])))
         p90.append(float(np.percentile(ttft[stage == k], 90)))
+    made = generated(first, done, out, ends[0], ends[-1]) / (ends[-1] - ends[0])
     ladder = stage > 0
     stats = run_stats([m.policy for m in cluster.entry.members])
-    return Result(router, int(out[0]), [q for q, _ in stages], tok_s, p90, float(np.mean(tok_s)),
+    return Result(router, int(out[0]), [q for q, _ in stages], tok_s, p90, float(np.mean(tok_s)), made,
                   float(np.percentile(ttft[ladder], 90)), float(ttft[ladder].mean()),
                   float(stats["prefix_cache_hit_rate"]), wall)
 
 
 def generated(first: np.ndarray, done: np.ndarray, out: np.ndarray, a: float, b: float) -> float:
     """Output tokens generated in [a, b): each request's first token at its instant, the others spread evenly
-    from its first token to its completion (what a dashboard's output-token rate shows over the stage)."""
+    from its first token to its completion (what a dashboard's output-token rate shows)."""
     span = np.maximum(done - first, 1e-12)
     overlap = np.clip(np.minimum(done, b) - np.maximum(first, a), 0.0, None)
     return float(((first >= a) & (first < b)).sum() + ((out - 1) * overlap / span).sum())
@@ -143,23 +146,26 @@ def generated(first: np.ndarray, done: np.ndarray, out: np.ndarray, a: float, b:
 
 def report(results: list[Result]) -> str:
     lines = ["# llm-d's precise prefix-cache scheduling experiment, simulated", "",
-             "`python bench/routing_llmd.py --output 1000,430` (the setting: its docstring). Qwen3-32B, 8 "
-             "replicas of 2 H100 (roofline), 307,328 KV tokens each, 150 groups x 5 prompts of 6,000 + 1,200 "
-             "tokens, Poisson stages 3 -> 60 QPS after a 15-QPS warm-up. Output tok/s: the mean over the "
-             "ladder's stages of the tokens generated during each; P90 TTFT over the ladder's requests."]
+             ("`python bench/routing_llmd.py --output 1000,430` (the setting: its docstring). Qwen3-32B, 8 "
+              "replicas of 2 H100 (roofline), 307,328 KV tokens each, 150 groups x 5 prompts of 6,000 + "
+              "1,200 tokens, Poisson stages 3 -> 60 QPS after a 15-QPS warm-up. Output tok/s: "
+              "inference-perf's per-stage throughput, averaged over the ladder's stages; P90 TTFT over the "
+              "ladder's requests; generated tok/s: output tokens produced during the ladder per second.")]
     for output in dict.fromkeys(r.output for r in results):
         rs = [r for r in results if r.output == output]
         lines += ["", f"## {output} output tokens per request", "",
-                  "| router (llm-d's) | output tok/s | published | P90 TTFT s | published | mean TTFT s | "
-                  "hit rate | sim wall s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  ("| router (llm-d's) | output tok/s | published | P90 TTFT s | published | mean TTFT s | "
+                   "generated tok/s | hit rate | sim wall s |"), "|---|" + "---:|" * 8]
         for r in rs:
             name, _, tok, ttft = ROUTERS[r.router]
-            lines.append(f"| {r.router} ({name}) | {r.tok_s:,.0f} | {tok:,.0f} | {r.ttft_p90:.3g} | {ttft:.3g} "
-                         f"| {r.ttft_mean:.3g} | {r.hit_rate:.1%} | {r.wall_s:.0f} |")
+            lines.append(f"| {r.router} ({name}) | {r.tok_s:,.0f} | {tok:,.0f} | {r.ttft_p90:.3g} | "
+                         f"{ttft:.3g} | {r.ttft_mean:.3g} | {r.made_tok_s:,.0f} | {r.hit_rate:.1%} | "
+                         f"{r.wall_s:.0f} |")
         by = {r.router: r for r in rs}
         if "prefix" in by and "random" in by:
-            lines += ["", f"Precise / random output throughput: {by['prefix'].tok_s / by['random'].tok_s:.2f} "
-                          f"(published {8730.0 / 4428.7:.2f})."]
+            ratio = by["prefix"].tok_s / by["random"].tok_s
+            published = 8730.0 / 4428.7
+            lines += ["", f"Precise / random output throughput: {ratio:.2f} (published {published:.2f})."]
     return "\n".join(lines) + "\n"
 
 
@@ -171,7 +177,7 @@ def figure(results: list[Result], path: Path) -> None:
             a.plot(r.stage_qps, r.stage_tok_s, marker="o", label=r.router)
             b.plot(r.stage_qps, r.stage_ttft_p90, marker="o", label=r.router)
         a.set(xlabel="offered rate (QPS)", ylabel="output tokens/s",
-              title=f"Output tokens generated per stage ({output}-token answers)")
+              title=f"Output tokens/s per stage, inference-perf's ({output}-token answers)")
         b.set(xlabel="offered rate (QPS)", ylabel="P90 TTFT (s)", yscale="log",
               title=f"P90 TTFT of the stage's requests ({output}-token answers)")
         a.legend()
@@ -193,8 +199,8 @@ def main() -> None:
         for router in args.routers.split(","):
             results.append(serve(router, reqs, stage_of, stages))
             r = results[-1]
-            print(f"{output} {router}: {r.tok_s:,.0f} tok/s, P90 TTFT {r.ttft_p90:.3g} s, hits {r.hit_rate:.1%}, "
-                  f"{r.wall_s:.0f} s", flush=True)
+            print(f"{output} {router}: {r.tok_s:,.0f} tok/s, P90 TTFT {r.ttft_p90:.3g} s, "
+                  f"hits {r.hit_rate:.1%}, {r.wall_s:.0f} s", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "routing.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
     figure(results, RESULTS / "routing.png")

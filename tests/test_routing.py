@@ -134,14 +134,32 @@ def test_router_weights_are_three_numbers(weights: str) -> None:
     assert ClusterConfig(router_weights="3,2,2").router_settings().weights == (3.0, 2.0, 2.0)
 
 
+@pytest.mark.parametrize(("option", "value"), [("router_index_tokens", 0), ("router_lag", -1.0),
+                                               ("router_lag", float("inf"))])
+def test_router_settings_refuse_bad_values(option: str, value: float) -> None:
+    with pytest.raises(InputError, match=f"--{option.replace('_', '-')}"):
+        ClusterConfig(replicas=2, router="prefix", **{option: value}).validate("vllm-v1")
+
+
 # --- invariants over random traces: every router, shared prefixes and sessions ---
 
-def serve(reqs: list[Request], replicas: int, router: str, kv: int) -> tuple[Cluster, list[Seq]]:
+def serve(reqs: list[Request], replicas: int, router: str, kv: int, lag: float = 0.0
+          ) -> tuple[Cluster, list[Seq]]:
     cluster = Cluster(simpy.Environment())
     members = [Member(i, make_policy("vllm-v1", kv, 512, {"block_size": 16}), CostBackend(COST), None,
                       cluster.on_release) for i in range(replicas)]
-    cluster.entry = Pool("replicas", members, make_router(router, [m.policy.kv for m in members]))
+    cluster.entry = Pool("replicas", members, make_router(router, [m.policy.kv for m in members]), lag=lag)
     return cluster, cluster.run(reqs)
+
+
+def test_router_lag_routes_on_the_last_snapshot() -> None:
+    reqs = [Request(i, t, 100, 400) for i, t in enumerate((0.0, 0.1, 0.2))]
+    placed = {}
+    for lag in (0.0, 10.0):
+        cluster, _ = serve(reqs, 2, "least-outstanding", 4000, lag)
+        placed[lag] = [[s.id for s in m.seqs] for m in cluster.entry.members]
+    assert placed[0.0] == [[0, 2], [1]]  # each arrival sees the one before it
+    assert placed[10.0] == [[0, 1, 2], []]  # all three see the snapshot taken at the first: all idle
 
 
 traces = st.lists(st.tuples(st.floats(0, 2), st.integers(1, 200), st.integers(1, 30), st.integers(-1, 2),
@@ -150,12 +168,12 @@ traces = st.lists(st.tuples(st.floats(0, 2), st.integers(1, 200), st.integers(1,
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=traces, replicas=st.integers(1, 4), router=st.sampled_from(list(ROUTERS)),
-       kv=st.integers(400, 2000))
-def test_every_router_serves_each_request_once_and_caches_only_what_it_served(rows, replicas, router,
-                                                                              kv) -> None:
+       kv=st.integers(400, 2000), lag=st.sampled_from([0.0, 0.05, 1.0]))
+def test_every_router_serves_each_request_once_and_caches_only_what_it_served(rows, replicas, router, kv,
+                                                                              lag) -> None:
     reqs = [Request(i, t, p, o, prefix_group=g, prefix_tokens=min(p, 64) if g >= 0 else 0, session=s)
             for i, (t, p, o, g, s) in enumerate(sorted(rows))]
-    cluster, seqs = serve(reqs, replicas, router, kv)
+    cluster, seqs = serve(reqs, replicas, router, kv, lag)
     assert sorted(s.id for m in cluster.entry.members for s in m.seqs) == [r.id for r in reqs]
     for s in seqs:
         assert s.generated == s.output_tokens

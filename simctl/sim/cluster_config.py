@@ -33,6 +33,9 @@ class ClusterConfig:
     router_index_tokens: int | None = option_field(None, (
         "prefix-approx: tokens its LRU index remembers per replica [default: 2000000, llm-d's 31,250 "
         "blocks of 64]."))
+    router_lag: float | None = option_field(None, (
+        "Seconds between the router's snapshots of the replicas' queues and KV use (a gateway scraping its "
+        "engines' metrics) [default: none, it sees them as they are]."))
     # both set: disaggregated prefill and decode
     prefill_instances: int | None = option_field(None, (
         "Disaggregated serving: instances that only prefill (with --decode-instances and --kv-link-gbps)."))
@@ -104,6 +107,9 @@ class ClusterConfig:
                 raise InputError(f"--router-index-tokens must be an integer >= 1, got "
                                  f"{self.router_index_tokens!r}")
             out = replace(out, index_tokens=self.router_index_tokens)
+        lag = self.router_lag
+        if lag is not None and (not is_number(lag) or not (lag >= 0 and math.isfinite(lag))):
+            raise InputError(f"--router-lag must be a finite number of seconds >= 0, got {lag!r}")
         return out
 
     def pool_tp(self, pool: str, tp: int) -> int:
@@ -115,7 +121,7 @@ class ClusterConfig:
         disaggregated (colocated summaries keep the keys they had before per-pool parallelism)."""
         # the routers' settings only when given: a run without them keeps the summary it had before them
         out = {k: v for k, v in asdict(self).items()
-               if k not in ("router_weights", "router_index_tokens") or v is not None}
+               if k not in ("router_weights", "router_index_tokens", "router_lag") or v is not None}
         if self.disaggregated:
             return {**out, "prefill_tp": self.pool_tp("prefill", tp), "decode_tp": self.pool_tp("decode", tp)}
         return {k: v for k, v in out.items() if k not in ("prefill_tp", "decode_tp")}

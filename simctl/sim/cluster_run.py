@@ -39,11 +39,12 @@ if TYPE_CHECKING:
 
 def make_pool(name: str, count: int, gpu: str, new_backend: Callable[[], CostBackend],
               new_policy: Callable[[], Policy], router: str, cluster: Cluster, max_waiting: int | None,
-              tp: int = 1, router_settings: RouterSettings | None = None) -> Pool:
+              tp: int = 1, router_settings: RouterSettings | None = None, router_lag: float = 0.0) -> Pool:
     """`count` replicas of `tp` GPUs each, each with a policy of its own from `new_policy` and a backend from
-    `new_backend`."""
+    `new_backend`; its router sees their load as scraped every `router_lag` seconds (0: as it is)."""
     members = [Member(i, new_policy(), new_backend(), max_waiting, cluster.on_release) for i in range(count)]
-    return Pool(name, members, make_router(router, [m.policy.kv for m in members], router_settings), gpu, tp)
+    return Pool(name, members, make_router(router, [m.policy.kv for m in members], router_settings), gpu, tp,
+                router_lag)
 
 
 def _merged(logs: list[IterationLog]) -> IterationLog:

@@ -323,7 +323,7 @@ def _pool(name: str, count: int, d: Deployment, max_seq_len: int, config: RunCon
 
     return make_pool(name, count, d.gpu.name, lambda: recorder or CostBackend(d.cost, config.fast),
                      new_policy, cc.router, cluster, overload_limit(config.workload.num_requests), d.tp,
-                     cc.router_settings())
+                     cc.router_settings(), cc.router_lag or 0.0)
 
 
 def _pools(cluster: Cluster) -> list[Pool]:
