@@ -104,16 +104,42 @@ class Result:
     wall_s: float
 
 
-def serve(router: str, reqs: list[Request], stage_of: list[int], stages: list[tuple[float, float]]) -> Result:
+def cluster_of(router: str, caching: bool = True) -> Cluster:
+    """The published deployment behind `router` (vllm-v1 replicas, prefix caching on unless `caching` is
+    False), its KV forced to the published size."""
     d = deploy(RunConfig(policy="vllm-v1", model=MODEL, gpu=GPU, tp=TP), GPU, TP)
     cluster = Cluster(simpy.Environment(), None, d.model.kv_bytes_per_token())
+    options = {"block_size": BLOCK, "enable_prefix_caching": int(caching)}
 
     def policy():
-        return make_policy("vllm-v1", KV_TOKENS, d.model.max_position, {"block_size": BLOCK}, GPU)
+        return make_policy("vllm-v1", KV_TOKENS, d.model.max_position, options, GPU)
 
-    settings = RouterSettings(weights=ROUTERS[router][1], index_tokens=31_250 * 64)
+    weights = ROUTERS[router][1] if router in ROUTERS else RouterSettings().weights
+    settings = RouterSettings(weights=weights, index_tokens=31_250 * 64)
     cluster.entry = make_pool("replicas", REPLICAS, GPU, lambda: CostBackend(d.cost), policy, router, cluster,
                               None, TP, settings)
+    return cluster
+
+
+def speed(n: int, qps: float = 12.0) -> str:
+    """Simulation speed: `n` requests of the workload at a rate both deployments sustain, prefix caching with
+    the precise router against no caching behind round-robin (issue 40's target: within 2x)."""
+    reqs = [r for r in requests([(qps, n / qps)])[0] if r.arrival_s >= WARMUP[1]][:n]
+    walls = {}
+    for label, router, caching in (("prefix, caching", "prefix", True),
+                                   ("round-robin, no caching", "round-robin", False)):
+        cluster = cluster_of(router, caching)
+        t0 = time.perf_counter()
+        cluster.run(reqs)
+        walls[label] = time.perf_counter() - t0
+        print(f"speed {label}: {walls[label]:.1f} s for {len(reqs)} requests", flush=True)
+    a, b = walls.values()
+    return (f"\n## Simulation speed\n\n{len(reqs)} requests at {qps:g} QPS, 8 replicas: "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in walls.items()) + f" (ratio {a / b:.2f}).\n")
+
+
+def serve(router: str, reqs: list[Request], stage_of: list[int], stages: list[tuple[float, float]]) -> Result:
+    cluster = cluster_of(router)
     t0 = time.perf_counter()
     seqs = cluster.run(reqs)
     wall = time.perf_counter() - t0
@@ -191,6 +217,7 @@ def main() -> None:
     parser.add_argument("--routers", default=",".join(ROUTERS))
     parser.add_argument("--stages", type=int, default=len(STAGES), help="the first N stages of the ladder")
     parser.add_argument("--output", default=str(OUTPUT), help="output tokens per request, comma-separated")
+    parser.add_argument("--speed", type=int, default=0, help="also time N requests (prefix vs round-robin)")
     args = parser.parse_args()
     stages = STAGES[:args.stages]
     results = []
@@ -204,7 +231,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "routing.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
     figure(results, RESULTS / "routing.png")
-    text = report(results)
+    text = report(results) + (speed(args.speed) if args.speed else "")
     (RESULTS / "routing.md").write_text(text)
     print(text)
 
