@@ -115,6 +115,8 @@ def _time_scaled(source: LoadedTrace, arrivals: np.ndarray, qps: float) -> np.nd
 def _arrivals(n: int, qps: float | None, arrival: str, cv: float, rng: np.random.Generator) -> np.ndarray:
     if qps is None:
         raise InputError("an arrival rate (--qps) is needed: the trace does not give arrival times")
+    if math.isinf(qps):  # a closed loop's clients, all ready at once (vLLM bench's --request-rate inf)
+        return np.zeros(n)
     if arrival == "poisson":
         return poisson_arrivals(n, qps, rng)
     return gamma_arrivals(n, qps, cv, rng)

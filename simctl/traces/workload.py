@@ -72,7 +72,7 @@ class Workload:
         from simctl.traces.build import has_arrival_times, is_profile, trace_rows
 
         given, w = str(self.trace).strip(), self
-        if w.qps is None and (not given or not has_arrival_times(w.trace)):
+        if w.qps is None and w.concurrency is None and (not given or not has_arrival_times(w.trace)):
             w = replace(w, qps=qps)
         if w.num_requests is None:
             rows = trace_rows(w.trace) if given and not is_profile(w.trace) else None
@@ -119,10 +119,13 @@ class Workload:
     def requests(self) -> list[Request]:
         """The requests, ids 0..n-1 in arrival order (`simctl.traces.build`); the caller passes them on
         rather than building them again."""
-        from simctl.traces.build import build_trace
+        from simctl.traces.build import build_trace, has_arrival_times
 
-        return build_trace(self.trace, self.num_requests, self.qps, self.seed, arrival=self.arrival,
-                           cv=self.cv, scale=self.scale)
+        qps = self.qps
+        if qps is None and self.concurrency is not None and not has_arrival_times(self.trace):
+            qps = math.inf  # closed loop without a rate: every request ready at t=0 (vLLM's --request-rate inf)
+        return build_trace(self.trace, self.num_requests, qps, self.seed, arrival=self.arrival, cv=self.cv,
+                           scale=self.scale)
 
     def recorded(self) -> dict[str, Any]:
         """The summary's workload fields, in declaration order."""
