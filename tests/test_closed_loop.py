@@ -189,3 +189,17 @@ def test_a_closed_loop_with_a_rate_sends_each_request_at_its_arrival_or_later() 
     assert (closed["arrival_s"] >= open_loop["arrival_s"]).all()
     assert (closed["arrival_s"] > open_loop["arrival_s"]).any()  # some waited for a client
     assert (closed["prompt_tokens"] == open_loop["prompt_tokens"]).all()
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_bound_that_never_binds_gives_the_open_loop_bit_for_bit(policy: str, replicas: int) -> None:
+    """As many clients as requests: each is sent at its arrival, routed then, so the run is the open loop's
+    (a lone replica's arrivals taken ahead, or routed at their arrival)."""
+    rng = np.random.default_rng(1)
+    reqs = [Request(i, t, p, o) for i, (t, p, o) in enumerate(zip(
+        np.cumsum(rng.exponential(0.05, 120)).tolist(), rng.integers(1, 300, 120).tolist(),
+        rng.integers(1, 120, 120).tolist()))]
+    open_loop = request_frame(serve(policy, reqs, replicas=replicas, kv=4000)[1])
+    closed = request_frame(serve(policy, reqs, concurrency=len(reqs), replicas=replicas, kv=4000)[1])
+    assert open_loop.equals(closed)
