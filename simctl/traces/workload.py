@@ -68,10 +68,14 @@ class Workload:
 
     def resolved(self, qps: float, num_requests: int) -> Workload:
         """A command's defaults where its options were not given: `qps` unless a trace file gives its own
-        arrival times, `num_requests` for a length profile and a trace file's every row."""
+        arrival times or the clients are a closed loop, `num_requests` for a length profile and a trace
+        file's every row, and the client bound a `vllm bench serve` result was measured with."""
         from simctl.traces.build import has_arrival_times, is_profile, trace_rows
+        from simctl.traces.vllm_bench import measured_concurrency
 
         given, w = str(self.trace).strip(), self
+        if w.concurrency is None and given and not is_profile(w.trace):
+            w = replace(w, concurrency=measured_concurrency(w.trace))
         if w.qps is None and w.concurrency is None and (not given or not has_arrival_times(w.trace)):
             w = replace(w, qps=qps)
         if w.num_requests is None:
