@@ -183,7 +183,8 @@ def capacity_table(results: list[Any], trace: str, seeds: int, definition: str) 
                                  + ("; refused: its requests longer than the max model length"
                                     if refusing else "")
                                  + "; bound by: the limits the next one probed above the capacity missed"))
-    for col in ("config", "SLO", "capacity", *(("min..max",) if spread else ()), *(("req/s",) if closed else ()),
+    for col in ("config", "SLO", "capacity", *(("min..max",) if spread else ()),
+                *(("req/s",) if closed else ()),
                 "P99 TBT", "P50 TTFT", "saturation", *(("refused",) if refusing else ()), "bound by",
                 "probes"):
         # numbers are never cut: only the two-word headers wrap on a narrow terminal

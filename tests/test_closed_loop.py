@@ -20,11 +20,11 @@ from simctl.policies.plan import BatchPlan
 from simctl.policies.registry import POLICIES, make_policy
 from simctl.policies.seq import Seq
 from simctl.serving.records import request_frame
+from simctl.serving.routers import make_router
 from simctl.sim.cluster import Cluster, Member, Pool
 from simctl.sim.kv_link import KVLink
 from simctl.sim.replica import CostBackend
 from simctl.sim.run import RunConfig, cost_model, run
-from simctl.serving.routers import make_router
 from simctl.traces.request import Request
 from simctl.traces.workload import Workload
 
@@ -144,7 +144,8 @@ settings_ = settings(max_examples=25, deadline=None, suppress_health_check=[Heal
 
 @settings_
 @given(reqs=sessions, policy=st.sampled_from(list(POLICIES)), replicas=st.integers(1, 2),
-       concurrency=st.none() | st.integers(1, 4), think_s=st.sampled_from([0.0, 0.05]), kv=st.integers(1100, 3000))
+       concurrency=st.none() | st.integers(1, 4), think_s=st.sampled_from([0.0, 0.05]),
+       kv=st.integers(1100, 3000))
 def test_sessions_and_clients_on_replicas(reqs, policy, replicas, concurrency, think_s, kv) -> None:
     think_s = think_s if concurrency is not None else 0.0
     cluster, seqs = serve(policy, reqs, concurrency, think_s, replicas=replicas, kv=kv)
@@ -154,7 +155,8 @@ def test_sessions_and_clients_on_replicas(reqs, policy, replicas, concurrency, t
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(reqs=sessions, policy=st.sampled_from(CONTINUOUS), split=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+@given(reqs=sessions, policy=st.sampled_from(CONTINUOUS),
+       split=st.tuples(st.integers(1, 2), st.integers(1, 2)),
        concurrency=st.none() | st.integers(1, 4), think_s=st.sampled_from([0.0, 0.05]))
 def test_sessions_and_clients_disaggregated(reqs, policy, split, concurrency, think_s) -> None:
     think_s = think_s if concurrency is not None else 0.0

@@ -55,7 +55,8 @@ def test_capacity_cli_searches_the_concurrency(tmp_path: Path) -> None:
     out = tmp_path / "cap"
     proc = subprocess.run([str(SIMCTL), "capacity", "--policy", "sarathi", "--model", "tiny", "--gpu", "cpu",
                            "--trace", "sharegpt", "--scale", "0.05", "--num-requests", "100",
-                           "--concurrency", "2", "--slo", "p50_ttft=0.05", "--workers", "1", "--out", str(out)],
+                           "--concurrency", "2", "--slo", "p50_ttft=0.05", "--workers", "1",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "highest concurrency" in proc.stdout

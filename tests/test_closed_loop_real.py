@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import ENGINE_MODEL, ENGINE_SEED
 
 from simctl.catalogue.models import get_model

@@ -27,8 +27,8 @@ from simctl.policies.base import Policy
 from simctl.policies.plan import BatchPlan
 from simctl.policies.seq import Seq
 from simctl.results.run_result import SimResult
-from simctl.serving.executor import Executor
 from simctl.serving.clients import Clients
+from simctl.serving.executor import Executor
 from simctl.serving.handoff import arrivals
 from simctl.serving.inbox import Inbox
 from simctl.serving.loop import Replica

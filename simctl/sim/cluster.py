@@ -41,8 +41,8 @@ from simpy.events import URGENT
 
 from simctl.policies.base import Policy
 from simctl.policies.seq import Seq
-from simctl.serving.handoff import arrivals, arrive_with_kv
 from simctl.serving.clients import Clients
+from simctl.serving.handoff import arrivals, arrive_with_kv
 from simctl.serving.inbox import Inbox
 from simctl.serving.loop import Replica
 from simctl.serving.routed import HELD, RoutedInbox, RoutedTime

@@ -29,8 +29,13 @@ from simctl.results.run_result import SimResult
 from simctl.serving.loop import overload_limit
 from simctl.sim.cluster import Cluster, Pool, Progress
 from simctl.sim.cluster_config import ClusterConfig
-from simctl.sim.cluster_run import MemberRecords, closed_loop_summary, iterations_frame, make_pool, \
-    summarise_cluster
+from simctl.sim.cluster_run import (
+    MemberRecords,
+    closed_loop_summary,
+    iterations_frame,
+    make_pool,
+    summarise_cluster,
+)
 from simctl.sim.kv_link import KVLink
 from simctl.sim.replica import CostBackend
 from simctl.sim.timeline import TimelineBackend, check_timeline

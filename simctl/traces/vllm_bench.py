@@ -89,7 +89,8 @@ class VLLMBench:
         out = []
         if t.max_concurrency is not None:
             ready = ("when the client had it ready (start_times less queue_times, its wait for a slot)"
-                     if self.ready_times_measured else f"as asked (the file has no queue_times): {self._drawn()}")
+                     if self.ready_times_measured
+                     else f"as asked (the file has no queue_times): {self._drawn()}")
             out.append(f"the client kept at most {t.max_concurrency} requests in flight: the prediction is "
                        f"closed loop with that bound, each request ready {ready}, sent when a slot is free")
         elif self.send_times_measured:
@@ -115,8 +116,8 @@ class VLLMBench:
             return "every request arrives at t=0 (request rate inf)"
         shape = ("evenly spaced gaps" if math.isinf(t.burstiness) else "Poisson gaps" if t.burstiness == 1
                  else f"Gamma gaps of shape {t.burstiness:g} (burstiness)")
-        return (f"arrivals generated at {t.request_rate:g} req/s with {shape}, seed {GENERATED_SEED}, scaled as "
-                "vLLM does so that the last arrives at n / rate")
+        return (f"arrivals generated at {t.request_rate:g} req/s with {shape}, seed {GENERATED_SEED}, "
+                "scaled as vLLM does so that the last arrives at n / rate")
 
 
 def read_vllm_bench(path: str | Path) -> VLLMBench:

@@ -127,7 +127,7 @@ class Workload:
 
         qps = self.qps
         if qps is None and self.concurrency is not None and not has_arrival_times(self.trace):
-            qps = math.inf  # closed loop without a rate: every request ready at t=0 (vLLM's --request-rate inf)
+            qps = math.inf  # closed loop without a rate: all ready at t=0 (vLLM bench's --request-rate inf)
         return build_trace(self.trace, self.num_requests, qps, self.seed, arrival=self.arrival, cv=self.cv,
                            scale=self.scale)
 
