@@ -4,12 +4,16 @@ timed from there; every request still gets exactly its tokens alone."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import ENGINE_MODEL, ENGINE_SEED
 
+from simctl.catalogue.gpus import get_gpu
 from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
-from simctl.engine.real import run_real
+from simctl.costs.roofline import Roofline
+from simctl.engine.real import run_real, write_real
+from simctl.engine.replay import replay_real
 from simctl.engine.serve import Engine, prompt_ids
 from simctl.engine.setup import RealConfig, size_run, sized_policy
 from simctl.executor.ragged import RaggedExecutor
@@ -52,13 +56,19 @@ def test_two_clients_send_every_request_and_keep_two_in_flight(model, alone) -> 
     assert not engine.executor.slots.of and engine.policy.kv.used == 0
 
 
-def test_a_real_run_records_the_bound_and_the_requests_in_flight() -> None:
+def test_a_real_run_records_the_bound_and_its_log_replays_from_the_sends(tmp_path) -> None:
+    """The summary has the bound and the requests in flight; the replay of its log, each request arriving
+    at its send, re-plans every iteration the engine ran."""
     r = run_real(RealConfig(policy="sarathi", model=ENGINE_MODEL, threads=1,
                             workload=Workload(trace="arxiv", qps=None, num_requests=4, scale=0.01,
                                               concurrency=1)))
     s, req = r.summary, r.result.request_columns
     assert s["completed"] == 4 and s["concurrency"] == 1 and 0 < s["in_flight_mean"] <= 1
     assert (req["arrival_s"][1:] >= req["completion_s"][:-1]).all()  # one at a time
+    write_real(r, tmp_path)
+    replay = replay_real(s, pd.read_parquet(tmp_path / "iterations.parquet"), Roofline(SPEC, get_gpu("cpu")),
+                         pd.read_parquet(tmp_path / "requests.parquet"))
+    assert replay.matched == replay.total == s["iterations"]
 
 
 def test_real_disaggregation_refuses_a_closed_loop_in_one_line() -> None:
