@@ -54,7 +54,9 @@ class Workload:
     concurrency: int | None = option_field(None, (
         "Closed loop: at most N requests in flight, each client sending its next request when its previous "
         "one completed (plus --think-time). Without --qps every request is ready at once (`vllm bench serve "
-        "--max-concurrency N`); with --qps they arrive at that rate and wait for a free client."))
+        "--max-concurrency N`; a trace file's own arrival times: when each is ready); with --qps they arrive "
+        "at that rate and wait for a free client. A request is timed from its send. [default: a vLLM bench "
+        "result's own --max-concurrency]"))
     think_time: float = option_field(0.0, "Seconds a closed-loop client waits after a response before "
                                      "sending its next request (needs --concurrency).")
 
