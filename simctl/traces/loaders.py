@@ -16,6 +16,15 @@ Formats (chosen by extension, case-insensitive):
 - Both take the prompt's content for prefix caching, optional integers ``prefix_group`` (>= -1; missing: -1,
   no shared prefix) and ``prefix_tokens`` (0..prompt tokens; missing: 0): the first ``prefix_tokens`` prompt
   tokens are the same in every request of the same ``prefix_group`` >= 0, all others are the request's own.
+- Sessions (conversations; ``simctl.traces.sessions``): a file with a ``session_id`` column (JSONL: key, on
+  every line or none; any string or integer) holds one turn per row. Instead of the prompt it gives the turn's
+  new tokens, ``num_new_tokens`` (CSV) or ``new_tokens`` (JSONL), with its output length as usual and an
+  optional ``think_s``, the seconds from the previous turn's completion to its send (empty or absent: 0; none
+  on a session's first row). A turn follows the row of its session above it; its prompt is the session's
+  earlier new and output tokens plus its own new ones (with a ``prefix_group``, ``prefix_tokens`` count in
+  that whole prompt). The arrival column, if any, is given on each session's first row only (sorted over
+  those rows) and on no later one. Rows come back in request order: each session's turns together, sessions
+  by first row, every turn's ``arrival_s`` its session's start.
 
 Lengths must be integers >= 1 (an integral float such as ``12.0`` is accepted, since pandas and many
 exporters write those); arrival times must be finite, >= 0 and non-decreasing. Any violation raises
