@@ -200,6 +200,8 @@ BAD = [
      ("line 1: prompt_tokens given with session_id: a session's turn gives its new tokens (new_tokens), its "
       "prompt is its session's context plus them")),
     ("t.jsonl", '{"session_id": 1, "output_tokens": 1}\n', "line 1: missing key 'new_tokens'"),
+    ("t.jsonl", '{"session_id": 1, "new_tokens": 1, "output_tokens": 1, "arrival_s": NaN}\n',
+     "line 1: arrival_s is nan, not a number"),
     ("t.jsonl", ('{"session_id": 1, "new_tokens": 1, "output_tokens": 1}\n'
                  '{"session_id": 2, "new_tokens": 1, "output_tokens": 1, "arrival_s": 3}\n'),
      "line 1: arrival_s is missing on the first turn of session 1"),

@@ -337,7 +337,12 @@ def _json_row(path: Path, line: int, obj: dict, first: _Row | None) -> _Row:
     name = JSON_NEW if sessions else JSON_PROMPT
 
     def number(key: str, missing: float) -> float:
-        return _json_number(path, line, obj, key) if key in obj else missing
+        if key not in obj:
+            return missing
+        value = _json_number(path, line, obj, key)
+        if math.isnan(value):  # JSON's NaN literal: NaN stands for a key not given here
+            raise fail(path, line, f"{key} is nan, not a number")
+        return value
 
     return _Row(line, label, check_length(path, line, name, _json_number(path, line, obj, name)),
                 check_length(path, line, JSON_OUTPUT, _json_number(path, line, obj, JSON_OUTPUT)),
