@@ -11,6 +11,10 @@
   generated as for a profile.
 - For a file, ``num_requests=None`` means every row; asking for more rows than the file has is an error
   (we neither cycle through the file nor silently return fewer requests than asked for).
+- ``sessions`` (``simctl.traces.sessions``) and a session file: ``num_requests`` counts turns, each session's
+  turns together and sessions by start, so only the last session may be cut; a rate is sessions per second
+  (a file's session starts time-scaled to it); ``scale`` multiplies the turns' new and output tokens (and the
+  system prompt) before each prompt is chained from them.
 - ``scale`` multiplies every prompt and output length (rounded, at least 1) after all of the above, arrivals
   unchanged: ``sharegpt`` x 0.05 is a CPU-sized trace with the same shape. A profile's max sequence length
   scales with it (``trace_max_total_tokens``).
