@@ -14,6 +14,7 @@ from simctl.common.errors import InputError
 from simctl.policies.seq import Seq
 from simctl.results.sessions import session_summary
 from simctl.serving.records import request_columns
+from simctl.sim.run import RunConfig, run
 from simctl.traces.build import build_trace
 from simctl.traces.lengths import scale_lengths
 from simctl.traces.sessions import LMSYS_CHAT_1M
@@ -223,6 +224,48 @@ def test_a_bad_session_file_is_refused_in_one_line(tmp_path: Path, name: str, te
     text = str(e.value)
     assert text.startswith(f"trace file {path}") and "\n" not in text
     assert text.endswith(message)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 50), st.integers(1, 50),
+                          st.sampled_from([0, 0.5, 3])), min_size=1, max_size=30))
+def test_a_session_file_turns_chain_whatever_their_interleaving(
+        tmp_path_factory: pytest.TempPathFactory, rows: list[tuple[int, int, int, float]]) -> None:
+    path = tmp_path_factory.mktemp("s") / "t.csv"
+    seen: set[int] = set()
+    lines = []
+    for label, new, out, think in rows:
+        lines.append(f"s{label},{new},{out},{'' if label not in seen else think}")
+        seen.add(label)
+    path.write_text("session_id,num_new_tokens,num_decode_tokens,think_s\n" + "\n".join(lines) + "\n")
+    reqs = build_trace(path, None, 1.0, 0)
+    by_label = {label: [r for r in rows if r[0] == label] for label in dict.fromkeys(r[0] for r in rows)}
+    expected = list(by_label.values())  # sessions by first row, turns in file order
+    got = [[r for r in reqs if r.session == k] for k in range(len(expected))]
+    assert sum(map(len, got)) == len(reqs) == len(rows)
+    for turns, requests in zip(expected, got, strict=True):
+        context = 0
+        for k, ((_, new, out, think), r) in enumerate(zip(turns, requests, strict=True)):
+            assert (r.prompt_tokens, r.output_tokens) == (context + new, out)
+            assert r.previous == (r.id - 1 if k else -1) and r.think_s == (think if k else 0.0)
+            assert r.arrival_s == requests[0].arrival_s
+            context += new + out
+
+
+def test_a_simulated_run_reports_its_sessions() -> None:
+    workload = Workload(trace="sessions", qps=2.0, num_requests=40, seed=3, system_prompt_tokens=32,
+                        system_prompts=2, session_think_time=0.5, scale=0.2)
+    reqs = workload.requests()
+    result = run(RunConfig(policy="vllm-v1", workload=workload, model="tiny",
+                           options={"enable_prefix_caching": 1}))
+    table = result.result.requests.sort_values("request_id")
+    assert table["session"].tolist() == [r.session for r in reqs]
+    block = result.summary["sessions"]
+    assert block["num_sessions"] == len({r.session for r in reqs}) == block["completed_sessions"]
+    assert block["turns_per_session_max"] == max(table["turn"]) + 1
+    assert result.summary["prefix_cache_hits"] > 0
+    assert {"system_prompt_tokens": 32, "system_prompts": 2, "session_think_time": 0.5}.items() \
+        <= result.summary.items()
 
 
 # ---------------------------------------------------------------- per-session results
