@@ -543,7 +543,8 @@ def test_help_shows_defaults_and_plain_flags(command: str) -> None:
     assert not re.search(r" \.( |$)", flat) and "<bool>" not in flat  # "simulate ." lost a [default: ...]
     if command == "run":
         assert "[default: 0.5 for `run`" in flat and "[default: 1000 for `run`" in flat
-        assert "num_prefill_tokens, num_decode_tokens[, arrived_at], JSONL, or a `vllm bench serve" in flat
+        assert ("num_prefill_tokens, num_decode_tokens[, arrived_at] (sessions: session_id, num_new_tokens, "
+                "num_decode_tokens[, think_s, arrived_at]), JSONL, or a `vllm bench serve") in flat
 
 
 def test_a_bad_start_rate_names_its_option() -> None:
