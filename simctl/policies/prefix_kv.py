@@ -43,10 +43,10 @@ class PrefixCachingKV(PagedKV):
         self.hashed: dict[int, int] = {}  # request id -> how many of its first blocks have their hash
 
     def _key(self, seq: Seq, i: int) -> Key:
-        """Block i's hash: its content's identity and its place. vLLM chains each block's hash on its parent's,
-        so equal keys must mean equal tokens up to the block's end: a shared prefix's group, a Mooncake block
-        id (itself chained: equal ids, equal prefixes), a session's stream (every turn's tokens, answers
-        included, are a prefix of it), else the request's own."""
+        """Block i's hash: its content's identity and its place. vLLM chains each block's hash on its
+        parent's, so equal keys must mean equal tokens up to the block's end: a shared prefix's group, a
+        Mooncake block id (itself chained: equal ids, equal prefixes), a session's stream (every turn's
+        tokens, answers included, are a prefix of it), else the request's own."""
         end = (i + 1) * self.block_size
         if seq.prefix_group >= 0 and end <= seq.prefix_tokens:
             return seq.prefix_group, i
