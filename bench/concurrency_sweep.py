@@ -18,7 +18,7 @@ from simctl.sim.run import RunConfig, run
 from simctl.traces.workload import Workload
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 OUT = Path(__file__).resolve().parent / "results" / "concurrency_sweep.png"
 POLICIES = ("vllm-v1", "sarathi")
