@@ -116,7 +116,8 @@ def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], A
                                            summary.get("kv_link", {}).get("gbps", DEFAULT_LINK_GBPS),
                                            spec.kv_bytes_per_token(dtype_bytes_of(summary["dtype"])), head)
         return s, result
-    result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)))
+    result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)),
+                      concurrency=summary.get("concurrency"), think_s=summary.get("think_time", 0.0))
     return {**head, **summarize(result)}, result
 
 
