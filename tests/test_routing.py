@@ -185,7 +185,7 @@ def test_every_router_serves_each_request_once_and_caches_only_what_it_served(ro
         assert set(pool.cached) <= served
         # and its counted hits never exceed what it was asked
         stats = m.policy.stats()
-        assert 0 <= stats["prefix_cache_hit_tokens"] <= stats["prefix_cache_queried_tokens"]
+        assert 0 <= stats["prefix_cache_hits"] <= stats["prefix_cache_queries"]
 
 
 def test_replica_rows_carry_each_replicas_prefix_cache_hits(tmp_path) -> None:
@@ -198,7 +198,7 @@ def test_replica_rows_carry_each_replicas_prefix_cache_hits(tmp_path) -> None:
     for router in ("round-robin", "prefix"):
         r = run(config, ClusterConfig(replicas=3, router=router))
         rows_ = r.summary["replica_metrics"]
-        assert sum(x["prefix_cache_hit_tokens"] for x in rows_) == r.summary["prefix_cache_hit_tokens"]
+        assert sum(x["prefix_cache_hits"] for x in rows_) == r.summary["prefix_cache_hits"]
         assert all(0 <= x["prefix_cache_hit_rate"] <= 1 for x in rows_)
         assert "prefix_cache_hit_rate" in r.replicas.columns
     # the prefix router sends each group where it is cached: fewer prompt tokens computed again
@@ -218,4 +218,4 @@ def test_a_disaggregated_prefill_pool_routes_to_the_instance_holding_the_prefix(
     r = run(config, cc)
     where = r.result.request_columns["prefill_replica"].tolist()
     assert where[0] != where[1] and where[2] == where[1]
-    assert r.summary["prefix_cache_hit_tokens"] >= 256
+    assert r.summary["prefix_cache_hits"] >= 256
