@@ -52,6 +52,7 @@ from simctl.sim.run import RunConfig, deploy
 from simctl.traces.request import Request
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+NOTES = "<!-- notes: kept when the tables above are regenerated -->"
 MODEL, GPU, TP, REPLICAS = "qwen3-32b", "h100", 2, 8
 KV_TOKENS = 307_328  # per replica, as published (the roofline gives 323,490 at vLLM's 0.9 memory share)
 BLOCK = 64
@@ -232,7 +233,9 @@ def main() -> None:
     (RESULTS / "routing.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
     figure(results, RESULTS / "routing.png")
     text = report(results) + (speed(args.speed) if args.speed else "")
-    (RESULTS / "routing.md").write_text(text)
+    md = RESULTS / "routing.md"
+    notes = md.read_text().partition(NOTES)[2] if md.exists() else ""  # the hand-written analysis stays
+    md.write_text(text + "\n" + NOTES + notes)
     print(text)
 
 
