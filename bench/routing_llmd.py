@@ -173,9 +173,9 @@ def generated(first: np.ndarray, done: np.ndarray, out: np.ndarray, a: float, b:
 
 def report(results: list[Result]) -> str:
     lines = ["# llm-d's precise prefix-cache scheduling experiment, simulated", "",
-             ("`python bench/routing_llmd.py --output 1000,430 --speed 3000` (the setting: its docstring). Qwen3-32B, 8 "
-              "replicas of 2 H100 (roofline), 307,328 KV tokens each, 150 groups x 5 prompts of 6,000 + "
-              "1,200 tokens, Poisson stages 3 -> 60 QPS after a 15-QPS warm-up. Output tok/s: "
+             ("`python bench/routing_llmd.py --output 1000,430 --speed 3000` (the setting: its docstring). "
+              "Qwen3-32B, 8 replicas of 2 H100 (roofline), 307,328 KV tokens each, 150 groups x 5 prompts "
+              "of 6,000 + 1,200 tokens, Poisson stages 3 -> 60 QPS after a 15-QPS warm-up. Output tok/s: "
               "inference-perf's per-stage throughput, averaged over the ladder's stages; P90 TTFT over the "
               "ladder's requests; generated tok/s: output tokens produced during the ladder per second.")]
     for output in dict.fromkeys(r.output for r in results):
