@@ -47,6 +47,7 @@ def test_a_turn_shorter_than_its_context_or_an_id_outside_the_vocabulary_is_an_e
 @pytest.mark.parametrize("later", [
     Request(1, 0.0, 20, 1, session=1, previous=0),  # another session
     Request(1, 0.0, 20, 1, session=0, previous=9),  # no such turn
+    Request(1, 0.0, 20, 1, session=0, previous=1),  # itself: it would wait forever
     Request(1, 0.0, 20, 1, session=0, previous=0, prefix_group=1, prefix_tokens=4),  # another shared prefix
 ])
 def test_a_turn_the_twin_would_not_see_as_its_session_stream_is_refused(later: Request) -> None:

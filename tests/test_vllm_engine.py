@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -117,6 +118,19 @@ def test_session_turns_resend_their_context_and_vllm_reuses_what_the_twin_does(s
     assert serial_hits(SESSIONS, twin) == SESSION_HITS
 
 
+def test_closed_loop_clients_keep_at_most_n_requests_in_flight(server) -> None:
+    run = server.serve(REQUESTS, concurrency=3)  # every request ready within half a second: clients bind
+    req = run.result.requests
+    assert (req["generated_tokens"] == req["output_tokens"]).all()
+    sent, done = req["arrival_s"].to_numpy(), req["completion_s"].to_numpy()
+    in_flight = [((sent <= t) & (t < done)).sum() for t in sent]
+    assert max(in_flight) == 3
+    # one sent later than its arrival (the run records when it was sent) waited for a client: it went when
+    # another completed
+    late = sent > np.array([r.arrival_s for r in REQUESTS])
+    assert late.any() and all((done[:, None] <= sent[late]).any(axis=0))
+
+
 def test_prompt_ids_share_only_a_group_prefix() -> None:
     a, b = (prompt_token_ids(Request(i, 0.0, 300, 1, prefix_group=3, prefix_tokens=200), 4096)
             for i in (0, 1))
@@ -130,6 +144,8 @@ def test_prompt_ids_share_only_a_group_prefix() -> None:
 def test_a_kv_capacity_is_its_whole_blocks_plus_vllms_null_block() -> None:
     d = deployment_for("tiny", 0, {}, kv_capacity=1000)  # blocks of 128 on the CPU
     assert d.num_gpu_blocks == 8 and engine_args(Path("m"), d)["num_gpu_blocks_override"] == 8
+    assert d.max_model_len == 7 * 128  # vLLM refuses a cache that cannot hold one request of max_model_len
+    assert deployment_for("tiny", 0, {}, kv_capacity=10**6).max_model_len == 2048
     assert deployment_for("tiny", 0, {"block_size": 16}, kv_capacity=1000).num_gpu_blocks == 63
     assert "num_gpu_blocks_override" not in engine_args(Path("m"), deployment_for("tiny", 0, {}))
 

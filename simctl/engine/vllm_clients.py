@@ -45,6 +45,8 @@ class VLLMClients:
         self._total = len(requests)
         self._finished = asyncio.get_running_loop().create_future()
         for r in self.clients.first():
+            if self._finished.done():  # a send or completion failed: no point sending more
+                break
             wait = self.log.t0 + r.arrival_s - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)

@@ -338,7 +338,9 @@ def deployment_for(model: str, seed: int, settings: Mapping[str, int | None], dt
                    kv_capacity: int | None = None) -> VLLMDeployment:
     """The engine of `model` (max_model_len: its context) with vLLM's `settings` (vLLM's names; None or
     missing: vLLM's default), checked as vllm-v1 checks its own. `kv_capacity` (tokens): a KV cache of its
-    whole blocks for requests plus vLLM's null block (None: vLLM sizes it from the memory)."""
+    whole blocks for requests plus vLLM's null block (None: vLLM sizes it from the memory); smaller than the
+    model's context, it is max_model_len too (vLLM refuses a cache that cannot hold one request that long,
+    `kv_cache_utils._check_enough_kv_cache_memory`)."""
     ours = {v: k for k, v in VLLM_SETTINGS.items()}
     unknown = sorted(set(settings) - set(ours))
     if unknown:
@@ -346,10 +348,12 @@ def deployment_for(model: str, seed: int, settings: Mapping[str, int | None], dt
     given = engine_settings({ours[k]: v for k, v in settings.items()})
     if "enable_prefix_caching" in given:
         given["enable_prefix_caching"] = bool(given["enable_prefix_caching"])
+    max_model_len = get_model(model).max_position
     if kv_capacity is not None:
         block = given.get("block_size", CPU_BLOCK_SIZE)
         if not is_int(kv_capacity) or kv_capacity < block:
             raise InputError(f"--kv-capacity must be an integer of at least one KV block ({block} tokens), "
                              f"got {kv_capacity!r}")
         given["num_gpu_blocks"] = kv_capacity // block + 1
-    return VLLMDeployment(max_model_len=get_model(model).max_position, dtype=dtype, seed=seed, **given)
+        max_model_len = min(max_model_len, kv_capacity // block * block)
+    return VLLMDeployment(max_model_len=max_model_len, dtype=dtype, seed=seed, **given)

@@ -55,16 +55,18 @@ def turn_token_ids(request: Request, context: Sequence[int], vocab_size: int, se
 
 class SessionPrompts:
     """Every request's prompt ids, a later turn's built when it is sent from what its predecessor was sent and
-    got. RuntimeError for a chain the twin would not see as one stream: a predecessor missing, in another
-    session, or with another shared prefix (the twin keys the prefix's blocks by its group)."""
+    got. RuntimeError for a chain that could not be served or the twin would not see as one stream: a
+    predecessor missing or after it in `requests`, in another session, or with another shared prefix (the
+    twin keys the prefix's blocks by its group)."""
 
     def __init__(self, requests: Sequence[Request], vocab_size: int, seed: int = 0) -> None:
         self.vocab_size, self.seed = vocab_size, seed
-        by_id = {r.id: r for r in requests}
+        earlier: dict[int, Request] = {}  # a turn follows one before it in the list: no cycle waits forever
         for r in requests:
+            p = earlier.get(r.previous)
+            earlier[r.id] = r
             if r.previous < 0:
                 continue
-            p = by_id.get(r.previous)
             if p is None or p.session != r.session or r.session < 0 \
                     or (p.prefix_group, p.prefix_tokens) != (r.prefix_group, r.prefix_tokens):
                 raise RuntimeError(f"request {r.id} follows request {r.previous}, which is not an earlier "
