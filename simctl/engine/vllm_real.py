@@ -8,9 +8,12 @@ computed by the same code.
             run = server.serve(requests)                     # prefix cache reset before each run
 
 The engine is warmed up once (a few requests) before its first run, as simctl's own engine is before its
-clock starts. Each request is submitted at its arrival time on the monotonic clock with deterministic random
-prompt ids (`traces.tokens.prompt_token_ids`: shared only within a prefix group) and asks for exactly its
-output length (greedy, EOS ignored); every request is checked to have got exactly that many tokens. What each
+clock starts. Each request is submitted on the monotonic clock when `serving.clients.Clients` says
+(`engine.vllm_clients`: at its arrival, or when a closed-loop client is free, a session's later turn after the
+turn before it completed), with deterministic random prompt ids (`traces.tokens.SessionPrompts`: shared only
+within a prefix group; a later turn resends its session's context, the ids vLLM generated included), and asks
+for exactly its output length (greedy, EOS ignored); every request is checked to have got exactly that many
+tokens. What each
 engine step did and when every token came is recorded by a stat logger (`simctl.engine.vllm_steps`).
 
 vLLM's settings are those of the `vllm-v1` policy, its simulated twin (VLLM_SETTINGS). The summary holds what
@@ -64,12 +67,12 @@ TWIN_POLICY = "vllm-v1"  # the simulator's model of vLLM's scheduler: its settin
 VLLM_SETTINGS = {"max_batch_size": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
                  "block_size": "block_size", "enable_prefix_caching": "enable_prefix_caching",
                  "long_prefill_token_threshold": "long_prefill_token_threshold"}
+# vLLM's KV block size on the CPU when none is given (the vllm-v1 twin's device default)
+CPU_BLOCK_SIZE = dict(zip(DEVICE_SETTINGS, DEVICE_DEFAULTS["cpu"]))["block_size"]
 # How vLLM's CPU build places its threads, read when it starts its model worker. The default, "auto", keeps
 # one core per worker for the engine core's scheduler and this process (VLLM_CPU_NUM_OF_RESERVED_CPU unset)
 # and binds the worker's OpenMP threads to the others: on 2 cores, the model runs on one thread of its own
 # and the busy scheduler and the client share the other instead of preempting the model's threads.
-# vLLM's KV block size on the CPU when none is given (the vllm-v1 twin's device default)
-CPU_BLOCK_SIZE = dict(zip(DEVICE_SETTINGS, DEVICE_DEFAULTS["cpu"]))["block_size"]
 THREAD_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_CPU_NUM_OF_RESERVED_CPU": None}
 ENGINE_FAILED = "vLLM's engine did not start"
 WARM_UP = [Request(i, 0.0, 64 * (i + 1), 8) for i in range(4)]  # first calls of prefill and decode shapes
