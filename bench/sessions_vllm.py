@@ -93,8 +93,8 @@ def compare(requests: list[Request], kv_blocks: int, seed: int) -> dict[str, Any
     differ = [(r.id, int(a), int(b)) for r, a, b in zip(served, real, predicted) if a != b]
     return {"seed": seed, "kv_blocks": kv_blocks, "num_gpu_blocks": settings["num_gpu_blocks"],
             "block_size": settings["block_size"], "requests": len(requests), "queried": queries,
-            "vllm_hits": run.fields["prefix_cache_hit_tokens"],
-            "vllm_queried": run.fields["prefix_cache_queried_tokens"],
+            "vllm_hits": run.fields["prefix_cache_hits"],
+            "vllm_queried": run.fields["prefix_cache_queries"],
             "vllm_cached_sum": int(real.sum()), "twin_hits": int(predicted.sum()),
             "twin_queried": twin_run.queries, "twin_unbounded_hits": unbounded,
             "twin_null_block_hits": with_null,

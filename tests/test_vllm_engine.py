@@ -107,8 +107,8 @@ def test_session_turns_resend_their_context_and_vllm_reuses_what_the_twin_does(s
     run = server.serve(SESSIONS, concurrency=1)
     req = run.result.requests
     assert req["prefix_cached_tokens"].tolist() == SESSION_HITS
-    assert run.fields["prefix_cache_hit_tokens"] == sum(SESSION_HITS)
-    assert run.fields["prefix_cache_queried_tokens"] == sum(r.prompt_tokens for r in SESSIONS)
+    assert run.fields["prefix_cache_hits"] == sum(SESSION_HITS)
+    assert run.fields["prefix_cache_queries"] == sum(r.prompt_tokens for r in SESSIONS)
     # one client: each request sent after the one before completed (r5 after its think time too)
     sent, done = req["arrival_s"].to_numpy(), req["completion_s"].to_numpy()
     assert (sent[1:] >= done[:-1]).all() and sent[5] >= done[3] + 0.05
