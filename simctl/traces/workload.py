@@ -57,6 +57,9 @@ class Workload:
         "--max-concurrency N`); with --qps they arrive at that rate and wait for a free client."))
     think_time: float = option_field(0.0, "Seconds a closed-loop client waits after a response before "
                                      "sending its next request (needs --concurrency).")
+    hash_block_size: int = option_field(512, (
+        "Tokens per block id (hash_ids) of a Mooncake trace file (512 in Mooncake's; vLLM's timed_trace "
+        "default is 16); with --scale, the block scales with the lengths."))
 
     def in_working_folder(self) -> Workload:
         """This workload with a trace file's path made absolute in the user's working folder, before a child
@@ -113,6 +116,9 @@ class Workload:
             raise InputError(f"--concurrency must be an integer >= 1 (requests in flight), got {self.concurrency!r}")
         if not is_number(self.think_time) or not (0 <= self.think_time < MAX_CLOCK_S):
             raise InputError(f"--think-time must be a number of seconds >= 0, got {self.think_time!r}")
+        if not is_int(self.hash_block_size) or not 1 <= self.hash_block_size <= MAX_REQUESTS:
+            raise InputError(f"--hash-block-size must be an integer from 1 to {MAX_REQUESTS} (tokens per "
+                             f"block id), got {self.hash_block_size!r}")
         if self.think_time and self.concurrency is None:
             raise InputError("--think-time is a closed-loop client's pause: give --concurrency too")
 
@@ -122,7 +128,7 @@ class Workload:
         from simctl.traces.build import build_trace
 
         return build_trace(self.trace, self.num_requests, self.qps, self.seed, arrival=self.arrival,
-                           cv=self.cv, scale=self.scale)
+                           cv=self.cv, scale=self.scale, hash_block=self.hash_block_size)
 
     def recorded(self) -> dict[str, Any]:
         """The summary's workload fields, in declaration order."""
