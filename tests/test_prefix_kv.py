@@ -7,11 +7,13 @@ tests/test_vllm_v1_vs_vllm.py."""
 
 from __future__ import annotations
 
+import pytest
 from policy_cases import run_plan, shape
 
+from simctl.common.errors import InputError
 from simctl.costs.features import plan_features
 from simctl.policies.prefix_kv import PrefixCachingKV
-from simctl.policies.registry import make_policy
+from simctl.policies.registry import check_options, make_policy
 from simctl.policies.seq import Phase, Seq
 from simctl.policies.vllm_v1 import VLLMV1
 
@@ -84,3 +86,43 @@ def test_a_chunk_on_cached_context_pays_attention_over_it() -> None:
     # 6 new tokens through the linear layers, attending to the 16 cached ones and causally to each other
     assert features["linear_tokens"] == 6
     assert features["attn_units"] == 6 * (16 + 6 / 2) and features["attn_kv_tokens"] == 16 + 6
+
+
+def shared(i: int, prompt: int = 40) -> Seq:
+    return Seq(i, float(i), prompt, 2, prefix_group=0, prefix_tokens=32)
+
+
+@pytest.mark.parametrize("name", ["sarathi", "vllm"])
+def test_sarathi_and_vllm_may_cache_prefixes_in_vllm_s_block_pool(name: str) -> None:
+    for caching, hit in [(1, 32), (0, 0)]:
+        policy = make_policy(name, 100 * 16, 4096, {"enable_prefix_caching": caching})
+        assert policy.shares_prefixes == bool(caching)
+        a, b = shared(0), shared(1)
+        policy.add(a)
+        policy.add(b)
+        # both admitted in one step (budget 512; vllm: prefills only): the first's two blocks of the shared
+        # prefix (blocks of 16) get their hash when scheduled, and the second finds them at once
+        plan = policy.schedule()
+        assert shape(plan) == [(0, 40), (1, 40 - hit)] and plan.prefill_c == [0, hit]
+        run_plan(policy, plan)
+        assert policy.stats() == ({"prefix_cache_hit_tokens": 32, "prefix_cache_queried_tokens": 80,
+                                   "prefix_cache_preempted_hit_tokens": 0,
+                                   "prefix_cache_preempted_queried_tokens": 0} if caching else {})
+        assert ("enable_prefix_caching" in policy.settings.as_dict()) == bool(caching)
+
+
+def test_sarathi_hashes_each_chunk_as_it_is_scheduled() -> None:
+    policy = make_policy("sarathi", 100 * 16, 4096, {"enable_prefix_caching": 1, "token_budget": 16})
+    assert isinstance(policy.kv, PrefixCachingKV)
+    policy.add(shared(0))
+    run_plan(policy, policy.schedule())  # its first chunk, tokens 0-15: block 0 hashed
+    assert len(policy.kv.lookup(shared(1))) == 1  # block 1 is not, though set aside at admission
+    plan = policy.schedule()  # its second chunk: block 1 hashed now, and the plan is not repeated unscheduled
+    assert shape(plan) == [(0, 16)] and policy.chunk_repeats(plan) == 0
+    assert len(policy.kv.lookup(shared(1))) == 2
+
+
+def test_other_policies_refuse_prefix_caching_in_one_line() -> None:
+    with pytest.raises(InputError, match="--enable-prefix-caching applies only to the policies vllm, "
+                                         "vllm-v1, sarathi, .*; not to 'orca'"):
+        check_options("orca", {"enable_prefix_caching": 1})

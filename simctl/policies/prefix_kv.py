@@ -118,6 +118,11 @@ class PrefixCachingKV(PagedKV):
         tokens = max(seq.computed, len(hits) * self.block_size)
         self._extend(seq, tokens, min(tokens, seq.known_tokens))
 
+    def reserve(self, seq: Seq) -> None:
+        """Blocks for an admitted request's whole pending prefill, none hashed yet: for a policy that sets
+        them aside at admission (`simctl.policies.prefix_caching`); `allocate` hashes them as scheduled."""
+        self._extend(seq, seq.prefill_end, seq.computed)
+
     # --- growth (allocate_slots of a running request) ---
 
     def allocate(self, seq: Seq, tokens: int) -> bool:
@@ -132,7 +137,14 @@ class PrefixCachingKV(PagedKV):
         assert self.can_grow(seq, steps), "grow() without can_grow()"
         self._extend(seq, seq.computed + steps, seq.computed + steps)
 
-    grow_each = KVManager.grow_each  # PagedKV's shortcut counts blocks without taking them
+    def grow_each(self, seqs: list[Seq]) -> bool:
+        """One more token each if the blocks they lack, all together, are free (sarathi's and vllm's
+        decodes); otherwise nothing changes."""
+        held = self.held
+        if sum(1 for s in seqs if s.computed >= held[s.id]) > self.free_blocks:
+            return False
+        self.grow_all(seqs, 1)
+        return True
 
     def grow_all(self, seqs: list[Seq], steps: int) -> None:
         for s in seqs:  # all of them: a block that fills up gets its hash even where none is added
