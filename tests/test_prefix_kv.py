@@ -1,6 +1,7 @@
 """vLLM v1's prefix cache (simctl.policies.prefix_kv) on what sessions and Mooncake traces add, by hand: a
 turn's answer blocks are the next turn's hits, Mooncake block ids share blocks, a request's key runs, and the
-cost of a chunk that starts on cached context (vllm/v1/core/kv_cache_manager.py, block_pool.py). The rules
+cost of a chunk that starts on cached context (vllm/v1/core/kv_cache_manager.py, block_pool.py); sarathi and
+vllm with `--enable-prefix-caching`. The rules
 vLLM and the twin share (full blocks only, never the last token, LRU eviction tail first, re-hit after
 preemption) are in tests/test_vllm_v1.py, and step by step against vLLM itself in
 tests/test_vllm_v1_vs_vllm.py."""
@@ -16,6 +17,7 @@ from simctl.policies.prefix_kv import PrefixCachingKV
 from simctl.policies.registry import check_options, make_policy
 from simctl.policies.seq import Phase, Seq
 from simctl.policies.vllm_v1 import VLLMV1
+from simctl.traces.request import Request
 
 
 def v1(blocks: int = 100, block: int = 4) -> VLLMV1:
@@ -126,3 +128,28 @@ def test_other_policies_refuse_prefix_caching_in_one_line() -> None:
     with pytest.raises(InputError, match="--enable-prefix-caching applies only to the policies vllm, "
                                          "vllm-v1, sarathi, .*; not to 'orca'"):
         check_options("orca", {"enable_prefix_caching": 1})
+
+
+def test_decodes_grow_together_or_not_at_all() -> None:
+    kv = PrefixCachingKV(3 * 4, 4, caching=True)  # 3 blocks of 4
+    a, b = Seq(0, 0.0, 4, 5), Seq(1, 0.0, 4, 5)
+    for s in (a, b):
+        kv.admit(s)
+        kv.allocate(s, 4)
+        s.advance(4)  # its first block full: its next token needs a new block
+    assert kv.free_blocks == 1
+    assert not kv.grow_each([a, b]) and kv.free_blocks == 1 and kv.held == {0: 4, 1: 4}
+    assert kv.grow_each([a]) and kv.free_blocks == 0
+
+
+def test_simctl_s_own_engine_refuses_mooncake_ids_and_sessions_with_caching() -> None:
+    from simctl.catalogue.models import get_model
+    from simctl.engine.setup import RealConfig, size_run
+
+    per_token = get_model("tiny").kv_bytes_per_token(4)
+    config = RealConfig(policy="sarathi", model="tiny", options={"enable_prefix_caching": 1})
+    for shared_ in ({"hash_ids": (0, 1), "hash_block": 32}, {"session": 0}):
+        requests = [Request(i, 0.0, 40, 4, **shared_) for i in range(2)]
+        with pytest.raises(InputError, match="sarathi reuses cached prompt prefixes across requests"):
+            size_run(config, requests, per_token, 1 << 30)
+        size_run(RealConfig(policy="sarathi", model="tiny"), requests, per_token, 1 << 30)  # caching off

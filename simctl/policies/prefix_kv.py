@@ -68,10 +68,10 @@ class PrefixCachingKV(PagedKV):
             stop = min(n, min(seq.prompt_tokens, len(ids) * hb) // bs)
             keys += [("h", ids[((j + 1) * bs - 1) // hb], j) for j in range(i, stop)]
             i = max(i, stop)
-        own: int | str = "s" if seq.session >= 0 else -1 - seq.id
         if seq.session >= 0:
-            keys += [(own, seq.session, j) for j in range(i, n)]
+            keys += [("s", seq.session, j) for j in range(i, n)]
         else:
+            own = -1 - seq.id
             keys += [(own, j) for j in range(i, n)]
         return keys
 
