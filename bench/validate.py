@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                           "first (simctl profile / simctl fit)[/yellow]")
             return 0
         console.print(f"cost model {cost}; runs in {out}")
-        report = validate_main(args.policy.split(","), "sharegpt", list(LOADS), cost=str(cost), out=out,
+        report = validate_main(args.policy.split(","), loads=list(LOADS), cost=str(cost), out=out,
                                capacity=True, quiet_wait_s=args.quiet_wait, repeats=args.repeats,
                                log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
 

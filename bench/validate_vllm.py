@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,8 +75,9 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="simctl-validate-vllm-"))
     print(f"runs, profile and fit in {out}", file=sys.stderr)
     cost = args.cost or str(fit_of_vllm(out))
-    v = VLLMValidation(cost=cost, out=out / "validation", loads=(0.5, 0.7, 0.9),
-                       num_requests=args.num_requests, repeats=args.repeats, capacity=True)
+    v = VLLMValidation(cost=cost, out=out / "validation", loads=(0.5, 0.7, 0.9), repeats=args.repeats,
+                       capacity=True)
+    v = replace(v, workload=replace(v.workload, num_requests=args.num_requests))
     start, load0 = time.strftime("%H:%M:%S", time.gmtime()), _load()
     report = validate_vllm(v, log=lambda line: print(line, file=sys.stderr))
     when = (f"Validated {start}-{time.strftime('%H:%M:%S', time.gmtime())} UTC; machine load averages (1, 5, "

@@ -51,8 +51,9 @@ def pooled(dirs: list[Path]) -> tuple[dict[str, Any], list[Load]]:
 def main() -> None:
     from simctl.costs.base import ScaledCost
     from simctl.results.validation_report import pct_error
+    from simctl.traces.workload import Workload
     from simctl.validation.twin import load_cost
-    from simctl.validation.vllm_validate import FIT_SPEED_TOL, VLLMValidation, Workload, simulate_requests
+    from simctl.validation.vllm_validate import FIT_SPEED_TOL, simulate_requests
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dirs", nargs="+", type=Path)
@@ -60,11 +61,10 @@ def main() -> None:
     a = ap.parse_args()
     cfg, loads = pooled(a.dirs)
     cost = load_cost(cfg["cost"], cfg["model"])
-    workload = Workload(VLLMValidation(cost=cost, model=cfg["model"], trace=cfg["trace"], scale=cfg["scale"],
-                                       num_requests=cfg["num_requests"], seed=cfg["seed"]))
+    workload = Workload.of_record(cfg)
 
     def twin(qps: float, factor: float) -> dict[str, Any]:
-        return simulate_requests(workload.at(qps), cfg["engine"], ScaledCost(cost, factor))[0]
+        return simulate_requests(workload.at(qps).requests(), cfg["engine"], ScaledCost(cost, factor))[0]
 
     print(f"Pooled: {len(a.dirs)} validations of {cfg['cost']}, {cfg['runs']} real runs per load.\n")
     print("| load | metric | real median (runs) | real min..max | sim | error | speed factor (median) | "

@@ -116,22 +116,22 @@ def validation_steps(cost_path: str, fractions: list[float], seed: int = 0) -> d
     from simctl.validation.vllm_validate import (
         SIM_REL_TOL,
         VLLMValidation,
-        Workload,
         check,
         simulate_requests,
     )
 
     v = VLLMValidation(cost=cost_path, out=Path(tempfile.mkdtemp()) / "unused", repeats=1)
     fit, _ = check(v)
-    workload, out = Workload(v), {}
-    with VLLMServer(v.model, deployment_for(v.model, v.seed, v.settings)) as server:
+    out = {}
+    with VLLMServer(v.model, deployment_for(v.model, v.workload.seed, v.settings)) as server:
         settings = server.settings()
-        cap = search_qps(lambda q: simulate_requests(workload.at(q), settings, fit)[0], v.slo,
+        cap = search_qps(lambda q: simulate_requests(v.requests_at(q), settings, fit)[0], v.slo,
                          rel_tol=SIM_REL_TOL, max_probes=40).qps
         for x in fractions:
-            reqs = workload.at(x * cap)
-            server.serve(reqs, v.seed)  # warm-up at this load, discarded
-            rows = step_rows(server.serve(reqs, v.seed, members=True), {r.id: r.prompt_tokens for r in reqs})
+            reqs = v.requests_at(x * cap)
+            server.serve(reqs, v.workload.seed)  # warm-up at this load, discarded
+            rows = step_rows(server.serve(reqs, v.workload.seed, members=True),
+                             {r.id: r.prompt_tokens for r in reqs})
             period = np.array([r["step"].period_s for r in rows])
             price = np.array([fit.iteration_time(r["step"].plan()) for r in rows])
             out[str(x)] = {"qps": x * cap, "steps": len(rows),

@@ -60,36 +60,34 @@ def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
         REAL_STEP,
         SIM_REL_TOL,
         VLLMValidation,
-        Workload,
         check,
         simulate_requests,
     )
 
     v = VLLMValidation(cost=cost, out=out / "unused", repeats=rounds)
     fit, loads = check(v)
-    workload = Workload(v)
     report: dict = {"cost": cost, "rounds": rounds, "loads": {}, "probes": [], "capacities": []}
-    with VLLMServer(v.model, deployment_for(v.model, v.seed, v.settings)) as server:
+    with VLLMServer(v.model, deployment_for(v.model, v.workload.seed, v.settings)) as server:
         settings = server.settings()
         report["pinned"] = settings["pinned"]
         # the CPU of every process but vLLM's and this one, while each run is served
         monitor = CpuMonitor(own=tuple(p for p in descendants(os.getpid()) if p != os.getpid()))
-        cap = search_qps(lambda q: simulate_requests(workload.at(q), settings, fit)[0], v.slo,
+        cap = search_qps(lambda q: simulate_requests(v.requests_at(q), settings, fit)[0], v.slo,
                          rel_tol=SIM_REL_TOL, max_probes=40)
         report["twin_capacity"] = cap.qps
         runs = {x: [] for x in loads}
-        probe = [replace(r, arrival_s=0.0) for r in workload.at(1.0)[:PROBE_REQUESTS]]
+        probe = [replace(r, arrival_s=0.0) for r in v.requests_at(1.0)[:PROBE_REQUESTS]]
 
         def speed() -> float:
-            return summarize(server.serve(probe, v.seed).result)["makespan_s"]
+            return summarize(server.serve(probe, v.workload.seed).result)["makespan_s"]
 
         for x in loads:  # warm-up, discarded
-            server.serve(workload.at(x * cap.qps), v.seed)
+            server.serve(v.requests_at(x * cap.qps), v.workload.seed)
         for r in range(rounds):
             for x in loads:
                 before = speed()
                 c0, t0 = monitor.read(), time.perf_counter()
-                s = summarize(server.serve(workload.at(x * cap.qps), v.seed).result)
+                s = summarize(server.serve(v.requests_at(x * cap.qps), v.workload.seed).result)
                 foreign = monitor.foreign_share(c0, monitor.read(), time.perf_counter() - t0)
                 after = speed()
                 runs[x].append({m: s[m] for m in SHOWN} | {"probe_before_s": before, "probe_after_s": after,
@@ -99,8 +97,8 @@ def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
                       file=sys.stderr)
         for _ in range(capacities):
             t0 = time.perf_counter()
-            real = search_qps(lambda q: summarize(server.serve(workload.at(q), v.seed).result), v.slo,
-                              start_qps=cap.qps, rel_tol=REAL_REL_TOL, max_probes=6, step=REAL_STEP)
+            real = search_qps(lambda q: summarize(server.serve(v.requests_at(q), v.workload.seed).result),
+                              v.slo, start_qps=cap.qps, rel_tol=REAL_REL_TOL, max_probes=6, step=REAL_STEP)
             report["capacities"].append({"qps": real.qps, "problem": real.problem,
                                          "probes": [(p["qps"], p["slo_met"]) for p in real.probes],
                                          "wall_s": time.perf_counter() - t0})

@@ -31,8 +31,9 @@ def describe(name: str, it: pd.DataFrame, requests: pd.DataFrame) -> str:
 
 def main() -> None:
     from simctl.costs.base import ScaledCost
+    from simctl.traces.workload import Workload
     from simctl.validation.twin import load_cost
-    from simctl.validation.vllm_validate import VLLMValidation, Workload, simulate_requests
+    from simctl.validation.vllm_validate import simulate_requests
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("validation", type=Path)
@@ -44,8 +45,7 @@ def main() -> None:
     cfg = report["config"]
     cost = load_cost(cfg["cost"], cfg["model"])
     (row,) = [r for r in report["rows"] if r["load"] == a.load]
-    requests = Workload(VLLMValidation(cost=cost, model=cfg["model"], trace=cfg["trace"], scale=cfg["scale"],
-                                       num_requests=cfg["num_requests"], seed=cfg["seed"])).at(row["qps"])
+    requests = Workload.of_record(cfg).at(row["qps"]).requests()
     print("| run | steps | decode rows mean / max | prefill tokens per step mean / P90 / max | period P50 / "
           "P99 | P99 of requests' longest gap | preemptions |\n|---|---|---|---|---|---|---|")
     for factor in sorted({1.0, a.factor}):

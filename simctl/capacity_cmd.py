@@ -12,7 +12,7 @@ import typer
 from simctl.common.errors import InputError
 from simctl.config_options import Without
 from simctl.configs import Deployment, Workload
-from simctl.display import fmt, out_console, progress_bar
+from simctl.display import fmt, fmt_rate, out_console, progress_bar
 from simctl.goodput_cmd import goodput_command
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
@@ -62,7 +62,9 @@ def capacity(
         "Goodput (DistServe): the highest rate meeting --slo on the deployment the cluster options describe, "
         "per GPU it uses; writes goodput.json to --out."))] = False,
 ) -> None:
-    """Find the highest request rate each policy sustains within the SLOs (bisection over QPS).
+    """Find the highest request rate each policy sustains within the SLOs (bisection over QPS); with
+    --concurrency N, closed-loop clients all ready at once, the highest concurrency (from N) and the
+    throughput it reached.
 
     Example: simctl capacity --policy orca,vllm,sarathi --trace arxiv --slo p99_tbt=0.5 --seeds 3 --out
     out/cap
@@ -75,12 +77,16 @@ def capacity(
 
     if workload.num_requests is None:
         workload = replace(workload, num_requests=probe_requests(workload.trace))
-    base = base_config(replace(workload, qps=start_qps), deployment)
+    closed = workload.concurrency is not None  # the search is over the concurrency, every request ready
+    base = base_config(replace(workload, qps=None if closed else start_qps), deployment)
     combos = grid(base, policies.policy, deployment, policies.settings())
     configs, labels = [c.config for c in combos], [c.label for c in combos]
     given = parse_slo(slo or [], attainment, max_sched_delay_p50)  # also checks --attainment and the delay
     given = replace(given, definition=capacity_definition)
     if goodput or cluster.is_cluster:  # a deployment's rate per GPU (simctl.goodput_cmd)
+        if closed:
+            raise InputError("--concurrency: a closed loop's capacity is searched on one replica; a "
+                             "cluster's (--goodput, or the cluster options) searches rates only")
         return goodput_command(configs, cluster, given, bool(slo), start_qps, seeds, out)
     CapacityConfig(configs, {"given": given}, start_qps, workers, seeds, labels).validate()  # before costs
     if slo:
@@ -165,25 +171,32 @@ def capacity_table(results: list[Any], trace: str, seeds: int, definition: str) 
     where = ": {} / {} x{}".format(*next(iter(setups))) if len(setups) == 1 else ""
     title = f"capacity on {trace}{where}" + (f", {median_label(seeds)} of {seeds} seeds" if spread else "")
     ats = [r.median_search.at_capacity for r in results]
+    closed = any(r.variable == "concurrency" for r in results)
+    what = "concurrency (closed-loop clients, all ready at t=0)" if closed else "rate (QPS)"
     refusing = any(at and at.get("rejected") for at in ats)  # the column only where a request was refused
     table = Table(title=escape(title),
-                  caption=escape(f"capacity: the highest rate (QPS) meeting the SLO, {definition} definition "
-                                 f"({DEFINITIONS[definition]}); P99 TBT, P50 TTFT, saturation"
+                  caption=escape(f"capacity: the highest {what} meeting the SLO, {definition} definition "
+                                 f"({DEFINITIONS[definition]}); "
+                                 + ("req/s: the throughput it reached; " if closed else "")
+                                 + "P99 TBT, P50 TTFT, saturation"
                                  + (", refused" if refusing else "") + ": the run at capacity"
                                  + ("; refused: its requests longer than the max model length"
                                     if refusing else "")
-                                 + "; bound by: the limits the next rate probed above the capacity missed"))
+                                 + "; bound by: the limits the next one probed above the capacity missed"))
     for col in ("config", "SLO", "capacity", *(("min..max",) if spread else ()),
+                *(("req/s",) if closed else ()),
                 "P99 TBT", "P50 TTFT", "saturation", *(("refused",) if refusing else ()), "bound by",
                 "probes"):
         # numbers are never cut: only the two-word headers wrap on a narrow terminal
         table.add_column(col, justify="right", no_wrap=col not in ("P99 TBT", "P50 TTFT"), min_width=6)
     for r, at in zip(results, ats, strict=True):
-        shown = (f"{r.qps:.3f}" if not r.problems else
+        shown = (f"{r.qps:d}" if r.variable == "concurrency" and not r.problems else
+                 f"{r.qps:.3f}" if not r.problems else
                  f">= {r.qps:.3g}" if r.qps > 0 and r.median_search.problem else
                  "none found" if r.qps == 0 else f"{r.qps:.3f}")
         refused = at.get("rejected", 0) if at else None
         table.add_row(r.name, r.slo_name, shown, *((f"{r.qps_min:.3g}..{r.qps_max:.3g}",) if spread else ()),
+                      *((fmt_rate(at["throughput_rps"] if at else None),) if closed else ()),
                       fmt(at.get("tbt_p99") if at else None), fmt(at.get("ttft_p50") if at else None),
                       at["saturation"] if at else "-",
                       *(("-" if refused is None else f"{refused / (refused + at['num_requests']):.1%}",)

@@ -149,6 +149,8 @@ def list_catalogue() -> None:
     from simctl.costs.overheads import EXECUTION_MODES, StepOverheads
     from simctl.costs.roofline import DEFAULT_ATTN_MFU, DEFAULT_MBU, DEFAULT_MFU
     from simctl.traces import PROFILES
+    from simctl.traces.session_defaults import SESSION_TRACE
+    from simctl.traces.sessions import DESCRIPTION as SESSIONS_DESCRIPTION
 
     console = out_console()
     for title, rows in (
@@ -156,7 +158,9 @@ def list_catalogue() -> None:
             f"--{k.replace('_', '-')} {v if v is not None else '(derived)'}"
             for k, v in c.Settings().as_dict().items())) for n, c in POLICIES.items()]),
         ("traces", [(n, p.description) for n, p in PROFILES.items()]
-         + [("PATH", "a CSV (num_prefill_tokens,num_decode_tokens[,arrived_at]) or JSONL trace file")]),
+         + [(SESSION_TRACE, SESSIONS_DESCRIPTION),
+            ("PATH", ("a CSV (num_prefill_tokens,num_decode_tokens[,arrived_at]; sessions: session_id,"
+                      "num_new_tokens,num_decode_tokens[,think_s,arrived_at]) or JSONL trace file"))]),
         ("models", [(n, m.description) for n, m in MODELS.items()]),
         ("gpus", [(n, g.description) for n, g in GPUS.items()]),
         ("cost models", [

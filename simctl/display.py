@@ -29,7 +29,7 @@ def print_summary(s: dict) -> None:
     where = (f"{s.get('device_name', s['gpu'])} (measured)" if s.get("mode") == "real"
              else f"{s['gpu']} x{s.get('gpus', s['tp'])}{_deployment(s)}")
     head = (f"{s.get('vllm_version', s['policy'])} on {s['trace']}: {s['model']} / {where}, "
-            f"{fmt_rate(s['offered_qps'])} QPS offered, {s['completed']}/{s['num_requests']} requests"
+            f"{_load(s)}, {s['completed']}/{s['num_requests']} requests"
             + (f", {s['rejected']} refused (longer than {s['max_model_len']} positions)" if s.get("rejected")
                else ""))
     table = Table(title=escape(head), show_header=True)  # a trace path is text, not markup
@@ -40,13 +40,22 @@ def print_summary(s: dict) -> None:
         table.add_row(f"{name} (s)", *(fmt(s.get(f"{name}_{p}")) for p in ("p50", "p90", "p99")))
     console.print(table)
     console.print(escape(
-        f"throughput {s['throughput_rps']:.3f} req/s, {s['throughput_tokens_per_s']:.0f} output tok/s; "
-        f"TPOT p50 {fmt(s['tpot_p50'])} s; makespan {s['makespan_s']:.1f} s; preemptions "
+        f"throughput {s['throughput_rps']:.3f} req/s, {s['throughput_tokens_per_s']:.0f} output tok/s"
+        + (f", {s['in_flight_mean']:.2f} in flight on average" if "in_flight_mean" in s else "")
+        + f"; TPOT p50 {fmt(s['tpot_p50'])} s; makespan {s['makespan_s']:.1f} s; preemptions "
         f"{s['preemptions']}; {saturation_text(s)}"
         + (f"; served in {s['real_wall_s']:.1f} s" if s.get("mode") == "real"
            else f"; simulated in {s['sim_wall_s']:.2f} s")))
     for line in judged_lines(s):
         console.print(escape(line))
+
+
+def _load(s: dict) -> str:
+    """The load offered: a rate, or a closed loop's clients (and the rate they were ready at, if given)."""
+    if not s.get("concurrency"):
+        return f"{fmt_rate(s['offered_qps'])} QPS offered"
+    rate = f", ready at {fmt_rate(s['qps'])} QPS" if s.get("qps") else ""
+    return f"{s['concurrency']} clients (closed loop{rate}), sent at {fmt_rate(s['offered_qps'])} QPS"
 
 
 def _deployment(s: dict) -> str:

@@ -93,4 +93,7 @@ def _on_vllm(ctx: typer.Context, policies: Any, common: dict[str, Any]) -> dict[
         if ctx.get_parameter_source(name).name != "DEFAULT":
             raise InputError(f"--{name.replace('_', '-')} applies to --engine simctl; vLLM runs on the CPU "
                              f"with its own threads, KV cache and attention")
+    if common["workload"].concurrency is not None:
+        raise InputError("--concurrency: --engine vllm sends its requests open loop (closed-loop clients are "
+                         "built for --engine simctl)")
     return vllm_real_main(settings=engine_settings(policies.settings()), **common)

@@ -5,7 +5,7 @@ prediction (`simctl.vllm_bench_cmd`)."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -13,21 +13,22 @@ import typer
 
 from simctl.common.errors import InputError
 from simctl.common.option_fields import option_field
+from simctl.config_options import Without
 from simctl.configs import RealDisaggregation
-from simctl.options import ATTENTION_HELP, SEED_HELP, TRACE_HELP
+from simctl.options import ATTENTION_HELP
+from simctl.traces.workload import Workload
 from simctl.vllm_bench_cmd import BenchFile
+
+# every run's requests; their rate is each load's. num_requests None: 300 per run (150 with --engine vllm)
+VALIDATE_WORKLOAD = Workload(trace="sharegpt", qps=None, num_requests=None, scale=0.05)
 
 
 @dataclass(frozen=True)
 class RealRuns:
-    """The real runs: their trace and loads, their length, and how many of each."""
+    """The real runs: their loads and how many of each."""
 
-    trace: str = option_field("sharegpt", TRACE_HELP)
     loads: str = option_field("0.5,0.7", "Loads as fractions of each policy's simulated capacity (over 1: "
                               "beyond it, where a run may give up, its latencies n/a).")
-    scale: float = option_field(0.05, "Multiply prompt and output lengths (CPU-sized runs).")
-    num_requests: int = option_field(300, "Requests per run.")
-    seed: int = option_field(0, SEED_HELP)
     threads: int | None = option_field(None, "CPU threads of the real runs [default: the profile's].")
     capacity: bool = option_field(False, "Also bisect the real capacity (a few more real runs).")
     repeats: int = option_field(1, "Real runs per policy and load; measured values are their medians (a "
@@ -49,6 +50,7 @@ def validate(
     policy: Annotated[str, typer.Option(help=(
         "Policies to check: `all` or a comma-separated list (with --from-vllm-bench: the one policy "
         "predicting it [default: vllm-v1])."))] = "all",
+    workload: Annotated[Workload, Without("qps")] = VALIDATE_WORKLOAD,
     runs: RealRuns = RealRuns(),
     cost: Annotated[str | None, typer.Option(help="The fitted cost_model.json of --device in --dtype "
                                              "[default: the shipped CPU fit].")] = None,
@@ -86,27 +88,29 @@ def validate(
     if engine == "vllm":
         if ctx.get_parameter_source("loads").name == "DEFAULT":
             fractions = [0.5, 0.7, 0.9]
-        return vllm_validate_command(ctx, runs.trace, fractions, cost, model, runs.scale, runs.num_requests,
-                                     runs.seed, runs.capacity, runs.repeats, out)
-    _on_simctl([p.strip() for p in policy.split(",") if p.strip()], runs, fractions, cost, device, dtype,
-               attention, model, disaggregation, out)
+        return vllm_validate_command(ctx, workload, fractions, cost, model, runs.capacity, runs.repeats, out)
+    _on_simctl([p.strip() for p in policy.split(",") if p.strip()], workload, runs, fractions, cost, device,
+               dtype, attention, model, disaggregation, out)
 
 
-def _on_simctl(policies: list[str], runs: RealRuns, fractions: list[float], cost: str | None, device: str,
-               dtype: str | None, attention: str | None, model: str, disaggregation: RealDisaggregation,
-               out: Path) -> None:
+def _on_simctl(policies: list[str], workload: Workload, runs: RealRuns, fractions: list[float],
+               cost: str | None, device: str, dtype: str | None, attention: str | None, model: str,
+               disaggregation: RealDisaggregation, out: Path) -> None:
     """The validation of simctl's own engine: its report on stdout, its files in `out`."""
     from simctl.catalogue.gpus import get_gpu
     from simctl.results.validation_report import markdown
     from simctl.sim.run import default_cost_path
+    from simctl.validation.twin import DEFAULT_NUM_REQUESTS
     from simctl.validation.validate import validate_main
+
+    if workload.num_requests is None:
+        workload = replace(workload, num_requests=DEFAULT_NUM_REQUESTS)
 
     cost_path = cost if cost is not None else default_cost_path(get_gpu("cpu"))
     if cost_path is None:
         raise InputError("no cost model: give --cost (fit one with `simctl profile` and `simctl fit`)")
     try:
-        report = validate_main(policies, trace=runs.trace, loads=fractions, cost=cost_path, out=out,
-                               model=model, scale=runs.scale, num_requests=runs.num_requests, seed=runs.seed,
+        report = validate_main(policies, workload, loads=fractions, cost=cost_path, out=out, model=model,
                                threads=runs.threads, capacity=runs.capacity, repeats=runs.repeats,
                                device=device, dtype=dtype, attention=attention,
                                prefill_instances=disaggregation.prefill_instances,

@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import typer
 
 from simctl.common.errors import InputError
+from simctl.traces.workload import Workload
 
 DEFAULT_OUT = Path("out/validate-vllm")
-DEFAULT_NUM_REQUESTS = 150  # each real run on vLLM's CPU build: 150 requests / QPS seconds
 # validate's options that only simctl's own engine (or a bench file) takes
 SIMCTL_ONLY = ("device", "dtype", "attention", "threads", "prefill_instances", "decode_instances",
                "from_vllm_bench", "gpu", "tp", "goodput")
@@ -39,18 +40,18 @@ def check_engine_options(ctx: typer.Context, engine: str, policy: str) -> None:
                          "vLLM's CPU engine with its serving defaults")
 
 
-def vllm_validate_command(ctx: typer.Context, trace: str, loads: list[float], cost: str | None, model: str,
-                          scale: float, num_requests: int, seed: int, capacity: bool, repeats: int,
-                          out: Path) -> None:
+def vllm_validate_command(ctx: typer.Context, workload: Workload, loads: list[float], cost: str | None,
+                          model: str, capacity: bool, repeats: int, out: Path) -> None:
     from simctl.validation.vllm_validate import VLLMValidation, markdown, validate_vllm
 
     if cost is None:
         raise InputError("--engine vllm needs --cost: the fit of vLLM's steps on this machine (`simctl "
                          "profile --engine vllm --out P`, then `simctl fit P`)")
     out = out if _given(ctx, "out") else DEFAULT_OUT
-    v = VLLMValidation(cost=cost, out=out, loads=tuple(loads), trace=trace, model=model, scale=scale,
-                       num_requests=num_requests if _given(ctx, "num_requests") else DEFAULT_NUM_REQUESTS,
-                       seed=seed, repeats=repeats, capacity=capacity)
+    if workload.num_requests is None:
+        workload = replace(workload, num_requests=VLLMValidation().workload.num_requests)
+    v = VLLMValidation(cost=cost, out=out, loads=tuple(loads), workload=workload, model=model,
+                       repeats=repeats, capacity=capacity)
     try:
         report = validate_vllm(v, log=lambda line: print(line, file=sys.stderr))
     except RuntimeError as e:  # vLLM's engine failed, or a request did not get its tokens

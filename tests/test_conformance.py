@@ -221,7 +221,7 @@ def _check_run(sc: Scenario, ob: Observed) -> None:
     preemptions = int(req["preemptions"].sum())
     assert preemptions == len(ob.dropped)
     stats = policy.stats()
-    hits = stats.get("prefix_cache_hit_tokens", 0) + stats.get("prefix_cache_preempted_hit_tokens", 0)
+    hits = stats.get("prefix_cache_hits", 0) + stats.get("prefix_cache_preempted_hits", 0)
     assert processed == expected + sum(ob.dropped) - hits
     if not policy.shares_prefixes:
         assert hits == 0

@@ -118,9 +118,9 @@ def test_validate_compares_a_real_pd_run_with_the_simulated_cluster(tmp_path: Pa
     from simctl.validation.validate import validate_main
 
     out = tmp_path / "val"
-    report = validate_main(["vllm"], "sharegpt", [0.5], cost=TinyCost(), out=out, model=MODEL, scale=0.02,
-                           num_requests=100, seed=0, threads=1, slo=SLO({"p50_ttft": 0.004}),
-                           prefill_instances=1, decode_instances=1)
+    report = validate_main(["vllm"], Workload(trace="sharegpt", qps=None, num_requests=100, scale=0.02),
+                           [0.5], cost=TinyCost(), out=out, model=MODEL, threads=1,
+                           slo=SLO({"p50_ttft": 0.004}), prefill_instances=1, decode_instances=1)
     row = report.rows[0]
     assert row["identical_requests"] and row["real_completed"] == row["sim_completed"] == 100
     matched, total = (int(v) for v in row["replay_matched"].split("/"))
@@ -141,7 +141,7 @@ def test_validate_pd_refuses_threads_the_cores_cannot_hold(tmp_path: Path) -> No
     from simctl.validation.validate import validate_main
 
     with pytest.raises(InputError, match="two instances"):
-        validate_main(["vllm"], "sharegpt", [0.5], cost=TinyCost(), out=tmp_path / "val", model=MODEL,
+        validate_main(["vllm"], loads=[0.5], cost=TinyCost(), out=tmp_path / "val", model=MODEL,
                       threads=default_threads(), prefill_instances=1, decode_instances=1)
 
 

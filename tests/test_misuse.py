@@ -4,18 +4,23 @@ a verdict that holds, and the interrupted commands stop their children and leave
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from simctl.cli import main
 from simctl.common.errors import InputError
 from simctl.sim.run import RunConfig, run
 from simctl.studies.capacity import SLO, find_capacity, search_qps
@@ -28,9 +33,23 @@ SIMCTL = Path(sys.executable).parent / "simctl"
 SHIPPED_CPU_PROFILE = Path(__file__).resolve().parents[1] / "simctl" / "profiler" / "profiles" / "cpu"
 
 
-def simctl(*args: str | Path, cwd: Path | None = None, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SIMCTL), *map(str, args)], check=False, capture_output=True, text=True,
-                          cwd=cwd, timeout=300, **kw)
+def simctl(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`simctl ARGS` run in this process through the command line's entry point (its exit code, stdout and
+    stderr as a child's would be): these cases test what it says, not the process boundary, which the
+    interruption tests below and tests/test_cli.py cross."""
+    out, err, before = io.StringIO(), io.StringIO(), Path.cwd()
+    code = 0
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main([str(a) for a in args])
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess(["simctl", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
 def one_line_error(res: subprocess.CompletedProcess[str], *words: str) -> None:
@@ -137,8 +156,9 @@ def test_validate_with_few_requests_is_refused_or_close(monkeypatch: pytest.Monk
     def simulated_capacity(n: int) -> float | None:
         said: list[str] = []
         try:
-            validate_main(["vllm"], "sharegpt", [0.5], cost=cost, out=tmp_path / f"val{n}", model="tiny",
-                          scale=0.05, num_requests=n, threads=1, quiet_wait_s=0, log=said.append)
+            validate_main(["vllm"], Workload(trace="sharegpt", qps=None, num_requests=n, scale=0.05), [0.5],
+                          cost=cost, out=tmp_path / f"val{n}", model="tiny", threads=1, quiet_wait_s=0,
+                          log=said.append)
         except InputError as e:
             assert "num-requests" in str(e), e
             return None
@@ -442,12 +462,31 @@ def _children(pid: int) -> list[int]:
     return [int(c) for c in path.read_text().split()] if path.exists() else []
 
 
-def _alive(pid: int) -> bool:
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first); None once the process is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        return None
+
+
+def _alive(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def _wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Poll `condition` until it holds (a state of another process, not a time: no fixed sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds the process has used (utime + stime), 0 once it is gone."""
+    stat = _stat(pid)
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK") if stat else 0.0
 
 
 def _interrupt_once_children_run(args: tuple[str | Path, ...], sig: int,
@@ -455,13 +494,12 @@ def _interrupt_once_children_run(args: tuple[str | Path, ...], sig: int,
     """Start simctl, wait until it has children, send `sig`; its exit code, stderr and the children it had."""
     proc = subprocess.Popen([str(SIMCTL), *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, cwd=cwd)
-    deadline = time.monotonic() + 60
-    kids: list[int] = []
-    while not kids and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-        kids = _children(proc.pid)
+    _wait_until(lambda: bool(_children(proc.pid)) or proc.poll() is not None, "a child process started")
+    kids = _children(proc.pid)
     assert kids, "no child process started"
-    time.sleep(0.5)
+    # every child at work, not still starting (a CPU second each), so that the signal lands mid-work
+    _wait_until(lambda: all(_cpu_s(k) >= 1.0 or not _alive(k) for k in _children(proc.pid)),
+                "its children ran a CPU second")
     kids = _children(proc.pid)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
@@ -481,10 +519,8 @@ def test_an_interrupted_command_stops_its_children_and_writes_nothing(
     out = tmp_path / "out"
     rc, err, kids = _interrupt_once_children_run((*command, "--out", out), sig, tmp_path)
     assert rc == code and err.strip().splitlines()[-1] == "simctl: interrupted", (rc, err)
-    time.sleep(1.0)
-    # a real run's wrote --out 20 s later
-    assert not [k for k in kids if _alive(k)], "children outlived simctl"
-    assert not out.exists()
+    _wait_until(lambda: not any(_alive(k) for k in kids), "its children ended", timeout_s=5)
+    assert not out.exists()  # a real run's child, left alone, wrote --out 20 s later
 
 
 def test_sigterm_while_simulating_leaves_no_temporaries(tmp_path: Path) -> None:
@@ -492,7 +528,7 @@ def test_sigterm_while_simulating_leaves_no_temporaries(tmp_path: Path) -> None:
     proc = subprocess.Popen([str(SIMCTL), "run", "--trace", "sharegpt", "--qps", "2", "--num-requests",
                              "200000", "--out", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
-    time.sleep(3)
+    _wait_until(lambda: _cpu_s(proc.pid) >= 2.0 or proc.poll() is not None, "simctl ran 2 CPU seconds")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 143 and err.strip() == "simctl: interrupted", err
@@ -507,7 +543,8 @@ def test_help_shows_defaults_and_plain_flags(command: str) -> None:
     assert not re.search(r" \.( |$)", flat) and "<bool>" not in flat  # "simulate ." lost a [default: ...]
     if command == "run":
         assert "[default: 0.5 for `run`" in flat and "[default: 1000 for `run`" in flat
-        assert "num_prefill_tokens, num_decode_tokens[, arrived_at], JSONL, or a `vllm bench serve" in flat
+        assert ("num_prefill_tokens, num_decode_tokens[, arrived_at] (sessions: session_id, num_new_tokens, "
+                "num_decode_tokens[, think_s, arrived_at]), JSONL, or a `vllm bench serve") in flat
 
 
 def test_a_bad_start_rate_names_its_option() -> None:

@@ -107,9 +107,9 @@ def test_sarathi_and_vllm_may_cache_prefixes_in_vllm_s_block_pool(name: str) -> 
         plan = policy.schedule()
         assert shape(plan) == [(0, 40), (1, 40 - hit)] and plan.prefill_c == [0, hit]
         run_plan(policy, plan)
-        assert policy.stats() == ({"prefix_cache_hit_tokens": 32, "prefix_cache_queried_tokens": 80,
-                                   "prefix_cache_preempted_hit_tokens": 0,
-                                   "prefix_cache_preempted_queried_tokens": 0} if caching else {})
+        assert policy.stats() == ({"prefix_cache_hits": 32, "prefix_cache_queries": 80,
+                                   "prefix_cache_preempted_hits": 0,
+                                   "prefix_cache_preempted_queries": 0} if caching else {})
         assert ("enable_prefix_caching" in policy.settings.as_dict()) == bool(caching)
 
 

@@ -17,6 +17,7 @@ from conftest import TinyCost
 from simctl.common.errors import InputError
 from simctl.results.validation_report import METRICS
 from simctl.studies.capacity import SLO, search_qps
+from simctl.traces.workload import Workload
 from simctl.validation.validate import rescore, validate_main
 
 pytestmark = pytest.mark.torch
@@ -35,8 +36,8 @@ def validated(cost, tmp_path_factory):
     # 100 requests (the fewest a capacity search takes); a tight TTFT limit keeps the simulated capacity, and
     # so the real runs, short
     slo = SLO({"p50_ttft": 0.004})
-    report = validate_main(["sarathi"], "sharegpt", [0.5], cost=cost, out=out, model=MODEL, scale=0.02,
-                           num_requests=100, seed=0, threads=1, slo=slo, repeats=2)
+    report = validate_main(["sarathi"], Workload(trace="sharegpt", qps=None, num_requests=100, scale=0.02),
+                           [0.5], cost=cost, out=out, model=MODEL, threads=1, slo=slo, repeats=2)
     return report, out
 
 
@@ -134,14 +135,15 @@ def test_rescore_reuses_the_real_runs(validated, cost, tmp_path):
     ({"loads": []}, "no load"),
     ({"cost": "/nonexistent/cost_model.json"}, "no such file"),
     ({"cost": ""}, "cost"),
-    ({"scale": 0}, "scale"),
+    ({"workload": Workload(trace="sharegpt", qps=None, num_requests=20, scale=0)}, "scale"),
     ({"quiet_wait_s": -1}, "quiet"),
     ({"repeats": 0}, "repeats"),
     ({"repeats": 1.5}, "repeats"),
 ])
 def test_bad_input(cost, tmp_path, kwargs, match):
-    args = {"policies": ["sarathi"], "trace": "sharegpt", "loads": [0.5], "cost": cost,
-            "out": tmp_path / "val", "model": MODEL, "scale": 0.02, "num_requests": 20, "threads": 1}
+    args = {"policies": ["sarathi"], "loads": [0.5],
+            "workload": Workload(trace="sharegpt", qps=None, num_requests=20, scale=0.02),
+            "cost": cost, "out": tmp_path / "val", "model": MODEL, "threads": 1}
     args.update(kwargs)
     with pytest.raises(InputError, match=match):
         validate_main(**args)
@@ -152,8 +154,8 @@ def test_slo_that_never_binds_is_an_input_error(cost, tmp_path):
     """6 short requests are all served within 2 s at any rate: no capacity to scale the loads by. Refused as
     too few for a capacity search, before anything runs."""
     with pytest.raises(InputError, match="num-requests"):
-        validate_main(["sarathi"], "sharegpt", [0.5], cost=cost, out=tmp_path / "val", model=MODEL,
-                      scale=0.02, num_requests=6, threads=1)
+        validate_main(["sarathi"], Workload(trace="sharegpt", qps=None, num_requests=6, scale=0.02), [0.5],
+                      cost=cost, out=tmp_path / "val", model=MODEL, threads=1)
     assert not (tmp_path / "val").exists()
 
 
@@ -174,5 +176,5 @@ def test_a_cost_file_that_is_not_a_fitted_model_is_an_input_error(tmp_path):
     bad = tmp_path / "cost_model.json"
     bad.write_text("{}", encoding="utf-8")
     with pytest.raises(InputError, match="not a fitted cost model"):
-        validate_main(["sarathi"], "sharegpt", [0.5], cost=bad, out=tmp_path / "val", model=MODEL, scale=0.02,
-                      num_requests=20, threads=1)
+        validate_main(["sarathi"], Workload(trace="sharegpt", qps=None, num_requests=20, scale=0.02), [0.5],
+                      cost=bad, out=tmp_path / "val", model=MODEL, threads=1)

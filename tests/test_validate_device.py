@@ -155,8 +155,8 @@ def real_runs(monkeypatch):
     return calls
 
 
-ARGS = {"policies": ["vllm"], "trace": "sharegpt", "loads": [0.5], "model": "tiny-2l", "scale": 0.05,
-        "num_requests": 100}
+ARGS = {"policies": ["vllm"], "workload": Workload(trace="sharegpt", qps=None, num_requests=100, scale=0.05),
+        "loads": [0.5], "model": "tiny-2l"}
 
 
 def test_cpu_float32_reaches_the_real_runs_as_before(real_runs, tmp_path):
@@ -199,7 +199,7 @@ def test_cuda_plumbing_and_sizing_on_the_probed_budget(real_runs, monkeypatch, t
             kw["kv_budget_bytes"]) == ("cuda", "bfloat16", 4, budget)
     assert any(H100 in line and "bfloat16" in line for line in said), said
 
-    setup = Setup(trace="sharegpt", model="tiny-2l", num_requests=100, scale=0.05, threads=4,
+    setup = Setup(workload=ARGS["workload"], model="tiny-2l", threads=4,
                   dtype="bfloat16", device="cuda", kv_budget_bytes=budget)
     capped = twin_summary(setup, "vllm", kw["workload"].qps)
     assert capped["max_batch_size"] < 128 and capped["kv_budget_bytes"] == budget
@@ -249,7 +249,7 @@ def test_a_real_run_sizes_its_kv_on_the_budget_given():
                                                                scale=0.05),
                               model="tiny-2l", threads=1, kv_budget_bytes=budget))
     s = run.summary
-    twin = twin_summary(Setup(trace="sharegpt", model="tiny-2l", num_requests=8, scale=0.05, threads=1,
+    twin = twin_summary(Setup(workload=replace(ARGS["workload"], num_requests=8), model="tiny-2l", threads=1,
                               kv_budget_bytes=budget), "vllm", 50.0)
     assert s["kv_budget_bytes"] == budget and s["max_batch_size_capped"] and s["kv_slab_bytes"] <= budget
     assert (s["kv_slots"], s["max_batch_size"], s["kv_capacity_tokens"]) == (
@@ -284,8 +284,9 @@ def test_a_tiny_validation_on_cuda(tmp_path):
     cost = stub_cost({"device": "cuda", "device_name": name, "dtype": "bfloat16", "threads": 2},
                      overhead=0.01)
     out = tmp_path / "val"
-    report = validate_main(["sarathi"], "sharegpt", [0.25], cost=cost, out=out, model="tiny-2l", scale=0.02,
-                           num_requests=100, slo=SLO({"p50_ttft": 0.04}), device="cuda")
+    report = validate_main(["sarathi"], Workload(trace="sharegpt", qps=None, num_requests=100, scale=0.02),
+                           [0.25], cost=cost, out=out, model="tiny-2l", slo=SLO({"p50_ttft": 0.04}),
+                           device="cuda")
     c = json.loads((out / "validation.json").read_text())["config"]
     assert (c["device"], c["device_name"], c["dtype"]) == ("cuda", name, "bfloat16")
     assert name in (out / "validation.md").read_text()

@@ -271,10 +271,31 @@ def test_reader_refuses_without_traceback(tmp_path: Path) -> None:
 
 def test_what_the_replay_assumes_is_said(tmp_path: Path) -> None:
     limited = read_vllm_bench(write(tmp_path, bench(max_concurrency=2))).assumptions()
-    assert any("at most 2 requests in flight" in a and "open loop" in a for a in limited)
+    assert any("at most 2 requests in flight" in a and "closed loop" in a and "queue_times" in a
+               for a in limited)
     # request 0's 4 tokens came in 2 chunks: 1 gap where 3 tokens followed the first
     bundled = read_vllm_bench(write(tmp_path, bench(itls=[[0.1], [], [0.04, 0.06], []]))).assumptions()
     assert any("3 chunk gaps for 5 tokens" in a for a in bundled)
+
+
+def test_a_bench_with_a_client_bound_is_replayed_closed_loop(tmp_path: Path) -> None:
+    """`--max-concurrency 1 --request-rate inf`: every request was ready at 100.0 s (its send time less its
+    wait for a slot, queue_times), 0.25 s after the start (the lead-in). The replay is closed loop with one
+    client: each request is sent when the one before it completed, and the summary says the bound."""
+    from simctl.sim.run import RunConfig, run
+    from simctl.traces.workload import Workload
+
+    path = write(tmp_path, bench(max_concurrency=1, request_rate="inf", queue_times=[0.0, 0.5, 1.0, 1.2]))
+    b = read_vllm_bench(path)
+    assert b.ready_times_measured
+    np.testing.assert_allclose(b.arrival_s, [0.25, 0.25, 0.25])
+    workload = Workload(trace=str(path), qps=None, num_requests=None).resolved(0.5, 1000)
+    assert workload.concurrency == 1
+    r = run(RunConfig(policy="vllm", workload=workload, model="tiny", gpu="cpu"))
+    req = r.result.request_columns
+    assert r.summary["concurrency"] == 1 and req["arrival_s"][0] == pytest.approx(0.25)
+    assert (req["arrival_s"][1:] == req["completion_s"][:-1]).all()  # sent as the one before completed
+    assert compare(path, "tiny", "cpu", "vllm").prediction["concurrency"] == 1
 
 
 def test_a_file_not_named_json_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -81,7 +81,7 @@ def test_prefix_groups_hit_the_prefix_cache_and_nothing_else_does(server) -> Non
         cached = run.result.requests.set_index("request_id")["prefix_cached_tokens"]
         assert cached[0] == cached[1] == 0 and cached[6] == 0, cached  # first of each group, and no group
         assert (cached[2:6] == SHARED).all(), cached
-        assert run.fields["prefix_cache_hit_tokens"] == 4 * SHARED
+        assert run.fields["prefix_cache_hits"] == 4 * SHARED
         assert run.fields["prefix_cache_hit_rate"] == pytest.approx(
             4 * SHARED / sum(r.prompt_tokens for r in GROUPED), rel=0.01)
 

@@ -137,9 +137,9 @@ def test_prefix_hits_whole_blocks_never_the_last_token() -> None:
     plan = policy.schedule()  # its whole prompt is cached, but its last block is computed again
     assert shape(plan) == [(2, 4)] and plan.prefill_c == [4]
     run_plan(policy, plan)
-    assert policy.stats() == {"prefix_cache_hit_tokens": 12, "prefix_cache_queried_tokens": 27,
-                              "prefix_cache_preempted_hit_tokens": 0,
-                              "prefix_cache_preempted_queried_tokens": 0}
+    assert policy.stats() == {"prefix_cache_hits": 12, "prefix_cache_queries": 27,
+                              "prefix_cache_preempted_hits": 0,
+                              "prefix_cache_preempted_queries": 0}
     assert VLLMV1.summarise_stats(policy.stats())["prefix_cache_hit_rate"] == 12 / 27
     assert policy.kv.used == 0  # cached blocks are free
 
@@ -180,8 +180,8 @@ def test_a_preempted_request_hits_its_own_cached_blocks() -> None:
         run_plan(policy, policy.schedule())
     plan = policy.schedule()  # B back: 5 known tokens, its first block (4 tokens) hit
     assert shape(plan) == [(1, 1)] and plan.prefill_c == [4]
-    assert policy.stats()["prefix_cache_preempted_hit_tokens"] == 4
-    assert policy.stats()["prefix_cache_preempted_queried_tokens"] == 5
+    assert policy.stats()["prefix_cache_preempted_hits"] == 4
+    assert policy.stats()["prefix_cache_preempted_queries"] == 5
 
 
 def test_decode_stretches_match_stepping_with_cached_blocks() -> None:
@@ -245,7 +245,7 @@ def test_summary_reports_prefix_caching_only_where_there_is_some(tmp_path: Path)
                        model="tiny")
     summary = run(config).summary
     # the first request misses; the 7 others hit the 512 shared tokens (32 blocks of 16)
-    assert summary["prefix_cache_hit_tokens"] == 7 * 512 and summary["prefix_cache_queried_tokens"] == 8 * 600
+    assert summary["prefix_cache_hits"] == 7 * 512 and summary["prefix_cache_queries"] == 8 * 600
     assert summary["prefix_cache_hit_rate"] == 7 * 512 / (8 * 600)
     for policy, options in [("vllm-v1", {"enable_prefix_caching": 0}), ("vllm", {})]:
         other = run(RunConfig(policy=policy, workload=Workload(trace=str(trace), qps=None, num_requests=8),
@@ -254,7 +254,7 @@ def test_summary_reports_prefix_caching_only_where_there_is_some(tmp_path: Path)
     cpu = run(RunConfig(policy="vllm-v1", workload=Workload(trace=str(trace), qps=None, num_requests=8),
                         model="tiny", gpu="cpu"))
     assert (cpu.summary["block_size"], cpu.summary["max_num_batched_tokens"]) == (128, 2048)
-    assert cpu.summary["prefix_cache_hit_tokens"] == 7 * 512  # 4 blocks of 128
+    assert cpu.summary["prefix_cache_hits"] == 7 * 512  # 4 blocks of 128
 
 
 def test_a_victim_may_come_back_at_once_so_its_step_does_not_repeat() -> None:

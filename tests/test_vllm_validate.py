@@ -20,11 +20,11 @@ from conftest import TinyCost
 from simctl.costs.base import ScaledCost
 from simctl.results.validation_report import pct_error
 from simctl.studies.capacity import SLO
+from simctl.traces.workload import Workload
 from simctl.validation.vllm_validate import (
     FIT_SPEED_TOL,
     METRICS,
     VLLMValidation,
-    Workload,
     simulate_requests,
     validate_vllm,
 )
@@ -54,7 +54,8 @@ def test_misuse_is_one_line_exit_2(tmp_path: Path, args: tuple[str, ...], words:
     assert not (tmp_path / "v").exists()
 
 
-VALIDATION = {"loads": (0.5,), "num_requests": 100, "scale": 0.02, "slo": SLO({"p50_ttft": 0.01})}
+VALIDATION = {"loads": (0.5,), "slo": SLO({"p50_ttft": 0.01}),
+              "workload": Workload(trace="sharegpt", qps=None, num_requests=100, scale=0.02)}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,7 @@ def test_both_sides_serve_identical_requests_and_every_one_finishes(validated: t
 
 def validated_twin(report: dict, speed: float) -> dict:
     """The twin of the validation's run at `speed` times the cost, rebuilt from its report."""
-    requests = Workload(VLLMValidation(**VALIDATION)).at(report["rows"][0]["qps"])
+    requests = VLLMValidation(**VALIDATION).requests_at(report["rows"][0]["qps"])
     return simulate_requests(requests, report["config"]["engine"], ScaledCost(TinyCost(), speed))[0]
 
 

@@ -83,8 +83,9 @@ def test_validate_with_a_relative_out_reads_back_its_real_runs(tmp_path: Path, m
     find their summaries (a traceback after every real run had run)."""
     work = user_folder(tmp_path)
     monkeypatch.chdir(work)
-    report = validate_main(["vllm"], "sharegpt", [0.5], cost=TinyCost(), out="val", model="tiny-2l",
-                           scale=0.02, num_requests=100, threads=1, slo=SLO({"p50_ttft": 0.004}))
+    report = validate_main(["vllm"], Workload(trace="sharegpt", qps=None, num_requests=100, scale=0.02),
+                           [0.5], cost=TinyCost(), out="val", model="tiny-2l", threads=1,
+                           slo=SLO({"p50_ttft": 0.004}))
     assert report.rows
     assert list((work / "val" / "runs").rglob("summary.json"))
     assert (work / "val" / "validation.md").is_file()

@@ -13,6 +13,7 @@ import pandas as pd
 
 from simctl.engine.serve import EngineResult, Instance, Served
 from simctl.engine.setup import RealConfig, RealRun, Sizing, build_engine
+from simctl.serving.clients import Clients
 from simctl.serving.loop import overload_limit
 from simctl.traces.request import Request
 
@@ -32,13 +33,17 @@ def serve_deployment(config: RealConfig, size: Sizing, requests: list[Request], 
 
 def _serve_one(config: RealConfig, size: Sizing, requests: list[Request], model: Any) -> Served:
     engine, warm_s = build_engine(config, requests, size, model)
-    out = engine.serve(requests, max_waiting=overload_limit(len(requests)))
+    clients = Clients(requests, config.workload.concurrency, config.workload.think_time)
+    if clients.closed_loop:
+        out = engine.serve_clients(requests, clients, max_waiting=overload_limit(len(requests)))
+    else:
+        out = engine.serve(requests, max_waiting=overload_limit(len(requests)))
     return Served(engine, warm_s, [Instance("replicas", out, out.seqs)], out.seqs, out.tokens)
 
 
 def _summarised(config: RealConfig, requests: list[Request], served: Served) -> RealRun:
     """The records of every instance merged as the simulated cluster's, with its summary."""
-    from simctl.sim.cluster_run import MemberRecords, iterations_frame, summarise_cluster
+    from simctl.sim.cluster_run import MemberRecords, closed_loop_summary, iterations_frame, summarise_cluster
 
     kv = served.engine.policy.kv.capacity  # every instance's policy is sized alike
     outs = [i.result for i in served.instances]
@@ -49,6 +54,8 @@ def _summarised(config: RealConfig, requests: list[Request], served: Served) -> 
     head = {"mode": "real", **config.recorded()}
     result, summary = summarise_cluster(head, members, served.seqs, served.link, aborted, kv, wall)
     result.request_columns.update({name: np.asarray(values) for name, values in served.columns.items()})
+    if config.workload.concurrency is not None:
+        summary.update(closed_loop_summary(result.request_columns, summary["makespan_s"]))
     engine = EngineResult(seqs=served.seqs, iterations=result.iterations, gaps=result.gaps,
                           queue_at_arrival=result.queue_at_arrival, aborted=aborted, wall_s=wall,
                           tokens=served.tokens, forward_s=np.concatenate([o.forward_s for o in outs]),

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -262,8 +262,7 @@ def real_main(*, policy: str = "sarathi", workload: Workload = REAL_WORKLOAD, mo
 def twin_inputs(summary: dict[str, Any]) -> tuple[list[Request], Policy]:
     """The Request list a real run served and a fresh policy configured as it was (`twin_policy`), from the
     run's summary: `simctl.sim.simulate.simulate(requests, policy, cost)` then predicts the same run."""
-    workload = Workload(**{f.name: summary[f.name] for f in fields(Workload)})
-    return workload.requests(), twin_policy(summary)
+    return Workload.of_record(summary).requests(), twin_policy(summary)
 
 
 def twin_policy(summary: dict[str, Any]) -> Policy:

@@ -35,8 +35,9 @@ def _kind(plan: Any) -> str:
 
 def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any,
                 requests: pd.DataFrame | None = None) -> Replay:
-    """Re-plan the real run's iterations and price each plan (see the module docstring, point 4). A
-    disaggregated run (`requests`: its requests table) is replayed pool by pool: the prefill instance's copies
+    """Re-plan the real run's iterations and price each plan (see the module docstring, point 4); a closed
+    loop's requests arrive when they were sent (`requests`: its requests table). A
+    disaggregated run (`requests` again) is replayed pool by pool: the prefill instance's copies
     at their arrivals, then the decode instance's requests when its loop took them (`kv_taken_s`), with their
     prompts cached and their first token at their KV's arrival; its frame gets a `pool` column."""
     from simctl.engine.real import twin_inputs, twin_policy
@@ -46,6 +47,13 @@ def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any,
     disaggregated = bool(summary.get("prefill_instances"))
     served = arrivals(reqs, disaggregated)
     if not disaggregated:
+        if requests is not None and (summary.get("concurrency") is not None or any(r.previous >= 0
+                                                                                    for r in reqs)):
+            # closed loop: a request arrived when its client sent it, which the run's table recorded
+            sent = requests.set_index("request_id")["arrival_s"]
+            for seq in served.entering:
+                seq.arrival_s = float(sent[seq.id])
+            return _replay(sorted(served.entering, key=lambda seq: seq.arrival_s), policy, iterations, cost)
         return _replay(served.entering, policy, iterations, cost)
     pools = iterations["pool"]
     prefill = _replay(served.entering, policy, iterations[pools == "prefill"], cost)

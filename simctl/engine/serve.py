@@ -27,12 +27,15 @@ from simctl.policies.base import Policy
 from simctl.policies.plan import BatchPlan
 from simctl.policies.seq import Seq
 from simctl.results.run_result import SimResult
+from simctl.serving.clients import Clients
 from simctl.serving.executor import Executor
 from simctl.serving.handoff import arrivals
 from simctl.serving.inbox import Inbox
 from simctl.serving.loop import Replica
+from simctl.serving.real_clients import RealClients
 from simctl.serving.realtime import RealTime
 from simctl.serving.records import GapHistogram, IterationLog, request_columns
+from simctl.serving.routed import RoutedInbox
 from simctl.traces.request import Request
 
 
@@ -148,6 +151,20 @@ class Engine:
         (e.g. to price it with a cost model next to its measured time)."""
         self.time.start()
         return self.serve_ahead(arrivals(requests).entering, max_waiting, on_iteration)
+
+    def serve_clients(self, requests: Sequence[Request], clients: Clients, max_waiting: int | None = None
+                      ) -> EngineResult:
+        """Serve `requests` as `clients` send them (closed loop, or session turns after the turn before
+        them: `serving.real_clients`), a lone instance; each request's arrival_s is its send."""
+        self.time.start()
+        seqs = arrivals(requests).seqs
+        inbox = RoutedInbox()
+        sends = RealClients(clients, seqs, inbox, self.time)
+        self.backend.on_release = sends.completed
+        try:
+            return self.run(seqs, inbox, sends.drive, max_waiting)
+        finally:
+            self.backend.on_release = None
 
     def serve_ahead(self, seqs: list[Seq], max_waiting: int | None = None,
                     on_iteration: Callable[[BatchPlan, float, float, float], None] | None = None

@@ -124,6 +124,9 @@ class RealConfig:
         if str(self.device).lower() != "cpu":
             raise InputError("real disaggregated serving runs on the CPU (--device cpu): its two instances "
                              "would share one GPU")
+        if self.workload.concurrency is not None:
+            raise InputError("--concurrency: real disaggregated serving replays arrivals open loop (its "
+                             "prefill instance takes them ahead); closed-loop clients drive a lone engine")
         check_disaggregable(self.policy)
 
 

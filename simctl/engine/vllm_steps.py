@@ -52,8 +52,8 @@ class StepLog:
     # prompt tokens looked up in the prefix cache and found, under the names the vllm-v1 policy's stats use
     # (fresh requests; preempted ones coming back counted apart, as vLLM does)
     prefix_cache: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("prefix_cache_hit_tokens", "prefix_cache_queried_tokens", "prefix_cache_preempted_hit_tokens",
-         "prefix_cache_preempted_queried_tokens"), 0))
+        ("prefix_cache_hits", "prefix_cache_queries", "prefix_cache_preempted_hits",
+         "prefix_cache_preempted_queries"), 0))
     ends_from_client: int = 0  # rows whose step sampled nothing: ended at their outputs' arrival here
     skipped_tokens: int = 0  # tokens that arrived more than one per step (never expected)
     # when a list: per iteration row, each request that got a token in that step, as (id, tokens it had
@@ -88,10 +88,10 @@ class StepLog:
         if scheduler_stats is None:
             return
         cache, totals = scheduler_stats.prefix_cache_stats, self.prefix_cache
-        totals["prefix_cache_hit_tokens"] += cache.hits
-        totals["prefix_cache_queried_tokens"] += cache.queries
-        totals["prefix_cache_preempted_hit_tokens"] += cache.preempted_hits
-        totals["prefix_cache_preempted_queried_tokens"] += cache.preempted_queries
+        totals["prefix_cache_hits"] += cache.hits
+        totals["prefix_cache_queries"] += cache.queries
+        totals["prefix_cache_preempted_hits"] += cache.preempted_hits
+        totals["prefix_cache_preempted_queries"] += cache.preempted_queries
         details = scheduler_stats.iteration_details
         if details is None or details.is_dummy:  # a step that scheduled nothing
             return

@@ -40,13 +40,14 @@ def capacity_figure(probes: pd.DataFrame, results: list[Capacity]) -> Figure:
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), constrained_layout=True,
                              squeeze=False)
     axes = axes[0]
-    runs = probes.sort_values("qps").drop_duplicates(["config", "seed", "qps"])
+    x = results[0].variable  # the rate, or closed loop the concurrency
+    runs = probes.sort_values(x).drop_duplicates(["config", "seed", x])
     for i, (name, group) in enumerate(runs.groupby("config", sort=False)):
         caps = [r for r in results if r.name == name]
         label = f"{name}: " + ", ".join(f"{r.slo_name} {r.qps:.3g}" for r in caps)
         for ax, (col, _, _) in zip(axes, panels):
             for j, (_, seed_runs) in enumerate(group.groupby("seed")):
-                ax.plot(seed_runs["qps"], seed_runs[col], "o-", color=f"C{i}", ms=3, lw=1,
+                ax.plot(seed_runs[x], seed_runs[col], "o-", color=f"C{i}", ms=3, lw=1,
                         label=label if j == 0 else None)
             for r in caps:
                 if r.qps > 0:
@@ -59,11 +60,11 @@ def capacity_figure(probes: pd.DataFrame, results: list[Capacity]) -> Figure:
             ax.axhline(limit, color="black", ls="--", lw=1)
             ax.annotate(f"SLO {', '.join(named)}", (0.01, limit), xycoords=("axes fraction", "data"),
                         va="bottom", fontsize=8)
-        ax.set_xlabel("arrival rate (QPS)")
+        ax.set_xlabel("arrival rate (QPS)" if x == "qps" else "concurrency (closed-loop clients)")
         ax.set_ylabel(label)
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(title="capacity (QPS, median over seeds)", fontsize=8)
+    axes[0].legend(title=f"capacity ({'QPS' if x == 'qps' else 'clients'}, median over seeds)", fontsize=8)
     first = probes.iloc[0]
     setups = probes[["model", "gpu", "tp"]].drop_duplicates()
     where = f": {first['model']} / {first['gpu']} x{first['tp']}" if len(setups) == 1 else ""

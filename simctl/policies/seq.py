@@ -24,9 +24,9 @@ class Phase(Enum):
 
 class Seq:
     __slots__ = (
-        "arrival_s", "completion_s", "computed", "first_scheduled_s", "first_token_s", "generated", "hash_block",
-        "hash_ids", "id", "last_token_s", "max_gap_s", "output_tokens", "phase", "preemptions", "prefill_end",
-        "prefix_group", "prefix_tokens", "priority", "prompt_tokens", "session",
+        "arrival_s", "completion_s", "computed", "first_scheduled_s", "first_token_s", "generated",
+        "hash_block", "hash_ids", "id", "last_token_s", "max_gap_s", "output_tokens", "phase", "preemptions",
+        "prefill_end", "prefix_group", "prefix_tokens", "priority", "prompt_tokens", "session",
     )
 
     def __init__(self, id: int, arrival_s: float, prompt_tokens: int, output_tokens: int, priority: int = 0,

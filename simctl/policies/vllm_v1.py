@@ -93,17 +93,19 @@ class VLLMV1(Policy):
         return bool(self.settings.enable_prefix_caching)
 
     def stats(self) -> dict[str, int]:
+        # tokens, under vLLM's names: its counters vllm:prefix_cache_queries / vllm:prefix_cache_hits
+        # (v1/metrics/loggers.py) count fresh requests only, PrefixCacheStats.preempted_* the rest
         if not self.settings.enable_prefix_caching:
             return {}
-        return {"prefix_cache_hit_tokens": self.hits, "prefix_cache_queried_tokens": self.queries,
-                "prefix_cache_preempted_hit_tokens": self.preempted_hits,
-                "prefix_cache_preempted_queried_tokens": self.preempted_queries}
+        return {"prefix_cache_hits": self.hits, "prefix_cache_queries": self.queries,
+                "prefix_cache_preempted_hits": self.preempted_hits,
+                "prefix_cache_preempted_queries": self.preempted_queries}
 
     @classmethod
     def summarise_stats(cls, totals: dict[str, int]) -> dict[str, Any]:
         if not totals:
             return {}
-        hits, queries = totals["prefix_cache_hit_tokens"], totals["prefix_cache_queried_tokens"]
+        hits, queries = totals["prefix_cache_hits"], totals["prefix_cache_queries"]
         # vLLM's hit rate: of fresh requests' tokens (preempted ones coming back are counted apart)
         return {"prefix_cache_hit_rate": hits / queries if queries else 0.0, **totals}
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from simctl.results.run_result import SimResult
 from simctl.results.saturation import served_rate, too_short, verdict
+from simctl.results.sessions import session_summary
 from simctl.results.vllm_bench import summary_block
 
 PCTS = (50, 90, 99)
@@ -123,4 +124,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "sim_wall_s": result.wall_s,
     }
     summary["vllm_bench"] = summary_block(summary, ttft, tpot, e2e, outputs, prompts, end)
+    sessions = session_summary(req)
+    if sessions is not None:  # a run without sessions keeps its summary as it was
+        summary["sessions"] = sessions
     return summary

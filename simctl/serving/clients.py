@@ -26,7 +26,8 @@ from simctl.traces.request import Request
 class Clients:
     """Which request is sent when; `in_flight` never exceeds `concurrency` (None: open loop, no bound)."""
 
-    def __init__(self, requests: Sequence[Request], concurrency: int | None = None, think_s: float = 0.0) -> None:
+    def __init__(self, requests: Sequence[Request], concurrency: int | None = None,
+                 think_s: float = 0.0) -> None:
         self.concurrency = concurrency
         self.think_s = think_s
         self._requests = requests
@@ -53,8 +54,8 @@ class Clients:
         return self._send(request)
 
     def completed(self, request_id: int, now: float) -> tuple[tuple[float, Request] | None, float | None]:
-        """Request `request_id` completed at `now`: (when the session's next turn is ready, that turn) or None,
-        and when its client is free again (None: open loop, no client to free)."""
+        """Request `request_id` completed at `now`: (when the session's next turn is ready, that turn) or
+        None, and when its client is free again (None: open loop, no client to free)."""
         self.in_flight -= 1
         turn = self._follower.pop(request_id, None)
         follow = (now + turn.think_s, turn) if turn is not None else None

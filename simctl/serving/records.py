@@ -176,16 +176,37 @@ def request_frame(seqs: list[Seq]) -> pd.DataFrame:
 
 def request_columns(seqs: list[Seq]) -> dict[str, np.ndarray]:
     """One row per request, by column; times in seconds, -1 where the event never happened (run cut
-    short)."""
-    return {
-        "request_id": np.fromiter((s.id for s in seqs), np.int64, len(seqs)),
-        "arrival_s": np.fromiter((s.arrival_s for s in seqs), np.float64, len(seqs)),
-        "first_scheduled_s": np.fromiter((s.first_scheduled_s for s in seqs), np.float64, len(seqs)),
-        "first_token_s": np.fromiter((s.first_token_s for s in seqs), np.float64, len(seqs)),
-        "completion_s": np.fromiter((s.completion_s for s in seqs), np.float64, len(seqs)),
-        "prompt_tokens": np.fromiter((s.prompt_tokens for s in seqs), np.int64, len(seqs)),
-        "output_tokens": np.fromiter((s.output_tokens for s in seqs), np.int64, len(seqs)),
-        "generated_tokens": np.fromiter((s.generated for s in seqs), np.int64, len(seqs)),
-        "preemptions": np.fromiter((s.preemptions for s in seqs), np.int64, len(seqs)),
-        "max_tbt_s": np.fromiter((s.max_gap_s for s in seqs), np.float64, len(seqs)),
+    short). A run with sessions adds each request's `session` and `turn` (0 for a session's first; -1 for a
+    request of no session)."""
+    n = len(seqs)
+    columns = {
+        "request_id": np.fromiter((s.id for s in seqs), np.int64, n),
+        "arrival_s": np.fromiter((s.arrival_s for s in seqs), np.float64, n),
+        "first_scheduled_s": np.fromiter((s.first_scheduled_s for s in seqs), np.float64, n),
+        "first_token_s": np.fromiter((s.first_token_s for s in seqs), np.float64, n),
+        "completion_s": np.fromiter((s.completion_s for s in seqs), np.float64, n),
+        "prompt_tokens": np.fromiter((s.prompt_tokens for s in seqs), np.int64, n),
+        "output_tokens": np.fromiter((s.output_tokens for s in seqs), np.int64, n),
+        "generated_tokens": np.fromiter((s.generated for s in seqs), np.int64, n),
+        "preemptions": np.fromiter((s.preemptions for s in seqs), np.int64, n),
+        "max_tbt_s": np.fromiter((s.max_gap_s for s in seqs), np.float64, n),
     }
+    session = np.fromiter((s.session for s in seqs), np.int64, n)
+    if (session >= 0).any():
+        columns["session"] = session
+        columns["turn"] = turn_index(columns["request_id"], session)
+    return columns
+
+
+def turn_index(request_id: np.ndarray, session: np.ndarray) -> np.ndarray:
+    """Each request's turn in its session, 0 for the first: its rank by id among its session's requests
+    (a session's turns are numbered in order, `simctl.traces.sessions`); -1 outside a session."""
+    order = np.lexsort((request_id, session))
+    s = session[order]
+    first = np.ones(len(s), dtype=bool)
+    first[1:] = s[1:] != s[:-1]
+    position = np.arange(len(s))
+    turn = np.empty(len(s), dtype=np.int64)
+    turn[order] = position - np.maximum.accumulate(np.where(first, position, 0))
+    turn[session < 0] = -1
+    return turn

@@ -20,6 +20,15 @@ KV then crosses the shared `KVLink`, and a decode instance admits the request wi
 transfer ends: that is when the decode side, and a user streaming from it, has it (DistServe stamps it at the
 prefill's end; `prefill_done_s` in the requests table keeps that time). A request of one output token ends
 on its prefill instance and never crosses the link.
+
+Closed loop (`ClosedLoop`): when sends depend on completions (closed-loop clients, `--concurrency`, or
+session turns sent after the turn before them), a request is sent at the instant
+`serving.clients.Clients` names, an URGENT event like an open-loop arrival, its `arrival_s` set to that
+instant, and routed once its front end has taken it in; every pool is routed then, a lone replica too. A
+completion (a colocated replica's release; disaggregated, the decode instance's, or the prefill instance's
+for a request of one output token) tells Clients when the session's next turn is ready and when the client
+is free: what is due at the completion instant itself (no think time) is sent from the release, so that the
+replica's next decision at that instant sees it, as it would see an open-loop arrival at that instant.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from simpy.events import URGENT
 
 from simctl.policies.base import Policy
 from simctl.policies.seq import Seq
+from simctl.serving.clients import Clients
 from simctl.serving.handoff import arrivals, arrive_with_kv
 from simctl.serving.inbox import Inbox
 from simctl.serving.loop import Replica
@@ -160,22 +170,30 @@ class Cluster:
         self.decode: Pool | None = None
         self.aborted = False
         self.originals: dict[int, Seq] = {}
+        self.closed: ClosedLoop | None = None  # the sends, when they depend on completions
 
     @property
     def members(self) -> list[Member]:
         return self.entry.members + (self.decode.members if self.decode else [])
 
-    def run(self, requests: list[Request], progress: Progress | None = None) -> list[Seq]:
-        """Serve `requests` (in arrival order); `progress(arrived, total)` every few thousand events, if
-        given. Returns each request's `Seq`, filled in."""
+    def run(self, requests: list[Request], progress: Progress | None = None, concurrency: int | None = None,
+            think_s: float = 0.0) -> list[Seq]:
+        """Serve `requests` (in arrival order) sent by `serving.clients.Clients(requests, concurrency,
+        think_s)`; `progress(arrived, total)` every few thousand events, if given. Returns each request's
+        `Seq`, filled in (a closed loop's `arrival_s`: when it was sent)."""
         env = self.env
         served = arrivals(requests, disaggregated=self.decode is not None)
         seqs, entering, self.originals = served.seqs, served.entering, served.crossing
-        if len(self.entry.members) == 1:
+        clients = Clients(requests, concurrency, think_s)
+        if clients.closed_loop:  # routed as sent, a lone replica too: nobody knows the arrivals ahead
+            self.closed = ClosedLoop(self, clients, seqs, entering)
+        elif len(self.entry.members) == 1:
             self.entry.members[0].take_ahead(entering)
         for m in self.members:
             m.process = env.process(drive(env, m, self))
-        if len(self.entry.members) > 1:
+        if self.closed is not None:
+            self.closed.start()
+        elif len(self.entry.members) > 1:
             self._arrivals = iter(entering)
             self._next_arrival()
         if progress is None:
@@ -206,14 +224,59 @@ class Cluster:
         self._next_arrival()
 
     def on_release(self, member: Member, finished: list[Seq]) -> None:
-        """A replica's sequences sampled their last token; a prefill instance's copies go on to the link."""
+        """A replica's sequences sampled their last token; a prefill instance's copies go on to the link; a
+        closed loop learns of each completion."""
         if self.decode is None:
+            if self.closed is not None:
+                for seq in finished:
+                    self.closed.completed(seq)
             return
         for copy in finished:
             seq = self.originals.pop(copy.id, None)
-            if seq is None:
-                continue  # one output token: it finished on the prefill instance
+            if seq is None:  # it completed: on a decode instance, or (one output token) on its prefill one
+                if self.closed is not None:
+                    self.closed.completed(copy)
+                continue
             ready = copy.completion_s
             end = self.link.transfer(ready, kv_transfer_bytes(self.kv_bytes_per_token, seq.prompt_tokens))
             arrive_with_kv(seq, copy, end)
             at(self.env, end, lambda _, seq=seq, end=end: self.decode.route(seq, end))
+
+
+class ClosedLoop:
+    """A run's sends when they depend on completions (see the module's docstring): `start()` schedules the
+    first turns; the cluster calls `completed` for each request that completes."""
+
+    def __init__(self, cluster: Cluster, clients: Clients, seqs: list[Seq], entering: list[Seq]) -> None:
+        self.cluster, self.clients = cluster, clients
+        self._seqs = {s.id: s for s in seqs}  # what the records hold
+        self._entering = {s.id: s for s in entering}  # what the entry pool serves (a prefill copy, or itself)
+
+    def start(self) -> None:
+        for r in self.clients.first():
+            at(self.cluster.env, r.arrival_s, lambda _, r=r: self._send(self.clients.ready(r), r.arrival_s))
+
+    def completed(self, seq: Seq) -> None:
+        now = seq.completion_s
+        follow, free_at = self.clients.completed(seq.id, now)
+        if follow is not None:
+            ready_s, turn = follow
+            self._when(now, ready_s, lambda: self._send(self.clients.ready(turn), ready_s))
+        if free_at is not None:
+            self._when(now, free_at, lambda: self._send(self.clients.free(), free_at))
+
+    def _when(self, now: float, when: float, action: Callable[[], None]) -> None:
+        if when == now:
+            action()
+        else:
+            at(self.cluster.env, when, lambda _: action())
+
+    def _send(self, request: Request | None, now: float) -> None:
+        """`request` (None: nothing) is sent at `now`: timed from there, and routed when it is due."""
+        cluster = self.cluster
+        if request is None or cluster.aborted:
+            return
+        seq = self._entering[request.id]
+        seq.arrival_s = self._seqs[request.id].arrival_s = now
+        due = now + cluster.entry.admission_s
+        self._when(now, due, lambda: cluster.entry.route(seq, due))

@@ -148,6 +148,15 @@ def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: 
     return result, summary
 
 
+def closed_loop_summary(columns: dict[str, np.ndarray], makespan_s: float) -> dict[str, Any]:
+    """What a closed loop's summary adds: the requests in flight on average over the run (Little's law: the
+    time requests spent in the system, send to completion, over the run's span), which a closed loop holds at
+    its concurrency while every client is busy; its throughput is the summary's `throughput_rps`."""
+    done = columns["completion_s"] >= 0
+    busy = float((columns["completion_s"][done] - columns["arrival_s"][done]).sum())
+    return {"in_flight_mean": busy / makespan_s if makespan_s > 0 else 0.0}
+
+
 def _placement_columns(columns: dict[str, np.ndarray], members: list[MemberRecords], seqs: list[Seq]) -> None:
     """Where each request ran: its replica, or its prefill and decode instances and when its prefill ended."""
     index = {s.id: i for i, s in enumerate(seqs)}

@@ -29,7 +29,13 @@ from simctl.results.run_result import SimResult
 from simctl.serving.loop import overload_limit
 from simctl.sim.cluster import Cluster, Pool, Progress
 from simctl.sim.cluster_config import ClusterConfig
-from simctl.sim.cluster_run import MemberRecords, iterations_frame, make_pool, summarise_cluster
+from simctl.sim.cluster_run import (
+    MemberRecords,
+    closed_loop_summary,
+    iterations_frame,
+    make_pool,
+    summarise_cluster,
+)
 from simctl.sim.kv_link import KVLink
 from simctl.sim.replica import CostBackend
 from simctl.sim.timeline import TimelineBackend, check_timeline
@@ -284,7 +290,7 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
         built.entry = _pool("replicas", cc.replicas, serving, serving.check_fits(config, requests), config,
                             cc, built, recorder)
     t0 = time.perf_counter()
-    seqs = built.run(requests, progress)
+    seqs = built.run(requests, progress, config.workload.concurrency, config.workload.think_time)
     wall_s = time.perf_counter() - t0
     members = [MemberRecords.of(p, m) for p in _pools(built) for m in p.members]
     head = {**config.recorded(), **cc.recorded(config.tp)}
@@ -298,6 +304,8 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
     summary["warnings"] = list(dict.fromkeys(w for d in (entry, serving) if d is not None
                                              for w in d.warnings))
     _note_too_long(summary, screened, max_model_len(config, serving.model))
+    if built.closed is not None:
+        summary.update(closed_loop_summary(result.request_columns, summary["makespan_s"]))
     summary.update(policies[0].settings.as_dict())  # every setting of the policy, given or default
     summary.update(run_stats(policies))  # what the policies counted (vllm-v1: prefix-cache hits), if anything
     return Run(config, result, summary, members, built, recorder.frame() if recorder else None)

@@ -17,13 +17,15 @@ from simctl.traces.request import Request
 
 def simulate(requests: list[Request], policy: Policy, cost: CostModel, fast: bool = True,
              max_waiting: int | None = None, progress: Progress | None = None,
-             backend: CostBackend | None = None) -> SimResult:
+             backend: CostBackend | None = None, concurrency: int | None = None, think_s: float = 0.0
+             ) -> SimResult:
     """Replay `requests` (sorted by arrival) through `policy` on hardware priced by `cost` (or by `backend`, a
-    CostBackend that also records, e.g. simctl.sim.timeline's); `progress(arrived, total)` is called every few
-    thousand events, if given."""
+    CostBackend that also records, e.g. simctl.sim.timeline's), sent by `concurrency` closed-loop clients
+    pausing `think_s` (None: open loop); `progress(arrived, total)` is called every few thousand events, if
+    given."""
     t0 = time.perf_counter()
     cluster = Cluster(simpy.Environment())
     member = Member(0, policy, backend or CostBackend(cost, fast), max_waiting, cluster.on_release)
     cluster.entry = Pool("replicas", [member], make_router("round-robin"))
-    seqs = cluster.run(requests, progress)
+    seqs = cluster.run(requests, progress, concurrency, think_s)
     return SimResult.of(seqs, member.replica, time.perf_counter() - t0)

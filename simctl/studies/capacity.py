@@ -54,30 +54,34 @@ def check_probe_requests(num_requests: int) -> None:
 
 @dataclass
 class CapacityResult:
-    qps: float  # highest probed rate that met the SLO (0 if none did)
-    probes: list[dict[str, Any]]  # every run's summary, in probe order
+    # the highest probed value of `variable` that met the SLO (0 if none did): a rate, or with closed-loop
+    # clients the concurrency (its run's throughput_rps is the rate it reached)
+    qps: float
+    probes: list[dict[str, Any]]  # every run's summary, in probe order, the value probed under `variable`
+    variable: str = "qps"  # or "concurrency"
 
     @property
     def at_capacity(self) -> dict[str, Any] | None:
-        return next((p for p in self.probes if p["qps"] == self.qps and p["slo_met"]), None)
+        return next((p for p in self.probes if p[self.variable] == self.qps and p["slo_met"]), None)
 
     @property
     def problem(self) -> str | None:
         """Why `qps` is not a capacity (None when a probe met the SLO and a higher one missed it)."""
+        what, unit = ("concurrency", "clients") if self.variable == "concurrency" else ("rate", "QPS")
         if self.qps == 0:
-            lowest = min((p["qps"] for p in self.probes), default=0.0)
-            return (f"no rate met the SLO, down to {lowest:.3g} QPS: the capacity is below it, or nothing "
-                    "meets the SLO")
-        if not any(not p["slo_met"] and p["qps"] > self.qps for p in self.probes):
-            return f"no upper bound: every rate probed, up to {self.qps:.3g} QPS, met the SLO"
+            lowest = min((p[self.variable] for p in self.probes), default=0.0)
+            return (f"no {what} met the SLO, down to {lowest:.3g} {unit}: the capacity is below it, or "
+                    "nothing meets the SLO")
+        if not any(not p["slo_met"] and p[self.variable] > self.qps for p in self.probes):
+            return f"no upper bound: every {what} probed, up to {self.qps:.3g} {unit}, met the SLO"
         return None
 
     @property
     def bound_by(self) -> list[str]:
         """The limits (`SLO.misses`) that the lowest probe above the capacity missed: what bound it (empty
         without such a probe)."""
-        above = [p for p in self.probes if not p["slo_met"] and p["qps"] > self.qps]
-        return min(above, key=lambda p: p["qps"])["slo_missed"] if above else []
+        above = [p for p in self.probes if not p["slo_met"] and p[self.variable] > self.qps]
+        return min(above, key=lambda p: p[self.variable])["slo_missed"] if above else []
 
     @property
     def warnings(self) -> list[str]:
@@ -95,15 +99,7 @@ def search_qps(probe: Callable[[float], dict[str, Any]], slo: SLO, start_qps: fl
     and real runs (validation/validate.py) share it. `CapacityResult.problem` says when no capacity was
     found."""
     probes: list[dict[str, Any]] = []
-
-    def ok(qps: float) -> bool:
-        s = dict(probe(qps))
-        s["qps"] = qps
-        s["slo_missed"] = slo.misses(s)
-        s["slo_met"] = not s["slo_missed"]
-        probes.append(s)
-        return s["slo_met"]
-
+    ok = _judge(probe, slo, probes, "qps")
     lo, hi = 0.0, min(max(start_qps, min_qps), MAX_QPS)  # from beyond a limit, the probes run out first
     if ok(hi):
         lo = hi
@@ -127,6 +123,51 @@ def search_qps(probe: Callable[[float], dict[str, Any]], slo: SLO, start_qps: fl
     return CapacityResult(lo, probes)
 
 
+def _judge(probe: Callable[[Any], dict[str, Any]], slo: SLO, probes: list[dict[str, Any]], variable: str
+           ) -> Callable[[Any], bool]:
+    """A function that runs `probe(value)`, keeps its summary in `probes` with the value under `variable`,
+    `slo_missed` and `slo_met` added, and says whether it met `slo`."""
+    def ok(value: Any) -> bool:
+        s = dict(probe(value))
+        s[variable] = value
+        s["slo_missed"] = slo.misses(s)
+        s["slo_met"] = not s["slo_missed"]
+        probes.append(s)
+        return s["slo_met"]
+
+    return ok
+
+
+def search_concurrency(probe: Callable[[int], dict[str, Any]], slo: SLO, start: int, most: int,
+                       max_probes: int = 30) -> CapacityResult:
+    """The highest concurrency (closed-loop clients, 1..`most`) whose run meets `slo`: `start` doubled (or
+    halved) until bracketed, then bisected to one client, at most `max_probes` probes. Its probes' summaries
+    carry the throughput each concurrency reached."""
+    probes: list[dict[str, Any]] = []
+    ok = _judge(probe, slo, probes, "concurrency")
+    lo, hi = 0, min(max(start, 1), most)
+    if ok(hi):
+        lo = hi
+        while len(probes) < max_probes and lo < most:
+            hi = min(lo * 2, most)
+            if not ok(hi):
+                break
+            lo = hi
+    else:
+        while len(probes) < max_probes and hi > 1:
+            missed, hi = hi, max(hi // 2, 1)
+            if ok(hi):
+                lo, hi = hi, missed
+                break
+    while lo > 0 and hi - lo > 1 and len(probes) < max_probes:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return CapacityResult(lo, probes, "concurrency")
+
+
 def probe_summary(config: RunConfig, slo: SLO, cluster: ClusterConfig | None = None) -> dict[str, Any]:
     """One simulated run's summary (on one replica, or the deployment `cluster` describes), with
     `slo_attainment` (the share of requests meeting the SLO's per-request limits, read off the run's requests
@@ -140,7 +181,13 @@ def probe_summary(config: RunConfig, slo: SLO, cluster: ClusterConfig | None = N
 
 def find_capacity(config: RunConfig, slo: SLO, start_qps: float = 1.0, rel_tol: float = 0.02,
                   max_probes: int = 60, cluster: ClusterConfig | None = None) -> CapacityResult:
-    """The capacity of one simulated configuration (its seed) under `slo`, on one replica or `cluster`."""
+    """The capacity of one simulated configuration (its seed) under `slo`, on one replica or `cluster`: the
+    highest rate, or with closed-loop clients (`Workload.concurrency`, the first probed) the highest
+    concurrency, up to one client per request."""
+    w = config.workload
+    if w.concurrency is not None:
+        return search_concurrency(lambda n: probe_summary(config.with_workload(concurrency=n), slo, cluster),
+                                  slo, w.concurrency, w.num_requests, max_probes)
     return search_qps(lambda qps: probe_summary(config.with_workload(qps=qps), slo, cluster), slo, start_qps,
                       rel_tol, max_probes, min_qps=lowest_qps(config.workload.num_requests))
 
@@ -219,6 +266,11 @@ class Capacity:
     @property
     def qps_max(self) -> float:
         return max(r.qps for r in self.searches.values())
+
+    @property
+    def variable(self) -> str:
+        """What was searched: "qps", or with closed-loop clients "concurrency"."""
+        return next(iter(self.searches.values())).variable
 
     @property
     def median_search(self) -> CapacityResult:

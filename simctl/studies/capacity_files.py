@@ -20,8 +20,8 @@ SETUP_KEYS = ("trace", "model", "gpu", "tp")
 
 
 def capacity_rows(spec: CapacityConfig, results: list[Capacity]) -> list[dict[str, Any]]:
-    """One row per policy and SLO: the median capacity over seeds (`capacity_qps`), its spread, each
-    seed's."""
+    """One row per policy and SLO: the median capacity over seeds (`capacity_qps`, or closed loop
+    `capacity_concurrency`), its spread, each seed's."""
     def setup(r: Capacity) -> dict[str, Any]:
         c = r.config or spec.configs[0]
         named = c.recorded()
@@ -31,13 +31,23 @@ def capacity_rows(spec: CapacityConfig, results: list[Capacity]) -> list[dict[st
     return [{"policy": r.policy, "config": r.name, **setup(r), "slo": r.slo_name,
              "slo_text": r.slo.describe(),
              "capacity_definition": r.slo.definition,
-             "capacity_qps": r.qps, "capacity_qps_min": r.qps_min, "capacity_qps_max": r.qps_max,
-             "capacity_qps_by_seed": {str(seed): s.qps for seed, s in r.searches.items()},
+             **_capacity(r),
              "bound_by": r.median_search.bound_by,
              "probes": sum(len(s.probes) for s in r.searches.values()),
              "rejected_at_capacity": (r.median_search.at_capacity or {}).get("rejected", 0),
              "problems": {str(seed): p for seed, p in r.problems.items()}}
             for r in results]
+
+
+def _capacity(r: Capacity) -> dict[str, Any]:
+    """The median capacity, its spread and each seed's, named by what was searched (capacity_qps, or
+    capacity_concurrency with the throughput it reached)."""
+    key = f"capacity_{r.variable}"
+    found = {key: r.qps, f"{key}_min": r.qps_min, f"{key}_max": r.qps_max,
+             f"{key}_by_seed": {str(seed): s.qps for seed, s in r.searches.items()}}
+    if r.variable == "concurrency":
+        found["throughput_rps_at_capacity"] = (r.median_search.at_capacity or {}).get("throughput_rps")
+    return found
 
 
 def probes_frame(results: list[Capacity]) -> pd.DataFrame:

@@ -78,6 +78,10 @@ class PlanSpec:
             raise InputError(f"--max-gpus must be >= 1, got {self.max_gpus}")
         if self.checks < 0:
             raise InputError(f"--checks must be >= 0, got {self.checks}")
+        if any(c.config.workload.concurrency is not None for c in self.candidates):
+            raise InputError("--concurrency: plan sizes a deployment for a rate (--rate); sizing for "
+                             "closed-loop clients is not built (`simctl capacity --concurrency N` finds one "
+                             "replica's highest concurrency)")
         searched = sorted({c.config.gpu for c in self.candidates})
         for gpu, price in (self.prices or {}).items():
             if gpu not in searched:

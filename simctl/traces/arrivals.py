@@ -58,3 +58,14 @@ def gamma_arrivals(n: int, qps: float, cv: float, rng: np.random.Generator) -> n
     _check_cv(cv)
     shape = 1.0 / (cv * cv)
     return np.cumsum(rng.gamma(shape, 1.0 / (qps * shape), size=n))
+
+
+def arrival_times(n: int, qps: float | None, arrival: str, cv: float, rng: np.random.Generator) -> np.ndarray:
+    """``n`` arrival times of the named process ("poisson", or "gamma" with ``cv``) at ``qps``."""
+    if qps is None:
+        raise InputError("an arrival rate (--qps) is needed: the trace does not give arrival times")
+    if math.isinf(qps):  # a closed loop's clients, all ready at once (vLLM bench's --request-rate inf)
+        return np.zeros(n)
+    if arrival == "poisson":
+        return poisson_arrivals(n, qps, rng)
+    return gamma_arrivals(n, qps, cv, rng)

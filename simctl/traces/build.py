@@ -11,6 +11,10 @@
   generated as for a profile.
 - For a file, ``num_requests=None`` means every row; asking for more rows than the file has is an error
   (we neither cycle through the file nor silently return fewer requests than asked for).
+- ``sessions`` (``simctl.traces.sessions``) and a session file: ``num_requests`` counts turns, each session's
+  turns together and sessions by start, so only the last session may be cut; a rate is sessions per second
+  (a file's session starts time-scaled to it); ``scale`` multiplies the turns' new and output tokens (and the
+  system prompt) before each prompt is chained from them.
 - ``scale`` multiplies every prompt and output length (rounded, at least 1) after all of the above, arrivals
   unchanged: ``sharegpt`` x 0.05 is a CPU-sized trace with the same shape. A profile's max sequence length
   scales with it (``trace_max_total_tokens``).
@@ -32,11 +36,18 @@ import numpy as np
 
 from simctl.common.errors import InputError
 from simctl.common.files import in_working_folder
-from simctl.traces.arrivals import gamma_arrivals, poisson_arrivals
-from simctl.traces.lengths import PROFILES, get_profile, sample_lengths
+from simctl.traces.arrivals import arrival_times
+from simctl.traces.lengths import PROFILES, get_profile, sample_lengths, scale_lengths
 from simctl.traces.loaders import SUPPORTED_EXTENSIONS, LoadedTrace, load_trace_file
 from simctl.traces.mooncake import check_hash_counts, keep_id_counts, scaled_block
 from simctl.traces.request import Request
+from simctl.traces.session_defaults import DEFAULT_THINK_S, SESSION_TRACE
+from simctl.traces.sessions import (
+    chained_prompts,
+    generate_sessions,
+    previous_turns,
+    session_requests,
+)
 
 ARRIVAL_PROCESSES = ("poisson", "gamma")
 # File traces report their max sequence length rounded up to this, a KV block / tile friendly multiple.
@@ -50,13 +61,9 @@ def check_scale(scale: object) -> float:
     return float(scale)
 
 
-def scale_lengths(n: np.ndarray, scale: float) -> np.ndarray:
-    """Lengths times `scale`, each rounded half up, at least 1."""
-    return np.maximum(1, np.floor(n * scale + 0.5)).astype(np.int64)
-
-
 def is_profile(trace: str | os.PathLike[str]) -> bool:
-    return isinstance(trace, str) and trace in PROFILES
+    """Whether `trace` names a generated trace: a length profile, or sessions."""
+    return isinstance(trace, str) and (trace in PROFILES or trace == SESSION_TRACE)
 
 
 def _looks_like_path(trace: str | os.PathLike[str]) -> bool:
@@ -85,8 +92,8 @@ def _resolve(trace: str | os.PathLike[str]) -> str | LoadedTrace:
     if _looks_like_path(trace):
         return load_trace_file(trace)
     raise InputError(
-        f"unknown trace {str(trace)!r}: not a length profile (known: {', '.join(sorted(PROFILES))}) "
-        f"nor a {' / '.join(SUPPORTED_EXTENSIONS)} file"
+        f"unknown trace {str(trace)!r}: not a length profile (known: {', '.join(sorted(PROFILES))}), "
+        f"{SESSION_TRACE!r} nor a {' / '.join(SUPPORTED_EXTENSIONS)} file"
     )
 
 
@@ -117,14 +124,6 @@ def _time_scaled(source: LoadedTrace, arrivals: np.ndarray, qps: float) -> np.nd
     return arrivals * ((len(arrivals) - 1) / span / qps)
 
 
-def _arrivals(n: int, qps: float | None, arrival: str, cv: float, rng: np.random.Generator) -> np.ndarray:
-    if qps is None:
-        raise InputError("an arrival rate (--qps) is needed: the trace does not give arrival times")
-    if arrival == "poisson":
-        return poisson_arrivals(n, qps, rng)
-    return gamma_arrivals(n, qps, cv, rng)
-
-
 def build_trace(
     trace: str | os.PathLike[str],
     num_requests: int | None,
@@ -133,10 +132,15 @@ def build_trace(
     arrival: str = "poisson",
     cv: float = 1.0,
     scale: float = 1.0,
+    *,
+    system_prompt_tokens: int = 0,
+    system_prompts: int = 1,
+    session_think_s: float = DEFAULT_THINK_S,
     hash_block: int = 512,
 ) -> list[Request]:
-    """Requests with ids 0..n-1 in arrival order (see the module docstring for the rules); `hash_block`: the
-    tokens per block id of a Mooncake file."""
+    """Requests with ids 0..n-1 in arrival order (see the module docstring for the rules); the keywords are
+    the sessions generator's (`simctl.traces.sessions`) and, `hash_block`, the tokens per block id of a
+    Mooncake file."""
     scale = check_scale(scale)
     if arrival not in ARRIVAL_PROCESSES:
         raise InputError(f"unknown arrival process {arrival!r} (known: {', '.join(ARRIVAL_PROCESSES)})")
@@ -147,17 +151,22 @@ def build_trace(
         num_requests = _check_int("num_requests", num_requests, 1)
     source = _resolve(trace)
     rng = np.random.default_rng(seed)
+    if isinstance(source, str) and num_requests is None:
+        raise InputError(f"the number of requests is required for generated trace {source!r}")
+    if source == SESSION_TRACE:
+        return generate_sessions(num_requests, qps, rng, arrival=arrival, cv=cv,
+                                 scale=scale, system_prompt_tokens=system_prompt_tokens,
+                                 system_prompts=system_prompts, think_s=session_think_s)
+    if isinstance(source, LoadedTrace) and source.session is not None:
+        return _with_priority(_session_file(source, num_requests, qps, arrival, cv, scale, rng), source,
+                              num_requests)
 
-    priority: list[int] = []
     prefixes: list[tuple[int, int]] = []
     if isinstance(source, str):
-        if num_requests is None:
-            raise InputError(f"the number of requests is required for length profile {source!r}")
         prompts, outputs = sample_lengths(source, num_requests, rng)
-        arrivals = _arrivals(num_requests, qps, arrival, cv, rng)
+        arrivals = arrival_times(num_requests, qps, arrival, cv, rng)
     else:
-        prompts, outputs, arrivals, priority, prefixes = _from_file(source, num_requests, qps, arrival, cv,
-                                                                    rng)
+        prompts, outputs, arrivals, prefixes = _from_file(source, num_requests, qps, arrival, cv, rng)
 
     prompts, outputs = np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
     hashes = () if isinstance(source, str) or source.hash_ids is None else source.hash_ids[:len(prompts)]
@@ -168,45 +177,87 @@ def build_trace(
         if hashes:
             hash_block = scaled_block(hash_block, scale)
             prompts = keep_id_counts(prompts, hashes, hash_block)
-        # a shared prefix scales with its prompt and stays within it (0 stays 0)
-        prefixes = [(g, min(int(t * scale + 0.5), p)) for (g, t), p in zip(prefixes, prompts.tolist())]
+        prefixes = _scaled_prefixes(prefixes, prompts, scale)
     arrivals = np.asarray(arrivals, dtype=np.float64)
     requests = [  # plain Python numbers (tolist), so that a Request holds no numpy scalar
         Request(i, a, p, o)
         for i, (a, p, o) in enumerate(zip(arrivals.tolist(), prompts.tolist(), outputs.tolist(), strict=True))
     ]
-    if priority:
-        requests = [replace(r, priority=k) for r, k in zip(requests, priority, strict=True)]
     if prefixes:
         requests = [replace(r, prefix_group=g, prefix_tokens=t)
                     for r, (g, t) in zip(requests, prefixes, strict=True)]
     if hashes:
         requests = [replace(r, hash_ids=h, hash_block=hash_block)
                     for r, h in zip(requests, hashes, strict=True)]
-    return requests
+    return requests if isinstance(source, str) else _with_priority(requests, source, num_requests)
 
 
-def _from_file(source: LoadedTrace, num_requests: int | None, qps: float | None, arrival: str, cv: float,
-               rng: np.random.Generator
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], list[tuple[int, int]]]:
-    """A trace file's first `num_requests` (all: None) prompt and output lengths, arrival times (the file's,
-    time-scaled to `qps` if given, else generated), priorities and (prefix_group, prefix_tokens) where the
-    file gives them (else empty)."""
+def _scaled_prefixes(prefixes: list[tuple[int, int]], prompts: np.ndarray,
+                     scale: float) -> list[tuple[int, int]]:
+    """A shared prefix scaled with its prompt, staying within it (0 stays 0)."""
+    return [(g, min(int(t * scale + 0.5), p)) for (g, t), p in zip(prefixes, prompts.tolist())]
+
+
+def _with_priority(requests: list[Request], source: LoadedTrace, num_requests: int | None) -> list[Request]:
+    if source.priority is None:
+        return requests
+    priority = source.priority[:len(requests)].tolist()
+    return [replace(r, priority=k) for r, k in zip(requests, priority, strict=True)]
+
+
+def _rows(source: LoadedTrace, num_requests: int | None) -> int:
     n = len(source) if num_requests is None else num_requests
     if n > len(source):
         raise InputError(f"trace file {source.path}: {n} requests asked for but it has only {len(source)}")
-    priority = source.priority[:n].tolist() if source.priority is not None else []
+    return n
+
+
+def _file_arrivals(source: LoadedTrace, given: np.ndarray | None, n: int, qps: float | None, arrival: str,
+                   cv: float, rng: np.random.Generator) -> np.ndarray:
+    """The file's arrival times `given` (time-scaled to `qps` if given), else `n` generated ones."""
+    if given is None:
+        return arrival_times(n, qps, arrival, cv, rng)
+    if arrival != "poisson" or cv != 1.0:
+        raise InputError(f"trace file {source.path} gives its own arrival times: --arrival and --cv "
+                         "describe generated ones (drop them, or the file's arrival column)")
+    return given if qps is None else _time_scaled(source, given, qps)
+
+
+def _from_file(source: LoadedTrace, num_requests: int | None, qps: float | None, arrival: str, cv: float,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """A trace file's first `num_requests` (all: None) prompt and output lengths, arrival times (the file's,
+    time-scaled to `qps` if given, else generated) and (prefix_group, prefix_tokens) where the file gives
+    them (else empty)."""
+    n = _rows(source, num_requests)
     prefixes = []
     if source.prefix_group is not None and source.prefix_tokens is not None:
         prefixes = list(zip(source.prefix_group[:n].tolist(), source.prefix_tokens[:n].tolist()))
-    if source.arrival_s is not None:
-        if arrival != "poisson" or cv != 1.0:
-            raise InputError(f"trace file {source.path} gives its own arrival times: --arrival and --cv "
-                             "describe generated ones (drop them, or the file's arrival column)")
-        arrivals = source.arrival_s[:n] if qps is None else _time_scaled(source, source.arrival_s[:n], qps)
-    else:
-        arrivals = _arrivals(n, qps, arrival, cv, rng)
-    return source.prompt_tokens[:n], source.output_tokens[:n], arrivals, priority, prefixes
+    given = None if source.arrival_s is None else source.arrival_s[:n]
+    arrivals = _file_arrivals(source, given, n, qps, arrival, cv, rng)
+    return source.prompt_tokens[:n], source.output_tokens[:n], arrivals, prefixes
+
+
+def _session_file(source: LoadedTrace, num_requests: int | None, qps: float | None, arrival: str, cv: float,
+                  scale: float, rng: np.random.Generator) -> list[Request]:
+    """A session file's first `num_requests` turns (each session's together, sessions by start: the last one
+    may be cut), their prompts chained from the (scaled) new and output tokens, arrivals per session (the
+    file's, time-scaled to `qps` if given, else generated at `qps` sessions per second)."""
+    n = _rows(source, num_requests)
+    assert source.session is not None and source.new_tokens is not None and source.think_s is not None
+    session, new, outputs = source.session[:n], source.new_tokens[:n], source.output_tokens[:n]
+    if scale != 1.0:
+        new, outputs = scale_lengths(new, scale), scale_lengths(outputs, scale)
+    prompts = chained_prompts(session, new, outputs, np.zeros_like(new))
+    first = previous_turns(session) < 0
+    given = None if source.arrival_s is None else source.arrival_s[:n][first]
+    starts = _file_arrivals(source, given, int(first.sum()), qps, arrival, cv, rng)
+    groups, tokens = np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    if source.prefix_group is not None and source.prefix_tokens is not None:
+        prefixes = list(zip(source.prefix_group[:n].tolist(), source.prefix_tokens[:n].tolist()))
+        if scale != 1.0:
+            prefixes = _scaled_prefixes(prefixes, prompts, scale)
+        groups, tokens = (np.asarray(v, dtype=np.int64) for v in zip(*prefixes))
+    return session_requests(starts, session, prompts, outputs, source.think_s[:n], groups, tokens)
 
 
 def aligned(tokens: float) -> int:
@@ -222,7 +273,7 @@ def trace_max_total_tokens(trace: str | os.PathLike[str], requests: Sequence[Req
     rounded up to a multiple of ``SEQ_LEN_ALIGN``; for a file, the longest request rounded up to a multiple of
     ``SEQ_LEN_ALIGN``.
     """
-    if is_profile(trace):
+    if trace in PROFILES:
         cap = get_profile(str(trace)).max_total_tokens
         if scale == 1.0:
             return cap

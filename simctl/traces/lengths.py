@@ -107,6 +107,11 @@ def get_profile(name: str) -> LengthProfile:
         raise InputError(f"unknown length profile {name!r} (known: {', '.join(sorted(PROFILES))})") from None
 
 
+def scale_lengths(n: np.ndarray, scale: float) -> np.ndarray:
+    """Lengths times `scale`, each rounded half up, at least 1."""
+    return np.maximum(1, np.floor(n * scale + 0.5)).astype(np.int64)
+
+
 def _weibull_tokens(z: np.ndarray, dist: Weibull) -> np.ndarray:
     # Weibull quantile of the normal score z: lambda * H^(1/k) with H = -ln(1 - Phi(z)) the cumulative
     # hazard; log_ndtr keeps H accurate in both tails where 1 - Phi(z) rounds to 0 or 1.

@@ -18,6 +18,15 @@ Formats (chosen by extension, case-insensitive):
 - Both take the prompt's content for prefix caching, optional integers ``prefix_group`` (>= -1; missing: -1,
   no shared prefix) and ``prefix_tokens`` (0..prompt tokens; missing: 0): the first ``prefix_tokens`` prompt
   tokens are the same in every request of the same ``prefix_group`` >= 0, all others are the request's own.
+- Sessions (conversations; ``simctl.traces.sessions``): a file with a ``session_id`` column (JSONL: key, on
+  every line or none; any string or integer) holds one turn per row. Instead of the prompt it gives the turn's
+  new tokens, ``num_new_tokens`` (CSV) or ``new_tokens`` (JSONL), with its output length as usual and an
+  optional ``think_s``, the seconds from the previous turn's completion to its send (empty or absent: 0; none
+  on a session's first row). A turn follows the row of its session above it; its prompt is the session's
+  earlier new and output tokens plus its own new ones (with a ``prefix_group``, ``prefix_tokens`` count in
+  that whole prompt). The arrival column, if any, is given on each session's first row only (sorted over
+  those rows) and on no later one. Rows come back in request order: each session's turns together, sessions
+  by first row, every turn's ``arrival_s`` its session's start.
 
 Lengths must be integers >= 1 (an integral float such as ``12.0`` is accepted, since pandas and many
 exporters write those); arrival times must be finite, >= 0 and non-decreasing. Any violation raises
@@ -39,6 +48,19 @@ import numpy as np
 
 from simctl.common.errors import InputError
 from simctl.traces.mooncake import is_mooncake_file, read_mooncake
+from simctl.traces.row_checks import (
+    MAX_TOKENS,
+    PREFIX_GROUP,
+    PREFIX_TOKENS,
+    PRIORITY,
+    check_arrivals,
+    check_length,
+    check_prefix,
+    check_priority,
+    fail,
+    short,
+)
+from simctl.traces.sessions import CSV_NEW, JSON_NEW, SESSION_ID, THINK, FileTurns, file_turns
 from simctl.traces.vllm_bench import read_vllm_bench
 
 if TYPE_CHECKING:
@@ -46,11 +68,7 @@ if TYPE_CHECKING:
 
 CSV_PROMPT, CSV_OUTPUT, CSV_ARRIVAL = "num_prefill_tokens", "num_decode_tokens", "arrived_at"
 JSON_PROMPT, JSON_OUTPUT, JSON_ARRIVAL = "prompt_tokens", "output_tokens", "arrival_s"
-PRIORITY = "priority"  # optional in both formats: an integer, higher runs first (default 0)
-PREFIX_GROUP, PREFIX_TOKENS = "prefix_group", "prefix_tokens"  # optional in both formats (default -1, 0)
 SUPPORTED_EXTENSIONS = (".csv", ".jsonl", ".json")
-# Guards the int64 conversion; no real request is anywhere near 2^31 tokens.
-MAX_TOKENS = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +80,11 @@ class LoadedTrace:
     priority: np.ndarray | None = None  # int64; None when the file gives none
     prefix_group: np.ndarray | None = None  # int64, >= -1; None when the file gives none
     prefix_tokens: np.ndarray | None = None  # int64, 0..prompt tokens; None when the file gives none
+    # a session file's (each session's turns together, in order; `arrival_s` its session's start): the
+    # session of each turn (0, 1, ... by first turn), its new tokens and its think time; else None
+    session: np.ndarray | None = None
+    new_tokens: np.ndarray | None = None
+    think_s: np.ndarray | None = None
     hash_ids: tuple[tuple[int, ...], ...] | None = None  # each prompt's block ids (Mooncake); None: not given
 
     def __len__(self) -> int:
@@ -94,61 +117,6 @@ def load_trace_file(path: str | os.PathLike[str]) -> LoadedTrace:
     if len(trace) == 0:
         raise InputError(f"trace file {p}: contains no requests")
     return trace
-
-
-def _fail(path: Path, line: int, msg: str) -> InputError:
-    return InputError(f"trace file {path}, line {line}: {msg}")
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _check_length(path: Path, line: int, name: str, value: float) -> int:
-    """Validate one already-numeric length; returns it as int."""
-    if not math.isfinite(value):
-        raise _fail(path, line, f"{name} is {value}, expected an integer >= 1")
-    if value != math.floor(value):
-        raise _fail(path, line, f"{name} is {value}, expected an integer number of tokens")
-    if value < 1:
-        raise _fail(path, line, f"{name} is {int(value)}, expected >= 1")
-    if value > MAX_TOKENS:
-        raise _fail(path, line, f"{name} is {value:.6g}, larger than {MAX_TOKENS}")
-    return int(value)
-
-
-def _check_priority(path: Path, line: int, value: float) -> int:
-    if not (math.isfinite(value) and value == math.floor(value) and abs(value) <= MAX_TOKENS):
-        raise _fail(path, line, f"{PRIORITY} is {value}, expected an integer")
-    return int(value)
-
-
-def _check_prefix(path: Path, line: int, group: float, tokens: float, prompt: int) -> tuple[int, int]:
-    """A row's prefix_group (an integer >= -1) and prefix_tokens (an integer from 0 to its prompt tokens)."""
-    if not (math.isfinite(group) and group == math.floor(group) and -1 <= group <= MAX_TOKENS):
-        raise _fail(path, line,
-                    f"{PREFIX_GROUP} is {group:g}, expected an integer >= -1 (-1: no shared prefix)")
-    if not (math.isfinite(tokens) and tokens == math.floor(tokens) and 0 <= tokens <= prompt):
-        raise _fail(path, line, f"{PREFIX_TOKENS} is {tokens:g}, expected an integer from 0 to the prompt's "
-                                f"{prompt} tokens")
-    return int(group), int(tokens)
-
-
-def _check_arrivals(path: Path, lines: np.ndarray, name: str, arrivals: np.ndarray) -> None:
-    bad = ~np.isfinite(arrivals) | (arrivals < 0)
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise _fail(path, int(lines[i]), f"{name} is {arrivals[i]}, expected a finite time >= 0 (seconds)")
-    back = np.diff(arrivals) < 0
-    if back.any():
-        i = int(np.argmax(back)) + 1
-        raise _fail(
-            path,
-            int(lines[i]),
-            f"{name} {arrivals[i]} is earlier than {arrivals[i - 1]} on line {lines[i - 1]}; "
-            "arrivals must be sorted (non-decreasing)",
-        )
 
 
 # ---------------------------------------------------------------- CSV
@@ -192,7 +160,7 @@ def _too_many_fields(path: Path) -> InputError:
         width = len(next(rows, []))
         for line, row in enumerate(rows, start=2):
             if len(row) > width:
-                return _fail(path, line, f"{len(row)} fields, but the header names {width} columns")
+                return fail(path, line, f"{len(row)} fields, but the header names {width} columns")
     return InputError(f"trace file {path}: a row has more fields than the header names columns")
 
 
@@ -202,24 +170,30 @@ def _header(path: Path) -> list[str]:
         return [c.strip() for c in next(csv.reader(f), [])]
 
 
-def _numeric_column(path: Path, df: pd.DataFrame, name: str) -> np.ndarray:
+def _numeric_column(path: Path, df: pd.DataFrame, name: str, blank_ok: bool = False) -> np.ndarray:
+    """The column's numbers; an empty cell is NaN where `blank_ok`, else an error as a non-number is."""
     import pandas as pd
 
     raw = df[name].str.strip()
     values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
     # to_numeric maps both junk and literal 'nan' to NaN: either way the cell is not a usable number.
-    bad = np.isnan(values)
+    bad = np.isnan(values) & ~((raw == "").to_numpy() if blank_ok else False)
     if bad.any():
         i = int(np.argmax(bad))
         cell = raw.iloc[i]
-        what = "is empty" if cell == "" else f"is {_short(cell)}, not a number"
-        raise _fail(path, int(df.index[i]) + 2, f"{name} {what}")
+        what = "is empty" if cell == "" else f"is {short(cell)}, not a number"
+        raise fail(path, int(df.index[i]) + 2, f"{name} {what}")
     return values
 
 
 def _load_csv(path: Path) -> LoadedTrace:
     df = _read_csv(path)
-    missing = [c for c in (CSV_PROMPT, CSV_OUTPUT) if c not in df.columns]
+    sessions = SESSION_ID in df.columns
+    wrong = _session_keys(set(df.columns), sessions, CSV_PROMPT, CSV_NEW)
+    if wrong:
+        raise InputError(f"trace file {path}: {wrong}")
+    prompt = CSV_NEW if sessions else CSV_PROMPT
+    missing = [c for c in (prompt, CSV_OUTPUT) if c not in df.columns]
     if missing:
         raise InputError(
             f"trace file {path}: missing column(s) {', '.join(missing)} "
@@ -227,22 +201,30 @@ def _load_csv(path: Path) -> LoadedTrace:
         )
     lines = df.index.to_numpy() + 2
     columns = {}
-    for name in (CSV_PROMPT, CSV_OUTPUT):
+    for name in (prompt, CSV_OUTPUT):
         values = _numeric_column(path, df, name)
         ok = np.isfinite(values) & (values == np.floor(values)) & (values >= 1) & (values <= MAX_TOKENS)
         if not ok.all():
             i = int(np.argmax(~ok))
-            _check_length(path, int(lines[i]), name, float(values[i]))  # raises with the precise reason
+            check_length(path, int(lines[i]), name, float(values[i]))  # raises with the precise reason
         columns[name] = values.astype(np.int64)
-    arrivals = None
-    if CSV_ARRIVAL in df.columns:
-        arrivals = _numeric_column(path, df, CSV_ARRIVAL)
-        _check_arrivals(path, lines, CSV_ARRIVAL, arrivals)
+    arrivals = _numeric_column(path, df, CSV_ARRIVAL, sessions) if CSV_ARRIVAL in df.columns else None
+    turns = None
+    if sessions:
+        labels = df[SESSION_ID].str.strip()
+        if (labels == "").any():
+            raise fail(path, int(lines[int(np.argmax((labels == "").to_numpy()))]), f"{SESSION_ID} is empty")
+        think = _numeric_column(path, df, THINK, True) if THINK in df.columns else np.full(len(df), np.nan)
+        turns = file_turns(path, lines, labels.tolist(), columns[prompt], columns[CSV_OUTPUT], think,
+                           arrivals, CSV_ARRIVAL)
+    elif arrivals is not None:
+        check_arrivals(path, lines, CSV_ARRIVAL, arrivals)
+    prompts = columns[prompt] if turns is None else turns.prompt_tokens
     priority = None
     if PRIORITY in df.columns:
         values = _numeric_column(path, df, PRIORITY)
         for line, v in zip(lines.tolist(), values.tolist()):
-            _check_priority(path, line, v)
+            check_priority(path, line, v)
         priority = values.astype(np.int64)
     groups = tokens = None
     if PREFIX_GROUP in df.columns or PREFIX_TOKENS in df.columns:
@@ -252,10 +234,36 @@ def _load_csv(path: Path) -> LoadedTrace:
         token_values = _numeric_column(path, df,
                                        PREFIX_TOKENS) if PREFIX_TOKENS in df.columns else np.zeros(n)
         for line, g, t, p in zip(lines.tolist(), group_values.tolist(), token_values.tolist(),
-                                 columns[CSV_PROMPT].tolist()):
-            _check_prefix(path, line, g, t, p)
+                                 prompts.tolist()):
+            check_prefix(path, line, g, t, p)
         groups, tokens = group_values.astype(np.int64), token_values.astype(np.int64)
-    return LoadedTrace(path, columns[CSV_PROMPT], columns[CSV_OUTPUT], arrivals, priority, groups, tokens)
+    return _assembled(LoadedTrace(path, prompts, columns[CSV_OUTPUT], arrivals, priority, groups, tokens),
+                      columns[prompt], turns)
+
+
+def _session_keys(present: set[str], sessions: bool, prompt: str, new: str) -> str | None:
+    """What is wrong with a row's (CSV: the header's) names as to sessions, or None."""
+    if sessions and prompt in present:
+        return (f"{prompt} given with {SESSION_ID}: a session's turn gives its new tokens ({new}), its "
+                "prompt is its session's context plus them")
+    extra = [k for k in (new, THINK) if k in present]
+    if not sessions and extra:
+        return f"{', '.join(extra)} describe(s) a session's turn: give {SESSION_ID} too"
+    return None
+
+
+def _assembled(trace: LoadedTrace, new: np.ndarray, turns: FileTurns | None) -> LoadedTrace:
+    """`trace` as loaded, or, for a session file (`turns`), its rows in request order with their sessions:
+    each session's turns together, sessions by first turn, every turn arriving at its session's start."""
+    if turns is None:
+        return trace
+    o = turns.order
+    session = turns.session[o]
+    return LoadedTrace(
+        trace.path, trace.prompt_tokens[o], trace.output_tokens[o],
+        None if turns.starts is None else turns.starts[session],
+        *(None if a is None else a[o] for a in (trace.priority, trace.prefix_group, trace.prefix_tokens)),
+        session=session, new_tokens=new[o], think_s=turns.think_s[o])
 
 
 # ---------------------------------------------------------------- JSONL
@@ -263,15 +271,15 @@ def _load_csv(path: Path) -> LoadedTrace:
 
 def _json_number(path: Path, line: int, obj: dict, key: str) -> float:
     if key not in obj:
-        raise _fail(path, line, f"missing key {key!r}")
+        raise fail(path, line, f"missing key {key!r}")
     value = obj[key]
     # bool is an int subclass in Python; true/false are not lengths.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fail(path, line, f"{key} is {_short(value)}, not a number")
+        raise fail(path, line, f"{key} is {short(value)}, not a number")
     try:
         return float(value)
     except OverflowError:  # a JSON integer beyond float range
-        raise _fail(path, line, f"{key} is out of range") from None
+        raise fail(path, line, f"{key} is out of range") from None
 
 
 class _RepeatedKey(Exception):
@@ -288,6 +296,68 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return dict(pairs)
 
 
+def _json_object(path: Path, line: int, raw: str) -> dict:
+    try:
+        obj = json.loads(raw, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as e:
+        raise fail(path, line, f"invalid JSON ({e.msg})") from None
+    except _RepeatedKey as e:
+        raise fail(path, line, f"key {e.args[0]!r} appears more than once") from None
+    if not isinstance(obj, dict):
+        raise fail(path, line, f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One JSONL line's values; NaN where an optional number is not given."""
+
+    line: int
+    session: str | int | None
+    tokens: int  # the prompt's, or a session turn's new tokens
+    output: int
+    arrival: float
+    think: float
+    priority: int
+    group: float
+    prefix: float
+
+
+def _json_row(path: Path, line: int, obj: dict, first: _Row | None) -> _Row:
+    """The line's values, its keys consistent with the `first` line's (None: it is the first)."""
+    sessions = SESSION_ID in obj if first is None else first.session is not None
+    if first is not None:
+        given = {SESSION_ID: sessions, JSON_ARRIVAL: not math.isnan(first.arrival)}
+        if sessions:  # only a session's first turn gives an arrival time (`file_turns` checks)
+            del given[JSON_ARRIVAL]
+        for key, expected in given.items():
+            if (key in obj) != expected:
+                state = "has" if key in obj else "lacks"
+                raise fail(path, line, f"{state} {key!r} unlike line {first.line}: give it on every line or "
+                                       "none")
+    wrong = _session_keys(set(obj), sessions, JSON_PROMPT, JSON_NEW)
+    if wrong:
+        raise fail(path, line, wrong)
+    label = obj.get(SESSION_ID)
+    if sessions and (isinstance(label, bool) or not isinstance(label, (str, int))):
+        raise fail(path, line, f"{SESSION_ID} is {short(label)}, expected a string or an integer")
+    name = JSON_NEW if sessions else JSON_PROMPT
+
+    def number(key: str, missing: float) -> float:
+        if key not in obj:
+            return missing
+        value = _json_number(path, line, obj, key)
+        if math.isnan(value):  # JSON's NaN literal: NaN stands for a key not given here
+            raise fail(path, line, f"{key} is nan, not a number")
+        return value
+
+    return _Row(line, label, check_length(path, line, name, _json_number(path, line, obj, name)),
+                check_length(path, line, JSON_OUTPUT, _json_number(path, line, obj, JSON_OUTPUT)),
+                number(JSON_ARRIVAL, math.nan), number(THINK, math.nan),
+                check_priority(path, line, number(PRIORITY, 0.0)), number(PREFIX_GROUP, -1.0),
+                number(PREFIX_TOKENS, 0.0))
+
+
 def _load_jsonl(path: Path) -> LoadedTrace:
     try:
         text = path.read_text(encoding="utf-8-sig")  # -sig: tolerate a BOM some editors write
@@ -295,51 +365,27 @@ def _load_jsonl(path: Path) -> LoadedTrace:
         raise InputError(f"trace file {path}: not UTF-8 text") from None
     except OSError as e:
         raise InputError(f"trace file {path}: cannot read ({e.strerror or e})") from None
-    prompts: list[int] = []
-    outputs: list[int] = []
-    arrivals: list[float] = []
-    priority: list[int] = []
-    prefixes: list[tuple[int, int]] = []
-    lines: list[int] = []
-    with_arrivals: bool | None = None  # decided by the first record
+    rows: list[_Row] = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw, object_pairs_hook=_unique_keys)
-        except json.JSONDecodeError as e:
-            raise _fail(path, lineno, f"invalid JSON ({e.msg})") from None
-        except _RepeatedKey as e:
-            raise _fail(path, lineno, f"key {e.args[0]!r} appears more than once") from None
-        if not isinstance(obj, dict):
-            raise _fail(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
-        prompts.append(_check_length(path, lineno, JSON_PROMPT, _json_number(path, lineno, obj, JSON_PROMPT)))
-        outputs.append(_check_length(path, lineno, JSON_OUTPUT, _json_number(path, lineno, obj, JSON_OUTPUT)))
-        has = JSON_ARRIVAL in obj
-        if with_arrivals is None:
-            with_arrivals = has
-        elif has != with_arrivals:
-            state = "has" if has else "lacks"
-            raise _fail(
-                path,
-                lineno,
-                f"{state} {JSON_ARRIVAL!r} unlike line {lines[0]}: give it on every line or none",
-            )
-        if has:
-            arrivals.append(_json_number(path, lineno, obj, JSON_ARRIVAL))
-        priority.append(_check_priority(path, lineno, _json_number(path, lineno, obj, PRIORITY))
-                        if PRIORITY in obj else 0)
-        group = _json_number(path, lineno, obj, PREFIX_GROUP) if PREFIX_GROUP in obj else -1.0
-        tokens = _json_number(path, lineno, obj, PREFIX_TOKENS) if PREFIX_TOKENS in obj else 0.0
-        prefixes.append(_check_prefix(path, lineno, group, tokens, prompts[-1]))
-        lines.append(lineno)
-    if not lines:
+        if raw.strip():
+            rows.append(_json_row(path, lineno, _json_object(path, lineno, raw), rows[0] if rows else None))
+    if not rows:
         raise InputError(f"trace file {path}: empty file (expected one JSON object per line)")
-    arr = None
-    if with_arrivals:
-        arr = np.asarray(arrivals, dtype=np.float64)
-        _check_arrivals(path, np.asarray(lines), JSON_ARRIVAL, arr)
+    lines = np.asarray([r.line for r in rows])
+    lengths = np.asarray([r.tokens for r in rows], dtype=np.int64)
+    outputs = np.asarray([r.output for r in rows], dtype=np.int64)
+    arr = np.asarray([r.arrival for r in rows], dtype=np.float64)
+    arr = None if np.isnan(arr).all() else arr  # a session's later turns give none, others all or none
+    turns = None
+    if rows[0].session is not None:
+        turns = file_turns(path, lines, [r.session for r in rows], lengths, outputs,
+                           np.asarray([r.think for r in rows], dtype=np.float64), arr, JSON_ARRIVAL)
+    elif arr is not None:
+        check_arrivals(path, lines, JSON_ARRIVAL, arr)
+    prompts = lengths if turns is None else turns.prompt_tokens
+    prefixes = [check_prefix(path, r.line, r.group, r.prefix, p) for r, p in zip(rows, prompts.tolist())]
     shared = any(p != (-1, 0) for p in prefixes)
     groups, tokens = (np.asarray(v, dtype=np.int64) for v in zip(*prefixes)) if shared else (None, None)
-    return LoadedTrace(path, np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64), arr,
-                       np.asarray(priority, dtype=np.int64) if any(priority) else None, groups, tokens)
+    priority = [r.priority for r in rows]
+    return _assembled(LoadedTrace(path, prompts, outputs, arr, np.asarray(priority, dtype=np.int64)
+                                  if any(priority) else None, groups, tokens), lengths, turns)

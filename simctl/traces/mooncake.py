@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from simctl.common.errors import InputError
+from simctl.traces.row_checks import fail, short
 
 HASH_IDS = "hash_ids"
 TIMESTAMP, INPUT, OUTPUT = "timestamp", "input_length", "output_length"
@@ -52,8 +53,7 @@ def is_mooncake_file(path: Path) -> bool:
 
 
 def _fail(path: Path, line: int, msg: str) -> InputError:
-    return InputError(f"trace file {path}, line {line}: {msg} (a Mooncake record: {TIMESTAMP} in ms, "
-                      f"{INPUT}, {OUTPUT}, {HASH_IDS})")
+    return fail(path, line, f"{msg} (a Mooncake record: {TIMESTAMP} in ms, {INPUT}, {OUTPUT}, {HASH_IDS})")
 
 
 def _integer(path: Path, line: int, obj: dict, key: str, minimum: int) -> int:
@@ -61,17 +61,17 @@ def _integer(path: Path, line: int, obj: dict, key: str, minimum: int) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _fail(path, line, f"{key} is {value!r}, expected an integer >= {minimum}")
+        raise _fail(path, line, f"{key} is {short(value)}, expected an integer >= {minimum}")
     return value
 
 
 def _ids(path: Path, line: int, obj: dict) -> tuple[int, ...]:
     ids = obj.get(HASH_IDS)
     if not isinstance(ids, list) or not ids:
-        raise _fail(path, line, f"{HASH_IDS} is {str(ids)[:40]}, expected a non-empty list of integer ids")
+        raise _fail(path, line, f"{HASH_IDS} is {short(ids)}, expected a non-empty list of integer ids")
     for v in ids:
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_ID:
-            raise _fail(path, line, f"{HASH_IDS} holds {v!r}, expected integer ids >= 0")
+            raise _fail(path, line, f"{HASH_IDS} holds {short(v)}, expected integer ids >= 0")
     return tuple(ids)
 
 
@@ -94,7 +94,7 @@ def read_mooncake(path: Path) -> MooncakeRows:
         stamp = obj.get(TIMESTAMP)
         if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not math.isfinite(stamp) \
                 or stamp < 0:
-            raise _fail(path, lineno, f"{TIMESTAMP} is {stamp!r}, expected a time >= 0 in milliseconds")
+            raise _fail(path, lineno, f"{TIMESTAMP} is {short(stamp)}, expected a time >= 0 in milliseconds")
         if stamps and stamp < stamps[-1]:
             raise _fail(path, lineno, f"{TIMESTAMP} {stamp} is earlier than the line before's {stamps[-1]}; "
                                       "arrivals must be sorted")

@@ -16,8 +16,12 @@ Replaying the load: the requests are replayed at their send times (`start_times`
 benchmark's lead-in before it, `duration` less the span from the first send to the last response). A file
 without `start_times` (older vLLM) is replayed from what it says was asked: all at t=0 for rate "inf",
 else Gamma gaps of shape `burstiness` at `request_rate` (Poisson for 1, evenly spaced for Infinity), seeded
-here, scaled as vLLM scales them so that the last is sent at n / rate. `VLLMBench.assumptions` says which,
-in words. A failed request is excluded (its output length is unknown) and counted.
+here, scaled as vLLM scales them so that the last is sent at n / rate. With `max_concurrency` (the client's
+semaphore, `limited_request_func`) the replay is closed loop with that bound (`serving.clients.Clients`):
+`arrival_s` is when each request was ready, its send time less its wait for a slot (`queue_times`, vLLM's
+`client_queue_time`), or without queue_times as drawn above, and the simulated client sends it when a slot
+is free. `VLLMBench.assumptions` says which, in words. A failed request is excluded (its output length is
+unknown) and counted.
 """
 
 from __future__ import annotations
@@ -60,7 +64,9 @@ class VLLMBench:
     path: Path
     prompt_tokens: np.ndarray  # int64 >= 1
     output_tokens: np.ndarray  # int64 >= 1
-    arrival_s: np.ndarray  # float64, non-decreasing: when each was sent, from the benchmark's start
+    # float64, non-decreasing, from the benchmark's start: when each was sent (with a client bound, when it
+    # was ready to be sent)
+    arrival_s: np.ndarray
     ttft_s: np.ndarray
     latency_s: np.ndarray  # vLLM's E2EL: send to last chunk
     max_itl_s: np.ndarray  # each request's largest chunk gap (0 with one chunk)
@@ -70,6 +76,7 @@ class VLLMBench:
     duration_s: float
     traffic: Traffic
     send_times_measured: bool  # the file has start_times (else the arrivals were generated)
+    ready_times_measured: bool = False  # with a client bound: start_times and queue_times give ready times
     model_id: str | None = None
     reported: dict[str, float] = field(default_factory=dict)  # the file's aggregates (REPORTED keys)
 
@@ -80,25 +87,17 @@ class VLLMBench:
         """What the prediction assumes about the load, in plain words."""
         t = self.traffic
         out = []
-        if self.send_times_measured:
+        if t.max_concurrency is not None:
+            ready = ("when the client had it ready (start_times less queue_times, its wait for a slot)"
+                     if self.ready_times_measured
+                     else f"as asked (the file has no queue_times): {self._drawn()}")
+            out.append(f"the client kept at most {t.max_concurrency} requests in flight: the prediction is "
+                       f"closed loop with that bound, each request ready {ready}, sent when a slot is free")
+        elif self.send_times_measured:
             out.append("requests arrive when the client sent them (the file's start_times), from the "
                        f"benchmark's start ({self.arrival_s[0]:.3f} s before the first send)")
-            if t.max_concurrency is not None:
-                out.append(f"the client kept at most {t.max_concurrency} requests in flight: its send times "
-                           "follow the measured server's pace, and the prediction replays them as measured "
-                           "(an open loop) rather than re-applying the limit")
-        elif math.isinf(t.request_rate):
-            out.append("the file has no send times: every request arrives at t=0 (request rate inf)")
         else:
-            shape = ("evenly spaced gaps" if math.isinf(t.burstiness) else "Poisson gaps" if t.burstiness == 1
-                     else f"Gamma gaps of shape {t.burstiness:g} (burstiness)")
-            out.append(f"the file has no send times: arrivals generated at {t.request_rate:g} req/s with "
-                       f"{shape}, seed {GENERATED_SEED}, scaled as vLLM does so that the last arrives at "
-                       "n / rate")
-        if not self.send_times_measured and t.max_concurrency is not None:
-            out.append(f"the client's limit of {t.max_concurrency} requests in flight is not modelled "
-                       "(the file has no send times to replay): the prediction sees more requests at once "
-                       "than vLLM did")
+            out.append(f"the file has no send times: {self._drawn()}")
         if self.failed:
             out.append(f"{self.failed} failed request(s) of {self.sent} excluded (their output lengths are "
                        "unknown)")
@@ -108,6 +107,17 @@ class VLLMBench:
                        "(a streamed chunk carried several tokens): its ITL pools chunk gaps, the "
                        "prediction's pools token gaps")
         return out
+
+
+    def _drawn(self) -> str:
+        """How arrivals are drawn from what the file says was asked."""
+        t = self.traffic
+        if math.isinf(t.request_rate):
+            return "every request arrives at t=0 (request rate inf)"
+        shape = ("evenly spaced gaps" if math.isinf(t.burstiness) else "Poisson gaps" if t.burstiness == 1
+                 else f"Gamma gaps of shape {t.burstiness:g} (burstiness)")
+        return (f"arrivals generated at {t.request_rate:g} req/s with {shape}, seed {GENERATED_SEED}, "
+                "scaled as vLLM does so that the last arrives at n / rate")
 
 
 def read_vllm_bench(path: str | Path) -> VLLMBench:
@@ -150,9 +160,13 @@ def read_vllm_bench(path: str | Path) -> VLLMBench:
         raise InputError(f"{what}: duration must be a positive number of seconds, got {duration!r}")
     traffic = _traffic(data, what)
     measured = data.get("start_times") is not None
-    if measured:
-        starts = _numbers(data, "start_times", n, what, minimum=-math.inf)
-        span = float((starts[ok] + latency[ok]).max() - starts.min())
+    closed = traffic.max_concurrency is not None
+    ready = measured and closed and data.get("queue_times") is not None
+    if measured and (ready or not closed):
+        sent = _numbers(data, "start_times", n, what, minimum=-math.inf)
+        # when each was ready: sent, less its wait for one of the client's slots
+        starts = sent - _numbers(data, "queue_times", n, what) if ready else sent
+        span = float((sent[ok] + latency[ok]).max() - starts.min())
         arrivals = starts - starts.min() + max(0.0, float(duration) - span)
     else:
         arrivals = _generated_arrivals(n, traffic, what)
@@ -165,10 +179,18 @@ def read_vllm_bench(path: str | Path) -> VLLMBench:
         max_itl_s=np.array([max(itls[i], default=0.0) for i in keep], dtype=np.float64),
         itl_s=np.array([g for i in keep for g in itls[i]], dtype=np.float64),
         sent=n, failed=n - len(keep), duration_s=float(duration), traffic=traffic,
-        send_times_measured=measured,
+        send_times_measured=measured, ready_times_measured=ready,
         model_id=model_id if isinstance(model_id, str) else None,
         reported={k: float(v) for k, v in data.items() if REPORTED.match(k) and is_number(v)},
     )
+
+
+def measured_concurrency(trace: str | Path) -> int | None:
+    """The client bound (`max_concurrency`) of the `vllm bench serve` result at `trace`, replayed closed loop;
+    None for another trace, or a result measured without one."""
+    if Path(trace).suffix.lower() != ".json":
+        return None
+    return read_vllm_bench(trace).traffic.max_concurrency
 
 
 def _parse(text: str, what: str) -> dict[str, Any]:

@@ -79,7 +79,7 @@ class Validation:
                 self.say(f"  the machine is busy ({share:.0%} of it used by other processes after "
                          f"{waited:.0f} s); running anyway")
         self.meter.start()
-        s = real_main(workload=setup.workload(kw.pop("qps")), model=setup.model, dtype=setup.dtype,
+        s = real_main(workload=setup.workload.at(kw.pop("qps")), model=setup.model, dtype=setup.dtype,
                       threads=setup.threads,
                       device=setup.device, kv_budget_bytes=setup.kv_budget_bytes, attention=setup.attention,
                       eager=setup.eager,
@@ -94,8 +94,8 @@ class Validation:
             raise InputError(f"{policy}: no simulated rate meets the SLO ({slo.describe()}); relax it")
         if hi is None:
             raise InputError(f"{policy}: the SLO ({slo.describe()}) is met at every simulated rate up to "
-                             f"{lo:.3g} QPS: {self.setup.num_requests} requests are served before a queue "
-                             "builds; raise --num-requests (or tighten the SLO)")
+                             f"{lo:.3g} QPS: {self.setup.workload.num_requests} requests are served before a "
+                             "queue builds; raise --num-requests (or tighten the SLO)")
         self.caps[policy] = {"sim_qps": lo, "sim_fail_qps": hi, "sim_probes": [
             {k: p[k] for k in ("qps", "slo_met", "sched_delay_p50", "tbt_p99", "ttft_p50", "sustainable",
                                "completed", "throughput_rps")} for p in sim_cap.probes]}
@@ -109,8 +109,9 @@ class Validation:
         for k in range(repeats):
             for policy, load, qps in points:
                 run_dir = self.out / "runs" / policy / f"load_{load:g}"
-                self.say(f"{policy}: real run at load {load:g} ({qps:.4g} QPS, {self.setup.num_requests} "
-                         "requests)" + (f", repeat {k + 1} of {repeats}" if repeats > 1 else ""))
+                self.say(f"{policy}: real run at load {load:g} ({qps:.4g} QPS, "
+                         f"{self.setup.workload.num_requests} requests)"
+                         + (f", repeat {k + 1} of {repeats}" if repeats > 1 else ""))
                 _, share = self.real_run(policy=policy, qps=qps, out=real_dirs(run_dir, repeats)[k])
                 if share is not None:
                     foreign_shares.setdefault((policy, load), []).append(share)

@@ -4,7 +4,7 @@ priced with."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,21 +13,18 @@ from simctl.executor.config import DEFAULT_CONFIG, ExecutorConfig, check_same
 from simctl.serving.loop import overload_limit
 from simctl.traces.workload import Workload
 
-DEFAULT_TRACE = "sharegpt"
-DEFAULT_SCALE = 0.05  # sharegpt x 0.05: median prompt ~80 tokens, output ~20; a real run takes ~10-30 s here
 DEFAULT_LINK_GBPS = 1.0  # this VM's shared-memory hand-over, measured: 0.7-2.7 Gbit/s effective per transfer
-DEFAULT_NUM_REQUESTS = 300  # see the module docstring: fewer, and the default SLO never binds
+DEFAULT_NUM_REQUESTS = 300  # fewer, and the default SLO never binds (`simctl.validation.validate`)
+# sharegpt x 0.05: median prompt ~80 tokens, output ~20; a real run takes ~10-30 s here (rate: each load's)
+DEFAULT_WORKLOAD = Workload(trace="sharegpt", qps=None, num_requests=DEFAULT_NUM_REQUESTS, scale=0.05)
 
 
 @dataclass(frozen=True)
 class Setup:
     """What every run of one validation shares (the real runs' options)."""
 
-    trace: str = DEFAULT_TRACE
+    workload: Workload = field(default=DEFAULT_WORKLOAD)  # its rate (qps) is each run's
     model: str = "tiny"
-    num_requests: int = DEFAULT_NUM_REQUESTS
-    scale: float = DEFAULT_SCALE
-    seed: int = 0
     threads: int | None = None
     dtype: str = "float32"
     device: str = "cpu"
@@ -38,15 +35,14 @@ class Setup:
     decode_instances: int | None = None
     kv_link_gbps: float = DEFAULT_LINK_GBPS  # the twin's link before a real run has measured one
 
-    def workload(self, qps: float) -> Workload:
-        """The requests of every run, arriving at `qps`."""
-        return Workload(trace=self.trace, qps=qps, num_requests=self.num_requests, seed=self.seed,
-                        scale=self.scale)
+    def recorded(self) -> dict[str, Any]:
+        """Its fields for validation.json's `config`, the workload's among them (as a run's summary)."""
+        return {**self.workload.recorded(), **{k: v for k, v in asdict(self).items() if k != "workload"}}
 
     def real_config(self, policy: str, qps: float) -> Any:
         from simctl.engine.real import RealConfig
 
-        return RealConfig(policy=policy, workload=self.workload(qps), model=self.model, device=self.device,
+        return RealConfig(policy=policy, workload=self.workload.at(qps), model=self.model, device=self.device,
                           dtype=self.dtype,
                           threads=self.threads, kv_budget_bytes=self.kv_budget_bytes,
                           attention=self.attention, eager=self.eager,
@@ -120,7 +116,8 @@ def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], A
                                            summary.get("kv_link", {}).get("gbps", DEFAULT_LINK_GBPS),
                                            spec.kv_bytes_per_token(dtype_bytes_of(summary["dtype"])), head)
         return s, result
-    result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)))
+    result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)),
+                      concurrency=summary.get("concurrency"), think_s=summary.get("think_time", 0.0))
     return {**head, **summarize(result)}, result
 
 

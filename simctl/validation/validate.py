@@ -1,6 +1,7 @@
 """`simctl validate`: check the simulator against real execution on this machine's CPU or GPU.
 
-    report = validate_main(["sarathi", "vllm"], "sharegpt", [0.5, 0.7], cost="cost_model.json", out="out/val")
+    report = validate_main(["sarathi", "vllm"], DEFAULT_WORKLOAD, [0.5, 0.7], cost="cost_model.json",
+                           out="out/val")
 
 For each policy:
 
@@ -61,7 +62,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -74,14 +75,13 @@ from simctl.results.validation_report import (
     pct_error,
 )
 from simctl.studies.capacity import SLO, check_probe_requests
+from simctl.traces.workload import Workload
 from simctl.validation.compare import compare_run
 from simctl.validation.machine_load import loadavg
 from simctl.validation.report import write_report
 from simctl.validation.stages import Findings, Validation, simulated_capacity
 from simctl.validation.twin import (
-    DEFAULT_NUM_REQUESTS,
-    DEFAULT_SCALE,
-    DEFAULT_TRACE,
+    DEFAULT_WORKLOAD,
     Setup,
     check_executor,
     cost_meta,
@@ -135,7 +135,8 @@ def _check_inputs(policies: list[str], loads: list[float], fitted: Any, out: str
         setup.real_config(p, 1.0).validate()
     check_fitted_run(getattr(fitted, "meta", {}), setup.device, None, setup.dtype)
     check_out_dir(Path(out), VALIDATION_FILES, VALIDATION_DIRS)
-    check_probe_requests(setup.num_requests)
+    setup.workload.at(1.0).validate()
+    check_probe_requests(setup.workload.num_requests)
     return names, loads
 
 
@@ -153,16 +154,17 @@ def remove_earlier(out: Path, say: Callable[[str], None],
             p.unlink()
 
 
-def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[float] = DEFAULT_LOADS,
-                  cost: str | Path | Any = None, out: str | Path = "out/validate", model: str = "tiny",
-                  scale: float = DEFAULT_SCALE, num_requests: int = DEFAULT_NUM_REQUESTS, seed: int = 0,
-                  threads: int | None = None, slo: SLO = DEFAULT_SLO, capacity: bool = False,
+def validate_main(policies: list[str], workload: Workload = DEFAULT_WORKLOAD,
+                  loads: list[float] = DEFAULT_LOADS, cost: str | Path | Any = None,
+                  out: str | Path = "out/validate", model: str = "tiny", threads: int | None = None,
+                  slo: SLO = DEFAULT_SLO, capacity: bool = False,
                   quiet_wait_s: float = 0.0, repeats: int = 1, device: str = "cpu", dtype: str | None = None,
                   attention: str | None = None, prefill_instances: int | None = None,
                   decode_instances: int | None = None,
                   log: Callable[[str], None] | None = None) -> ValidationReport:
     """Validate the simulator with `cost` (a fitted cost_model.json of `device`, or a `CostModel`) against
-    real runs on `device` (cpu, cuda, cuda:N; see the module docstring) and write
+    real runs on `device` (cpu, cuda, cuda:N; see the module docstring) of `workload` (its rate: each load's)
+    and write
     validation.{csv,md,png,json} and the runs' folders into `out`. `policies` may contain "all". `threads`:
     the real runs' CPU threads [default: those the cost model was profiled with, else every core]. `dtype`:
     the real runs' [default: the one the cost model was profiled in, else float32; another is refused], and so
@@ -186,15 +188,15 @@ def validate_main(policies: list[str], trace: str = DEFAULT_TRACE, loads: list[f
     fit = cost_meta(fitted)
     if threads is None and isinstance(fit["threads"], int):
         threads = fit["threads"]
-    setup = Setup(trace=trace, model=model, num_requests=num_requests, scale=scale, seed=seed,
-                  threads=threads, dtype=dtype if dtype is not None else fitted_dtype(fit) or "float32",
+    setup = Setup(workload=workload, model=model, threads=threads,
+                  dtype=dtype if dtype is not None else fitted_dtype(fit) or "float32",
                   device=str(device), attention=attention if attention is not None
                   else fitted_executor(fitted).attention, eager=fitted_executor(fitted).eager,
                   prefill_instances=prefill_instances, decode_instances=decode_instances)
     setup, names, loads, device_name = _ready(setup, fitted, policies, loads, out, say)
     t_start = time.perf_counter()
     config: dict[str, Any] = {
-        "policies": names, "loads": loads, "cost": cost_name(cost), **asdict(setup),
+        "policies": names, "loads": loads, "cost": cost_name(cost), **setup.recorded(),
         "device_name": device_name, "slo": slo.to_dict(), "slo_text": slo.describe(),
         "capacity": capacity, "repeats": repeats, "cost_model_fit": cost_meta(fitted),
         "loadavg_start": loadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -262,8 +264,8 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
     remove_earlier(out, say)
     slo = SLO.from_dict(c["slo"])
     # a validation from before executor configurations were recorded let torch pick its kernels: "any"
-    setup = Setup(trace=c["trace"], model=c["model"], num_requests=c["num_requests"], scale=c["scale"],
-                  seed=c["seed"], threads=c["threads"], dtype=c["dtype"], device=c.get("device", "cpu"),
+    setup = Setup(workload=replace(Workload.of_record(c), qps=None), model=c["model"], threads=c["threads"],
+                  dtype=c["dtype"], device=c.get("device", "cpu"),
                   kv_budget_bytes=c.get("kv_budget_bytes"), attention=c.get("attention", "any"),
                   eager=c.get("eager", True))
     check_fitted_run(getattr(fitted, "meta", {}), setup.device, c.get("device_name"), setup.dtype)

@@ -85,7 +85,9 @@ def compare(path: str | Path, model: str, gpu: str, policy: str = DEFAULT_POLICY
         raise InputError(f"--from-vllm-bench {path}: expected a .json file, as `vllm bench serve "
                          "--save-result` writes")
     bench = read_vllm_bench(path)
-    sim = run(RunConfig(policy=policy, workload=Workload(trace=str(path), qps=None, num_requests=len(bench)),
+    workload = Workload(trace=str(path), qps=None, num_requests=len(bench),
+                        concurrency=bench.traffic.max_concurrency)  # its client bound: closed loop
+    sim = run(RunConfig(policy=policy, workload=workload,
                         model=model, gpu=gpu, tp=tp, cost=cost))
     predicted = with_goodput(sim.summary, sim.result.requests, goodput)["vllm_bench"]
     real = measured(bench, goodput)

@@ -42,8 +42,8 @@ from simctl.common.errors import InputError
 from simctl.costs.base import CostModel, ScaledCost
 from simctl.results.validation_report import fmt_err, metric_label, pct_error
 from simctl.studies.capacity import SLO, CapacityResult, check_probe_requests, search_qps
-from simctl.traces import workload as traces_workload
 from simctl.traces.request import Request
+from simctl.traces.workload import Workload
 
 # scheduling delay (arrival to first scheduled step) splits TTFT into queueing and the prefill steps
 METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "sched_delay_p50", "sched_delay_p90", "tpot_p50", "tpot_p90",
@@ -70,15 +70,17 @@ class VLLMValidation:
     cost: str | CostModel | None = None  # the fitted cost model of vLLM's steps on this device
     out: str | Path = "out/validate-vllm"
     loads: tuple[float, ...] = (0.5, 0.7, 0.9)
-    trace: str = "sharegpt"
+    # its rate (qps) is each load's; 150 requests: each real run on vLLM's CPU build takes 150 / QPS seconds
+    workload: Workload = field(default=Workload(trace="sharegpt", qps=None, num_requests=150, scale=0.05))
     model: str = "tiny"
-    scale: float = 0.05
-    num_requests: int = 150
-    seed: int = 0
     repeats: int = 1
     capacity: bool = False
     slo: SLO = field(default_factory=SLO)
     settings: dict[str, int | None] = field(default_factory=dict)  # vLLM's, by vLLM's names (deployment_for)
+
+    def requests_at(self, qps: float) -> list[Request]:
+        """The requests of a run at `qps`, as `simctl real` builds them."""
+        return self.workload.at(qps).requests()
 
 
 def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: CostModel
@@ -98,26 +100,10 @@ def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: C
             **run_stats([policy])}, result
 
 
-class Workload:
-    """The requests of a run at a rate, as `simctl real` builds them (same trace, count, seed, scale)."""
-
-    def __init__(self, v: VLLMValidation) -> None:
-        self.v = v
-
-    def of(self, qps: float) -> traces_workload.Workload:
-        v = self.v
-        return traces_workload.Workload(trace=v.trace, qps=qps, num_requests=v.num_requests, seed=v.seed,
-                                        scale=v.scale)
-
-    def at(self, qps: float) -> list[Request]:
-        return self.of(qps).requests()
-
-
 def check(v: VLLMValidation) -> tuple[CostModel, list[float]]:
     """Every check that needs no engine: (the cost model, the loads); InputError in one line."""
     from simctl.common.checks import is_number
     from simctl.results.output import check_out_dir
-    from simctl.traces.build import check_scale
     from simctl.validation.twin import load_cost
 
     loads = [float(x) for x in v.loads] if all(is_number(x) for x in v.loads) else []
@@ -126,8 +112,8 @@ def check(v: VLLMValidation) -> tuple[CostModel, list[float]]:
                          f"{list(v.loads)!r}")
     if isinstance(v.repeats, bool) or not isinstance(v.repeats, int) or not 1 <= v.repeats <= 20:
         raise InputError(f"--repeats must be an integer from 1 to 20, got {v.repeats!r}")
-    check_scale(v.scale)
-    check_probe_requests(v.num_requests)
+    v.workload.at(1.0).validate()
+    check_probe_requests(v.workload.num_requests)
     cost = load_cost(v.cost, v.model)
     engine = (getattr(cost, "meta", None) or {}).get("engine")
     if not isinstance(v.cost, CostModel) and engine != "vllm":
@@ -167,26 +153,26 @@ def validate_vllm(v: VLLMValidation, log: Callable[[str], None] | None = None) -
     say = log or (lambda _msg: None)
     require_vllm()
     cost, loads = check(v)
-    workload = Workload(v)
     t0 = time.perf_counter()
-    with VLLMServer(v.model, deployment_for(v.model, v.seed, v.settings)) as server:
+    with VLLMServer(v.model, deployment_for(v.model, v.workload.seed, v.settings)) as server:
         settings = server.settings()
-        server.check(workload.at(1.0))
+        server.check(v.requests_at(1.0))
         say(f"vLLM started in {settings['engine_start_s']:.0f} s: {settings['num_gpu_blocks']} KV blocks of "
             f"{settings['block_size']}, token budget {settings['max_num_batched_tokens']}")
-        capacity = search_qps(lambda q: simulate_requests(workload.at(q), settings, cost)[0], v.slo,
+        capacity = search_qps(lambda q: simulate_requests(v.requests_at(q), settings, cost)[0], v.slo,
                               rel_tol=SIM_REL_TOL, max_probes=40)
         if capacity.problem:
             raise InputError(f"the twin's capacity under the SLO: {capacity.problem}")
         say(f"twin capacity: {capacity.qps:.3g} QPS")
         out = prepare_out_dir(Path(v.out))
         remove_earlier(out, say, (*FILES, *DIRS))
-        rounds = Rounds(server, workload, settings, cost, out, say)
+        rounds = Rounds(server, settings, cost, out, say)
         rounds.run(v, [(x, x * capacity.qps) for x in loads])
-        rows = [_row(x, x * capacity.qps, rounds, workload.at(x * capacity.qps), out) for x in loads]
-        real_capacity = _real_capacity(server, workload, v, capacity, out) if v.capacity else None
+        rows = [_row(x, x * capacity.qps, rounds, v.requests_at(x * capacity.qps), out) for x in loads]
+        real_capacity = _real_capacity(server, v, capacity, out) if v.capacity else None
     report = {
-        "config": {**{k: x for k, x in asdict(v).items() if k not in ("cost", "out")},
+        "config": {**v.workload.recorded(),
+                   **{k: x for k, x in asdict(v).items() if k not in ("cost", "out", "workload")},
                    "cost": cost_name(v.cost), "out": str(out), "engine": settings,
                    "wall_s": time.perf_counter() - t0},
         "speed_factors": rounds.speeds,
@@ -203,7 +189,6 @@ class Rounds:
     """The real runs of a validation, round by round, each load's twin at the machine's speed then."""
 
     server: Any  # a started simctl.engine.vllm_real.VLLMServer
-    workload: Workload
     settings: dict[str, Any]
     cost: CostModel
     out: Path
@@ -216,10 +201,10 @@ class Rounds:
     def run(self, v: VLLMValidation, loads: list[tuple[float, float]]) -> None:
         """`v.repeats` rounds of every (load, qps), after a discarded run at the last load (the first runs
         after the engine's start came slower)."""
-        self.server.serve(self.workload.at(loads[-1][1]), v.seed)
+        self.server.serve(v.requests_at(loads[-1][1]), v.workload.seed)
         for repeat in range(v.repeats):
             for load, qps in loads:
-                requests = self.workload.at(qps)
+                requests = v.requests_at(qps)
                 summary, speed = _serve(self.server, requests, v, qps, run_dir(self.out, load, repeat),
                                         self.cost)
                 self.speeds.append(speed)
@@ -272,8 +257,8 @@ def _serve(server: Any, requests: list[Request], v: VLLMValidation, qps: float, 
     from simctl.results.output import write_run
 
     t0 = time.perf_counter()
-    run = server.serve(requests, v.seed, members=cost is not None)
-    config = RealConfig(policy="vllm", workload=Workload(v).of(qps), model=v.model)
+    run = server.serve(requests, v.workload.seed, members=cost is not None)
+    config = RealConfig(policy="vllm", workload=v.workload.at(qps), model=v.model)
     summary = run_summary(config, server, run, time.perf_counter() - t0)
     write_run(where, summary, run.result.requests, run.result.iterations.frame())
     return summary, (run_speed(run, cost) if cost is not None else None)
@@ -285,11 +270,11 @@ def _write_sim(where: Path, summary: dict[str, Any], result: Any) -> None:
     write_run(where, summary, result.requests, result.iterations.frame())
 
 
-def _real_capacity(server: Any, workload: Workload, v: VLLMValidation, sim: CapacityResult,
+def _real_capacity(server: Any, v: VLLMValidation, sim: CapacityResult,
                    out: Path) -> CapacityResult:
     """The SLO bisected over real runs, from the twin's capacity."""
     def probe(qps: float) -> dict[str, Any]:
-        return _serve(server, workload.at(qps), v, qps, out / "capacity" / f"qps_{qps:.4g}")[0]
+        return _serve(server, v.requests_at(qps), v, qps, out / "capacity" / f"qps_{qps:.4g}")[0]
 
     return search_qps(probe, v.slo, start_qps=sim.qps, rel_tol=REAL_REL_TOL, max_probes=MAX_REAL_PROBES,
                       step=REAL_STEP)

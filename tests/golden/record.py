@@ -21,13 +21,14 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 RUNS_PATH = Path(__file__).with_name("runs.json")
 WALL_CLOCK = {"sim_wall_s"}
-POLICIES = ("faster-transformer", "orca", "vllm", "vllm-v1", "sarathi", "sarathi-hybrid-only",
-            "sarathi-chunked-only")
 
 
 def cases() -> list[dict[str, Any]]:
-    """Roofline runs near each trace's interesting load (sharegpt at 2 QPS preempts under vLLM), plus the
-    shipped CPU fit on a scaled trace so the fitted cost model is covered too."""
+    """Every registered policy: roofline runs near each trace's interesting load (sharegpt at 2 QPS preempts
+    under vLLM; some policies give up there as overloaded, which is pinned too), plus the shipped CPU fit on a
+    scaled trace so the fitted cost model is covered too."""
+    from simctl.policies.registry import POLICIES
+
     out = []
     for policy in POLICIES:
         for seed in (0, 1, 2):
