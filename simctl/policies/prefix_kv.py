@@ -176,25 +176,36 @@ class PrefixCachingKV(PagedKV):
         got = plain[len(plain) - min(n, len(plain)):]
         del plain[len(plain) - len(got):]
         if len(got) < n:
-            pop, key, cached, more = self.evictable.popitem, self.key, self.cached, self.more
-            for _ in range(n - len(got)):
-                b, _ = pop(last=False)
-                k = key[b]  # left as it is: a block's key is read only while the block is cached
-                later = more.get(k) if more else None
-                if later is None:  # the hash's only block (the common case)
-                    del cached[k]
-                elif cached[k] == b:
-                    cached[k] = later.pop(0)
-                else:
-                    later.remove(b)
-                if later == []:
-                    del more[k]
-                got.append(b)
+            pop = self.evictable.popitem
+            evicted = [pop(last=False)[0] for _ in range(n - len(got))]
+            self._forget(evicted)
+            got += evicted
         refs = self.refs
         for b in got:
             refs[b] = 1
         self.free_blocks -= n
         return got
+
+    def _forget(self, evicted: list[int]) -> None:
+        """The evicted blocks' hashes leave the cache (a block's `key` is left as it is: it is read only while
+        the block is cached)."""
+        key, cached, more = self.key, self.cached, self.more
+        if not more:  # no hash held twice (the common case): each block is its hash's only one
+            for b in evicted:
+                del cached[key[b]]
+            return
+        for b in evicted:
+            k = key[b]
+            later = more.get(k)
+            if later is None:
+                del cached[k]
+                continue
+            if cached[k] == b:
+                cached[k] = later.pop(0)
+            else:
+                later.remove(b)
+            if not later:
+                del more[k]
 
     def free(self, seq: Seq) -> None:
         """Release the request's blocks, tail first: hashed ones stay cached (evicted in that order). Its
