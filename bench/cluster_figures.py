@@ -36,7 +36,6 @@ import pandas as pd
 from simctl.catalogue.gpus import get_gpu
 from simctl.costs.calibration import CALIBRATION_FORMAT
 from simctl.results.slo import SLO, parse_slo
-from simctl.serving.routers import ROUTERS
 from simctl.sim.cluster_config import ClusterConfig
 from simctl.sim.run import RunConfig, run
 from simctl.studies.capacity import find_capacity
@@ -52,6 +51,8 @@ SLO_LIMITS = "ttft=0.25,tpot=0.1"  # DistServe's chatbot SLO for OPT-13B, 90% at
 LINK_GBPS = 2400.0  # NVLink (300 GB/s): DistServe places a 13B model's prefill and decode in one node
 RATES = np.round(np.arange(0.25, 3.01, 0.25), 2)  # per GPU
 COMMON_RATE = 1.0  # per GPU: where every deployment's pools are compared
+# the routers that see load only (the cache-aware ones: bench/routing_llmd.py)
+LOAD_ROUTERS = ("round-robin", "least-outstanding", "least-kv", "shortest-queue")
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,7 @@ def routers(n: int) -> str:
         header = ("| router | TTFT P50 | TTFT P99 | TBT P99 | E2E P99 | attainment (TTFT<=2, TPOT<=0.1) "
                   "| requests per replica (min..max) | KV peak max |")
         lines += [f"## {name}", "", header, "|---|---|---|---|---|---|---|---|"]
-        for router in ROUTERS:
+        for router in LOAD_ROUTERS:
             r = run(config, ClusterConfig(replicas=8, router=router))
             s = with_attainment(r.summary, r.result.requests, slo)
             reqs = r.replicas["requests"]

@@ -4,6 +4,7 @@ grammar), or by default under Sarathi-Serve's strict and relaxed SLOs for the de
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -69,8 +70,6 @@ def capacity(
     Example: simctl capacity --policy orca,vllm,sarathi --trace arxiv --slo p99_tbt=0.5 --seeds 3 --out
     out/cap
     """
-    from dataclasses import replace
-
     from simctl.option_grid import base_config, grid
     from simctl.results.slo import parse_slo
     from simctl.studies.capacity import CapacityConfig
@@ -89,12 +88,17 @@ def capacity(
                              "cluster's (--goodput, or the cluster options) searches rates only")
         return goodput_command(configs, cluster, given, bool(slo), start_qps, seeds, out)
     CapacityConfig(configs, {"given": given}, start_qps, workers, seeds, labels).validate()  # before costs
-    if slo:
-        slos, origin = {"given": given}, "given (--slo)"
-    else:
-        slos, origin = _table3(configs, deployment, max_sched_delay_p50, capacity_definition)
+    slos, origin = _slos(bool(slo), given, configs, deployment, max_sched_delay_p50, capacity_definition)
     _search(CapacityConfig(configs, slos, start_qps, workers, seeds, labels), origin, workload.trace,
             capacity_definition, out)
+
+
+def _slos(slo_given: bool, given: Any, configs: list[Any], deployment: Deployment, max_sched_delay_p50: float,
+          definition: str) -> tuple[dict[str, Any], str]:
+    """The SLOs searched and where they come from: the one given, else Sarathi-Serve's Table 3 pair."""
+    if slo_given:
+        return {"given": given}, "given (--slo)"
+    return _table3(configs, deployment, max_sched_delay_p50, definition)
 
 
 def probe_requests(trace: str) -> int:

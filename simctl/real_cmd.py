@@ -31,7 +31,9 @@ def real(
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16.")] = "float32",
     threads: Annotated[int | None, typer.Option(help="CPU threads [default: every core available].")] = None,
     kv_capacity: Annotated[int | None, typer.Option(help="KV token slots given to the policy [default: "
-                                                    "enough for every request at once].")] = None,
+                                                    "enough for every request at once]; --engine vllm: "
+                                                    "the tokens its KV cache holds, in whole blocks "
+                                                    "[default: vLLM's 1 GiB on the CPU].")] = None,
     attention: Attention = "auto",
     eager: Eager = None,
     disaggregation: RealDisaggregation = RealDisaggregation(),
@@ -58,7 +60,7 @@ def real(
     common = {"workload": workload, "model": model, "out": out, "dtype": dtype}
     try:
         if engine == "vllm":
-            summary = _on_vllm(ctx, policies, common)
+            summary = _on_vllm(ctx, policies, common, kv_capacity)
         else:
             summary = real_main(policy=policies.policy, device=device, threads=threads,
                                 options=policies.settings(), kv_capacity=kv_capacity, attention=attention,
@@ -81,19 +83,16 @@ def _show(summary: dict[str, Any], as_json: bool) -> None:
         print_cluster(summary)
 
 
-def _on_vllm(ctx: typer.Context, policies: Any, common: dict[str, Any]) -> dict[str, Any]:
+def _on_vllm(ctx: typer.Context, policies: Any, common: dict[str, Any], kv_capacity: int | None
+             ) -> dict[str, Any]:
     """`simctl real --engine vllm`: InputError for an option only simctl's own engine takes; else the run."""
     from simctl.engine.vllm_real import TWIN_POLICY, engine_settings, vllm_real_main
 
     if ctx.get_parameter_source("policy").name != "DEFAULT" and policies.policy != TWIN_POLICY:
         raise InputError(f"--policy {policies.policy}: with --engine vllm the scheduler is vLLM's own, which "
                          f"--policy {TWIN_POLICY} models (its settings are passed to vLLM)")
-    for name in ("device", "threads", "kv_capacity", "attention", "eager", "prefill_instances",
-                 "decode_instances"):
+    for name in ("device", "threads", "attention", "eager", "prefill_instances", "decode_instances"):
         if ctx.get_parameter_source(name).name != "DEFAULT":
             raise InputError(f"--{name.replace('_', '-')} applies to --engine simctl; vLLM runs on the CPU "
-                             f"with its own threads, KV cache and attention")
-    if common["workload"].concurrency is not None:
-        raise InputError("--concurrency: --engine vllm sends its requests open loop (closed-loop clients are "
-                         "built for --engine simctl)")
-    return vllm_real_main(settings=engine_settings(policies.settings()), **common)
+                             f"with its own threads and attention")
+    return vllm_real_main(settings=engine_settings(policies.settings()), kv_capacity=kv_capacity, **common)

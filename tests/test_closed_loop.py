@@ -98,7 +98,7 @@ def test_a_lone_replica_in_closed_loop_is_the_routed_replica_of_two() -> None:
     cluster = Cluster(simpy.Environment(), None, TINY.kv_bytes_per_token())
     cluster.entry = Pool("replicas", [Member(i, make_policy("sarathi", 100_000, MAX_SEQ_LEN, {}),
                                              CostBackend(CPU_COST), None, cluster.on_release)
-                                      for i in range(2)], lambda views: 0)
+                                      for i in range(2)], lambda views, seq: 0)
     routed = request_frame(cluster.run(reqs, concurrency=3))
     assert not cluster.entry.members[1].seqs
     assert lone.equals(routed)

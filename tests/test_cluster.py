@@ -31,6 +31,7 @@ from simctl.traces.workload import Workload
 TINY = get_model("tiny")
 COST = cost_model(None, TINY, get_gpu("cpu"), 1)[0]
 MAX_SEQ_LEN = 512
+CACHE_ROUTERS = ("prefix", "prefix-approx")  # they need vllm-v1's prefix cache
 CONTINUOUS = [n for n, c in POLICIES.items() if not c.padded_batches]  # can admit a request with its KV
 
 
@@ -42,10 +43,11 @@ def serve(policy: str, reqs: list[tuple[float, int, int]], replicas: int = 1,
     cluster = Cluster(simpy.Environment(), KVLink(gbps) if split else None, TINY.kv_bytes_per_token())
 
     def pool(name: str, n: int) -> Pool:
-        return Pool(name, [Member(i, make_policy(policy, kv, MAX_SEQ_LEN, {}), CostBackend(COST), None,
-                                  cluster.on_release) for i in range(n)], route)
+        members = [Member(i, make_policy(policy, kv, MAX_SEQ_LEN, {}), CostBackend(COST), None,
+                          cluster.on_release) for i in range(n)]
+        route = make_router(router, [m.policy.kv for m in members]) if isinstance(router, str) else router
+        return Pool(name, members, route)
 
-    route = make_router(router) if isinstance(router, str) else router
     cluster.entry = pool("prefill", split[0]) if split else pool("replicas", replicas)
     if split:
         cluster.decode = pool("decode", split[1])
@@ -81,6 +83,7 @@ requests = st.lists(st.tuples(st.floats(0, 2), st.integers(1, 300), st.integers(
 @given(reqs=requests, policy=st.sampled_from(list(POLICIES)), replicas=st.integers(1, 4),
        router=st.sampled_from(list(ROUTERS)), kv=st.integers(520, 3000))
 def test_replicas_serve_every_request_once_within_kv(reqs, policy, replicas, router, kv) -> None:
+    policy = "vllm-v1" if router in CACHE_ROUTERS else policy  # they read a prefix cache
     check_invariants(*serve(policy, reqs, replicas=replicas, router=router, kv=kv))
 
 
@@ -89,6 +92,7 @@ def test_replicas_serve_every_request_once_within_kv(reqs, policy, replicas, rou
        split=st.tuples(st.integers(1, 3), st.integers(1, 3)), router=st.sampled_from(list(ROUTERS)),
        kv=st.integers(520, 3000), gbps=st.sampled_from([0.01, 1.0, 100.0]))
 def test_disaggregated_serves_every_request_once_within_kv(reqs, policy, split, router, kv, gbps) -> None:
+    policy = "vllm-v1" if router in CACHE_ROUTERS else policy
     check_invariants(*serve(policy, reqs, split=split, router=router, kv=kv, gbps=gbps))
 
 
@@ -101,7 +105,7 @@ def test_routing_every_request_to_one_replica_is_a_lone_replica(policy: str) -> 
     reqs = list(zip(np.cumsum(rng.exponential(0.05, 150)).tolist(), rng.integers(1, 300, 150).tolist(),
                     rng.integers(1, 120, 150).tolist()))
     lone, lone_seqs = serve(policy, reqs, kv=4000)
-    routed, routed_seqs = serve(policy, reqs, replicas=2, router=lambda views: 0, kv=4000)
+    routed, routed_seqs = serve(policy, reqs, replicas=2, router=lambda views, seq: 0, kv=4000)
     assert not routed.entry.members[1].seqs
     assert request_frame(lone_seqs).equals(request_frame(routed_seqs))
     assert lone.entry.members[0].replica.records.iterations.frame().equals(

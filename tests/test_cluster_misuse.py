@@ -28,7 +28,7 @@ CASES = {
     "negative link": ((*PD, "--kv-link-gbps", "-5"), "--kv-link-gbps must be a finite number > 0"),
     "no link": (PD, "needs --kv-link-gbps"),
     "one pool only": (("--prefill-instances", "2", "--kv-link-gbps", "10"), "needs both"),
-    "unknown router": (("--replicas", "2", "--router", "random"), "unknown --router 'random'"),
+    "unknown router": (("--replicas", "2", "--router", "fastest"), "unknown --router 'fastest'"),
     "link without disaggregation": (("--kv-link-gbps", "10"), "--kv-link-gbps needs --prefill-instances"),
     "replicas and pools": (("--replicas", "2", *PD, "--kv-link-gbps", "10"), "--replicas is for colocated"),
     "GPU that cannot hold the model": ((*PD, "--kv-link-gbps", "10", "--model", "yi-34b", "--scale", "0.2",

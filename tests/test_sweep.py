@@ -123,7 +123,7 @@ def test_capacity_points_and_their_plot(tmp_path: Path, capsys: pytest.CaptureFi
     ('mode = "run"\ncolour = 1\n[grid]\nqps = [1]\n', "unknown field 'colour'"),
     ('[grid]\npolicy = ["vllm"]\nreplica = [2]\nqps = [1]\n', "unknown field 'replica'"),
     ('[grid]\npolicy = ["vllm"]\nreplicas = [0]\nqps = [1]\n', "--replicas must be an integer from 1"),
-    ('[grid]\npolicy = ["vllm"]\nrouter = ["random"]\nqps = [1]\n', "unknown --router 'random'"),
+    ('[grid]\npolicy = ["vllm"]\nrouter = ["fastest"]\nqps = [1]\n', "unknown --router 'fastest'"),
     ('[grid]\npolicy = ["vllm"]\nprefill_tp = [2]\nqps = [1]\n', "--prefill-tp needs --prefill-instances"),
     ("[grid]\n", "grid is empty"),
     ('[grid]\npolicy = []\nqps = [1]\n', "empty list"),

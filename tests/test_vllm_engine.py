@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -19,10 +20,11 @@ pytest.importorskip("vllm")
 from simctl.cli import main
 from simctl.engine.real import twin_policy
 from simctl.engine.setup import RealConfig
-from simctl.engine.vllm_real import VLLMServer, run_summary
-from simctl.executor.vllm_runtime import INSTALL_HINT, VLLMDeployment
+from simctl.engine.vllm_real import VLLMServer, deployment_for, run_summary
+from simctl.executor.vllm_runtime import INSTALL_HINT, VLLMDeployment, engine_args
 from simctl.traces.request import Request
 from simctl.traces.tokens import prompt_token_ids
+from simctl.validation.prefix_hits import serial_hits
 
 pytestmark = pytest.mark.vllm
 
@@ -37,6 +39,20 @@ TWIN_FIELDS = ("engine", "vllm_version", "num_gpu_blocks", "block_size", "max_nu
 # 24 short requests over about half a second: prompts of 5 to 400 tokens, outputs of 1 to 12
 REQUESTS = [Request(i, 0.02 * i, 5 + (i * 37) % 400, 1 + (i * 5) % 12) for i in range(24)]
 # two prefix groups; each group's later requests arrive after its first has been prefilled
+# two sessions of three turns sharing a 256-token system prompt, each later turn its session's context (the
+# turn before's prompt and output) plus new tokens; at concurrency 1 they run 0, 1, 2, 3, 4, 5 (a completed
+# turn's follower queues behind the first turn already waiting). vLLM caches the full blocks of a turn's
+# prompt + output - 1 tokens (the last sampled token is never computed) and a lookup stops before a prompt's
+# last token, so the hits are, in blocks of 128: r1 (its prompt is the system prompt): (256 - 1) // 128 = 1;
+# r2: r0's (400 + 100 - 1) // 128 = 3; r3: r1's 355 // 128 = 2; r4: r2's 709 // 128 = 5; r5, whose prompt is
+# exactly r3's context of 640 tokens: 639 // 128 = 4.
+_SYSTEM = {"prefix_group": 0, "prefix_tokens": SHARED}
+SESSIONS = [Request(0, 0.0, 400, 100, session=0, **_SYSTEM), Request(1, 0.0, 256, 100, session=1, **_SYSTEM),
+            Request(2, 0.0, 650, 60, session=0, previous=0, **_SYSTEM),
+            Request(3, 0.0, 456, 184, session=1, previous=1, **_SYSTEM),
+            Request(4, 0.0, 810, 20, session=0, previous=2, **_SYSTEM),
+            Request(5, 0.0, 640, 10, session=1, previous=3, think_s=0.05, **_SYSTEM)]
+SESSION_HITS = [0, 128, 3 * 128, 2 * 128, 5 * 128, 4 * 128]
 GROUPED = [Request(i, 0.1 * i, SHARED + 20 + i, 4, prefix_group=i % 2, prefix_tokens=SHARED)
            for i in range(6)] + [Request(6, 0.65, SHARED + 30, 4)]
 
@@ -67,7 +83,8 @@ def test_every_request_gets_exactly_its_tokens_and_the_records_add_up(server) ->
     summary = run_summary(config, server, run, 1.0)
     assert all(k in summary for k in TWIN_FIELDS) and summary["engine"] == "vllm"
     assert summary["completed"] == len(REQUESTS) and summary["tbt_p50"] > 0
-    assert summary["kv_capacity_tokens"] == summary["num_gpu_blocks"] * summary["block_size"]
+    # the blocks requests can hold: vLLM's pool keeps one as its null block
+    assert summary["kv_capacity_tokens"] == (summary["num_gpu_blocks"] - 1) * summary["block_size"]
     json.dumps(summary, allow_nan=False)
     twin = twin_policy(summary)  # the simulator's vllm-v1, configured as the engine resolved its settings
     assert twin.name == "vllm-v1" and twin.kv.capacity == summary["kv_capacity_tokens"]
@@ -86,6 +103,34 @@ def test_prefix_groups_hit_the_prefix_cache_and_nothing_else_does(server) -> Non
             4 * SHARED / sum(r.prompt_tokens for r in GROUPED), rel=0.01)
 
 
+def test_session_turns_resend_their_context_and_vllm_reuses_what_the_twin_does(server) -> None:
+    run = server.serve(SESSIONS, concurrency=1)
+    req = run.result.requests
+    assert req["prefix_cached_tokens"].tolist() == SESSION_HITS
+    assert run.fields["prefix_cache_hit_tokens"] == sum(SESSION_HITS)
+    assert run.fields["prefix_cache_queried_tokens"] == sum(r.prompt_tokens for r in SESSIONS)
+    # one client: each request sent after the one before completed (r5 after its think time too)
+    sent, done = req["arrival_s"].to_numpy(), req["completion_s"].to_numpy()
+    assert (sent[1:] >= done[:-1]).all() and sent[5] >= done[3] + 0.05
+    settings = server.settings()
+    twin = twin_policy({**settings, "kv_capacity_tokens": settings["kv_cache_tokens"],
+                        "max_seq_len": settings["max_model_len"]})
+    assert serial_hits(SESSIONS, twin) == SESSION_HITS
+
+
+def test_closed_loop_clients_keep_at_most_n_requests_in_flight(server) -> None:
+    run = server.serve(REQUESTS, concurrency=3)  # every request ready within half a second: clients bind
+    req = run.result.requests
+    assert (req["generated_tokens"] == req["output_tokens"]).all()
+    sent, done = req["arrival_s"].to_numpy(), req["completion_s"].to_numpy()
+    in_flight = [((sent <= t) & (t < done)).sum() for t in sent]
+    assert max(in_flight) == 3
+    # one sent later than its arrival (the run records when it was sent) waited for a client: it went when
+    # another completed
+    late = sent > np.array([r.arrival_s for r in REQUESTS])
+    assert late.any() and all((done[:, None] <= sent[late]).any(axis=0))
+
+
 def test_prompt_ids_share_only_a_group_prefix() -> None:
     a, b = (prompt_token_ids(Request(i, 0.0, 300, 1, prefix_group=3, prefix_tokens=200), 4096)
             for i in (0, 1))
@@ -94,6 +139,15 @@ def test_prompt_ids_share_only_a_group_prefix() -> None:
     assert a == prompt_token_ids(Request(0, 5.0, 300, 9, prefix_group=3, prefix_tokens=200), 4096)
     plain = prompt_token_ids(Request(0, 0.0, 300, 1), 4096)
     assert plain != a and plain[:200] != a[:200]
+
+
+def test_a_kv_capacity_is_its_whole_blocks_plus_vllms_null_block() -> None:
+    d = deployment_for("tiny", 0, {}, kv_capacity=1000)  # blocks of 128 on the CPU
+    assert d.num_gpu_blocks == 8 and engine_args(Path("m"), d)["num_gpu_blocks_override"] == 8
+    assert d.max_model_len == 7 * 128  # vLLM refuses a cache that cannot hold one request of max_model_len
+    assert deployment_for("tiny", 0, {}, kv_capacity=10**6).max_model_len == 2048
+    assert deployment_for("tiny", 0, {"block_size": 16}, kv_capacity=1000).num_gpu_blocks == 63
+    assert "num_gpu_blocks_override" not in engine_args(Path("m"), deployment_for("tiny", 0, {}))
 
 
 def test_a_request_longer_than_the_engine_takes_is_refused_in_one_line(server) -> None:
@@ -128,6 +182,7 @@ def test_the_cli_writes_the_run_files_to_a_relative_out(tmp_path: Path) -> None:
     (["--engine", "vllm", "--enable-prefix-caching", "2"], ["--enable-prefix-caching"]),
     (["--engine", "vllm", "--scale", "1", "--num-requests", "5"], ["context of 2048"]),
     (["--engine", "tgi"], ["choose simctl or vllm"]),
+    (["--engine", "vllm", "--kv-capacity", "100"], ["--kv-capacity", "one KV block (128 tokens)"]),
     (["--engine", "vllm", "--max-num-batched-tokens", "64", "--max-batch-size", "128", "--num-requests", "3"],
      ["vLLM refused its settings", "max_num_batched_tokens (64)"]),
 ])

@@ -75,3 +75,10 @@ def test_runs_at_the_fit_speed_are_compared_with_the_raw_twin(tmp_path) -> None:
     for m in (m for m in METRICS if sim[m]):  # a delay of 0 has no relative error
         assert row[f"{m}_err_pct_at_fit_speed"] == pytest.approx(100 * (1 / 2 - 1))  # median of 1x and 3x
         assert row[f"{m}_err_pct"] == pytest.approx(100 * (1 / 2.5 - 1))  # median of all four
+
+
+def test_the_hit_rate_error_is_in_points_of_the_real_rate() -> None:
+    from simctl.validation.vllm_validate import _hit_rates
+
+    assert _hit_rates(0.50, 0.52)["prefix_cache_hit_rate_err_pts"] == pytest.approx(2.0)
+    assert _hit_rates(None, 0.52)["prefix_cache_hit_rate_err_pts"] is None  # caching off in the real run

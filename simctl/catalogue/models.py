@@ -236,7 +236,7 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
               description="Qwen3-8B: 36 layers, d=4096, GQA 32/8 heads, SwiGLU 12288, 40k context"),
     # source: Qwen/Qwen3-32B config.json (hidden 5120, 64 layers, 64 heads of head_dim 128 (8192 wide, more
     # than hidden), 8 KV heads, intermediate 25600, vocab 151936, max_position_embeddings 40960,
-    # tie_word_embeddings false)
+    # tie_word_embeddings false): llm-d's "KV-cache wins" model
     ModelSpec("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 151936, 40960,
               description="Qwen3-32B: 64 layers, d=5120, GQA 64/8 heads of 128, SwiGLU 25600, 40k context"),
     # Tiny Llama-style shapes for CPU profiling and tests (not published models): meant to be instantiated

@@ -12,6 +12,16 @@ law of exponent s), capped at 1 (a token picks k distinct experts, so no expert 
 token) with the excess spread over the others in proportion. s = 0 is uniform routing, p_i = k / E, and the
 expected count is E (1 - (1 - k / E)^B); as s grows the same k experts take every token and the count falls to
 k.
+
+Expert parallelism (`--ep`, equal to `--tp`: vLLM's --enable-expert-parallel without data parallelism): each
+GPU holds E / ep whole experts and the step waits for the busiest one (`busiest_gpu`); hidden states are on
+every GPU after attention, so the communication is TP's. EP then costs small batches more than TP and
+converges to TP's price as the batch grows. Not modelled: data-parallel attention and its all-to-all.
+
+A fitted cost model needs no MoE term: the union of experts depends on the token count alone, which its
+linear curve is a function of, and an MoE's profile grid times the counts over which the union grows
+(`profiler.workloads.expert_union_tokens`). A fit prices the routing its profiled router did on one device,
+so `--routing-skew` and `--ep` are the roofline's only (`sim.run.cost_model` refuses them with a fit).
 """
 
 from __future__ import annotations

@@ -8,9 +8,12 @@ computed by the same code.
             run = server.serve(requests)                     # prefix cache reset before each run
 
 The engine is warmed up once (a few requests) before its first run, as simctl's own engine is before its
-clock starts. Each request is submitted at its arrival time on the monotonic clock with deterministic random
-prompt ids (`traces.tokens.prompt_token_ids`: shared only within a prefix group) and asks for exactly its
-output length (greedy, EOS ignored); every request is checked to have got exactly that many tokens. What each
+clock starts. Each request is submitted on the monotonic clock when `serving.clients.Clients` says
+(`engine.vllm_clients`: at its arrival, or when a closed-loop client is free, a session's later turn after the
+turn before it completed), with deterministic random prompt ids (`traces.tokens.SessionPrompts`: shared only
+within a prefix group; a later turn resends its session's context, the ids vLLM generated included), and asks
+for exactly its output length (greedy, EOS ignored); every request is checked to have got exactly that many
+tokens. What each
 engine step did and when every token came is recorded by a stat logger (`simctl.engine.vllm_steps`).
 
 vLLM's settings are those of the `vllm-v1` policy, its simulated twin (VLLM_SETTINGS). The summary holds what
@@ -35,8 +38,10 @@ import numpy as np
 import pandas as pd
 
 from simctl.catalogue.models import get_model
+from simctl.common.checks import is_int
 from simctl.common.errors import InputError
 from simctl.engine.setup import REAL_WORKLOAD, RealConfig
+from simctl.engine.vllm_clients import VLLMClients
 from simctl.engine.vllm_output import EngineOutput
 from simctl.engine.vllm_steps import StepLog, step_recorder
 from simctl.executor.vllm_pinning import pinned
@@ -44,17 +49,17 @@ from simctl.executor.vllm_runtime import (
     VLLMDeployment,
     engine_args,
     require_vllm,
-    sampling_params,
     set_vllm_env,
     vllm_model_dir,
 )
 from simctl.policies.admission import FCFS
 from simctl.policies.registry import check_options, policy_class
-from simctl.policies.seq import Seq
+from simctl.policies.vllm_v1 import DEVICE_DEFAULTS, DEVICE_SETTINGS
 from simctl.results.run_result import SimResult
+from simctl.serving.clients import Clients
 from simctl.serving.records import request_columns
 from simctl.traces.request import Request
-from simctl.traces.tokens import prompt_token_ids
+from simctl.traces.tokens import SessionPrompts
 from simctl.traces.workload import Workload
 
 TWIN_POLICY = "vllm-v1"  # the simulator's model of vLLM's scheduler: its settings are the engine's
@@ -62,6 +67,8 @@ TWIN_POLICY = "vllm-v1"  # the simulator's model of vLLM's scheduler: its settin
 VLLM_SETTINGS = {"max_batch_size": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
                  "block_size": "block_size", "enable_prefix_caching": "enable_prefix_caching",
                  "long_prefill_token_threshold": "long_prefill_token_threshold"}
+# vLLM's KV block size on the CPU when none is given (the vllm-v1 twin's device default)
+CPU_BLOCK_SIZE = dict(zip(DEVICE_SETTINGS, DEVICE_DEFAULTS["cpu"]))["block_size"]
 # How vLLM's CPU build places its threads, read when it starts its model worker. The default, "auto", keeps
 # one core per worker for the engine core's scheduler and this process (VLLM_CPU_NUM_OF_RESERVED_CPU unset)
 # and binds the worker's OpenMP threads to the others: on 2 cores, the model runs on one thread of its own
@@ -185,7 +192,9 @@ class VLLMServer:
             "vllm_version": self.version,
             "num_gpu_blocks": cache.num_gpu_blocks,
             "block_size": cache.block_size,
-            "kv_cache_tokens": cache.num_gpu_blocks * cache.block_size,
+            # the blocks requests can hold: vLLM's block pool sets one aside as its null block
+            # (vllm/v1/core/block_pool.py), which the twin's pool does not have
+            "kv_cache_tokens": (cache.num_gpu_blocks - 1) * cache.block_size,
             "max_num_seqs": sched.max_num_seqs,
             "max_num_batched_tokens": sched.max_num_batched_tokens,
             "enable_chunked_prefill": sched.enable_chunked_prefill,
@@ -213,61 +222,45 @@ class VLLMServer:
         if need > settings["max_model_len"]:
             raise InputError(f"request {longest.id} needs {need} tokens but vLLM's max_model_len is "
                              f"{settings['max_model_len']}; lower --scale")
-        blocks = math.ceil(need / settings["block_size"])
-        if blocks > settings["num_gpu_blocks"]:
+        block = settings["block_size"]
+        blocks, held = math.ceil(need / block), settings["kv_cache_tokens"] // block
+        if blocks > held:
             raise InputError(f"request {longest.id} needs {blocks} KV blocks of {settings['block_size']} "
-                             f"tokens but vLLM's cache holds {settings['num_gpu_blocks']}; lower --scale")
+                             f"tokens but vLLM's cache holds {held}; lower --scale")
 
-    def serve(self, requests: list[Request], seed: int = 0, members: bool = False) -> VLLMRun:
-        """Serve `requests` (sorted by arrival; arrival_s in seconds from now) in real time; RuntimeError if a
+    def serve(self, requests: list[Request], seed: int = 0, members: bool = False,
+              concurrency: int | None = None, think_s: float = 0.0) -> VLLMRun:
+        """Serve `requests` (sorted by arrival; arrival_s in seconds from now) in real time, sent when
+        `serving.clients.Clients` says (`concurrency` clients pausing `think_s` after each response; None:
+        open loop), a session's later turn resending its context (`engine.vllm_clients`); RuntimeError if a
         request did not get exactly its output tokens or the records do not add up. `members`: also record
         which requests each step gave a token (`StepLog.members`)."""
         self.check(requests)
-        prompts = {r.id: prompt_token_ids(r, self.spec.vocab_size, seed) for r in requests}
+        prompts = SessionPrompts(requests, self.spec.vocab_size, seed)
         settings = self.settings()
         self._loop.run_until_complete(self.llm.reset_prefix_cache())
         t0 = time.monotonic()
         log = StepLog(t0, self.llm.output_processor.request_states, settings["block_size"],
-                      settings["num_gpu_blocks"], members=[] if members else None)
+                      settings["kv_cache_tokens"] // settings["block_size"], members=[] if members else None)
         self._logs[:] = [log]
+        clients = VLLMClients(self.llm, log, prompts, Clients(requests, concurrency, think_s))
         try:
-            seqs, tokens, cached, lag = self._loop.run_until_complete(self._serve(requests, prompts, log))
+            done = self._loop.run_until_complete(clients.run(requests))
         finally:
             self._logs.clear()
         wall_s = time.monotonic() - t0
-        _check(requests, tokens, log)
-        columns = {**request_columns(seqs), "prefix_cached_tokens": np.asarray(cached, dtype=np.int64)}
+        _check(requests, [n for _, n, _ in done], log)
+        columns = {**request_columns([s for s, _, _ in done]),
+                   "prefix_cached_tokens": np.asarray([c for _, _, c in done], dtype=np.int64)}
         records = log.records
         result = SimResult(request_columns=columns, iterations=records.iterations, gaps=records.gaps,
                            queue_at_arrival=records.queue_lengths(), aborted=False,
                            kv_capacity=settings["kv_cache_tokens"], wall_s=wall_s)
         return VLLMRun(requests, result, {
             **policy_class(TWIN_POLICY).summarise_stats(log.prefix_cache),  # named and rated as the twin's
-            "submit_lag_max_s": lag,
+            "submit_lag_max_s": clients.lag,
             "iteration_ends_from_client": log.ends_from_client,
         }, log.members)
-
-    async def _serve(self, requests: list[Request], prompts: dict[int, list[int]], log: StepLog
-                     ) -> tuple[list[Seq], list[int], list[int], float]:
-        async def one(r: Request) -> tuple[Seq, int, int]:
-            final = None
-            async for final in self.llm.generate({"prompt_token_ids": prompts[r.id]},
-                                                 sampling_params(r.output_tokens),
-                                                 request_id=str(r.id)):
-                pass
-            return (log.close(str(r.id), final.metrics), len(final.outputs[0].token_ids),
-                    final.num_cached_tokens)
-
-        tasks, lag = [], 0.0
-        for r in requests:
-            wait = log.t0 + r.arrival_s - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            lag = max(lag, time.monotonic() - log.t0 - r.arrival_s)
-            log.open(Seq.of(r))
-            tasks.append(asyncio.ensure_future(one(r)))
-        done = await asyncio.gather(*tasks)
-        return [s for s, _, _ in done], [n for _, n, _ in done], [c for _, _, c in done], lag
 
 
 def _check(requests: list[Request], tokens: list[int], log: StepLog) -> None:
@@ -303,11 +296,13 @@ def run_summary(config: RealConfig, server: VLLMServer, run: VLLMRun, wall_s: fl
 
 
 def vllm_real_main(*, workload: Workload = REAL_WORKLOAD, model: str = "tiny", out: str | Path | None = None,
-                   dtype: str = "float32", settings: dict[str, int | None] | None = None) -> dict[str, Any]:
+                   dtype: str = "float32", settings: dict[str, int | None] | None = None,
+                   kv_capacity: int | None = None) -> dict[str, Any]:
     """What `simctl real --engine vllm` does: check the options and the trace, start vLLM, serve, write `out`
     (summary.json, requests.parquet, iterations.parquet, replicas.parquet) if given, and return the summary.
     `settings`: vLLM's own, by vLLM's names (`engine_settings` makes them from vllm-v1's; None keeps vLLM's
-    default). InputError in one line for what cannot run."""
+    default). `kv_capacity`: the tokens vLLM's KV cache holds for requests (`deployment_for`; None: vLLM sizes
+    it). InputError in one line for what cannot run."""
     from simctl.engine.setup import DEFAULT_NUM_REQUESTS, DEFAULT_QPS
     from simctl.results.output import check_out_dir
     from simctl.sim.cluster_run import CLUSTER_RUN_FILES, write_cluster_files
@@ -318,12 +313,13 @@ def vllm_real_main(*, workload: Workload = REAL_WORKLOAD, model: str = "tiny", o
                         model=model, dtype=dtype)
     config.validate()
     seed = config.workload.seed
-    deployment = deployment_for(config.model, seed, settings or {}, config.dtype)
+    deployment = deployment_for(config.model, seed, settings or {}, config.dtype, kv_capacity)
     requests = config.workload.requests()
     get_model(config.model).check_context(requests, config.workload.scale)
     out_path = check_out_dir(Path(out), CLUSTER_RUN_FILES) if out is not None else None
     with VLLMServer(config.model, deployment) as server:
-        run = server.serve(requests, seed)
+        run = server.serve(requests, seed, concurrency=config.workload.concurrency,
+                           think_s=config.workload.think_time)
         summary = run_summary(config, server, run, time.perf_counter() - t0)
     if out_path is not None:
         write_cluster_files(out_path, summary, run.result.requests, run.result.iterations.frame(),
@@ -341,10 +337,13 @@ def engine_settings(options: Mapping[str, Any]) -> dict[str, int]:
     return {VLLM_SETTINGS[k]: int(v) for k, v in given.items()}
 
 
-def deployment_for(model: str, seed: int, settings: Mapping[str, int | None], dtype: str = "float32"
-                   ) -> VLLMDeployment:
+def deployment_for(model: str, seed: int, settings: Mapping[str, int | None], dtype: str = "float32",
+                   kv_capacity: int | None = None) -> VLLMDeployment:
     """The engine of `model` (max_model_len: its context) with vLLM's `settings` (vLLM's names; None or
-    missing: vLLM's default), checked as vllm-v1 checks its own."""
+    missing: vLLM's default), checked as vllm-v1 checks its own. `kv_capacity` (tokens): a KV cache of its
+    whole blocks for requests plus vLLM's null block (None: vLLM sizes it from the memory); smaller than the
+    model's context, it is max_model_len too (vLLM refuses a cache that cannot hold one request that long,
+    `kv_cache_utils._check_enough_kv_cache_memory`)."""
     ours = {v: k for k, v in VLLM_SETTINGS.items()}
     unknown = sorted(set(settings) - set(ours))
     if unknown:
@@ -352,4 +351,12 @@ def deployment_for(model: str, seed: int, settings: Mapping[str, int | None], dt
     given = engine_settings({ours[k]: v for k, v in settings.items()})
     if "enable_prefix_caching" in given:
         given["enable_prefix_caching"] = bool(given["enable_prefix_caching"])
-    return VLLMDeployment(max_model_len=get_model(model).max_position, dtype=dtype, seed=seed, **given)
+    max_model_len = get_model(model).max_position
+    if kv_capacity is not None:
+        block = given.get("block_size", CPU_BLOCK_SIZE)
+        if not is_int(kv_capacity) or kv_capacity < block:
+            raise InputError(f"--kv-capacity must be an integer of at least one KV block ({block} tokens), "
+                             f"got {kv_capacity!r}")
+        given["num_gpu_blocks"] = kv_capacity // block + 1
+        max_model_len = min(max_model_len, kv_capacity // block * block)
+    return VLLMDeployment(max_model_len=max_model_len, dtype=dtype, seed=seed, **given)

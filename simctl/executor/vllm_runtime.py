@@ -90,6 +90,9 @@ class VLLMDeployment:
     block_size: int | None = None  # KV block tokens
     # most tokens one request computes in a step (0: no limit)
     long_prefill_token_threshold: int | None = None
+    # the KV cache in blocks, its null block included (vLLM's num_gpu_blocks_override; None: sized from
+    # the memory, on the CPU VLLM_CPU_KVCACHE_SPACE)
+    num_gpu_blocks: int | None = None
     seed: int = 0
 
 
@@ -103,6 +106,8 @@ def engine_args(model_dir: Path, deployment: VLLMDeployment) -> dict[str, Any]:
         value = getattr(deployment, key)
         if value is not None:
             args[key] = value
+    if deployment.num_gpu_blocks is not None:
+        args["num_gpu_blocks_override"] = deployment.num_gpu_blocks
     return args
 
 

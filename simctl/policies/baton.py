@@ -12,7 +12,10 @@ row remembers where its own KV starts (the paper's `index`); the columns before 
 - `baton-pd` (vector embedding, 4.2): newcomers are prefilled apart (a padded prefill of their own), and their
   KV is embedded end-aligned into the batch tensor (widened on the left when a newcomer is longer than the
   batch), so every batched iteration processes exactly one token per query. The paper overlaps the prefill
-  with the batch's decoding ("asynchronous P&D decoupling"); here the two take turns on the device.
+  with the batch's decoding ("asynchronous P&D decoupling"); by default the two take turns on the device.
+  With `overlap` 1 the next waiting query is prefilled in `overlap_chunk`-token chunks beside each decode step
+  (`policies.plan.concurrent`: one plan of two `streams`), then held with its KV until a row frees; the
+  roofline prices such a plan, fitted models and the real engine refuse it.
 - Resource releasing: before an insertion or a decode step, the columns before every row's start
   ([0 : min(index)]) are dropped.
 - Batch-size scaling (4.3): when the batch KV would pass `kv_threshold` percent of the KV capacity, the newest

@@ -4,6 +4,11 @@ When no batch is running, admit requests in arrival order while a slot and its K
 prefill them as one padded B x L batch; then decode the whole batch until its longest request finishes.
 Finished requests keep their row (computed like live ones) and their KV until the batch ends, and nothing is
 admitted meanwhile. Tokens still stream to the user as they are sampled.
+
+The other request-level policies (hf-padded, length-ordered, pd: `policies/full_batching.py`; prepack) keep
+this loop, a batch formed in the waiting queue's order (`_admit_batch`; length-ordered's is `shortest`), and
+override where they differ: the groups its prompts are prefilled in (`_prefill_groups`: pd's similar-length
+groups) and a group's layout (`_prefill`: hf-padded's dense mask, prepack's bins).
 """
 
 from __future__ import annotations

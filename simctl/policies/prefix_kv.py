@@ -22,6 +22,7 @@ Unlike vLLM, no block is set aside as the null block: the capacity is `capacity 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Container, Iterable
 from itertools import repeat
 
 from simctl.policies.kv import KVManager, PagedKV
@@ -50,15 +51,20 @@ class PrefixCachingKV(PagedKV):
         self.keys: dict[int, list[Key]] = {}  # request id -> its first blocks' keys, made so far
 
     def _keys(self, seq: Seq, n: int) -> list[Key]:
-        """The keys of the request's first n blocks: each block's content's identity and its place. vLLM
+        """The keys of the request's first n blocks (at least), made once for a request of this pool."""
+        keys = self.keys.setdefault(seq.id, [])
+        if len(keys) < n:
+            keys += self._make_keys(seq, len(keys), n)
+        return keys
+
+    def _make_keys(self, seq: Seq, i: int, n: int) -> list[Key]:
+        """The keys of the request's blocks i to n - 1: each block's content's identity and its place. vLLM
         chains each block's hash on its parent's, so equal keys must mean equal tokens up to the block's end:
         a shared prefix's group, a Mooncake block id (itself chained: equal ids, equal prefixes), a
         session's stream (every turn's tokens, answers included, are a prefix of it), else the request's
         own. Each kind covers a run of blocks, in that order."""
-        keys = self.keys.setdefault(seq.id, [])
-        i, bs = len(keys), self.block_size
-        if i >= n:
-            return keys
+        keys: list[Key] = []
+        bs = self.block_size
         if seq.prefix_group >= 0:
             stop, group = min(n, seq.prefix_tokens // bs), seq.prefix_group
             keys += [(group, j) for j in range(i, stop)]
@@ -77,9 +83,19 @@ class PrefixCachingKV(PagedKV):
 
     # --- prefix lookup and admission (kv_cache_manager.get_computed_blocks, allocate_slots) ---
 
+    def block_keys(self, seq: Seq) -> list[Key]:
+        """The keys of the request's first full blocks a lookup may hit, in order: the last known token is
+        never a hit (its logits are needed), so (known - 1) // block_size of them. Not kept: a router asks
+        for requests this pool may never see."""
+        return self._make_keys(seq, 0, (seq.known_tokens - 1) // self.block_size)
+
+    def cached_run(self, keys: Iterable[Key]) -> int:
+        """How many of the first `keys` this pool caches, in a run: the blocks a lookup would hit now (a
+        router's precise view of a replica's cache, the request's keys computed once for every replica)."""
+        return leading(keys, self.cached)
+
     def lookup(self, seq: Seq) -> list[int]:
-        """The longest run of the request's first full blocks found in the cache. The last known token is
-        never a hit (its logits are needed), so at most (known - 1) // block_size blocks."""
+        """The longest run of the request's first full blocks found in the cache (as `block_keys`)."""
         hits: list[int] = []
         if self.caching:
             n = (seq.known_tokens - 1) // self.block_size
@@ -224,3 +240,13 @@ class PrefixCachingKV(PagedKV):
                 released.append(b)
         self.evictable.update(zip(released, repeat(None)))
         self.free_blocks += len(tail) + len(released)
+
+
+def leading(keys: Iterable[Key], held: Container[Key]) -> int:
+    """How many of the first `keys` are in `held`, in a run (a prefix match)."""
+    n = 0
+    for k in keys:
+        if k not in held:
+            break
+        n += 1
+    return n

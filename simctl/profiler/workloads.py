@@ -19,6 +19,10 @@ slab would exceed the memory budget the caller gives. What the full grid is for 
   and bin-packed (Prepacking), ragged vs padded decode steps, and Baton's padded insertions (running rows
   padded to a newcomer's prompt over a wide batch).
 
+The CPU profile shipped in `profiler/profiles/cpu/` (2026-11-22) predates three of these kinds (Baton's
+insertions, bin-packed and dense padded prefills): its fit prices them by extrapolation, with mean errors of
+3.7-5.3% on a 2026-11-23 profile's measurements of them (`bench/results/profile_new_shapes.md`).
+
 How a shape's repetitions run is `profiler.shape_protocol`'s (`served` by default, `fixed`); how each shape
 is timed (sweeps, quiet blocks, the estimate) is `profiler/worker.py`'s docstring.
 """

@@ -33,7 +33,8 @@ replica's next decision at that instant sees it, as it would see an open-loop ar
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+import math
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 import simpy
@@ -109,9 +110,19 @@ class Pool:
     router: Router
     gpu: str = ""
     tp: int = 1  # GPUs per replica (its tensor-parallel group)
+    # > 0: the router sees the replicas' queues and KV as scraped at most this long ago (a snapshot taken
+    # every `lag` seconds, as a gateway scrapes its engines' metrics); their caches it still reads as they are
+    lag: float = 0.0
+    _seen: tuple[float, Sequence[ReplicaView]] = (-math.inf, ())  # the last snapshot and its time
 
     def route(self, seq: Seq, due: float) -> None:
-        self.members[self.router([m.view() for m in self.members])].push(seq, due)
+        if self.lag > 0.0:
+            if due - self._seen[0] >= self.lag:
+                self._seen = (due, [m.view() for m in self.members])
+            views = self._seen[1]
+        else:
+            views = [m.view() for m in self.members]
+        self.members[self.router(views, seq)].push(seq, due)
 
     @property
     def admission_s(self) -> float:

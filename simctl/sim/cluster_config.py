@@ -5,14 +5,14 @@ command line declares its cluster options from these fields (`simctl.config_opti
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from simctl.common.checks import is_int, is_number
 from simctl.common.errors import InputError
 from simctl.common.option_fields import option_field
 from simctl.policies.registry import policy_class
-from simctl.serving.routers import ROUTERS, check_router
+from simctl.serving.routers import ROUTERS, RouterSettings, check_router
 
 MAX_INSTANCES = 1024
 
@@ -25,8 +25,17 @@ class ClusterConfig:
 
     replicas: int = option_field(1, "Replicas of the deployment behind a router (each its own policy and "
                                  "KV).")
-    router: str = option_field("round-robin", f"How a request picks its replica at its arrival: "
-                               f"{', '.join(ROUTERS)}.")
+    router: str = option_field("round-robin", "How a request picks its replica at its arrival: " + "; ".join(
+        f"{name} ({source})" for name, (_, source) in ROUTERS.items()) + ".")
+    router_weights: str | None = option_field(None, (
+        "prefix and prefix-approx: the prefix-cache, KV-utilisation and queue scorers' weights, as "
+        "'2,1,1' [default: 2,1,1, llm-d's]."))
+    router_index_tokens: int | None = option_field(None, (
+        "prefix-approx: tokens its LRU index remembers per replica [default: 2000000, llm-d's 31,250 "
+        "blocks of 64]."))
+    router_lag: float | None = option_field(None, (
+        "Seconds between the router's snapshots of the replicas' queues and KV use (a gateway scraping its "
+        "engines' metrics) [default: none, it sees them as they are]."))
     # both set: disaggregated prefill and decode
     prefill_instances: int | None = option_field(None, (
         "Disaggregated serving: instances that only prefill (with --decode-instances and --kv-link-gbps)."))
@@ -56,6 +65,7 @@ class ClusterConfig:
         check_instances(replicas=self.replicas, prefill_instances=self.prefill_instances,
                         decode_instances=self.decode_instances)
         check_router(self.router)
+        self.router_settings()
         if not self.disaggregated:
             for name, v in (("prefill-gpu", self.prefill_gpu), ("decode-gpu", self.decode_gpu),
                             ("kv-link-gbps", self.kv_link_gbps), ("prefill-tp", self.prefill_tp),
@@ -80,6 +90,28 @@ class ClusterConfig:
                 raise InputError(f"--{name} must be an integer >= 1, got {tp!r}")
         check_disaggregable(policy)
 
+    def router_settings(self) -> RouterSettings:
+        """The cache-aware routers' settings given (InputError naming a bad one); the defaults otherwise."""
+        out = RouterSettings()
+        if self.router_weights is not None:
+            try:
+                weights = tuple(float(w) for w in str(self.router_weights).split(","))
+            except ValueError:
+                weights = ()
+            if len(weights) != 3 or not all(math.isfinite(w) and w >= 0 for w in weights) or not any(weights):
+                raise InputError(f"--router-weights must be three numbers >= 0, not all 0 (prefix, KV, "
+                                 f"queue), as '2,1,1'; got {self.router_weights!r}")
+            out = replace(out, weights=weights)
+        if self.router_index_tokens is not None:
+            if not is_int(self.router_index_tokens) or self.router_index_tokens < 1:
+                raise InputError(f"--router-index-tokens must be an integer >= 1, got "
+                                 f"{self.router_index_tokens!r}")
+            out = replace(out, index_tokens=self.router_index_tokens)
+        lag = self.router_lag
+        if lag is not None and (not is_number(lag) or not (lag >= 0 and math.isfinite(lag))):
+            raise InputError(f"--router-lag must be a finite number of seconds >= 0, got {lag!r}")
+        return out
+
     def pool_tp(self, pool: str, tp: int) -> int:
         """The TP degree of a pool ("prefill", "decode" or "replicas") of a run whose --tp is `tp`."""
         return {"prefill": self.prefill_tp, "decode": self.decode_tp}.get(pool) or tp
@@ -87,7 +119,9 @@ class ClusterConfig:
     def recorded(self, tp: int) -> dict[str, Any]:
         """The deployment as a summary records it: every field, the per-pool TP degrees resolved and only when
         disaggregated (colocated summaries keep the keys they had before per-pool parallelism)."""
-        out = asdict(self)
+        # the routers' settings only when given: a run without them keeps the summary it had before them
+        out = {k: v for k, v in asdict(self).items()
+               if k not in ("router_weights", "router_index_tokens", "router_lag") or v is not None}
         if self.disaggregated:
             return {**out, "prefill_tp": self.pool_tp("prefill", tp), "decode_tp": self.pool_tp("decode", tp)}
         return {k: v for k, v in out.items() if k not in ("prefill_tp", "decode_tp")}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,7 @@ from simctl.results.output import write_run
 from simctl.results.run_result import SimResult
 from simctl.serving.loop import overload_limit
 from simctl.serving.records import GapHistogram, IterationLog, request_columns
-from simctl.serving.routers import make_router
+from simctl.serving.routers import RouterSettings, make_router
 from simctl.sim.cluster import Cluster, Member, Pool
 from simctl.sim.kv_link import KVLink
 from simctl.sim.replica import CostBackend
@@ -39,11 +39,12 @@ if TYPE_CHECKING:
 
 def make_pool(name: str, count: int, gpu: str, new_backend: Callable[[], CostBackend],
               new_policy: Callable[[], Policy], router: str, cluster: Cluster, max_waiting: int | None,
-              tp: int = 1) -> Pool:
+              tp: int = 1, router_settings: RouterSettings | None = None, router_lag: float = 0.0) -> Pool:
     """`count` replicas of `tp` GPUs each, each with a policy of its own from `new_policy` and a backend from
-    `new_backend`."""
+    `new_backend`; its router sees their load as scraped every `router_lag` seconds (0: as it is)."""
     members = [Member(i, new_policy(), new_backend(), max_waiting, cluster.on_release) for i in range(count)]
-    return Pool(name, members, make_router(router), gpu, tp)
+    return Pool(name, members, make_router(router, [m.policy.kv for m in members], router_settings), gpu, tp,
+                router_lag)
 
 
 def _merged(logs: list[IterationLog]) -> IterationLog:
@@ -69,12 +70,14 @@ class MemberRecords:
     aborted: bool
     kv_capacity: int
     tp: int = 1  # GPUs of its tensor-parallel group
+    # what its policy counted, as a summary gives it (`Policy.summarise_stats`: vllm-v1's prefix-cache hits)
+    stats: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, pool: Pool, m: Member) -> MemberRecords:
-        r = m.replica.records
+        r, p = m.replica.records, m.replica.policy
         return cls(pool.name, m.index, pool.gpu, r.iterations, r.gaps, r.queue_lengths(), m.seqs,
-                   m.replica.aborted, m.replica.policy.kv.capacity, pool.tp)
+                   m.replica.aborted, p.kv.capacity, pool.tp, type(p).summarise_stats(p.stats()))
 
     def result(self) -> SimResult:
         return SimResult(request_columns=request_columns(self.seqs), iterations=self.iterations,
@@ -133,6 +136,8 @@ def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: 
     rows = [replica_row(m.pool, m.index, m.gpu, summarize(m.result()) if len(members) > 1 else summary,
                         m.iterations, m.queue, span)  # one replica: its metrics are the run's
             for m in members]
+    if len(members) > 1:  # each replica's counts (its prefix-cache hit rate); one replica's are the run's
+        rows = [{**row, **m.stats} for row, m in zip(rows, members)]
     unsustainable = [f"{r['pool']} {r['replica']}: {r['unsustainable_reason']}"
                      for r in rows if not r["sustainable"]]
     if len(rows) > 1 and unsustainable:  # one replica: the run's own verdict, as `simctl.sim.run`'s

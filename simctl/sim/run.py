@@ -330,7 +330,8 @@ def _pool(name: str, count: int, d: Deployment, max_seq_len: int, config: RunCon
         return make_policy(config.policy, d.kv_capacity, max_seq_len, config.options, d.gpu.name)
 
     return make_pool(name, count, d.gpu.name, lambda: recorder or CostBackend(d.cost, config.fast),
-                     new_policy, cc.router, cluster, overload_limit(config.workload.num_requests), d.tp)
+                     new_policy, cc.router, cluster, overload_limit(config.workload.num_requests), d.tp,
+                     cc.router_settings(), cc.router_lag or 0.0)
 
 
 def _pools(cluster: Cluster) -> list[Pool]:

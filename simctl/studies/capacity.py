@@ -1,5 +1,12 @@
 """Capacity: the highest request rate a replica sustains while meeting its SLOs (Sarathi-Serve, Section 5.1),
-found by bisection over QPS, once per seed when asked (`CapacityConfig.seeds`), under one or more SLOs."""
+found by bisection over QPS, once per seed when asked (`CapacityConfig.seeds`), under one or more SLOs.
+
+A search (`search_qps`) multiplies or divides its start rate until the capacity is bracketed within
+MIN_QPS..MAX_QPS, then bisects; with closed-loop clients (`search_concurrency`) it searches the number of
+clients instead (`CapacityResult.variable`), and `CapacityResult.problem` says when there is no answer. A
+trace file's own arrival times are time-scaled to each probed rate (`traces.build`). `search_capacities` runs
+every configuration x SLO x seed in a process pool and gives per configuration and SLO the median over seeds
+with its spread (`Capacity`); `studies.capacity_files` writes them."""
 
 from __future__ import annotations
 

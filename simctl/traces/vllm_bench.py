@@ -159,17 +159,7 @@ def read_vllm_bench(path: str | Path) -> VLLMBench:
     if not is_number(duration) or not (duration > 0 and math.isfinite(duration)):
         raise InputError(f"{what}: duration must be a positive number of seconds, got {duration!r}")
     traffic = _traffic(data, what)
-    measured = data.get("start_times") is not None
-    closed = traffic.max_concurrency is not None
-    ready = measured and closed and data.get("queue_times") is not None
-    if measured and (ready or not closed):
-        sent = _numbers(data, "start_times", n, what, minimum=-math.inf)
-        # when each was ready: sent, less its wait for one of the client's slots
-        starts = sent - _numbers(data, "queue_times", n, what) if ready else sent
-        span = float((sent[ok] + latency[ok]).max() - starts.min())
-        arrivals = starts - starts.min() + max(0.0, float(duration) - span)
-    else:
-        arrivals = _generated_arrivals(n, traffic, what)
+    arrivals, measured, ready = _arrivals(data, n, ok, latency, float(duration), traffic, what)
     keep = np.flatnonzero(ok)
     keep = keep[np.argsort(arrivals[keep], kind="stable")]
     model_id = data.get("model_id")
@@ -183,6 +173,23 @@ def read_vllm_bench(path: str | Path) -> VLLMBench:
         model_id=model_id if isinstance(model_id, str) else None,
         reported={k: float(v) for k, v in data.items() if REPORTED.match(k) and is_number(v)},
     )
+
+
+def _arrivals(data: dict[str, Any], n: int, ok: np.ndarray, latency: np.ndarray, duration: float,
+              traffic: Traffic, what: str) -> tuple[np.ndarray, bool, bool]:
+    """When each request arrived (the first at 0), whether the file measured when each was sent, and whether
+    it measured when each was ready (a client bound's `queue_times`); generated from the traffic asked for
+    when it measured neither."""
+    measured = data.get("start_times") is not None
+    closed = traffic.max_concurrency is not None
+    ready = measured and closed and data.get("queue_times") is not None
+    if not (measured and (ready or not closed)):
+        return _generated_arrivals(n, traffic, what), measured, ready
+    sent = _numbers(data, "start_times", n, what, minimum=-math.inf)
+    # when each was ready: sent, less its wait for one of the client's slots
+    starts = sent - _numbers(data, "queue_times", n, what) if ready else sent
+    span = float((sent[ok] + latency[ok]).max() - starts.min())
+    return starts - starts.min() + max(0.0, duration - span), measured, ready
 
 
 def measured_concurrency(trace: str | Path) -> int | None:

@@ -186,8 +186,7 @@ def validate_main(policies: list[str], workload: Workload = DEFAULT_WORKLOAD,
         raise InputError(f"--repeats must be an integer from 1 to {MAX_REPEATS}, got {repeats!r}")
     fitted = load_cost(cost, model)
     fit = cost_meta(fitted)
-    if threads is None and isinstance(fit["threads"], int):
-        threads = fit["threads"]
+    threads = fit["threads"] if threads is None and isinstance(fit["threads"], int) else threads
     setup = Setup(workload=workload, model=model, threads=threads,
                   dtype=dtype if dtype is not None else fitted_dtype(fit) or "float32",
                   device=str(device), attention=attention if attention is not None

@@ -82,9 +82,14 @@ class VLLMValidation:
         """The requests of a run at `qps`, as `simctl real` builds them."""
         return self.workload.at(qps).requests()
 
+    @property
+    def clients(self) -> dict[str, Any]:
+        """How the requests are sent, for the real engine and its twin alike (`serving.clients.Clients`)."""
+        return {"concurrency": self.workload.concurrency, "think_s": self.workload.think_time}
 
-def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: CostModel
-                      ) -> tuple[dict[str, Any], Any]:
+
+def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: CostModel,
+                      concurrency: int | None = None, think_s: float = 0.0) -> tuple[dict[str, Any], Any]:
     """The twin's prediction of serving `requests` on the engine `settings` describe (`VLLMServer.settings`:
     vllm-v1 with the engine's settings, on its KV blocks): (summary, SimResult)."""
     from simctl.engine.real import twin_policy
@@ -95,7 +100,8 @@ def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: C
 
     policy = twin_policy({**settings, "kv_capacity_tokens": settings["kv_cache_tokens"],
                           "max_seq_len": settings["max_model_len"]})
-    result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)))
+    result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)),
+                      concurrency=concurrency, think_s=think_s)
     return {"mode": "sim", "policy": policy.name, **policy.settings.as_dict(), **summarize(result),
             **run_stats([policy])}, result
 
@@ -159,14 +165,14 @@ def validate_vllm(v: VLLMValidation, log: Callable[[str], None] | None = None) -
         server.check(v.requests_at(1.0))
         say(f"vLLM started in {settings['engine_start_s']:.0f} s: {settings['num_gpu_blocks']} KV blocks of "
             f"{settings['block_size']}, token budget {settings['max_num_batched_tokens']}")
-        capacity = search_qps(lambda q: simulate_requests(v.requests_at(q), settings, cost)[0], v.slo,
-                              rel_tol=SIM_REL_TOL, max_probes=40)
+        capacity = search_qps(lambda q: simulate_requests(v.requests_at(q), settings, cost, **v.clients)[0],
+                              v.slo, rel_tol=SIM_REL_TOL, max_probes=40)
         if capacity.problem:
             raise InputError(f"the twin's capacity under the SLO: {capacity.problem}")
         say(f"twin capacity: {capacity.qps:.3g} QPS")
         out = prepare_out_dir(Path(v.out))
         remove_earlier(out, say, (*FILES, *DIRS))
-        rounds = Rounds(server, settings, cost, out, say)
+        rounds = Rounds(server, settings, cost, out, say, v.clients)
         rounds.run(v, [(x, x * capacity.qps) for x in loads])
         rows = [_row(x, x * capacity.qps, rounds, v.requests_at(x * capacity.qps), out) for x in loads]
         real_capacity = _real_capacity(server, v, capacity, out) if v.capacity else None
@@ -193,6 +199,7 @@ class Rounds:
     cost: CostModel
     out: Path
     say: Callable[[str], None]
+    clients: dict[str, Any] = field(default_factory=dict)  # how requests are sent (VLLMValidation.clients)
     real: dict[float, list[dict[str, Any]]] = field(default_factory=dict)  # per load, each round's summary
     real_speeds: dict[float, list[float | None]] = field(default_factory=dict)  # and its speed factor
     scaled: dict[float, list[dict[str, Any]]] = field(default_factory=dict)  # their twins at machine speed
@@ -201,7 +208,7 @@ class Rounds:
     def run(self, v: VLLMValidation, loads: list[tuple[float, float]]) -> None:
         """`v.repeats` rounds of every (load, qps), after a discarded run at the last load (the first runs
         after the engine's start came slower)."""
-        self.server.serve(v.requests_at(loads[-1][1]), v.workload.seed)
+        self.server.serve(v.requests_at(loads[-1][1]), v.workload.seed, **v.clients)
         for repeat in range(v.repeats):
             for load, qps in loads:
                 requests = v.requests_at(qps)
@@ -211,7 +218,8 @@ class Rounds:
                 self.real.setdefault(load, []).append(summary)
                 self.real_speeds.setdefault(load, []).append(speed)
                 if speed is not None:
-                    scaled = simulate_requests(requests, self.settings, ScaledCost(self.cost, speed))[0]
+                    scaled = simulate_requests(requests, self.settings, ScaledCost(self.cost, speed),
+                                               **v.clients)[0]
                     self.scaled.setdefault(load, []).append(scaled)
                 self.say(f"load {load:g} round {repeat + 1}: P50 TTFT {summary['ttft_p50']:.3f} s, P50 ITL "
                          f"{summary['tbt_p50'] * 1e3:.1f} ms, machine speed factor "
@@ -232,7 +240,7 @@ def run_speed(run: Any, cost: CostModel) -> float | None:
 def _row(load: float, qps: float, rounds: Rounds, requests: list[Request], out: Path) -> dict[str, Any]:
     """One load's row of the report: the medians of its real runs, the twin raw and at machine speed, and
     their errors; the twin's run written to `out`."""
-    sim, result = simulate_requests(requests, rounds.settings, rounds.cost)
+    sim, result = simulate_requests(requests, rounds.settings, rounds.cost, **rounds.clients)
     _write_sim(out / "runs" / f"load_{load:g}" / "sim", sim, result)
     measured = _median_summary(rounds.real[load])
     at_speed = _median_summary(rounds.scaled.get(load, []))
@@ -244,8 +252,14 @@ def _row(load: float, qps: float, rounds: Rounds, requests: list[Request], out: 
             **_errors(measured, at_speed, "_at_speed"),
             "runs_at_fit_speed": len(at_fit_speed),
             **_errors(_median_summary(at_fit_speed), sim, "_at_fit_speed"),
-            "prefix_cache_hit_rate_real": rounds.real[load][0].get("prefix_cache_hit_rate"),
-            "prefix_cache_hit_rate_sim": sim.get("prefix_cache_hit_rate")}
+            **_hit_rates(rounds.real[load][0].get("prefix_cache_hit_rate"), sim.get("prefix_cache_hit_rate"))}
+
+
+def _hit_rates(real: float | None, sim: float | None) -> dict[str, float | None]:
+    """The prefix cache's token hit rates, vLLM's counters and the twin's, and the twin's error in points."""
+    err = None if real is None or sim is None else 100 * (sim - real)
+    return {"prefix_cache_hit_rate_real": real, "prefix_cache_hit_rate_sim": sim,
+            "prefix_cache_hit_rate_err_pts": err}
 
 
 def _serve(server: Any, requests: list[Request], v: VLLMValidation, qps: float, where: Path,
@@ -257,7 +271,7 @@ def _serve(server: Any, requests: list[Request], v: VLLMValidation, qps: float, 
     from simctl.results.output import write_run
 
     t0 = time.perf_counter()
-    run = server.serve(requests, v.workload.seed, members=cost is not None)
+    run = server.serve(requests, v.workload.seed, members=cost is not None, **v.clients)
     config = RealConfig(policy="vllm", workload=v.workload.at(qps), model=v.model)
     summary = run_summary(config, server, run, time.perf_counter() - t0)
     write_run(where, summary, run.result.requests, run.result.iterations.frame())
@@ -314,6 +328,11 @@ def markdown(report: dict[str, Any]) -> str:
                          f"{_fmt(m, row[f'sim_{m}'])} | {fmt_err(row[f'{m}_err_pct'])} | "
                          f"{fmt_err(row[f'{m}_err_pct_at_speed'])} | "
                          f"{fmt_err(row[f'{m}_err_pct_at_fit_speed'])} ({n} of {cfg['repeats']}) |")
+        if row.get("prefix_cache_hit_rate_err_pts") is not None:
+            lines.append(f"| {row['load']:g} | prefix-cache hit rate | "
+                         f"{row['prefix_cache_hit_rate_real']:.2%} | - | "
+                         f"{row['prefix_cache_hit_rate_sim']:.2%} | "
+                         f"{row['prefix_cache_hit_rate_err_pts']:+.2f} points | - | - |")
     lines.append("")
     return "\n".join(lines)
 
