@@ -23,6 +23,9 @@ def test_llama2_7b_param_counts():
 @pytest.mark.parametrize("name,billions", [
     ("llama-2-13b", 13.0), ("llama-2-70b", 69.0), ("mistral-7b", 7.24), ("llama-3-8b", 8.03),
     ("yi-34b", 34.4), ("falcon-180b", 179.0),
+    # model cards' sizes (Qwen's "Number of Parameters"; Llama 3.1's safetensors totals)
+    ("llama-3.1-8b", 8.03), ("llama-3.1-70b", 70.6), ("qwen2.5-7b", 7.61), ("qwen2.5-32b", 32.5),
+    ("qwen2.5-72b", 72.7), ("qwen3-8b", 8.2), ("qwen3-32b", 32.8),
 ])
 def test_total_params_match_published_sizes(name, billions):
     assert get_model(name).total_params == pytest.approx(billions * 1e9, rel=0.01)

@@ -429,7 +429,8 @@ def check_hybrid_only(policy: HybridBatchingOnly, steps: list[Step]) -> None:
         assert not ongoing and st_.rows == decodes + new
         victims = check_preempted(policy, st_)
         assert [r.seq for r in decodes] == [s for s in st_.running_before if s not in victims]
-        assert all(r.computed == 0 and r.q == r.remaining for r in new)  # never chunked
+        # never chunked (from its prefix-cache hits, with --enable-prefix-caching)
+        assert all((r.computed == 0 or policy.shares_prefixes) and r.q == r.remaining for r in new)
         # the first prompt goes whole; later ones only within the budget
         total = sum(r.q for r in st_.rows)
         assert len(new) <= 1 or total <= budget

@@ -181,7 +181,7 @@ def test_every_router_serves_each_request_once_and_caches_only_what_it_served(ro
         pool: PrefixCachingKV = m.policy.kv
         assert pool.used == 0
         # every block it caches is a block of a request it served (keyed by content)
-        served = {pool._key(s, i) for s in m.seqs for i in range(s.known_tokens // pool.block_size)}
+        served = {k for s in m.seqs for k in pool._make_keys(s, 0, s.known_tokens // pool.block_size)}
         assert set(pool.cached) <= served
         # and its counted hits never exceed what it was asked
         stats = m.policy.stats()

@@ -87,7 +87,7 @@ def test_twin_block_keys_are_equal_exactly_where_the_ids_up_to_the_block_are(cas
         assert len(ids) == r.prompt_tokens
         prompts.generated(r.id, rng.integers(0, VOCAB, r.output_tokens).tolist())
         seq = Seq.of(r)
-        for i in range(r.prompt_tokens // block):
-            key, content = kv._key(seq, i), tuple(ids[:(i + 1) * block])
+        for i, key in enumerate(kv._make_keys(seq, 0, r.prompt_tokens // block)):
+            content = tuple(ids[:(i + 1) * block])
             assert by_key.setdefault(key, content) == content
             assert by_ids.setdefault(content, key) == key

@@ -209,11 +209,36 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
               moe=MoE(experts=128, experts_per_token=8, expert_size=768),
               description=("Qwen3-30B-A3B: 48 layers, d=2048, GQA 32/4 heads, 128 SwiGLU experts of 768, "
                            "top-8")),
-    # source: Qwen/Qwen3-32B config.json (hidden 5120, 64 layers, 64 heads, 8 KV heads, head_dim 128,
-    # intermediate 25600, vocab 151936, max_position_embeddings 40960, tie_word_embeddings false): llm-d's
-    # "KV-cache wins" model
+    # source: meta-llama/Llama-3.1-8B config.json (hidden 4096, 32 layers, 32 heads, 8 KV heads, intermediate
+    # 14336, vocab 128256, max_position_embeddings 131072 with llama3 rope_scaling, tie_word_embeddings false)
+    ModelSpec("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, 131072,
+              description="Llama-3.1-8B: 32 layers, d=4096, GQA 32/8 heads, SwiGLU 14336, 128k context"),
+    # source: meta-llama/Llama-3.1-70B config.json (hidden 8192, 80 layers, 64 heads, 8 KV heads, intermediate
+    # 28672, vocab 128256, max_position_embeddings 131072, tie_word_embeddings false)
+    ModelSpec("llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 128256, 131072,
+              description="Llama-3.1-70B: 80 layers, d=8192, GQA 64/8 heads, SwiGLU 28672, 128k context"),
+    # source: Qwen/Qwen2.5-7B config.json (hidden 3584, 28 layers, 28 heads, 4 KV heads, intermediate 18944,
+    # vocab 152064, max_position_embeddings 131072, tie_word_embeddings false; the Instruct model's config
+    # says 32768, extended with YaRN)
+    ModelSpec("qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152064, 131072,
+              description="Qwen2.5-7B: 28 layers, d=3584, GQA 28/4 heads, SwiGLU 18944, 128k context"),
+    # source: Qwen/Qwen2.5-32B config.json (hidden 5120, 64 layers, 40 heads, 8 KV heads, intermediate 27648,
+    # vocab 152064, max_position_embeddings 131072, tie_word_embeddings false)
+    ModelSpec("qwen2.5-32b", 64, 5120, 40, 8, 128, 27648, 152064, 131072,
+              description="Qwen2.5-32B: 64 layers, d=5120, GQA 40/8 heads, SwiGLU 27648, 128k context"),
+    # source: Qwen/Qwen2.5-72B config.json (hidden 8192, 80 layers, 64 heads, 8 KV heads, intermediate 29568,
+    # vocab 152064, max_position_embeddings 131072, tie_word_embeddings false)
+    ModelSpec("qwen2.5-72b", 80, 8192, 64, 8, 128, 29568, 152064, 131072,
+              description="Qwen2.5-72B: 80 layers, d=8192, GQA 64/8 heads, SwiGLU 29568, 128k context"),
+    # source: Qwen/Qwen3-8B config.json (hidden 4096, 36 layers, 32 heads, 8 KV heads, head_dim 128,
+    # intermediate 12288, vocab 151936, max_position_embeddings 40960, tie_word_embeddings false)
+    ModelSpec("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, 40960,
+              description="Qwen3-8B: 36 layers, d=4096, GQA 32/8 heads, SwiGLU 12288, 40k context"),
+    # source: Qwen/Qwen3-32B config.json (hidden 5120, 64 layers, 64 heads of head_dim 128 (8192 wide, more
+    # than hidden), 8 KV heads, intermediate 25600, vocab 151936, max_position_embeddings 40960,
+    # tie_word_embeddings false): llm-d's "KV-cache wins" model
     ModelSpec("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 151936, 40960,
-              description="Qwen3-32B: 64 layers, d=5120, GQA 64/8 heads (dim 128), SwiGLU 25600"),
+              description="Qwen3-32B: 64 layers, d=5120, GQA 64/8 heads of 128, SwiGLU 25600, 40k context"),
     # Tiny Llama-style shapes for CPU profiling and tests (not published models): meant to be instantiated
     # with transformers' LlamaConfig and random weights by the profiler.
     ModelSpec("tiny", 4, 256, 4, 2, 64, 688, 4096, 2048,

@@ -164,10 +164,10 @@ def size_run(config: RealConfig, requests: list[Request], kv_bytes_per_token: in
         wide = max(r.prompt_tokens for r in requests) + max(r.output_tokens for r in requests)
         slot_tokens = max(slot_tokens, aligned(wide))
     probe = make_policy(config.policy, max_seq_len, max_seq_len, config.options)
-    if probe.shares_prefixes and any(r.prefix_group >= 0 for r in requests):
+    if probe.shares_prefixes and any(r.prefix_group >= 0 or r.hash_ids or r.session >= 0 for r in requests):
         raise InputError(f"{config.policy} reuses cached prompt prefixes across requests, which this engine "
                          "cannot (each request's KV lives in its own slot): give --enable-prefix-caching 0, "
-                         "or a trace without prefix_group")
+                         "or a trace without shared prefixes (prefix_group, Mooncake hash_ids, sessions)")
     if probe.concurrent_streams:
         raise InputError(f"{config.policy}: this engine runs one stream, not a prefill beside the decode: "
                          "give --overlap 0")

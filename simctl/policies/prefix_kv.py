@@ -11,6 +11,10 @@ hash first (reused first) and then the hashed ones in the order they were freed,
 takes an unhashed one if there is any, else evicts the least recently freed hashed block. Several blocks may
 hold the same hash (the pool does not deduplicate); a lookup takes the first cached.
 
+Speed: a long-context trace moves millions of blocks (Mooncake's conversation trace: 9 million), so blocks
+move in bulk (`_take`, `free`), a request's block keys are made once per request (`_keys`), and a hash maps
+to its first holder, later holders of the same hash kept apart (`more`).
+
 Cached-free blocks count as free: `used` is the blocks requests hold. No watermark (vLLM's default 0.0).
 Unlike vLLM, no block is set aside as the null block: the capacity is `capacity // block_size` blocks.
 """
@@ -18,7 +22,8 @@ Unlike vLLM, no block is set aside as the null block: the capacity is `capacity 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Container, Iterable
+from itertools import repeat
 
 from simctl.policies.kv import KVManager, PagedKV
 from simctl.policies.seq import Seq
@@ -38,32 +43,51 @@ class PrefixCachingKV(PagedKV):
         # many have been deleted from its front)
         self.evictable: OrderedDict[int, None] = OrderedDict()
         self.refs = [0] * self.num_blocks
-        self.key: list[Key | None] = [None] * self.num_blocks
-        self.cached: dict[Key, list[int]] = {}  # hash -> the blocks holding it, first cached first
+        self.key: list[Key | None] = [None] * self.num_blocks  # a cached block's hash
+        self.cached: dict[Key, int] = {}  # hash -> the first block cached with it
+        self.more: dict[Key, list[int]] = {}  # hash -> the blocks cached with it after the first, in order
         self.tables: dict[int, list[int]] = {}  # request id -> its blocks
         self.hashed: dict[int, int] = {}  # request id -> how many of its first blocks have their hash
+        self.keys: dict[int, list[Key]] = {}  # request id -> its first blocks' keys, made so far
 
-    def _key(self, seq: Seq, i: int) -> Key:
-        """Block i's hash: its content's identity and its place. vLLM chains each block's hash on its
-        parent's, so equal keys must mean equal tokens up to the block's end: a shared prefix's group, a
-        Mooncake block id (itself chained: equal ids, equal prefixes), a session's stream (every turn's
-        tokens, answers included, are a prefix of it), else the request's own."""
-        end = (i + 1) * self.block_size
-        if seq.prefix_group >= 0 and end <= seq.prefix_tokens:
-            return seq.prefix_group, i
-        if seq.hash_ids and end <= seq.prompt_tokens and (end - 1) // seq.hash_block < len(seq.hash_ids):
-            return "h", seq.hash_ids[(end - 1) // seq.hash_block], i
+    def _keys(self, seq: Seq, n: int) -> list[Key]:
+        """The keys of the request's first n blocks (at least), made once for a request of this pool."""
+        keys = self.keys.setdefault(seq.id, [])
+        if len(keys) < n:
+            keys += self._make_keys(seq, len(keys), n)
+        return keys
+
+    def _make_keys(self, seq: Seq, i: int, n: int) -> list[Key]:
+        """The keys of the request's blocks i to n - 1: each block's content's identity and its place. vLLM
+        chains each block's hash on its parent's, so equal keys must mean equal tokens up to the block's end:
+        a shared prefix's group, a Mooncake block id (itself chained: equal ids, equal prefixes), a
+        session's stream (every turn's tokens, answers included, are a prefix of it), else the request's
+        own. Each kind covers a run of blocks, in that order."""
+        keys: list[Key] = []
+        bs = self.block_size
+        if seq.prefix_group >= 0:
+            stop, group = min(n, seq.prefix_tokens // bs), seq.prefix_group
+            keys += [(group, j) for j in range(i, stop)]
+            i = max(i, stop)
+        if seq.hash_ids:  # blocks within the prompt and the ids' reach: keyed by the id of their last token
+            ids, hb = seq.hash_ids, seq.hash_block
+            stop = min(n, min(seq.prompt_tokens, len(ids) * hb) // bs)
+            keys += [("h", ids[((j + 1) * bs - 1) // hb], j) for j in range(i, stop)]
+            i = max(i, stop)
         if seq.session >= 0:
-            return "s", seq.session, i
-        return -1 - seq.id, i
+            keys += [("s", seq.session, j) for j in range(i, n)]
+        else:
+            own = -1 - seq.id
+            keys += [(own, j) for j in range(i, n)]
+        return keys
 
     # --- prefix lookup and admission (kv_cache_manager.get_computed_blocks, allocate_slots) ---
 
-    def block_keys(self, seq: Seq) -> Iterator[Key]:
+    def block_keys(self, seq: Seq) -> list[Key]:
         """The keys of the request's first full blocks a lookup may hit, in order: the last known token is
-        never a hit (its logits are needed), so (known - 1) // block_size of them."""
-        for i in range((seq.known_tokens - 1) // self.block_size):
-            yield self._key(seq, i)
+        never a hit (its logits are needed), so (known - 1) // block_size of them. Not kept: a router asks
+        for requests this pool may never see."""
+        return self._make_keys(seq, 0, (seq.known_tokens - 1) // self.block_size)
 
     def cached_run(self, keys: Iterable[Key]) -> int:
         """How many of the first `keys` this pool caches, in a run: the blocks a lookup would hit now (a
@@ -71,20 +95,23 @@ class PrefixCachingKV(PagedKV):
         return leading(keys, self.cached)
 
     def lookup(self, seq: Seq) -> list[int]:
-        """The longest run of the request's first full blocks found in the cache (`block_keys`)."""
+        """The longest run of the request's first full blocks found in the cache (as `block_keys`)."""
         hits: list[int] = []
         if self.caching:
-            for k in self.block_keys(seq):
-                blocks = self.cached.get(k)
-                if blocks is None:
+            n = (seq.known_tokens - 1) // self.block_size
+            cached = self.cached
+            for k in self._keys(seq, n)[:n]:
+                b = cached.get(k)
+                if b is None:
                     break
-                hits.append(blocks[0])
+                hits.append(b)
         return hits
 
     def fits(self, seq: Seq, hits: list[int]) -> bool:
         """Whether the request's whole known sequence fits next to its hits (vLLM's admission gate,
         `scheduler_reserve_full_isl`, on by default); a free hit block leaves the free queue when taken."""
-        taken = sum(1 for b in hits if self.refs[b] == 0)
+        refs = self.refs
+        taken = sum(1 for b in hits if not refs[b])
         return self._blocks_for(seq.known_tokens) - len(hits) + taken <= self.free_blocks
 
     def can_admit(self, seq: Seq) -> bool:
@@ -95,16 +122,22 @@ class PrefixCachingKV(PagedKV):
         caller set `computed` to them) or the cache it arrived with. Its scheduled tokens are `allocate`d."""
         hits = self.lookup(seq)
         assert self.fits(seq, hits), "admit() without can_admit()"
+        refs = self.refs
         for b in hits:  # BlockPool.touch: a free hit block leaves the free queue
-            if self.refs[b] == 0:
+            if not refs[b]:
                 del self.evictable[b]
                 self.free_blocks -= 1
-            self.refs[b] += 1
+            refs[b] += 1
         self.tables[seq.id] = list(hits)
         self.hashed[seq.id] = len(hits)
         self.held[seq.id] = len(hits) * self.block_size
         tokens = max(seq.computed, len(hits) * self.block_size)
         self._extend(seq, tokens, min(tokens, seq.known_tokens))
+
+    def reserve(self, seq: Seq) -> None:
+        """Blocks for an admitted request's whole pending prefill, none hashed yet: for a policy that sets
+        them aside at admission (`simctl.policies.prefix_caching`); `allocate` hashes them as scheduled."""
+        self._extend(seq, seq.prefill_end, seq.computed)
 
     # --- growth (allocate_slots of a running request) ---
 
@@ -120,7 +153,14 @@ class PrefixCachingKV(PagedKV):
         assert self.can_grow(seq, steps), "grow() without can_grow()"
         self._extend(seq, seq.computed + steps, seq.computed + steps)
 
-    grow_each = KVManager.grow_each  # PagedKV's shortcut counts blocks without taking them
+    def grow_each(self, seqs: list[Seq]) -> bool:
+        """One more token each if the blocks they lack, all together, are free (sarathi's and vllm's
+        decodes); otherwise nothing changes."""
+        held = self.held
+        if sum(1 for s in seqs if s.computed >= held[s.id]) > self.free_blocks:
+            return False
+        self.grow_all(seqs, 1)
+        return True
 
     def grow_all(self, seqs: list[Seq], steps: int) -> None:
         for s in seqs:  # all of them: a block that fills up gets its hash even where none is added
@@ -131,45 +171,75 @@ class PrefixCachingKV(PagedKV):
     def _extend(self, seq: Seq, tokens: int, cache_tokens: int) -> None:
         """Blocks up to `tokens` tokens; the hash of every block full within `cache_tokens` known tokens."""
         table = self.tables[seq.id]
-        for _ in range(self._blocks_for(tokens) - len(table)):
-            table.append(self._new_block())
-        self.held[seq.id] = len(table) * self.block_size
+        need = self._blocks_for(tokens) - len(table)
+        if need > 0:
+            table += self._take(need)
+            self.held[seq.id] = len(table) * self.block_size
         if self.caching:
-            full = cache_tokens // self.block_size
-            for i in range(self.hashed[seq.id], full):
-                b, k = table[i], self._key(seq, i)
-                self.key[b] = k
-                self.cached.setdefault(k, []).append(b)
-            self.hashed[seq.id] = max(full, self.hashed[seq.id])
+            full, done = cache_tokens // self.block_size, self.hashed[seq.id]
+            if full > done:
+                key, cached, more = self.key, self.cached, self.more
+                for b, k in zip(table[done:full], self._keys(seq, full)[done:full]):
+                    key[b] = k
+                    if cached.setdefault(k, b) != b:
+                        more.setdefault(k, []).append(b)
+                self.hashed[seq.id] = full
 
-    def _new_block(self) -> int:
-        """BlockPool.get_new_blocks: an unhashed free block, else evict the first cached-free one."""
-        if self.plain:
-            b = self.plain.pop()
-        else:
-            b, _ = self.evictable.popitem(last=False)
-            k = self.key[b]
-            assert k is not None
-            holders = self.cached[k]
-            holders.remove(b)
-            if not holders:
-                del self.cached[k]
-            self.key[b] = None
-        self.refs[b] = 1
-        self.free_blocks -= 1
-        return b
+    def _take(self, n: int) -> list[int]:
+        """BlockPool.get_new_blocks: n free blocks, unhashed ones first, then the first cached-free ones
+        (evicted: their hash forgotten)."""
+        plain = self.plain
+        got = plain[len(plain) - min(n, len(plain)):]
+        del plain[len(plain) - len(got):]
+        if len(got) < n:
+            pop = self.evictable.popitem
+            evicted = [pop(last=False)[0] for _ in range(n - len(got))]
+            self._forget(evicted)
+            got += evicted
+        refs = self.refs
+        for b in got:
+            refs[b] = 1
+        self.free_blocks -= n
+        return got
+
+    def _forget(self, evicted: list[int]) -> None:
+        """The evicted blocks' hashes leave the cache (a block's `key` is left as it is: it is read only while
+        the block is cached)."""
+        key, cached, more = self.key, self.cached, self.more
+        if not more:  # no hash held twice (the common case): each block is its hash's only one
+            for b in evicted:
+                del cached[key[b]]
+            return
+        for b in evicted:
+            k = key[b]
+            later = more.get(k)
+            if later is None:
+                del cached[k]
+                continue
+            if cached[k] == b:
+                cached[k] = later.pop(0)
+            else:
+                later.remove(b)
+            if not later:
+                del more[k]
 
     def free(self, seq: Seq) -> None:
-        """Release the request's blocks, tail first: hashed ones stay cached (evicted in that order)."""
-        del self.held[seq.id], self.hashed[seq.id]
-        for b in reversed(self.tables.pop(seq.id)):
-            self.refs[b] -= 1
-            if self.refs[b] == 0:
-                self.free_blocks += 1
-                if self.key[b] is None:
-                    self.plain.append(b)
-                else:
-                    self.evictable[b] = None
+        """Release the request's blocks, tail first: hashed ones stay cached (evicted in that order). Its
+        blocks past the hashed ones have no hash and are its own."""
+        del self.held[seq.id]
+        done, table = self.hashed.pop(seq.id), self.tables.pop(seq.id)
+        self.keys.pop(seq.id, None)  # made again if it comes back (a preempted request)
+        refs, tail = self.refs, table[done:]
+        for b in tail:
+            refs[b] = 0
+        self.plain += tail
+        released = []
+        for b in reversed(table[:done]):
+            refs[b] -= 1
+            if not refs[b]:
+                released.append(b)
+        self.evictable.update(zip(released, repeat(None)))
+        self.free_blocks += len(tail) + len(released)
 
 
 def leading(keys: Iterable[Key], held: Container[Key]) -> int:

@@ -15,19 +15,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from simctl.policies.base import Policy, Settings, option
+from simctl.policies.base import option
 from simctl.policies.plan import BatchPlan, hybrid
+from simctl.policies.prefix_caching import CachesPrefixes, CachingSettings
 from simctl.policies.seq import Seq
 
 
-class SarathiServe(Policy):
+class SarathiServe(CachesPrefixes):
     name = "sarathi"
     summary = "stall-free batching: decodes first, then prefill chunks within a token budget"
     chunked = True  # split prefills to the leftover budget
     coalesce = True  # run prefill chunks in the same iterations as the running decodes
 
     @dataclass(frozen=True)
-    class Settings(Settings):
+    class Settings(CachingSettings):
         token_budget: int = option(512, "tokens per iteration (tau; 512 is the paper's strict-SLO setting)")
 
     def __init__(self, kv: Any, **options: int) -> None:
@@ -59,17 +60,21 @@ class SarathiServe(Policy):
                     seqs.append(s)
                     chunks.append(c)
                     used += c
+                    self._scheduled(s, s.computed + c)
         while (admit and self.waiting  # lines 13-20
                and (used < self.token_budget or not seqs and not self.chunked)
                and len(self.running) < self.max_batch_size and self.kv.can_admit(self.waiting.head())):
             s = self.waiting.head()
+            self._hit(s)
             c = self._chunk(s, used, not seqs)
             if c == 0:
+                self._unhit(s)
                 break
             seqs.append(s)
             chunks.append(c)
             used += c
             self._admit(s)
+            self._scheduled(s, s.computed + c)
         return seqs, chunks
 
     def chunk_repeats(self, plan: BatchPlan) -> int:

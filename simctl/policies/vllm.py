@@ -12,16 +12,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from simctl.policies.base import Policy, Settings, option
+from simctl.policies.base import Policy, option
 from simctl.policies.plan import BatchPlan, hybrid
+from simctl.policies.prefix_caching import CachesPrefixes, CachingSettings
 
 
-class VLLM(Policy):
+class VLLM(CachesPrefixes):
     name = "vllm"
     summary = "iteration-level, prefill-first, all-prefill or all-decode iterations, paged KV, preemption"
 
     @dataclass(frozen=True)
-    class Settings(Settings):
+    class Settings(CachingSettings):
         max_tokens: int | None = option(None, "prompt tokens per prefill iteration (max_num_batched_tokens; "
                                               "default: the max sequence length)")
 
@@ -43,14 +44,15 @@ class VLLM(Policy):
         tokens = 0
         while self.waiting and len(self.running) < self.max_batch_size:
             s = self.waiting.head()
+            self._hit(s)
             # a prompt over the limit still runs alone, or a recomputed request could never come back
-            if prefills and tokens + s.prefill_remaining > self.max_tokens:
-                break
-            if not self.kv.can_admit(s):
+            if (prefills and tokens + s.prefill_remaining > self.max_tokens) or not self.kv.can_admit(s):
+                self._unhit(s)
                 break
             tokens += s.prefill_remaining
             prefills.append(s)
             self._admit(s)
+            self._scheduled(s, s.prefill_end)
         if prefills:
             return hybrid([], prefills, [s.prefill_remaining for s in prefills])
         decodes = self._grow_decodes()

@@ -18,6 +18,10 @@
 - ``scale`` multiplies every prompt and output length (rounded, at least 1) after all of the above, arrivals
   unchanged: ``sharegpt`` x 0.05 is a CPU-sized trace with the same shape. A profile's max sequence length
   scales with it (``trace_max_total_tokens``).
+- A Mooncake file's prompts have ceil(prompt / ``hash_block``) block ids each (checked). Scaled, the hash
+  block becomes round(``hash_block`` x scale) tokens and each scaled prompt is moved into the range its id
+  count covers at that block (k ids: (k - 1) x block + 1 to k x block tokens), so that it keeps its k ids and
+  two prompts sharing k ids still share k blocks' tokens.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from simctl.common.files import in_working_folder
 from simctl.traces.arrivals import arrival_times
 from simctl.traces.lengths import PROFILES, get_profile, sample_lengths, scale_lengths
 from simctl.traces.loaders import SUPPORTED_EXTENSIONS, LoadedTrace, load_trace_file
+from simctl.traces.mooncake import check_hash_counts, keep_id_counts, scaled_block
 from simctl.traces.request import Request
 from simctl.traces.session_defaults import DEFAULT_THINK_S, SESSION_TRACE
 from simctl.traces.sessions import (
@@ -131,9 +136,11 @@ def build_trace(
     system_prompt_tokens: int = 0,
     system_prompts: int = 1,
     session_think_s: float = DEFAULT_THINK_S,
+    hash_block: int = 512,
 ) -> list[Request]:
     """Requests with ids 0..n-1 in arrival order (see the module docstring for the rules); the keywords are
-    the sessions generator's (`simctl.traces.sessions`)."""
+    the sessions generator's (`simctl.traces.sessions`) and, `hash_block`, the tokens per block id of a
+    Mooncake file."""
     scale = check_scale(scale)
     if arrival not in ARRIVAL_PROCESSES:
         raise InputError(f"unknown arrival process {arrival!r} (known: {', '.join(ARRIVAL_PROCESSES)})")
@@ -162,8 +169,14 @@ def build_trace(
         prompts, outputs, arrivals, prefixes = _from_file(source, num_requests, qps, arrival, cv, rng)
 
     prompts, outputs = np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
+    hashes = () if isinstance(source, str) or source.hash_ids is None else source.hash_ids[:len(prompts)]
+    if hashes:
+        check_hash_counts(source.path, prompts, hashes, hash_block)
     if scale != 1.0:
         prompts, outputs = scale_lengths(prompts, scale), scale_lengths(outputs, scale)
+        if hashes:
+            hash_block = scaled_block(hash_block, scale)
+            prompts = keep_id_counts(prompts, hashes, hash_block)
         prefixes = _scaled_prefixes(prefixes, prompts, scale)
     arrivals = np.asarray(arrivals, dtype=np.float64)
     requests = [  # plain Python numbers (tolist), so that a Request holds no numpy scalar
@@ -173,6 +186,9 @@ def build_trace(
     if prefixes:
         requests = [replace(r, prefix_group=g, prefix_tokens=t)
                     for r, (g, t) in zip(requests, prefixes, strict=True)]
+    if hashes:
+        requests = [replace(r, hash_ids=h, hash_block=hash_block)
+                    for r, h in zip(requests, hashes, strict=True)]
     return requests if isinstance(source, str) else _with_priority(requests, source, num_requests)
 
 

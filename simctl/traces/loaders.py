@@ -11,6 +11,8 @@ Formats (chosen by extension, case-insensitive):
   skipped.
 - ``.json``: a ``vllm bench serve --save-result --save-detailed`` result (``simctl.traces.vllm_bench``): its
   successful requests' lengths, arriving when the benchmark sent them.
+- ``.jsonl`` whose first record has ``hash_ids``: Mooncake's trace (``simctl.traces.mooncake``): arrivals,
+  lengths and the prompt's block identities, for prefix caching.
 - Both take an optional integer ``priority`` (CSV column, JSONL key; missing: 0): higher runs first where a
   policy honours priorities (Baton's preemption).
 - Both take the prompt's content for prefix caching, optional integers ``prefix_group`` (>= -1; missing: -1,
@@ -45,6 +47,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simctl.common.errors import InputError
+from simctl.traces.mooncake import is_mooncake_file, read_mooncake
 from simctl.traces.row_checks import (
     MAX_TOKENS,
     PREFIX_GROUP,
@@ -82,6 +85,7 @@ class LoadedTrace:
     session: np.ndarray | None = None
     new_tokens: np.ndarray | None = None
     think_s: np.ndarray | None = None
+    hash_ids: tuple[tuple[int, ...], ...] | None = None  # each prompt's block ids (Mooncake); None: not given
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -106,6 +110,9 @@ def load_trace_file(path: str | os.PathLike[str]) -> LoadedTrace:
     if ext == ".json":
         bench = read_vllm_bench(p)
         return LoadedTrace(p, bench.prompt_tokens, bench.output_tokens, bench.arrival_s)
+    if ext == ".jsonl" and is_mooncake_file(p):
+        rows = read_mooncake(p)
+        return LoadedTrace(p, rows.prompt_tokens, rows.output_tokens, rows.arrival_s, hash_ids=rows.hash_ids)
     trace = _load_csv(p) if ext == ".csv" else _load_jsonl(p)
     if len(trace) == 0:
         raise InputError(f"trace file {p}: contains no requests")

@@ -6,7 +6,7 @@ request's).
 A session's later turn (`Request.previous`) is the session's context so far, as a chat client resends it: its
 predecessor's prompt ids, then the ids the engine generated for that turn, then its own new ids. So its blocks
 are a prefix of one token stream per session, which the twin's prefix cache keys as one
-(`policies.prefix_kv.PrefixCachingKV._key`: the shared prefix's group, then the session's stream).
+(`policies.prefix_kv.PrefixCachingKV._make_keys`: the shared prefix's group, then the session's stream).
 
     prompts = SessionPrompts(requests, vocab_size, seed)
     ids = prompts.prompt(request)               # when it is sent (a later turn: after its predecessor ended)

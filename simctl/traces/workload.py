@@ -72,6 +72,9 @@ class Workload:
     session_think_time: float = option_field(DEFAULT_THINK_S, (
         "--trace sessions: mean seconds (exponential) from a turn's answer to the session's next turn; an "
         "assumption, no published statistic (0: at once, as an agent)."))
+    hash_block_size: int = option_field(512, (
+        "Tokens per block id (hash_ids) of a Mooncake trace file (512 in Mooncake's; vLLM's timed_trace "
+        "default is 16); with --scale, the block scales with the lengths."))
 
     def at(self, qps: float) -> Workload:
         """The same requests arriving at `qps` (a validation's loads, a capacity probe's rate)."""
@@ -137,6 +140,9 @@ class Workload:
                              f"{self.concurrency!r}")
         if not is_number(self.think_time) or not (0 <= self.think_time < MAX_CLOCK_S):
             raise InputError(f"--think-time must be a number of seconds >= 0, got {self.think_time!r}")
+        if not is_int(self.hash_block_size) or not 1 <= self.hash_block_size <= MAX_REQUESTS:
+            raise InputError(f"--hash-block-size must be an integer from 1 to {MAX_REQUESTS} (tokens per "
+                             f"block id), got {self.hash_block_size!r}")
         if self.think_time and self.concurrency is None:
             raise InputError("--think-time is a closed-loop client's pause: give --concurrency too")
         self._validate_sessions()
@@ -172,7 +178,8 @@ class Workload:
             qps = math.inf  # closed loop without a rate: all ready at t=0 (vLLM bench's --request-rate inf)
         return build_trace(self.trace, self.num_requests, qps, self.seed, arrival=self.arrival, cv=self.cv,
                            scale=self.scale, system_prompt_tokens=self.system_prompt_tokens,
-                           system_prompts=self.system_prompts, session_think_s=self.session_think_time)
+                           system_prompts=self.system_prompts, session_think_s=self.session_think_time,
+                           hash_block=self.hash_block_size)
 
     def recorded(self) -> dict[str, Any]:
         """The summary's workload fields, in declaration order."""
