@@ -91,3 +91,51 @@ def test_twin_block_keys_are_equal_exactly_where_the_ids_up_to_the_block_are(cas
             content = tuple(ids[:(i + 1) * block])
             assert by_key.setdefault(key, content) == content
             assert by_ids.setdefault(content, key) == key
+
+
+def test_a_mooncake_request_is_its_hash_blocks_ids_then_its_own() -> None:
+    a = Request(0, 0.0, 10, 1, hash_ids=(7, 8, 9), hash_block=4)  # blocks of 4, 4 and a partial 2
+    b = Request(1, 0.0, 13, 1, hash_ids=(7, 8), hash_block=4)  # 7 and 8 as a's, then 5 of its own
+    ia, ib = prompt_token_ids(a, VOCAB, 5), prompt_token_ids(b, VOCAB, 5)
+    assert len(ia) == 10 and len(ib) == 13 and ia[:8] == ib[:8] and ia[8:] != ib[8:10]
+    assert ib[8:] == prompt_token_ids(Request(1, 0.0, 5, 1), VOCAB, 5)  # its own: as without hash ids
+    # a block's ids depend on its hash id only: a partial 9 is the first ids of a whole one
+    assert ia[8:] == prompt_token_ids(Request(2, 0.0, 12, 1, hash_ids=(7, 8, 9), hash_block=4), VOCAB, 5)[8:10]
+    with pytest.raises(RuntimeError, match="both a shared prefix group and Mooncake hash ids"):
+        prompt_token_ids(Request(3, 0.0, 10, 1, prefix_group=0, prefix_tokens=4, hash_ids=(7,), hash_block=4),
+                         VOCAB)
+
+
+@st.composite
+def mooncake_rows(draw: st.DrawFn) -> tuple[list[Request], int]:
+    """Requests with chained hash ids as Mooncake's (each continues a run of an earlier one's first ids, then
+    new ids), prompts from within their last block to past the ids' reach; hash and KV blocks of any sizes."""
+    hash_block, block = draw(st.integers(1, 8)), draw(st.sampled_from([1, 2, 4, 8]))
+    requests: list[Request] = []
+    fresh = 0
+    for i in range(draw(st.integers(1, 8))):
+        ids: tuple[int, ...] = ()
+        if requests and draw(st.booleans()):
+            parent = draw(st.sampled_from(requests)).hash_ids
+            ids = parent[:draw(st.integers(1, len(parent)))]
+        new = draw(st.integers(0 if ids else 1, 4))
+        ids, fresh = ids + tuple(range(fresh, fresh + new)), fresh + new
+        prompt = draw(st.integers((len(ids) - 1) * hash_block + 1, len(ids) * hash_block + 6))
+        requests.append(Request(i, 0.0, prompt, 1, hash_ids=ids, hash_block=hash_block))
+    return requests, block
+
+
+@given(mooncake_rows(), st.integers(0, 2**32 - 1))
+@settings(max_examples=80, deadline=None)
+def test_twin_block_keys_of_hash_ids_are_equal_exactly_where_the_ids_are(case, seed: int) -> None:
+    requests, block = case
+    kv = PrefixCachingKV(10**6, block, caching=True)
+    by_key: dict[tuple, tuple[int, ...]] = {}
+    by_ids: dict[tuple[int, ...], tuple] = {}
+    for r in requests:
+        ids = prompt_token_ids(r, VOCAB, seed)
+        assert len(ids) == r.prompt_tokens
+        for i, key in enumerate(kv._make_keys(Seq.of(r), 0, r.prompt_tokens // block)):
+            content = tuple(ids[:(i + 1) * block])
+            assert by_key.setdefault(key, content) == content
+            assert by_ids.setdefault(content, key) == key

@@ -3,6 +3,11 @@ where a trace says prompts share a prefix, so that a real prefix cache sees the 
 and nothing else (ids drawn at random over the vocabulary never fill a KV block identical to another
 request's).
 
+A Mooncake request (`Request.hash_ids`) is its hash blocks' ids in order, each block's drawn from a generator
+seeded by (seed, hash id) only (a partial last block: its first ids), then ids of its own past the blocks the
+ids cover. Mooncake's ids are chained (an id names its block and everything before it), so equal ids mean
+equal tokens up to that block's end, as the twin keys them (a block by the hash id of its last token).
+
 A session's later turn (`Request.previous`) is the session's context so far, as a chat client resends it: its
 predecessor's prompt ids, then the ids the engine generated for that turn, then its own new ids. So its blocks
 are a prefix of one token stream per session, which the twin's prefix cache keys as one
@@ -21,7 +26,7 @@ import numpy as np
 
 from simctl.traces.request import Request
 
-_PREFIX, _OWN = 0, 1  # generator streams: a prefix group's shared ids, one request's own ids
+_PREFIX, _OWN, _HASH = 0, 1, 2  # generator streams: a prefix group's ids, a request's own, a hash block's
 
 
 def _own_ids(request_id: int, n: int, vocab_size: int, seed: int) -> list[int]:
@@ -29,11 +34,28 @@ def _own_ids(request_id: int, n: int, vocab_size: int, seed: int) -> list[int]:
     return np.random.default_rng([int(seed), _OWN, int(request_id)]).integers(1, vocab_size, n).tolist()
 
 
+def _hashed_ids(request: Request, vocab_size: int, seed: int) -> list[int]:
+    """A Mooncake request's prompt ids: its hash blocks' (each from (seed, hash id)), then its own."""
+    block, ids = request.hash_block, []
+    for k, h in enumerate(request.hash_ids):
+        n = min(block, request.prompt_tokens - k * block)
+        if n <= 0:
+            break
+        ids += np.random.default_rng([int(seed), _HASH, int(h)]).integers(1, vocab_size, n).tolist()
+    return ids + _own_ids(request.id, request.prompt_tokens - len(ids), vocab_size, seed)
+
+
 def prompt_token_ids(request: Request, vocab_size: int, seed: int = 0) -> list[int]:
     """`request.prompt_tokens` ids in [1, vocab_size): the first `prefix_tokens` the same for every request of
-    its `prefix_group` (>= 0), the rest its own. Each part comes from a generator seeded by (seed, group) or
-    (seed, request id) only, so a request has the same prompt alone and inside any trace. Id 0 is left out (a
-    padding or special token in many vocabularies)."""
+    its `prefix_group` (>= 0), the rest its own; a Mooncake request's (`hash_ids`) its hash blocks' then its
+    own. Each part comes from a generator seeded by (seed, group), (seed, hash id) or (seed, request id) only,
+    so a request has the same prompt alone and inside any trace. Id 0 is left out (a padding or special token
+    in many vocabularies). RuntimeError for a request with both a prefix group and hash ids (the twin keys
+    the group's blocks by the group, which the ids do not say)."""
+    if request.hash_ids:
+        if request.prefix_group >= 0:
+            raise RuntimeError(f"request {request.id} has both a shared prefix group and Mooncake hash ids")
+        return _hashed_ids(request, vocab_size, seed)
     group = request.prefix_group
     shared = min(request.prefix_tokens, request.prompt_tokens) if group >= 0 else 0
     prefix = np.random.default_rng([int(seed), _PREFIX, group]).integers(1, vocab_size, shared).tolist() \
@@ -57,7 +79,7 @@ class SessionPrompts:
     """Every request's prompt ids, a later turn's built when it is sent from what its predecessor was sent and
     got. RuntimeError for a chain that could not be served or the twin would not see as one stream: a
     predecessor missing or after it in `requests`, in another session, or with another shared prefix (the
-    twin keys the prefix's blocks by its group)."""
+    twin keys the prefix's blocks by its group), or a later turn with Mooncake hash ids."""
 
     def __init__(self, requests: Sequence[Request], vocab_size: int, seed: int = 0) -> None:
         self.vocab_size, self.seed = vocab_size, seed
@@ -67,10 +89,10 @@ class SessionPrompts:
             earlier[r.id] = r
             if r.previous < 0:
                 continue
-            if p is None or p.session != r.session or r.session < 0 \
+            if p is None or p.session != r.session or r.session < 0 or r.hash_ids \
                     or (p.prefix_group, p.prefix_tokens) != (r.prefix_group, r.prefix_tokens):
                 raise RuntimeError(f"request {r.id} follows request {r.previous}, which is not an earlier "
-                                   "turn of the same session with the same shared prefix")
+                                   "turn of the same session with the same shared prefix (and no hash ids)")
         self._followed = {r.previous for r in requests if r.previous >= 0}
         self._sent: dict[int, list[int]] = {}  # prompts of sent turns that a later turn continues
         self._context: dict[int, list[int]] = {}  # completed turns' prompt + output, until their follower
