@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from simctl.engine.real import twin_policy
-from simctl.engine.vllm_real import VLLMServer, deployment_for
+from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, deployment_for
 from simctl.traces.request import Request
 from simctl.validation.prefix_hits import serial_hits
 
@@ -66,11 +66,13 @@ def session_requests(sessions: int, turns: int, system: int, qps: float, seed: i
             for i, (at, t, s, prompt, output) in enumerate(rows)]
 
 
-def compare(requests: list[Request], kv_blocks: int, seed: int) -> dict[str, Any]:
-    """One vLLM engine with `kv_blocks` blocks for requests serves `requests` at concurrency 1; the twin's
-    hits on the same requests in vLLM's order."""
+def compare(requests: list[Request], kv_blocks: int, seed: int,
+            block: int = CPU_BLOCK_SIZE) -> dict[str, Any]:
+    """One vLLM engine with `kv_blocks` blocks of `block` tokens for requests serves `requests` at
+    concurrency 1; the twin's hits on the same requests in vLLM's order."""
     t0 = time.perf_counter()
-    with VLLMServer("tiny", deployment_for("tiny", seed, {}, kv_capacity=kv_blocks * 128)) as server:
+    deployment = deployment_for("tiny", seed, {"block_size": block}, kv_capacity=kv_blocks * block)
+    with VLLMServer("tiny", deployment) as server:
         settings = server.settings()
         run = server.serve(requests, seed, concurrency=1)
     req = run.result.requests
@@ -119,11 +121,11 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, text: str) -> None:
-    """Put `text` as this script's section of `path`, replacing its earlier one, keeping the others."""
+def write_section(path: Path, text: str, section: str = SECTION) -> None:
+    """Put `text` as `section` of `path`, replacing its earlier one, keeping the others."""
     old = path.read_text(encoding="utf-8") if path.exists() else "# Sessions and prefix caching\n"
-    if SECTION in old:
-        head, _, rest = old.partition(SECTION)
+    if section in old:
+        head, _, rest = old.partition(section)
         tail = rest[rest.find("\n## "):] if "\n## " in rest else ""
         new = head + text + tail
     else:

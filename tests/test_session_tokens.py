@@ -100,7 +100,8 @@ def test_a_mooncake_request_is_its_hash_blocks_ids_then_its_own() -> None:
     assert len(ia) == 10 and len(ib) == 13 and ia[:8] == ib[:8] and ia[8:] != ib[8:10]
     assert ib[8:] == prompt_token_ids(Request(1, 0.0, 5, 1), VOCAB, 5)  # its own: as without hash ids
     # a block's ids depend on its hash id only: a partial 9 is the first ids of a whole one
-    assert ia[8:] == prompt_token_ids(Request(2, 0.0, 12, 1, hash_ids=(7, 8, 9), hash_block=4), VOCAB, 5)[8:10]
+    whole = Request(2, 0.0, 12, 1, hash_ids=(7, 8, 9), hash_block=4)
+    assert ia[8:] == prompt_token_ids(whole, VOCAB, 5)[8:10]
     with pytest.raises(RuntimeError, match="both a shared prefix group and Mooncake hash ids"):
         prompt_token_ids(Request(3, 0.0, 10, 1, prefix_group=0, prefix_tokens=4, hash_ids=(7,), hash_block=4),
                          VOCAB)

@@ -53,6 +53,19 @@ SESSIONS = [Request(0, 0.0, 400, 100, session=0, **_SYSTEM), Request(1, 0.0, 256
             Request(4, 0.0, 810, 20, session=0, previous=2, **_SYSTEM),
             Request(5, 0.0, 640, 10, session=1, previous=3, think_s=0.05, **_SYSTEM)]
 SESSION_HITS = [0, 128, 3 * 128, 2 * 128, 5 * 128, 4 * 128]
+# Mooncake rows (hash blocks of 64 tokens: two a KV block of 128), outputs of 4 (no output block fills),
+# served one at a time: a block hits when both its ids were cached; a lookup stops before the last token.
+# r1 shares ids 1-4 with r0: 2 blocks; r2 (200 tokens) looks up 1 block, ids 1-2; r3 is r1's first 6 ids,
+# block-aligned: 383 // 128 = 2 blocks; r4 shares id 1 only, not block 0's id 2: none; r5 continues r1's ids:
+# blocks 0-2 (ids 1-7), the third of r1's 403 computed tokens' blocks.
+_ROW = {"hash_block": 64}
+MOONCAKE = [Request(0, 0.0, 300, 4, hash_ids=(1, 2, 3, 4, 5), **_ROW),
+            Request(1, 0.0, 400, 4, hash_ids=(1, 2, 3, 4, 6, 7, 8), **_ROW),
+            Request(2, 0.0, 200, 4, hash_ids=(1, 2, 9, 10), **_ROW),
+            Request(3, 0.0, 384, 4, hash_ids=(1, 2, 3, 4, 6, 7), **_ROW),
+            Request(4, 0.0, 150, 4, hash_ids=(1, 12, 13), **_ROW),
+            Request(5, 0.0, 450, 4, hash_ids=(1, 2, 3, 4, 6, 7, 8, 14), **_ROW)]
+MOONCAKE_HITS = [0, 256, 128, 256, 0, 384]
 GROUPED = [Request(i, 0.1 * i, SHARED + 20 + i, 4, prefix_group=i % 2, prefix_tokens=SHARED)
            for i in range(6)] + [Request(6, 0.65, SHARED + 30, 4)]
 
@@ -116,6 +129,16 @@ def test_session_turns_resend_their_context_and_vllm_reuses_what_the_twin_does(s
     twin = twin_policy({**settings, "kv_capacity_tokens": settings["kv_cache_tokens"],
                         "max_seq_len": settings["max_model_len"]})
     assert serial_hits(SESSIONS, twin) == SESSION_HITS
+
+
+def test_mooncake_rows_share_the_blocks_of_their_equal_hash_ids_in_vllm_as_in_the_twin(server) -> None:
+    run = server.serve(MOONCAKE, concurrency=1)
+    assert run.result.requests["prefix_cached_tokens"].tolist() == MOONCAKE_HITS
+    assert run.fields["prefix_cache_hits"] == sum(MOONCAKE_HITS)
+    settings = server.settings()
+    twin = twin_policy({**settings, "kv_capacity_tokens": settings["kv_cache_tokens"],
+                        "max_seq_len": settings["max_model_len"]})
+    assert serial_hits(MOONCAKE, twin) == MOONCAKE_HITS
 
 
 def test_closed_loop_clients_keep_at_most_n_requests_in_flight(server) -> None:
