@@ -13,7 +13,8 @@ clock starts. Each request is submitted on the monotonic clock when `serving.cli
 turn before it completed), with deterministic random prompt ids (`traces.tokens.SessionPrompts`: shared only
 within a prefix group or where Mooncake hash ids are equal; a later turn resends its session's context, the
 ids vLLM generated included), and asks for exactly its output length (greedy, EOS ignored); every request
-is checked to have got exactly that many tokens. What each engine step did and when every token came is recorded by a stat logger (`simctl.engine.vllm_steps`).
+is checked to have got exactly that many tokens. What each engine step did and when every token came is
+recorded by a stat logger (`simctl.engine.vllm_steps`).
 
 vLLM's settings are those of the `vllm-v1` policy, its simulated twin (VLLM_SETTINGS). The summary holds what
 the twin needs: the trace's parameters as `simctl real` records them, `policy: vllm-v1` and its settings as
