@@ -141,14 +141,7 @@ def build_trace(
     """Requests with ids 0..n-1 in arrival order (see the module docstring for the rules); the keywords are
     the sessions generator's (`simctl.traces.sessions`) and, `hash_block`, the tokens per block id of a
     Mooncake file."""
-    scale = check_scale(scale)
-    if arrival not in ARRIVAL_PROCESSES:
-        raise InputError(f"unknown arrival process {arrival!r} (known: {', '.join(ARRIVAL_PROCESSES)})")
-    if arrival == "poisson" and cv != 1.0:
-        raise InputError(f"cv={cv!r} given with poisson arrivals (Poisson has cv 1); use arrival='gamma'")
-    seed = _check_int("seed", seed, 0)
-    if num_requests is not None:
-        num_requests = _check_int("num_requests", num_requests, 1)
+    scale, seed, num_requests = _checked(scale, arrival, cv, seed, num_requests)
     source = _resolve(trace)
     rng = np.random.default_rng(seed)
     if isinstance(source, str) and num_requests is None:
@@ -190,6 +183,17 @@ def build_trace(
         requests = [replace(r, hash_ids=h, hash_block=hash_block)
                     for r, h in zip(requests, hashes, strict=True)]
     return requests if isinstance(source, str) else _with_priority(requests, source, num_requests)
+
+
+def _checked(scale: float, arrival: str, cv: float, seed: int, num_requests: int | None
+             ) -> tuple[float, int, int | None]:
+    """`build_trace`'s numbers checked (InputError naming the bad one): scale, seed, number of requests."""
+    if arrival not in ARRIVAL_PROCESSES:
+        raise InputError(f"unknown arrival process {arrival!r} (known: {', '.join(ARRIVAL_PROCESSES)})")
+    if arrival == "poisson" and cv != 1.0:
+        raise InputError(f"cv={cv!r} given with poisson arrivals (Poisson has cv 1); use arrival='gamma'")
+    count = None if num_requests is None else _check_int("num_requests", num_requests, 1)
+    return check_scale(scale), _check_int("seed", seed, 0), count
 
 
 def _scaled_prefixes(prefixes: list[tuple[int, int]], prompts: np.ndarray,
