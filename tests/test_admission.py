@@ -5,18 +5,13 @@ latencies still count from the arrival. By hand, and over random traces with eve
 from __future__ import annotations
 
 import pytest
-import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_cluster import CONTINUOUS, MAX_SEQ_LEN, TINY, check_invariants
+from test_cluster import CONTINUOUS, check_invariants, deployment
 
 from simctl.costs.base import CostModel, ScaledCost
 from simctl.policies.plan import BatchPlan
-from simctl.policies.registry import POLICIES, make_policy
-from simctl.serving.routers import make_router
-from simctl.sim.cluster import Cluster, Member, Pool
-from simctl.sim.kv_link import KVLink
-from simctl.sim.replica import CostBackend
+from simctl.policies.registry import POLICIES
 from simctl.traces.request import Request
 
 
@@ -37,15 +32,7 @@ class Admitting(CostModel):
 def serve(policy: str, reqs: list[Request], cost: CostModel, replicas: int = 1, kv: int = 100_000,
           split: tuple[int, int] | None = None):
     """Serve `reqs` on `replicas` colocated replicas, or `split` = (prefill, decode) instances."""
-    cluster = Cluster(simpy.Environment(), KVLink(1.0) if split else None, TINY.kv_bytes_per_token())
-
-    def pool(name: str, n: int) -> Pool:
-        return Pool(name, [Member(i, make_policy(policy, kv, MAX_SEQ_LEN, {}), CostBackend(cost), None,
-                                  cluster.on_release) for i in range(n)], make_router("round-robin"))
-
-    cluster.entry = pool("prefill", split[0]) if split else pool("replicas", replicas)
-    if split:
-        cluster.decode = pool("decode", split[1])
+    cluster = deployment(policy, cost, replicas, split=split, kv=kv)
     return cluster, cluster.run(reqs)
 
 

@@ -12,6 +12,7 @@ import pytest
 import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_cluster import deployment
 
 from simctl.catalogue.gpus import get_gpu
 from simctl.catalogue.models import get_model
@@ -20,9 +21,7 @@ from simctl.policies.plan import BatchPlan
 from simctl.policies.registry import POLICIES, make_policy
 from simctl.policies.seq import Seq
 from simctl.serving.records import request_frame
-from simctl.serving.routers import make_router
 from simctl.sim.cluster import Cluster, Member, Pool
-from simctl.sim.kv_link import KVLink
 from simctl.sim.replica import CostBackend
 from simctl.sim.run import RunConfig, cost_model, run
 from simctl.traces.request import Request
@@ -47,15 +46,7 @@ class Second(CostModel):
 def serve(policy: str, requests: list[Request], concurrency: int | None = None, think_s: float = 0.0,
           replicas: int = 1, split: tuple[int, int] | None = None, kv: int = 100_000,
           cost: CostModel = CPU_COST) -> tuple[Cluster, list[Seq]]:
-    cluster = Cluster(simpy.Environment(), KVLink(1.0) if split else None, TINY.kv_bytes_per_token())
-
-    def pool(name: str, n: int) -> Pool:
-        return Pool(name, [Member(i, make_policy(policy, kv, MAX_SEQ_LEN, {}), CostBackend(cost), None,
-                                  cluster.on_release) for i in range(n)], make_router("least-outstanding"))
-
-    cluster.entry = pool("prefill", split[0]) if split else pool("replicas", replicas)
-    if split:
-        cluster.decode = pool("decode", split[1])
+    cluster = deployment(policy, cost, replicas, "least-outstanding", split, kv, max_seq_len=MAX_SEQ_LEN)
     return cluster, cluster.run(requests, concurrency=concurrency, think_s=think_s)
 
 

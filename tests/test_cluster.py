@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from simctl.catalogue.gpus import get_gpu
 from simctl.catalogue.models import get_model
+from simctl.costs.base import CostModel
 from simctl.policies.registry import POLICIES, make_policy
 from simctl.policies.seq import Seq
 from simctl.serving.records import request_frame
@@ -35,15 +36,15 @@ CACHE_ROUTERS = ("prefix", "prefix-approx")  # they need vllm-v1's prefix cache
 CONTINUOUS = [n for n, c in POLICIES.items() if not c.padded_batches]  # can admit a request with its KV
 
 
-def serve(policy: str, reqs: list[tuple[float, int, int]], replicas: int = 1,
-          router: str | Router = "round-robin", split: tuple[int, int] | None = None, kv: int = 100_000,
-          gbps: float = 1.0) -> tuple[Cluster, list[Seq]]:
-    """Serve (arrival, prompt, output) requests on `replicas` colocated replicas, or `split` = (prefill,
-    decode) instances, each with `kv` token slots, on the tiny model's CPU cost."""
+def deployment(policy: str, cost: CostModel, replicas: int = 1, router: str | Router = "round-robin",
+               split: tuple[int, int] | None = None, kv: int = 100_000, gbps: float = 1.0,
+               max_seq_len: int = MAX_SEQ_LEN) -> Cluster:
+    """The tiny model on `replicas` colocated replicas, or `split` = (prefill, decode) instances, each with
+    `kv` token slots, priced by `cost` (the cluster tests' one way to build a deployment)."""
     cluster = Cluster(simpy.Environment(), KVLink(gbps) if split else None, TINY.kv_bytes_per_token())
 
     def pool(name: str, n: int) -> Pool:
-        members = [Member(i, make_policy(policy, kv, MAX_SEQ_LEN, {}), CostBackend(COST), None,
+        members = [Member(i, make_policy(policy, kv, max_seq_len, {}), CostBackend(cost), None,
                           cluster.on_release) for i in range(n)]
         route = make_router(router, [m.policy.kv for m in members]) if isinstance(router, str) else router
         return Pool(name, members, route)
@@ -51,8 +52,15 @@ def serve(policy: str, reqs: list[tuple[float, int, int]], replicas: int = 1,
     cluster.entry = pool("prefill", split[0]) if split else pool("replicas", replicas)
     if split:
         cluster.decode = pool("decode", split[1])
-    seqs = cluster.run([Request(i, t, p, o) for i, (t, p, o) in enumerate(sorted(reqs))])
-    return cluster, seqs
+    return cluster
+
+
+def serve(policy: str, reqs: list[tuple[float, int, int]], replicas: int = 1,
+          router: str | Router = "round-robin", split: tuple[int, int] | None = None, kv: int = 100_000,
+          gbps: float = 1.0) -> tuple[Cluster, list[Seq]]:
+    """Serve (arrival, prompt, output) requests on `deployment`, on the tiny model's CPU cost."""
+    cluster = deployment(policy, COST, replicas, router, split, kv, gbps)
+    return cluster, cluster.run([Request(i, t, p, o) for i, (t, p, o) in enumerate(sorted(reqs))])
 
 
 def check_invariants(cluster: Cluster, seqs: list[Seq]) -> None:
