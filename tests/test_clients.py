@@ -15,7 +15,7 @@ def test_open_loop_sends_every_ready_request_at_once() -> None:
     c = Clients([_r(0), _r(1, 1.0)])
     assert not c.closed_loop
     assert [c.ready(r) for r in c.first()] == [_r(0), _r(1, 1.0)]
-    assert c.completed(0, 3.0) == (None, None)
+    assert c.completed(0, 3.0) == []
     assert c.in_flight == 1
 
 
@@ -25,11 +25,13 @@ def test_a_bound_of_two_queues_the_third_until_a_client_is_free_after_its_think_
     assert c.closed_loop
     assert [c.ready(r) for r in c.first()] == [reqs[0], reqs[1], None]
     assert c.in_flight == 2
-    assert c.completed(1, 4.0) == (None, 4.5)  # its client is free half a second later
-    assert c.free() is reqs[2]
+    (when, send), = c.completed(1, 4.0)
+    assert when == 4.5  # its client is free half a second later
+    assert send() is reqs[2]
     assert c.in_flight == 2
-    assert c.completed(0, 5.0) == (None, 5.5)
-    assert c.free() is None and c.idle == 1
+    (when, send), = c.completed(0, 5.0)
+    assert when == 5.5
+    assert send() is None and c.idle == 1
 
 
 def test_a_later_turn_is_ready_its_think_time_after_the_turn_before_it() -> None:
@@ -37,5 +39,6 @@ def test_a_later_turn_is_ready_its_think_time_after_the_turn_before_it() -> None
     c = Clients([first, second])
     assert c.closed_loop and c.first() == [first]
     c.ready(first)
-    assert c.completed(0, 7.0) == ((10.0, second), None)
-    assert c.ready(second) is second
+    (when, send), = c.completed(0, 7.0)
+    assert when == 10.0
+    assert send() is second

@@ -91,12 +91,8 @@ class VLLMClients:
             output = list(final.outputs[0].token_ids)
             self.done[r.id] = (self.log.close(str(r.id), final.metrics), len(output), final.num_cached_tokens)
             self.prompts.generated(r.id, output)
-            follow, free_at = self.clients.completed(r.id, self._now())
-            if follow is not None:
-                at, turn = follow
-                self._at(at, lambda: self._send(self.clients.ready(turn), at))
-            if free_at is not None:
-                self._at(free_at, lambda: self._send(self.clients.free(), free_at))
+            for at, send in self.clients.completed(r.id, self._now()):
+                self._at(at, lambda send=send, at=at: self._send(send(), at))
             if len(self.done) == self._total and not self._finished.done():
                 self._finished.set_result(None)
         except Exception as e:  # noqa: BLE001 - raised by run(), whichever request it came from

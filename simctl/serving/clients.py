@@ -10,17 +10,18 @@ times a request from when it acquired its slot.
 
     clients = Clients(requests, concurrency=8, think_s=0.0)
     for r in clients.first():        at r.arrival_s: send clients.ready(r)  (None: it waits for a client)
-    on completion of request i at t: turn, free_at = clients.completed(i, t)
-                                     at turn's time: send clients.ready(turn)
-                                     at free_at:     send clients.free()    (None: nobody waits)
+    on completion of request i at t: for when, send in clients.completed(i, t):
+                                         at when: send send()               (None: nothing to send)
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from simctl.traces.request import Request
+
+Send = Callable[[], Request | None]  # called at its instant: the request sent then, or None
 
 
 class Clients:
@@ -53,13 +54,19 @@ class Clients:
             return None
         return self._send(request)
 
-    def completed(self, request_id: int, now: float) -> tuple[tuple[float, Request] | None, float | None]:
-        """Request `request_id` completed at `now`: (when the session's next turn is ready, that turn) or
-        None, and when its client is free again (None: open loop, no client to free)."""
+    def completed(self, request_id: int, now: float) -> list[tuple[float, Send]]:
+        """Request `request_id` completed at `now`: the instants at which that may send a request, in order
+        (a tie keeps it), each with what to call then, which returns the request sent or None: the session's
+        next turn, ready its think time later, and the request's client, free the workload's think time
+        later (closed loop only)."""
         self.in_flight -= 1
+        due: list[tuple[float, Send]] = []
         turn = self._follower.pop(request_id, None)
-        follow = (now + turn.think_s, turn) if turn is not None else None
-        return follow, (now + self.think_s if self.concurrency is not None else None)
+        if turn is not None:
+            due.append((now + turn.think_s, lambda: self.ready(turn)))
+        if self.concurrency is not None:
+            due.append((now + self.think_s, self.free))
+        return due
 
     def free(self) -> Request | None:
         """A client is free now: it sends the request that has waited longest (returned), or idles (None)."""

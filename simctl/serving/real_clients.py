@@ -39,12 +39,8 @@ class RealClients:
     def completed(self, finished: list[Seq]) -> None:
         """The engine's release: each finished request's session turn and client are due later, or now."""
         for seq in finished:
-            follow, free_at = self.clients.completed(seq.id, seq.completion_s)
-            if follow is not None:
-                ready_s, turn = follow
-                self._at(ready_s, lambda turn=turn: self.clients.ready(turn))
-            if free_at is not None:
-                self._at(free_at, self.clients.free)
+            for when, send in self.clients.completed(seq.id, seq.completion_s):
+                self._at(when, send)
         self._send_due()
 
     def _send_due(self) -> bool:

@@ -269,12 +269,8 @@ class ClosedLoop:
 
     def completed(self, seq: Seq) -> None:
         now = seq.completion_s
-        follow, free_at = self.clients.completed(seq.id, now)
-        if follow is not None:
-            ready_s, turn = follow
-            self._when(now, ready_s, lambda: self._send(self.clients.ready(turn), ready_s))
-        if free_at is not None:
-            self._when(now, free_at, lambda: self._send(self.clients.free(), free_at))
+        for when, send in self.clients.completed(seq.id, now):
+            self._when(now, when, lambda send=send, when=when: self._send(send(), when))
 
     def _when(self, now: float, when: float, action: Callable[[], None]) -> None:
         if when == now:
