@@ -148,7 +148,10 @@ def test_a_quick_vllm_profile_fits_unchanged(tmp_path, capsys) -> None:
     assert {"decode", "prefill", "hybrid"} <= set(report.train) and report.holdout["overall"].n > 0
     assert np.isfinite(report.holdout["overall"].mape)
     fitted = Fitted.load(report.cost_model_path)
-    assert fitted.coefficients["overhead_s"] > 0 and fitted.meta["engine"] == "vllm"
+    assert fitted.meta["engine"] == "vllm" and min(fitted.coefficients.values()) >= 0
+    # the fit reproduces its own rows; a step's fixed cost may land in overhead_s or in a curve's first knot
+    # (both are non-negative least squares), so neither alone is asserted
+    assert report.train["overall"].mape < 0.25
     # the model worker bound as serving binds it (one core kept for the engine core and the front end), and
     # the served stage's closed batches calibrate the fit's host terms
     assert meta["threads"] == max(1, meta["cpu_count"] - 1)
