@@ -114,8 +114,8 @@ def test_without_vllm_the_cli_says_how_to_install_it(monkeypatch, capsys, tmp_pa
 @pytest.mark.vllm_profile
 def test_a_quick_vllm_profile_fits_unchanged(tmp_path, capsys) -> None:
     """The quick grid on the installed vLLM, then `simctl fit`: every row has the features of the step vLLM
-    actually scheduled (the probe's shape), the fit reports its held-out error, vLLM's per-step overhead
-    comes out positive, and the served stage's steps give the fit its host terms."""
+    actually scheduled (the probe's shape), the fit reports its held-out error and reproduces its rows,
+    and the served stage's steps give the fit its host terms."""
     pytest.importorskip("vllm")
     from simctl.costs.fitted import Fitted
     from simctl.profiler.fit import fit_profile
