@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 VLLM   := $(VENV)/.vllm-installed
 PYTHON ?= python3
 
-.PHONY: run test test-fast vllm bench bench-speed bench-validate bench-validate-vllm lint notebooks clean
+.PHONY: run test test-fast vllm bench bench-speed bench-gpu-serving bench-validate bench-validate-vllm lint notebooks clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,12 +30,17 @@ test: $(STAMP) $(VLLM)
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not cli and not torch and not vllm"
 
-# both benchmarks: simulator speed (about a minute), then accuracy against real runs (about 15 minutes)
-bench: bench-speed bench-validate bench-validate-vllm
+# the benchmarks: simulator speed (about a minute), GPU serving predicted (seconds; skipped without
+# ../shared/reference/gpu_serving), then accuracy against real runs (about 15 minutes)
+bench: bench-speed bench-gpu-serving bench-validate bench-validate-vllm
 
 bench-speed: $(STAMP)
 	$(PY) bench/sim_speed.py
 	$(PY) bench/cluster_speed.py
+
+# the vllm-v1 twin on the roofline against measured vLLM serving on H100s (no GPU needed)
+bench-gpu-serving: $(STAMP)
+	$(PY) bench/gpu_serving.py
 
 # real runs on this machine's CPU against the simulator (wants a quiet machine)
 bench-validate: $(STAMP)
