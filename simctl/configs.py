@@ -42,6 +42,12 @@ class Deployment:
     max_model_len: int | None = option_field(None, (
         "Positions a request may need, prompt + output, as vLLM's --max-model-len [default: the model's "
         "context]; a longer request is handled as --on-too-long says."))
+    front_end_request_s: float = option_field(0.0, (
+        "The server's work per request in front of the engine (vllm serve's API server: HTTP, the request's "
+        "intake), seconds, served in order by one process; TTFT and E2E then count from the client's send "
+        "(summary.json's ttft_from)."))
+    front_end_prompt_token_s: float = option_field(0.0, (
+        "The server's work per prompt token in front of the engine (tokenization), seconds a token."))
     on_too_long: str = option_field("refuse", (
         "A request longer than --max-model-len: refuse (a server answers it with an error: counted as "
         "`rejected`, out of the latency percentiles, against SLO attainment), error (the whole run stops), "

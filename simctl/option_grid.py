@@ -52,7 +52,9 @@ def base_config(workload: Workload, deployment: Deployment) -> RunConfig:
     are expanded."""
     return RunConfig(workload=workload, cost=deployment.cost, routing_skew=deployment.routing_skew,
                      ep=deployment.ep,
-                     max_model_len=deployment.max_model_len, on_too_long=deployment.on_too_long)
+                     max_model_len=deployment.max_model_len, on_too_long=deployment.on_too_long,
+                     front_end_request_s=deployment.front_end_request_s,
+                     front_end_prompt_token_s=deployment.front_end_prompt_token_s)
 
 
 def grid(base: RunConfig, policy: str, deployment: Deployment,

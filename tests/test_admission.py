@@ -1,18 +1,25 @@
-"""A front end's admission latency (`CostModel.admission_s`): the simulator makes each request schedulable
-that long after it arrives, on a lone replica, behind a router and on disaggregated prefill instances alike;
-latencies still count from the arrival. By hand, and over random traces with every policy."""
+"""A front end's admission latency (`CostModel.admission_s`) and the server's work in front of the engine
+(`serving.front_end`): the simulator makes each request schedulable when it has passed them, on a lone
+replica, behind a router and on disaggregated prefill instances alike; latencies still count from the
+arrival (the client's send). By hand, and over random traces with every policy."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_cluster import CONTINUOUS, check_invariants, deployment
 
+from simctl.common.errors import InputError
 from simctl.costs.base import CostModel, ScaledCost
 from simctl.policies.plan import BatchPlan
 from simctl.policies.registry import POLICIES
+from simctl.serving.front_end import NO_FRONT_END, FrontEnd, FrontEndQueue
+from simctl.sim.run import RunConfig, run
 from simctl.traces.request import Request
+from simctl.traces.workload import Workload
 
 
 class Admitting(CostModel):
@@ -30,10 +37,12 @@ class Admitting(CostModel):
 
 
 def serve(policy: str, reqs: list[Request], cost: CostModel, replicas: int = 1, kv: int = 100_000,
-          split: tuple[int, int] | None = None):
-    """Serve `reqs` on `replicas` colocated replicas, or `split` = (prefill, decode) instances."""
-    cluster = deployment(policy, cost, replicas, split=split, kv=kv)
-    return cluster, cluster.run(reqs)
+          split: tuple[int, int] | None = None, front_end: FrontEnd = NO_FRONT_END,
+          clients: int | None = None):
+    """Serve `reqs` on `replicas` colocated replicas, or `split` = (prefill, decode) instances, behind
+    `front_end`, sent open loop or by `clients` closed-loop clients."""
+    cluster = deployment(policy, cost, replicas, split=split, kv=kv, front_end=front_end)
+    return cluster, cluster.run(reqs, concurrency=clients)
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
@@ -87,3 +96,54 @@ def test_disaggregated_prefill_instances_admit_after_the_latency(reqs, policy, s
     check_invariants(cluster, seqs)
     for s in seqs:
         assert s.first_scheduled_s >= s.arrival_s + delay - 1e-12, s
+
+
+def test_the_front_end_serves_its_work_in_order_then_hands_over_after_the_latency() -> None:
+    """2 ms a request, 10 us a prompt token, 1 ms hand-over. Sent at 0 (100 tokens): done at 3 ms, due at 4;
+    at 0 (200 tokens): waits, done at 3 + 4 = 7 ms, due at 8; at 10 ms (100 tokens): done at 13, due at 14."""
+    q = FrontEndQueue(FrontEnd(0.002, 1e-5), 0.001)
+    assert [q.due(t, n) for t, n in ((0.0, 100), (0.0, 200), (0.010, 100))] == pytest.approx(
+        [0.004, 0.008, 0.014], abs=1e-15)
+    assert FrontEndQueue(FrontEnd(), 0.003).due(0.1, 10**6) == 0.1 + 0.003  # no work: the latency alone
+
+
+def test_a_front_end_term_out_of_range_is_refused() -> None:
+    with pytest.raises(InputError, match="--front-end-prompt-token-s"):
+        FrontEnd(0.0, -1e-6)
+    with pytest.raises(InputError, match="--front-end-request-s"):
+        RunConfig(front_end_request_s=float("nan")).validate()
+
+
+def test_a_lone_request_is_scheduled_once_the_front_end_has_passed_it() -> None:
+    """Sent at 0.1 s with 20 prompt tokens: 1 ms + 20 x 0.1 ms of work, 3 ms hand-over: scheduled at 0.106,
+    first token a 10 ms step later; TTFT counts from the send: 16 ms."""
+    _, (seq,) = serve("vllm-v1", [Request(0, 0.1, 20, 3)], Admitting(0.010, 0.003),
+                      front_end=FrontEnd(0.001, 1e-4))
+    assert seq.first_scheduled_s == pytest.approx(0.106, abs=1e-12)
+    assert seq.first_token_s - seq.arrival_s == pytest.approx(0.016, abs=1e-12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=traces, policy=st.sampled_from(list(POLICIES)), delay=st.floats(0, 0.01),
+       work=st.tuples(st.floats(0, 0.01), st.floats(0, 1e-4)))
+def test_a_front_end_gives_a_lone_replica_and_a_routed_one_the_same_results(reqs, policy, delay, work):
+    """The lone replica knows every due time ahead; clients that never wait (as many as requests) send each
+    request routed at its arrival: the same front end, the same results, each request scheduled no earlier
+    than its own work and the latency after its send."""
+    requests = [Request(i, t, p, o) for i, (t, p, o) in enumerate(sorted(reqs))]
+    front = FrontEnd(*work)
+    lone, a = serve(policy, requests, Admitting(0.004, delay), front_end=front)
+    _, b = serve(policy, requests, Admitting(0.004, delay), front_end=front, clients=len(requests))
+    check_invariants(lone, a)
+    assert [(s.first_scheduled_s, s.first_token_s, s.completion_s) for s in a] == \
+        [(s.first_scheduled_s, s.first_token_s, s.completion_s) for s in b]
+    for s in a:
+        least = s.arrival_s + front.request_s + front.prompt_token_s * s.prompt_tokens + delay
+        assert s.first_scheduled_s >= least - 1e-12, s
+
+
+def test_summary_says_ttft_counts_from_the_send_when_a_front_end_is_modelled() -> None:
+    config = RunConfig(policy="vllm-v1", model="tiny", gpu="cpu", workload=Workload(num_requests=20))
+    assert "ttft_from" not in run(config).summary
+    summary = run(replace(config, front_end_request_s=0.002)).summary
+    assert summary["ttft_from"] == "send" and summary["front_end_request_s"] == 0.002

@@ -19,6 +19,7 @@ from simctl.catalogue.models import get_model
 from simctl.costs.base import CostModel
 from simctl.policies.registry import POLICIES, make_policy
 from simctl.policies.seq import Seq
+from simctl.serving.front_end import NO_FRONT_END, FrontEnd
 from simctl.serving.records import request_frame
 from simctl.serving.routers import ROUTERS, ReplicaView, Router, make_router
 from simctl.sim.cluster import Cluster, Member, Pool
@@ -38,18 +39,19 @@ CONTINUOUS = [n for n, c in POLICIES.items() if not c.padded_batches]  # can adm
 
 def deployment(policy: str, cost: CostModel, replicas: int = 1, router: str | Router = "round-robin",
                split: tuple[int, int] | None = None, kv: int = 100_000, gbps: float = 1.0,
-               max_seq_len: int = MAX_SEQ_LEN) -> Cluster:
+               max_seq_len: int = MAX_SEQ_LEN, front_end: FrontEnd = NO_FRONT_END) -> Cluster:
     """The tiny model on `replicas` colocated replicas, or `split` = (prefill, decode) instances, each with
-    `kv` token slots, priced by `cost` (the cluster tests' one way to build a deployment)."""
+    `kv` token slots, priced by `cost`, behind `front_end` (the cluster tests' one way to build a
+    deployment)."""
     cluster = Cluster(simpy.Environment(), KVLink(gbps) if split else None, TINY.kv_bytes_per_token())
 
-    def pool(name: str, n: int) -> Pool:
+    def pool(name: str, n: int, front: FrontEnd = NO_FRONT_END) -> Pool:
         members = [Member(i, make_policy(policy, kv, max_seq_len, {}), CostBackend(cost), None,
                           cluster.on_release) for i in range(n)]
         route = make_router(router, [m.policy.kv for m in members]) if isinstance(router, str) else router
-        return Pool(name, members, route)
+        return Pool(name, members, route, front_end=front)
 
-    cluster.entry = pool("prefill", split[0]) if split else pool("replicas", replicas)
+    cluster.entry = pool("prefill", split[0], front_end) if split else pool("replicas", replicas, front_end)
     if split:
         cluster.decode = pool("decode", split[1])
     return cluster

@@ -36,8 +36,8 @@ class RoutedInbox(Inbox):
         self._due.append((due, seq))
         self.pushed += 1
 
-    def push(self, seq: Seq) -> None:
-        self.push_due(seq, seq.arrival_s)
+    def push(self, seq: Seq, due: float | None = None) -> None:
+        self.push_due(seq, seq.arrival_s if due is None else due)
 
     @property
     def pending(self) -> int:

@@ -43,6 +43,7 @@ from simpy.events import URGENT
 from simctl.policies.base import Policy
 from simctl.policies.seq import Seq
 from simctl.serving.clients import Clients
+from simctl.serving.front_end import NO_FRONT_END, FrontEnd, FrontEndQueue
 from simctl.serving.handoff import arrivals, arrive_with_kv
 from simctl.serving.inbox import Inbox
 from simctl.serving.loop import Replica
@@ -65,7 +66,7 @@ class Member:
                  on_release: Callable[[Member, list[Seq]], None]) -> None:
         self.index = index
         self.inbox: Inbox = RoutedInbox()
-        self.admission_s = backend.admission_s  # a request is due that long after it arrives
+        self.admission_s = backend.admission_s  # the engine's intake: its front end's latency (front_end.py)
         self.replica = Replica(policy, backend, RoutedTime(self.inbox), self.inbox, max_waiting=max_waiting)
         self.policy = policy
         self.released = 0  # requests that left it (finished, or prefilled and handed on)
@@ -80,10 +81,11 @@ class Member:
         self.released += len(finished)
         self._on_release(self, finished)
 
-    def take_ahead(self, seqs: list[Seq]) -> None:
-        """Every request it will serve, pushed at the start (a lone entry replica: nothing to route). Its loop
-        then knows when the next one is due, cuts stretches there itself, and never waits for a push."""
-        self.inbox = self.replica.inbox = Inbox(seqs, self.admission_s)
+    def take_ahead(self, seqs: list[Seq], dues: list[float]) -> None:
+        """Every request it will serve, pushed at the start with when each is due (a lone entry replica:
+        nothing to route). Its loop then knows when the next one is due, cuts stretches there itself, and
+        never waits for a push."""
+        self.inbox = self.replica.inbox = Inbox(seqs, dues)
         self.replica.clock = SimulatedTime()
         self.seqs = list(seqs)
 
@@ -113,7 +115,15 @@ class Pool:
     # > 0: the router sees the replicas' queues and KV as scraped at most this long ago (a snapshot taken
     # every `lag` seconds, as a gateway scrapes its engines' metrics); their caches it still reads as they are
     lag: float = 0.0
+    front_end: FrontEnd = NO_FRONT_END  # the server's work in front of it (serving.front_end)
     _seen: tuple[float, Sequence[ReplicaView]] = (-math.inf, ())  # the last snapshot and its time
+
+    def __post_init__(self) -> None:  # its replicas share a cost model, hence the engine's intake latency
+        self._front = FrontEndQueue(self.front_end, self.members[0].admission_s)
+
+    def due(self, sent_s: float, seq: Seq) -> float:
+        """When a request sent to it at `sent_s` (in sending order) has passed its front end."""
+        return self._front.due(sent_s, seq.prompt_tokens)
 
     def route(self, seq: Seq, due: float) -> None:
         if self.lag > 0.0:
@@ -123,11 +133,6 @@ class Pool:
         else:
             views = [m.view() for m in self.members]
         self.members[self.router(views, seq)].push(seq, due)
-
-    @property
-    def admission_s(self) -> float:
-        """Its front end's latency (its replicas share a cost model)."""
-        return self.members[0].admission_s
 
 
 def drive(env: simpy.Environment, member: Member, cluster: Cluster) -> Generator[simpy.Event, None, None]:
@@ -199,7 +204,7 @@ class Cluster:
         if clients.closed_loop:  # routed as sent, a lone replica too: nobody knows the arrivals ahead
             self.closed = ClosedLoop(self, clients, seqs, entering)
         elif len(self.entry.members) == 1:
-            self.entry.members[0].take_ahead(entering)
+            self.entry.members[0].take_ahead(entering, [self.entry.due(s.arrival_s, s) for s in entering])
         for m in self.members:
             m.process = env.process(drive(env, m, self))
         if self.closed is not None:
@@ -227,7 +232,7 @@ class Cluster:
     def _next_arrival(self) -> None:
         seq = next(self._arrivals, None)
         if seq is not None and not self.aborted:
-            due = seq.arrival_s + self.entry.admission_s  # routed once its front end has taken it in
+            due = self.entry.due(seq.arrival_s, seq)  # routed once its front end has taken it in
             at(self.env, due, lambda _: self._arrive(seq, due))
 
     def _arrive(self, seq: Seq, due: float) -> None:
@@ -285,5 +290,5 @@ class ClosedLoop:
             return
         seq = self._entering[request.id]
         seq.arrival_s = self._seqs[request.id].arrival_s = now
-        due = now + cluster.entry.admission_s
+        due = cluster.entry.due(now, seq)
         self._when(now, due, lambda: cluster.entry.route(seq, due))

@@ -25,6 +25,7 @@ from simctl.policies.seq import Seq
 from simctl.results.metrics import summarize
 from simctl.results.output import write_run
 from simctl.results.run_result import SimResult
+from simctl.serving.front_end import NO_FRONT_END, FrontEnd
 from simctl.serving.loop import overload_limit
 from simctl.serving.records import GapHistogram, IterationLog, request_columns
 from simctl.serving.routers import RouterSettings, make_router
@@ -39,12 +40,14 @@ if TYPE_CHECKING:
 
 def make_pool(name: str, count: int, gpu: str, new_backend: Callable[[], CostBackend],
               new_policy: Callable[[], Policy], router: str, cluster: Cluster, max_waiting: int | None,
-              tp: int = 1, router_settings: RouterSettings | None = None, router_lag: float = 0.0) -> Pool:
+              tp: int = 1, router_settings: RouterSettings | None = None, router_lag: float = 0.0,
+              front_end: FrontEnd = NO_FRONT_END) -> Pool:
     """`count` replicas of `tp` GPUs each, each with a policy of its own from `new_policy` and a backend from
-    `new_backend`; its router sees their load as scraped every `router_lag` seconds (0: as it is)."""
+    `new_backend`, behind `front_end`; its router sees their load as scraped every `router_lag` seconds (0: as
+    it is)."""
     members = [Member(i, new_policy(), new_backend(), max_waiting, cluster.on_release) for i in range(count)]
     return Pool(name, members, make_router(router, [m.policy.kv for m in members], router_settings), gpu, tp,
-                router_lag)
+                router_lag, front_end)
 
 
 def _merged(logs: list[IterationLog]) -> IterationLog:

@@ -26,6 +26,7 @@ from simctl.costs.roofline import Roofline
 from simctl.policies.base import Policy, run_stats
 from simctl.policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
 from simctl.results.run_result import SimResult
+from simctl.serving.front_end import NO_FRONT_END, FrontEnd
 from simctl.serving.loop import overload_limit
 from simctl.sim.cluster import Cluster, Pool, Progress
 from simctl.sim.cluster_config import ClusterConfig
@@ -65,6 +66,9 @@ class RunConfig:
     # the model's context), and what happens to a longer one (refused and counted, an error, its prompt cut)
     max_model_len: int | None = None
     on_too_long: str = REFUSE
+    # the server's work per request and per prompt token in front of the engines (serving.front_end)
+    front_end_request_s: float = 0.0
+    front_end_prompt_token_s: float = 0.0
 
     def __post_init__(self) -> None:
         # the user's paths, absolute before a child process (a capacity worker, a Ray task) reads them
@@ -85,6 +89,11 @@ class RunConfig:
         check_on_too_long(self.on_too_long)
         if self.max_model_len is not None and (not is_int(self.max_model_len) or self.max_model_len < 2):
             raise InputError(f"--max-model-len must be an integer >= 2, got {self.max_model_len!r}")
+        FrontEnd(self.front_end_request_s, self.front_end_prompt_token_s)  # checks its terms
+
+    @property
+    def front_end(self) -> FrontEnd:
+        return FrontEnd(self.front_end_request_s, self.front_end_prompt_token_s)
 
     def with_workload(self, **changes: Any) -> RunConfig:
         """This configuration serving its workload with `changes` (a capacity search's rate, a seed)."""
@@ -94,7 +103,8 @@ class RunConfig:
         """The settings a summary starts with: all but `fast` and the policy's options (recorded apart), the
         workload's fields among them, and the routing skew, max model length and what happens to a longer
         request only when given (a run without them keeps the summary it had before them)."""
-        defaults = {"routing_skew": 0.0, "ep": 1, "max_model_len": None, "on_too_long": REFUSE}
+        defaults = {"routing_skew": 0.0, "ep": 1, "max_model_len": None, "on_too_long": REFUSE,
+                    "front_end_request_s": 0.0, "front_end_prompt_token_s": 0.0}
         workload = self.workload.recorded()
         head = {"policy": self.policy, "trace": workload.pop("trace"), "model": self.model, "gpu": self.gpu,
                 "tp": self.tp, **workload}
@@ -304,6 +314,8 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
     summary["warnings"] = list(dict.fromkeys(w for d in (entry, serving) if d is not None
                                              for w in d.warnings))
     _note_too_long(summary, screened, max_model_len(config, serving.model))
+    if config.front_end.modelled:  # a run without one keeps the summary it had before
+        summary["ttft_from"] = "send"  # the client's: the front end's time is in TTFT and E2E
     if built.closed is not None:
         summary.update(closed_loop_summary(result.request_columns, summary["makespan_s"]))
     summary.update(policies[0].settings.as_dict())  # every setting of the policy, given or default
@@ -331,7 +343,8 @@ def _pool(name: str, count: int, d: Deployment, max_seq_len: int, config: RunCon
 
     return make_pool(name, count, d.gpu.name, lambda: recorder or CostBackend(d.cost, config.fast),
                      new_policy, cc.router, cluster, overload_limit(config.workload.num_requests), d.tp,
-                     cc.router_settings(), cc.router_lag or 0.0)
+                     cc.router_settings(), cc.router_lag or 0.0,
+                     config.front_end if name in ("replicas", "prefill") else NO_FRONT_END)
 
 
 def _pools(cluster: Cluster) -> list[Pool]:
