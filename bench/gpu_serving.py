@@ -16,7 +16,8 @@ error (predicted / measured - 1). A phase is *saturated* when its requests queue
 `throughput` (all sent at once), or a measured P50 TTFT over `SATURATED_TTFT` times the file's synchronous
 one. MAPE per metric over the phases that are not saturated (target 8%) and over those that are (20%).
 vLLM's CI latency cases (8 requests of 32 prompt and 128 output tokens sent at once to an offline `LLM`; the
-batch's latency: the last completion) are predicted the same way (target 8%).
+batch's latency: the last completion) are predicted the same way (target 8%), also with the all-reduces as
+vLLM runs them (`--allreduce vllm`, costs/allreduce.py).
 
 Writes OUT.md and OUT.json (the rows, for comparing two versions of the model).
 """
@@ -77,9 +78,10 @@ CASES = (
 )
 
 
-def cost_model(model: ModelSpec | str, gpu: str, tp: int) -> Roofline:
-    """What every case is priced with: the roofline of its GPU, model and TP degree, as simctl defaults it."""
-    return Roofline(model, gpu, tp)
+def cost_model(model: ModelSpec | str, gpu: str, tp: int, allreduce: str = "nccl") -> Roofline:
+    """What every case is priced with: the roofline of its GPU, model and TP degree, as simctl defaults it
+    (its all-reduces NCCL's ring unless `allreduce` is "vllm": costs/allreduce.py)."""
+    return Roofline(model, gpu, tp, allreduce=allreduce)
 
 
 def p50s(ttft: np.ndarray, e2e: np.ndarray, output: np.ndarray) -> dict[str, float]:
@@ -160,18 +162,25 @@ def ci_cases(readme: str) -> list[tuple[str, str, int, float]]:
             for m, tp, results in CI_CASE.findall(readme) for s, gpu in CI_RESULT.findall(results)]
 
 
-def ci_row(model: str, gpu: str, tp: int, latency_s: float) -> dict:
-    cost = cost_model(model, gpu, tp)
+def ci_batch_s(model: str, gpu: str, tp: int, allreduce: str) -> float:
+    cost = cost_model(model, gpu, tp, allreduce)
     policy = make_policy("vllm-v1", cost.kv_capacity_tokens(), CI_PROMPT + CI_OUTPUT, {}, gpu)
     q = simulate([Request(i, 0.0, CI_PROMPT, CI_OUTPUT) for i in range(CI_REQUESTS)], policy, cost)
-    batch = float(q.request_columns["completion_s"].max())
-    return {"model": model, "gpu": gpu, "tp": tp, "measured_s": latency_s, "predicted_s": batch,
-            "error_pct": 100.0 * (batch / latency_s - 1.0)}
+    return float(q.request_columns["completion_s"].max())
+
+
+def ci_row(model: str, gpu: str, tp: int, latency_s: float) -> dict:
+    """A CI case predicted with the roofline's default all-reduces and with vLLM's (`_vllm_ar`)."""
+    row = {"model": model, "gpu": gpu, "tp": tp, "measured_s": latency_s}
+    for suffix, mode in (("", "nccl"), ("_vllm_ar", "vllm")):
+        batch = ci_batch_s(model, gpu, tp, mode)
+        row[f"predicted{suffix}_s"], row[f"error{suffix}_pct"] = batch, 100.0 * (batch / latency_s - 1.0)
+    return row
 
 
 PHASE_HEADER = ("| file | phase | n | TTFT P50 ms meas / pred | err | TPOT P50 ms meas / pred | err | "
                 "E2E P50 s meas / pred | err |")
-CI_HEADER = "| model | GPU | TP | measured s | predicted s | err |"
+CI_HEADER = ("| model | GPU | TP | measured s | predicted s | err | predicted s, vLLM's all-reduce | err |")
 
 
 def markdown(rows: list[dict], ci: list[dict]) -> str:
@@ -195,10 +204,13 @@ def markdown(rows: list[dict], ci: list[dict]) -> str:
     if ci:
         title = (f"vLLM CI latency ({CI_REQUESTS} requests x {CI_PROMPT} prompt + {CI_OUTPUT} output tokens "
                  "at once; batch latency):")
-        lines += ["", title, "", CI_HEADER, "|---|---|---:|---:|---:|---:|"]
+        lines += ["", title, "", CI_HEADER, "|---|---|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {c['model']} | {c['gpu']} | {c['tp']} | {c['measured_s']:.3f} | "
-                  f"{c['predicted_s']:.3f} | {c['error_pct']:+.1f}% |" for c in ci]
-        lines.append(f"\nMAPE {np.mean([abs(c['error_pct']) for c in ci]):.1f}% (target {CI_TARGET:.0f}%)")
+                  f"{c['predicted_s']:.3f} | {c['error_pct']:+.1f}% | {c['predicted_vllm_ar_s']:.3f} | "
+                  f"{c['error_vllm_ar_pct']:+.1f}% |" for c in ci]
+        nccl, vllm = (np.mean([abs(c[f"error{k}_pct"]) for c in ci]) for k in ("", "_vllm_ar"))
+        lines.append(f"\nMAPE {nccl:.1f}% (target {CI_TARGET:.0f}%); with vLLM's all-reduce "
+                     f"(`--allreduce vllm`) {vllm:.1f}%")
     return "\n".join(lines) + "\n"
 
 

@@ -48,6 +48,9 @@ class Deployment:
         "(summary.json's ttft_from)."))
     front_end_prompt_token_s: float = option_field(0.0, (
         "The server's work per prompt token in front of the engine (tokenization), seconds a token."))
+    allreduce: str = option_field("nccl", (
+        "Roofline, TP > 1: the all-reduces as NCCL's ring (nccl), or as vLLM runs them (vllm: its custom "
+        "one- or two-shot all-reduce below its size limit on NVLink, NCCL above)."), metavar="nccl|vllm")
     on_too_long: str = option_field("refuse", (
         "A request longer than --max-model-len: refuse (a server answers it with an error: counted as "
         "`rejected`, out of the latency percentiles, against SLO attainment), error (the whole run stops), "

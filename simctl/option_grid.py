@@ -54,7 +54,8 @@ def base_config(workload: Workload, deployment: Deployment) -> RunConfig:
                      ep=deployment.ep,
                      max_model_len=deployment.max_model_len, on_too_long=deployment.on_too_long,
                      front_end_request_s=deployment.front_end_request_s,
-                     front_end_prompt_token_s=deployment.front_end_prompt_token_s)
+                     front_end_prompt_token_s=deployment.front_end_prompt_token_s,
+                     allreduce=deployment.allreduce)
 
 
 def grid(base: RunConfig, policy: str, deployment: Deployment,

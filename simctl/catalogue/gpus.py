@@ -51,6 +51,10 @@ class GPUSpec:
     mbu: float | None = None
     gemm_latency_s: float | None = None
     allreduce: tuple[AllReduceFit, ...] = ()  # measured all-reduces, by TP degree (none: the defaults)
+    # every GPU of a node reaches every other over NVLink (an SXM part's NVSwitch), and the architecture:
+    # where vLLM runs its custom all-reduce, and with which size limit (costs.allreduce)
+    fully_connected: bool = False
+    architecture: str = ""
 
     def __post_init__(self) -> None:
         for f in ("peak_flops", "mem_bandwidth", "memory_bytes", "interconnect_bandwidth", "tile"):
@@ -71,6 +75,7 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in [
     GPUSpec("a100-80gb", 312e12, 2039e9, 80 * GiB, 300e9, mfu=0.757, mbu=0.819, gemm_latency_s=6.9e-6,
             allreduce=(AllReduceFit(2, 0.565, 43.7e-6), AllReduceFit(4, 0.536, 38.8e-6),
                        AllReduceFit(8, 0.503, 42.5e-6)),
+            fully_connected=True, architecture="ampere",
             description="NVIDIA A100 80GB SXM: 312 TFLOP/s bf16, 2039 GB/s HBM2e, NVLink 600 GB/s"),
     # source: NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 1,979 TFLOPS with sparsity (989 dense);
     # 3.35 TB/s HBM3, 80 GB; NVLink 900 GB/s (bidirectional)
@@ -79,10 +84,11 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in [
     GPUSpec("h100", 989e12, 3350e9, 80 * GiB, 450e9, mfu=0.717, mbu=0.994, gemm_latency_s=7.57e-6,
             allreduce=(AllReduceFit(2, 0.726, 26.1e-6), AllReduceFit(4, 0.863, 33.0e-6),
                        AllReduceFit(8, 0.759, 29.7e-6)),
+            fully_connected=True, architecture="hopper",
             description="NVIDIA H100 SXM 80GB: 989 TFLOP/s bf16, 3350 GB/s HBM3, NVLink 900 GB/s"),
     # source: NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: BF16 1,979 TFLOPS with sparsity (989 dense);
     # 4.8 TB/s HBM3e, 141 GB; NVLink 900 GB/s (bidirectional)
-    GPUSpec("h200", 989e12, 4800e9, 141 * GiB, 450e9,
+    GPUSpec("h200", 989e12, 4800e9, 141 * GiB, 450e9, fully_connected=True, architecture="hopper",
             description="NVIDIA H200 SXM 141GB: 989 TFLOP/s bf16, 4800 GB/s HBM3e, NVLink 900 GB/s"),
     # source: NVIDIA RTX A6000 datasheet: tensor performance 309.7 TFLOPS with sparsity (154.8 dense);
     # 768 GB/s GDDR6, 48 GB; PCIe Gen 4 x16 (a 2-GPU NVLink bridge is optional; not assumed)

@@ -36,8 +36,8 @@ Per iteration (per GPU of a tensor-parallel group; all GPUs of the group run in 
 - Concurrent streams (`BatchPlan.streams`, Baton-PD's overlapped prefill and decode): one combined roofline:
   per kind of kernel (linears, LM head, attention) the streams' compute and memory demands add before the
   blend, each stream reads the weights, a GEMM's fixed time is paid once; host terms and launch floors add.
-- TP > 1: two all-reduces per layer of T x hidden x dtype bytes, ring algorithm:
-  2 (tp-1)/tp x bytes / link bandwidth, plus a fixed latency per all-reduce.
+- TP > 1: two all-reduces per layer of T x hidden x dtype bytes, NCCL's ring: 2 (tp-1)/tp x bytes / link
+  bandwidth, plus a fixed latency per all-reduce; `allreduce="vllm"`: as vLLM runs them (costs/allreduce.py).
 
 Terms are added (no overlap between them is assumed). Defaults and where they come from:
 - mfu = 0.70, mbu = 0.75, no GEMM latency: the published Llama-2-7B/A100 per-operator profile summarised in
@@ -68,6 +68,7 @@ from simctl.catalogue.gpus import GiB, GPUSpec, get_gpu
 from simctl.catalogue.models import ModelSpec, get_model
 from simctl.catalogue.moe import busiest_gpu, check_routing_skew, expected_distinct_experts
 from simctl.common.errors import DoesNotFit, InputError
+from simctl.costs.allreduce import VLLMAllReduce, check_allreduce, ring_terms, uses_custom
 from simctl.costs.base import CostModel, tiled
 from simctl.costs.gpu_share import GPUShare, check_expert_parallel, check_split, gpu_share
 from simctl.costs.overheads import DEFAULT_ITERATION_S, StepOverheads
@@ -77,7 +78,6 @@ DEFAULT_MFU = 0.70
 DEFAULT_MBU = 0.75
 DEFAULT_ATTN_MFU = 0.50
 DEFAULT_OVERHEAD_S = DEFAULT_ITERATION_S
-DEFAULT_ALLREDUCE_LATENCY_S = 10e-6
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GiB
 
@@ -111,17 +111,18 @@ class Roofline(CostModel):
         gemm_latency_s: float | None = None,
         routing_skew: float = 0.0,
         ep: int = 1,
+        allreduce: str = "nccl",
     ) -> None:
         m = get_model(model) if isinstance(model, str) else model
         g = get_gpu(gpu) if isinstance(gpu, str) else gpu
         tile = g.tile if tile is None else tile
         check_split(m, tp, dtype_bytes, tile)
-        self._set_allreduce(g, tp, allreduce_latency_s, allreduce_efficiency)
+        self.allreduce_latency_s, self.allreduce_efficiency = ring_terms(g, tp, allreduce_latency_s,
+                                                                         allreduce_efficiency)
+        self.allreduce = check_allreduce(allreduce)
         if not overhead_s >= 0 or not activation_reserve_bytes >= 0:
             raise InputError("overhead_s and activation_reserve_bytes must be >= 0")
-        self.model = m
-        self.gpu = g
-        self.tp = tp
+        self.model, self.gpu, self.tp = m, g, tp
         self.dtype_bytes = dtype_bytes
         # the GPU's measured efficiencies where the catalogue has them, else the defaults
         self.mfu = _fraction("mfu", mfu if mfu is not None else g.mfu or DEFAULT_MFU)
@@ -147,18 +148,6 @@ class Roofline(CostModel):
         # under EP the routed experts' FLOPs are the busiest GPU's, priced apart (`_experts`)
         active = share.active_params - (m.moe.experts_per_token * share.expert_params if self.ep > 1 else 0)
         self._rates(m, g, tp, active, share.read_params, share.gemms)
-
-    def _set_allreduce(self, g: GPUSpec, tp: int, latency_s: float | None, efficiency: float | None) -> None:
-        """The all-reduce's fixed latency and link efficiency: as given, else the GPU's measured ones at this
-        degree (or the nearest), else the defaults."""
-        measured = g.allreduce_at(tp)
-        if latency_s is None:
-            latency_s = measured.latency_s if measured else DEFAULT_ALLREDUCE_LATENCY_S
-        if not latency_s >= 0:
-            raise InputError(f"allreduce_latency_s must be >= 0, got {latency_s!r}")
-        self.allreduce_latency_s = float(latency_s)
-        self.allreduce_efficiency = _fraction("allreduce_efficiency", efficiency if efficiency is not None
-                                              else measured.efficiency if measured else 1.0)
 
     def _hold(self, m: ModelSpec, g: GPUSpec, share: GPUShare) -> None:
         """What one GPU of the group holds (`costs.gpu_share`), in bytes where the pricing reads bytes."""
@@ -195,14 +184,14 @@ class Roofline(CostModel):
         self._pa_m = self.kv_bytes_per_token_per_gpu / (g.mem_bandwidth * self.attn_mbu)
         # decode attention: t = _dkv x decode_kv
         self._dkv = self.kv_bytes_per_token_per_gpu / (g.mem_bandwidth * self.attn_mbu)
-        # all-reduce: t = _ar_tok x T + _ar_fixed (tp > 1 only)
-        if tp > 1:
-            n_ar = 2 * L
-            self._ar_tok = n_ar * self.allreduce_time(h * dtype_bytes, latency=False)
-            self._ar_fixed = n_ar * self.allreduce_latency_s
-        else:
-            self._ar_tok = 0.0
-            self._ar_fixed = 0.0
+        # all-reduce (tp > 1): t = _ar_tok x T + _ar_fixed, or as vLLM runs it (`_custom`: costs/allreduce.py)
+        n_ar = 2 * L if tp > 1 else 0
+        self._ar_tok = n_ar * self.allreduce_time(h * dtype_bytes, latency=False)
+        self._ar_fixed = n_ar * self.allreduce_latency_s
+        link = g.interconnect_bandwidth * self.allreduce_efficiency
+        self._custom = (VLLMAllReduce(tp, n_ar, h * dtype_bytes, link, g.architecture == "hopper",
+                                      self._ar_tok, self._ar_fixed)
+                        if self.allreduce == "vllm" and uses_custom(tp, g.fully_connected) else None)
 
     def __repr__(self) -> str:
         return (f"Roofline({self.model.name}, {self.gpu.name}, tp={self.tp}, mfu={self.mfu}, mbu={self.mbu}, "
@@ -213,6 +202,7 @@ class Roofline(CostModel):
         return {"kind": "roofline", "gpu": self.gpu.name, "tp": self.tp, "mfu": self.mfu, "mbu": self.mbu,
                 "gemm_latency_s": self.gemm_latency_s,
                 **({"routing_skew": self.routing_skew, "ep": self.ep} if self.model.moe else {}),
+                **({"allreduce": self.allreduce} if self.allreduce != "nccl" else {}),
                 "attn_mfu": self.attn_mfu, "attn_mbu": self.attn_mbu, "tile": self.tile,
                 "step_overheads": self.steps.to_json()}
 
@@ -289,7 +279,7 @@ class Roofline(CostModel):
             linear = math.sqrt(c * c + m * m) + self._lin_lat
             t += linear
             if self._ar_tok:
-                allreduce = self._ar_tok * T + self._ar_fixed
+                allreduce = self._ar_tok * T + self._ar_fixed if self._custom is None else self._custom.of(T)
                 t += allreduce
         if r > 0:
             c = self._lm_c * tiled(r, self.tile)
@@ -332,7 +322,7 @@ class Roofline(CostModel):
                 lin_c += ec
                 lin_m += em
             if self._ar_tok:
-                allreduce += self._ar_tok * T + self._ar_fixed
+                allreduce += self._ar_tok * T + self._ar_fixed if self._custom is None else self._custom.of(T)
             if r > 0:
                 lm_c += self._lm_c * tiled(r, self.tile)
                 lm_m += self._lm_m

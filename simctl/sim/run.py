@@ -18,6 +18,7 @@ from simctl.catalogue.moe import check_routing_skew
 from simctl.common.checks import is_int
 from simctl.common.errors import DoesNotFit, InputError
 from simctl.common.files import in_working_folder
+from simctl.costs.allreduce import check_allreduce
 from simctl.costs.base import CostModel
 from simctl.costs.calibration import is_roofline_calibration, load_roofline_calibration
 from simctl.costs.fitted import Fitted
@@ -69,6 +70,7 @@ class RunConfig:
     # the server's work per request and per prompt token in front of the engines (serving.front_end)
     front_end_request_s: float = 0.0
     front_end_prompt_token_s: float = 0.0
+    allreduce: str = "nccl"  # the roofline's all-reduces: NCCL's ring, or as vLLM runs them (costs.allreduce)
 
     def __post_init__(self) -> None:
         # the user's paths, absolute before a child process (a capacity worker, a Ray task) reads them
@@ -90,6 +92,7 @@ class RunConfig:
         if self.max_model_len is not None and (not is_int(self.max_model_len) or self.max_model_len < 2):
             raise InputError(f"--max-model-len must be an integer >= 2, got {self.max_model_len!r}")
         FrontEnd(self.front_end_request_s, self.front_end_prompt_token_s)  # checks its terms
+        check_allreduce(self.allreduce)
 
     @property
     def front_end(self) -> FrontEnd:
@@ -104,7 +107,7 @@ class RunConfig:
         workload's fields among them, and the routing skew, max model length and what happens to a longer
         request only when given (a run without them keeps the summary it had before them)."""
         defaults = {"routing_skew": 0.0, "ep": 1, "max_model_len": None, "on_too_long": REFUSE,
-                    "front_end_request_s": 0.0, "front_end_prompt_token_s": 0.0}
+                    "front_end_request_s": 0.0, "front_end_prompt_token_s": 0.0, "allreduce": "nccl"}
         workload = self.workload.recorded()
         head = {"policy": self.policy, "trace": workload.pop("trace"), "model": self.model, "gpu": self.gpu,
                 "tp": self.tp, **workload}
@@ -143,28 +146,30 @@ def default_cost_path(gpu: GPUSpec) -> Path | None:
 
 
 def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp: int,
-               routing_skew: float = 0.0, ep: int = 1) -> tuple[CostModel, int, str, list[str]]:
+               routing_skew: float = 0.0, ep: int = 1, allreduce: str = "nccl"
+               ) -> tuple[CostModel, int, str, list[str]]:
     """The cost model, KV capacity, a label and the warnings for a run: a fitted model when one is given (or
     shipped for this device), else the roofline from published specs, calibrated when a calibration is given.
-    `routing_skew`, `ep`: an MoE's routing imbalance and expert parallelism, for the roofline (a fit has its
-    profiled router's, on one device)."""
+    `routing_skew`, `ep`: an MoE's routing imbalance and expert parallelism, and `allreduce` the all-reduce's
+    algorithms (costs.allreduce), for the roofline (a fit has its profiled router's, on one device)."""
     if routing_skew and model.moe is None:
         raise InputError(f"--routing-skew {routing_skew:g}: {model.name} is dense (no experts to route to)")
     path = cost_path if cost_path is not None else default_cost_path(gpu)
     if path is None:
-        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep)
+        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep, allreduce=allreduce)
         return roofline, roofline.kv_capacity_tokens(), "roofline", []
     if is_roofline_calibration(path):  # efficiencies calibrated on one device, applied to this GPU's specs
         params = load_roofline_calibration(path)
         warnings = calibration_warnings(path, model.name, gpu.name)
-        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep, **params)
+        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep, allreduce=allreduce,
+                            **params)
         return roofline, roofline.kv_capacity_tokens(), f"roofline calibrated by {path}", warnings
     if routing_skew:
         raise InputError(f"--routing-skew {routing_skew:g} sets the roofline's routing; the fit {path} "
                          "prices the routing its profiled router did")
-    if ep != 1:
-        raise InputError(f"--ep {ep} spreads experts over GPUs in the roofline; the fit {path} prices the "
-                         "one device it profiled")
+    if ep != 1 or allreduce != "nccl":
+        what = f"--ep {ep} spreads experts over GPUs" if ep != 1 else f"--allreduce {allreduce} prices TP"
+        raise InputError(f"{what} in the roofline; the fit {path} prices what it profiled")
     fitted = Fitted.load(path)
     fitted.check_model(model)
     check_fitted_device(fitted.meta, gpu.name)
@@ -219,7 +224,7 @@ def deploy(config: RunConfig, gpu_name: str, tp: int) -> Deployment:
     """A replica of `tp` GPUs named `gpu_name` for `config`'s model and cost model."""
     model, gpu = get_model(config.model), get_gpu(gpu_name)
     return Deployment(model, gpu, tp, *cost_model(config.cost, model, gpu, tp, config.routing_skew,
-                                                        config.ep))
+                                                        config.ep, config.allreduce))
 
 
 def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> Deployment:
