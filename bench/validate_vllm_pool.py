@@ -25,7 +25,7 @@ Load = tuple[float, float, list[dict], list[float | None]]
 def pooled(dirs: list[Path]) -> tuple[dict[str, Any], list[Load]]:
     """The first report's config and, per load: (load, qps, every real run's summary, each one's speed factor,
     None where a run had none)."""
-    from simctl.validation.vllm_validate import run_dir
+    from simctl.validation.pipeline import real_dirs
 
     reports = [json.loads((d / "validation_vllm.json").read_text(encoding="utf-8")) for d in dirs]
     cfg = reports[0]["config"]
@@ -38,7 +38,7 @@ def pooled(dirs: list[Path]) -> tuple[dict[str, Any], list[Load]]:
         runs, speeds = [], []
         for d, r in zip(dirs, reports):
             for k, speed in enumerate(r["speed_factors"][i::len(r["rows"])]):  # round k's run at this load
-                summary = run_dir(d, row["load"], k) / "summary.json"
+                summary = real_dirs(d / "runs" / f"load_{row['load']:g}", k + 1)[k] / "summary.json"
                 runs.append(json.loads(summary.read_text(encoding="utf-8")))
                 speeds.append(speed)
         loads.append((row["load"], row["qps"], runs, speeds))
@@ -52,8 +52,9 @@ def main() -> None:
     from simctl.costs.base import ScaledCost
     from simctl.results.validation_report import pct_error
     from simctl.traces.workload import Workload
+    from simctl.validation.pipeline import FIT_SPEED_TOL
     from simctl.validation.twin import load_cost
-    from simctl.validation.vllm_validate import FIT_SPEED_TOL, simulate_requests
+    from simctl.validation.vllm_validate import simulate_requests
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dirs", nargs="+", type=Path)

@@ -113,12 +113,8 @@ def validation_steps(cost_path: str, fractions: list[float], seed: int = 0) -> d
 
     from simctl.engine.vllm_real import VLLMServer, deployment_for
     from simctl.studies.capacity import search_qps
-    from simctl.validation.vllm_validate import (
-        SIM_REL_TOL,
-        VLLMValidation,
-        check,
-        simulate_requests,
-    )
+    from simctl.validation.pipeline import SIM_REL_TOL
+    from simctl.validation.vllm_validate import VLLMValidation, check, simulate_requests
 
     v = VLLMValidation(cost=cost_path, out=Path(tempfile.mkdtemp()) / "unused", repeats=1)
     fit, _ = check(v)

@@ -55,14 +55,8 @@ def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
     from simctl.profiler.timing import CpuMonitor
     from simctl.results.metrics import summarize
     from simctl.studies.capacity import search_qps
-    from simctl.validation.vllm_validate import (
-        REAL_REL_TOL,
-        REAL_STEP,
-        SIM_REL_TOL,
-        VLLMValidation,
-        check,
-        simulate_requests,
-    )
+    from simctl.validation.pipeline import REAL_REL_TOL, REAL_STEP, SIM_REL_TOL
+    from simctl.validation.vllm_validate import VLLMValidation, check, simulate_requests
 
     v = VLLMValidation(cost=cost, out=out / "unused", repeats=rounds)
     fit, loads = check(v)

@@ -69,6 +69,20 @@ def test_calibrate_adds_the_host_terms_to_a_fit() -> None:
     assert calibrate(fitted, {})[0] is fitted  # a profile without served steps: unchanged
 
 
+def test_the_fit_calibrates_by_the_profiles_engine() -> None:
+    """`profiler.fit.calibrate` hands a vLLM profile (meta.json's engine) to vLLM's calibration and leaves
+    another engine's profile as fitted, served steps or not."""
+    from simctl.profiler import fit
+
+    fitted = Fitted.load(SHIPPED)
+    steps = [{"batch": b, "context": 120, "time_s": fitted.iteration_time(decode_plan(b, 120)) + 1e-3,
+              "model_s": 0.0, "steps": 10} for b in (1, 8)]
+    by_vllm, rows = fit.calibrate(fitted, {"engine": "vllm", "served_steps": steps})
+    assert by_vllm.step_overheads.iteration_s == pytest.approx(1e-3, rel=1e-6) and len(rows) == 2
+    for engine in (None, "simctl", ["vllm"]):
+        assert fit.calibrate(fitted, {"engine": engine, "served_steps": steps}) == (fitted, [])
+
+
 @pytest.mark.parametrize("entry", [{"batch": 0, "context": 10, "time_s": 1.0, "model_s": 0.0, "steps": 1},
                                    {"batch": 1, "context": 10, "time_s": -1.0, "model_s": 0.0, "steps": 1},
                                    {"batch": 1, "time_s": 1.0}, "x"])

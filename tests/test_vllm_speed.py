@@ -52,26 +52,23 @@ def test_a_run_with_no_busy_step_has_no_speed() -> None:
 
 
 def test_runs_at_the_fit_speed_are_compared_with_the_raw_twin(tmp_path) -> None:
-    """Three rounds at speed factors 0.97, 1.20 and 1.04 (and a run without one): the rounds within 5% of the
+    """Four rounds at speed factors 0.97, 1.20 and 1.04 (and a run without one): the rounds within 5% of the
     fit's speed are the first and the third; their medians are compared with the unscaled twin."""
     from simctl.traces.workload import Workload
-    from simctl.validation.vllm_validate import (
-        METRICS,
-        Rounds,
-        _row,
-        simulate_requests,
-    )
+    from simctl.validation.pipeline import Point
+    from simctl.validation.target import Served
+    from simctl.validation.vllm_validate import METRICS, VLLMTarget, VLLMValidation, _row, simulate_requests
 
     settings = {"policy": "vllm-v1", "kv_cache_tokens": 64 * 16, "block_size": 16, "max_batch_size": 8,
                 "max_num_batched_tokens": 256,
                 "long_prefill_token_threshold": 0, "enable_prefix_caching": 0, "max_model_len": 512}
-    requests = Workload(trace="sharegpt", qps=5.0, num_requests=12, scale=0.01).requests()
-    sim = simulate_requests(requests, settings, COST)[0]
+    v = VLLMValidation(workload=Workload(trace="sharegpt", qps=None, num_requests=12, scale=0.01))
+    sim = simulate_requests(v.requests_at(5.0), settings, COST)[0]
     real = [{m: (k + 1) * sim[m] for m in METRICS} for k in range(4)]  # errors: (k + 1) x the twin
-    rounds = Rounds(None, settings, COST, tmp_path, print)
-    rounds.real[0.5], rounds.real_speeds[0.5] = real, [0.97, 1.2, 1.04, None]
-    row = _row(0.5, 5.0, rounds, requests, tmp_path)
-    assert row["runs_at_fit_speed"] == 2
+    runs = [Served(r, speed) for r, speed in zip(real, [0.97, 1.2, 1.04, None], strict=True)]
+    target = VLLMTarget(v, COST, print, resolved=settings)  # not started: the twin is all the row needs
+    row = _row(Point("vllm-v1", 0.5, 10.0), runs, target, tmp_path)
+    assert row["qps"] == 5.0 and row["runs_at_fit_speed"] == 2
     for m in (m for m in METRICS if sim[m]):  # a delay of 0 has no relative error
         assert row[f"{m}_err_pct_at_fit_speed"] == pytest.approx(100 * (1 / 2 - 1))  # median of 1x and 3x
         assert row[f"{m}_err_pct"] == pytest.approx(100 * (1 / 2.5 - 1))  # median of all four

@@ -18,6 +18,7 @@ similar one: `Roofline(model, other_gpu, **load_roofline_calibration(path))`.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,11 +41,14 @@ from simctl.profiler.fit_coefficients import TILE_CANDIDATES, CoefficientFit, fi
 from simctl.profiler.fit_roofline import calibrate_roofline
 from simctl.profiler.profile import PROFILE_FILES
 from simctl.profiler.profile_data import check_holdout, load_profile, split_holdout
-from simctl.profiler.vllm_served import calibrate
 from simctl.results.output import check_out_dir, json_text, write_files
 
 COST_MODEL_FILE, PLOT_FILE, CALIBRATION_FILE = "cost_model.json", "fit.png", "roofline_calibration.json"
 FIT_FILES = (COST_MODEL_FILE, PLOT_FILE, CALIBRATION_FILE)
+# an engine whose profile measured more than its steps (meta.json's `engine`) -> the module whose
+# `calibrate(fitted, meta) -> (fitted, rows)` adds it: imported only for such a profile, so the generic fit
+# knows no engine (vLLM's served steps: `profiler/vllm_served.py`)
+CALIBRATORS = {"vllm": "simctl.profiler.vllm_served"}
 
 
 def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout: float = 0.2, seed: int = 0,
@@ -66,7 +70,7 @@ def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout:
     ho, tr = rows.errors(pred)
     mem = memory_bytes if memory_bytes is not None else _profiled_memory(meta)
     fit_info = {"profile": str(profile_dir), **rows.to_json(holdout, seed), **_fit_json(cf, ho, tr)}
-    fitted, served = calibrate(_fitted(cf, meta, mem, fit_info), meta)  # a vLLM profile's served steps
+    fitted, served = calibrate(_fitted(cf, meta, mem, fit_info), meta)
     if served:
         fitted.fit["served"] = served
     report = FitReport(profile_dir, meta["model"], _device(meta), cf.tile, cf.coefficients, cf.curves,
@@ -83,6 +87,16 @@ def fit_profile(profile_dir: str | Path, out: str | Path | None = None, holdout:
         files[PLOT_FILE] = lambda path: fit_figure(path, df, pred, rows.held, fitted, report)
     _write_fit(out_dir, files)
     return report
+
+
+def calibrate(fitted: Fitted, meta: dict[str, Any]) -> tuple[Fitted, list[dict[str, float]]]:
+    """`fitted` calibrated by its profile's engine's calibrator (`CALIBRATORS`), with one row per calibrated
+    step for the report; as is, with none, for an engine without one (simctl's own profiles)."""
+    engine = meta.get("engine")
+    module = CALIBRATORS.get(engine) if isinstance(engine, str) else None
+    if module is None:
+        return fitted, []
+    return importlib.import_module(module).calibrate(fitted, meta)
 
 
 def _checked_options(holdout: float, seed: int, memory_bytes: int | None, roofline_gpu: str | None

@@ -5,7 +5,6 @@ priced with."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from simctl.common.errors import InputError
@@ -47,12 +46,6 @@ class Setup:
                           threads=self.threads, kv_budget_bytes=self.kv_budget_bytes,
                           attention=self.attention, eager=self.eager,
                           prefill_instances=self.prefill_instances, decode_instances=self.decode_instances)
-
-
-
-def real_dirs(run_dir: Path, repeats: int) -> list[Path]:
-    """Where the real runs of one policy and load go: `real/`, then `real_2/`, `real_3/`, ..."""
-    return [run_dir / "real"] + [run_dir / f"real_{k}" for k in range(2, repeats + 1)]
 
 
 

@@ -3,7 +3,8 @@
     report = validate_main(["sarathi", "vllm"], DEFAULT_WORKLOAD, [0.5, 0.7], cost="cost_model.json",
                            out="out/val")
 
-For each policy:
+The stages and their constants are `validation.pipeline`'s, over simctl's engine as the target
+(`validation.engine_target.SimctlEngine`); for each policy:
 
 1. **Simulated capacity on the twin setup.** The highest QPS whose *simulated* run meets the SLO (default:
    sustainable and median scheduling delay <= 2 s; optionally P99 TBT), by bisection over QPS. Every probe
@@ -14,9 +15,7 @@ For each policy:
    child process each) and the simulator on the identical requests (`twin_inputs(summary)`): signed errors
    (sim - real) / real of P50/P90/P99 TTFT, TBT and E2E and of throughput (requests/s, output tokens/s), the
    measured value of each metric being its median over the repeats (their min and max are kept: the
-   run-to-run spread). Repeats run in rounds (every policy and load once per round), so a slow spell of a
-   shared machine lands on one repeat of several points rather than on every repeat of one: on this
-   project's 2-core VM the same run's decode steps took 2.1 ms in one run and 3.0 ms a minute later.
+   run-to-run spread). Repeats run in rounds (every policy and load once per round).
 3. **Real capacity** (`capacity=True`): the same SLO bisected with at most `MAX_REAL_PROBES` real runs,
    starting at the simulated capacity (or, if a real run at a load already missed the SLO, at the highest
    load rate that met it) and bracketing by factors of `REAL_STEP`; capacity error = (sim - real) / real
@@ -59,7 +58,6 @@ in validation.json (`config`) and the report.
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -76,10 +74,13 @@ from simctl.results.validation_report import (
 )
 from simctl.studies.capacity import SLO, check_probe_requests
 from simctl.traces.workload import Workload
+from simctl.validation import pipeline
 from simctl.validation.compare import compare_run
+from simctl.validation.engine_target import SimctlEngine
 from simctl.validation.machine_load import loadavg
+from simctl.validation.pipeline import bracket, check_loads, check_repeats, real_dirs, remove_earlier
 from simctl.validation.report import write_report
-from simctl.validation.stages import Findings, Validation, simulated_capacity
+from simctl.validation.findings import Comparisons, Findings, capacities
 from simctl.validation.twin import (
     DEFAULT_WORKLOAD,
     Setup,
@@ -88,14 +89,10 @@ from simctl.validation.twin import (
     cost_name,
     fitted_executor,
     load_cost,
-    real_dirs,
-    twin_summary,
 )
 
 DEFAULT_LOADS = (0.5, 0.7)
 DEFAULT_SLO = SLO()  # sustainable, median scheduling delay <= 2 s
-MAX_LOAD = 10.0
-MAX_REPEATS = 20
 VALIDATION_DIRS = ("runs", "capacity")  # beside VALIDATION_FILES in `out`
 
 
@@ -105,7 +102,6 @@ VALIDATION_DIRS = ("runs", "capacity")  # beside VALIDATION_FILES in `out`
 def _check_inputs(policies: list[str], loads: list[float], fitted: Any, out: str | Path,
                   setup: Setup) -> tuple[list[str], list[float]]:
     """Every check that needs neither the device nor torch; the policies and loads, normalised."""
-    from simctl.common.checks import is_number
     from simctl.policies.registry import POLICIES
     from simctl.results.output import check_out_dir
 
@@ -119,18 +115,7 @@ def _check_inputs(policies: list[str], loads: list[float], fitted: Any, out: str
             raise InputError(f"unknown policy {p!r}; known policies: {', '.join(POLICIES)} (or all)")
     if len(set(names)) != len(names):
         raise InputError(f"a policy is listed twice: {', '.join(names)}")
-    if isinstance(loads, (int, float)):
-        loads = [loads]
-    loads = list(loads)
-    if not loads:
-        raise InputError("no load given (fractions of the simulated capacity, e.g. 0.5,0.7)")
-    for v in loads:
-        if not is_number(v) or not (0 < v <= MAX_LOAD and math.isfinite(v)):
-            raise InputError(f"--loads: each load must be a number in (0, {MAX_LOAD:g}] (a fraction of the "
-                             f"simulated capacity), got {v!r}")
-    if len(set(loads)) != len(loads):
-        raise InputError(f"a load is listed twice: {', '.join(f'{v:g}' for v in loads)}")
-    loads = [float(v) for v in loads]
+    loads = check_loads(loads)
     for p in names:
         setup.real_config(p, 1.0).validate()
     check_fitted_run(getattr(fitted, "meta", {}), setup.device, None, setup.dtype)
@@ -138,20 +123,6 @@ def _check_inputs(policies: list[str], loads: list[float], fitted: Any, out: str
     setup.workload.at(1.0).validate()
     check_probe_requests(setup.workload.num_requests)
     return names, loads
-
-
-def remove_earlier(out: Path, say: Callable[[str], None],
-                   names: tuple[str, ...] = (*VALIDATION_FILES, *VALIDATION_DIRS)) -> None:
-    """Remove an earlier validation's `names` from `out` (check_out_dir let nothing else be there): a
-    validation writes its runs as it goes, and another's runs left beside them would pass for this one's."""
-    earlier = [out / name for name in names if (out / name).exists()]
-    if earlier:
-        say(f"replacing the earlier {', '.join(p.name for p in earlier)} in {out}")
-    for p in earlier:
-        if p.is_dir():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
 
 
 def validate_main(policies: list[str], workload: Workload = DEFAULT_WORKLOAD,
@@ -182,8 +153,7 @@ def validate_main(policies: list[str], workload: Workload = DEFAULT_WORKLOAD,
     say = log or (lambda _msg: None)
     if not (is_number(quiet_wait_s) and 0 <= quiet_wait_s < math.inf):
         raise InputError(f"--quiet-wait must be a number of seconds >= 0, got {quiet_wait_s!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
-        raise InputError(f"--repeats must be an integer from 1 to {MAX_REPEATS}, got {repeats!r}")
+    check_repeats(repeats)
     fitted = load_cost(cost, model)
     fit = cost_meta(fitted)
     threads = fit["threads"] if threads is None and isinstance(fit["threads"], int) else threads
@@ -192,35 +162,30 @@ def validate_main(policies: list[str], workload: Workload = DEFAULT_WORKLOAD,
                   device=str(device), attention=attention if attention is not None
                   else fitted_executor(fitted).attention, eager=fitted_executor(fitted).eager,
                   prefill_instances=prefill_instances, decode_instances=decode_instances)
-    setup, names, loads, device_name = _ready(setup, fitted, policies, loads, out, say)
-    t_start = time.perf_counter()
-    config: dict[str, Any] = {
-        "policies": names, "loads": loads, "cost": cost_name(cost), **setup.recorded(),
-        "device_name": device_name, "slo": slo.to_dict(), "slo_text": slo.describe(),
-        "capacity": capacity, "repeats": repeats, "cost_model_fit": cost_meta(fitted),
-        "loadavg_start": loadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    v = Validation(setup, fitted, slo, Path(out), quiet_wait_s, say)
-    # 1. the simulated capacities (cheap; all before any real run, so an SLO that does not bind fails fast)
-    for policy in names:
-        v.simulated_capacity(policy)
-    remove_earlier(v.out, say)  # `out` itself is created by the first run written, not before
-    v.run_loads(names, loads, repeats)  # 2. and 3.
-    if capacity:
-        for policy in names:
-            v.real_capacity(policy)  # 4.
+    names, loads = _ready(setup, fitted, policies, loads, out)
+    with SimctlEngine(setup, fitted, names, say, quiet_wait_s) as engine:  # probes the device
+        t_start = time.perf_counter()
+        config: dict[str, Any] = {
+            "policies": names, "loads": loads, "cost": cost_name(cost), **engine.settings(),
+            "slo": slo.to_dict(), "slo_text": slo.describe(),
+            "capacity": capacity, "repeats": repeats, "cost_model_fit": cost_meta(fitted),
+            "loadavg_start": loadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        compare = Comparisons(engine, fitted, slo, Path(out), repeats, say)
+        plan = pipeline.Plan(names, loads, repeats, slo, Path(out), capacity, setup.workload.num_requests,
+                             (*VALIDATION_FILES, *VALIDATION_DIRS))
+        outcome = pipeline.run(engine, plan, compare, say)
     config["loadavg_end"] = loadavg()
     config["wall_s"] = round(time.perf_counter() - t_start, 1)
-    report = ValidationReport(config, v.found.rows, v.caps, v.found.evidence, v.out, v.found.pairs)
+    found = compare.found
+    report = ValidationReport(config, found.rows, capacities(outcome), found.evidence, Path(out), found.pairs)
     write_report(report)
     return report
 
 
-def _ready(setup: Setup, fitted: Any, policies: list[str], loads: list[float], out: str | Path,
-           say: Callable[[str], None]) -> tuple[Setup, list[str], list[float], str]:
-    """Every check before a real run, and the setup on the device as the real runs will find it; the
-    policies and loads normalised, and the device's name."""
-    from simctl.engine.real import probe_device
+def _ready(setup: Setup, fitted: Any, policies: list[str], loads: list[float], out: str | Path
+           ) -> tuple[list[str], list[float]]:
+    """Every check before the device is probed; the policies and loads normalised."""
     from simctl.executor.runtime import default_threads
 
     pair = setup.real_config(policies[0] if policies else "vllm", 1.0)
@@ -231,15 +196,7 @@ def _ready(setup: Setup, fitted: Any, policies: list[str], loads: list[float], o
     names, loads = _check_inputs(policies, loads, fitted, out, setup)
     runs = setup.real_config(names[0], 1.0)
     check_executor(fitted, {"device": runs.device, "executor_config": runs.executor.record(runs.device)})
-    # the device as the real runs will find it (on cuda: a child builds the model; cuda missing fails here)
-    probe = probe_device(setup.real_config(names[0], 1.0))
-    check_fitted_run(getattr(fitted, "meta", {}), probe.device, probe.device_name, setup.dtype)
-    setup = replace(setup, device=probe.device, kv_budget_bytes=probe.kv_budget_bytes)
-    say(f"real runs on {probe.device_name} ({probe.device}, {setup.dtype}), KV slab budget "
-        f"{probe.kv_budget_bytes / 2**30:.3g} GiB")
-    for p in names:
-        twin_summary(setup, p, 1.0)  # sizing: every request fits the model and the KV slab
-    return setup, names, loads, probe.device_name
+    return names, loads
 
 
 def rescore(validation: str | Path, cost: str | Path, out: str | Path,
@@ -260,7 +217,7 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
     if out.resolve() == src.resolve():
         raise InputError(f"--out {out}: write the rescored report to another folder than the validation's")
     check_out_dir(out, VALIDATION_FILES, VALIDATION_DIRS)
-    remove_earlier(out, say)
+    remove_earlier(out, say, (*VALIDATION_FILES, *VALIDATION_DIRS))
     slo = SLO.from_dict(c["slo"])
     # a validation from before executor configurations were recorded let torch pick its kernels: "any"
     setup = Setup(workload=replace(Workload.of_record(c), qps=None), model=c["model"], threads=c["threads"],
@@ -269,8 +226,9 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
                   eager=c.get("eager", True))
     check_fitted_run(getattr(fitted, "meta", {}), setup.device, c.get("device_name"), setup.dtype)
     caps: dict[str, dict[str, Any]] = {}
+    twins = SimctlEngine(setup, fitted, list(old.capacity))  # its twins only: nothing real runs
     for policy, was in old.capacity.items():
-        _, lo, hi = simulated_capacity(setup, policy, fitted, slo)
+        lo, hi = bracket(pipeline.twin_capacity(twins, policy, slo))
         caps[policy] = {**{k: v for k, v in was.items() if k.startswith("real")},
                         "sim_qps": lo, "sim_fail_qps": hi, "original_sim_qps": was["sim_qps"],
                         "error_pct": pct_error(lo, was.get("real_qps")) if was.get("real_qps") else None}

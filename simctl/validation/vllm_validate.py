@@ -2,6 +2,8 @@
 
     report = validate_vllm(VLLMValidation(cost="profiles/vllm-tiny/cost_model.json", out="out/val-vllm"))
 
+The stages and their constants are `validation.pipeline`'s, over vLLM as the target (`VLLMTarget`):
+
 1. **One engine.** vLLM is started once (`engine.vllm_real.VLLMServer`); the settings it resolved configure
    the twin: policy `vllm-v1` with vLLM's block size, token budget, max_num_seqs, long-prefill threshold,
    prefix caching and KV blocks, at its max_model_len, priced by the fitted cost model of vLLM's own steps
@@ -15,12 +17,9 @@
    busy engine, their shapes read back from the requests vLLM gave a token in each, their periods between
    outputs) scales that run's twin (`costs.base.ScaledCost`). A run at the last load is served first and
    discarded (the first runs after the engine's start came slower). Also against the raw twin: the medians of
-   the runs made at the fit's own speed (factor within `FIT_SPEED_TOL` of 1), where no scaling is needed:
-   this VM's speed jumps between states ~30% apart (factors 0.99-1.43 within one validation), and near
-   saturation a twin scaled by a run's factor extrapolates from prices a few percent off, where 5% of cost
-   moves the P50s by 15-25 points.
-4. **Real capacity** (`capacity=True`): the SLO bisected over real runs, from the twin's capacity, at most
-   `MAX_REAL_PROBES` runs.
+   the runs made at the fit's own speed (`pipeline.at_fit_speed`), where no scaling is needed: this VM's
+   speed jumps between states ~30% apart (factors 0.99-1.43 within one validation).
+4. **Real capacity** (`capacity=True`): the SLO bisected over real runs (`pipeline.real_capacity`).
 
 Outputs in `out`: validation_vllm.json (everything), .md (the table), .csv (one row per load); each run's
 files under `runs/load_<x>/{real,real_2,...,sim}/` and the real capacity probes under `capacity/qps_<q>/`.
@@ -32,18 +31,22 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pandas as pd
 
 from simctl.common.errors import InputError
 from simctl.costs.base import CostModel, ScaledCost
 from simctl.results.validation_report import fmt_err, metric_label, pct_error
-from simctl.studies.capacity import SLO, CapacityResult, check_probe_requests, search_qps
+from simctl.studies.capacity import SLO, CapacityResult, check_probe_requests
 from simctl.traces.request import Request
 from simctl.traces.workload import Workload
+from simctl.validation import pipeline
+from simctl.validation.pipeline import FIT_SPEED_TOL, Point, at_fit_speed, check_loads, check_repeats
+from simctl.validation.target import Served
 
 # scheduling delay (arrival to first scheduled step) splits TTFT into queueing and the prefill steps
 METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "sched_delay_p50", "sched_delay_p90", "tpot_p50", "tpot_p90",
@@ -55,12 +58,6 @@ LABELS = {"ttft": "TTFT", "sched_delay": "sched delay", "tpot": "TPOT", "tbt": "
           "throughput_tokens_per_s": "out tok/s"}
 FILES = ("validation_vllm.json", "validation_vllm.md", "validation_vllm.csv")
 DIRS = ("runs", "capacity")
-SIM_REL_TOL = 0.01
-REAL_REL_TOL = 0.05
-REAL_STEP = 1.25
-MAX_REAL_PROBES = 6
-MAX_LOAD = 10.0
-FIT_SPEED_TOL = 0.05  # a run at the fit's speed: its speed factor within 5% of 1
 
 
 @dataclass(frozen=True)
@@ -108,16 +105,11 @@ def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: C
 
 def check(v: VLLMValidation) -> tuple[CostModel, list[float]]:
     """Every check that needs no engine: (the cost model, the loads); InputError in one line."""
-    from simctl.common.checks import is_number
     from simctl.results.output import check_out_dir
     from simctl.validation.twin import load_cost
 
-    loads = [float(x) for x in v.loads] if all(is_number(x) for x in v.loads) else []
-    if not loads or any(not (0 < x <= MAX_LOAD) for x in loads) or len(set(loads)) != len(loads):
-        raise InputError(f"--loads: distinct fractions of the twin's capacity in (0, {MAX_LOAD:g}], got "
-                         f"{list(v.loads)!r}")
-    if isinstance(v.repeats, bool) or not isinstance(v.repeats, int) or not 1 <= v.repeats <= 20:
-        raise InputError(f"--repeats must be an integer from 1 to 20, got {v.repeats!r}")
+    loads = check_loads(v.loads)
+    check_repeats(v.repeats)
     v.workload.at(1.0).validate()
     check_probe_requests(v.workload.num_requests)
     cost = load_cost(v.cost, v.model)
@@ -143,47 +135,32 @@ def _median_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run_dir(out: Path, load: float, repeat: int) -> Path:
-    return out / "runs" / f"load_{load:g}" / ("real" if repeat == 0 else f"real_{repeat + 1}")
-
-
 def validate_vllm(v: VLLMValidation, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the validation `v` describes and write its files; returns the report (what validation_vllm.json
     holds). InputError for bad input, before vLLM starts."""
-    from simctl.engine.vllm_real import VLLMServer, deployment_for
+    from simctl.engine.vllm_real import TWIN_POLICY
     from simctl.executor.vllm_runtime import require_vllm
-    from simctl.results.output import prepare_out_dir
     from simctl.validation.twin import cost_name
-    from simctl.validation.validate import remove_earlier
 
     say = log or (lambda _msg: None)
     require_vllm()
     cost, loads = check(v)
     t0 = time.perf_counter()
-    with VLLMServer(v.model, deployment_for(v.model, v.workload.seed, v.settings)) as server:
-        settings = server.settings()
-        server.check(v.requests_at(1.0))
-        say(f"vLLM started in {settings['engine_start_s']:.0f} s: {settings['num_gpu_blocks']} KV blocks of "
-            f"{settings['block_size']}, token budget {settings['max_num_batched_tokens']}")
-        capacity = search_qps(lambda q: simulate_requests(v.requests_at(q), settings, cost, **v.clients)[0],
-                              v.slo, rel_tol=SIM_REL_TOL, max_probes=40)
-        if capacity.problem:
-            raise InputError(f"the twin's capacity under the SLO: {capacity.problem}")
-        say(f"twin capacity: {capacity.qps:.3g} QPS")
-        out = prepare_out_dir(Path(v.out))
-        remove_earlier(out, say, (*FILES, *DIRS))
-        rounds = Rounds(server, settings, cost, out, say, v.clients)
-        rounds.run(v, [(x, x * capacity.qps) for x in loads])
-        rows = [_row(x, x * capacity.qps, rounds, v.requests_at(x * capacity.qps), out) for x in loads]
-        real_capacity = _real_capacity(server, v, capacity, out) if v.capacity else None
+    out, rows = Path(v.out), []
+    with VLLMTarget(v, cost, say) as target:
+        plan = pipeline.Plan([TWIN_POLICY], loads, v.repeats, v.slo, out, v.capacity, v.workload.num_requests,
+                             (*FILES, *DIRS))
+        found = pipeline.run(target, plan, lambda point, runs: rows.append(_row(point, runs, target, out)),
+                             say)
+    capacity, real = found.twin[TWIN_POLICY], found.real.get(TWIN_POLICY)
     report = {
         "config": {**v.workload.recorded(),
                    **{k: x for k, x in asdict(v).items() if k not in ("cost", "out", "workload")},
-                   "cost": cost_name(v.cost), "out": str(out), "engine": settings,
+                   "cost": cost_name(v.cost), "out": str(out), "engine": target.settings(),
                    "wall_s": time.perf_counter() - t0},
-        "speed_factors": rounds.speeds,
+        "speed_factors": found.speeds(),
         "capacity": {"sim_qps": capacity.qps, "sim_probes": len(capacity.probes),
-                     **(_capacity_row(capacity, real_capacity) if real_capacity else {})},
+                     **(_capacity_row(capacity, real) if real else {})},
         "rows": rows,
     }
     _write_report(out, report)
@@ -191,39 +168,62 @@ def validate_vllm(v: VLLMValidation, log: Callable[[str], None] | None = None) -
 
 
 @dataclass
-class Rounds:
-    """The real runs of a validation, round by round, each load's twin at the machine's speed then."""
+class VLLMTarget:
+    """The installed vLLM as a validation target (`validation.target.Target`): started once, every run served
+    by the same engine; its twin `vllm-v1` configured from the settings it resolved, priced by `cost`."""
 
-    server: Any  # a started simctl.engine.vllm_real.VLLMServer
-    settings: dict[str, Any]
+    v: VLLMValidation
     cost: CostModel
-    out: Path
     say: Callable[[str], None]
-    clients: dict[str, Any] = field(default_factory=dict)  # how requests are sent (VLLMValidation.clients)
-    real: dict[float, list[dict[str, Any]]] = field(default_factory=dict)  # per load, each round's summary
-    real_speeds: dict[float, list[float | None]] = field(default_factory=dict)  # and its speed factor
-    scaled: dict[float, list[dict[str, Any]]] = field(default_factory=dict)  # their twins at machine speed
-    speeds: list[float | None] = field(default_factory=list)  # each run's speed factor (None: no busy step)
+    server: Any = None  # the started simctl.engine.vllm_real.VLLMServer
+    resolved: dict[str, Any] = field(default_factory=dict)
+    stack: ExitStack = field(default_factory=ExitStack)
+    warm_up: bool = True  # the first runs after the engine's start came slower
 
-    def run(self, v: VLLMValidation, loads: list[tuple[float, float]]) -> None:
-        """`v.repeats` rounds of every (load, qps), after a discarded run at the last load (the first runs
-        after the engine's start came slower)."""
-        self.server.serve(v.requests_at(loads[-1][1]), v.workload.seed, **v.clients)
-        for repeat in range(v.repeats):
-            for load, qps in loads:
-                requests = v.requests_at(qps)
-                summary, speed = _serve(self.server, requests, v, qps, run_dir(self.out, load, repeat),
-                                        self.cost)
-                self.speeds.append(speed)
-                self.real.setdefault(load, []).append(summary)
-                self.real_speeds.setdefault(load, []).append(speed)
-                if speed is not None:
-                    scaled = simulate_requests(requests, self.settings, ScaledCost(self.cost, speed),
-                                               **v.clients)[0]
-                    self.scaled.setdefault(load, []).append(scaled)
-                self.say(f"load {load:g} round {repeat + 1}: P50 TTFT {summary['ttft_p50']:.3f} s, P50 ITL "
-                         f"{summary['tbt_p50'] * 1e3:.1f} ms, machine speed factor "
-                         f"{'-' if speed is None else f'{speed:.2f}'}")
+    def __enter__(self) -> Self:
+        from simctl.engine.vllm_real import VLLMServer, deployment_for
+
+        v = self.v
+        with ExitStack() as starting:
+            self.server = starting.enter_context(
+                VLLMServer(v.model, deployment_for(v.model, v.workload.seed, v.settings)))
+            self.resolved = self.server.settings()
+            self.server.check(v.requests_at(1.0))
+            self.stack = starting.pop_all()  # started: stopped by __exit__
+        s = self.resolved
+        self.say(f"vLLM started in {s['engine_start_s']:.0f} s: {s['num_gpu_blocks']} KV blocks of "
+                 f"{s['block_size']}, token budget {s['max_num_batched_tokens']}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()
+
+    def settings(self) -> dict[str, Any]:
+        return self.resolved
+
+    def folder(self, policy: str) -> str:
+        return ""  # one policy: its twin's
+
+    def twin(self, policy: str, qps: float, cost: CostModel | None = None) -> dict[str, Any]:
+        """The twin's summary of a run at `qps`, priced by `cost` (default: the fit's)."""
+        price = self.cost if cost is None else cost
+        return simulate_requests(self.v.requests_at(qps), self.resolved, price, **self.v.clients)[0]
+
+    def serve(self, policy: str, qps: float, out: Path | None) -> Served:
+        """A real run at `qps`, written to `out` as `simctl real --engine vllm` writes it, and the machine's
+        speed during it (`run_speed`)."""
+        v = self.v
+        if out is None:
+            self.server.serve(v.requests_at(qps), v.workload.seed, **v.clients)
+            return Served({})
+        t0 = time.perf_counter()
+        run = self.server.serve(v.requests_at(qps), v.workload.seed, members=True, **v.clients)
+        summary = _write_real(v, qps, self.server, run, time.perf_counter() - t0, out)
+        speed = run_speed(run, self.cost)
+        self.say(f"  {qps:.4g} QPS: P50 TTFT {summary['ttft_p50']:.3f} s, P50 ITL "
+                 f"{summary['tbt_p50'] * 1e3:.1f} ms, machine speed factor "
+                 f"{'-' if speed is None else f'{speed:.2f}'}")
+        return Served(summary, speed)
 
 
 def run_speed(run: Any, cost: CostModel) -> float | None:
@@ -237,22 +237,23 @@ def run_speed(run: Any, cost: CostModel) -> float | None:
     return sum(s.period_s for s in steps) / price if price > 0 else None
 
 
-def _row(load: float, qps: float, rounds: Rounds, requests: list[Request], out: Path) -> dict[str, Any]:
-    """One load's row of the report: the medians of its real runs, the twin raw and at machine speed, and
-    their errors; the twin's run written to `out`."""
-    sim, result = simulate_requests(requests, rounds.settings, rounds.cost, **rounds.clients)
+def _row(point: Point, runs: list[Served], target: VLLMTarget, out: Path) -> dict[str, Any]:
+    """One load's row of the report: the medians of its real runs, the twin raw and at each run's machine
+    speed, and their errors; the twin's run written to `out`."""
+    v, load = target.v, point.load
+    sim, result = simulate_requests(v.requests_at(point.qps), target.resolved, target.cost, **v.clients)
     _write_sim(out / "runs" / f"load_{load:g}" / "sim", sim, result)
-    measured = _median_summary(rounds.real[load])
-    at_speed = _median_summary(rounds.scaled.get(load, []))
-    at_fit_speed = [r for r, f in zip(rounds.real[load], rounds.real_speeds[load], strict=True)
-                    if f is not None and abs(f - 1) <= FIT_SPEED_TOL]
-    return {"load": load, "qps": qps,
+    measured = _median_summary([r.summary for r in runs])
+    at_speed = _median_summary([target.twin(point.policy, point.qps, ScaledCost(target.cost, r.speed))
+                                for r in runs if r.speed is not None])
+    at_fit = [r.summary for r in at_fit_speed(runs)]
+    return {"load": load, "qps": point.qps,
             **{f"real_{k}": x for k, x in measured.items()},
             **{f"sim_{m}": sim.get(m) for m in METRICS}, **_errors(measured, sim),
             **_errors(measured, at_speed, "_at_speed"),
-            "runs_at_fit_speed": len(at_fit_speed),
-            **_errors(_median_summary(at_fit_speed), sim, "_at_fit_speed"),
-            **_hit_rates(rounds.real[load][0].get("prefix_cache_hit_rate"), sim.get("prefix_cache_hit_rate"))}
+            "runs_at_fit_speed": len(at_fit),
+            **_errors(_median_summary(at_fit), sim, "_at_fit_speed"),
+            **_hit_rates(runs[0].summary.get("prefix_cache_hit_rate"), sim.get("prefix_cache_hit_rate"))}
 
 
 def _hit_rates(real: float | None, sim: float | None) -> dict[str, float | None]:
@@ -262,36 +263,23 @@ def _hit_rates(real: float | None, sim: float | None) -> dict[str, float | None]
             "prefix_cache_hit_rate_err_pts": err}
 
 
-def _serve(server: Any, requests: list[Request], v: VLLMValidation, qps: float, where: Path,
-           cost: CostModel | None = None) -> tuple[dict[str, Any], float | None]:
-    """One real run, written to `where` as `simctl real --engine vllm` writes it: its summary and, given the
-    twin's `cost`, the machine's speed during it (`run_speed`)."""
+def _write_real(v: VLLMValidation, qps: float, server: Any, run: Any, wall_s: float, where: Path
+                ) -> dict[str, Any]:
+    """A real run's files, as `simctl real --engine vllm` writes them; its summary."""
     from simctl.engine.setup import RealConfig
     from simctl.engine.vllm_real import run_summary
     from simctl.results.output import write_run
 
-    t0 = time.perf_counter()
-    run = server.serve(requests, v.workload.seed, members=cost is not None, **v.clients)
     config = RealConfig(policy="vllm", workload=v.workload.at(qps), model=v.model)
-    summary = run_summary(config, server, run, time.perf_counter() - t0)
+    summary = run_summary(config, server, run, wall_s)
     write_run(where, summary, run.result.requests, run.result.iterations.frame())
-    return summary, (run_speed(run, cost) if cost is not None else None)
+    return summary
 
 
 def _write_sim(where: Path, summary: dict[str, Any], result: Any) -> None:
     from simctl.results.output import write_run
 
     write_run(where, summary, result.requests, result.iterations.frame())
-
-
-def _real_capacity(server: Any, v: VLLMValidation, sim: CapacityResult,
-                   out: Path) -> CapacityResult:
-    """The SLO bisected over real runs, from the twin's capacity."""
-    def probe(qps: float) -> dict[str, Any]:
-        return _serve(server, v.requests_at(qps), v, qps, out / "capacity" / f"qps_{qps:.4g}")[0]
-
-    return search_qps(probe, v.slo, start_qps=sim.qps, rel_tol=REAL_REL_TOL, max_probes=MAX_REAL_PROBES,
-                      step=REAL_STEP)
 
 
 def _capacity_row(sim: CapacityResult, real: CapacityResult) -> dict[str, Any]:
