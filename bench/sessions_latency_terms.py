@@ -5,9 +5,13 @@ hold, beside the twin's at that run's machine speed (the speed factor the run re
 - sched delay: send to the first step that scheduled the request (queueing, the scheduler, the front end);
 - prefill: first scheduled step to the first token (the prefill step's cost, or its chunks);
 - decode: first token to completion over the tokens after the first (the decode steps' cost, batch mixes);
-- steps: how many engine steps the run took and their mean duration (the step-cost term on its own);
-- think: a session's later turn sent after its predecessor completed (real: the send gap minus its think_s,
-  which the clients add; the front end's delay between them).
+- steps: how many engine steps the run took and their mean duration, steps with prefill tokens apart from
+  decode-only ones (the step-cost term on its own, per kind of step);
+- the twin with the machine's slowdown added per step instead of multiplied (`AddedCost`: each step its fitted
+  price plus the same share of the time the run's factor adds in all; the front end's admission unchanged):
+  its P50s beside the real medians, which says whether the proportional scaling is what misses;
+- think: a session's later turn is sent its think_s after its predecessor completed, or later when no
+  client is free: the gap minus think_s (its minimum: the front end's own delay, with a client free).
 
     PYTHONPATH=. .venv/bin/python bench/sessions_latency_terms.py --runs out/sessions-latency --cost FIT \\
         [the workload options sessions_vllm_latency.py ran with]
@@ -24,7 +28,8 @@ import numpy as np
 import pandas as pd
 from sessions_vllm_latency import workload
 
-from simctl.costs.base import ScaledCost
+from simctl.costs.base import CostModel, ScaledCost
+from simctl.policies.plan import BatchPlan
 from simctl.validation.twin import load_cost
 from simctl.validation.vllm_validate import VLLMValidation, simulate_requests
 
@@ -41,12 +46,55 @@ def terms(req: pd.DataFrame, it: pd.DataFrame, think: dict[int, tuple[int, float
             "prefill": float((req["first_token_s"] - req["first_scheduled_s"]).median()),
             "decode_per_token": float(decode.median()),
             "e2e": float((req["completion_s"] - req["arrival_s"]).median()),
-            "steps": float(len(it)), "step_mean_ms": float(it["duration_s"].mean() * 1e3),
-            "mean_batch": float(it["batch_size"].mean()),
-            "busy_s": float(it["duration_s"].sum()), "makespan_s": float(req["completion_s"].max()),
+            **step_terms(it), "makespan_s": float(req["completion_s"].max()),
             "preemptions": float(req["preemptions"].sum()),
-            "think_gap_p50_ms": float(np.median(gaps) * 1e3) if gaps else float("nan"),
-            "think_gap_max_ms": float(np.max(gaps) * 1e3) if gaps else float("nan")}
+            "think_gap_min_ms": float(np.min(gaps) * 1e3) if gaps else float("nan"),
+            "think_gap_p50_ms": float(np.median(gaps) * 1e3) if gaps else float("nan")}
+
+
+def step_terms(it: pd.DataFrame) -> dict[str, float]:
+    """Steps (a row of `count` identical steps counts `count` times: the twin coalesces decode runs), their
+    busy time, and the mean step by kind: with prefill tokens, and decode only."""
+    count = it["count"] if "count" in it else pd.Series(1, index=it.index)
+    prefill = it["prefill_tokens"] > 0
+    out = {"steps": float(count.sum()), "busy_s": float(it["duration_s"].sum()),
+           "mean_batch": float((it["batch_size"] * count).sum() / count.sum())}
+    for kind, rows in (("prefill_step_ms", prefill), ("decode_step_ms", ~prefill)):
+        out[kind] = float(it.loc[rows, "duration_s"].sum() / count[rows].sum() * 1e3)
+    out["prefill_tokens_per_step"] = float(it.loc[prefill, "prefill_tokens"].sum() / count[prefill].sum())
+    return out
+
+
+class AddedCost(CostModel):
+    """`base`'s times plus `gap` seconds per step: a machine whose slowdown is host time between steps."""
+
+    def __init__(self, base: CostModel, gap: float) -> None:
+        self.base, self.gap = base, gap
+
+    def iteration_time(self, plan: BatchPlan) -> float:
+        return self.base.iteration_time(plan) + self.gap
+
+    def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray:
+        return self.base.stretch_times(plan, k) + self.gap
+
+    def assumptions(self) -> dict[str, Any]:
+        return {**self.base.assumptions(), "added_per_step_s": self.gap}
+
+    @property
+    def admission_s(self) -> float:
+        return self.base.admission_s
+
+
+def added_twins(requests: list[Any], settings: dict[str, Any], cost: CostModel, clients: dict[str, Any],
+                row: dict[str, Any]) -> dict[str, float]:
+    """The medians over a concurrency's runs of the twin with each run's slowdown added per step (the time
+    factor f adds to the twin's run, (f - 1) x its busy time, spread evenly over its steps)."""
+    _, result = simulate_requests(requests, settings, cost, **clients)
+    it = result.iterations.frame()
+    per_step = it["duration_s"].sum() / it["count"].sum()
+    runs = [simulate_requests(requests, settings, AddedCost(cost, (f - 1) * per_step), **clients)[0]
+            for f in row["speeds"]]
+    return {m: float(np.median([r[m] for r in runs])) for m in ("ttft_p50", "tbt_p50", "e2e_p50")}
 
 
 def main() -> None:
@@ -75,6 +123,10 @@ def main() -> None:
             out.append({"concurrency": n, "run": k + 1, "speed": speed, "real": real, "twin": twin})
             print(f"c={n} run {k + 1} speed {speed:.2f}: " + ", ".join(
                 f"{t} {real[t]:.4g}/{twin[t]:.4g}" for t in real), flush=True)
+        added = added_twins(requests, settings, cost, v.clients, row)
+        out.append({"concurrency": n, "added_per_step": added,
+                    "error_pct": {m: 100 * (x / row[f"real_{m}"] - 1) for m, x in added.items()}})
+        print(f"c={n} slowdown added per step: {out[-1]}", flush=True)
     (args.runs / "terms.json").write_text(json.dumps(out, indent=1))
 
 
