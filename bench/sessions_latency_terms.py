@@ -101,9 +101,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=Path, required=True)
     p.add_argument("--cost", required=True)
-    for name, kind, default in (("--num-requests", int, 300), ("--qps", float, 100.0), ("--scale", float, 0.25),
-                                ("--system-prompt-tokens", int, 1024), ("--system-prompts", int, 4),
-                                ("--session-think-time", float, 1.0), ("--seed", int, 0)):
+    for name, kind, default in (("--num-requests", int, 300), ("--qps", float, 100.0),
+                                ("--scale", float, 0.25), ("--system-prompt-tokens", int, 1024),
+                                ("--system-prompts", int, 4), ("--session-think-time", float, 1.0),
+                                ("--seed", int, 0)):
         p.add_argument(name, type=kind, default=default)
     args = p.parse_args()
     saved = json.loads((args.runs / "rows.json").read_text())
@@ -116,8 +117,8 @@ def main() -> None:
         think = {r.id: (r.previous, r.think_s) for r in requests if r.previous >= 0}
         for k, speed in enumerate(row["speeds"]):
             where = args.runs / f"c{n}" / "runs" / "load_1" / ("real" if k == 0 else f"real_{k + 1}")
-            real = terms(pd.read_parquet(where / "requests.parquet"), pd.read_parquet(where / "iterations.parquet"),
-                         think)
+            real = terms(pd.read_parquet(where / "requests.parquet"),
+                         pd.read_parquet(where / "iterations.parquet"), think)
             _, result = simulate_requests(requests, settings, ScaledCost(cost, speed), **v.clients)
             twin = terms(result.requests, result.iterations.frame(), think)
             out.append({"concurrency": n, "run": k + 1, "speed": speed, "real": real, "twin": twin})

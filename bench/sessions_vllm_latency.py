@@ -11,7 +11,8 @@ medians of the real runs, the twin raw and at machine speed (the median of the s
 the speed factors, vLLM's and the twin's prefix-cache hit rates, and the machine's load averages before and
 after. `--sweep`: one real run and the raw twin per concurrency, for where throughput stops growing.
 
-    PYTHONPATH=. .venv/bin/python bench/sessions_vllm_latency.py --cost FIT --sweep --concurrency 1 2 4 8 16 32
+    PYTHONPATH=. .venv/bin/python bench/sessions_vllm_latency.py --cost FIT --sweep \
+        --concurrency 4 8 12 16 24 32
     PYTHONPATH=. .venv/bin/python bench/sessions_vllm_latency.py --cost FIT --concurrency 4 6 --repeats 3 \\
         --out bench/results/sessions.md
 """
@@ -38,7 +39,8 @@ from simctl.validation.vllm_validate import Rounds, VLLMValidation, simulate_req
 SECTION = "## Latency on generated sessions, real vLLM vs the twin"
 METRICS = ("ttft_p50", "tbt_p50", "e2e_p50", "sched_delay_p50", "tpot_p50", "throughput_rps",
            "throughput_tokens_per_s")
-LABELS = {"ttft_p50": "P50 TTFT", "tbt_p50": "P50 ITL", "e2e_p50": "P50 E2E", "sched_delay_p50": "P50 sched delay",
+LABELS = {"ttft_p50": "P50 TTFT", "tbt_p50": "P50 ITL", "e2e_p50": "P50 E2E",
+          "sched_delay_p50": "P50 sched delay",
           "tpot_p50": "P50 TPOT", "throughput_rps": "req/s", "throughput_tokens_per_s": "out tok/s"}
 
 
@@ -92,7 +94,8 @@ def sweep(server: Any, settings: dict[str, Any], cost: Any, args: argparse.Names
         real = {**summarize(run.result), **run.fields}
         sim, _ = simulate_requests(requests, settings, cost, **v.clients)
         rows.append({"concurrency": n, "load_before": before, "load_after": load_averages(),
-                     **{f"real_{m}": real.get(m) for m in METRICS}, **{f"sim_{m}": sim.get(m) for m in METRICS},
+                     **{f"real_{m}": real.get(m) for m in METRICS},
+                     **{f"sim_{m}": sim.get(m) for m in METRICS},
                      "hit_rate_real": real.get("prefix_cache_hit_rate"),
                      "hit_rate_sim": sim.get("prefix_cache_hit_rate")})
         print(json.dumps(rows[-1]), flush=True)
@@ -101,10 +104,10 @@ def sweep(server: Any, settings: dict[str, Any], cost: Any, args: argparse.Names
 
 def sweep_table(rows: list[dict[str, Any]]) -> str:
     lines = [SECTION + " (sweep)", "",
-             f"`PYTHONPATH=. .venv/bin/python bench/sessions_vllm_latency.py {' '.join(sys.argv[1:])}` "
-             f"({datetime.date.today()}; one real run per concurrency after a discarded one).", "",
-             "| concurrency | real req/s | twin req/s | real out tok/s | twin out tok/s | real P50 TTFT | "
-             "twin P50 TTFT | real P50 ITL | twin P50 ITL | load averages before, after |",
+             (f"{command()} ({datetime.date.today()}; one real run per concurrency after a discarded one)."),
+             "",
+             ("| concurrency | real req/s | twin req/s | real out tok/s | twin out tok/s | real P50 TTFT | "
+              "twin P50 TTFT | real P50 ITL | twin P50 ITL | load averages before, after |"),
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         cells = [r["concurrency"]] + [_ms(f"{m}", r[f"{who}_{m}"]) for m in METRICS[5:] + METRICS[:2]
@@ -112,6 +115,10 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
         cells.append(f"{r['load_before']}; {r['load_after']}")
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines) + "\n"
+
+
+def command() -> str:
+    return f"`PYTHONPATH=. .venv/bin/python bench/sessions_vllm_latency.py {' '.join(sys.argv[1:])}`"
 
 
 def _ms(metric: str, x: float | None) -> str:
@@ -125,28 +132,28 @@ def _err(x: float | None) -> str:
 
 
 def table(rows: list[dict[str, Any]], settings: dict[str, Any], args: argparse.Namespace) -> str:
+    kv = settings["num_gpu_blocks"] - 1  # vLLM's null block holds no request's tokens
     lines = [SECTION, "",
-             f"`PYTHONPATH=. .venv/bin/python bench/sessions_vllm_latency.py {' '.join(sys.argv[1:])}` "
-             f"({datetime.date.today()}; {settings['vllm_version']}, tiny, KV {settings['num_gpu_blocks'] - 1} "
-             f"blocks of {settings['block_size']} for requests, token budget "
-             f"{settings['max_num_batched_tokens']}, {args.num_requests} turns per run; medians over "
-             f"{args.repeats} real runs after a discarded one; errors (twin - real) / real, raw and with the "
-             "twin at each run's machine speed).", "",
-             "| concurrency | metric | real (median) | real runs | twin | error | twin at machine speed | "
-             "error at machine speed |", "|---:|---|---:|---|---:|---:|---:|---:|"]
+             (f"{command()} ({datetime.date.today()}; {settings['vllm_version']}, tiny, KV {kv} blocks of "
+              f"{settings['block_size']} for requests, token budget {settings['max_num_batched_tokens']}, "
+              f"{args.num_requests} turns per run; medians over {args.repeats} real runs after a discarded "
+              "one; errors (twin - real) / real, raw and with the twin at each run's machine speed)."), "",
+             ("| concurrency | metric | real (median) | real runs | twin | error | twin at machine speed | "
+              "error at machine speed |"), "|---:|---|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         for m in METRICS:
             runs = ", ".join(_ms(m, x) for x in r[f"real_{m}_all"])
             lines.append(f"| {r['concurrency']} | {LABELS[m]} | {_ms(m, r[f'real_{m}'])} | {runs} | "
-                         f"{_ms(m, r[f'sim_{m}'])} | {_err(r[f'{m}_err_pct'])} | {_ms(m, r[f'scaled_{m}'])} | "
-                         f"{_err(r[f'{m}_err_pct_at_speed'])} |")
+                         f"{_ms(m, r[f'sim_{m}'])} | {_err(r[f'{m}_err_pct'])} | "
+                         f"{_ms(m, r[f'scaled_{m}'])} | {_err(r[f'{m}_err_pct_at_speed'])} |")
     lines.append("")
     for r in rows:
         hits = ", ".join("-" if h is None else f"{h:.2%}" for h in r["hit_rate_real"])
         speeds = ", ".join("-" if s is None else f"{s:.2f}" for s in r["speeds"])
         sim_hits = "-" if r["hit_rate_sim"] is None else f"{r['hit_rate_sim']:.2%}"
         lines.append(f"- concurrency {r['concurrency']}: load averages {r['load_before']} before, "
-                     f"{r['load_after']} after; speed factors {speeds}; hit rate vLLM {hits}, twin {sim_hits}.")
+                     f"{r['load_after']} after; speed factors {speeds}; hit rate vLLM {hits}, "
+                     f"twin {sim_hits}.")
     return "\n".join(lines) + "\n"
 
 
@@ -155,7 +162,8 @@ def main() -> None:
     p.add_argument("--cost", required=True, help="cost_model.json of `simctl fit` on a vLLM profile")
     p.add_argument("--concurrency", type=int, nargs="+", required=True)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--sweep", action="store_true", help="one run per concurrency: where throughput stops growing")
+    p.add_argument("--sweep", action="store_true",
+                   help="one run per concurrency: where throughput stops growing")
     p.add_argument("--num-requests", type=int, default=300, help="turns per run")
     p.add_argument("--qps", type=float, default=100.0, help="sessions per second (high: the clients bound)")
     p.add_argument("--scale", type=float, default=0.25)
