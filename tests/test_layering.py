@@ -14,10 +14,10 @@ LAYERS: list[set[str]] = [
     {"traces"},  # requests, lengths, arrivals
     {"policies"},  # pure scheduling decisions, plans, KV accounting
     {"catalogue"},  # published model shapes (dense, MoE) and accelerator specs
-    {"serving"},  # the replica loop, inbox, bookkeeping, records
+    {"serving"},  # the replica loop, inbox, bookkeeping, records, the KV link
     {"costs"},  # what an iteration costs: roofline, fitted models, step overheads
     {"results"},  # a run's records, metrics, SLOs, saturation, all-or-nothing output files
-    {"sim"},  # SimPy: the driver, clusters, the KV link, one run from names
+    {"sim"},  # SimPy: the driver, clusters, one run from names
     {"studies"},  # many runs: capacity, goodput, sweeps, the papers' experiments
     {"plots"},  # figures of runs, studies and fits
     {"executor"},  # torch: the model, the ragged executor, runtime settings

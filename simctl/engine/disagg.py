@@ -49,6 +49,7 @@ from simctl.engine.serve import Engine, EngineResult, Instance, Served
 from simctl.engine.setup import RealConfig, Sizing, build_engine
 from simctl.policies.seq import Seq
 from simctl.serving.handoff import arrivals, arrive_with_kv
+from simctl.serving.kv_link import KVLink
 from simctl.serving.loop import overload_limit
 from simctl.serving.routed import HELD, RoutedInbox
 from simctl.traces.request import Request
@@ -297,11 +298,9 @@ def serve_pair(config: RealConfig, size: Sizing, requests: list[Request], model:
                   {"kv_taken_s": [driver.taken.get(s.id, -1.0) for s in seqs]}, fields)
 
 
-def _measured_link(transfers: list[tuple[float, float, float, int]], bytes_per_token: int) -> Any:
+def _measured_link(transfers: list[tuple[float, float, float, int]], bytes_per_token: int) -> KVLink | None:
     """The transfers on a `KVLink` whose bandwidth is their effective one (bytes over transfer time); None
     when nothing crossed."""
-    from simctl.sim.kv_link import KVLink
-
     if not transfers:
         return None
     t = np.asarray(transfers, dtype=np.float64)

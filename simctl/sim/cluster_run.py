@@ -29,7 +29,7 @@ from simctl.serving.loop import overload_limit
 from simctl.serving.records import GapHistogram, IterationLog, request_columns
 from simctl.serving.routers import RouterSettings, make_router
 from simctl.sim.cluster import Cluster, Member, Pool
-from simctl.sim.kv_link import KVLink
+from simctl.serving.kv_link import KVLink
 from simctl.sim.replica import CostBackend
 from simctl.traces.request import Request
 

@@ -36,7 +36,7 @@ from simctl.sim.cluster_run import (
     make_pool,
     summarise_cluster,
 )
-from simctl.sim.kv_link import KVLink
+from simctl.serving.kv_link import KVLink
 from simctl.sim.replica import CostBackend
 from simctl.sim.timeline import TimelineBackend, check_timeline
 from simctl.traces import has_arrival_times, trace_max_total_tokens
