@@ -45,10 +45,10 @@ from simctl.policies.seq import Seq
 from simctl.serving.clients import Clients
 from simctl.serving.handoff import arrivals, arrive_with_kv
 from simctl.serving.inbox import Inbox
+from simctl.serving.kv_link import KVLink, kv_transfer_bytes
 from simctl.serving.loop import Replica
 from simctl.serving.routed import HELD, RoutedInbox, RoutedTime
 from simctl.serving.routers import ReplicaView, Router
-from simctl.serving.kv_link import KVLink, kv_transfer_bytes
 from simctl.sim.replica import CostBackend, SimulatedTime
 from simctl.traces.request import Request
 

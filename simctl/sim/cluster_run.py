@@ -25,11 +25,11 @@ from simctl.policies.seq import Seq
 from simctl.results.metrics import summarize
 from simctl.results.output import write_run
 from simctl.results.run_result import SimResult
+from simctl.serving.kv_link import KVLink
 from simctl.serving.loop import overload_limit
 from simctl.serving.records import GapHistogram, IterationLog, request_columns
 from simctl.serving.routers import RouterSettings, make_router
 from simctl.sim.cluster import Cluster, Member, Pool
-from simctl.serving.kv_link import KVLink
 from simctl.sim.replica import CostBackend
 from simctl.traces.request import Request
 

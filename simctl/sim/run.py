@@ -26,6 +26,7 @@ from simctl.costs.roofline import Roofline
 from simctl.policies.base import Policy, run_stats
 from simctl.policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
 from simctl.results.run_result import SimResult
+from simctl.serving.kv_link import KVLink
 from simctl.serving.loop import overload_limit
 from simctl.sim.cluster import Cluster, Pool, Progress
 from simctl.sim.cluster_config import ClusterConfig
@@ -36,7 +37,6 @@ from simctl.sim.cluster_run import (
     make_pool,
     summarise_cluster,
 )
-from simctl.serving.kv_link import KVLink
 from simctl.sim.replica import CostBackend
 from simctl.sim.timeline import TimelineBackend, check_timeline
 from simctl.traces import has_arrival_times, trace_max_total_tokens
