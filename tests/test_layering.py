@@ -16,7 +16,7 @@ LAYERS: list[set[str]] = [
     {"catalogue"},  # published model shapes (dense, MoE) and accelerator specs
     {"serving"},  # the replica loop, inbox, bookkeeping, records, the KV link
     {"costs"},  # what an iteration costs: roofline, fitted models, step overheads
-    {"results"},  # a run's records, metrics, SLOs, saturation, all-or-nothing output files
+    {"results"},  # a run's records, metrics, a deployment's summary, SLOs, saturation, all-or-nothing files
     {"sim"},  # SimPy: the driver, clusters, one run from names
     {"studies"},  # many runs: capacity, goodput, sweeps, the papers' experiments
     {"plots"},  # figures of runs, studies and fits

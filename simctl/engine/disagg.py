@@ -23,8 +23,8 @@ Both processes read the same monotonic clock and start it at the same instant, o
 "link" is measured, not priced: per request, ready (the prefill's first token), start (its copy into the
 buffer began) and end (the decode side has it), logged on a `KVLink` whose bandwidth is the measured
 effective one (bytes over transfer time), which the simulated twin then uses. The records of both instances
-are merged into the cluster's summary (`sim.cluster_run.summarise_cluster`), so a real P/D run writes what
-`simctl run --prefill-instances 1 --decode-instances 1` writes.
+are merged into the cluster's summary (`results.cluster_summary.summarise_cluster`), so a real P/D run writes
+what `simctl run --prefill-instances 1 --decode-instances 1` writes.
 
 Limits on this machine: 2 cores, one thread per instance; each instance holds the model (tiny: 20 MB) and its
 own slab; the hand-over crosses shared memory, so the transfer costs copies (~GB/s) and a thread wake-up,
