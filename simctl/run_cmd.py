@@ -14,7 +14,7 @@ from simctl.common.errors import InputError
 from simctl.configs import Deployment, Workload
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
-from simctl.sim.cluster_config import ClusterConfig
+from simctl.serving.cluster_config import ClusterConfig
 
 DEFAULT_NUM_REQUESTS = 1000
 DEFAULT_QPS = 0.5

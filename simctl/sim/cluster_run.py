@@ -1,4 +1,4 @@
-"""A simulated deployment's pools (its shape: `sim.cluster_config.ClusterConfig`, one replica, replicas
+"""A simulated deployment's pools (its shape: `serving.cluster_config.ClusterConfig`, one replica, replicas
 behind a router, or disaggregated prefill and decode) and what its summary reads of them: `sim.run.run`
 serves every run through these, one replica being a cluster of one; the summary and the files are
 `results.cluster_summary`'s and `results.output`'s, shared with the real engine.

@@ -1,5 +1,5 @@
 """One simulation from names: what `simctl run` does, usable from Python and notebooks too. Every run is a
-deployment (`simctl.sim.cluster_config.ClusterConfig`): one replica by default, a cluster of one."""
+deployment (`simctl.serving.cluster_config.ClusterConfig`): one replica by default, a cluster of one."""
 
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ from simctl.results.cluster_summary import (
     summarise_cluster,
 )
 from simctl.results.run_result import SimResult
+from simctl.serving.cluster_config import ClusterConfig
 from simctl.serving.kv_link import KVLink
 from simctl.serving.loop import overload_limit
 from simctl.sim.cluster import Cluster, Pool, Progress
-from simctl.sim.cluster_config import ClusterConfig
 from simctl.sim.cluster_run import make_pool, pool_records
 from simctl.sim.replica import CostBackend
 from simctl.sim.timeline import TimelineBackend, check_timeline
