@@ -36,7 +36,7 @@ import pandas as pd
 from simctl.catalogue.gpus import get_gpu
 from simctl.costs.calibration import CALIBRATION_FORMAT
 from simctl.results.slo import SLO, parse_slo
-from simctl.sim.cluster_config import ClusterConfig
+from simctl.serving.cluster_config import ClusterConfig
 from simctl.sim.run import RunConfig, run
 from simctl.studies.capacity import find_capacity
 from simctl.studies.goodput import deployment_name, find_goodput, with_attainment

@@ -27,7 +27,7 @@ SIZES = (1_000, 10_000, 100_000)
 
 
 def worker(n: int, qps: float, scale: float) -> None:
-    from simctl.sim.cluster_config import ClusterConfig
+    from simctl.serving.cluster_config import ClusterConfig
     from simctl.sim.run import RunConfig, run
 
     t0 = time.perf_counter()

@@ -17,7 +17,7 @@ from simctl.display import fmt, fmt_rate, out_console, progress_bar
 from simctl.goodput_cmd import goodput_command
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
-from simctl.sim.cluster_config import ClusterConfig
+from simctl.serving.cluster_config import ClusterConfig
 from simctl.usage_errors import note_replaced, warn_all
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 (`simctl.config_options`): the workload served (`run`, `capacity`, `plan`, `real`: `traces.workload.Workload`,
 the class the simulator's and the real engine's configurations embed), the deployment serving it (`run`,
 `capacity`, `plan`) and the real engine's disaggregation (`real`, `validate`). The policy section is
-`simctl.policy_options`, the simulated cluster `sim.cluster_config.ClusterConfig`. Each command gives its own
+`simctl.policy_options`, the cluster `serving.cluster_config.ClusterConfig`. Each command gives its own
 defaults as the instance it declares."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from simctl.common.errors import InputError
 from simctl.configs import Deployment, Workload
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
-from simctl.sim.cluster_config import ClusterConfig
+from simctl.serving.cluster_config import ClusterConfig
 
 DEFAULT_NUM_REQUESTS = 1000
 DEFAULT_QPS = 0.5
@@ -73,10 +73,15 @@ def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, time
     """`simctl run` once its options are read: summary.json, requests.parquet, iterations.parquet (with pool
     and replica columns), replicas.parquet and, with --timeline, timeline.parquet in --out."""
     from simctl.display import print_cluster, print_summary, progress_bar
-    from simctl.results.output import TIMELINE_FILE, check_out_dir, json_text
+    from simctl.results.output import (
+        CLUSTER_RUN_FILES,
+        TIMELINE_FILE,
+        check_out_dir,
+        json_text,
+        write_cluster_files,
+    )
     from simctl.results.trace_events import MAX_EVENTS, check_trace_path, write_trace_events
     from simctl.results.vllm_bench import with_goodput
-    from simctl.sim.cluster_run import CLUSTER_RUN_FILES, write_cluster_files
     from simctl.sim.run import run
     from simctl.sim.timeline import check_timeline
     from simctl.studies.goodput import with_attainment

@@ -19,12 +19,12 @@ from simctl.catalogue.models import get_model
 from simctl.costs.base import CostModel
 from simctl.policies.registry import POLICIES, make_policy
 from simctl.policies.seq import Seq
+from simctl.serving.cluster_config import ClusterConfig
 from simctl.serving.front_end import NO_FRONT_END, FrontEnd
+from simctl.serving.kv_link import KVLink, kv_transfer_bytes
 from simctl.serving.records import request_frame
 from simctl.serving.routers import ROUTERS, ReplicaView, Router, make_router
 from simctl.sim.cluster import Cluster, Member, Pool
-from simctl.sim.cluster_config import ClusterConfig
-from simctl.sim.kv_link import KVLink, kv_transfer_bytes
 from simctl.sim.replica import CostBackend
 from simctl.sim.run import RunConfig, cost_model, run
 from simctl.traces.request import Request

@@ -24,7 +24,7 @@ from simctl.engine.setup import RealConfig, size_run, sized_policy
 from simctl.executor.plans import SlotPool
 from simctl.executor.ragged import RaggedExecutor, Segment
 from simctl.policies.registry import POLICIES
-from simctl.sim.cluster_run import write_cluster_files
+from simctl.results.output import write_cluster_files
 from simctl.sim.run import RunConfig, run
 from simctl.traces import build_trace
 from simctl.traces.request import Request

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from simctl.results.slo import parse_slo
-from simctl.sim.cluster_config import ClusterConfig
+from simctl.serving.cluster_config import ClusterConfig
 from simctl.sim.run import RunConfig, run
 from simctl.studies.goodput import find_goodput, with_attainment
 from simctl.traces.workload import Workload

@@ -1,7 +1,7 @@
 """The packages under the one import root `simctl` form layers that follow the data flow: a package
 imports only itself and lower layers, and no module takes part in an import cycle. Every import counts,
 including those inside functions: a lazy import is still a dependency. The command line's modules sit in
-`simctl` itself, the top layer."""
+`simctl` itself, the top layer. The engine imports nothing of the simulator (`APART`)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ LAYERS: list[set[str]] = [
     {"traces"},  # requests, lengths, arrivals
     {"policies"},  # pure scheduling decisions, plans, KV accounting
     {"catalogue"},  # published model shapes (dense, MoE) and accelerator specs
-    {"serving"},  # the replica loop, inbox, bookkeeping, records
+    {"serving"},  # the replica loop, inbox, bookkeeping, records, the KV link
     {"costs"},  # what an iteration costs: roofline, fitted models, step overheads
-    {"results"},  # a run's records, metrics, SLOs, saturation, all-or-nothing output files
-    {"sim"},  # SimPy: the driver, clusters, the KV link, one run from names
+    {"results"},  # a run's records, metrics, a deployment's summary, SLOs, saturation, all-or-nothing files
+    {"sim"},  # SimPy: the driver, clusters, one run from names
     {"studies"},  # many runs: capacity, goodput, sweeps, the papers' experiments
     {"plots"},  # figures of runs, studies and fits
     {"executor"},  # torch: the model, the ragged executor, runtime settings
@@ -29,6 +29,9 @@ LAYERS: list[set[str]] = [
 LAYER = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 THIRD_PARTY = {"torch": {"executor", "profiler", "engine"},
                "transformers": {"executor", "profiler", "engine"}, "simpy": {"sim"}}
+# lower layers a package must not import all the same: the real engine runs on the monotonic clock and shares
+# with the simulator only what lies below both (serving, results), so it imports nothing of SimPy's driver
+APART = {"engine": {"sim"}}
 
 
 def _modules() -> dict[str, Path]:
@@ -104,6 +107,8 @@ def test_packages_import_only_lower_layers() -> None:
                     f"{path.relative_to(ROOT)}:{line} imports {mod} (layer {LAYER[top]} >= {LAYER[pkg]})")
             if top in THIRD_PARTY and pkg not in THIRD_PARTY[top]:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {top}")
+            if top in APART.get(pkg, ()):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod} ({pkg} keeps apart from {top})")
     assert not bad, "\n".join(bad)
 
 

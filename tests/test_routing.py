@@ -17,9 +17,9 @@ from simctl.common.errors import InputError
 from simctl.policies.prefix_kv import PrefixCachingKV
 from simctl.policies.registry import make_policy
 from simctl.policies.seq import Seq
+from simctl.serving.cluster_config import ClusterConfig
 from simctl.serving.routers import ROUTERS, ReplicaView, RouterSettings, make_router
 from simctl.sim.cluster import Cluster, Member, Pool
-from simctl.sim.cluster_config import ClusterConfig
 from simctl.sim.replica import CostBackend
 from simctl.sim.run import RunConfig, cost_model, run
 from simctl.traces.request import Request

@@ -1,8 +1,8 @@
 """A real deployment, as the simulator's (`sim.run`): one engine is a deployment of one, a prefill and a
 decode instance (`simctl.engine.disagg`) a deployment of two. Either way each engine runs the one serving loop
 (`engine.serve.Engine.run`) on the requests `serving.handoff.arrivals` makes, and their records are summarised
-as the simulated cluster's (`sim.cluster_run.summarise_cluster`), so `simctl real` writes what `simctl run`
-writes."""
+as the simulated cluster's (`results.cluster_summary.summarise_cluster`), so `simctl real` writes what
+`simctl run` writes."""
 
 from __future__ import annotations
 
@@ -13,6 +13,12 @@ import pandas as pd
 
 from simctl.engine.serve import EngineResult, Instance, Served
 from simctl.engine.setup import RealConfig, RealRun, Sizing, build_engine
+from simctl.results.cluster_summary import (
+    MemberRecords,
+    closed_loop_summary,
+    iterations_frame,
+    summarise_cluster,
+)
 from simctl.serving.clients import Clients
 from simctl.serving.loop import overload_limit
 from simctl.traces.request import Request
@@ -43,8 +49,6 @@ def _serve_one(config: RealConfig, size: Sizing, requests: list[Request], model:
 
 def _summarised(config: RealConfig, requests: list[Request], served: Served) -> RealRun:
     """The records of every instance merged as the simulated cluster's, with its summary."""
-    from simctl.sim.cluster_run import MemberRecords, closed_loop_summary, iterations_frame, summarise_cluster
-
     kv = served.engine.policy.kv.capacity  # every instance's policy is sized alike
     outs = [i.result for i in served.instances]
     members = [MemberRecords(i.pool, 0, config.device, o.iterations, o.gaps, o.queue_at_arrival, i.seqs,

@@ -23,8 +23,8 @@ Both processes read the same monotonic clock and start it at the same instant, o
 "link" is measured, not priced: per request, ready (the prefill's first token), start (its copy into the
 buffer began) and end (the decode side has it), logged on a `KVLink` whose bandwidth is the measured
 effective one (bytes over transfer time), which the simulated twin then uses. The records of both instances
-are merged into the cluster's summary (`sim.cluster_run.summarise_cluster`), so a real P/D run writes what
-`simctl run --prefill-instances 1 --decode-instances 1` writes.
+are merged into the cluster's summary (`results.cluster_summary.summarise_cluster`), so a real P/D run writes
+what `simctl run --prefill-instances 1 --decode-instances 1` writes.
 
 Limits on this machine: 2 cores, one thread per instance; each instance holds the model (tiny: 20 MB) and its
 own slab; the hand-over crosses shared memory, so the transfer costs copies (~GB/s) and a thread wake-up,
@@ -49,6 +49,7 @@ from simctl.engine.serve import Engine, EngineResult, Instance, Served
 from simctl.engine.setup import RealConfig, Sizing, build_engine
 from simctl.policies.seq import Seq
 from simctl.serving.handoff import arrivals, arrive_with_kv
+from simctl.serving.kv_link import KVLink
 from simctl.serving.loop import overload_limit
 from simctl.serving.routed import HELD, RoutedInbox
 from simctl.traces.request import Request
@@ -297,11 +298,9 @@ def serve_pair(config: RealConfig, size: Sizing, requests: list[Request], model:
                   {"kv_taken_s": [driver.taken.get(s.id, -1.0) for s in seqs]}, fields)
 
 
-def _measured_link(transfers: list[tuple[float, float, float, int]], bytes_per_token: int) -> Any:
+def _measured_link(transfers: list[tuple[float, float, float, int]], bytes_per_token: int) -> KVLink | None:
     """The transfers on a `KVLink` whose bandwidth is their effective one (bytes over transfer time); None
     when nothing crossed."""
-    from simctl.sim.kv_link import KVLink
-
     if not transfers:
         return None
     t = np.asarray(transfers, dtype=np.float64)

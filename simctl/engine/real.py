@@ -152,7 +152,7 @@ def run_real(config: RealConfig, threads_env: bool = False) -> RealRun:
 def write_real(run: RealRun, out: str | Path) -> None:
     """summary.json, requests.parquet, iterations.parquet and replicas.parquet, as `simctl run` writes
     them."""
-    from simctl.sim.cluster_run import write_cluster_files
+    from simctl.results.output import write_cluster_files
 
     write_cluster_files(Path(out), run.summary, run.result.requests, run.iterations, run.replicas)
 
@@ -237,8 +237,7 @@ def real_main(*, policy: str = "sarathi", workload: Workload = REAL_WORKLOAD, mo
     `out`; a disaggregated run's child starts the prefill instance as its own child), and return the summary.
     InputError for bad options (also those only the child can check, e.g. cuda missing); RuntimeError, with
     the end of the child's stderr, if the child crashed."""
-    from simctl.results.output import check_out_dir
-    from simctl.sim.cluster_run import CLUSTER_RUN_FILES
+    from simctl.results.output import CLUSTER_RUN_FILES, check_out_dir
 
     config = RealConfig(policy=policy, workload=workload.resolved(DEFAULT_QPS, DEFAULT_NUM_REQUESTS),
                         model=model, device=device, dtype=dtype, threads=threads, options=dict(options or {}),

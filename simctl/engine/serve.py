@@ -31,6 +31,7 @@ from simctl.serving.clients import Clients
 from simctl.serving.executor import Executor
 from simctl.serving.handoff import arrivals
 from simctl.serving.inbox import Inbox
+from simctl.serving.kv_link import KVLink
 from simctl.serving.loop import Replica
 from simctl.serving.real_clients import RealClients
 from simctl.serving.realtime import RealTime
@@ -84,7 +85,7 @@ class Served:
     instances: list[Instance]
     seqs: list[Seq]  # every request's final state, in arrival order
     tokens: dict[int, list[int]]  # request id -> generated token ids
-    link: Any = None  # a pair's measured `simctl.sim.kv_link.KVLink`
+    link: KVLink | None = None  # a pair's measured link
     columns: dict[str, list[float]] = field(default_factory=dict)  # the requests table's extra columns
     fields: dict[str, Any] = field(default_factory=dict)  # what the summary adds
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simctl.catalogue.models import model_in_working_folder
 from simctl.common.checks import is_int
@@ -32,6 +32,9 @@ from simctl.policies.registry import check_options, make_policy, max_admissible_
 from simctl.traces.build import aligned
 from simctl.traces.request import Request
 from simctl.traces.workload import Workload
+
+if TYPE_CHECKING:
+    from simctl.results.run_result import SimResult
 
 DEFAULT_NUM_REQUESTS = 100  # for a length profile when none is given (a trace file: every row)
 DEFAULT_QPS = 1.0  # for generated arrivals when none is given
@@ -114,7 +117,7 @@ class RealConfig:
             self._check_disaggregated()
 
     def _check_disaggregated(self) -> None:
-        from simctl.sim.cluster_config import check_disaggregable, check_instances
+        from simctl.serving.cluster_config import check_disaggregable, check_instances
 
         check_instances(prefill_instances=self.prefill_instances, decode_instances=self.decode_instances)
         if (self.prefill_instances, self.decode_instances) != (1, 1):
@@ -203,7 +206,7 @@ class RealRun:
     config: RealConfig
     requests: list[Request]  # exactly what was served (scaled lengths, arrivals in seconds from the start)
     summary: dict[str, Any]
-    result: Any  # simctl.sim.simulate.SimResult: the records in the simulator's form
+    result: SimResult  # the records in the simulator's form
     engine: Any  # simctl.engine.serve.EngineResult: tokens, per-iteration forward times
     iterations: Any  # pandas: iteration rows with pool and replica columns
     replicas: Any  # pandas: one row per instance

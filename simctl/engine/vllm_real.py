@@ -280,8 +280,8 @@ def run_summary(config: RealConfig, server: VLLMServer, run: VLLMRun, wall_s: fl
     """summary.json of a vLLM run: the trace's parameters as `simctl real` records them, the metrics of
     `simctl.results.metrics.summarize`, the engine's settings, and what could not be recorded."""
     from simctl.executor.runtime import cpu_name
+    from simctl.results.cluster_summary import replica_row
     from simctl.results.metrics import summarize
-    from simctl.sim.cluster_run import replica_row
     from simctl.traces.build import has_arrival_times
 
     metrics = summarize(run.result)
@@ -304,8 +304,7 @@ def vllm_real_main(*, workload: Workload = REAL_WORKLOAD, model: str = "tiny", o
     default). `kv_capacity`: the tokens vLLM's KV cache holds for requests (`deployment_for`; None: vLLM sizes
     it). InputError in one line for what cannot run."""
     from simctl.engine.setup import DEFAULT_NUM_REQUESTS, DEFAULT_QPS
-    from simctl.results.output import check_out_dir
-    from simctl.sim.cluster_run import CLUSTER_RUN_FILES, write_cluster_files
+    from simctl.results.output import CLUSTER_RUN_FILES, check_out_dir, write_cluster_files
 
     t0 = time.perf_counter()
     # the trace's options checked as `simctl real` checks them (its policy is only a placeholder here)

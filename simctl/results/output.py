@@ -53,7 +53,8 @@ def _oserror_text(e: OSError) -> str:
     return e.strerror or str(e)
 
 
-RUN_FILES = ("requests.parquet", "iterations.parquet", "summary.json")  # summary.json renamed last
+# a deployment's run, simulated or real (`write_cluster_files`); summary.json renamed last
+CLUSTER_RUN_FILES = ("requests.parquet", "iterations.parquet", "replicas.parquet", "summary.json")
 TIMELINE_FILE = "timeline.parquet"  # `simctl run --timeline N`: the first N iterations' members
 
 
@@ -193,6 +194,12 @@ def write_run(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterat
     }, "the run's files")
     if timeline is None:
         (Path(out) / TIMELINE_FILE).unlink(missing_ok=True)
+
+
+def write_cluster_files(out: Path, summary: dict[str, Any], requests: pd.DataFrame, iterations: pd.DataFrame,
+                        replicas: pd.DataFrame, timeline: pd.DataFrame | None = None) -> None:
+    """A deployment's run files into `out` (a simulated or a real one): `write_run`'s and replicas.parquet."""
+    write_run(out, summary, requests, iterations, timeline, replicas=replicas)
 
 
 def _parquet(frame: pd.DataFrame) -> Callable[[Path], None]:

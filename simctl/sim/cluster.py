@@ -46,10 +46,10 @@ from simctl.serving.clients import Clients
 from simctl.serving.front_end import NO_FRONT_END, FrontEnd, FrontEndQueue
 from simctl.serving.handoff import arrivals, arrive_with_kv
 from simctl.serving.inbox import Inbox
+from simctl.serving.kv_link import KVLink, kv_transfer_bytes
 from simctl.serving.loop import Replica
 from simctl.serving.routed import HELD, RoutedInbox, RoutedTime
 from simctl.serving.routers import ReplicaView, Router
-from simctl.sim.kv_link import KVLink, kv_transfer_bytes
 from simctl.sim.replica import CostBackend, SimulatedTime
 from simctl.traces.request import Request
 

@@ -1,5 +1,5 @@
 """One simulation from names: what `simctl run` does, usable from Python and notebooks too. Every run is a
-deployment (`simctl.sim.cluster_config.ClusterConfig`): one replica by default, a cluster of one."""
+deployment (`simctl.serving.cluster_config.ClusterConfig`): one replica by default, a cluster of one."""
 
 from __future__ import annotations
 
@@ -26,19 +26,19 @@ from simctl.costs.provenance import calibration_warnings, check_fitted_device
 from simctl.costs.roofline import Roofline
 from simctl.policies.base import Policy, run_stats
 from simctl.policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
-from simctl.results.run_result import SimResult
-from simctl.serving.front_end import NO_FRONT_END, FrontEnd
-from simctl.serving.loop import overload_limit
-from simctl.sim.cluster import Cluster, Pool, Progress
-from simctl.sim.cluster_config import ClusterConfig
-from simctl.sim.cluster_run import (
+from simctl.results.cluster_summary import (
     MemberRecords,
     closed_loop_summary,
     iterations_frame,
-    make_pool,
     summarise_cluster,
 )
-from simctl.sim.kv_link import KVLink
+from simctl.results.run_result import SimResult
+from simctl.serving.cluster_config import ClusterConfig
+from simctl.serving.front_end import NO_FRONT_END, FrontEnd
+from simctl.serving.kv_link import KVLink
+from simctl.serving.loop import overload_limit
+from simctl.sim.cluster import Cluster, Pool, Progress
+from simctl.sim.cluster_run import make_pool, pool_records
 from simctl.sim.replica import CostBackend
 from simctl.sim.timeline import TimelineBackend, check_timeline
 from simctl.traces import has_arrival_times, trace_max_total_tokens
@@ -307,7 +307,7 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
     t0 = time.perf_counter()
     seqs = built.run(requests, progress, config.workload.concurrency, config.workload.think_time)
     wall_s = time.perf_counter() - t0
-    members = [MemberRecords.of(p, m) for p in _pools(built) for m in p.members]
+    members = [r for p in _pools(built) for r in pool_records(p)]
     head = {**config.recorded(), **cc.recorded(config.tp)}
     policies = [m.policy for m in built.members]
     result, summary = summarise_cluster(head, members, seqs, built.link, built.aborted,

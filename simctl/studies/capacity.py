@@ -28,7 +28,7 @@ from simctl.results.slo import (  # SLO: callers import it from here too
     table3_decode_time,
     table3_slos,
 )
-from simctl.sim.cluster_config import ClusterConfig
+from simctl.serving.cluster_config import ClusterConfig
 from simctl.sim.run import MAX_CLOCK_S, RunConfig, cost_model, run
 
 MAX_QPS = 1e9  # the search stops doubling here: no replica serves a billion requests a second

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from simctl.common.errors import InputError
 from simctl.results.slo import SLO
-from simctl.sim.cluster_config import ClusterConfig
+from simctl.serving.cluster_config import ClusterConfig
 from simctl.sim.run import RunConfig, run
 from simctl.studies.capacity import (
     CapacityResult,

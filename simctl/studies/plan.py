@@ -18,7 +18,7 @@ from typing import Any
 from simctl.catalogue.gpus import get_gpu
 from simctl.common.errors import DoesNotFit, InputError
 from simctl.results.slo import SLO
-from simctl.sim.cluster_config import ClusterConfig
+from simctl.serving.cluster_config import ClusterConfig
 from simctl.sim.run import RunConfig, check_fit, run
 from simctl.studies.capacity import Capacity, CapacityConfig, parallel_map, search_capacities
 from simctl.studies.goodput import with_attainment

@@ -40,7 +40,7 @@ from simctl.common.errors import InputError
 from simctl.common.files import read_text
 from simctl.policies.registry import setting_names
 from simctl.results.slo import SLO, parse_slo
-from simctl.sim.cluster_config import ClusterConfig
+from simctl.serving.cluster_config import ClusterConfig
 from simctl.sim.run import RunConfig
 from simctl.studies.capacity import check_probe_requests, check_start_qps
 from simctl.traces.workload import Workload
