@@ -77,10 +77,10 @@ from simctl.traces.workload import Workload
 from simctl.validation import pipeline
 from simctl.validation.compare import compare_run
 from simctl.validation.engine_target import SimctlEngine
+from simctl.validation.findings import Comparisons, Findings, capacities
 from simctl.validation.machine_load import loadavg
 from simctl.validation.pipeline import bracket, check_loads, check_repeats, real_dirs, remove_earlier
 from simctl.validation.report import write_report
-from simctl.validation.findings import Comparisons, Findings, capacities
 from simctl.validation.twin import (
     DEFAULT_WORKLOAD,
     Setup,
