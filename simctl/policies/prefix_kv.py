@@ -94,6 +94,19 @@ class PrefixCachingKV(PagedKV):
         router's precise view of a replica's cache, the request's keys computed once for every replica)."""
         return leading(keys, self.cached)
 
+    def cached_run_held(self, keys: Iterable[Key]) -> tuple[int, int]:
+        """`cached_run`, and how many of that run's blocks requests hold now (Dynamo's router counts the
+        others as blocks the request would add to the replica's active ones)."""
+        cached, refs = self.cached, self.refs
+        run = held = 0
+        for k in keys:
+            b = cached.get(k)
+            if b is None:
+                break
+            run += 1
+            held += refs[b] > 0
+        return run, held
+
     def lookup(self, seq: Seq) -> list[int]:
         """The longest run of the request's first full blocks found in the cache (as `block_keys`)."""
         hits: list[int] = []
