@@ -124,21 +124,24 @@ def cluster_of(router: str, caching: bool = True) -> Cluster:
     return cluster
 
 
-def speed(n: int, qps: float = 12.0) -> str:
+def speed(n: int, qps: float = 12.0, reps: int = 3) -> str:
     """Simulation speed: `n` requests of the workload at a rate both deployments sustain, prefix caching with
-    the precise router against no caching behind round-robin (issue 40's target: within 2x)."""
+    the precise router against no caching behind round-robin (issue 40's target: within 2x); medians of
+    `reps` runs each, alternating (the shared machine's load drifts)."""
     reqs = [r for r in requests([(qps, n / qps)])[0] if r.arrival_s >= WARMUP[1]][:n]
-    walls = {}
-    for label, router, caching in (("prefix, caching", "prefix", True),
-                                   ("round-robin, no caching", "round-robin", False)):
-        cluster = cluster_of(router, caching)
-        t0 = time.perf_counter()
-        cluster.run(reqs)
-        walls[label] = time.perf_counter() - t0
-        print(f"speed {label}: {walls[label]:.1f} s for {len(reqs)} requests", flush=True)
-    a, b = walls.values()
-    return (f"\n## Simulation speed\n\n{len(reqs)} requests at {qps:g} QPS, 8 replicas: "
-            + ", ".join(f"{k} {v:.1f} s" for k, v in walls.items()) + f" (ratio {a / b:.2f}).\n")
+    setups = {"prefix, caching": ("prefix", True), "round-robin, no caching": ("round-robin", False)}
+    walls: dict[str, list[float]] = {label: [] for label in setups}
+    for _ in range(reps):
+        for label, (router, caching) in setups.items():
+            cluster = cluster_of(router, caching)
+            t0 = time.perf_counter()
+            cluster.run(reqs)
+            walls[label].append(time.perf_counter() - t0)
+            print(f"speed {label}: {walls[label][-1]:.1f} s for {len(reqs)} requests", flush=True)
+    a, b = (float(np.median(w)) for w in walls.values())
+    return (f"\n## Simulation speed\n\n{len(reqs)} requests at {qps:g} QPS, 8 replicas, medians of {reps} "
+            "alternating runs: " + ", ".join(f"{k} {np.median(v):.1f} s" for k, v in walls.items())
+            + f" (ratio {a / b:.2f}).\n")
 
 
 def serve(router: str, reqs: list[Request], stage_of: list[int], stages: list[tuple[float, float]]) -> Result:
@@ -221,6 +224,7 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=len(STAGES), help="the first N stages of the ladder")
     parser.add_argument("--output", default=str(OUTPUT), help="output tokens per request, comma-separated")
     parser.add_argument("--speed", type=int, default=0, help="also time N requests (prefix vs round-robin)")
+    parser.add_argument("--speed-reps", type=int, default=3, help="runs of each for --speed (medians)")
     args = parser.parse_args()
     stages = STAGES[:args.stages]
     results = []
@@ -234,7 +238,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "routing.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
     figure(results, RESULTS / "routing.png")
-    text = report(results) + (speed(args.speed) if args.speed else "")
+    text = report(results) + (speed(args.speed, reps=args.speed_reps) if args.speed else "")
     md = RESULTS / "routing.md"
     notes = md.read_text().partition(NOTES)[2] if md.exists() else ""  # the hand-written analysis stays
     md.write_text(text + "\n" + NOTES + notes)
