@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sessions_vllm import session_requests, write_section
+from sessions_vllm import markdown_section, session_requests, write_section
 
 from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, deployment_for
 from simctl.traces.request import Request
@@ -80,14 +80,11 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
                f"{args.turns} --groups {args.groups} --system {args.system} --qps {args.qps} --seed "
                f"{args.seed} --replicas {args.replicas} --kv-blocks {' '.join(map(str, args.kv_blocks))}` "
                f"(sessions: {args.sessions * args.turns} requests; groups: as many)")
-    lines = [SECTION, "", command, "", ABOUT, "", "| " + " | ".join(COLUMNS) + " |",
-             "|---|---|" + "---:|" * (len(COLUMNS) - 3) + "---|"]
-    for r in rows:
-        cells = [r["trace"], r["router"], r["kv_blocks"], r["replica"], r["requests"], r["vllm_cached"],
-                 r["twin_serial_cached"], r["twin_routed_cached"], f"{r['equal']}/{r['requests']}",
-                 r["routed_blocks"], "yes" if r["same_blocks"] else "no"]
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
-    return "\n".join(lines) + "\n"
+    cells = [[r["trace"], r["router"], r["kv_blocks"], r["replica"], r["requests"], r["vllm_cached"],
+              r["twin_serial_cached"], r["twin_routed_cached"], f"{r['equal']}/{r['requests']}",
+              r["routed_blocks"], "yes" if r["same_blocks"] else "no"] for r in rows]
+    align = "|---|---|" + "---:|" * (len(COLUMNS) - 3) + "---|"
+    return markdown_section(SECTION, command, ABOUT, COLUMNS, align, cells)
 
 
 def main() -> None:
