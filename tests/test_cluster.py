@@ -33,7 +33,7 @@ from simctl.traces.workload import Workload
 TINY = get_model("tiny")
 COST = cost_model(None, TINY, get_gpu("cpu"), 1)[0]
 MAX_SEQ_LEN = 512
-CACHE_ROUTERS = ("prefix", "prefix-approx")  # they need vllm-v1's prefix cache
+CACHE_ROUTERS = ("prefix", "prefix-approx", "kv-cost")  # they need vllm-v1's prefix cache
 CONTINUOUS = [n for n, c in POLICIES.items() if not c.padded_batches]  # can admit a request with its KV
 
 

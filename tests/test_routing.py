@@ -79,6 +79,55 @@ def test_approximate_prefix_follows_its_own_index_not_the_caches() -> None:
     assert small(busy, request(9, id=2)) == 1
 
 
+def test_kv_cost_is_prefill_tokens_left_over_the_block_size_plus_decode_blocks() -> None:
+    # the request's 4 blocks (17 tokens); replica 0 caches 2 of them, replica 1 3, replica 2 none (all free)
+    caches = [kv_with(9), kv_with(13), kv_with()]
+    idle = [ReplicaView(0, 0, 0, 0)] * 3
+    # (prefill left + 17 - overlap x 4) / 4 + blocks held + 4 - held overlap: 9/4 + 4, 5/4 + 4, 17/4 + 4
+    assert make_router("kv-cost", caches)(idle, request(17)) == 1
+    # replica 1 has 8 prompt tokens to prefill and holds 4 blocks: (8 + 5)/4 + 4 + 4 = 11.25 > 6.25
+    busy = [ReplicaView(0, 0, 0, 0), ReplicaView(1, 1, 16, 8), ReplicaView(0, 0, 0, 0)]
+    assert make_router("kv-cost", caches)(busy, request(17)) == 0
+    # a group cached nowhere: 8.25 on replicas 0 and 2 (17/4 + 4), 14.25 on replica 1: the lower index
+    assert make_router("kv-cost", caches)(busy, request(17, group=8)) == 0
+
+
+def test_kv_cost_counts_blocks_a_running_request_holds_once() -> None:
+    # replica 0: a running request of the group holds 4 blocks, its first 3 hashed (13 tokens); replica 1
+    # caches the same 3 blocks, free
+    held = PrefixCachingKV(64, 4, caching=True)
+    s = Seq(100, 0.0, 13, 1, prefix_group=7, prefix_tokens=13)
+    held.admit(s)
+    assert held.allocate(s, 13)
+    assert held.cached_run_held(held.block_keys(request(17))) == (3, 3)
+    views = [ReplicaView(0, 1, 16, 0), ReplicaView(0, 0, 0, 0)]
+    # replica 0: 5/4 + 4 held + (4 - 3) = 6.25 (its 3 held blocks not counted again); replica 1: 5/4 + 4
+    assert make_router("kv-cost", [held, kv_with(13)])(views, request(17)) == 1
+    # replica 1 holding 1 block: 6.25 each, the tie to fewer outstanding; holding 2: 7.25, replica 0
+    views[1] = ReplicaView(0, 0, 4, 0)
+    assert make_router("kv-cost", [held, kv_with(13)])(views, request(17)) == 1
+    views[1] = ReplicaView(0, 0, 8, 0)
+    assert make_router("kv-cost", [held, kv_with(13)])(views, request(17)) == 0
+
+
+def test_a_replica_view_counts_prefill_tokens_left_only_for_a_router_that_reads_them() -> None:
+    cluster = Cluster(simpy.Environment())
+    m = Member(0, make_policy("vllm-v1", 4000, 512, {"block_size": 16}), CostBackend(COST), None,
+               cluster.on_release)
+    waiting, running, pushed = Seq(1, 0.0, 100, 4), Seq(2, 0.0, 300, 4), Seq(3, 0.0, 50, 4)
+    decoding = Seq(4, 0.0, 30, 4)
+    m.policy.waiting.add(waiting)
+    running.computed = 120  # 180 left
+    decoding.computed = 30
+    m.policy.running += [running, decoding]
+    m.inbox.push_due(pushed, 0.0)
+    assert m.view_with_prefill().prefill == 100 + 180 + 50
+    assert m.view().prefill == 0
+    for router, reads in (("kv-cost", True), ("prefix", False), ("round-robin", False)):
+        pool = Pool("replicas", [m], make_router(router, [m.policy.kv]))
+        assert pool._snapshot()[0].prefill == (330 if reads else 0)
+
+
 def test_load_router_is_the_kv_and_queue_scorers() -> None:
     caches = [kv_with(), kv_with(), kv_with()]
     views = [ReplicaView(4, 4, 0), ReplicaView(0, 5, 40), ReplicaView(2, 2, 16)]

@@ -25,6 +25,7 @@ from simctl.executor.vllm_runtime import INSTALL_HINT, VLLMDeployment, engine_ar
 from simctl.traces.request import Request
 from simctl.traces.tokens import prompt_token_ids
 from simctl.validation.prefix_hits import serial_hits
+from simctl.validation.routed_hits import check_routed
 
 pytestmark = pytest.mark.vllm
 
@@ -66,6 +67,17 @@ MOONCAKE = [Request(0, 0.0, 300, 4, hash_ids=(1, 2, 3, 4, 5), **_ROW),
             Request(4, 0.0, 150, 4, hash_ids=(1, 12, 13), **_ROW),
             Request(5, 0.0, 450, 4, hash_ids=(1, 2, 3, 4, 6, 7, 8, 14), **_ROW)]
 MOONCAKE_HITS = [0, 256, 128, 256, 0, 384]
+# four sessions of three turns sharing the system prompt, starting 0.1 s apart; turn t of session s has its
+# context plus 60 + 20 s + 10 t new tokens and 40 outputs (ids 3 s + t). The session router (in the twin)
+# puts session 0 on replica 0, session 1 on replica 1 (0 has one outstanding), 2 and 3 likewise. Hits, in
+# blocks of 128 as in SESSIONS: a session's first turn finds nothing (the first on its replica) or the system
+# prompt's 2 blocks; a later turn its previous turn's (prompt + 40 - 1) // 128 blocks. Session 0: prompts 316,
+# 426, 546, hits 0, 355 // 128 = 2, 465 // 128 = 3 blocks; session 2: 356, 506, 666, hits 2, 395 // 128 = 3,
+# 545 // 128 = 4; sessions 1 and 3 the same blocks.
+ROUTED = [Request(3 * s + t, 0.1 * s, SHARED + sum(60 + 20 * s + 10 * u + 40 for u in range(t)) + 60 + 20 * s
+                  + 10 * t, 40, session=s, previous=3 * s + t - 1 if t else -1, **_SYSTEM)
+          for s in range(4) for t in range(3)]
+ROUTED_HITS = [128 * b for b in (0, 2, 3, 0, 2, 3, 2, 3, 4, 2, 3, 4)]
 GROUPED = [Request(i, 0.1 * i, SHARED + 20 + i, 4, prefix_group=i % 2, prefix_tokens=SHARED)
            for i in range(6)] + [Request(6, 0.65, SHARED + 30, 4)]
 
@@ -139,6 +151,16 @@ def test_mooncake_rows_share_the_blocks_of_their_equal_hash_ids_in_vllm_as_in_th
     twin = twin_policy({**settings, "kv_capacity_tokens": settings["kv_cache_tokens"],
                         "max_seq_len": settings["max_model_len"]})
     assert serial_hits(MOONCAKE, twin) == MOONCAKE_HITS
+
+
+def test_a_routed_session_trace_leaves_each_replica_the_cache_vllm_builds_for_its_share(server) -> None:
+    checks = check_routed(ROUTED, server, "session", 2)
+    assert [sorted(c.served) for c in checks] == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]]
+    for c in checks:
+        assert c.vllm == [ROUTED_HITS[i] for i in c.served]  # vLLM, served that replica's share alone
+        assert c.twin == c.vllm  # the twin serving it one at a time
+        assert c.routed_hits == sum(c.vllm)  # the twin's routed replica, several requests in flight
+        assert c.same_blocks and c.routed_blocks > 0
 
 
 def test_closed_loop_clients_keep_at_most_n_requests_in_flight(server) -> None:

@@ -51,10 +51,12 @@ class PrefixCachingKV(PagedKV):
         self.keys: dict[int, list[Key]] = {}  # request id -> its first blocks' keys, made so far
 
     def _keys(self, seq: Seq, n: int) -> list[Key]:
-        """The keys of the request's first n blocks (at least), made once for a request of this pool."""
+        """The keys of the request's first n blocks (at least), made once for a request of this pool: every
+        block it can ever fill at once (a key depends on the block's place only, not on what is generated),
+        not one more per call as its decode fills blocks."""
         keys = self.keys.setdefault(seq.id, [])
         if len(keys) < n:
-            keys += self._make_keys(seq, len(keys), n)
+            keys += self._make_keys(seq, len(keys), max(n, seq.max_len // self.block_size))
         return keys
 
     def _make_keys(self, seq: Seq, i: int, n: int) -> list[Key]:
@@ -93,6 +95,19 @@ class PrefixCachingKV(PagedKV):
         """How many of the first `keys` this pool caches, in a run: the blocks a lookup would hit now (a
         router's precise view of a replica's cache, the request's keys computed once for every replica)."""
         return leading(keys, self.cached)
+
+    def cached_run_held(self, keys: Iterable[Key]) -> tuple[int, int]:
+        """`cached_run`, and how many of that run's blocks requests hold now (Dynamo's router counts the
+        others as blocks the request would add to the replica's active ones)."""
+        cached, refs = self.cached, self.refs
+        run = held = 0
+        for k in keys:
+            b = cached.get(k)
+            if b is None:
+                break
+            run += 1
+            held += refs[b] > 0
+        return run, held
 
     def lookup(self, seq: Seq) -> list[int]:
         """The longest run of the request's first full blocks found in the cache (as `block_keys`)."""
@@ -144,9 +159,10 @@ class PrefixCachingKV(PagedKV):
     def allocate(self, seq: Seq, tokens: int) -> bool:
         """Blocks for the running request's first `tokens` tokens, caching the full ones among those known;
         False (nothing changed) when the free blocks do not suffice."""
-        if self._blocks_for(tokens) - len(self.tables[seq.id]) > self.free_blocks:
+        # plain arithmetic, no helpers: this runs for every scheduled request at every step
+        if -(-tokens // self.block_size) - len(self.tables[seq.id]) > self.free_blocks:
             return False
-        self._extend(seq, tokens, min(tokens, seq.known_tokens))
+        self._extend(seq, tokens, min(tokens, seq.prompt_tokens + seq.generated))
         return True
 
     def grow(self, seq: Seq, steps: int = 1) -> None:
@@ -171,7 +187,7 @@ class PrefixCachingKV(PagedKV):
     def _extend(self, seq: Seq, tokens: int, cache_tokens: int) -> None:
         """Blocks up to `tokens` tokens; the hash of every block full within `cache_tokens` known tokens."""
         table = self.tables[seq.id]
-        need = self._blocks_for(tokens) - len(table)
+        need = -(-tokens // self.block_size) - len(table)
         if need > 0:
             table += self._take(need)
             self.held[seq.id] = len(table) * self.block_size

@@ -20,6 +20,16 @@ replica saturates, which we define as SGLang's router defines an imbalance (`bal
 over 1.5 times its count. Then the turn, and the session from then on, goes to the least outstanding.
 Requests without a session go to the least outstanding.
 
+`kv-cost` is Dynamo's KV router (ai-dynamo/dynamo, docs/design_docs/router_design.md "Cost Calculation";
+lib/llm/src/kv_router/scheduler.rs, `DefaultWorkerSelector`; sequence.rs, `potential_blocks_and_tokens`): the
+lowest cost wins, in blocks, cost = w * prefill tokens / block size + decode blocks with w its
+`overlap_score_weight`, 1 by default. Prefill tokens: the replica's not yet prefilled plus the request's
+prompt less its overlap (its blocks cached there, as `prefix` reads them) times the block size, at least 0.
+Decode blocks: the blocks the replica's requests hold plus the request's blocks not held there. Dynamo's
+router tracks the first term itself (each routed request's prompt less its overlap at routing, until its
+first token); the twin reads the replica (`ReplicaView.prefill`), where a queued request counts its whole
+prompt until admission finds its hits.
+
 `load` is llm-d's load-aware profile (the KV-utilisation and queue scorers, 1:1), `random` its random picker
 (seeded).
 
@@ -157,6 +167,27 @@ class Random:
         return self.rng.randrange(len(views))
 
 
+class KVCost(Prefix):
+    """Dynamo's KV router cost (the module's docstring): the least cost wins."""
+
+    reads_prefill = True
+    OVERLAP_WEIGHT = 1.0  # Dynamo's --kv-overlap-score-weight default
+
+    def __call__(self, views: Sequence[ReplicaView], seq: Seq | None = None) -> int:
+        assert seq is not None, "kv-cost needs the request"
+        keys = self.keys(seq)
+        prompt, bs = seq.prefill_end - seq.computed, self.caches[0].block_size
+        best, best_key = 0, (0.0, 0)
+        for i, (v, kv) in enumerate(zip(views, self.caches)):
+            overlap, held = kv.cached_run_held(keys)
+            prefill = v.prefill + max(prompt - overlap * bs, 0)
+            cost = self.OVERLAP_WEIGHT * prefill / bs + v.kv_used // bs + len(keys) - held
+            key = (cost, v.outstanding)
+            if i == 0 or key < best_key:
+                best, best_key = i, key
+        return best
+
+
 def build(name: str, caches: Sequence[KVManager], settings: RouterSettings) -> Router:
     if name == "session":
         return Sticky()
@@ -168,4 +199,5 @@ def build(name: str, caches: Sequence[KVManager], settings: RouterSettings) -> R
         raise InputError(f"--router {name} routes by the replicas' prefix caches: it needs a policy with "
                          "prefix caching on (vllm-v1)")
     prefix_caches = [kv for kv in caches if isinstance(kv, PrefixCachingKV)]
-    return Precise(prefix_caches, settings) if name == "prefix" else Approximate(prefix_caches, settings)
+    kind = {"prefix": Precise, "prefix-approx": Approximate, "kv-cost": KVCost}[name]
+    return kind(prefix_caches, settings)

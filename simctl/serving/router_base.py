@@ -17,9 +17,15 @@ class ReplicaView:
     queued: int
     outstanding: int  # routed here and not yet finished (or handed on to another pool)
     kv_used: int  # KV token slots held at this instant
+    # prompt tokens still to prefill of the requests routed here (queued and running), counted only for a
+    # router that reads it (`Router.reads_prefill`): the others skip the walk over the replica's requests
+    prefill: int = 0
 
 
 class Router(Protocol):
+    """A replica's index for the request. A router that reads `ReplicaView.prefill` has an attribute
+    `reads_prefill` set True (the pool reads it once, with getattr)."""
+
     def __call__(self, views: Sequence[ReplicaView], seq: Seq | None = None) -> int: ...
 
 

@@ -66,6 +66,9 @@ ROUTERS: dict[str, tuple[Callable[[Sequence[KVManager], RouterSettings], Router]
     "prefix-approx": (_in_cache_routers("prefix-approx"),
                       ("the same, its prefix score from its own LRU of what it sent where: llm-d's "
                        "approximate scorer, SGLang's router")),
+    "kv-cost": (_in_cache_routers("kv-cost"),
+                ("the least cost, prefill tokens left there plus the prompt less its cached overlap, over "
+                 "the block size, plus the blocks held there and the request's others: Dynamo's KV router")),
     "session": (_in_cache_routers("session"),
                 "a session's turns to one replica until it saturates: SGLang's balance thresholds"),
 }

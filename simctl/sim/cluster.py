@@ -33,6 +33,7 @@ replica's next decision at that instant sees it, as it would see an open-loop ar
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -94,6 +95,15 @@ class Member:
         return ReplicaView(len(p.waiting) + len(p.arrived_with_kv) + inbox.pending,
                            inbox.pushed - self.released, p.kv.used)
 
+    def view_with_prefill(self) -> ReplicaView:
+        """`view` with the prompt tokens still to prefill of every request routed here and not yet
+        prefilled: queued ones (their hits, found at admission, not yet subtracted) and running ones."""
+        v, p = self.view(), self.policy
+        queued = itertools.chain(p.waiting, p.arrived_with_kv, (s for _, s in self.inbox.due_by(math.inf)))
+        v.prefill = sum(s.prefill_end - s.computed for s in itertools.chain(queued, p.running)
+                        if s.computed < s.prefill_end)
+        return v
+
     def push(self, seq: Seq, due: float) -> None:
         self.inbox.push_due(seq, due)
         self.seqs.append(seq)
@@ -120,6 +130,7 @@ class Pool:
 
     def __post_init__(self) -> None:  # its replicas share a cost model, hence the engine's intake latency
         self._front = FrontEndQueue(self.front_end, self.members[0].admission_s)
+        self._view = Member.view_with_prefill if getattr(self.router, "reads_prefill", False) else Member.view
 
     def due(self, sent_s: float, seq: Seq) -> float:
         """When a request sent to it at `sent_s` (in sending order) has passed its front end."""
@@ -128,11 +139,15 @@ class Pool:
     def route(self, seq: Seq, due: float) -> None:
         if self.lag > 0.0:
             if due - self._seen[0] >= self.lag:
-                self._seen = (due, [m.view() for m in self.members])
+                self._seen = (due, self._snapshot())
             views = self._seen[1]
         else:
-            views = [m.view() for m in self.members]
+            views = self._snapshot()
         self.members[self.router(views, seq)].push(seq, due)
+
+    def _snapshot(self) -> list[ReplicaView]:
+        view = self._view
+        return [view(m) for m in self.members]
 
 
 def drive(env: simpy.Environment, member: Member, cluster: Cluster) -> Generator[simpy.Event, None, None]:

@@ -1,4 +1,5 @@
-"""Simulate one replica over a list of requests, given its policy and cost model: a cluster of one."""
+"""Simulate one replica over a list of requests, given its policy and cost model: a cluster of one; or
+replicas behind a router, given their policies (`simulate_routed`)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,14 @@ def simulate(requests: list[Request], policy: Policy, cost: CostModel, fast: boo
     cluster.entry = Pool("replicas", [member], make_router("round-robin"))
     seqs = cluster.run(requests, progress, concurrency, think_s)
     return SimResult.of(seqs, member.replica, time.perf_counter() - t0)
+
+
+def simulate_routed(requests: list[Request], policies: list[Policy], cost: CostModel, router: str
+                    ) -> list[list[int]]:
+    """Serve `requests` on one replica per policy (each left as the run leaves it: its cache, its counters)
+    behind `router`; the ids of the requests routed to each replica, in the order they were."""
+    cluster = Cluster(simpy.Environment())
+    members = [Member(i, p, CostBackend(cost), None, cluster.on_release) for i, p in enumerate(policies)]
+    cluster.entry = Pool("replicas", members, make_router(router, [p.kv for p in policies]))
+    cluster.run(requests)
+    return [[s.id for s in m.seqs] for m in members]
