@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -43,14 +44,19 @@ VIDUR = ["-m", "vidur.main", "--replica_config_device", "a100",
          "./data/processed_traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
          "--interval_generator_config_type", "poisson",
          "--poisson_request_interval_generator_config_qps", "1",
-         "--replica_scheduler_config_type", "vllm", "--synthetic_request_generator_config_num_requests"]
+         "--replica_scheduler_config_type", "vllm"]
 # Vidur offline: no Weights & Biases upload, no Hugging Face look-up
 VIDUR_ENV = {"WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
 
 
-def vidur_probe(python: Path, root: Path) -> str | None:
+def vidur_args(n: int, extra: list[str]) -> list[str]:
+    """Vidur's arguments for `n` requests, `extra` (--vidur-args) before the count."""
+    return [*VIDUR, *extra, "--synthetic_request_generator_config_num_requests", str(n)]
+
+
+def vidur_probe(python: Path, root: Path, extra: list[str]) -> str | None:
     """None when Vidur runs a few requests (training and caching its models if it has not); else why not."""
-    done = subprocess.run([str(python), *VIDUR, "20"], cwd=root, env={**os.environ, **VIDUR_ENV},
+    done = subprocess.run([str(python), *vidur_args(20, extra)], cwd=root, env={**os.environ, **VIDUR_ENV},
                           capture_output=True, text=True, timeout=3600, check=False)
     if done.returncode == 0:
         return None
@@ -58,19 +64,19 @@ def vidur_probe(python: Path, root: Path) -> str | None:
     return f"exit {done.returncode}: {lines[-1] if lines else '(no output)'}"
 
 
-def pairs(sizes: list[int]) -> list[tuple[str, list[str], list[str]]]:
+def pairs(sizes: list[int], extra: list[str]) -> list[tuple[str, list[str], list[str]]]:
     """Each case: its name, simctl's arguments and Vidur's (after the interpreter)."""
     return [("start-up (import)", ["-c", "import simctl.cli"], ["-c", "import vidur.main"]),
-            *((f"run {n:,}", [*SIMCTL, *RUN, "--num-requests", str(n)], [*VIDUR, str(n)]) for n in sizes)]
+            *((f"run {n:,}", [*SIMCTL, *RUN, "--num-requests", str(n)], vidur_args(n, extra)) for n in sizes)]
 
 
-def time_pairs(sizes: list[int], repeats: int,
-               vidur: tuple[Path, Path] | None) -> dict[tuple[str, str], Sample]:
+def time_pairs(sizes: list[int], repeats: int, vidur: tuple[Path, Path] | None,
+               extra: list[str]) -> dict[tuple[str, str], Sample]:
     """Samples by (simulator, case); Vidur's only with `vidur` (its interpreter and root)."""
     envs = {"simctl": {**os.environ, "PYTHONPATH": str(ROOT)}, "vidur": {**os.environ, **VIDUR_ENV}}
     samples: dict[tuple[str, str], Sample] = {}
     for rep in range(repeats):
-        for case, ours, theirs in pairs(sizes):
+        for case, ours, theirs in pairs(sizes, extra):
             runs = [("simctl", [sys.executable, *ours], ROOT)]
             if vidur is not None:
                 runs.append(("vidur", [str(vidur[0]), *theirs], vidur[1]))
@@ -92,7 +98,7 @@ def report(samples: dict[tuple[str, str], Sample], sizes: list[int], repeats: in
               "CodeLlama-34B, A100, TP 2 (simctl: bench/models/codellama-34b.json, roofline, `--json`). "
               "simctl's loop: its summary's sim_wall_s."), "",
              "| simulator | case | wall s | CPU s | peak RSS MB | loop s |", "|---|---|---:|---:|---:|---:|"]
-    for case, _, _ in pairs(sizes):
+    for case, _, _ in pairs(sizes, []):
         for sim in ("simctl", "vidur"):
             if (sim, case) in samples:
                 s = samples[(sim, case)]
@@ -119,14 +125,17 @@ def main() -> None:
                         help="the interpreter of Vidur's own environment")
     parser.add_argument("--vidur-root", type=Path, default=os.environ.get("SIMCTL_VIDUR_ROOT"),
                         help="Vidur's repository, with its data/")
+    parser.add_argument("--vidur-args", default="", help="more arguments for every Vidur run (one string), "
+                        "e.g. a smaller training grid; its trained models are cached per arguments")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     sizes = [int(n) for n in args.sizes.split(",")]
+    extra = shlex.split(args.vidur_args)
     why_alone = "no --vidur-python and --vidur-root (nor $SIMCTL_VIDUR_PYTHON, $SIMCTL_VIDUR_ROOT)"
     if args.vidur_python is not None and args.vidur_root is not None:
-        why_alone = vidur_probe(args.vidur_python, args.vidur_root)
+        why_alone = vidur_probe(args.vidur_python, args.vidur_root, extra)
     vidur = None if why_alone is not None else (args.vidur_python, args.vidur_root.resolve())
-    text = report(time_pairs(sizes, args.repeats, vidur), sizes, args.repeats, why_alone)
+    text = report(time_pairs(sizes, args.repeats, vidur, extra), sizes, args.repeats, why_alone)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")
     print(text)
