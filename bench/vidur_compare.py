@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -61,7 +62,9 @@ def vidur_probe(python: Path, root: Path, extra: list[str]) -> str | None:
     if done.returncode == 0:
         return None
     lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-    return f"exit {done.returncode}: {lines[-1] if lines else '(no output)'}"
+    # the exception's line (Vidur logs on after it, at exit), else its last line
+    errors = [line for line in lines if re.match(r"[\w.]+(Error|Exception)\b", line)]
+    return f"exit {done.returncode}: {(errors or lines or ['(no output)'])[-1]}"
 
 
 def pairs(sizes: list[int], extra: list[str]) -> list[tuple[str, list[str], list[str]]]:
