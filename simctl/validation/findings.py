@@ -15,7 +15,8 @@ from simctl.validation.compare import compare_run
 from simctl.validation.pipeline import Outcome, Point, bracket, real_dirs, run_dir
 from simctl.validation.target import Served, Target
 
-SIM_PROBE_KEYS = ("qps", "slo_met", "sched_delay_p50", "tbt_p99", "ttft_p50", "sustainable", "completed",
+# a capacity probe's keys that validation.json keeps, after the value probed (`probe_keys`)
+SIM_PROBE_KEYS = ("slo_met", "sched_delay_p50", "tbt_p99", "ttft_p50", "sustainable", "completed",
                   "throughput_rps")
 
 
@@ -62,9 +63,9 @@ class Comparisons:
 
 
 def probe_keys(variable: str) -> tuple[str, ...]:
-    """The keys of a capacity probe that validation.json keeps: the rate's, or with closed-loop clients the
-    concurrency's, first."""
-    return (variable, *SIM_PROBE_KEYS[1:])
+    """The keys of a capacity probe that validation.json keeps: the rate, or with closed-loop clients the
+    concurrency, first."""
+    return (variable, *SIM_PROBE_KEYS)
 
 
 def twin_capacity_record(found: CapacityResult) -> dict[str, Any]:
