@@ -139,6 +139,9 @@ def test_rescore_reuses_the_real_runs(validated, cost, tmp_path):
     ({"quiet_wait_s": -1}, "quiet"),
     ({"repeats": 0}, "repeats"),
     ({"repeats": 1.5}, "repeats"),
+    # closed-loop clients drive a lone engine: a P/D pair replays arrivals open loop
+    ({"workload": Workload(trace="sharegpt", qps=None, num_requests=20, scale=0.02, concurrency=4),
+      "prefill_instances": 1, "decode_instances": 1}, "closed-loop clients drive a lone engine"),
 ])
 def test_bad_input(cost, tmp_path, kwargs, match):
     args = {"policies": ["sarathi"], "loads": [0.5],

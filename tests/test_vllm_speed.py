@@ -67,7 +67,7 @@ def test_runs_at_the_fit_speed_are_compared_with_the_raw_twin(tmp_path) -> None:
     real = [{m: (k + 1) * sim[m] for m in METRICS} for k in range(4)]  # errors: (k + 1) x the twin
     runs = [Served(r, speed) for r, speed in zip(real, [0.97, 1.2, 1.04, None], strict=True)]
     target = VLLMTarget(v, COST, print, resolved=settings)  # not started: the twin is all the row needs
-    row = _row(Point("vllm-v1", 0.5, 10.0), runs, target, tmp_path)
+    row = _row(Point("vllm-v1", 0.5, 10.0, v.workload.at(5.0)), runs, target, tmp_path)
     assert row["qps"] == 5.0 and row["runs_at_fit_speed"] == 2
     for m in (m for m in METRICS if sim[m]):  # a delay of 0 has no relative error
         assert row[f"{m}_err_pct_at_fit_speed"] == pytest.approx(100 * (1 / 2 - 1))  # median of 1x and 3x

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from simctl.plots.log_scale import log_axes
-from simctl.results.validation_report import ValidationReport, fmt_err
+from simctl.results.validation_report import ValidationReport, fmt_err, load_unit
 
 
 def _hist_cdf(gaps: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -63,7 +63,8 @@ def cdf_figure(report: ValidationReport, path: Path) -> None:
             ax.tick_params(labelsize=8)
             r = rows[(policy, load)]
             note = "" if metric == "TTFT" or pair.replay_complete else " (replay partial)"
-            ax.set_title(f"{policy}: {metric} @ load {load:g} ({r['qps']:.3g} QPS)\nP50 error "
+            var, unit = load_unit(r)
+            ax.set_title(f"{policy}: {metric} @ load {load:g} ({r[var]:.3g} {unit})\nP50 error "
                          f"{fmt_err(r[key + '_err_pct'])}{note}", fontsize=9)
             if i == nr - 1:
                 ax.set_xlabel(f"{metric} (ms)", fontsize=9)

@@ -157,17 +157,24 @@ def _setup(c: dict[str, Any]) -> list[str]:
     ]
 
 
+def load_unit(record: dict[str, Any]) -> tuple[str, str]:
+    """What a validation's row (or capacity record) gives its load in, and its unit: ("qps", "QPS"), or with
+    closed-loop clients and no rate ("concurrency", "clients")."""
+    return ("qps", "QPS") if "qps" in record or "sim_qps" in record else ("concurrency", "clients")
+
+
 def _capacity_table(report: ValidationReport) -> list[str]:
     """Simulated capacity per policy, and the real one where the validation searched it."""
-    real_cap = any("real_qps" in v for v in report.capacity.values())
-    lines = ["", "## Capacity (QPS)", "",
+    var, unit = load_unit(next(iter(report.capacity.values()), {"qps": None}))
+    real_cap = any(f"real_{var}" in v for v in report.capacity.values())
+    lines = ["", f"## Capacity ({unit})", "",
              *_head(["policy", "simulated"] + (["real", "real: first failing", "error", "real probes"]
                                                if real_cap else []))]
     for p, v in report.capacity.items():
-        cells = [p, f"{v['sim_qps']:.4g}"]
+        cells = [p, f"{v[f'sim_{var}']:.4g}"]
         if real_cap:
-            fail = v.get("real_fail_qps")
-            cells += [f"{v.get('real_qps', 0):.4g}", "none" if fail is None else f"{fail:.4g}",
+            fail = v.get(f"real_fail_{var}")
+            cells += [f"{v.get(f'real_{var}', 0):.4g}", "none" if fail is None else f"{fail:.4g}",
                       fmt_err(v.get("error_pct")), str(len(v.get("real_probes", [])))]
         lines.append(_row(cells))
     return lines
@@ -176,9 +183,10 @@ def _capacity_table(report: ValidationReport) -> list[str]:
 def _latency_table(report: ValidationReport) -> list[str]:
     lines = ["", "## Latency and throughput: measured / predicted (error)", "",
              "Latencies in ms; throughput in requests/s and output tokens/s.", "",
-             *_head(["policy", "load", "QPS"] + [metric_label(m) for m in METRICS])]
+             *_head(["policy", "load", load_unit(report.rows[0])[1] if report.rows else "QPS"]
+                    + [metric_label(m) for m in METRICS])]
     for r in report.rows:
-        lines.append(_row([r["policy"], f"{r['load']:g}", f"{r['qps']:.3g}"]
+        lines.append(_row([r["policy"], f"{r['load']:g}", f"{r[load_unit(r)[0]]:.3g}"]
                           + [f"{_fmt_value(m, r[f'{m}_real'])} / {_fmt_value(m, r[f'{m}_sim'])} "
                              f"({fmt_err(r[f'{m}_err_pct'])})" for m in METRICS]))
     why = [f"- {r['policy']} at load {r['load']:g}: {unavailable(r)}" for r in report.rows if unavailable(r)]
@@ -192,7 +200,8 @@ def unavailable(row: dict[str, Any]) -> str | None:
     if not runs:
         return None
     gave_up = not row.get("real_sustainable", True) or not row.get("sim_sustainable", True)
-    over = (f" at {row['load']:g}x the simulated capacity ({row['qps']:.3g} QPS)" if row["load"] > 1 else "")
+    var, unit = load_unit(row)
+    over = (f" at {row['load']:g}x the simulated capacity ({row[var]:.3g} {unit})" if row["load"] > 1 else "")
     return (f"{' and '.join(runs)} completed no request{over}"
             + (" (overloaded: a run gives up once too many requests wait; loads up to 1 compare latencies)"
                if gave_up else ""))

@@ -80,6 +80,10 @@ class Workload:
         """The same requests arriving at `qps` (a validation's loads, a capacity probe's rate)."""
         return replace(self, qps=qps)
 
+    def at_concurrency(self, clients: int) -> Workload:
+        """The same requests sent by `clients` closed-loop clients (a closed-loop validation's loads)."""
+        return replace(self, concurrency=clients)
+
     def in_working_folder(self) -> Workload:
         """This workload with a trace file's path made absolute in the user's working folder, before a child
         process (a capacity worker, a Ray task, the real engine's server) reads it."""

@@ -20,12 +20,13 @@ from simctl.studies.capacity import SLO
 from simctl.validation.twin import simulate_twin
 
 
-def compare_run(policy: str, load: float, qps: float, sim_capacity: float, reals: list[Path], run_dir: Path,
-                cost: Any, slo: SLO,
-                foreign: float | None = None) -> tuple[dict[str, Any], dict[str, Any], RunPair]:
-    """Finished real runs (their folders `reals`: repeats of one run) against the simulator on identical
-    requests: writes `run_dir/sim/` and `run_dir/replay.parquet`; returns (report row, per-iteration evidence,
-    CDF data). A measured metric is the median over the repeats."""
+def compare_run(policy: str, load: float, value: float, sim_capacity: float, reals: list[Path], run_dir: Path,
+                cost: Any, slo: SLO, foreign: float | None = None,
+                variable: str = "qps") -> tuple[dict[str, Any], dict[str, Any], RunPair]:
+    """Finished real runs (their folders `reals`: repeats of one run at `value` of `variable`, a rate or a
+    concurrency) against the simulator on identical requests: writes `run_dir/sim/` and
+    `run_dir/replay.parquet`; returns (report row, per-iteration evidence, CDF data). A measured metric is the
+    median over the repeats."""
     summaries = [json.loads((d / "summary.json").read_text(encoding="utf-8")) for d in reals]
     sim, result = simulate_twin(summaries[0], cost)
     sim_its = result.iterations.frame()
@@ -44,8 +45,8 @@ def compare_run(policy: str, load: float, qps: float, sim_capacity: float, reals
     forward = [s.get("forward_s_total") for s in summaries]
     ev = iteration_evidence(rep, None if None in forward else float(sum(forward)), sim_its, len(reals))
     ev["replay_tbt_matches"] = all(tbt_matches)
-    row: dict[str, Any] = {"policy": policy, "load": load, "qps": qps, "sim_capacity_qps": sim_capacity,
-                           "repeats": len(reals)}
+    row: dict[str, Any] = {"policy": policy, "load": load, variable: value,
+                           f"sim_capacity_{variable}": sim_capacity, "repeats": len(reals)}
     for m in METRICS:
         measured = [s.get(m) for s in summaries]
         known = [v for v in measured if v is not None and math.isfinite(v)]

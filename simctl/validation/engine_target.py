@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from simctl.costs.provenance import check_fitted_run
+from simctl.traces.workload import Workload
 from simctl.validation.machine_load import LoadMeter, wait_quiet
 from simctl.validation.target import Served
 from simctl.validation.twin import Setup, simulate_twin, twin_summary
@@ -56,10 +57,11 @@ class SimctlEngine:
     def folder(self, policy: str) -> str:
         return policy
 
-    def twin(self, policy: str, qps: float) -> dict[str, Any]:
-        return simulate_twin(twin_summary(self.setup, policy, qps), self.fitted)[0]
+    def twin(self, policy: str, workload: Workload) -> dict[str, Any]:
+        return simulate_twin(twin_summary(replace(self.setup, workload=workload), policy, workload.qps),
+                             self.fitted)[0]
 
-    def serve(self, policy: str, qps: float, out: Path | None) -> Served:
+    def serve(self, policy: str, workload: Workload, out: Path | None) -> Served:
         """A real run (a child process) and the share of the machine other processes used meanwhile; its
         speed is measured when compared, from its replayed iterations (`validation.compare`)."""
         from simctl.engine.real import real_main
@@ -71,7 +73,7 @@ class SimctlEngine:
                 self.say(f"  the machine is busy ({share:.0%} of it used by other processes after "
                          f"{waited:.0f} s); running anyway")
         self.meter.start()
-        s = real_main(workload=setup.workload.at(qps), model=setup.model, dtype=setup.dtype,
+        s = real_main(workload=workload, model=setup.model, dtype=setup.dtype,
                       threads=setup.threads, device=setup.device, kv_budget_bytes=setup.kv_budget_bytes,
                       attention=setup.attention, eager=setup.eager, prefill_instances=setup.prefill_instances,
                       decode_instances=setup.decode_instances, policy=policy, out=out)

@@ -15,7 +15,8 @@ from simctl.validation.compare import compare_run
 from simctl.validation.pipeline import Outcome, Point, bracket, real_dirs, run_dir
 from simctl.validation.target import Served, Target
 
-SIM_PROBE_KEYS = ("qps", "slo_met", "sched_delay_p50", "tbt_p99", "ttft_p50", "sustainable", "completed",
+# a capacity probe's keys that validation.json keeps, after the value probed (`probe_keys`)
+SIM_PROBE_KEYS = ("slo_met", "sched_delay_p50", "tbt_p99", "ttft_p50", "sustainable", "completed",
                   "throughput_rps")
 
 
@@ -52,29 +53,36 @@ class Comparisons:
     def __call__(self, point: Point, runs: list[Served]) -> None:
         shares = [r.foreign_share for r in runs if r.foreign_share is not None]
         where = run_dir(self.out, self.target, point)
-        row, ev = self.found.add(compare_run(point.policy, point.load, point.qps, point.twin_qps,
+        row, ev = self.found.add(compare_run(point.policy, point.load, point.value, point.capacity,
                                              real_dirs(where, self.repeats), where, self.fitted, self.slo,
-                                             max(shares) if shares else None))
+                                             max(shares) if shares else None, point.variable))
         self.say(f"{point.policy} @ {point.load:g}: P50 TTFT {fmt_err(row['ttft_p50_err_pct'])}, P50 TBT "
                  f"{fmt_err(row['tbt_p50_err_pct'])}, P50 E2E {fmt_err(row['e2e_p50_err_pct'])}; busy "
                  f"real/repriced {fmt_ratio(ev['busy_ratio_real_over_repriced'])}"
                  + (f" (n/a: {why})" if (why := unavailable(row)) else ""))
 
 
+def probe_keys(variable: str) -> tuple[str, ...]:
+    """The keys of a capacity probe that validation.json keeps: the rate, or with closed-loop clients the
+    concurrency, first."""
+    return (variable, *SIM_PROBE_KEYS)
+
+
 def twin_capacity_record(found: CapacityResult) -> dict[str, Any]:
-    lo, hi = bracket(found)
-    return {"sim_qps": lo, "sim_fail_qps": hi,
-            "sim_probes": [{k: p[k] for k in SIM_PROBE_KEYS} for p in found.probes]}
+    lo, hi, var = *bracket(found), found.variable
+    return {f"sim_{var}": lo, f"sim_fail_{var}": hi,
+            "sim_probes": [{k: p[k] for k in probe_keys(var)} for p in found.probes]}
 
 
 def capacities(outcome: Outcome) -> dict[str, dict[str, Any]]:
     """Each policy's twin capacity, and its real one where bisected, as validation.json records them."""
     caps = {policy: twin_capacity_record(found) for policy, found in outcome.twin.items()}
     for policy, real in outcome.real.items():
-        lo = caps[policy]["sim_qps"]
+        var = real.variable
+        lo = caps[policy][f"sim_{var}"]
         rlo, rhi = bracket(real)
         caps[policy].update({
-            "real_qps": rlo, "real_fail_qps": rhi, "error_pct": pct_error(lo, rlo) if rlo > 0 else None,
-            "real_probes": [{k: p.get(k) for k in (*SIM_PROBE_KEYS, "foreign_cpu_share")}
+            f"real_{var}": rlo, f"real_fail_{var}": rhi, "error_pct": pct_error(lo, rlo) if rlo > 0 else None,
+            "real_probes": [{k: p.get(k) for k in (*probe_keys(var), "foreign_cpu_share")}
                             for p in real.probes]})
     return caps

@@ -13,8 +13,14 @@
    by factors of `REAL_STEP` from the twin's capacity, or, if a point's runs already missed the SLO (by most
    repeats), from the highest load rate that met it (the real capacity is above it and below the miss).
 
-Files in `out`: `runs/<folder>/load_<x>/real`, `real_2`, ... and `capacity/<folder>/qps_<q>/`
-(`Target.folder`: the policy for simctl's engine, nothing for vLLM's)."""
+With closed-loop clients and no rate (`Workload.concurrency` without `qps`) the rate has no bound: the
+variable is the concurrency instead (`studies.capacity.search_concurrency`, as `simctl capacity
+--concurrency`): each capacity is a number of clients, each load `max(1, round(load x twin capacity))`
+clients (loads that round to the same number are served once), and the real capacity is bisected to one
+client.
+
+Files in `out`: `runs/<folder>/load_<x>/real`, `real_2`, ... and `capacity/<folder>/qps_<q>/` (closed loop:
+`concurrency_<n>/`; `Target.folder`: the policy for simctl's engine, nothing for vLLM's)."""
 
 from __future__ import annotations
 
@@ -27,7 +33,8 @@ from typing import Any, Protocol
 
 from simctl.common.errors import InputError
 from simctl.results.validation_report import fmt_err, pct_error
-from simctl.studies.capacity import SLO, CapacityResult, search_qps
+from simctl.studies.capacity import SLO, CapacityResult, search_concurrency, search_qps
+from simctl.traces.workload import Workload
 from simctl.validation.target import Served, Target
 
 SIM_REL_TOL = 0.01
@@ -40,17 +47,62 @@ MAX_REPEATS = 20
 FIT_SPEED_TOL = 0.05  # a run at the fit's speed: its speed factor within 5% of 1
 
 
+def variable_of(workload: Workload) -> str:
+    """What a validation of `workload` varies: "qps", or with closed-loop clients and no rate, "concurrency"
+    (with both, the loads scale the rate, as vLLM bench's --request-rate with --max-concurrency)."""
+    return "concurrency" if workload.concurrency is not None and workload.qps is None else "qps"
+
+
+def at_value(workload: Workload, variable: str, value: float) -> Workload:
+    """`workload` at `value` of `variable`: a rate, or a number of closed-loop clients."""
+    return workload.at_concurrency(int(value)) if variable == "concurrency" else workload.at(value)
+
+
+def value_of(workload: Workload) -> float:
+    """`workload`'s value of the variable a validation of it varies (`variable_of`)."""
+    value = workload.concurrency if variable_of(workload) == "concurrency" else workload.qps
+    assert value is not None, "a load's workload has its rate or its concurrency"
+    return value
+
+
+def describe(variable: str, value: float) -> str:
+    return f"{value:g} clients" if variable == "concurrency" else f"{value:.4g} QPS"
+
+
 @dataclass(frozen=True)
 class Point:
-    """A policy served at a load: a fraction of its twin capacity, `qps`."""
+    """A policy served at a load: a fraction of its twin capacity, `value` (the rate of its `workload`, or
+    with closed-loop clients its concurrency)."""
 
     policy: str
     load: float
-    twin_qps: float  # the policy's twin capacity
+    capacity: float  # the policy's twin capacity, in the same variable
+    workload: Workload  # the workload each run of the point serves
 
     @property
-    def qps(self) -> float:
-        return self.load * self.twin_qps
+    def variable(self) -> str:
+        return variable_of(self.workload)
+
+    @property
+    def value(self) -> float:
+        return value_of(self.workload)
+
+
+def points_of(policy: str, loads: list[float], capacity: float, workload: Workload
+              ) -> tuple[list[Point], list[float]]:
+    """`policy`'s points at `loads` of its twin `capacity` on `workload`, and the loads left out: with
+    closed-loop clients a load is `max(1, round(load x capacity))` clients, and one that rounds to the
+    concurrency of an earlier load would serve the same runs again."""
+    variable = variable_of(workload)
+    points: dict[float, Point] = {}
+    left_out = []
+    for x in loads:
+        value = max(1, round(x * capacity)) if variable == "concurrency" else x * capacity
+        if value in points:
+            left_out.append(x)
+        else:
+            points[value] = Point(policy, x, capacity, at_value(workload, variable, value))
+    return list(points.values()), left_out
 
 
 class Comparison(Protocol):
@@ -95,26 +147,41 @@ def check_repeats(repeats: Any) -> None:
 
 
 def bracket(result: CapacityResult) -> tuple[float, float | None]:
-    """(highest rate that met the SLO, lowest rate above it that did not; None if none was probed)."""
-    above = [p["qps"] for p in result.probes if not p["slo_met"] and p["qps"] > result.qps]
+    """(highest value that met the SLO, lowest value above it that did not; None if none was probed)."""
+    var = result.variable
+    above = [p[var] for p in result.probes if not p["slo_met"] and p[var] > result.qps]
     return result.qps, (min(above) if above else None)
 
 
-def twin_capacity(target: Target, policy: str, slo: SLO) -> CapacityResult:
-    """1. `policy`'s twin capacity under `slo` (probes are `target.twin`'s runs)."""
-    return search_qps(lambda q: target.twin(policy, q), slo, 1.0, SIM_REL_TOL, SIM_MAX_PROBES)
+def search(probe: Callable[[Workload], dict[str, Any]], workload: Workload, slo: SLO, start: float,
+           rel_tol: float, max_probes: int, step: float = 2.0) -> CapacityResult:
+    """The highest rate (or, closed loop, concurrency up to one client per request) of `workload` whose
+    `probe` meets `slo`, from `start`."""
+    if variable_of(workload) == "concurrency":
+        return search_concurrency(lambda n: probe(workload.at_concurrency(n)), slo, max(1, round(start)),
+                                  workload.num_requests, max_probes)
+    return search_qps(lambda q: probe(workload.at(q)), slo, start, rel_tol, max_probes, step)
 
 
-def checked_twin_capacity(target: Target, policy: str, slo: SLO, num_requests: int) -> CapacityResult:
-    """`twin_capacity`; InputError unless one rate met the SLO and a higher one missed it."""
-    found = twin_capacity(target, policy, slo)
+def twin_capacity(target: Target, policy: str, slo: SLO, workload: Workload) -> CapacityResult:
+    """1. `policy`'s twin capacity under `slo` (probes are `target.twin`'s runs); closed loop, from the
+    workload's own concurrency."""
+    start = value_of(workload) if variable_of(workload) == "concurrency" else 1.0
+    return search(lambda w: target.twin(policy, w), workload, slo, start, SIM_REL_TOL, SIM_MAX_PROBES)
+
+
+def checked_twin_capacity(target: Target, policy: str, slo: SLO, workload: Workload) -> CapacityResult:
+    """`twin_capacity`; InputError unless one value met the SLO and a higher one missed it."""
+    found = twin_capacity(target, policy, slo, workload)
     lo, hi = bracket(found)
+    what = "concurrency" if found.variable == "concurrency" else "rate"
     if lo <= 0:
-        raise InputError(f"{policy}: no simulated rate meets the SLO ({slo.describe()}); relax it")
+        raise InputError(f"{policy}: no simulated {what} meets the SLO ({slo.describe()}); relax it")
     if hi is None:
-        raise InputError(f"{policy}: the SLO ({slo.describe()}) is met at every simulated rate up to "
-                         f"{lo:.3g} QPS: {num_requests} requests are served before a queue builds; raise "
-                         "--num-requests (or tighten the SLO)")
+        raise InputError(f"{policy}: the SLO ({slo.describe()}) is met at every simulated {what} up to "
+                         f"{f'{lo:.3g} QPS' if what == 'rate' else describe(found.variable, lo)}: "
+                         f"{workload.num_requests} requests are served "
+                         "before a queue builds; raise --num-requests (or tighten the SLO)")
     return found
 
 
@@ -148,42 +215,47 @@ def run_dir(out: Path, target: Target, point: Point) -> Path:
 
 
 def serve_rounds(target: Target, points: list[Point], repeats: int, out: Path,
-                 say: Callable[[str], None], num_requests: int) -> dict[Point, list[Served]]:
+                 say: Callable[[str], None]) -> dict[Point, list[Served]]:
     """2. `repeats` rounds of real runs of every point (after a discarded one, for an engine started once)."""
     if target.warm_up and points:
-        target.serve(points[-1].policy, points[-1].qps, None)
+        target.serve(points[-1].policy, points[-1].workload, None)
     runs: dict[Point, list[Served]] = {p: [] for p in points}
     for k in range(repeats):
         for p in points:
-            say(f"{p.policy}: real run at load {p.load:g} ({p.qps:.4g} QPS, {num_requests} requests)"
+            say(f"{p.policy}: real run at load {p.load:g} ({describe(p.variable, p.value)}, "
+                f"{p.workload.num_requests} requests)"
                 + (f", repeat {k + 1} of {repeats}" if repeats > 1 else ""))
-            runs[p].append(target.serve(p.policy, p.qps, real_dirs(run_dir(out, target, p), repeats)[k]))
+            runs[p].append(target.serve(p.policy, p.workload, real_dirs(run_dir(out, target, p), repeats)[k]))
     return runs
 
 
-def real_start(sim_qps: float, runs: dict[Point, list[Served]], slo: SLO) -> float:
+def real_start(sim_capacity: float, runs: dict[Point, list[Served]], slo: SLO) -> float:
     """Where the real capacity's bisection starts: the twin's capacity, unless a point's runs missed the SLO
-    (by most repeats): then the highest load rate that met it (or the lowest one, one step down)."""
-    met = {p.qps: 2 * sum(slo.met(r.summary) for r in served) > len(served) for p, served in runs.items()}
+    (by most repeats): then the highest load value that met it (or the lowest one, one step down)."""
+    met = {p.value: 2 * sum(slo.met(r.summary) for r in served) > len(served) for p, served in runs.items()}
     if all(met.values()):
-        return sim_qps
+        return sim_capacity
     ok = [q for q, m in met.items() if m]
     return max(ok) if ok else min(met) / REAL_STEP
 
 
-def real_capacity(target: Target, policy: str, slo: SLO, start: float, out: Path,
+def real_capacity(target: Target, policy: str, slo: SLO, start: float, workload: Workload, out: Path,
                   say: Callable[[str], None]) -> CapacityResult:
     """4. `policy`'s real capacity under `slo`, from `start`."""
-    def probe(q: float) -> dict[str, Any]:
-        served = target.serve(policy, q, out / "capacity" / target.folder(policy) / f"qps_{q:.5g}")
+    variable = variable_of(workload)
+
+    def probe(w: Workload) -> dict[str, Any]:
+        value = value_of(w)
+        folder = f"concurrency_{value}" if variable == "concurrency" else f"qps_{value:.5g}"
+        served = target.serve(policy, w, out / "capacity" / target.folder(policy) / folder)
         s = {**served.summary, "foreign_cpu_share": served.foreign_share}
         foreign = served.foreign_share
-        say(f"{policy}: real capacity probe at {q:.4g} QPS: SLO {'met' if slo.met(s) else 'missed'} (median "
-            f"scheduling delay {s['sched_delay_p50']:.3g} s, other CPU "
-            f"{'n/a' if foreign is None else f'{foreign:.0%}'})")
+        say(f"{policy}: real capacity probe at {describe(variable, value)}: SLO "
+            f"{'met' if slo.met(s) else 'missed'} (median scheduling delay {s['sched_delay_p50']:.3g} s, "
+            f"other CPU {'n/a' if foreign is None else f'{foreign:.0%}'})")
         return s
 
-    return search_qps(probe, slo, start, REAL_REL_TOL, MAX_REAL_PROBES, REAL_STEP)
+    return search(probe, workload, slo, start, REAL_REL_TOL, MAX_REAL_PROBES, REAL_STEP)
 
 
 @dataclass(frozen=True)
@@ -197,7 +269,7 @@ class Plan:
     slo: SLO
     out: Path
     capacity: bool
-    num_requests: int
+    workload: Workload  # every run's requests; the rate (or, closed loop, the concurrency) is each load's
     earlier: tuple[str, ...]
 
 
@@ -205,21 +277,29 @@ def run(target: Target, plan: Plan, compare: Comparison, say: Callable[[str], No
     """The stages on a started `target`; `compare` is called on each point once every round ran."""
     from simctl.results.output import prepare_out_dir
 
-    found = Outcome()
+    found, var = Outcome(), variable_of(plan.workload)
     for policy in plan.policies:  # all before any real run: an SLO that does not bind fails fast
-        found.twin[policy] = checked_twin_capacity(target, policy, plan.slo, plan.num_requests)
-        say(f"{policy}: simulated capacity {found.twin[policy].qps:.4g} QPS "
+        found.twin[policy] = checked_twin_capacity(target, policy, plan.slo, plan.workload)
+        say(f"{policy}: simulated capacity {describe(var, found.twin[policy].qps)} "
             f"({len(found.twin[policy].probes)} simulated probes)")
     remove_earlier(prepare_out_dir(plan.out), say, plan.earlier)
-    points = [Point(p, x, found.twin[p].qps) for p in plan.policies for x in plan.loads]
-    found.runs = serve_rounds(target, points, plan.repeats, plan.out, say, plan.num_requests)
+    points = []
+    for policy in plan.policies:
+        mine, left_out = points_of(policy, plan.loads, found.twin[policy].qps, plan.workload)
+        points += mine
+        if left_out:
+            say(f"{policy}: load(s) {', '.join(f'{x:g}' for x in left_out)} round to the concurrency of a "
+                f"lower load ({', '.join(describe(var, p.value) for p in mine)}): served once")
+    found.runs = serve_rounds(target, points, plan.repeats, plan.out, say)
     for p in points:
         compare(p, found.runs[p])
     for policy in plan.policies if plan.capacity else ():
         sim = found.twin[policy].qps
         start = real_start(sim, {p: r for p, r in found.runs.items() if p.policy == policy}, plan.slo)
-        real = found.real[policy] = real_capacity(target, policy, plan.slo, start, plan.out, say)
+        real = found.real[policy] = real_capacity(target, policy, plan.slo, start, plan.workload, plan.out,
+                                                  say)
         rlo, rhi = bracket(real)
-        say(f"{policy}: real capacity {rlo:.4g} QPS (first failing {rhi if rhi is None else f'{rhi:.4g}'}), "
+        say(f"{policy}: real capacity {describe(var, rlo)} (first failing "
+            f"{rhi if rhi is None else f'{rhi:.4g}'}), "
             f"capacity error {fmt_err(pct_error(sim, rlo) if rlo > 0 else None)}")
     return found

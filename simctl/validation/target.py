@@ -2,15 +2,18 @@
 
 A target is started once (`with target:`; simctl's engine starts a child per run, and its start only probes
 the device the runs will find; vLLM's engine starts once and serves every run), says the settings it
-resolved (which configure its twin), prices a run at a rate on its twin (the capacity search's probes), and
-serves a run at a rate for real. `validation.pipeline` runs the stages over any target: simctl's engine, lone
-or its P/D pair (`validation/engine_target.py`), and the installed vLLM (`validation/vllm_validate.py`)."""
+resolved (which configure its twin), prices a run of a load's workload (its rate, or with closed-loop clients
+its concurrency) on its twin (the capacity search's probes), and serves it for real. `validation.pipeline`
+runs the stages over any target: simctl's engine, lone or its P/D pair (`validation/engine_target.py`), and
+the installed vLLM (`validation/vllm_validate.py`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Self
+
+from simctl.traces.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,8 @@ class Target(Protocol):
     def folder(self, policy: str) -> str:
         """The folder under `runs/` and `capacity/` for `policy`'s runs ("" for an engine of one policy)."""
 
-    def twin(self, policy: str, qps: float) -> dict[str, Any]:
-        """The twin's summary of a run of `policy` at `qps`, as the real run would be served."""
+    def twin(self, policy: str, workload: Workload) -> dict[str, Any]:
+        """The twin's summary of a run of `policy` serving `workload`, as the real run would be served."""
 
-    def serve(self, policy: str, qps: float, out: Path | None) -> Served:
-        """A real run of `policy` at `qps`, its files written to `out` (None: a run to discard)."""
+    def serve(self, policy: str, workload: Workload, out: Path | None) -> Served:
+        """A real run of `policy` serving `workload`, its files written to `out` (None: a run to discard)."""

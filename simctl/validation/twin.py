@@ -38,7 +38,8 @@ class Setup:
         """Its fields for validation.json's `config`, the workload's among them (as a run's summary)."""
         return {**self.workload.recorded(), **{k: v for k, v in asdict(self).items() if k != "workload"}}
 
-    def real_config(self, policy: str, qps: float) -> Any:
+    def real_config(self, policy: str, qps: float | None) -> Any:
+        """The real run of `policy` at `qps` (None: closed-loop clients without a rate)."""
         from simctl.engine.real import RealConfig
 
         return RealConfig(policy=policy, workload=self.workload.at(qps), model=self.model, device=self.device,
@@ -49,7 +50,7 @@ class Setup:
 
 
 
-def twin_summary(setup: Setup, policy: str, qps: float) -> dict[str, Any]:
+def twin_summary(setup: Setup, policy: str, qps: float | None) -> dict[str, Any]:
     """The summary fields `engine.real.twin_inputs` reads, as a real run of `policy` at `qps` would record
     them (its requests and its KV sizing on the setup's budget), without running it."""
     from simctl.catalogue.models import get_model

@@ -7,7 +7,8 @@ The stages and their constants are `validation.pipeline`'s, over simctl's engine
 (`validation.engine_target.SimctlEngine`); for each policy:
 
 1. **Simulated capacity on the twin setup.** The highest QPS whose *simulated* run meets the SLO (default:
-   sustainable and median scheduling delay <= 2 s; optionally P99 TBT), by bisection over QPS. Every probe
+   sustainable and median scheduling delay <= 2 s; optionally P99 TBT), by bisection over QPS (closed-loop
+   clients without a rate: over the concurrency, the rows and capacities in clients). Every probe
    is the run a real run at that rate would be: the same request generator (`traces.build_trace`:
    trace, count, seed, scaled lengths), the same KV sizing (`engine.real.size_run` on the real runs' slab
    budget), the policy rebuilt by `simctl.engine.real.twin_inputs`, priced by the fitted cost model.
@@ -172,7 +173,7 @@ def validate_main(policies: list[str], workload: Workload = DEFAULT_WORKLOAD,
             "loadavg_start": loadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         compare = Comparisons(engine, fitted, slo, Path(out), repeats, say)
-        plan = pipeline.Plan(names, loads, repeats, slo, Path(out), capacity, setup.workload.num_requests,
+        plan = pipeline.Plan(names, loads, repeats, slo, Path(out), capacity, setup.workload,
                              (*VALIDATION_FILES, *VALIDATION_DIRS))
         outcome = pipeline.run(engine, plan, compare, say)
     config["loadavg_end"] = loadavg()
@@ -227,18 +228,20 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
     check_fitted_run(getattr(fitted, "meta", {}), setup.device, c.get("device_name"), setup.dtype)
     caps: dict[str, dict[str, Any]] = {}
     twins = SimctlEngine(setup, fitted, list(old.capacity))  # its twins only: nothing real runs
+    var = pipeline.variable_of(setup.workload)  # closed-loop clients without a rate: the concurrency
     for policy, was in old.capacity.items():
-        lo, hi = bracket(pipeline.twin_capacity(twins, policy, slo))
+        lo, hi = bracket(pipeline.twin_capacity(twins, policy, slo, setup.workload))
+        real = was.get(f"real_{var}")
         caps[policy] = {**{k: v for k, v in was.items() if k.startswith("real")},
-                        "sim_qps": lo, "sim_fail_qps": hi, "original_sim_qps": was["sim_qps"],
-                        "error_pct": pct_error(lo, was.get("real_qps")) if was.get("real_qps") else None}
-        say(f"{policy}: simulated capacity {lo:.4g} QPS (was {was['sim_qps']:.4g})")
+                        f"sim_{var}": lo, f"sim_fail_{var}": hi, f"original_sim_{var}": was[f"sim_{var}"],
+                        "error_pct": pct_error(lo, real) if real else None}
+        say(f"{policy}: simulated capacity {pipeline.describe(var, lo)} (was {was[f'sim_{var}']:.4g})")
     found = Findings()
     for r in old.rows:
         reals = real_dirs(src / "runs" / r["policy"] / f"load_{r['load']:g}", c.get("repeats", 1))
         run_dir = out / "runs" / r["policy"] / f"load_{r['load']:g}"
-        found.add(compare_run(r["policy"], r["load"], r["qps"], caps[r["policy"]]["sim_qps"], reals, run_dir,
-                              fitted, slo, r.get("foreign_cpu_share")))
+        found.add(compare_run(r["policy"], r["load"], r[var], caps[r["policy"]][f"sim_{var}"], reals, run_dir,
+                              fitted, slo, r.get("foreign_cpu_share"), var))
     config = {**c, "cost": cost_name(cost), "rescored_from": str(src), "original_cost": c["cost"],
               "cost_model_fit": cost_meta(fitted)}
     report = ValidationReport(config, found.rows, caps, found.evidence, out, found.pairs)

@@ -8,7 +8,9 @@ The stages and their constants are `validation.pipeline`'s, over vLLM as the tar
    the twin: policy `vllm-v1` with vLLM's block size, token budget, max_num_seqs, long-prefill threshold,
    prefix caching and KV blocks, at its max_model_len, priced by the fitted cost model of vLLM's own steps
    (`simctl profile --engine vllm`, then `simctl fit`).
-2. **Twin capacity.** The highest rate whose simulated run meets the SLO (`studies.capacity.search_qps`).
+2. **Twin capacity.** The highest rate whose simulated run meets the SLO (`studies.capacity.search_qps`);
+   with closed-loop clients and no rate (`--concurrency`), the highest concurrency (`pipeline`), and each
+   load is a number of clients (the report's `concurrency` where it has `qps`).
 3. **Loads.** In each of `repeats` rounds, each load (a fraction of that capacity) is served for real and
    simulated on the identical requests (`traces.build_trace`: same trace, count, seed, scaled lengths and
    rate). Measured values are medians over the rounds (min and max kept). Errors are (sim - real) / real, raw
@@ -81,8 +83,13 @@ class VLLMValidation:
 
     @property
     def clients(self) -> dict[str, Any]:
-        """How the requests are sent, for the real engine and its twin alike (`serving.clients.Clients`)."""
-        return {"concurrency": self.workload.concurrency, "think_s": self.workload.think_time}
+        return clients_of(self.workload)
+
+
+def clients_of(workload: Workload) -> dict[str, Any]:
+    """How a run of `workload` sends its requests, for the real engine and its twin alike
+    (`serving.clients.Clients`)."""
+    return {"concurrency": workload.concurrency, "think_s": workload.think_time}
 
 
 def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: CostModel,
@@ -148,7 +155,7 @@ def validate_vllm(v: VLLMValidation, log: Callable[[str], None] | None = None) -
     t0 = time.perf_counter()
     out, rows = Path(v.out), []
     with VLLMTarget(v, cost, say) as target:
-        plan = pipeline.Plan([TWIN_POLICY], loads, v.repeats, v.slo, out, v.capacity, v.workload.num_requests,
+        plan = pipeline.Plan([TWIN_POLICY], loads, v.repeats, v.slo, out, v.capacity, v.workload,
                              (*FILES, *DIRS))
         found = pipeline.run(target, plan, lambda point, runs: rows.append(_row(point, runs, target, out)),
                              say)
@@ -159,7 +166,7 @@ def validate_vllm(v: VLLMValidation, log: Callable[[str], None] | None = None) -
                    "cost": cost_name(v.cost), "out": str(out), "engine": target.settings(),
                    "wall_s": time.perf_counter() - t0},
         "speed_factors": found.speeds(),
-        "capacity": {"sim_qps": capacity.qps, "sim_probes": len(capacity.probes),
+        "capacity": {f"sim_{capacity.variable}": capacity.qps, "sim_probes": len(capacity.probes),
                      **(_capacity_row(capacity, real) if real else {})},
         "rows": rows,
     }
@@ -204,23 +211,24 @@ class VLLMTarget:
     def folder(self, policy: str) -> str:
         return ""  # one policy: its twin's
 
-    def twin(self, policy: str, qps: float, cost: CostModel | None = None) -> dict[str, Any]:
-        """The twin's summary of a run at `qps`, priced by `cost` (default: the fit's)."""
+    def twin(self, policy: str, workload: Workload, cost: CostModel | None = None) -> dict[str, Any]:
+        """The twin's summary of a run of `workload`, priced by `cost` (default: the fit's)."""
         price = self.cost if cost is None else cost
-        return simulate_requests(self.v.requests_at(qps), self.resolved, price, **self.v.clients)[0]
+        return simulate_requests(workload.requests(), self.resolved, price, **clients_of(workload))[0]
 
-    def serve(self, policy: str, qps: float, out: Path | None) -> Served:
-        """A real run at `qps`, written to `out` as `simctl real --engine vllm` writes it, and the machine's
-        speed during it (`run_speed`)."""
-        v = self.v
+    def serve(self, policy: str, workload: Workload, out: Path | None) -> Served:
+        """A real run of `workload`, written to `out` as `simctl real --engine vllm` writes it, and the
+        machine's speed during it (`run_speed`)."""
+        w = workload
         if out is None:
-            self.server.serve(v.requests_at(qps), v.workload.seed, **v.clients)
+            self.server.serve(w.requests(), w.seed, **clients_of(w))
             return Served({})
         t0 = time.perf_counter()
-        run = self.server.serve(v.requests_at(qps), v.workload.seed, members=True, **v.clients)
-        summary = _write_real(v, qps, self.server, run, time.perf_counter() - t0, out)
+        run = self.server.serve(w.requests(), w.seed, members=True, **clients_of(w))
+        summary = _write_real(self.v, w, self.server, run, time.perf_counter() - t0, out)
         speed = run_speed(run, self.cost)
-        self.say(f"  {qps:.4g} QPS: P50 TTFT {summary['ttft_p50']:.3f} s, P50 ITL "
+        at = pipeline.describe(pipeline.variable_of(w), pipeline.value_of(w))
+        self.say(f"  {at}: P50 TTFT {summary['ttft_p50']:.3f} s, P50 ITL "
                  f"{summary['tbt_p50'] * 1e3:.1f} ms, machine speed factor "
                  f"{'-' if speed is None else f'{speed:.2f}'}")
         return Served(summary, speed)
@@ -240,14 +248,14 @@ def run_speed(run: Any, cost: CostModel) -> float | None:
 def _row(point: Point, runs: list[Served], target: VLLMTarget, out: Path) -> dict[str, Any]:
     """One load's row of the report: the medians of its real runs, the twin raw and at each run's machine
     speed, and their errors; the twin's run written to `out`."""
-    v, load = target.v, point.load
-    sim, result = simulate_requests(v.requests_at(point.qps), target.resolved, target.cost, **v.clients)
+    load, w = point.load, point.workload
+    sim, result = simulate_requests(w.requests(), target.resolved, target.cost, **clients_of(w))
     _write_sim(out / "runs" / f"load_{load:g}" / "sim", sim, result)
     measured = _median_summary([r.summary for r in runs])
-    at_speed = _median_summary([target.twin(point.policy, point.qps, ScaledCost(target.cost, r.speed))
+    at_speed = _median_summary([target.twin(point.policy, w, ScaledCost(target.cost, r.speed))
                                 for r in runs if r.speed is not None])
     at_fit = [r.summary for r in at_fit_speed(runs)]
-    return {"load": load, "qps": point.qps,
+    return {"load": load, point.variable: point.value,
             **{f"real_{k}": x for k, x in measured.items()},
             **{f"sim_{m}": sim.get(m) for m in METRICS}, **_errors(measured, sim),
             **_errors(measured, at_speed, "_at_speed"),
@@ -263,14 +271,14 @@ def _hit_rates(real: float | None, sim: float | None) -> dict[str, float | None]
             "prefix_cache_hit_rate_err_pts": err}
 
 
-def _write_real(v: VLLMValidation, qps: float, server: Any, run: Any, wall_s: float, where: Path
+def _write_real(v: VLLMValidation, workload: Workload, server: Any, run: Any, wall_s: float, where: Path
                 ) -> dict[str, Any]:
     """A real run's files, as `simctl real --engine vllm` writes them; its summary."""
     from simctl.engine.setup import RealConfig
     from simctl.engine.vllm_real import run_summary
     from simctl.results.output import write_run
 
-    config = RealConfig(policy="vllm", workload=v.workload.at(qps), model=v.model)
+    config = RealConfig(policy="vllm", workload=workload, model=v.model)
     summary = run_summary(config, server, run, wall_s)
     write_run(where, summary, run.result.requests, run.result.iterations.frame())
     return summary
@@ -283,8 +291,9 @@ def _write_sim(where: Path, summary: dict[str, Any], result: Any) -> None:
 
 
 def _capacity_row(sim: CapacityResult, real: CapacityResult) -> dict[str, Any]:
-    probes = [{"qps": p["qps"], "slo_met": p["slo_met"]} for p in real.probes]
-    return {"real_qps": real.qps, "real_probes": probes, "real_problem": real.problem,
+    var = real.variable
+    probes = [{var: p[var], "slo_met": p["slo_met"]} for p in real.probes]
+    return {f"real_{var}": real.qps, "real_probes": probes, "real_problem": real.problem,
             "err_pct": pct_error(sim.qps, real.qps) if not real.problem else None}
 
 
@@ -298,9 +307,10 @@ def markdown(report: dict[str, Any]) -> str:
              f"{eng['num_gpu_blocks']} blocks of {eng['block_size']}, token budget "
              f"{eng['max_num_batched_tokens']}, max_num_seqs {eng['max_num_seqs']}, prefix caching "
              f"{'on' if eng['enable_prefix_caching'] else 'off'}; cost model {cfg['cost']}.")
-    capacity = f"Twin capacity {cap['sim_qps']:.3g} QPS"
-    if "real_qps" in cap:
-        capacity += f"; real capacity {cap['real_qps']:.3g} QPS (error {fmt_err(cap.get('err_pct'))})"
+    var, unit = ("qps", "QPS") if "sim_qps" in cap else ("concurrency", "clients")
+    capacity = f"Twin capacity {cap[f'sim_{var}']:.3g} {unit}"
+    if f"real_{var}" in cap:
+        capacity += f"; real capacity {cap[f'real_{var}']:.3g} {unit} (error {fmt_err(cap.get('err_pct'))})"
     speeds = ", ".join("-" if s is None else f"{s:.2f}" for s in report["speed_factors"])
     lines = ["# simctl's vllm-v1 twin vs the real vLLM engine", "", setup, "",
              (f"{capacity}. Machine speed factors (each run's busy time over the fit's price of its steps, "
