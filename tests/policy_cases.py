@@ -85,8 +85,9 @@ def kv_covers(kv: object, s: Seq, tokens: int) -> bool:
 
 
 class Checked:
-    """The replica loop's clock, backend and watch for `drive`: every iteration takes one unit of time, only a
-    decode-only plan may repeat, and every plan is checked as it is made and once it ran."""
+    """The replica loop's clock, backend and watch for `drive`: every iteration takes one unit of time, any
+    plan may be priced repeated (the loop stretches those its policy repeats), and every plan is checked as
+    it is made and once it ran."""
 
     def __init__(self, policy: Policy, max_steps: int) -> None:
         self.policy, self.max_steps = policy, max_steps
@@ -103,7 +104,7 @@ class Checked:
         return start + 1
 
     def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray | None:
-        return np.ones(k) if plan.decode_only else None
+        return np.ones(k)
 
     def release(self, finished: list[Seq]) -> None:
         pass
@@ -134,7 +135,7 @@ class Checked:
                     victims.append(v)
         # now, while the keys of the queue's order are those it sorted by
         requeued = requeue(policy, [s for s in waiting_before if s in waiting_after], victims)
-        assert 0 <= extra and (extra == 0 or plan.decode_only)
+        assert extra >= 0
         rows = [Row(s, q, s.in_prefill, s.computed, s.prefill_remaining)
                 for s, q in zip(plan.seqs, plan.num_new)]
         step = Step(plan, rows, extra, running_before, waiting_before, admittable, decoding, prefilling,
@@ -148,8 +149,9 @@ class Checked:
         step = self.steps[-1]
         assert step.plan is plan
         sampled = [s.generated - g for s, g in zip(plan.seqs, self.generated)]
-        if plan.decode_only:  # every repeat samples a token of every decode
-            assert all(n == 1 + step.extra for n in sampled)
+        # every repeat samples a token of every decode; a repeated chunk stays short of its prompt's end
+        assert all(n == (1 + step.extra if not r.prefill else 0 if step.extra else n)
+                   for n, r in zip(sampled, step.rows))
         assert all(s.generated <= s.output_tokens for s in plan.seqs)
         if plan.layout is Layout.PACKED:
             assert sum(sampled) == plan.sampled_tokens * (1 + step.extra)
@@ -165,9 +167,10 @@ def drive(policy: Policy, seqs: list[Seq], gaps: list[int] | None = None, extend
           max_steps: int = 100_000) -> list[Step]:
     """Run `seqs` to completion through the replica loop (`simctl.serving.loop`), each iteration one unit of
     time. Request i arrives `gaps[i]` iterations after request i-1 (or at once when the policy has nothing to
-    run), which sets its `arrival_s`. With `extend_cap`, every decode-only plan is repeated up to that many
-    times, never past the first finish nor past the next arrival (its repeats count as iterations). Checks
-    every plan as it is made and, at the end, that each request finished once with all its tokens."""
+    run), which sets its `arrival_s`. With `extend_cap`, every decode-only plan, and every plan with a chunk
+    its policy repeats (`chunk_repeats`), is repeated up to that many times, never past the first finish nor
+    past the next arrival that matters (its repeats count as iterations). Checks every plan as it is made
+    and, at the end, that each request finished once with all its tokens."""
     gaps = gaps if gaps is not None else [0] * len(seqs)
     arrival = 0
     for i, s in enumerate(seqs):
@@ -202,11 +205,11 @@ def check_plan(policy: Policy, step: Step) -> None:
         assert s.phase is Phase.RUNNING and (s in policy.running) != (s.id in ahead)
         assert r.q >= 1
         if r.prefill:
-            assert r.q <= r.remaining
+            assert r.q * (1 + step.extra) <= r.remaining
         else:
             assert r.q == 1
         # the KV for everything this plan (and its repeats) caches is already held
-        assert s.id in ahead or kv_covers(kv, s, s.computed + r.q + step.extra)
+        assert s.id in ahead or kv_covers(kv, s, s.computed + r.q * (1 + step.extra))
     if plan.layout is Layout.PACKED:
         assert plan.linear_tokens == sum(plan.num_new)
         assert plan.decode_rows == sum(1 for r in step.rows if not r.prefill)

@@ -121,15 +121,17 @@ class Replica:
             if watch is not None:
                 watch.scheduling()
             plan = policy.schedule()
-            stretch = None if plan is None else self._stretch(plan, now)
-            if watch is not None:
-                watch.planned(plan, 0 if stretch is None else len(stretch[0]) - 1)
             if plan is None:
+                if watch is not None:
+                    watch.planned(None, 0)
                 now = inbox.next_time
                 if now == inf:
                     return
                 yield now
                 continue
+            stretch = self._stretch(plan, now)
+            if watch is not None:
+                watch.planned(plan, 0 if stretch is None else len(stretch[0]) - 1)
             if stretch is None:
                 end = backend.run(plan, now)
                 yield end
