@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -53,6 +57,27 @@ def random_requests(n: int, qps: float, seed: int, max_prompt: int = 2000, max_o
 @pytest.fixture
 def affine_cost() -> AffineCost:
     return AffineCost()
+
+
+def simctl_here(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`simctl ARGS` run in this process through the command line's entry point (its exit code, stdout and
+    stderr as a child's would be): for what a command says, bad input above all, which it refuses in-process;
+    the console script's own boundary is crossed by tests/test_cli.py and the interruption tests."""
+    from simctl.cli import main
+
+    out, err, before = io.StringIO(), io.StringIO(), Path.cwd()
+    code = 0
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main([str(a) for a in args])
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess(["simctl", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
 # ---- the real engine's tests (test_engine, test_disagg): the tiny-2l model, one thread ---------------------

@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
@@ -19,6 +20,8 @@ from simctl.policies.padded_kv import PaddedBatchKV
 from simctl.policies.plan import BatchPlan, Layout
 from simctl.policies.registry import POLICIES, max_admissible_tokens
 from simctl.policies.seq import Phase, Seq
+from simctl.serving.inbox import Inbox
+from simctl.serving.loop import Replica
 
 # ----------------------------------------------------------------------------------------------------------
 # the driver
@@ -81,36 +84,47 @@ def kv_covers(kv: object, s: Seq, tokens: int) -> bool:
     return s.id in kv.holders and tokens <= kv.reserve_tokens
 
 
-def drive(policy: Policy, seqs: list[Seq], gaps: list[int] | None = None, extend_cap: int = 0,
-          max_steps: int = 100_000) -> list[Step]:
-    """Run `seqs` to completion. Request i arrives `gaps[i]` iterations after request i-1 (or at once when the
-    policy has nothing to run). With `extend_cap`, every decode-only plan is offered up to that many repeats,
-    never past the first finish nor past the next arrival (an extended plan's repeats count as iterations).
-    Checks every plan as it is made and, at the end, that each request finished once with all its tokens."""
-    gaps = gaps if gaps is not None else [0] * len(seqs)
-    steps: list[Step] = []
-    finishes: Counter[int] = Counter()
-    nxt, countdown = 0, 0
-    while True:
-        while nxt < len(seqs) and countdown <= 0:
-            policy.add(seqs[nxt])
-            nxt += 1
-            countdown = gaps[nxt] if nxt < len(seqs) else 0
-        running_before, waiting_before = list(policy.running), list(policy.waiting)
-        decoding = [s for s in running_before if not s.in_prefill]
-        prefilling = [s for s in running_before if s.in_prefill]
-        admittable = head_admittable(policy)
-        plan = policy.schedule()
+class Checked:
+    """The replica loop's clock, backend and watch for `drive`: every iteration takes one unit of time, any
+    plan may be priced repeated (the loop stretches those its policy repeats), and every plan is checked as
+    it is made and once it ran."""
+
+    def __init__(self, policy: Policy, max_steps: int) -> None:
+        self.policy, self.max_steps = policy, max_steps
+        self.steps: list[Step] = []
+        self.finishes: Counter[int] = Counter()
+        self.before: tuple[list[Seq], list[Seq], bool, list[Seq], list[Seq]] = ([], [], False, [], [])
+        self.generated: list[int] = []  # of the plan's sequences, before it ran
+
+    # ---- clock and backend ---------------------------------------------------------------------------------
+    def now(self, exact: float) -> float:
+        return exact
+
+    def run(self, plan: BatchPlan, start: float) -> float:
+        return start + 1
+
+    def stretch_times(self, plan: BatchPlan, k: int) -> np.ndarray | None:
+        return np.ones(k)
+
+    def release(self, finished: list[Seq]) -> None:
+        pass
+
+    # ---- watch ---------------------------------------------------------------------------------------------
+    def scheduling(self) -> None:
+        policy = self.policy
+        running = list(policy.running)
+        self.before = (running, list(policy.waiting), head_admittable(policy),
+                       [s for s in running if not s.in_prefill], [s for s in running if s.in_prefill])
+
+    def planned(self, plan: BatchPlan | None, extra: int) -> None:
+        policy = self.policy
         if plan is None:
             # the KV always fits the largest request alone, so nothing runnable means nothing at all
             assert policy.idle, "schedule() returned None with work pending"
-            if nxt == len(seqs):
-                break
-            countdown = 0
-            continue
-        assert len(steps) < max_steps, "no progress"
-        running_after, waiting_after, admittable_after = list(policy.running), list(policy.waiting), \
-            head_admittable(policy)
+            return
+        assert len(self.steps) < self.max_steps, "no progress"
+        running_before, waiting_before, admittable, decoding, prefilling = self.before
+        running_after, waiting_after = list(policy.running), list(policy.waiting)
         victims = []
         for v in running_before:  # left the running set without finishing: preempted by recompute, or its
             if v not in running_after:  # KV moved off the device (Baton), back with it
@@ -121,41 +135,58 @@ def drive(policy: Policy, seqs: list[Seq], gaps: list[int] | None = None, extend
                     victims.append(v)
         # now, while the keys of the queue's order are those it sorted by
         requeued = requeue(policy, [s for s in waiting_before if s in waiting_after], victims)
-        extra = 0
-        if extend_cap and plan.decode_only and plan.seqs:
-            limit = min(extend_cap, min(s.remaining_outputs for s in plan.seqs) - 1)
-            if nxt < len(seqs):
-                limit = min(limit, countdown - 1)
-            if limit > 0:
-                extra = policy.extend(plan, limit)
-                assert 0 <= extra <= limit
+        assert extra >= 0
         rows = [Row(s, q, s.in_prefill, s.computed, s.prefill_remaining)
                 for s, q in zip(plan.seqs, plan.num_new)]
         step = Step(plan, rows, extra, running_before, waiting_before, admittable, decoding, prefilling,
-                    running_after, waiting_after, admittable_after,
+                    running_after, waiting_after, head_admittable(policy),
                     waiting_after[0].prefill_remaining if waiting_after else 0, policy.kv.used, requeued)
         check_plan(policy, step)
-        steps.append(step)
-        sampled = 0
-        for s, q in zip(plan.seqs, plan.num_new):
-            sampled += s.advance(q)
-            for _ in range(extra):
-                assert s.advance(1)
-            assert s.generated <= s.output_tokens
+        self.steps.append(step)
+        self.generated = [s.generated for s in plan.seqs]
+
+    def ran(self, plan: BatchPlan, finished: list[Seq]) -> None:
+        step = self.steps[-1]
+        assert step.plan is plan
+        sampled = [s.generated - g for s, g in zip(plan.seqs, self.generated)]
+        # every repeat samples a token of every decode; a repeated chunk stays short of its prompt's end
+        assert all(n == (1 + step.extra if not r.prefill else 0 if step.extra else n)
+                   for n, r in zip(sampled, step.rows))
+        assert all(s.generated <= s.output_tokens for s in plan.seqs)
         if plan.layout is Layout.PACKED:
-            assert sampled == plan.sampled_tokens
+            assert sum(sampled) == plan.sampled_tokens * (1 + step.extra)
         step.finished = [s for s in plan.seqs if s.generated == s.output_tokens]
-        for s in step.finished:
-            policy.finish(s)
-            finishes[s.id] += 1
+        assert finished == step.finished  # released by the loop, each once it sampled its last token
+        for s in finished:
+            self.finishes[s.id] += 1
             assert s.phase is Phase.FINISHED
-        step.kv_used_end = policy.kv.used
-        countdown -= 1 + extra
-    assert nxt == len(seqs)
+        step.kv_used_end = self.policy.kv.used
+
+
+def drive(policy: Policy, seqs: list[Seq], gaps: list[int] | None = None, extend_cap: int = 0,
+          max_steps: int = 100_000) -> list[Step]:
+    """Run `seqs` to completion through the replica loop (`simctl.serving.loop`), each iteration one unit of
+    time. Request i arrives `gaps[i]` iterations after request i-1 (or at once when the policy has nothing to
+    run), which sets its `arrival_s`. With `extend_cap`, every decode-only plan, and every plan with a chunk
+    its policy repeats (`chunk_repeats`), is repeated up to that many times, never past the first finish nor
+    past the next arrival that matters (its repeats count as iterations). Checks every plan as it is made
+    and, at the end, that each request finished once with all its tokens."""
+    gaps = gaps if gaps is not None else [0] * len(seqs)
+    arrival = 0
+    for i, s in enumerate(seqs):
+        arrival += gaps[i] if i else 0
+        s.arrival_s = float(arrival)
+    checked = Checked(policy, max_steps)
+    inbox = Inbox(seqs)
+    replica = Replica(policy, checked, checked, inbox, max_stretch=extend_cap + 1, watch=checked)
+    for _ in replica.serve():
+        pass  # no time passes: each iteration's end is its start plus one
+    assert inbox.next_time == float("inf")
+    finishes = checked.finishes
     assert all(finishes[s.id] == 1 for s in seqs) and sum(finishes.values()) == len(seqs)
     assert all(s.generated == s.output_tokens for s in seqs)
     assert policy.idle and policy.kv.used == 0
-    return steps
+    return checked.steps
 
 
 def check_plan(policy: Policy, step: Step) -> None:
@@ -174,11 +205,11 @@ def check_plan(policy: Policy, step: Step) -> None:
         assert s.phase is Phase.RUNNING and (s in policy.running) != (s.id in ahead)
         assert r.q >= 1
         if r.prefill:
-            assert r.q <= r.remaining
+            assert r.q * (1 + step.extra) <= r.remaining
         else:
             assert r.q == 1
         # the KV for everything this plan (and its repeats) caches is already held
-        assert s.id in ahead or kv_covers(kv, s, s.computed + r.q + step.extra)
+        assert s.id in ahead or kv_covers(kv, s, s.computed + r.q * (1 + step.extra))
     if plan.layout is Layout.PACKED:
         assert plan.linear_tokens == sum(plan.num_new)
         assert plan.decode_rows == sum(1 for r in step.rows if not r.prefill)

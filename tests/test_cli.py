@@ -1,4 +1,5 @@
-"""The `simctl` command-line contract, exercised through the installed console script in a subprocess.
+"""The `simctl` command-line contract, exercised through the installed console script in a subprocess; bad
+input, which the command refuses in-process, through `simctl.cli.main` in this process (`simctl_here`).
 
 - Bad input: exit code 2, exactly one line on stderr starting with "simctl: error:", no traceback, nothing
   on stdout, and nothing written to --out (not even the folder; earlier runs' files untouched).
@@ -12,15 +13,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import simctl_here
 
 pytestmark = pytest.mark.cli
 
@@ -186,42 +186,29 @@ BAD_TRACES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def bad_results(tmp_path_factory: pytest.TempPathFactory, traces: dict[str, Path]
-                ) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
-    """Every bad-input run, run concurrently once (each in its own folder, with its own --out)."""
-    jobs: dict[str, tuple[Path, tuple[str | Path, ...]]] = {}
-    for case, args, _ in BAD_RUNS:
-        d = tmp_path_factory.mktemp(case)
-        jobs[case] = (d, ("run", *args, "--out", d / "out"))
-    for case, key, args, _ in BAD_TRACES:
-        d = tmp_path_factory.mktemp(case)
-        jobs[case] = (d, ("run", "--trace", traces[key], *args, "--out", d / "out", "--json"))
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
-        futures = {case: pool.submit(simctl, *args, cwd=d) for case, (d, args) in jobs.items()}
-        return {case: (f.result(), jobs[case][0] / "out") for case, f in futures.items()}
-
-
-@pytest.mark.parametrize(("case", "expected"), [(c[0], c[2]) for c in BAD_RUNS], ids=[c[0] for c in BAD_RUNS])
-def test_bad_option_is_one_line_exit_2_and_writes_nothing(bad_results: dict, case: str,
-                                                        expected: tuple[str, ...]) -> None:
-    res, out = bad_results[case]
-    assert_one_line_error(res, *expected)
+@pytest.mark.parametrize(("args", "expected"), [c[1:] for c in BAD_RUNS], ids=[c[0] for c in BAD_RUNS])
+def test_bad_option_is_one_line_exit_2_and_writes_nothing(
+        tmp_path: Path, args: tuple[str, ...], expected: tuple[str, ...]) -> None:
+    out = tmp_path / "out"
+    assert_one_line_error(simctl_here("run", *args, "--out", out, cwd=tmp_path), *expected)
     assert_no_outputs(out)
     assert not out.exists()
 
 
-@pytest.mark.parametrize(("case", "expected"), [(c[0], c[3]) for c in BAD_TRACES],
+@pytest.mark.parametrize(("key", "args", "expected"), [c[1:] for c in BAD_TRACES],
                          ids=[c[0] for c in BAD_TRACES])
-def test_bad_trace_is_one_line_exit_2_and_writes_nothing(bad_results: dict, case: str,
-                                                       expected: tuple[str, ...]) -> None:
-    res, out = bad_results[case]
+def test_bad_trace_is_one_line_exit_2_and_writes_nothing(
+        tmp_path: Path, traces: dict[str, Path], key: str, args: tuple[str, ...],
+        expected: tuple[str, ...]) -> None:
+    out = tmp_path / "out"
+    res = simctl_here("run", "--trace", traces[key], *args, "--out", out, "--json", cwd=tmp_path)
     assert_one_line_error(res, *expected)
     assert_no_outputs(out)
     assert not out.exists()
 
 
 def test_missing_trace_file(tmp_path: Path) -> None:
+    """Through the console script: exit code 2, one line on stderr, no traceback, nothing written."""
     res = simctl("run", "--trace", tmp_path / "nope.csv", *SMALL, "--out", tmp_path / "out")
     assert_one_line_error(res, "nope.csv", "not found")
     assert not (tmp_path / "out").exists()
@@ -230,9 +217,9 @@ def test_missing_trace_file(tmp_path: Path) -> None:
 def test_out_is_an_existing_file(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.write_text("keep me")
-    assert_one_line_error(simctl("run", *SMALL, "--out", out), "--out", "not a directory")
+    assert_one_line_error(simctl_here("run", *SMALL, "--out", out), "--out", "not a directory")
     assert out.read_text() == "keep me"
-    assert_one_line_error(simctl("run", *SMALL, "--out", out / "sub"), "--out", "not a directory")
+    assert_one_line_error(simctl_here("run", *SMALL, "--out", out / "sub"), "--out", "not a directory")
 
 
 @pytest.mark.parametrize(("args", "words"), [
@@ -240,9 +227,9 @@ def test_out_is_an_existing_file(tmp_path: Path) -> None:
     (("--loads", "half"), ("--loads", "comma-separated")),
     (("--policy", "nope"), ("unknown policy",)),
 ])
-def test_validate_bad_option_is_one_line_exit_2(tmp_path: Path, args: tuple[str, ...],
-                                                words: tuple[str, ...]) -> None:
-    res = simctl("validate", *args, "--out", tmp_path / "val")
+def test_validate_bad_option_is_one_line_exit_2(tmp_path: Path,
+                                                args: tuple[str, ...], words: tuple[str, ...]) -> None:
+    res = simctl_here("validate", *args, "--out", tmp_path / "val")
     assert_one_line_error(res, *words)
     assert not (tmp_path / "val").exists()
 
@@ -265,16 +252,17 @@ def test_unknown_command() -> None:
     assert_one_line_error(simctl("list", "--bogus"), "--bogus", "simctl list --help")
 
 
-def test_failed_run_leaves_earlier_outputs_untouched(tmp_path: Path, traces: dict[str, Path]) -> None:
+def test_failed_run_leaves_earlier_outputs_untouched(tmp_path: Path,
+                                                    traces: dict[str, Path]) -> None:
     out = tmp_path / "out"
-    res = simctl("run", "--policy", "vllm", "--trace", "sharegpt", "--qps", "4", *SMALL, "--out", out)
+    res = simctl_here("run", "--policy", "vllm", "--trace", "sharegpt", "--qps", "4", *SMALL, "--out", out)
     assert res.returncode == 0, res.stderr
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert sorted(before) == sorted(RUN_FILES)
     for bad in (("--qps", "0"), ("--policy", "nope"), ("--qps", "abc"), ("--trace", str(traces["unsorted"])),
                 ("--trace", str(traces["big"]), "--on-too-long", "error"),
                 ("--model", "llama-2-70b", "--gpu", "l4")):
-        assert_one_line_error(simctl("run", "--policy", "vllm", *SMALL, *bad, "--out", out))
+        assert_one_line_error(simctl_here("run", "--policy", "vllm", *SMALL, *bad, "--out", out))
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # same files, same bytes, no temps
 
 
@@ -502,10 +490,10 @@ BAD_OTHER: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
 
 
 @pytest.mark.parametrize(("args", "expected"), [c[1:] for c in BAD_OTHER], ids=[c[0] for c in BAD_OTHER])
-def test_other_commands_bad_input_is_one_line_exit_2(tmp_path: Path, args: tuple[str, ...],
-                                                     expected: tuple[str, ...]) -> None:
+def test_other_commands_bad_input_is_one_line_exit_2(
+        tmp_path: Path, args: tuple[str, ...], expected: tuple[str, ...]) -> None:
     out = tmp_path / "out"
-    assert_one_line_error(simctl(*args, "--out", out, cwd=tmp_path), *expected)
+    assert_one_line_error(simctl_here(*args, "--out", out, cwd=tmp_path), *expected)
     assert not out.exists() or not any(out.iterdir())
 
 

@@ -1,15 +1,15 @@
-"""Cluster options misused (issue 10): one line on stderr, exit 2, nothing written; and a plain run is a
-cluster of one."""
+"""Cluster options misused (issue 10): one line on stderr, exit 2, nothing written (refused in-process:
+`simctl_here`); and a plain run is a cluster of one (`simctl` run as a child, as a user runs it)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import simctl_here
 
 pytestmark = pytest.mark.cli
 
@@ -48,19 +48,10 @@ def simctl(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(SIMCTL), *args], check=False, capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture(scope="module")
-def results(
-        tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
-    root = tmp_path_factory.mktemp("cluster_misuse")
-    with ThreadPoolExecutor(4) as pool:
-        futures = {name: (pool.submit(simctl, *BASE, *args, "--out", str(root / str(i))), root / str(i))
-                   for i, (name, (args, _)) in enumerate(CASES.items())}
-        return {name: (f.result(), out) for name, (f, out) in futures.items()}
-
-
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_cluster_input_is_one_line_exit_2(results: dict, case: str) -> None:
-    res, out = results[case]
+def test_bad_cluster_input_is_one_line_exit_2(tmp_path: Path, case: str) -> None:
+    out = tmp_path / "out"
+    res = simctl_here(*BASE, *CASES[case][0], "--out", out)
     assert res.returncode == 2, (res.returncode, res.stderr)
     assert res.stderr.count("\n") == 1 and res.stderr.startswith("simctl: error: "), res.stderr
     assert CASES[case][1] in res.stderr, res.stderr
@@ -101,6 +92,6 @@ GOODPUT_CASES = {
 @pytest.mark.parametrize("case", list(GOODPUT_CASES))
 def test_bad_goodput_input_is_one_line_exit_2(case: str) -> None:
     args, words = GOODPUT_CASES[case]
-    res = simctl(*args)
+    res = simctl_here(*args)
     assert res.returncode == 2, (res.returncode, res.stderr)
     assert res.stderr.count("\n") == 1 and words in res.stderr, res.stderr

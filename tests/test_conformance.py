@@ -84,7 +84,7 @@ def test_steps_conform(name: str, data: st.DataObject) -> None:
     stepped = drive(stepping.policy, stepping.seqs, stepping.gaps)
     check_steps(case.policy, extended)
     check_steps(stepping.policy, stepped)
-    # extend() only batches bookkeeping: unrolled, its schedule is that of stepping one at a time
+    # a stretch (extend(), chunk_repeats()) only batches bookkeeping: unrolled, its schedule is stepping's
     assert unrolled(extended) == unrolled(stepped)
     assert [s.preemptions for s in case.seqs] == [s.preemptions for s in stepping.seqs]
     event(f"admission: {case.policy.admission_order}")

@@ -18,7 +18,7 @@ from simctl.traces.workload import Workload
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from conftest import TinyCost
+from conftest import TinyCost, simctl_here
 from test_engine import MODEL, REQUESTS, SEED, SPEC
 
 from simctl.engine.deployment import serve_deployment
@@ -105,9 +105,10 @@ PD = ("--prefill-instances", "1", "--decode-instances", "1")
     ((*PD, "--policy", "faster-transformer"), "cannot serve disaggregated"),
     ((*PD, "--device", "cuda"), "runs on the CPU"),
 ])
-def test_bad_real_pd_input_is_one_line_exit_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+def test_bad_real_pd_input_is_one_line_exit_2(tmp_path: Path, args: tuple[str, ...],
+                                             message: str) -> None:
     out = tmp_path / "out"
-    res = simctl("real", "--num-requests", "5", *args, "--out", str(out))
+    res = simctl_here("real", "--num-requests", "5", *args, "--out", out)
     assert res.returncode == 2, (res.returncode, res.stderr)
     assert res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
     assert not out.exists()

@@ -4,8 +4,6 @@ a verdict that holds, and the interrupted commands stop their children and leave
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
@@ -19,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import simctl_here as simctl
 
-from simctl.cli import main
 from simctl.common.errors import InputError
 from simctl.sim.run import RunConfig, run
 from simctl.studies.capacity import SLO, find_capacity, search_qps
@@ -31,25 +29,6 @@ pytestmark = pytest.mark.cli
 
 SIMCTL = Path(sys.executable).parent / "simctl"
 SHIPPED_CPU_PROFILE = Path(__file__).resolve().parents[1] / "simctl" / "profiler" / "profiles" / "cpu"
-
-
-def simctl(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """`simctl ARGS` run in this process through the command line's entry point (its exit code, stdout and
-    stderr as a child's would be): these cases test what it says, not the process boundary, which the
-    interruption tests below and tests/test_cli.py cross."""
-    out, err, before = io.StringIO(), io.StringIO(), Path.cwd()
-    code = 0
-    try:
-        if cwd is not None:
-            os.chdir(cwd)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                main([str(a) for a in args])
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        os.chdir(before)
-    return subprocess.CompletedProcess(["simctl", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
 def one_line_error(res: subprocess.CompletedProcess[str], *words: str) -> None:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import simctl_here
 
 from simctl.catalogue.models import MODELS, get_model
 from simctl.catalogue.moe import MoE
@@ -147,14 +148,12 @@ def test_cli_runs_a_config_and_refuses_a_bad_one(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["model"] == path
     bad = write(tmp_path, {**MISTRAL, "num_key_value_heads": 5}, "bad.json")
-    res = subprocess.run([str(simctl), "run", "--model", bad, "--num-requests", "50"], capture_output=True,
-                         text=True, timeout=120, check=False)
+    res = simctl_here("run", "--model", bad, "--num-requests", "50")  # bad input: refused in-process
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "num_key_value_heads (5)" in res.stderr
     # a mixture of experts simctl cannot price: DeepSeek-V3's latent attention
     mla = write(tmp_path, {**MIXTRAL, "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
                            "kv_lora_rank": 512, "n_routed_experts": 256}, "mla.json")
-    res = subprocess.run([str(simctl), "run", "--model", mla, "--num-requests", "50"], capture_output=True,
-                         text=True, timeout=120, check=False)
+    res = simctl_here("run", "--model", mla, "--num-requests", "50")
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "latent attention" in res.stderr
 
 

@@ -3,12 +3,11 @@ checkout)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import simctl_here
 
 from simctl.catalogue.gpus import get_gpu
 from simctl.catalogue.models import get_model
@@ -109,8 +108,7 @@ def test_attention_is_fitted_where_measured_and_tp_must_match(tmp_path) -> None:
     (["--model", "llama-2-7b", "--gpu", "a40", "--tp", "2"], "no all-reduce of 2 GPUs"),
 ])
 def test_fit_refuses_what_the_directory_lacks_in_one_line(tmp_path, args, why) -> None:
-    out = subprocess.run([sys.executable, "-m", "simctl.cli", "fit", str(PROFILES), *args, "--out",
-                          str(tmp_path / "fit")], check=False, capture_output=True, text=True, cwd=ROOT,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    out = simctl_here("fit", PROFILES, *args, "--out", tmp_path / "fit", cwd=ROOT)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and why in out.stderr, out.stderr
+    assert not (tmp_path / "fit").exists()

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import simctl_here
 
 from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
@@ -78,7 +79,7 @@ def test_cli_json_and_out(tmp_path: Path) -> None:
     (("--policy", "sarathi", "--prompts", "16"), "whole prompts"), (("--scale", "0"), "--scale"),
 ])
 def test_cli_bad_input_is_one_line(args: tuple[str, ...], text: str) -> None:
-    r = _simctl(*args)
+    r = simctl_here("prefill-bench", *args)
     assert r.returncode == 2 and text in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 

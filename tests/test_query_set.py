@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import simctl_here
 
 from simctl.costs.roofline import Roofline
 from simctl.studies.query_set import QUERY_SETS, completion_time, query_set
@@ -99,7 +100,7 @@ def test_eager_execution_prices_the_launch_floor() -> None:
     (("--policy", "nope"), "unknown policy 'nope'"),
 ])
 def test_bad_input_is_one_line(args, needle) -> None:
-    r = _simctl("query-set", *args)
+    r = simctl_here("query-set", *args)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 

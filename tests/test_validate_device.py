@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import simctl_here
 
 from simctl.common.errors import InputError
 from simctl.costs.provenance import check_fitted_run
@@ -20,15 +20,9 @@ from simctl.traces.workload import Workload
 
 pytestmark = pytest.mark.torch
 
-SIMCTL = Path(sys.executable).parent / "simctl"
 SHIPPED_FIT = (Path(__file__).resolve().parents[1] / "simctl" / "profiler" / "profiles" / "cpu"
     / "cost_model.json")
 H100 = "NVIDIA H100 80GB HBM3"
-
-
-def simctl(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SIMCTL), *map(str, args)], check=False, capture_output=True, text=True,
-                          timeout=300)
 
 
 def one_line_error(res: subprocess.CompletedProcess[str], *words: str) -> None:
@@ -78,14 +72,14 @@ def test_a_fit_of_the_same_device_and_dtype_is_accepted(meta, device, name, dtyp
 def test_validate_on_cuda_with_the_shipped_cpu_fit_is_refused(tmp_path):
     """Refused before the device is probed or anything real runs, with or without a GPU."""
     out = tmp_path / "val"
-    one_line_error(simctl("validate", "--policy", "vllm", "--device", "cuda", "--out", out),
+    one_line_error(simctl_here("validate", "--policy", "vllm", "--device", "cuda", "--out", out),
                    "AMD EPYC (cpu)", "not --device cuda", "simctl profile --device cuda")
     assert not out.exists()
 
 
 def test_validate_in_another_dtype_than_the_fit_is_refused(tmp_path):
     out = tmp_path / "val"
-    one_line_error(simctl("validate", "--policy", "vllm", "--dtype", "bfloat16", "--out", out),
+    one_line_error(simctl_here("validate", "--policy", "vllm", "--dtype", "bfloat16", "--out", out),
                    "profiled in float32, not --dtype bfloat16")
     assert not out.exists()
 
@@ -96,7 +90,7 @@ def test_validate_in_another_dtype_than_the_fit_is_refused(tmp_path):
 ])
 def test_validate_refuses_an_unknown_device_or_dtype(tmp_path, option, value, words):
     out = tmp_path / "val"
-    one_line_error(simctl("validate", "--policy", "vllm", option, value, "--out", out), *words)
+    one_line_error(simctl_here("validate", "--policy", "vllm", option, value, "--out", out), *words)
     assert not out.exists()
 
 
@@ -109,8 +103,8 @@ def test_validate_on_cuda_without_cuda_is_one_line(tmp_path):
     cost = tmp_path / "cost_model.json"
     cost.write_text(json.dumps(fit), encoding="utf-8")
     out = tmp_path / "val"
-    one_line_error(simctl("validate", "--policy", "vllm", "--device", "cuda", "--cost", cost, "--out", out),
-                   "--device cuda: cuda requested but not available")
+    one_line_error(simctl_here("validate", "--policy", "vllm", "--device", "cuda", "--cost", cost, "--out",
+                               out), "--device cuda: cuda requested but not available")
     assert not out.exists()
 
 

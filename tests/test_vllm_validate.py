@@ -9,13 +9,11 @@ Misuse is one line, exit 2, before vLLM starts.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import TinyCost
+from conftest import TinyCost, simctl_here
 
 from simctl.costs.base import ScaledCost
 from simctl.results.validation_report import pct_error
@@ -31,7 +29,6 @@ from simctl.validation.vllm_validate import (
 
 pytestmark = pytest.mark.vllm
 
-SIMCTL = Path(sys.executable).parent / "simctl"
 SHIPPED_CPU_FIT = (Path(__file__).resolve().parents[1] / "simctl" / "profiler" / "profiles" / "cpu"
     / "cost_model.json")
 
@@ -45,9 +42,9 @@ SHIPPED_CPU_FIT = (Path(__file__).resolve().parents[1] / "simctl" / "profiler" /
     (("--engine", "vllm", "--cost", str(SHIPPED_CPU_FIT)), "not of vLLM's steps"),
     (("--engine", "vllm", "--cost", "missing.json"), "no such file"),
 ])
-def test_misuse_is_one_line_exit_2(tmp_path: Path, args: tuple[str, ...], words: str) -> None:
-    res = subprocess.run([str(SIMCTL), "validate", *args, "--out", str(tmp_path / "v")], capture_output=True,
-                         text=True, timeout=120, check=False, cwd=tmp_path)
+def test_misuse_is_one_line_exit_2(tmp_path: Path, args: tuple[str, ...],
+                                   words: str) -> None:
+    res = simctl_here("validate", *args, "--out", tmp_path / "v", cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], res.stderr

@@ -23,6 +23,9 @@ stretch's KV is allocated once it has run (`policy.repeats_allowed` bounds it be
 KV set aside ahead), and the driver resumes the wait early at a push by sending True: the loop then cuts the
 stretch at the iteration during which that request arrived. An inbox holding every request ahead cannot cut
 a stretch, and its KV is allocated when planned (`policy.extend`), one pass over the decodes instead of two.
+
+A `Watch` sees the policy before each `schedule()`, each plan about to run and each plan once its bookkeeping
+is applied: tests/policy_cases.py checks every plan of every policy through this very loop.
 """
 
 from __future__ import annotations
@@ -57,6 +60,20 @@ class Clock(Protocol):
         have), a real clock returns its reading."""
 
 
+class Watch(Protocol):
+    """Sees every step of the loop (None: nothing watches; the simulator, the real engine, the replay)."""
+
+    def scheduling(self) -> None:
+        """The requests due are handed to the policy; `schedule()` is next."""
+
+    def planned(self, plan: BatchPlan | None, extra: int) -> None:
+        """What `schedule()` returned, before it runs, with the `extra` repeats the loop plans for it (their
+        KV already held, unless the inbox is pushed while serving, whose pushes may also cut them short)."""
+
+    def ran(self, plan: BatchPlan, finished: list[Seq]) -> None:
+        """The plan (and its repeats) ran and its bookkeeping is applied: `finished` have left the policy."""
+
+
 class Backend(Protocol):
     def run(self, plan: BatchPlan, start: float) -> float:
         """Execute (or price) `plan`, begun at `start`; return the time its tokens exist."""
@@ -82,11 +99,13 @@ class Replica:
     # The iteration ends of the stretch the loop waits through (None otherwise): a router may push a request
     # meanwhile (a cluster's replica), and its driver then resumes the loop early to cut the stretch there.
     stretch: np.ndarray | None = None
+    max_stretch: int = MAX_STRETCH  # most iterations priced at once (1: one at a time)
+    watch: Watch | None = None
 
     def serve(self, start: float = 0.0) -> Generator[float, None, None]:
         """The loop; yields each time until which the driver must let time pass before resuming it."""
-        policy, inbox, backend, clock, records = (self.policy, self.inbox, self.backend, self.clock,
-                                                  self.records)
+        policy, inbox, backend, clock, records, watch = (self.policy, self.inbox, self.backend, self.clock,
+                                                         self.records, self.watch)
         inf = float("inf")
         now = start
         while True:
@@ -99,14 +118,20 @@ class Replica:
                 if self.max_waiting is not None and len(policy.waiting) > self.max_waiting:
                     self.aborted = True
                     return
+            if watch is not None:
+                watch.scheduling()
             plan = policy.schedule()
             if plan is None:
+                if watch is not None:
+                    watch.planned(None, 0)
                 now = inbox.next_time
                 if now == inf:
                     return
                 yield now
                 continue
             stretch = self._stretch(plan, now)
+            if watch is not None:
+                watch.planned(plan, 0 if stretch is None else len(stretch[0]) - 1)
             if stretch is None:
                 end = backend.run(plan, now)
                 yield end
@@ -127,6 +152,8 @@ class Replica:
                 if kv_used is not None:
                     kv_used = kv_used[:len(ends)]
                 finished = apply_stretch(policy, records, plan, now, ends, kv_used)
+            if watch is not None:
+                watch.ran(plan, finished)
             if finished:
                 backend.release(finished)
             now = end
@@ -135,12 +162,12 @@ class Replica:
         """End times of the iterations this plan can run back to back (None: just one), and for a plan with
         prefill chunks the KV each of them holds (None for a decode-only plan, recorded as one row)."""
         if plan.decode_only:
-            decodes, extra = plan.seqs, MAX_STRETCH - 1
+            decodes, extra = plan.seqs, self.max_stretch - 1
         else:
             extra = self.policy.chunk_repeats(plan)
             if extra <= 0:
                 return None
-            decodes, extra = plan.seqs[:plan.decode_tokens], min(extra, MAX_STRETCH - 1)
+            decodes, extra = plan.seqs[:plan.decode_tokens], min(extra, self.max_stretch - 1)
         if decodes:  # until the first decode samples its last token
             extra = min(extra, min([s.output_tokens - s.generated for s in decodes]) - 1)
         if extra <= 0:
