@@ -262,6 +262,6 @@ def test_expert_parallelism_reaches_the_run_and_is_refused_with_a_fit() -> None:
     assert "ep" not in tp and tp["cost_assumptions"]["ep"] == 1
     assert ep["ep"] == 2 and ep["cost_assumptions"]["ep"] == 2
     assert ep["tbt_p50"] > tp["tbt_p50"]  # small decode batches wait for their busiest GPU
-    with pytest.raises(InputError, match="--ep 2 spreads experts over GPUs in the roofline; the fit .* prices "
-                                         "what it profiled"):
+    with pytest.raises(InputError, match="--ep 2 spreads experts over GPUs in the roofline; the fit .* "
+                                         "prices what it profiled"):
         run(RunConfig(**{**base.__dict__, "model": "tiny-moe", "gpu": "cpu", "tp": 1, "ep": 2}))
