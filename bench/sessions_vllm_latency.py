@@ -3,10 +3,11 @@
 concurrencies given, each real run's twin priced by the fit of vLLM's steps on this machine (`simctl profile
 --engine vllm`, `simctl fit`).
 
-It runs `simctl validate --engine vllm`'s own rounds (`validation.vllm_validate.Rounds`: a discarded first
-run, then `--repeats` real runs, each one's twin at the machine's speed during it, `run_speed`) on a vLLM
-engine sized here (`--kv-blocks`: validate takes vLLM's default KV, which holds this workload whole, and its
-loads are fractions of a rate capacity, which a closed loop has none of). Reported per concurrency: the
+It serves each concurrency as `simctl validate --engine vllm` serves a point (its target,
+`validation.vllm_validate.VLLMTarget`: a discarded first run, then `--repeats` real runs, each one's twin at
+the machine's speed during it, `run_speed`) on a vLLM engine sized here (`--kv-blocks`: validate takes vLLM's
+default KV, which holds this workload whole, and searches a capacity, which these sessions do not reach within
+a run's turns). Reported per concurrency: the
 medians of the real runs, the twin raw and at machine speed (the median of the scaled twins), their errors,
 the speed factors, vLLM's and the twin's prefix-cache hit rates, and the machine's load averages before and
 after. `--sweep`: one real run and the raw twin per concurrency, for where throughput stops growing.
@@ -30,11 +31,12 @@ from typing import Any
 
 from sessions_vllm import load_averages, write_section
 
+from simctl.costs.base import ScaledCost
 from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, deployment_for
 from simctl.results.validation_report import pct_error
 from simctl.traces.workload import Workload
 from simctl.validation.twin import load_cost
-from simctl.validation.vllm_validate import Rounds, VLLMValidation, simulate_requests
+from simctl.validation.vllm_validate import VLLMTarget, VLLMValidation, simulate_requests
 
 SECTION = "## Latency on generated sessions, real vLLM vs the twin"
 METRICS = ("ttft_p50", "tbt_p50", "e2e_p50", "sched_delay_p50", "tpot_p50", "throughput_rps",
@@ -57,17 +59,20 @@ def median(runs: list[dict[str, Any]], metric: str) -> float | None:
 
 def measure(server: Any, settings: dict[str, Any], cost: Any, args: argparse.Namespace, n: int,
             out: Path) -> dict[str, Any]:
-    """One concurrency: the validation's rounds (or, with --sweep, one run) and the twin, raw and scaled."""
-    v = VLLMValidation(cost=cost, out=out, loads=(1.0,), workload=workload(args, n), repeats=args.repeats)
+    """One concurrency as the validation serves a point: a discarded run, then `--repeats` real runs, each
+    beside the twin at its machine speed; and the twin at the fit's speed."""
+    w = workload(args, n)
+    v = VLLMValidation(cost=cost, out=out, loads=(1.0,), workload=w, repeats=args.repeats)
+    target = VLLMTarget(v, cost, lambda line: print(f"c={n} {line}", flush=True), server=server,
+                        resolved=settings)  # the bench's server, started with the KV it asks for
     before = load_averages()
-    rounds = Rounds(server, settings, cost, out / f"c{n}", lambda line: print(f"c={n} {line}", flush=True),
-                    v.clients)
-    rounds.run(v, [(1.0, args.qps)])
-    requests = v.requests_at(args.qps)
-    sim, _ = simulate_requests(requests, settings, cost, **v.clients)
-    real, scaled = rounds.real[1.0], rounds.scaled.get(1.0, [])
+    target.serve("vllm-v1", w, None)
+    served = [target.serve("vllm-v1", w, out / f"c{n}" / f"real_{k}") for k in range(args.repeats)]
+    real = [r.summary for r in served]
+    scaled = [target.twin("vllm-v1", w, ScaledCost(cost, r.speed)) for r in served if r.speed is not None]
+    sim = target.twin("vllm-v1", w)
     row: dict[str, Any] = {"concurrency": n, "load_before": before, "load_after": load_averages(),
-                           "speeds": rounds.real_speeds[1.0], "runs": len(real),
+                           "speeds": [r.speed for r in served], "runs": len(real),
                            "hit_rate_real": [r.get("prefix_cache_hit_rate") for r in real],
                            "hit_rate_sim": sim.get("prefix_cache_hit_rate")}
     for m in METRICS:
