@@ -35,6 +35,7 @@ from simctl.costs.base import ScaledCost
 from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, deployment_for
 from simctl.results.validation_report import pct_error
 from simctl.traces.workload import Workload
+from simctl.validation.pipeline import Point, serve_rounds
 from simctl.validation.twin import load_cost
 from simctl.validation.vllm_validate import VLLMTarget, VLLMValidation, simulate_requests
 
@@ -59,15 +60,18 @@ def median(runs: list[dict[str, Any]], metric: str) -> float | None:
 
 def measure(server: Any, settings: dict[str, Any], cost: Any, args: argparse.Namespace, n: int,
             out: Path) -> dict[str, Any]:
-    """One concurrency as the validation serves a point: a discarded run, then `--repeats` real runs, each
-    beside the twin at its machine speed; and the twin at the fit's speed."""
+    """One concurrency served as the validation serves a point (`pipeline.serve_rounds`: a discarded run,
+    then `--repeats` real runs), each run beside the twin at its machine speed; and the twin at the fit's."""
     w = workload(args, n)
     v = VLLMValidation(cost=cost, out=out, loads=(1.0,), workload=w, repeats=args.repeats)
-    target = VLLMTarget(v, cost, lambda line: print(f"c={n} {line}", flush=True), server=server,
-                        resolved=settings)  # the bench's server, started with the KV it asks for
+
+    def say(line: str) -> None:
+        print(f"c={n} {line}", flush=True)
+
+    target = VLLMTarget(v, cost, say, server=server, resolved=settings)  # the bench's server, KV sized here
     before = load_averages()
-    target.serve("vllm-v1", w, None)
-    served = [target.serve("vllm-v1", w, out / f"c{n}" / f"real_{k}") for k in range(args.repeats)]
+    point = Point("vllm-v1", 1.0, n, w)
+    served = serve_rounds(target, [point], args.repeats, out / f"c{n}", say)[point]
     real = [r.summary for r in served]
     scaled = [target.twin("vllm-v1", w, ScaledCost(cost, r.speed)) for r in served if r.speed is not None]
     sim = target.twin("vllm-v1", w)
