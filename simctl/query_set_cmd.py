@@ -104,19 +104,13 @@ def query_set_cmd(
     """
     from simctl.catalogue.gpus import get_gpu
     from simctl.catalogue.models import get_model
-    from simctl.results.output import check_out_dir, json_text, write_files
+    from simctl.results.output import json_text, write_files
     from simctl.sim.run import cost_model
     from simctl.studies.query_set import query_set
     from simctl.usage_errors import warn_all
 
-    policies = policy_list(policy)
-    sizes = batch_sizes(batch_size)
-    if not scale > 0:
-        raise InputError(f"--scale must be > 0, got {scale}")
-    if serving.repeats < 1:
-        raise InputError(f"--repeats must be >= 1, got {serving.repeats}")
-    if out is not None:
-        check_out_dir(out, FILES)
+    policies, sizes = policy_list(policy), batch_sizes(batch_size)
+    _check(scale, serving, out)
     requests = query_set(name, seed, scale)
     spec, g = get_model(model), get_gpu(gpu)
     spec.check_context(requests, scale)
@@ -138,6 +132,17 @@ def query_set_cmd(
         sys.stdout.write(json.dumps(summary, indent=1) + "\n")
         return
     _print(frame, summary, serving.real)
+
+
+def _check(scale: float, serving: RealQuerySet, out: Path | None) -> None:
+    from simctl.results.output import check_out_dir
+
+    if not scale > 0:
+        raise InputError(f"--scale must be > 0, got {scale}")
+    if serving.repeats < 1:
+        raise InputError(f"--repeats must be >= 1, got {serving.repeats}")
+    if out is not None:
+        check_out_dir(out, FILES)
 
 
 def _completions(name: str, requests: list, policies: list[str], sizes: list[int], price: CostModel, kv: int,
