@@ -14,8 +14,8 @@ from simctl.traces.workload import Workload
 
 
 def _summary(policy: str, trace: str, qps: float, n: int, **options: int) -> dict:
-    return run(RunConfig(policy=policy, model="mistral-7b", gpu="a100-80gb", options=options, execution="eager",
-                         workload=Workload(trace=trace, qps=qps, num_requests=n))).summary
+    return run(RunConfig(policy=policy, model="mistral-7b", gpu="a100-80gb", options=options,
+                         execution="eager", workload=Workload(trace=trace, qps=qps, num_requests=n))).summary
 
 
 @pytest.mark.parametrize(("trace", "qps", "n"), [("sharegpt", 4.0, 100), ("arxiv", 1.0, 60)])

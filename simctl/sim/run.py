@@ -22,8 +22,8 @@ from simctl.costs.allreduce import check_allreduce
 from simctl.costs.base import CostModel
 from simctl.costs.calibration import is_roofline_calibration, load_roofline_calibration
 from simctl.costs.fitted import Fitted
-from simctl.costs.provenance import calibration_warnings, check_fitted_device
 from simctl.costs.overheads import EXECUTION_MODES
+from simctl.costs.provenance import calibration_warnings, check_fitted_device
 from simctl.costs.roofline import DEFAULT_OVERHEAD_S, Roofline
 from simctl.policies.base import Policy, run_stats
 from simctl.policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
@@ -152,7 +152,8 @@ def default_cost_path(gpu: GPUSpec) -> Path | None:
     return path if path.is_file() else None
 
 
-def check_step_overheads(cost: str | Path | None, execution: str | None, step_overhead_ms: float | None) -> None:
+def check_step_overheads(cost: str | Path | None, execution: str | None,
+                         step_overhead_ms: float | None) -> None:
     """--execution and --step-overhead-ms set the roofline's step overheads: a valid mode, a finite time >= 0,
     and no --cost (a fit carries what its profile measured)."""
     if execution is None and step_overhead_ms is None:
