@@ -103,6 +103,32 @@ def table4_section() -> list[str]:
     return lines
 
 
+MISSES = [
+    "**Capacity, eager: vLLM and Orca fall further than the paper's.** simctl's eager launch floor (22 ms a "
+    "step for 32 layers, measured on vLLM on an H100) makes a Mistral-7B decode iteration of 32 requests at 4K "
+    "context cost 24.0 ms, where Table 3's own strict SLO (0.1 s = 5 x that iteration) says the paper's engine "
+    "ran it in 20 ms; the roofline with CUDA-graph overheads gives 21.9 ms (and 39.7 ms for Yi-34B TP2 against "
+    "Table 3's 40 ms), so the paper's engine hid its launches behind the GPU at that batch, and the eager floor "
+    "overstates its steps: every decode step of vLLM and Orca grows, the prefill stalls become a larger share of "
+    "their gaps, and their P99 TBT reaches 0.1 s at a lower rate.",
+    "**Capacity: vLLM equals Orca here, where the paper has vLLM about 1.56x Orca (2.8 / 1.8).** Both are bound "
+    "by the P99 TBT of prefill stalls, which simctl prices alike whether the prompts join the decodes (Orca, "
+    "batch 16, KV reserved for the longest request) or stall them in iterations of their own (vLLM); the "
+    "paper's reasons (Orca's prompt batches up to batch x max length, its smaller batch) are both modelled, so "
+    "the gap is not explained by this study: not measured further.",
+    "**Table 4, P99 TBT 0.69-0.80x throughout.** A 1024-token iteration of Yi-34B on two A100s costs the "
+    "roofline ~0.2 s, the paper ~0.3 s (its combined P99 TBT is one such iteration): the roofline's efficiencies "
+    "for that shape, not the scheduling (the three systems' TBT ratios match the paper's).",
+    "**Table 4, arxiv: hybrid-only's P50 TTFT is below the combined system's (the paper: above).** simctl's "
+    "hybrid-only prefills each arxiv prompt whole in one iteration at full-prompt efficiency, the combined system "
+    "in 1024-token chunks that each re-read the prompt's KV; what made the paper's hybrid-only slower to the "
+    "first token (its artifact's configuration of that ablation is not in the material) is not measured here.",
+    "**Table 4, arxiv: chunked-only's P50 TTFT 1.6x the paper's.** At the rate fitted to the combined system, "
+    "chunked-only (a prefill chunk, then a decode iteration, each paying the weights' read) is past its own "
+    "capacity (its run is backlogged), where TTFT grows steeply with the rate.",
+]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=("capacity", "table4", "both"), default="both")
@@ -115,11 +141,13 @@ def main() -> None:
         lines += capacity_section(args.probe_requests, args.workers) + [""]
     if args.part in ("table4", "both"):
         lines += table4_section() + [""]
+    if args.part == "both":
+        lines += ["## What the misses come from", ""] + [f"- {m}" for m in MISSES] + [""]
     text = "\n".join(lines)
     print(text)
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(OUT.with_suffix(f".{args.part}.md") if args.part != "both" else OUT,
-                 lambda t: t.write_text(text, encoding="utf-8"))
+    if args.part == "both":  # a part alone is printed only
+        atomic_write(OUT, lambda t: t.write_text(text, encoding="utf-8"))
 
 
 if __name__ == "__main__":
