@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from paper_results import misses_section, publish, ratio
 
-from simctl.results.output import atomic_write
 from simctl.results.slo import parse_slo
 from simctl.serving.cluster_config import ClusterConfig
 from simctl.sim.run import RunConfig
@@ -34,7 +34,6 @@ from simctl.studies.goodput import find_goodput
 from simctl.traces.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "bench" / "results" / "papers" / "distserve.md"
 SHAREGPT = ROOT.parent / "shared" / "reference" / "traces" / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
 MAX_LEN = 2048
 SLO = "ttft=0.25,tpot=0.1"
@@ -51,14 +50,19 @@ def per_gpu_goodput(trace: str, cluster: ClusterConfig, execution: str, requests
 
 
 MISSES = [
-    "**DistServe's placement serves 0.45x colocated vLLM's goodput per GPU (the paper: 2.0-4.6x).** Its one "
-    "TP1 decode instance's KV bounds it: ~47 sequences of this trace (outputs mean 425 tokens) fit beside 13B "
-    "weights, so it serves at most ~2.5 req/s over 3 GPUs whatever the step costs "
-    "(bench/results/cluster_goodput.md, issue 23); the execution modes change neither side's bound.",
-    "**vLLM TP1 reaches 1.84 req/s/GPU (the paper ~1.1).** Its goodput is bound by TTFT (prefills queue behind "
-    "each other); a real vLLM of late 2023 prefilled slower than the roofline prices (its attention kernels, "
-    "its Python per step), which this study does not measure; the paper's filtered ShareGPT lengths are not in "
-    "the material either.",
+    (
+        "**DistServe's placement serves 0.45x colocated vLLM's goodput per GPU (the paper: 2.0-4.6x).** "
+        "Its one TP1 decode instance's KV bounds it: ~47 sequences of this trace (outputs mean 425 "
+        "tokens) fit beside 13B weights, so it serves at most ~2.5 req/s over 3 GPUs whatever the step "
+        "costs (bench/results/cluster_goodput.md, issue 23); the execution modes change neither side's "
+        "bound."
+    ),
+    (
+        "**vLLM TP1 reaches 1.84 req/s/GPU (the paper ~1.1).** Its goodput is bound by TTFT (prefills "
+        "queue behind each other); a real vLLM of late 2023 prefilled slower than the roofline prices "
+        "(its attention kernels, its Python per step), which this study does not measure; the paper's "
+        "filtered ShareGPT lengths are not in the material either."
+    ),
 ]
 
 
@@ -66,7 +70,8 @@ def study(requests: int) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         df = pd.read_csv(SHAREGPT)
         trace = Path(tmp) / "sharegpt_under_2k.csv"
-        df[(df["num_prefill_tokens"] < MAX_LEN) & (df["num_decode_tokens"] < MAX_LEN)].to_csv(trace, index=False)
+        keep = (df["num_prefill_tokens"] < MAX_LEN) & (df["num_decode_tokens"] < MAX_LEN)
+        df[keep].to_csv(trace, index=False)
         got = {(name, e): per_gpu_goodput(str(trace), cc, e, requests)
                for name, cc in (("vllm TP1", ClusterConfig()), ("DistServe 1P(TP2)1D(TP1)", DISTSERVE))
                for e in ("eager", "cuda-graph")}
@@ -74,11 +79,11 @@ def study(requests: int) -> list[str]:
     lines = ["| deployment | execution | goodput req/s/GPU |", "|---|---|---:|"]
     lines += [f"| {name} | {e} | {v:.3f} |" for (name, e), v in got.items()]
     r = dist / vllm
-    lines += ["", f"Each system in its own mode (vLLM eager, DistServe CUDA graphs): DistServe / vLLM = {r:.2f}x "
-              f"(paper {PAPER_RATIO[0]}-{PAPER_RATIO[1]}x: ratio to the low end {r / PAPER_RATIO[0]:.2f}); vLLM "
-              f"TP1 {vllm:.2f} req/s/GPU (paper ~{PAPER_VLLM_PER_GPU}: ratio {vllm / PAPER_VLLM_PER_GPU:.2f}).",
-              "", "## What the misses come from", ""]
-    return lines + [f"- {m}" for m in MISSES]
+    lines += ["", (f"Each system in its own mode (vLLM eager, DistServe CUDA graphs): DistServe / vLLM = "
+                   f"{r:.2f}x (paper {PAPER_RATIO[0]}-{PAPER_RATIO[1]}x: ratio to the low end "
+                   f"{ratio(r, PAPER_RATIO[0])}); vLLM TP1 {vllm:.2f} req/s/GPU "
+                   f"(paper ~{PAPER_VLLM_PER_GPU}: ratio {ratio(vllm, PAPER_VLLM_PER_GPU)})."), ""]
+    return lines + misses_section(MISSES)
 
 
 def main() -> None:
@@ -86,16 +91,14 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1000)
     args = ap.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    head = [f"# DistServe reproduced ({started}; `python bench/papers/distserve.py --requests {args.requests}`)",
-            "", f"OPT-13B (llama-2-13b) on A100-80GB, ShareGPT under {MAX_LEN} tokens, SLO {SLO} for 90% of "
-            f"requests, {args.requests} requests a probe.", ""]
+    command = f"python bench/papers/distserve.py --requests {args.requests}"
+    head = [f"# DistServe reproduced ({started}; `{command}`)", "",
+            (f"OPT-13B (llama-2-13b) on A100-80GB, ShareGPT under {MAX_LEN} tokens, SLO {SLO} for 90% of "
+             f"requests, {args.requests} requests a probe."), ""]
     if not SHAREGPT.is_file():
         print(f"skipped: {SHAREGPT} is absent")
         return
-    text = "\n".join(head + study(args.requests)) + "\n"
-    print(text)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(OUT, lambda t: t.write_text(text, encoding="utf-8"))
+    publish("distserve", head + study(args.requests))
 
 
 if __name__ == "__main__":
