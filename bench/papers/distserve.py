@@ -59,9 +59,9 @@ MISSES = [
     ),
     (
         "**vLLM TP1 reaches 1.84 req/s/GPU (the paper ~1.1).** Its goodput is bound by TTFT (prefills "
-        "queue behind each other); a real vLLM of late 2023 prefilled slower than the roofline prices "
-        "(its attention kernels, its Python per step), which this study does not measure; the paper's "
-        "filtered ShareGPT lengths are not in the material either."
+        "queue behind each other). Candidates, not measured here: a real vLLM of late 2023 prefilling "
+        "slower than the roofline prices (its attention kernels, its Python per step), and the paper's "
+        "filtered ShareGPT lengths, which are not in the material."
     ),
 ]
 
