@@ -12,7 +12,7 @@ import typer
 
 from simctl.common.errors import InputError
 from simctl.config_options import Without
-from simctl.configs import Deployment, Workload
+from simctl.configs import Deployment, Execution, Workload
 from simctl.display import fmt, fmt_rate, out_console, progress_bar
 from simctl.goodput_cmd import goodput_command
 from simctl.options import Attainment
@@ -36,6 +36,7 @@ def capacity(
     policies: PolicyLists = PolicyLists(policy="vllm,sarathi"),
     workload: Annotated[Workload, Without("qps")] = Workload(trace="sharegpt", num_requests=None),
     deployment: Deployment = Deployment(),
+    execution: Execution = Execution(),
     capacity_definition: Annotated[str, typer.Option(help=(
         "sustainable: a rate whose run is backlogged (a queue that grows, or stands, though the median "
         "scheduling delay is still within its limit: results/saturation.py) is not the capacity; paper: "
@@ -77,7 +78,7 @@ def capacity(
     if workload.num_requests is None:
         workload = replace(workload, num_requests=probe_requests(workload.trace))
     closed = workload.concurrency is not None  # the search is over the concurrency, every request ready
-    base = base_config(replace(workload, qps=None if closed else start_qps), deployment)
+    base = base_config(replace(workload, qps=None if closed else start_qps), deployment, execution)
     combos = grid(base, policies.policy, deployment, policies.settings())
     configs, labels = [c.config for c in combos], [c.label for c in combos]
     given = parse_slo(slo or [], attainment, max_sched_delay_p50)  # also checks --attainment and the delay

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from simctl.common.option_fields import option_field
 from simctl.traces.workload import Workload
 
-__all__ = ["Deployment", "RealDisaggregation", "Workload"]
+__all__ = ["Deployment", "Execution", "RealDisaggregation", "Workload"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,19 @@ class Deployment:
         "A request longer than --max-model-len: refuse (a server answers it with an error: counted as "
         "`rejected`, out of the latency percentiles, against SLO attainment), error (the whole run stops), "
         "or truncate (its prompt is cut to fit)."), metavar="refuse|error|truncate")
+
+
+@dataclass(frozen=True)
+class Execution:
+    """The roofline's step overheads (costs/overheads.py): how the engine launches a step and what its host
+    costs per step. The papers' 2023 engines (vLLM 0.1-0.2, Orca's and FasterTransformer's implementations,
+    Hugging Face) ran eager."""
+
+    execution: str | None = option_field(None, (
+        "Roofline: cuda-graph (the default: 2 ms a step) or eager (each kernel launched from Python: the "
+        "step's launch floor too); see costs/overheads.py."), metavar="eager|cuda-graph")
+    step_overhead_ms: float | None = option_field(None, (
+        "Roofline: the host's time per step, ms [default: the execution mode's, 2 ms]."))
 
 
 @dataclass(frozen=True)

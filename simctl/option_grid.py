@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from simctl.common.errors import InputError
-from simctl.configs import Deployment, Workload
+from simctl.configs import Deployment, Execution, Workload
 from simctl.options import comma_list, policy_list
 from simctl.policies.registry import check_options, policy_class
 from simctl.sim.run import RunConfig
@@ -47,7 +47,8 @@ def _settings(policy: str, options: dict[str, list[Any] | None]) -> list[dict[st
     return [dict(zip(taken, values)) for values in itertools.product(*taken.values())]
 
 
-def base_config(workload: Workload, deployment: Deployment) -> RunConfig:
+def base_config(workload: Workload, deployment: Deployment, execution: Execution = Execution()
+                ) -> RunConfig:
     """The run configuration the sections give (the workload's defaults resolved), before the comma lists
     are expanded."""
     return RunConfig(workload=workload, cost=deployment.cost, routing_skew=deployment.routing_skew,
@@ -55,7 +56,8 @@ def base_config(workload: Workload, deployment: Deployment) -> RunConfig:
                      max_model_len=deployment.max_model_len, on_too_long=deployment.on_too_long,
                      front_end_request_s=deployment.front_end_request_s,
                      front_end_prompt_token_s=deployment.front_end_prompt_token_s,
-                     allreduce=deployment.allreduce)
+                     allreduce=deployment.allreduce, execution=execution.execution,
+                     step_overhead_ms=execution.step_overhead_ms)
 
 
 def grid(base: RunConfig, policy: str, deployment: Deployment,

@@ -15,7 +15,7 @@ import typer
 from simctl.capacity_cmd import SLO_HELP
 from simctl.common.errors import InputError
 from simctl.config_options import Without
-from simctl.configs import Deployment, Workload
+from simctl.configs import Deployment, Execution, Workload
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
 from simctl.usage_errors import warn_all
@@ -78,6 +78,7 @@ def plan_cmd(
     policies: PolicyLists = PolicyLists(policy="vllm,sarathi"),
     workload: Annotated[Workload, Without("qps")] = Workload(trace="sharegpt", qps=1.0),
     deployment: Deployment = Deployment(),
+    execution: Execution = Execution(),
     pd_splits: Annotated[str, typer.Option(help=(
         "Disaggregated units searched too, PREFILL:DECODE instances (comma list; none: colocated only), "
         "for the policies that can serve so, with their default settings unless given."))] = "1:1,1:2,2:1",
@@ -110,7 +111,7 @@ def plan_cmd(
     from simctl.results.slo import parse_slo
     from simctl.studies.plan import PlanSpec, fitting, plan
 
-    found = candidates(base_config(workload, deployment), policies.policy, deployment,
+    found = candidates(base_config(workload, deployment, execution), policies.policy, deployment,
                        policies.settings(), parse_splits(pd_splits), kv_link_gbps)
     fit, unfit = fitting(found)
     spec = PlanSpec(fit, parse_slo(slo, attainment), rate, max_gpus, parse_prices(gpu_cost), checks,

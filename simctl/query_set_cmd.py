@@ -16,30 +16,16 @@ import typer
 
 from simctl.common.errors import InputError
 from simctl.common.option_fields import option_field
+from simctl.configs import Execution
 from simctl.display import out_console, progress_bar, ticker
 from simctl.options import batch_sizes, policy_list
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from simctl.catalogue.gpus import GPUSpec
-    from simctl.catalogue.models import ModelSpec
     from simctl.costs.base import CostModel
 
 FILES = ("query_set.parquet", "summary.json")
-
-
-@dataclass(frozen=True)
-class StepPricing:
-    """How a step is priced: a cost model given, or the roofline with the step overheads given."""
-
-    cost: str | None = option_field(None, "A fitted cost_model.json or roofline_calibration.json instead of "
-                                    "the roofline.")
-    execution: str | None = option_field(None, "Roofline: cuda-graph (the default: 2 ms a step) or eager "
-                                         "(its launch floor too: the paper's Hugging Face engine runs eager "
-                                         "PyTorch; see costs/overheads.py).")
-    step_overhead_ms: float | None = option_field(None, "Roofline: the host's time per step, ms (default: "
-                                                  "the execution mode's, 2 ms).")
 
 
 @dataclass(frozen=True)
@@ -88,25 +74,6 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
             "twin_error": twin["makespan_s"] / real - 1, "real_batch_size": runs[0]["max_batch_size"]}
 
 
-def _cost(pricing: StepPricing, spec: ModelSpec, gpu: GPUSpec) -> tuple[CostModel, int, str, list[str]]:
-    """`sim.run.cost_model`'s model, or the roofline with the step overheads given (they are the roofline's:
-    a fit carries what its profile measured)."""
-    from simctl.costs.roofline import DEFAULT_OVERHEAD_S, Roofline
-    from simctl.sim.run import cost_model
-
-    cost, execution, step_overhead_ms = pricing.cost, pricing.execution, pricing.step_overhead_ms
-    if execution is None and step_overhead_ms is None:
-        return cost_model(cost, spec, gpu, 1)
-    if cost is not None:
-        raise InputError("--execution and --step-overhead-ms set the roofline's step overheads; a --cost "
-                         "model has its own")
-    if step_overhead_ms is not None and not 0 <= step_overhead_ms < float("inf"):
-        raise InputError(f"--step-overhead-ms must be a finite number >= 0, got {step_overhead_ms}")
-    overhead = DEFAULT_OVERHEAD_S if step_overhead_ms is None else step_overhead_ms / 1e3
-    roofline = Roofline(spec, gpu, overhead_s=overhead, execution=execution or "cuda-graph")
-    return roofline, roofline.kv_capacity_tokens(), f"roofline ({roofline.steps.describe()})", []
-
-
 def query_set_cmd(
     name: Annotated[str, typer.Option("--set", help="Query set: mixed (Table 1: 120 queries, long/short "
                                       "inputs and outputs 1:1:2) or short (Table 2: 30 short "
@@ -117,7 +84,9 @@ def query_set_cmd(
     model: Annotated[str, typer.Option(help="Model shape from the catalogue.")] = "llama-2-7b",
     gpu: Annotated[str, typer.Option(help="GPU from the catalogue (the paper: a6000 for mixed, rtx-4090 for "
                                      "short; cpu: this machine's shipped fit).")] = "rtx-4090",
-    pricing: StepPricing = StepPricing(),
+    cost: Annotated[str | None, typer.Option(help="A fitted cost_model.json or roofline_calibration.json "
+                                             "instead of the roofline.")] = None,
+    execution: Execution = Execution(),
     overlap: Annotated[int, typer.Option(help="baton-pd's --overlap: 1 prefills waiting queries beside the "
                                          "batch's decode steps (the paper's asynchronous P&D decoupling); 0: "
                                          "they take turns.")] = 0,
@@ -135,22 +104,18 @@ def query_set_cmd(
     """
     from simctl.catalogue.gpus import get_gpu
     from simctl.catalogue.models import get_model
-    from simctl.results.output import check_out_dir, json_text, write_files
+    from simctl.results.output import json_text, write_files
+    from simctl.sim.run import cost_model
     from simctl.studies.query_set import query_set
     from simctl.usage_errors import warn_all
 
-    policies = policy_list(policy)
-    sizes = batch_sizes(batch_size)
-    if not scale > 0:
-        raise InputError(f"--scale must be > 0, got {scale}")
-    if serving.repeats < 1:
-        raise InputError(f"--repeats must be >= 1, got {serving.repeats}")
-    if out is not None:
-        check_out_dir(out, FILES)
+    policies, sizes = policy_list(policy), batch_sizes(batch_size)
+    _check(scale, serving, out)
     requests = query_set(name, seed, scale)
     spec, g = get_model(model), get_gpu(gpu)
     spec.check_context(requests, scale)
-    price, kv, label, warnings = _cost(pricing, spec, g)
+    price, kv, label, warnings = cost_model(cost, spec, g, 1, execution=execution.execution,
+                                            step_overhead_ms=execution.step_overhead_ms)
     warn_all(warnings)
     with progress_bar("query-set points" + (" (served for real)" if serving.real else "")) as report:
         frame = _completions(name, requests, policies, sizes, price, kv, overlap, serving, seed,
@@ -167,6 +132,17 @@ def query_set_cmd(
         sys.stdout.write(json.dumps(summary, indent=1) + "\n")
         return
     _print(frame, summary, serving.real)
+
+
+def _check(scale: float, serving: RealQuerySet, out: Path | None) -> None:
+    from simctl.results.output import check_out_dir
+
+    if not scale > 0:
+        raise InputError(f"--scale must be > 0, got {scale}")
+    if serving.repeats < 1:
+        raise InputError(f"--repeats must be >= 1, got {serving.repeats}")
+    if out is not None:
+        check_out_dir(out, FILES)
 
 
 def _completions(name: str, requests: list, policies: list[str], sizes: list[int], price: CostModel, kv: int,

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from simctl.common.errors import InputError
-from simctl.configs import Deployment, Workload
+from simctl.configs import Deployment, Execution, Workload
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
 from simctl.serving.cluster_config import ClusterConfig
@@ -24,6 +24,7 @@ def run(
     policies: PolicyLists = PolicyLists(policy="sarathi"),
     workload: Workload = Workload(trace="arxiv", qps=None, num_requests=None),
     deployment: Deployment = Deployment(),
+    execution: Execution = Execution(),
     out: Annotated[Path | None, typer.Option(help=(
         "Folder for summary.json, requests.parquet, iterations.parquet and "
         "replicas.parquet (one row per replica)."))] = None,
@@ -57,7 +58,7 @@ def run(
     from simctl.results.vllm_bench import parse_goodput
 
     judged = parse_slo(slo, attainment) if slo or attainment is not None else None
-    base = base_config(workload.resolved(DEFAULT_QPS, DEFAULT_NUM_REQUESTS), deployment)
+    base = base_config(workload.resolved(DEFAULT_QPS, DEFAULT_NUM_REQUESTS), deployment, execution)
     combos = grid(base, policies.policy, deployment, policies.settings())
     if len(combos) > 1:
         from simctl.run_grid_cmd import check_single_outputs, run_grid  # its table's rich: not for --json

@@ -75,10 +75,14 @@ def test_chunk_repeats_only_where_the_next_iteration_is_the_same() -> None:
     unchunked = sarathi_with_decodes("sarathi-hybrid-only", 4)
     unchunked.add(Seq(100, 0.0, 5000, 5))
     assert unchunked.chunk_repeats(unchunked.schedule()) == 0  # whole prompts: the prefill is its last chunk
-    alone = sarathi_with_decodes("sarathi-chunked-only", 4)
+    alone = sarathi_with_decodes("sarathi-chunked-only", 0)
     alone.add(Seq(100, 0.0, 5000, 5))
     plan = alone.schedule()  # chunked prefills in iterations of their own: 512-token chunks, 9 mid-prompt
     assert plan.decode_tokens == 0 and plan.num_new == [512] and alone.chunk_repeats(plan) == 8
+    turns = sarathi_with_decodes("sarathi-chunked-only", 4)
+    turns.add(Seq(100, 0.0, 5000, 5))
+    plan = turns.schedule()  # the same chunk, but the 4 decodes take the next iteration
+    assert plan.decode_tokens == 0 and plan.num_new == [512] and turns.chunk_repeats(plan) == 0
     two = sarathi_with_decodes("sarathi", 4)
     two.add(Seq(100, 0.0, 100, 5))
     two.add(Seq(101, 0.0, 5000, 5))

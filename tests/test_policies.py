@@ -408,17 +408,46 @@ def test_hybrid_only_never_chunks() -> None:
     assert shape(plan) == [(0, 1), (1, 1), (2, 5)]  # 2 decodes + 5 fit in 8
 
 
-def test_chunked_only_never_mixes() -> None:
+def test_chunked_only_takes_turns_with_the_decodes() -> None:
+    # Table 4's chunked-prefills-only as the artifact's SimpleChunkingScheduler runs it: a prefill iteration
+    # (the prompt mid-way first, new requests only when none is), then one of every running decode, and so on
     policy = ChunkedPrefillsOnly(big_paged(), token_budget=8)
     a, b, c = make_seqs([(4, 10), (20, 10), (5, 10)])
     policy.add(a)
-    run_plan(policy, policy.schedule())
+    run_plan(policy, policy.schedule())  # a's whole prompt (4 of the 8), nothing else waits
     add(policy, b, c)
-    expected = [[(1, 8)], [(1, 8)], [(1, 4), (2, 4)], [(2, 1)], [(0, 1), (1, 1), (2, 1)]]
+    expected = [[(0, 1)],  # the decodes' turn: a samples its second token
+                [(1, 8)],  # b's first chunk takes the budget; c waits
+                [(0, 1)],
+                [(1, 8)],
+                [(0, 1)],
+                [(1, 4)],  # b's last chunk: c is not admitted beside a prompt mid-way
+                [(0, 1), (1, 1)],
+                [(2, 5)],
+                [(0, 1), (1, 1), (2, 1)],
+                [(0, 1), (1, 1), (2, 1)]]  # nothing to prefill: decodes run on
     for want in expected:
         plan = policy.schedule()
         assert shape(plan) == want
         run_plan(policy, plan)
+
+
+def test_chunked_only_runs_chunks_back_to_back_only_without_decodes() -> None:
+    alone = ChunkedPrefillsOnly(big_paged(), token_budget=8)
+    alone.add(make_seqs([(30, 3)])[0])
+    plan = alone.schedule()
+    assert shape(plan) == [(0, 8)] and alone.chunk_repeats(plan) == 2  # chunks 8, 8, 8, then the last 6
+    policy = ChunkedPrefillsOnly(big_paged(), token_budget=8)
+    a, b = make_seqs([(30, 3), (2, 5)])
+    policy.add(b)
+    run_plan(policy, policy.schedule())
+    policy.add(a)
+    assert shape(policy.schedule()) == [(1, 1)]  # b's decode: its turn after b's prefill
+    plan = policy.schedule()
+    assert shape(plan) == [(0, 8)] and policy.chunk_repeats(plan) == 0  # b's decode takes the next turn
+    run_plan(policy, plan)
+    plan = policy.schedule()
+    assert shape(plan) == [(1, 1)] and policy.extend(plan, 5) == 0  # and a's next chunk the one after
 
 
 def check_hybrid_only(policy: HybridBatchingOnly, steps: list[Step]) -> None:
@@ -441,25 +470,30 @@ def check_hybrid_only(policy: HybridBatchingOnly, steps: list[Step]) -> None:
 
 def check_chunked_only(policy: ChunkedPrefillsOnly, steps: list[Step]) -> None:
     budget = policy.token_budget
+    after_prefill = False
     for st_ in steps:
         assert len(st_.running_after) <= policy.max_batch_size
         assert not (st_.has_prefill and st_.has_decode)
         victims = check_preempted(policy, st_)
-        if st_.has_prefill:
-            assert not victims
+        if st_.has_prefill:  # the prefills' turn: after the decodes' (or with none to run)
+            assert not victims and not (after_prefill and st_.decoding_before)
+            assert not (st_.extra and st_.decoding_before)  # chunks back to back only without decodes
             _, ongoing, new = split_rows(st_)
             assert st_.rows == ongoing + new and [r.seq for r in new] == st_.waiting_before[:len(new)]
+            assert not (new and st_.prefilling_before)  # new requests only when no prompt is mid-way
             used = 0
             for r in st_.rows:  # chunked to the budget, ongoing prefills first
                 assert r.q == min(r.remaining, budget - used)
                 used += r.q
             assert used <= budget
-            assert not (used < budget and st_.admittable_after)
+            assert not (new and used < budget and st_.admittable_after)
         else:
-            # decodes only when no prefill could run: no partial prefill, the queue blocked
-            assert not st_.prefilling_before
-            assert not st_.head_admittable
-            assert [r.seq for r in st_.rows] == [s for s in st_.running_before if s not in victims]
+            # decodes: their turn after a prefill iteration, else only when no prefill could run
+            assert after_prefill or not (st_.prefilling_before or st_.head_admittable)
+            mid_prompt = [s for s in st_.prefilling_before if s not in victims]
+            assert not (st_.extra and (mid_prompt or st_.admittable_after))  # repeats only with no prefill
+            assert [r.seq for r in st_.rows] == [s for s in st_.decoding_before if s not in victims]
+        after_prefill = st_.has_prefill
 
 
 def check_vllm_v1(policy: VLLMV1, steps: list[Step]) -> None:

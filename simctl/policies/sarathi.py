@@ -7,7 +7,11 @@ and an iteration never processes more than tau tokens (unless its decodes alone 
 
 The two ablations of the paper's Table 4:
 - hybrid-batching-only: decodes and prefills share iterations, but prefills are not chunked;
-- chunked-prefills-only: prefills are chunked to the budget, but run in iterations of their own, first.
+- chunked-prefills-only: prefills are chunked to the budget, but run in iterations of their own, taking turns
+  with the decodes: a prefill iteration, then one of every running decode, and so on (the artifact's
+  SimpleChunkingScheduler, microsoft/sarathi-serve, sarathi/core/scheduler/simple_chunking_scheduler.py:
+  `whose_turn`). Decodes thus wait at most one chunk, and a prompt's chunks run back to back only while no
+  decode runs.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ class SarathiServe(CachesPrefixes):
     name = "sarathi"
     summary = "stall-free batching: decodes first, then prefill chunks within a token budget"
     chunked = True  # split prefills to the leftover budget
-    coalesce = True  # run prefill chunks in the same iterations as the running decodes
 
     @dataclass(frozen=True)
     class Settings(CachingSettings):
@@ -90,12 +93,6 @@ class SarathiServe(CachesPrefixes):
         return max((plan.seqs[nd].prefill_remaining - 1) // plan.num_new[nd] - 1, 0)
 
     def schedule(self) -> BatchPlan | None:
-        if not self.coalesce:
-            seqs, chunks = self._prefill_chunks(0)
-            if seqs:
-                return hybrid([], seqs, chunks)
-            decodes = self._grow_decodes()
-            return hybrid(decodes, [], []) if decodes else None
         decodes = self._grow_decodes()  # lines 6-8
         seqs, chunks = self._prefill_chunks(len(decodes), len(decodes) < len(self.running),
                                             not self.preempted)
@@ -112,5 +109,51 @@ class HybridBatchingOnly(SarathiServe):
 
 class ChunkedPrefillsOnly(SarathiServe):
     name = "sarathi-chunked-only"
-    summary = "Sarathi-Serve ablation: chunked prefills in iterations of their own, no decode coalescing"
-    coalesce = False
+    summary = "Sarathi-Serve ablation: chunked prefills in iterations of their own, taking turns with decodes"
+
+    def __init__(self, kv: Any, **options: int) -> None:
+        super().__init__(kv, **options)
+        self.decode_turn = False  # the artifact's `whose_turn`: a prefill iteration hands the next to decodes
+
+    def schedule(self) -> BatchPlan | None:
+        if not self.decode_turn:
+            plan = self._prefill_turn()
+            if plan is not None:
+                return plan
+        self.decode_turn = False
+        decodes = self._grow_decodes()
+        if decodes:
+            return hybrid(decodes, [], [])
+        return self._prefill_turn()  # no decode to run: the artifact's empty decode turn, which costs nothing
+
+    def _prefill_turn(self) -> BatchPlan | None:
+        """The ongoing prefills take chunks of the budget; only when none is left mid-prompt are new requests
+        admitted, each with the largest chunk that fits."""
+        seqs, chunks = self._prefill_chunks(0, admit=False)
+        if not seqs:
+            seqs, chunks = self._prefill_chunks(0, ongoing=False)
+        if not seqs:
+            return None
+        self.decode_turn = True
+        return hybrid([], seqs, chunks)
+
+    def _decodes_pending(self) -> bool:
+        return bool(self.arrived_with_kv) or any(not s.in_prefill for s in self.running)
+
+    def _prefill_pending(self) -> bool:
+        """Whether a prefill turn would schedule something: a prompt mid-way, or an admissible head."""
+        if any(s.in_prefill for s in self.running):
+            return True
+        return (bool(self.waiting) and len(self.running) < self.max_batch_size
+                and self.kv.can_admit(self.waiting.head()))
+
+    def chunk_repeats(self, plan: BatchPlan) -> int:
+        """A chunk repeats only while no decode waits for its turn."""
+        return 0 if self._decodes_pending() else super().chunk_repeats(plan)
+
+    def extend(self, plan: BatchPlan, limit: int) -> int:
+        """A decode-only plan repeats only while no prefill would take the next turn."""
+        return 0 if plan.decode_only and self._prefill_pending() else super().extend(plan, limit)
+
+    def repeats_allowed(self, plan: BatchPlan, limit: int) -> int:
+        return 0 if plan.decode_only and self._prefill_pending() else super().repeats_allowed(plan, limit)

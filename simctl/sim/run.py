@@ -15,15 +15,16 @@ import simpy
 from simctl.catalogue.gpus import GPUSpec, get_gpu
 from simctl.catalogue.models import ModelSpec, get_model, model_in_working_folder
 from simctl.catalogue.moe import check_routing_skew
-from simctl.common.checks import is_int
+from simctl.common.checks import is_int, is_number
 from simctl.common.errors import DoesNotFit, InputError
 from simctl.common.files import in_working_folder
 from simctl.costs.allreduce import check_allreduce
 from simctl.costs.base import CostModel
 from simctl.costs.calibration import is_roofline_calibration, load_roofline_calibration
 from simctl.costs.fitted import Fitted
+from simctl.costs.overheads import EXECUTION_MODES
 from simctl.costs.provenance import calibration_warnings, check_fitted_device
-from simctl.costs.roofline import Roofline
+from simctl.costs.roofline import DEFAULT_OVERHEAD_S, Roofline
 from simctl.policies.base import Policy, run_stats
 from simctl.policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
 from simctl.results.cluster_summary import (
@@ -71,6 +72,10 @@ class RunConfig:
     front_end_request_s: float = 0.0
     front_end_prompt_token_s: float = 0.0
     allreduce: str = "nccl"  # the roofline's all-reduces: NCCL's ring, or as vLLM runs them (costs.allreduce)
+    # the roofline's step overheads (costs.overheads): its execution mode and host time per step, ms (None:
+    # the roofline's defaults, or a given cost model's own)
+    execution: str | None = None
+    step_overhead_ms: float | None = None
 
     def __post_init__(self) -> None:
         # the user's paths, absolute before a child process (a capacity worker, a Ray task) reads them
@@ -93,6 +98,7 @@ class RunConfig:
             raise InputError(f"--max-model-len must be an integer >= 2, got {self.max_model_len!r}")
         FrontEnd(self.front_end_request_s, self.front_end_prompt_token_s)  # checks its terms
         check_allreduce(self.allreduce)
+        check_step_overheads(self.cost, self.execution, self.step_overhead_ms)
 
     @property
     def front_end(self) -> FrontEnd:
@@ -107,7 +113,8 @@ class RunConfig:
         workload's fields among them, and the routing skew, max model length and what happens to a longer
         request only when given (a run without them keeps the summary it had before them)."""
         defaults = {"routing_skew": 0.0, "ep": 1, "max_model_len": None, "on_too_long": REFUSE,
-                    "front_end_request_s": 0.0, "front_end_prompt_token_s": 0.0, "allreduce": "nccl"}
+                    "front_end_request_s": 0.0, "front_end_prompt_token_s": 0.0, "allreduce": "nccl",
+                    "execution": None, "step_overhead_ms": None}
         workload = self.workload.recorded()
         head = {"policy": self.policy, "trace": workload.pop("trace"), "model": self.model, "gpu": self.gpu,
                 "tp": self.tp, **workload}
@@ -145,15 +152,39 @@ def default_cost_path(gpu: GPUSpec) -> Path | None:
     return path if path.is_file() else None
 
 
+def check_step_overheads(cost: str | Path | None, execution: str | None,
+                         step_overhead_ms: float | None) -> None:
+    """--execution and --step-overhead-ms set the roofline's step overheads: a valid mode, a finite time >= 0,
+    and no --cost (a fit carries what its profile measured)."""
+    if execution is None and step_overhead_ms is None:
+        return
+    if cost is not None:
+        raise InputError("--execution and --step-overhead-ms set the roofline's step overheads; a --cost "
+                         "model has its own")
+    if execution is not None and execution not in EXECUTION_MODES:
+        raise InputError(f"--execution must be one of {', '.join(EXECUTION_MODES)}, got {execution!r}")
+    if step_overhead_ms is not None and not (is_number(step_overhead_ms)
+                                             and 0 <= step_overhead_ms < float("inf")):
+        raise InputError(f"--step-overhead-ms must be a finite number >= 0, got {step_overhead_ms}")
+
+
 def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp: int,
-               routing_skew: float = 0.0, ep: int = 1, allreduce: str = "nccl"
-               ) -> tuple[CostModel, int, str, list[str]]:
+               routing_skew: float = 0.0, ep: int = 1, allreduce: str = "nccl", execution: str | None = None,
+               step_overhead_ms: float | None = None) -> tuple[CostModel, int, str, list[str]]:
     """The cost model, KV capacity, a label and the warnings for a run: a fitted model when one is given (or
     shipped for this device), else the roofline from published specs, calibrated when a calibration is given.
     `routing_skew`, `ep`: an MoE's routing imbalance and expert parallelism, and `allreduce` the all-reduce's
-    algorithms (costs.allreduce), for the roofline (a fit has its profiled router's, on one device)."""
+    algorithms (costs.allreduce), for the roofline (a fit has its profiled router's, on one device);
+    `execution`, `step_overhead_ms`: the roofline's step overheads, which make it the model even where a fit
+    is shipped."""
     if routing_skew and model.moe is None:
         raise InputError(f"--routing-skew {routing_skew:g}: {model.name} is dense (no experts to route to)")
+    check_step_overheads(cost_path, execution, step_overhead_ms)
+    if execution is not None or step_overhead_ms is not None:
+        overhead = DEFAULT_OVERHEAD_S if step_overhead_ms is None else step_overhead_ms / 1e3
+        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep, allreduce=allreduce,
+                            overhead_s=overhead, execution=execution or "cuda-graph")
+        return roofline, roofline.kv_capacity_tokens(), f"roofline ({roofline.steps.describe()})", []
     path = cost_path if cost_path is not None else default_cost_path(gpu)
     if path is None:
         roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep, allreduce=allreduce)
@@ -223,8 +254,14 @@ class Deployment:
 def deploy(config: RunConfig, gpu_name: str, tp: int) -> Deployment:
     """A replica of `tp` GPUs named `gpu_name` for `config`'s model and cost model."""
     model, gpu = get_model(config.model), get_gpu(gpu_name)
-    return Deployment(model, gpu, tp, *cost_model(config.cost, model, gpu, tp, config.routing_skew,
-                                                        config.ep, config.allreduce))
+    return Deployment(model, gpu, tp, *config_cost_model(config, model, gpu, tp))
+
+
+def config_cost_model(config: RunConfig, model: ModelSpec, gpu: GPUSpec, tp: int
+                      ) -> tuple[CostModel, int, str, list[str]]:
+    """`cost_model` with what `config` says of pricing."""
+    return cost_model(config.cost, model, gpu, tp, config.routing_skew, config.ep, config.allreduce,
+                      config.execution, config.step_overhead_ms)
 
 
 def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> Deployment:

@@ -1,0 +1,120 @@
+"""Baton (Cong et al., 2024; seeds/004) reproduced: Tables 1-2, the time to complete a whole query set (every
+query there at t = 0) per batch size for its Benchmark (Hugging Face full batching with early return:
+`hf-padded`), PD, Baton and Baton-PD, the published numbers beside the predictions. Writes
+bench/results/papers/baton.md.
+
+    python bench/papers/baton.py
+
+The setting as written: Llama-2-7B-chat in fp16, greedy decoding (identical output lengths for every
+method); Table 1 on an A6000 (120 mixed queries, batch 4 and 8), Table 2 on an RTX 4090 (30 short queries,
+batch 2-10); asynchronous P&D decoupling for Baton-PD (`--overlap 1`). The query sets are
+`simctl.studies.query_set`'s (the paper's word ranges as token ranges; its batch-4 row doubled every
+sequence, beyond Llama-2's 4,096 positions: not reproduced).
+
+Execution mode: eager, as every method ran on Hugging Face Transformers (PyTorch launching each kernel from
+Python). Hugging Face's step costs more host time than the roofline's 2 ms: the study fits that one number,
+the host time per step, on one published cell (the Benchmark's batch-2 time in Table 2) and predicts every
+other cell with it; the default 2 ms is shown beside it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from paper_results import misses_section, publish, ratio
+
+from simctl.catalogue.gpus import get_gpu
+from simctl.catalogue.models import get_model
+from simctl.sim.run import cost_model
+from simctl.studies.query_set import completion_time, query_set
+
+POLICIES = ("hf-padded", "pd", "baton", "baton-pd")
+# completion times, s: Table 1 (A6000, mixed) and Table 2 (RTX 4090, short; Benchmark and Baton only)
+TABLE1 = {4: {"hf-padded": 21901, "pd": 21781, "baton": 20549, "baton-pd": 11771},
+          8: {"hf-padded": 6619, "pd": 6577, "baton": 3424, "baton-pd": 2654}}
+TABLE2 = {2: {"hf-padded": 161.77, "baton": 83.43}, 4: {"hf-padded": 92.68, "baton": 49.61},
+          6: {"hf-padded": 61.70, "baton": 37.25}, 8: {"hf-padded": 50.07, "baton": 31.08},
+          10: {"hf-padded": 40.45, "baton": 30.99}}
+SETS = {"mixed": ("a6000", TABLE1), "short": ("rtx-4090", TABLE2)}
+
+
+def completions(name: str, batch: int, step_overhead_ms: float) -> dict[str, float]:
+    """Each method's completion time (s) of set `name` at `batch`, eager, with that host time per step."""
+    gpu, _ = SETS[name]
+    cost, kv, _, _ = cost_model(None, get_model("llama-2-7b"), get_gpu(gpu), 1, execution="eager",
+                                step_overhead_ms=step_overhead_ms)
+    requests = query_set(name)
+    return {p: completion_time(p, requests, batch, cost, kv, {"overlap": 1} if p == "baton-pd" else {}
+                               )["completion_s"] for p in POLICIES}
+
+
+def fitted_step_overhead_ms() -> float:
+    """The host time per step at which the Benchmark completes the short set at batch 2 in the paper's
+    161.77 s: completion time grows by one iteration count per ms, so two runs give it exactly."""
+    a, b = (completions("short", 2, ms)["hf-padded"] for ms in (2.0, 12.0))
+    return 2.0 + (TABLE2[2]["hf-padded"] - a) / ((b - a) / 10.0)
+
+
+def _cell(pred: float, paper: float | None) -> str:
+    if paper is None:
+        return f"{pred:.2f}x"
+    return f"{pred:.2f}x ({paper:.2f}x; {ratio(pred, paper)})"
+
+
+def section(name: str, overheads: list[float]) -> list[str]:
+    gpu, table = SETS[name]
+    lines = [f"## {'Table 1' if name == 'mixed' else 'Table 2'}: {name} set, Llama-2-7B on {gpu}, eager", "",
+             "Speed-up over the Benchmark (hf-padded), predicted (published; ratio).", "",
+             "| batch | host ms/step | Benchmark s (paper) | pd | baton | baton-pd |",
+             "|---:|---:|---:|---|---|---|"]
+    for batch, paper in table.items():
+        for ms in overheads:
+            t = completions(name, batch, ms)
+            base = t["hf-padded"]
+            cells = [_cell(base / t[p], paper["hf-padded"] / paper[p] if p in paper else None)
+                     for p in POLICIES[1:]]
+            lines.append(f"| {batch} | {ms:.1f} | {base:.1f} ({paper['hf-padded']}) | "
+                         + " | ".join(cells) + " |")
+    return lines
+
+
+MISSES = [
+    (
+        "**Absolute times at the roofline's 2 ms a step: 0.41-0.48x the paper's (Table 2, and Table 1 "
+        "at batch 8).** Hugging Face's generate "
+        "loop spends ~36 ms of host time a step on Llama-2-7B (fitted on one cell); with it, every "
+        "Benchmark time of Table 2 comes within 15% (batch 2 is the fitted cell) and plain Baton beats "
+        "the Benchmark at batch 10, as published."
+    ),
+    (
+        "**Table 2, Baton at batch 2: 1.28x against 1.94x.** Both methods decode about the same tokens; "
+        "at batch 2 the Benchmark's extra steps are its batches' wait for the longer of two outputs, "
+        "E[max of 2] / E[mean] = 1.26 for outputs uniform over 32-260 tokens, which bounds any step-count"
+        " gain near 1.3x: the paper's 1.94x needs the Benchmark's steps to cost more than Baton's "
+        "(Hugging Face's padded KV growing with the batch's longest row), which the roofline prices "
+        "alike."
+    ),
+    (
+        "**Table 1, Baton-PD 1.27-1.36x the paper's speed-up (and Baton 1.56x at batch 4).** Baton-PD's "
+        "gain is the Benchmark's steps spent waiting for each batch's longest output over the tokens "
+        "decoded: with a quarter of the set's outputs at 3,000-3,600 tokens (the paper's 'around 4,000 "
+        "words' taken as tokens, an ASSUMPTION), almost every batch of 8 waits for one; the paper's "
+        "batch-4 row doubled every sequence (not reproduced), and Baton-PD's KV embedding copies are not "
+        "priced."
+    ),
+]
+
+
+def main() -> None:
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    fitted = fitted_step_overhead_ms()
+    lines = [f"# Baton reproduced ({started}; `python bench/papers/baton.py`)", "",
+             (f"Host time per step fitted on Table 2's Benchmark at batch 2: {fitted:.1f} ms (the roofline's "
+             "default: 2 ms)."), ""]
+    for name in SETS:
+        lines += section(name, [2.0, fitted]) + [""]
+    publish("baton", lines + misses_section(MISSES))
+
+
+if __name__ == "__main__":
+    main()
