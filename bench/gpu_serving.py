@@ -34,7 +34,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simctl.catalogue.gpus import get_gpu
 from simctl.catalogue.models import ModelSpec, get_model
+from simctl.costs.kv_capacity import kv_capacity_tokens
 from simctl.costs.roofline import Roofline
 from simctl.policies.registry import make_policy
 from simctl.sim.simulate import simulate
@@ -105,8 +107,8 @@ def sent(phase: str, rows: pd.DataFrame) -> tuple[list[Request], int | None]:
 def predicted(case: Case, phase: str, rows: pd.DataFrame) -> dict[str, float]:
     """The twin's P50s of one phase."""
     cost = cost_model(case.model, case.gpu, case.tp)
-    policy = make_policy("vllm-v1", cost.kv_capacity_tokens(), case.max_model_len, case.policy_options(),
-                         case.gpu)
+    policy = make_policy("vllm-v1", kv_capacity_tokens(case.model, get_gpu(case.gpu), case.tp),
+                         case.max_model_len, case.policy_options(), case.gpu)
     requests, concurrency = sent(phase, rows)
     q = simulate(requests, policy, cost, concurrency=concurrency).request_columns
     if (q["completion_s"] < 0).any():
@@ -164,7 +166,8 @@ def ci_cases(readme: str) -> list[tuple[str, str, int, float]]:
 
 def ci_batch_s(model: str, gpu: str, tp: int, allreduce: str) -> float:
     cost = cost_model(model, gpu, tp, allreduce)
-    policy = make_policy("vllm-v1", cost.kv_capacity_tokens(), CI_PROMPT + CI_OUTPUT, {}, gpu)
+    kv = kv_capacity_tokens(get_model(model), get_gpu(gpu), tp)
+    policy = make_policy("vllm-v1", kv, CI_PROMPT + CI_OUTPUT, {}, gpu)
     q = simulate([Request(i, 0.0, CI_PROMPT, CI_OUTPUT) for i in range(CI_REQUESTS)], policy, cost)
     return float(q.request_columns["completion_s"].max())
 

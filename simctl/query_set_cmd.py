@@ -64,10 +64,11 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
     import statistics
 
     from simctl.catalogue.gpus import get_gpu
+    from simctl.catalogue.models import get_model
+    from simctl.costs.loader import default_cost_path, load_cost
     from simctl.engine.real import real_main
-    from simctl.sim.run import default_cost_path
     from simctl.traces.workload import Workload
-    from simctl.validation.twin import load_cost, simulate_twin
+    from simctl.validation.twin import simulate_twin
 
     if real_cost is None and device != "cpu":
         raise InputError("--real-cost: give the fitted cost model (cost_model.json) of the --real device")
@@ -81,7 +82,8 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
         runs = [real_main(policy=policy, workload=workload, model=model, device=device,
                           options={**(options or {}), "max_batch_size": batch})
                 for _ in range(repeats)]
-        twin, _ = simulate_twin(runs[0], load_cost(real_cost or default_cost_path(get_gpu("cpu")), model))
+        cost = load_cost(real_cost or default_cost_path(get_gpu("cpu")), get_model(model), None).cost
+        twin, _ = simulate_twin(runs[0], cost)
     real = statistics.median(r["makespan_s"] for r in runs)
     return {"real_completion_s": real, "real_min_s": min(r["makespan_s"] for r in runs),
             "real_max_s": max(r["makespan_s"] for r in runs), "twin_completion_s": twin["makespan_s"],
@@ -89,22 +91,18 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
 
 
 def _cost(pricing: StepPricing, spec: ModelSpec, gpu: GPUSpec) -> tuple[CostModel, int, str, list[str]]:
-    """`sim.run.cost_model`'s model, or the roofline with the step overheads given (they are the roofline's:
-    a fit carries what its profile measured)."""
-    from simctl.costs.roofline import DEFAULT_OVERHEAD_S, Roofline
-    from simctl.sim.run import cost_model
+    """The set's cost model (`costs.loader`: the roofline takes the step overheads given; a fit carries what
+    its profile measured) and its deployment's KV capacity."""
+    from simctl.costs.kv_capacity import kv_capacity_tokens
+    from simctl.costs.loader import RooflineOptions, load_cost
 
-    cost, execution, step_overhead_ms = pricing.cost, pricing.execution, pricing.step_overhead_ms
-    if execution is None and step_overhead_ms is None:
-        return cost_model(cost, spec, gpu, 1)
-    if cost is not None:
-        raise InputError("--execution and --step-overhead-ms set the roofline's step overheads; a --cost "
-                         "model has its own")
-    if step_overhead_ms is not None and not 0 <= step_overhead_ms < float("inf"):
-        raise InputError(f"--step-overhead-ms must be a finite number >= 0, got {step_overhead_ms}")
-    overhead = DEFAULT_OVERHEAD_S if step_overhead_ms is None else step_overhead_ms / 1e3
-    roofline = Roofline(spec, gpu, overhead_s=overhead, execution=execution or "cuda-graph")
-    return roofline, roofline.kv_capacity_tokens(), f"roofline ({roofline.steps.describe()})", []
+    ms = pricing.step_overhead_ms
+    if ms is not None and not 0 <= ms < float("inf"):
+        raise InputError(f"--step-overhead-ms must be a finite number >= 0, got {ms}")
+    loaded = load_cost(pricing.cost, spec, gpu, 1, RooflineOptions(
+        execution=pricing.execution, overhead_s=None if ms is None else ms / 1e3))
+    kv = kv_capacity_tokens(spec, gpu, 1, loaded.dtype_bytes, loaded.memory_bytes)
+    return loaded.cost, kv, loaded.label, loaded.warnings
 
 
 def query_set_cmd(

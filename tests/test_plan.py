@@ -345,10 +345,10 @@ def test_a_kv_cache_too_small_for_the_longest_request_is_skipped(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Llama-2-13B on the placeholder CPU's roofline: 729 KV slots at --tp 2 (tests/test_misuse.py), more at
     --tp 4."""
-    import simctl.sim.run
+    import simctl.costs.loader
     from simctl.studies.plan import fitting
 
-    monkeypatch.setattr(simctl.sim.run, "default_cost_path", lambda gpu: None)
+    monkeypatch.setattr(simctl.costs.loader, "default_cost_path", lambda gpu: None)
     path = tmp_path / "long.csv"
     path.write_text("num_prefill_tokens,num_decode_tokens\n2000,10\n")
     made = [Candidate(RunConfig(policy="vllm", workload=Workload(trace=str(path), num_requests=1),

@@ -14,7 +14,7 @@ from simctl.costs.overheads import EAGER_LAUNCH_S_PER_LAYER, StepOverheads
 from simctl.costs.roofline import Roofline
 from simctl.policies.plan import hybrid
 from simctl.policies.seq import Seq
-from simctl.sim.run import default_cost_path
+from simctl.costs.loader import default_cost_path
 
 
 def _plan(decodes: int, prompt: int = 0):

@@ -51,10 +51,8 @@ Terms are added (no overlap between them is assumed). Defaults and where they co
 - allreduce_latency_s = 10 us and the link at its peak: an ASSUMPTION (the order of a small-message NCCL
   all-reduce within a node), replaced by the catalogue's measured values, per TP degree, where it has them
   (A100, H100: `GPUSpec.allreduce`; the nearest measured degree for another).
-- gpu_memory_utilization = 0.9: vLLM's default share of GPU memory it manages.
-- activation_reserve_bytes = 2 GiB per GPU: an ASSUMPTION covering the CUDA context, NCCL buffers and the peak
-  activations of a few-thousand-token batch of a 7-70B model, which serving engines subtract before sizing
-  the KV cache.
+
+The KV cache's size is the deployment's, not the roofline's (`costs/kv_capacity.py`).
 """
 
 from __future__ import annotations
@@ -64,10 +62,10 @@ from typing import Any
 
 import numpy as np
 
-from simctl.catalogue.gpus import GiB, GPUSpec, get_gpu
+from simctl.catalogue.gpus import GPUSpec, get_gpu
 from simctl.catalogue.models import ModelSpec, get_model
 from simctl.catalogue.moe import busiest_gpu, check_routing_skew, expected_distinct_experts
-from simctl.common.errors import DoesNotFit, InputError
+from simctl.common.errors import InputError
 from simctl.costs.allreduce import VLLMAllReduce, check_allreduce, ring_terms, uses_custom
 from simctl.costs.base import CostModel, tiled
 from simctl.costs.gpu_share import GPUShare, check_expert_parallel, check_split, gpu_share
@@ -78,8 +76,6 @@ DEFAULT_MFU = 0.70
 DEFAULT_MBU = 0.75
 DEFAULT_ATTN_MFU = 0.50
 DEFAULT_OVERHEAD_S = DEFAULT_ITERATION_S
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
-DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GiB
 
 
 def _fraction(name: str, v: float) -> float:
@@ -101,8 +97,6 @@ class Roofline(CostModel):
         attn_mfu: float = DEFAULT_ATTN_MFU,
         attn_mbu: float | None = None,
         tile: int | None = None,
-        gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-        activation_reserve_bytes: float = DEFAULT_ACTIVATION_RESERVE_BYTES,
         allreduce_latency_s: float | None = None,
         allreduce_efficiency: float | None = None,
         request_s: float = 0.0,
@@ -120,8 +114,8 @@ class Roofline(CostModel):
         self.allreduce_latency_s, self.allreduce_efficiency = ring_terms(g, tp, allreduce_latency_s,
                                                                          allreduce_efficiency)
         self.allreduce = check_allreduce(allreduce)
-        if not overhead_s >= 0 or not activation_reserve_bytes >= 0:
-            raise InputError("overhead_s and activation_reserve_bytes must be >= 0")
+        if not overhead_s >= 0:
+            raise InputError(f"overhead_s must be >= 0, got {overhead_s!r}")
         self.model, self.gpu, self.tp = m, g, tp
         self.dtype_bytes = dtype_bytes
         # the GPU's measured efficiencies where the catalogue has them, else the defaults
@@ -139,8 +133,6 @@ class Roofline(CostModel):
                                    == (DEFAULT_OVERHEAD_S, 0.0, 0.0) else "given")
         self._floor, self._host_const = floor, self.steps.per_step_only
         self.tile = tile
-        self.gpu_memory_utilization = _fraction("gpu_memory_utilization", gpu_memory_utilization)
-        self.activation_reserve_bytes = float(activation_reserve_bytes)
         self.routing_skew = check_routing_skew(routing_skew)
         self.ep = check_expert_parallel(ep, m, tp)
         share = gpu_share(m, tp)
@@ -156,7 +148,6 @@ class Roofline(CostModel):
         self.linear_params_per_gpu = share.linear_params
         self.lm_head_params_per_gpu = share.lm_head_params
         self.kv_bytes_per_token_per_gpu = 2 * m.num_layers * share.kv_heads * m.head_dim * dtype_bytes
-        self.weight_bytes_per_gpu = (share.linear_params + share.embedding_params) * dtype_bytes
         # MoE: the weights of one routed expert in every sparse layer, read per distinct expert routed to
         # (under EP whole experts: this GPU's share times tp, and their FLOPs per token-expert pass)
         self._expert_m = share.expert_params * dtype_bytes / (g.mem_bandwidth * self.mbu) if m.moe else 0.0
@@ -372,19 +363,3 @@ class Roofline(CostModel):
         gpu = sum(terms.values()) - terms["overhead"]
         terms["launch_floor"] = max(self._floor - gpu, 0.0)  # what the floor adds above the GPU terms
         return terms
-
-    def kv_capacity_tokens(self) -> int:
-        """KV tokens one replica (a TP group) can cache: per GPU, memory x utilization - its weights - the
-        activation reserve, over its share of a token's KV (KV heads sharded over tp)."""
-        free = (self.gpu.memory_bytes * self.gpu_memory_utilization - self.weight_bytes_per_gpu
-                - self.activation_reserve_bytes)
-        tokens = int(free // self.kv_bytes_per_token_per_gpu) if free > 0 else 0
-        if tokens <= 0:
-            need = (self.weight_bytes_per_gpu + self.activation_reserve_bytes) / GiB
-            have = self.gpu.memory_bytes * self.gpu_memory_utilization / GiB
-            raise DoesNotFit(
-                f"{self.model.name} does not fit on {self.gpu.name} with tp={self.tp}: each GPU needs "
-                f"{need:.1f} GiB for weights and activations but has {have:.1f} GiB "
-                f"({self.gpu_memory_utilization:.0%} of {self.gpu.memory_bytes / GiB:.0f} GiB); "
-                f"raise tp or use a larger GPU")
-        return tokens

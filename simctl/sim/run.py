@@ -6,8 +6,6 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
-from importlib.resources import files
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import simpy
@@ -20,10 +18,8 @@ from simctl.common.errors import DoesNotFit, InputError
 from simctl.common.files import in_working_folder
 from simctl.costs.allreduce import check_allreduce
 from simctl.costs.base import CostModel
-from simctl.costs.calibration import is_roofline_calibration, load_roofline_calibration
-from simctl.costs.fitted import Fitted
-from simctl.costs.provenance import calibration_warnings, check_fitted_device
-from simctl.costs.roofline import Roofline
+from simctl.costs.kv_capacity import kv_capacity_tokens
+from simctl.costs.loader import RooflineOptions, load_cost
 from simctl.policies.base import Policy, run_stats
 from simctl.policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
 from simctl.results.cluster_summary import (
@@ -95,6 +91,10 @@ class RunConfig:
         check_allreduce(self.allreduce)
 
     @property
+    def roofline_options(self) -> RooflineOptions:
+        return RooflineOptions(self.routing_skew, self.ep, self.allreduce)
+
+    @property
     def front_end(self) -> FrontEnd:
         return FrontEnd(self.front_end_request_s, self.front_end_prompt_token_s)
 
@@ -139,52 +139,10 @@ class Run:
         return pd.DataFrame(self.summary["replica_metrics"])
 
 
-def default_cost_path(gpu: GPUSpec) -> Path | None:
-    """The fitted cost model shipped for a device kind, if any: `cpu` has one, profiled on a 2-core CPU."""
-    path = Path(str(files("simctl.profiler") / "profiles" / gpu.name / "cost_model.json"))
-    return path if path.is_file() else None
-
-
-def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp: int,
-               routing_skew: float = 0.0, ep: int = 1, allreduce: str = "nccl"
-               ) -> tuple[CostModel, int, str, list[str]]:
-    """The cost model, KV capacity, a label and the warnings for a run: a fitted model when one is given (or
-    shipped for this device), else the roofline from published specs, calibrated when a calibration is given.
-    `routing_skew`, `ep`: an MoE's routing imbalance and expert parallelism, and `allreduce` the all-reduce's
-    algorithms (costs.allreduce), for the roofline (a fit has its profiled router's, on one device)."""
-    if routing_skew and model.moe is None:
-        raise InputError(f"--routing-skew {routing_skew:g}: {model.name} is dense (no experts to route to)")
-    path = cost_path if cost_path is not None else default_cost_path(gpu)
-    if path is None:
-        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep, allreduce=allreduce)
-        return roofline, roofline.kv_capacity_tokens(), "roofline", []
-    if is_roofline_calibration(path):  # efficiencies calibrated on one device, applied to this GPU's specs
-        params = load_roofline_calibration(path)
-        warnings = calibration_warnings(path, model.name, gpu.name)
-        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep, allreduce=allreduce,
-                            **params)
-        return roofline, roofline.kv_capacity_tokens(), f"roofline calibrated by {path}", warnings
-    if routing_skew:
-        raise InputError(f"--routing-skew {routing_skew:g} sets the roofline's routing; the fit {path} "
-                         "prices the routing its profiled router did")
-    if ep != 1 or allreduce != "nccl":
-        what = f"--ep {ep} spreads experts over GPUs" if ep != 1 else f"--allreduce {allreduce} prices TP"
-        raise InputError(f"{what} in the roofline; the fit {path} prices what it profiled")
-    fitted = Fitted.load(path)
-    fitted.check_model(model)
-    check_fitted_device(fitted.meta, gpu.name)
-    if tp != fitted.tp:
-        raise InputError(f"--tp {tp}: the cost model was fitted for tp={fitted.tp} (its times are per GPU of "
-                         f"that group, all-reduces included); run with --tp {fitted.tp} or fit that degree")
-    if tp > 1:  # a group's KV: each GPU holds its share of the weights and KV heads, as the roofline sizes it
-        return fitted, Roofline(model, gpu, tp=tp).kv_capacity_tokens(), f"fitted {path}", []
-    memory = None if fitted.memory_bytes is not None else gpu.memory_bytes
-    return fitted, fitted.kv_capacity_tokens(memory_bytes=memory), f"fitted {path}", []
-
-
 @dataclass(frozen=True)
 class Deployment:
-    """One replica's hardware for a run: the model on its GPU(s), its cost model and KV capacity."""
+    """One replica's hardware for a run: the model on its GPU(s), its cost model and KV capacity (sized from
+the deployment's memory, weights and TP degree by `costs.kv_capacity`, whatever prices its steps)."""
 
     model: ModelSpec
     gpu: GPUSpec
@@ -223,8 +181,9 @@ class Deployment:
 def deploy(config: RunConfig, gpu_name: str, tp: int) -> Deployment:
     """A replica of `tp` GPUs named `gpu_name` for `config`'s model and cost model."""
     model, gpu = get_model(config.model), get_gpu(gpu_name)
-    return Deployment(model, gpu, tp, *cost_model(config.cost, model, gpu, tp, config.routing_skew,
-                                                        config.ep, config.allreduce))
+    loaded = load_cost(config.cost, model, gpu, tp, config.roofline_options)
+    kv = kv_capacity_tokens(model, gpu, tp, loaded.dtype_bytes, loaded.memory_bytes)
+    return Deployment(model, gpu, tp, loaded.cost, kv, loaded.label, loaded.warnings)
 
 
 def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> Deployment:
