@@ -11,6 +11,7 @@ from typing import Any
 
 from simctl.common.errors import InputError
 from simctl.configs import Deployment, Workload
+from simctl.costs.kv_capacity import KVSizing
 from simctl.options import comma_list, policy_list
 from simctl.policies.registry import check_options, policy_class
 from simctl.sim.run import RunConfig
@@ -55,7 +56,9 @@ def base_config(workload: Workload, deployment: Deployment) -> RunConfig:
                      max_model_len=deployment.max_model_len, on_too_long=deployment.on_too_long,
                      front_end_request_s=deployment.front_end_request_s,
                      front_end_prompt_token_s=deployment.front_end_prompt_token_s,
-                     allreduce=deployment.allreduce)
+                     allreduce=deployment.allreduce, kv_sizing=KVSizing(
+                         deployment.gpu_memory_utilization, deployment.dtype, deployment.kv_cache_dtype,
+                         deployment.kv_cache_tokens, deployment.num_gpu_blocks_override))
 
 
 def grid(base: RunConfig, policy: str, deployment: Deployment,

@@ -25,12 +25,15 @@ from simctl.costs.roofline import DEFAULT_OVERHEAD_S, Roofline
 @dataclass(frozen=True)
 class RooflineOptions:
     """The roofline's own options: an MoE's routing skew and expert parallelism, the all-reduce's
-    algorithms (costs.allreduce) and, where a command sets them, the step overheads' execution mode and per
-    step time (a fit carries what its profile measured, so none of these applies to one)."""
+    algorithms (costs.allreduce), FP8 weights or KV (1 byte; None: 16-bit) and, where a command sets them,
+    the step overheads' execution mode and per step time (a fit carries what its profile measured, so none
+    of these applies to one)."""
 
     routing_skew: float = 0.0
     ep: int = 1
     allreduce: str = "nccl"
+    weight_dtype_bytes: int | None = None
+    kv_dtype_bytes: int | None = None
     execution: str | None = None
     overhead_s: float | None = None
 
@@ -86,6 +89,7 @@ def _roofline(model: ModelSpec, gpu: GPUSpec, tp: int, o: RooflineOptions, param
         "execution": o.execution or "cuda-graph",
         "overhead_s": DEFAULT_OVERHEAD_S if o.overhead_s is None else o.overhead_s}
     roofline = Roofline(model, gpu, tp=tp, routing_skew=o.routing_skew, ep=o.ep, allreduce=o.allreduce,
+                        weight_dtype_bytes=o.weight_dtype_bytes, kv_dtype_bytes=o.kv_dtype_bytes,
                         **params, **steps)
     return LoadedCost(roofline, label or f"roofline ({roofline.steps.describe()})", warnings or [])
 
@@ -100,6 +104,9 @@ def _checked_fit(fitted: Fitted, path: str | Path, model: ModelSpec, gpu: GPUSpe
         what = (f"--ep {o.ep} spreads experts over GPUs" if o.ep != 1
                 else f"--allreduce {o.allreduce} prices TP")
         raise InputError(f"{what} in the roofline; the fit {path} prices what it profiled")
+    if o.weight_dtype_bytes is not None or o.kv_dtype_bytes is not None:
+        raise InputError(f"--dtype and --kv-cache-dtype price the roofline's bytes; the fit {path} prices "
+                         "the dtype it profiled")
     loaded = _fitted(fitted, path, model)
     check_fitted_device(fitted.meta, gpu.name)
     if tp != fitted.tp:

@@ -106,6 +106,8 @@ class Roofline(CostModel):
         routing_skew: float = 0.0,
         ep: int = 1,
         allreduce: str = "nccl",
+        weight_dtype_bytes: int | None = None,
+        kv_dtype_bytes: int | None = None,
     ) -> None:
         m = get_model(model) if isinstance(model, str) else model
         g = get_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -117,7 +119,10 @@ class Roofline(CostModel):
         if not overhead_s >= 0:
             raise InputError(f"overhead_s must be >= 0, got {overhead_s!r}")
         self.model, self.gpu, self.tp = m, g, tp
-        self.dtype_bytes = dtype_bytes
+        self.dtype_bytes = dtype_bytes  # activations, the embedding and LM head, all-reduces
+        # the linear layers' weights and the KV cache: 1 byte in FP8 (costs/kv_capacity.py), else dtype_bytes
+        self.weight_dtype_bytes = dtype_bytes if weight_dtype_bytes is None else weight_dtype_bytes
+        self.kv_dtype_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
         # the GPU's measured efficiencies where the catalogue has them, else the defaults
         self.mfu = _fraction("mfu", mfu if mfu is not None else g.mfu or DEFAULT_MFU)
         self.mbu = _fraction("mbu", mbu if mbu is not None else g.mbu or DEFAULT_MBU)
@@ -143,17 +148,17 @@ class Roofline(CostModel):
 
     def _hold(self, m: ModelSpec, g: GPUSpec, share: GPUShare) -> None:
         """What one GPU of the group holds (`costs.gpu_share`), in bytes where the pricing reads bytes."""
-        dtype_bytes = self.dtype_bytes
+        dtype_bytes = self.weight_dtype_bytes
         self.kv_heads_per_gpu = share.kv_heads
         self.linear_params_per_gpu = share.linear_params
         self.lm_head_params_per_gpu = share.lm_head_params
-        self.kv_bytes_per_token_per_gpu = 2 * m.num_layers * share.kv_heads * m.head_dim * dtype_bytes
+        self.kv_bytes_per_token_per_gpu = 2 * m.num_layers * share.kv_heads * m.head_dim * self.kv_dtype_bytes
         # MoE: the weights of one routed expert in every sparse layer, read per distinct expert routed to
         # (under EP whole experts: this GPU's share times tp, and their FLOPs per token-expert pass)
         self._expert_m = share.expert_params * dtype_bytes / (g.mem_bandwidth * self.mbu) if m.moe else 0.0
         if self.ep > 1:
             self._expert_m *= self.tp
-            self._expert_c = 2.0 * share.expert_params * self.tp / (g.peak_flops * self.mfu)
+            self._expert_c = 2.0 * share.expert_params * self.tp / (self._linear_peak(g) * self.mfu)
         self._experts_cm: dict[int, tuple[float, float]] = {}
 
     def _rates(self, m: ModelSpec, g: GPUSpec, tp: int, active: float, read: float, gemms: int) -> None:
@@ -161,12 +166,14 @@ class Roofline(CostModel):
         L, h, d = m.num_layers, m.hidden_size, m.head_dim
         heads_gpu = m.num_heads // tp
         dtype_bytes = self.dtype_bytes
-        self._flops = flops = g.peak_flops * self.mfu
+        flops = g.peak_flops * self.mfu
         self._bw = bw = g.mem_bandwidth * self.mbu
         # linears: t_c = _lin_c x T_eff, t_m = _lin_m (+ the routed experts' `_experts`, MoE)
-        self._lin_c = 2.0 * active / flops
-        self._lin_m = read * dtype_bytes / bw
-        # LM head: t_c = _lm_c x rows_eff, t_m = _lm_m
+        self._lin_flops = self._linear_peak(g) * self.mfu
+        self._lin_c = 2.0 * active / self._lin_flops
+        self._lin_m = read * self.weight_dtype_bytes / bw
+        # LM head (16-bit under FP8 too: vLLM's Fp8Config quantizes LinearBase layers only): t_c = _lm_c x
+        # rows_eff, t_m = _lm_m
         self._lm_c = 2.0 * self.lm_head_params_per_gpu / flops
         self._lm_m = self.lm_head_params_per_gpu * dtype_bytes / bw
         self._lin_lat = gemms * self.gemm_latency_s  # each GEMM's fixed time, every layer
@@ -184,6 +191,12 @@ class Roofline(CostModel):
                                       self._ar_tok, self._ar_fixed)
                         if self.allreduce == "vllm" and uses_custom(tp, g.fully_connected) else None)
 
+    def _linear_peak(self, g: GPUSpec) -> float:
+        """FLOP/s of the linear layers' GEMMs: FP8 tensor cores for FP8 weights where the GPU has them (vLLM's
+        W8A8 on Hopper and later; the 16-bit GEMMs' measured efficiency is assumed to carry over), else the
+        16-bit peak (an A100 dequantizes FP8 weights into 16-bit math)."""
+        return g.fp8_flops if self.weight_dtype_bytes == 1 and g.fp8_flops else g.peak_flops
+
     def __repr__(self) -> str:
         return (f"Roofline({self.model.name}, {self.gpu.name}, tp={self.tp}, mfu={self.mfu}, mbu={self.mbu}, "
                 f"attn_mfu={self.attn_mfu}, overhead_s={self.overhead_s}, tile={self.tile}, "
@@ -194,6 +207,8 @@ class Roofline(CostModel):
                 "gemm_latency_s": self.gemm_latency_s,
                 **({"routing_skew": self.routing_skew, "ep": self.ep} if self.model.moe else {}),
                 **({"allreduce": self.allreduce} if self.allreduce != "nccl" else {}),
+                **({"weight_dtype_bytes": self.weight_dtype_bytes, "kv_dtype_bytes": self.kv_dtype_bytes}
+                   if (self.weight_dtype_bytes, self.kv_dtype_bytes) != (self.dtype_bytes,) * 2 else {}),
                 "attn_mfu": self.attn_mfu, "attn_mbu": self.attn_mbu, "tile": self.tile,
                 "step_overheads": self.steps.to_json()}
 
@@ -206,8 +221,8 @@ class Roofline(CostModel):
         """Seconds of a linear layer of `params` weights (this GPU's share) over `rows` token rows: the blend
         of its compute and weight-read times (the linears and LM head are priced so, from constants cached in
         the same order of operations)."""
-        c = 2.0 * params / self._flops * tiled(rows, self.tile)
-        m = params * self.dtype_bytes / self._bw
+        c = 2.0 * params / self._lin_flops * tiled(rows, self.tile)
+        m = params * self.weight_dtype_bytes / self._bw
         return math.sqrt(c * c + m * m) + self.gemm_latency_s
 
     def _experts(self, tokens: int) -> tuple[float, float]:

@@ -18,7 +18,7 @@ from simctl.common.errors import DoesNotFit, InputError
 from simctl.common.files import in_working_folder
 from simctl.costs.allreduce import check_allreduce
 from simctl.costs.base import CostModel
-from simctl.costs.kv_capacity import kv_capacity_tokens
+from simctl.costs.kv_capacity import KVSizing, VLLMProfile, kv_capacity_tokens
 from simctl.costs.loader import RooflineOptions, load_cost
 from simctl.policies.base import Policy, run_stats
 from simctl.policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
@@ -67,6 +67,7 @@ class RunConfig:
     front_end_request_s: float = 0.0
     front_end_prompt_token_s: float = 0.0
     allreduce: str = "nccl"  # the roofline's all-reduces: NCCL's ring, or as vLLM runs them (costs.allreduce)
+    kv_sizing: KVSizing = field(default_factory=KVSizing)  # memory share, dtypes, a capacity given
 
     def __post_init__(self) -> None:
         # the user's paths, absolute before a child process (a capacity worker, a Ray task) reads them
@@ -92,7 +93,10 @@ class RunConfig:
 
     @property
     def roofline_options(self) -> RooflineOptions:
-        return RooflineOptions(self.routing_skew, self.ep, self.allreduce)
+        s = self.kv_sizing  # the roofline's 16-bit model with FP8 weights or KV where given
+        return RooflineOptions(self.routing_skew, self.ep, self.allreduce,
+                               None if s.dtype == "auto" else s.weight_bytes(2),
+                               None if s.kv_cache_dtype == "auto" else s.kv_bytes(2))
 
     @property
     def front_end(self) -> FrontEnd:
@@ -112,8 +116,8 @@ class RunConfig:
         head = {"policy": self.policy, "trace": workload.pop("trace"), "model": self.model, "gpu": self.gpu,
                 "tp": self.tp, **workload}
         return {**head, **{k: v for k, v in asdict(self).items()
-                           if k not in ("workload", "fast", "options", *head)
-                           and (k not in defaults or v != defaults[k])}}
+                           if k not in ("workload", "fast", "options", "kv_sizing", *head)
+                           and (k not in defaults or v != defaults[k])}, **self.kv_sizing.recorded()}
 
 
 @dataclass
@@ -182,7 +186,11 @@ def deploy(config: RunConfig, gpu_name: str, tp: int) -> Deployment:
     """A replica of `tp` GPUs named `gpu_name` for `config`'s model and cost model."""
     model, gpu = get_model(config.model), get_gpu(gpu_name)
     loaded = load_cost(config.cost, model, gpu, tp, config.roofline_options)
-    kv = kv_capacity_tokens(model, gpu, tp, loaded.dtype_bytes, loaded.memory_bytes)
+    # on a GPU, vllm-v1's cache as vLLM sizes it (vLLM's CPU backend takes a KV size given instead)
+    policy = policy_class(config.policy)
+    profiled = None if gpu.name == "cpu" else policy.memory_profile(config.options, gpu.name)
+    kv = kv_capacity_tokens(model, gpu, tp, loaded.dtype_bytes, loaded.memory_bytes, config.kv_sizing,
+                            VLLMProfile(*profiled) if profiled else None)
     return Deployment(model, gpu, tp, loaded.cost, kv, loaded.label, loaded.warnings)
 
 
