@@ -5,7 +5,9 @@
 Reads ../shared/reference/gpu_serving/ (its README says what each file is: vLLM 0.11 on an H100, per-request
 server-side times of guidellm "sweep" phases; and vLLM's CI latency benchmark on H100, H200 and A100) and
 skips cleanly when it is absent. Each file is served by `vllm-v1` with the settings its README gives
-(`CASES`) on the roofline of its GPU, model and TP degree, one phase at a time, each as guidellm sent it:
+(`CASES`) on the roofline of its GPU, model and TP degree, its KV cache sized as vLLM sizes it
+(`costs/kv_capacity.py`; the sizes vLLM reported are compared too), one phase at a time, each as guidellm
+sent it:
 `synchronous` by one closed-loop client (the next request sent when the last completed), every other phase
 (`throughput`, `constant@R`) open loop at the server arrival times measured (relative to the phase's first).
 A phase is simulated from an empty engine, so the first request of a shared-prefix phase misses the cache

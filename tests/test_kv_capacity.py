@@ -129,3 +129,11 @@ def test_the_run_command_sizes_kv_from_its_options():
     assert kv("--kv-cache-tokens", "4000") == 4000
     bad = simctl_here("run", "--gpu-memory-utilization", "0", "--num-requests", "5")
     assert bad.returncode == 2 and "--gpu-memory-utilization must be in (0, 1]" in bad.stderr
+
+
+def test_a_fit_prices_only_the_dtype_it_profiled():
+    from simctl.costs.loader import RooflineOptions, default_cost_path, load_cost
+
+    cpu = get_gpu("cpu")
+    with pytest.raises(InputError, match="the dtype it profiled"):
+        load_cost(default_cost_path(cpu), get_model("tiny"), cpu, 1, RooflineOptions(weight_dtype_bytes=1))
