@@ -262,6 +262,12 @@ def test_a_vllm_v1_choice_as_vllm_serve_flags() -> None:
     from simctl.plan_cmd import serve_flags
 
     assert serve_flags(SERVED, RunConfig(policy="vllm-v1", model="llama-2-7b", tp=2)) == (FLAGS, "llama-2-7b")
+    from simctl.costs.kv_capacity import KVSizing
+
+    fp8 = RunConfig(policy="vllm-v1", model="llama-2-7b", tp=2,
+                    kv_sizing=KVSizing(gpu_memory_utilization=0.8, dtype="fp8", kv_cache_dtype="fp8"))
+    flags = serve_flags(SERVED, fp8)[0]
+    assert "--gpu-memory-utilization 0.8 " in flags and "--quantization fp8 --kv-cache-dtype fp8" in flags
 
 
 # ---- issue 35: the fewest GPUs a check passed; configurations that do not fit skipped ----------------------
