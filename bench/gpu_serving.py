@@ -5,7 +5,9 @@
 Reads ../shared/reference/gpu_serving/ (its README says what each file is: vLLM 0.11 on an H100, per-request
 server-side times of guidellm "sweep" phases; and vLLM's CI latency benchmark on H100, H200 and A100) and
 skips cleanly when it is absent. Each file is served by `vllm-v1` with the settings its README gives
-(`CASES`) on the roofline of its GPU, model and TP degree, one phase at a time, each as guidellm sent it:
+(`CASES`) on the roofline of its GPU, model and TP degree, its KV cache sized as vLLM sizes it
+(`costs/kv_capacity.py`; the sizes vLLM reported are compared too), one phase at a time, each as guidellm
+sent it:
 `synchronous` by one closed-loop client (the next request sent when the last completed), every other phase
 (`throughput`, `constant@R`) open loop at the server arrival times measured (relative to the phase's first).
 A phase is simulated from an empty engine, so the first request of a shared-prefix phase misses the cache
@@ -34,9 +36,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simctl.catalogue.gpus import get_gpu
 from simctl.catalogue.models import ModelSpec, get_model
+from simctl.costs.kv_capacity import KVSizing, VLLMProfile, kv_capacity_tokens, vllm_num_blocks
 from simctl.costs.roofline import Roofline
-from simctl.policies.registry import make_policy
+from simctl.policies.registry import make_policy, policy_class
 from simctl.sim.simulate import simulate
 from simctl.traces.request import Request
 
@@ -64,6 +68,17 @@ class Case:
     max_model_len: int
     gpu: str = "h100"
     tp: int = 1
+
+    def profile(self) -> VLLMProfile:
+        return VLLMProfile(self.max_num_batched_tokens, 16)
+
+    def kv_tokens(self) -> int:
+        """The twin's KV cache as vLLM sizes it (costs/kv_capacity.py: all blocks but the null one)."""
+        return kv_capacity_tokens(self.model, get_gpu(self.gpu), self.tp, profile=self.profile())
+
+    def kv_reported(self) -> int:
+        """The KV size vLLM's log reports for this deployment, predicted: its blocks x the block size."""
+        return 16 * vllm_num_blocks(self.model, get_gpu(self.gpu), self.tp, 2, KVSizing(), self.profile())
 
     def policy_options(self) -> dict[str, int]:
         return {"max_num_batched_tokens": self.max_num_batched_tokens, "max_batch_size": self.max_num_seqs,
@@ -105,8 +120,7 @@ def sent(phase: str, rows: pd.DataFrame) -> tuple[list[Request], int | None]:
 def predicted(case: Case, phase: str, rows: pd.DataFrame) -> dict[str, float]:
     """The twin's P50s of one phase."""
     cost = cost_model(case.model, case.gpu, case.tp)
-    policy = make_policy("vllm-v1", cost.kv_capacity_tokens(), case.max_model_len, case.policy_options(),
-                         case.gpu)
+    policy = make_policy("vllm-v1", case.kv_tokens(), case.max_model_len, case.policy_options(), case.gpu)
     requests, concurrency = sent(phase, rows)
     q = simulate(requests, policy, cost, concurrency=concurrency).request_columns
     if (q["completion_s"] < 0).any():
@@ -164,7 +178,9 @@ def ci_cases(readme: str) -> list[tuple[str, str, int, float]]:
 
 def ci_batch_s(model: str, gpu: str, tp: int, allreduce: str) -> float:
     cost = cost_model(model, gpu, tp, allreduce)
-    policy = make_policy("vllm-v1", cost.kv_capacity_tokens(), CI_PROMPT + CI_OUTPUT, {}, gpu)
+    profile = VLLMProfile(*policy_class("vllm-v1").memory_profile({}, gpu))
+    kv = kv_capacity_tokens(get_model(model), get_gpu(gpu), tp, profile=profile)
+    policy = make_policy("vllm-v1", kv, CI_PROMPT + CI_OUTPUT, {}, gpu)
     q = simulate([Request(i, 0.0, CI_PROMPT, CI_OUTPUT) for i in range(CI_REQUESTS)], policy, cost)
     return float(q.request_columns["completion_s"].max())
 
@@ -183,7 +199,7 @@ PHASE_HEADER = ("| file | phase | n | TTFT P50 ms meas / pred | err | TPOT P50 m
 CI_HEADER = ("| model | GPU | TP | measured s | predicted s | err | predicted s, vLLM's all-reduce | err |")
 
 
-def markdown(rows: list[dict], ci: list[dict]) -> str:
+def markdown(rows: list[dict], ci: list[dict], kv: list[dict]) -> str:
     intro = ("`python bench/gpu_serving.py` (simctl issue 39; what is compared: its docstring). Errors are "
              "predicted / measured - 1; a phase marked * is saturated.")
     lines = ["# The vllm-v1 twin on the roofline against vLLM serving on GPUs", "", intro, "", PHASE_HEADER,
@@ -211,16 +227,46 @@ def markdown(rows: list[dict], ci: list[dict]) -> str:
         nccl, vllm = (np.mean([abs(c[f"error{k}_pct"]) for c in ci]) for k in ("", "_vllm_ar"))
         lines.append(f"\nMAPE {nccl:.1f}% (target {CI_TARGET:.0f}%); with vLLM's all-reduce "
                      f"(`--allreduce vllm`) {vllm:.1f}%")
+    if kv:
+        title = ("KV cache vLLM reports (blocks x 16 tokens), predicted by `costs/kv_capacity.py` against "
+                 "the README's nearest for the model:")
+        lines += ["", title, "",
+                  "| file | model | max_num_batched_tokens | predicted | reported | err |",
+                  "|---|---|---:|---:|---:|---:|"]
+        lines += [f"| {k['file']} | {k['model']} | {k['max_num_batched_tokens']} | {k['predicted']:,} | "
+                  f"{k['reported']:,} | {k['error_pct']:+.2f}% |" for k in kv]
     return "\n".join(lines) + "\n"
 
 
-def run(root: Path) -> tuple[list[dict], list[dict]]:
-    """Every phase of every file present, and every CI case the README lists."""
+# the KV sizes vLLM reported, as the README lists them ("40,592 or 44,640 tokens for CodeLlama-34B")
+KV_REPORTED = re.compile(r"((?:[\d,]+(?: or )?)+)(?: tokens)? for ([A-Za-z][\w.\-]*)")
+KV_SENTENCE = re.compile(r"the KV cache vLLM reported:([^;]*;[^;]*)")
+
+
+def kv_rows(readme: str) -> list[dict]:
+    """Each file's KV size as vLLM would report it, predicted, against the nearest the README gives for its
+    model (the README does not say which file reported which)."""
+    reported = {m.lower(): [int(v.replace(",", "")) for v in sizes.split(" or ")]
+                for said in KV_SENTENCE.findall(readme) for sizes, m in KV_REPORTED.findall(said)}
+    out = []
+    for c in CASES:
+        sizes = reported.get(c.model.name, reported.get(f"{c.model.name}-instruct"))
+        if sizes:
+            pred = c.kv_reported()
+            near = min(sizes, key=lambda s: abs(s - pred))
+            out.append({"file": c.file, "model": c.model.name,
+                        "max_num_batched_tokens": c.max_num_batched_tokens, "predicted": pred,
+                        "reported": near, "error_pct": 100.0 * (pred / near - 1.0)})
+    return out
+
+
+def run(root: Path) -> tuple[list[dict], list[dict], list[dict]]:
+    """Every phase of every file present, every CI case the README lists, and the KV sizes."""
     rows = [r for c in CASES if (root / c.file).is_file()
             for r in phase_rows(c, pd.read_csv(root / c.file))]
     readme = root / "README.md"
-    ci = [ci_row(*c) for c in ci_cases(readme.read_text(encoding="utf-8"))] if readme.is_file() else []
-    return rows, ci
+    text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+    return rows, [ci_row(*c) for c in ci_cases(text)], kv_rows(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,13 +277,13 @@ def main(argv: list[str] | None = None) -> int:
     if not a.root.is_dir():
         print(f"skipped: no reference measurements at {a.root}")
         return 0
-    rows, ci = run(a.root)
-    text = markdown(rows, ci)
+    rows, ci, kv = run(a.root)
+    text = markdown(rows, ci, kv)
     print(text)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.with_suffix(".md").write_text(text, encoding="utf-8")
-    a.out.with_suffix(".json").write_text(json.dumps({"phases": rows, "mape": mape(rows), "ci": ci}, indent=1)
-                                          + "\n", encoding="utf-8")
+    report = {"phases": rows, "mape": mape(rows), "ci": ci, "kv": kv}
+    a.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return 0
 
 

@@ -28,9 +28,10 @@ import numpy as np
 import pandas as pd
 from sessions_vllm_latency import workload
 
+from simctl.catalogue.models import get_model
 from simctl.costs.base import CostModel, ScaledCost
+from simctl.costs.loader import load_cost
 from simctl.policies.plan import BatchPlan
-from simctl.validation.twin import load_cost
 from simctl.validation.vllm_validate import VLLMValidation, simulate_requests
 
 
@@ -108,7 +109,7 @@ def main() -> None:
         p.add_argument(name, type=kind, default=default)
     args = p.parse_args()
     saved = json.loads((args.runs / "rows.json").read_text())
-    cost, settings = load_cost(args.cost, "tiny"), saved["settings"]
+    cost, settings = load_cost(args.cost, get_model("tiny"), None).cost, saved["settings"]
     out: list[dict[str, Any]] = []
     for row in saved["rows"]:
         n = row["concurrency"]

@@ -31,12 +31,13 @@ from typing import Any
 
 from sessions_vllm import load_averages, write_section
 
+from simctl.catalogue.models import get_model
 from simctl.costs.base import ScaledCost
+from simctl.costs.loader import load_cost
 from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, deployment_for
 from simctl.results.validation_report import pct_error
 from simctl.traces.workload import Workload
 from simctl.validation.pipeline import Point, serve_rounds
-from simctl.validation.twin import load_cost
 from simctl.validation.vllm_validate import VLLMTarget, VLLMValidation, simulate_requests
 
 SECTION = "## Latency on generated sessions, real vLLM vs the twin"
@@ -184,7 +185,7 @@ def main() -> None:
     p.add_argument("--runs", type=Path, default=Path("out/sessions-latency"), help="each run's files")
     p.add_argument("--out", type=Path, help="markdown file to write the section into")
     args = p.parse_args()
-    cost = load_cost(args.cost, "tiny")
+    cost = load_cost(args.cost, get_model("tiny"), None).cost
     deployment = deployment_for("tiny", args.seed, {"block_size": CPU_BLOCK_SIZE},
                                 kv_capacity=args.kv_blocks * CPU_BLOCK_SIZE)
     t0, rows = time.perf_counter(), []

@@ -49,11 +49,12 @@ def pooled(dirs: list[Path]) -> tuple[dict[str, Any], list[Load]]:
 
 
 def main() -> None:
+    from simctl.catalogue.models import get_model
     from simctl.costs.base import ScaledCost
+    from simctl.costs.loader import load_cost
     from simctl.results.validation_report import pct_error
     from simctl.traces.workload import Workload
     from simctl.validation.pipeline import FIT_SPEED_TOL
-    from simctl.validation.twin import load_cost
     from simctl.validation.vllm_validate import simulate_requests
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -61,7 +62,7 @@ def main() -> None:
     ap.add_argument("--scales", default="", help="comma list of cost factors for the steepness table")
     a = ap.parse_args()
     cfg, loads = pooled(a.dirs)
-    cost = load_cost(cfg["cost"], cfg["model"])
+    cost = load_cost(cfg["cost"], get_model(cfg["model"]), None).cost
     workload = Workload.of_record(cfg)
 
     def twin(qps: float, factor: float) -> dict[str, Any]:

@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     mbu, overhead_s = fit(bench, a.root)
     print(f"fitted H100: mbu {mbu:.3f}, overhead_s {overhead_s * 1e3:.2f} ms")
     priced_with(bench, mbu, overhead_s)
-    rows, ci = bench.run(a.root)
-    print(bench.markdown(rows, ci))
+    rows, ci, kv = bench.run(a.root)
+    print(bench.markdown(rows, ci, kv))
     return 0
 
 

@@ -63,6 +63,8 @@ def regress(x: np.ndarray, y: np.ndarray) -> list[float]:
 def measure(cost_path: str, seed: int = 0) -> dict:
     from dataclasses import replace
 
+    from simctl.catalogue.models import get_model
+    from simctl.costs.loader import load_cost
     from simctl.engine.vllm_real import VLLMServer, deployment_for
     from simctl.profiler.vllm_stream import (
         CLOSED_BATCH,
@@ -75,9 +77,8 @@ def measure(cost_path: str, seed: int = 0) -> dict:
     )
     from simctl.results.metrics import summarize
     from simctl.traces.build import build_trace
-    from simctl.validation.twin import load_cost
 
-    cost = load_cost(cost_path, "tiny")
+    cost = load_cost(cost_path, get_model("tiny"), None).cost
 
     def requests(qps: float) -> list:
         return build_trace(STREAM_TRACE, STREAM_REQUESTS, qps, seed + SEED_OFFSET, scale=STREAM_SCALE)

@@ -30,9 +30,10 @@ def describe(name: str, it: pd.DataFrame, requests: pd.DataFrame) -> str:
 
 
 def main() -> None:
+    from simctl.catalogue.models import get_model
     from simctl.costs.base import ScaledCost
+    from simctl.costs.loader import load_cost
     from simctl.traces.workload import Workload
-    from simctl.validation.twin import load_cost
     from simctl.validation.vllm_validate import simulate_requests
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -43,7 +44,7 @@ def main() -> None:
     a = ap.parse_args()
     report = json.loads((a.validation / "validation_vllm.json").read_text(encoding="utf-8"))
     cfg = report["config"]
-    cost = load_cost(cfg["cost"], cfg["model"])
+    cost = load_cost(cfg["cost"], get_model(cfg["model"]), None).cost
     (row,) = [r for r in report["rows"] if r["load"] == a.load]
     requests = Workload.of_record(cfg).at(row["qps"]).requests()
     print("| run | steps | decode rows mean / max | prefill tokens per step mean / P90 / max | period P50 / "

@@ -51,6 +51,20 @@ class Deployment:
     allreduce: str = option_field("nccl", (
         "Roofline, TP > 1: the all-reduces as NCCL's ring (nccl), or as vLLM runs them (vllm: its custom "
         "one- or two-shot all-reduce below its size limit on NVLink, NCCL above)."), metavar="nccl|vllm")
+    gpu_memory_utilization: float = option_field(0.9, (
+        "Share of each GPU's memory the server manages (vLLM's --gpu-memory-utilization): weights, "
+        "activations and the KV cache, which gets the rest (costs/kv_capacity.py)."))
+    dtype: str = option_field("auto", (
+        "The linear layers' weights: auto (the model's 16 bits, or a fit's dtype), bfloat16, float16, or fp8 "
+        "(vLLM's --quantization fp8: one byte a weight, and FP8 tensor throughput where the GPU has it)."),
+        metavar="auto|bfloat16|float16|fp8")
+    kv_cache_dtype: str = option_field("auto", (
+        "The KV cache's values: auto (the model's dtype) or fp8 (one byte; vLLM's --kv-cache-dtype)."),
+        metavar="auto|fp8")
+    kv_cache_tokens: int | None = option_field(None, (
+        "The KV cache's capacity in tokens, given outright instead of sized from the GPU's memory."))
+    num_gpu_blocks_override: int | None = option_field(None, (
+        "vllm-v1: the KV cache's blocks, as vLLM's --num-gpu-blocks-override (one is its null block)."))
     on_too_long: str = option_field("refuse", (
         "A request longer than --max-model-len: refuse (a server answers it with an error: counted as "
         "`rejected`, out of the latency percentiles, against SLO attainment), error (the whole run stops), "

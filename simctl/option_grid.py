@@ -11,6 +11,7 @@ from typing import Any
 
 from simctl.common.errors import InputError
 from simctl.configs import Deployment, Execution, Workload
+from simctl.costs.kv_capacity import KVSizing
 from simctl.options import comma_list, policy_list
 from simctl.policies.registry import check_options, policy_class
 from simctl.sim.run import RunConfig
@@ -57,7 +58,9 @@ def base_config(workload: Workload, deployment: Deployment, execution: Execution
                      front_end_request_s=deployment.front_end_request_s,
                      front_end_prompt_token_s=deployment.front_end_prompt_token_s,
                      allreduce=deployment.allreduce, execution=execution.execution,
-                     step_overhead_ms=execution.step_overhead_ms)
+                     step_overhead_ms=execution.step_overhead_ms, kv_sizing=KVSizing(
+                         deployment.gpu_memory_utilization, deployment.dtype, deployment.kv_cache_dtype,
+                         deployment.kv_cache_tokens, deployment.num_gpu_blocks_override))
 
 
 def grid(base: RunConfig, policy: str, deployment: Deployment,

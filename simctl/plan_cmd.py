@@ -280,14 +280,16 @@ def vllm_flags(choices: list[Any]) -> str | None:
 def serve_flags(s: dict[str, Any], config: Any) -> tuple[str, str]:
     """A vllm-v1 run's settings (`s`: its summary) as `vllm serve` flags, and the model's name."""
     from simctl.catalogue.models import get_model
-    from simctl.costs.roofline import DEFAULT_GPU_MEMORY_UTILIZATION
 
-    model = get_model(config.model)
+    model, sizing = get_model(config.model), config.kv_sizing
     flags = [f"--tensor-parallel-size {config.tp}", f"--max-num-batched-tokens {s['max_num_batched_tokens']}",
              f"--max-num-seqs {s['max_batch_size']}",
              f"--max-model-len {config.max_model_len or model.max_position}",
-             f"--block-size {s['block_size']}", f"--gpu-memory-utilization {DEFAULT_GPU_MEMORY_UTILIZATION}",
+             f"--block-size {s['block_size']}", f"--gpu-memory-utilization {sizing.gpu_memory_utilization}",
              "--enable-prefix-caching" if s["enable_prefix_caching"] else "--no-enable-prefix-caching"]
+    flags += [flag for flag, given in (("--quantization fp8", sizing.dtype == "fp8"),
+                                       (f"--dtype {sizing.dtype}", sizing.dtype in ("bfloat16", "float16")),
+                                       ("--kv-cache-dtype fp8", sizing.kv_cache_dtype == "fp8")) if given]
     if s.get("long_prefill_token_threshold"):
         flags.append(f"--long-prefill-token-threshold {s['long_prefill_token_threshold']}")
     return " ".join(flags), model.name

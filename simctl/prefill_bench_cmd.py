@@ -77,8 +77,8 @@ def prefill_bench(
 
     from simctl.catalogue.gpus import get_gpu
     from simctl.catalogue.models import get_model
+    from simctl.costs.loader import load_cost
     from simctl.results.output import check_out_dir, json_text, write_files
-    from simctl.sim.run import cost_model
     from simctl.usage_errors import warn_all
 
     policies = policy_list(policy)
@@ -88,7 +88,8 @@ def prefill_bench(
     if out is not None:
         check_out_dir(out, FILES)
     spec, g = get_model(model), get_gpu(gpu)
-    price, _, label, warnings = cost_model(cost, spec, g, 1)
+    loaded = load_cost(cost, spec, g)
+    price, label, warnings = loaded.cost, loaded.label, loaded.warnings
     warn_all(warnings)
     rows, profiles = [], {}
     drawn = _pools(pools, spec, timing, max(sizes))

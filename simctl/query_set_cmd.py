@@ -50,10 +50,11 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
     import statistics
 
     from simctl.catalogue.gpus import get_gpu
+    from simctl.catalogue.models import get_model
+    from simctl.costs.loader import default_cost_path, load_cost
     from simctl.engine.real import real_main
-    from simctl.sim.run import default_cost_path
     from simctl.traces.workload import Workload
-    from simctl.validation.twin import load_cost, simulate_twin
+    from simctl.validation.twin import simulate_twin
 
     if real_cost is None and device != "cpu":
         raise InputError("--real-cost: give the fitted cost model (cost_model.json) of the --real device")
@@ -67,7 +68,8 @@ def _real_point(policy: str, requests: list, batch: int, model: str, device: str
         runs = [real_main(policy=policy, workload=workload, model=model, device=device,
                           options={**(options or {}), "max_batch_size": batch})
                 for _ in range(repeats)]
-        twin, _ = simulate_twin(runs[0], load_cost(real_cost or default_cost_path(get_gpu("cpu")), model))
+        cost = load_cost(real_cost or default_cost_path(get_gpu("cpu")), get_model(model), None).cost
+        twin, _ = simulate_twin(runs[0], cost)
     real = statistics.median(r["makespan_s"] for r in runs)
     return {"real_completion_s": real, "real_min_s": min(r["makespan_s"] for r in runs),
             "real_max_s": max(r["makespan_s"] for r in runs), "twin_completion_s": twin["makespan_s"],
@@ -104,8 +106,10 @@ def query_set_cmd(
     """
     from simctl.catalogue.gpus import get_gpu
     from simctl.catalogue.models import get_model
+    from simctl.costs.kv_capacity import kv_capacity_tokens
+    from simctl.costs.loader import RooflineOptions, load_cost
     from simctl.results.output import json_text, write_files
-    from simctl.sim.run import cost_model
+    from simctl.sim.run import check_step_overheads
     from simctl.studies.query_set import query_set
     from simctl.usage_errors import warn_all
 
@@ -114,8 +118,12 @@ def query_set_cmd(
     requests = query_set(name, seed, scale)
     spec, g = get_model(model), get_gpu(gpu)
     spec.check_context(requests, scale)
-    price, kv, label, warnings = cost_model(cost, spec, g, 1, execution=execution.execution,
-                                            step_overhead_ms=execution.step_overhead_ms)
+    ms = execution.step_overhead_ms
+    check_step_overheads(cost, execution.execution, ms)
+    loaded = load_cost(cost, spec, g, 1, RooflineOptions(execution=execution.execution,
+                                                         overhead_s=None if ms is None else ms / 1e3))
+    price, label, warnings = loaded.cost, loaded.label, loaded.warnings
+    kv = kv_capacity_tokens(spec, g, 1, loaded.dtype_bytes, loaded.memory_bytes)
     warn_all(warnings)
     with progress_bar("query-set points" + (" (served for real)" if serving.real else "")) as report:
         frame = _completions(name, requests, policies, sizes, price, kv, overlap, serving, seed,

@@ -98,8 +98,8 @@ def _on_simctl(policies: list[str], workload: Workload, runs: RealRuns, fraction
                disaggregation: RealDisaggregation, out: Path) -> None:
     """The validation of simctl's own engine: its report on stdout, its files in `out`."""
     from simctl.catalogue.gpus import get_gpu
+    from simctl.costs.loader import default_cost_path
     from simctl.results.validation_report import markdown
-    from simctl.sim.run import default_cost_path
     from simctl.validation.twin import DEFAULT_NUM_REQUESTS
     from simctl.validation.validate import validate_main
 

@@ -17,18 +17,19 @@ from test_cluster import deployment
 from simctl.catalogue.gpus import get_gpu
 from simctl.catalogue.models import get_model
 from simctl.costs.base import CostModel
+from simctl.costs.loader import load_cost
 from simctl.policies.plan import BatchPlan
 from simctl.policies.registry import POLICIES, make_policy
 from simctl.policies.seq import Seq
 from simctl.serving.records import request_frame
 from simctl.sim.cluster import Cluster, Member, Pool
 from simctl.sim.replica import CostBackend
-from simctl.sim.run import RunConfig, cost_model, run
+from simctl.sim.run import RunConfig, run
 from simctl.traces.request import Request
 from simctl.traces.workload import Workload
 
 TINY = get_model("tiny")
-CPU_COST = cost_model(None, TINY, get_gpu("cpu"), 1)[0]
+CPU_COST = load_cost(None, TINY, get_gpu("cpu")).cost
 MAX_SEQ_LEN = 1024
 CONTINUOUS = [n for n, c in POLICIES.items() if not c.padded_batches]  # can admit a request with its KV
 

@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from simctl.catalogue.gpus import get_gpu
 from simctl.catalogue.models import get_model
 from simctl.costs.base import CostModel
+from simctl.costs.kv_capacity import kv_capacity_tokens
+from simctl.costs.loader import load_cost
 from simctl.policies.registry import POLICIES, make_policy
 from simctl.policies.seq import Seq
 from simctl.serving.cluster_config import ClusterConfig
@@ -26,12 +28,12 @@ from simctl.serving.records import request_frame
 from simctl.serving.routers import ROUTERS, ReplicaView, Router, make_router
 from simctl.sim.cluster import Cluster, Member, Pool
 from simctl.sim.replica import CostBackend
-from simctl.sim.run import RunConfig, cost_model, run
+from simctl.sim.run import RunConfig, run
 from simctl.traces.request import Request
 from simctl.traces.workload import Workload
 
 TINY = get_model("tiny")
-COST = cost_model(None, TINY, get_gpu("cpu"), 1)[0]
+COST = load_cost(None, TINY, get_gpu("cpu")).cost
 MAX_SEQ_LEN = 512
 CACHE_ROUTERS = ("prefix", "prefix-approx", "kv-cost")  # they need vllm-v1's prefix cache
 CONTINUOUS = [n for n, c in POLICIES.items() if not c.padded_batches]  # can admit a request with its KV
@@ -148,8 +150,8 @@ def test_pools_of_their_own_tp_count_their_gpus_size_their_kv_and_send_the_whole
     assert r.summary["gpus"] == 3 and (r.summary["prefill_tp"], r.summary["decode_tp"]) == (2, 1)
     prefill, decode = (p.members[0].policy.kv.capacity for p in (r.cluster.entry, r.cluster.decode))
     block = 16  # PagedKV's
-    assert prefill == cost_model(None, model, gpu, 2)[1] // block * block
-    assert decode == cost_model(None, model, gpu, 1)[1] // block * block
+    assert prefill == kv_capacity_tokens(model, gpu, 2) // block * block
+    assert decode == kv_capacity_tokens(model, gpu, 1) // block * block
     assert prefill > 2 * decode  # TP2 holds half the weights per GPU: more than twice the KV
     moved = r.result.requests.query("output_tokens > 1")["prompt_tokens"].sum()
     per_token = 2 * 40 * 40 * 128 * 2  # K and V x layers x KV heads x head dim x fp16 bytes

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 from simctl.catalogue.gpus import get_gpu
 from simctl.costs.fitted import Fitted
+from simctl.costs.loader import default_cost_path
 from simctl.costs.roofline import Roofline
 from simctl.policies.plan import hybrid
 from simctl.policies.seq import Seq
-from simctl.sim.run import default_cost_path
 
 MODELS = {
     "roofline": Roofline("mistral-7b", "a100-80gb"),

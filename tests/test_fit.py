@@ -30,6 +30,8 @@ from simctl.costs.calibration import load_roofline_calibration
 from simctl.costs.curves import pwl_array
 from simctl.costs.features import decode_pad_kv
 from simctl.costs.fitted_form import COEFFICIENTS
+from simctl.costs.kv_capacity import kv_capacity_tokens
+from simctl.costs.loader import load_cost
 from simctl.policies.plan import BatchPlan, Layout, packed, padded_decode, padded_prefill
 from simctl.policies.seq import Seq
 from simctl.profiler.fit import COST_MODEL_FILE, fit_profile
@@ -37,7 +39,6 @@ from simctl.profiler.fit_coefficients import choose_knots, fit_coefficients
 from simctl.profiler.fit_report import format_report
 from simctl.profiler.fit_roofline import plans_from_rows
 from simctl.profiler.profile_data import PROFILE_COLUMNS
-from simctl.sim.run import cost_model
 
 TINY = get_model("tiny")
 TINY_SHAPE = {f.name: getattr(TINY, f.name) for f in dataclasses.fields(TINY) if f.name != "description"}
@@ -442,10 +443,8 @@ def test_cost_model_json_round_trips(exact_fit, tmp_path):
     assert again.to_json() == loaded.to_json()
     plan = BatchPlan([], [1] * 8, Layout.PACKED, 8, 8, decode_rows=8, decode_kv=8000)
     assert again.iteration_time(plan) == loaded.iteration_time(plan)
-    # capacity: no memory recorded in the synthetic meta -> must be given
-    with pytest.raises(InputError, match="memory"):
-        loaded.kv_capacity_tokens()
-    cap = loaded.kv_capacity_tokens(memory_bytes=16 * 2**30)
+    # capacity: the deployment's, in the fit's dtype (no memory recorded in the synthetic meta: the GPU's)
+    cap = kv_capacity_tokens(TINY, get_gpu("cpu"), 1, loaded.dtype_bytes, loaded.memory_bytes)
     assert cap == int((16 * 2**30 * 0.9 - TINY.weight_bytes(4) - 2 * 2**30) // TINY.kv_bytes_per_token(4))
 
 
@@ -579,8 +578,10 @@ def test_roofline_calibration_recovers_efficiencies(tmp_path):
     assert again.iteration_time(plan) == pytest.approx(rf.iteration_time(plan), rel=1e-3)
     # the fitted form prices Roofline-made data well too (only per-segment attention blending differs)
     assert r.holdout["overall"].mape < 0.02
-    # memory recorded in meta.json: capacity from the cost model file
-    assert Fitted.load(r.cost_model_path).kv_capacity_tokens() == rf.kv_capacity_tokens()
+    # memory recorded in meta.json: the deployment's capacity on the fit's recorded memory and dtype
+    f = Fitted.load(r.cost_model_path)
+    assert (kv_capacity_tokens(model, get_gpu("cpu"), 1, f.dtype_bytes, f.memory_bytes)
+            == kv_capacity_tokens(model, get_gpu("a100-80gb")))
     assert "roofline  a100-80gb" in format_report(r)
 
 
@@ -593,8 +594,9 @@ def test_a_cpu_profile_calibrates_only_the_cpu_roofline(tmp_path):
     cal = fit_profile(d, roofline_gpu="cpu", plot=False).roofline
     assert cal is not None
     with pytest.raises(InputError, match="measured on a CPU, and cannot price a100-80gb"):
-        cost_model(cal.path, get_model("tiny"), get_gpu("a100-80gb"), 1)
-    _, _, label, warnings = cost_model(cal.path, get_model("tiny"), get_gpu("cpu"), 1)
+        load_cost(cal.path, get_model("tiny"), get_gpu("a100-80gb"))
+    loaded = load_cost(cal.path, get_model("tiny"), get_gpu("cpu"))
+    label, warnings = loaded.label, loaded.warnings
     assert label.startswith("roofline calibrated by") and warnings == []
 
 
@@ -603,22 +605,22 @@ def test_a_gpu_calibration_on_another_gpu_or_model_is_used_with_warnings(tmp_pat
     cal.write_text(json.dumps({"format": "simctl.roofline-calibration", "version": 2, "gpu": "a100-80gb",
                                "measured_on": "a100-80gb", "model": "mistral-7b",
                                "params": {"mfu": 0.5, "mbu": 0.6, "attn_mfu": 0.3, "overhead_s": 0.004}}))
-    *_, same = cost_model(cal, get_model("mistral-7b"), get_gpu("a100-80gb"), 1)
+    same = load_cost(cal, get_model("mistral-7b"), get_gpu("a100-80gb")).warnings
     assert same == []
-    *_, other = cost_model(cal, get_model("llama-2-7b"), get_gpu("h100"), 1)
+    other = load_cost(cal, get_model("llama-2-7b"), get_gpu("h100")).warnings
     assert len(other) == 2
     assert "measured on a100-80gb and are applied to h100" in other[0] and "llama-2-7b" in other[1]
     older = json.loads(cal.read_text())
     del older["measured_on"]
     cal.write_text(json.dumps(older))
     with pytest.raises(InputError, match="does not record the device it was measured on"):
-        cost_model(cal, get_model("mistral-7b"), get_gpu("a100-80gb"), 1)
+        load_cost(cal, get_model("mistral-7b"), get_gpu("a100-80gb"))
 
 
 def test_a_fitted_model_prices_only_its_device(exact_fit):
     path = exact_fit.cost_model_path
     with pytest.raises(InputError,
                        match="fitted on synthetic, so its times are that device's, not a100-80gb's"):
-        cost_model(path, get_model("tiny"), get_gpu("a100-80gb"), 1)
-    assert cost_model(path, get_model("tiny"), get_gpu("cpu"), 1)[3] == []
+        load_cost(path, get_model("tiny"), get_gpu("a100-80gb"))
+    assert load_cost(path, get_model("tiny"), get_gpu("cpu")).warnings == []
 

@@ -67,3 +67,17 @@ def test_ci_cases_are_read_back_from_the_readme_sentence():
 def test_no_reference_folder_is_skipped_and_nothing_written(tmp_path, capsys):
     assert bench.main(["--root", str(tmp_path / "absent"), "--out", str(tmp_path / "o")]) == 0
     assert "skipped" in capsys.readouterr().out and not list(tmp_path.iterdir())
+
+
+def test_kv_sizes_are_read_back_and_each_file_compared_to_its_models_nearest():
+    text = ("- engine: ...; the KV cache vLLM reported: 30,000 or 50,000 tokens for CodeLlama-34B,\n"
+            "  90,000 for Llama-2-7B;\n- GPU: 12 for nothing")
+    rows = bench.kv_rows(text)
+    assert [r["file"] for r in rows] == [c.file for c in bench.CASES]
+    for r in rows:
+        choices = {"codellama-34b": (30_000, 50_000), "llama-2-7b": (90_000,)}[r["model"]]
+        assert r["reported"] == min(choices, key=lambda s: abs(s - r["predicted"]))
+        assert r["error_pct"] == pytest.approx(100 * (r["predicted"] / r["reported"] - 1))
+    small, big = (next(r["predicted"] for r in rows if r["max_num_batched_tokens"] == n and
+                       r["model"] == "codellama-34b") for n in (64, 4096))
+    assert small > big  # vLLM's profile of a 64-token step holds back less than a 4096-token one

@@ -295,9 +295,9 @@ def test_a_request_within_the_context_but_beyond_the_kv_cache_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str, words: str) -> None:
     """The catalogue's one such pair: Llama-2-13B on the placeholder CPU's roofline, 729 KV slots at
     --tp 2."""
-    import simctl.sim.run
+    import simctl.costs.loader
 
-    monkeypatch.setattr(simctl.sim.run, "default_cost_path", lambda gpu: None)
+    monkeypatch.setattr(simctl.costs.loader, "default_cost_path", lambda gpu: None)
     path = tmp_path / "long.csv"
     path.write_text("num_prefill_tokens,num_decode_tokens\n2000,10\n")
     with pytest.raises(InputError, match=f"does not fit: .*{words}.*729"):

@@ -12,6 +12,8 @@ from conftest import simctl_here
 from simctl.catalogue.gpus import get_gpu
 from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
+from simctl.costs.kv_capacity import kv_capacity_tokens
+from simctl.costs.loader import load_cost
 from simctl.policies.plan import hybrid
 from simctl.policies.seq import Seq
 from simctl.profiler.fit_operators import (
@@ -21,7 +23,6 @@ from simctl.profiler.fit_operators import (
     tile_step_knots,
 )
 from simctl.profiler.operator_profiles import OperatorProfile, load_operator_profile
-from simctl.sim.run import cost_model
 
 PROFILES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gpu_profiles"
 needs_profiles = pytest.mark.skipif(not (PROFILES / "compute").is_dir(), reason="no reference GPU profiles")
@@ -86,8 +87,9 @@ def test_fitted_price_is_the_measured_operators_plus_roofline_terms(tmp_path) ->
     # overhead = the operators at one token (monotone fit) + 2 ms per step; linear = the rest at 512 tokens
     assert terms["overhead"] - 2e-3 + terms["linear"] == pytest.approx(measured[1], rel=0.03)
     assert r.attention.startswith("roofline")
-    cost, kv, _, _ = cost_model(tmp_path / "cost_model.json", spec, get_gpu("h100"), 1)
-    assert cost.iteration_time(plan) == r.fitted.iteration_time(plan) and kv > 0
+    loaded = load_cost(tmp_path / "cost_model.json", spec, get_gpu("h100"))
+    kv = kv_capacity_tokens(spec, get_gpu("h100"), 1, loaded.dtype_bytes, loaded.memory_bytes)
+    assert loaded.cost.iteration_time(plan) == r.fitted.iteration_time(plan) and kv > 0
 
 
 @needs_profiles
@@ -97,7 +99,7 @@ def test_attention_is_fitted_where_measured_and_tp_must_match(tmp_path) -> None:
     assert r.attention.startswith("measured") and r.fitted.tp == 2
     assert r.profile.network == "a100_dgx"
     with pytest.raises(InputError, match="tp=2"):
-        cost_model(tmp_path / "cost_model.json", spec, get_gpu("a100-80gb"), 4)
+        load_cost(tmp_path / "cost_model.json", spec, get_gpu("a100-80gb"), 4)
 
 
 @needs_profiles

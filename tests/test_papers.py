@@ -7,7 +7,9 @@ import pytest
 
 from simctl.catalogue.gpus import get_gpu
 from simctl.catalogue.models import get_model
-from simctl.sim.run import RunConfig, cost_model, run
+from simctl.costs.kv_capacity import kv_capacity_tokens
+from simctl.costs.loader import RooflineOptions, load_cost
+from simctl.sim.run import RunConfig, run
 from simctl.studies.prefill_bench import bench, prompt_lengths
 from simctl.studies.query_set import completion_time, query_set
 from simctl.traces.workload import Workload
@@ -39,8 +41,10 @@ def test_sarathi_serve_meets_the_strict_slo_where_orca_and_vllm_miss_it() -> Non
 
 def _speedups(name: str, batch: int, step_overhead_ms: float) -> dict[str, float]:
     gpu = "rtx-4090" if name == "short" else "a6000"
-    cost, kv, _, _ = cost_model(None, get_model("llama-2-7b"), get_gpu(gpu), 1, execution="eager",
-                                step_overhead_ms=step_overhead_ms)
+    spec, g = get_model("llama-2-7b"), get_gpu(gpu)
+    eager = RooflineOptions(execution="eager", overhead_s=step_overhead_ms / 1e3)
+    cost = load_cost(None, spec, g, 1, eager).cost
+    kv = kv_capacity_tokens(spec, g)
     t = {p: completion_time(p, query_set(name), batch, cost, kv, {"overlap": 1} if p == "baton-pd" else {}
                             )["completion_s"] for p in ("hf-padded", "pd", "baton", "baton-pd")}
     return {p: t["hf-padded"] / v for p, v in t.items()}
@@ -63,7 +67,7 @@ def test_prepacking_wins_on_every_dataset_more_at_larger_batches() -> None:
     """Sections 4.3 and 4.5: prepacking prefills faster than full batching on every dataset, and its speed-up
     grows with the batch size."""
     spec, gpu = get_model("sheared-llama-1.3b"), get_gpu("a6000")
-    cost = cost_model(None, spec, gpu, 1, execution="eager")[0]
+    cost = load_cost(None, spec, gpu, 1, RooflineOptions(execution="eager")).cost
     for name in ("mmlu", "samsum", "alpaca", "wikitext512", "hh-rlhf"):
         pool = prompt_lengths(name, 256, seed=0)
         ups = [bench("hf-padded", pool, b, cost, spec)[0].per_prompt_s

@@ -262,6 +262,12 @@ def test_a_vllm_v1_choice_as_vllm_serve_flags() -> None:
     from simctl.plan_cmd import serve_flags
 
     assert serve_flags(SERVED, RunConfig(policy="vllm-v1", model="llama-2-7b", tp=2)) == (FLAGS, "llama-2-7b")
+    from simctl.costs.kv_capacity import KVSizing
+
+    fp8 = RunConfig(policy="vllm-v1", model="llama-2-7b", tp=2,
+                    kv_sizing=KVSizing(gpu_memory_utilization=0.8, dtype="fp8", kv_cache_dtype="fp8"))
+    flags = serve_flags(SERVED, fp8)[0]
+    assert "--gpu-memory-utilization 0.8 " in flags and "--quantization fp8 --kv-cache-dtype fp8" in flags
 
 
 # ---- issue 35: the fewest GPUs a check passed; configurations that do not fit skipped ----------------------
@@ -345,10 +351,10 @@ def test_a_kv_cache_too_small_for_the_longest_request_is_skipped(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Llama-2-13B on the placeholder CPU's roofline: 729 KV slots at --tp 2 (tests/test_misuse.py), more at
     --tp 4."""
-    import simctl.sim.run
+    import simctl.costs.loader
     from simctl.studies.plan import fitting
 
-    monkeypatch.setattr(simctl.sim.run, "default_cost_path", lambda gpu: None)
+    monkeypatch.setattr(simctl.costs.loader, "default_cost_path", lambda gpu: None)
     path = tmp_path / "long.csv"
     path.write_text("num_prefill_tokens,num_decode_tokens\n2000,10\n")
     made = [Candidate(RunConfig(policy="vllm", workload=Workload(trace=str(path), num_requests=1),

@@ -9,6 +9,9 @@ import sys
 import pytest
 from conftest import simctl_here
 
+from simctl.catalogue.gpus import get_gpu
+from simctl.catalogue.models import get_model
+from simctl.costs.kv_capacity import kv_capacity_tokens
 from simctl.costs.roofline import Roofline
 from simctl.studies.query_set import QUERY_SETS, completion_time, query_set
 
@@ -39,7 +42,7 @@ def test_query_level_batching_completes_the_set_first() -> None:
     their longest query."""
     requests = query_set("short")
     cost = Roofline("llama-2-7b", "rtx-4090")
-    kv = cost.kv_capacity_tokens()
+    kv = kv_capacity_tokens(get_model("llama-2-7b"), get_gpu("rtx-4090"))
     for b in (2, 6):
         t = {p: completion_time(p, requests, b, cost, kv)["completion_s"]
              for p in ("hf-padded", "pd", "baton", "baton-pd")}

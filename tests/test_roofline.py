@@ -16,7 +16,7 @@ from simctl.policies.plan import BatchPlan, Layout, packed, padded_decode, padde
 from simctl.policies.seq import Seq
 
 # Spec numbers written out by hand (A100-80GB SXM datasheet; Mistral-7B-v0.1 config.json) and the defaults.
-PEAK, BW, MEM = 312e12, 2039e9, 80 * 2**30
+PEAK, BW = 312e12, 2039e9
 MFU, MBU, ATTN_MFU, OVERHEAD = 0.70, 0.75, 0.50, 2e-3
 L, H, HEADS, KV_HEADS, D, FF, V = 32, 4096, 32, 8, 128, 14336, 32000
 P_LIN = L * (H * (HEADS + 2 * KV_HEADS) * D + HEADS * D * H + 3 * H * FF)  # 6,979,321,856
@@ -228,30 +228,6 @@ def test_decode_stretch_property(rows, ctx, k, tp):
     np.testing.assert_allclose(fast, slow, rtol=1e-12)
 
 
-def test_kv_capacity_mistral_a100(rf):
-    # weights: (6,979,321,856 linear + 2 x 32000 x 4096 embedding/LM head) x 2 B = 14,482,931,712 B
-    # free = 80 GiB x 0.9 - weights - 2 GiB reserve = 60,678,995,968 B; / 131,072 B per token = 462,944 tokens
-    weights = (P_LIN + 2 * V * H) * 2
-    hand = int((MEM * 0.9 - weights - 2 * 2**30) // KV_TOK)
-    assert hand == 462944
-    assert rf.kv_capacity_tokens() == hand
-    assert 350_000 < rf.kv_capacity_tokens() < 550_000
-
-
-def test_kv_capacity_tp_shards_kv():
-    one = Roofline("llama-2-13b", "a100-80gb").kv_capacity_tokens()
-    two = Roofline("llama-2-13b", "a100-80gb", tp=2).kv_capacity_tokens()
-    assert two > 2 * one  # twice the memory, and the weights are paid once per replica
-
-
-def test_model_too_big_raises():
-    with pytest.raises(InputError, match="does not fit"):
-        Roofline("llama-2-70b", "a100-80gb").kv_capacity_tokens()
-    with pytest.raises(InputError, match="does not fit"):
-        Roofline("falcon-180b", "l4", tp=8).kv_capacity_tokens()
-    assert Roofline("llama-2-70b", "a100-80gb", tp=2).kv_capacity_tokens() > 0
-
-
 def test_bad_configs_raise():
     with pytest.raises(InputError):
         Roofline("mistral-7b", "a100-80gb", tp=3)  # 32 heads
@@ -276,3 +252,37 @@ def test_predicted_times_are_plausible(rf):
     t2048 = rf.iteration_time(prefill_plan([2048], [0]))
     assert 0.10 < t2048 < 0.20  # ~2 x 7.2e9 x 2048 FLOPs = 29.6 TFLOP at 218 TFLOP/s = 136 ms + attention
     assert isinstance(t1, float)
+
+
+# ---- FP8 and the datasheet-only GPUs (costs/kv_capacity.py sizes their memory) -----------------------------
+def test_fp8_weights_and_kv_halve_the_bytes_read():
+    """FP8 weights: a decode's linears read half the bytes (weight streaming dominates), FP8 KV half the KV;
+    the LM head stays 16-bit (vLLM's Fp8Config quantizes LinearBase layers only)."""
+    bf16 = Roofline("llama-2-7b", "h100", gemm_latency_s=0.0)
+    fp8 = Roofline("llama-2-7b", "h100", gemm_latency_s=0.0, weight_dtype_bytes=1, kv_dtype_bytes=1)
+    assert fp8.kv_bytes_per_token_per_gpu * 2 == bf16.kv_bytes_per_token_per_gpu
+    plan = decode_plan(1, 4096)
+    b16, b8 = bf16.breakdown(plan), fp8.breakdown(plan)
+    assert b8["decode_attention"] == pytest.approx(b16["decode_attention"] / 2, rel=1e-12)
+    assert b8["linear"] == pytest.approx(b16["linear"] / 2, rel=0.01)  # the compute term is ~0 at T = 1
+    assert b8["lm_head"] == b16["lm_head"]
+
+
+def test_fp8_weights_compute_at_the_fp8_peak_where_the_gpu_has_it():
+    """A long prefill is compute-bound: FP8 tensor cores (H100: 1,979 dense TFLOP/s) halve its linears; an
+    A100 has none, so only the weight reads shrink."""
+    plan = prefill_plan([4096], [0])
+    for gpu, faster in (("h100", 2.0), ("a100-80gb", 1.0)):
+        bf16 = Roofline("llama-2-7b", gpu, gemm_latency_s=0.0).breakdown(plan)["linear"]
+        fp8 = Roofline("llama-2-7b", gpu, gemm_latency_s=0.0, weight_dtype_bytes=1).breakdown(plan)["linear"]
+        assert bf16 / fp8 == pytest.approx(faster, rel=0.02)
+
+
+def test_b200_and_mi300x_rooflines_beat_the_h100_on_the_same_model():
+    """Datasheet-only entries: more FLOP/s and HBM bandwidth than an H100, so every step is cheaper."""
+    plans = (decode_plan(64, 2048), prefill_plan([2048], [0]))
+    h100 = Roofline("llama-2-70b", "h100", tp=4)
+    for gpu in ("b200", "mi300x", "mi325x"):
+        other = Roofline("llama-2-70b", gpu, tp=4)
+        assert all(other.iteration_time(p) < h100.iteration_time(p) for p in plans), gpu
+    assert "UNVALIDATED" in get_gpu("b200").description

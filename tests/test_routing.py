@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from simctl.catalogue.gpus import get_gpu
 from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
+from simctl.costs.loader import load_cost
 from simctl.policies.prefix_kv import PrefixCachingKV
 from simctl.policies.registry import make_policy
 from simctl.policies.seq import Seq
@@ -21,12 +22,12 @@ from simctl.serving.cluster_config import ClusterConfig
 from simctl.serving.routers import ROUTERS, ReplicaView, RouterSettings, make_router
 from simctl.sim.cluster import Cluster, Member, Pool
 from simctl.sim.replica import CostBackend
-from simctl.sim.run import RunConfig, cost_model, run
+from simctl.sim.run import RunConfig, run
 from simctl.traces.request import Request
 from simctl.traces.workload import Workload
 
 TINY = get_model("tiny")
-COST = cost_model(None, TINY, get_gpu("cpu"), 1)[0]
+COST = load_cost(None, TINY, get_gpu("cpu")).cost
 
 
 def kv_with(*prompts: int, group: int = 7) -> PrefixCachingKV:

@@ -10,11 +10,11 @@ import pytest
 from simctl.catalogue.gpus import get_gpu
 from simctl.common.errors import InputError
 from simctl.costs.fitted import Fitted
+from simctl.costs.loader import default_cost_path
 from simctl.costs.overheads import EAGER_LAUNCH_S_PER_LAYER, StepOverheads
 from simctl.costs.roofline import Roofline
 from simctl.policies.plan import hybrid
 from simctl.policies.seq import Seq
-from simctl.sim.run import default_cost_path
 
 
 def _plan(decodes: int, prompt: int = 0):

@@ -25,7 +25,8 @@ from paper_results import misses_section, publish, ratio
 
 from simctl.catalogue.gpus import get_gpu
 from simctl.catalogue.models import get_model
-from simctl.sim.run import cost_model
+from simctl.costs.kv_capacity import kv_capacity_tokens
+from simctl.costs.loader import RooflineOptions, load_cost
 from simctl.studies.query_set import completion_time, query_set
 
 POLICIES = ("hf-padded", "pd", "baton", "baton-pd")
@@ -41,8 +42,10 @@ SETS = {"mixed": ("a6000", TABLE1), "short": ("rtx-4090", TABLE2)}
 def completions(name: str, batch: int, step_overhead_ms: float) -> dict[str, float]:
     """Each method's completion time (s) of set `name` at `batch`, eager, with that host time per step."""
     gpu, _ = SETS[name]
-    cost, kv, _, _ = cost_model(None, get_model("llama-2-7b"), get_gpu(gpu), 1, execution="eager",
-                                step_overhead_ms=step_overhead_ms)
+    spec, g = get_model("llama-2-7b"), get_gpu(gpu)
+    eager = RooflineOptions(execution="eager", overhead_s=step_overhead_ms / 1e3)
+    cost = load_cost(None, spec, g, 1, eager).cost
+    kv = kv_capacity_tokens(spec, g)
     requests = query_set(name)
     return {p: completion_time(p, requests, batch, cost, kv, {"overlap": 1} if p == "baton-pd" else {}
                                )["completion_s"] for p in POLICIES}

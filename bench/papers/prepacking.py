@@ -24,7 +24,7 @@ from paper_results import misses_section, publish, ratio
 
 from simctl.catalogue.gpus import get_gpu
 from simctl.catalogue.models import get_model
-from simctl.sim.run import cost_model
+from simctl.costs.loader import RooflineOptions, load_cost
 from simctl.studies.prefill_bench import bench, largest_batch, prompt_lengths
 
 DATASETS = ("mmlu", "samsum", "alpaca", "wikitext512", "hh-rlhf")
@@ -37,7 +37,7 @@ LARGER_BATCH_MMLU_1B = 16.0
 def speedups(model: str, seed: int = 0) -> dict[str, dict[int, float]]:
     """Prepack's speed-up (hf-padded's mean prefill time per prompt over prepack's) per dataset and batch."""
     spec, gpu = get_model(model), get_gpu("a6000")
-    cost = cost_model(None, spec, gpu, 1, execution="eager")[0]
+    cost = load_cost(None, spec, gpu, 1, RooflineOptions(execution="eager")).cost
     out: dict[str, dict[int, float]] = {}
     for name in DATASETS:
         pool = prompt_lengths(name, 1000, seed)

@@ -9,6 +9,8 @@ Conventions:
 - `interconnect_bandwidth`: per-GPU, per-direction bandwidth of the link a tensor-parallel all-reduce runs
   over: NVLink where the part has it, else PCIe Gen4 x16 (64 GB/s bidirectional = 32 GB/s each way). Peak
   link numbers; NCCL achieves less.
+- `fp8_flops`: dense FP8 tensor-core FLOP/s (Hopper, Blackwell, CDNA3), what FP8 weights' GEMMs run at
+  (vLLM's fp8 W8A8); None: no FP8 tensor cores (an A100 runs FP8 weights through 16-bit math).
 - `tile`: the M-tile (token rows) of the linear-layer GEMM kernels; 128 on these GPUs.
 - `mfu`, `mbu`, `gemm_latency_s`: the roofline's GEMM efficiencies and per-GEMM fixed time where measured
   (None: the roofline's defaults). Fitted by bench/roofline_vs_measured.py to Vidur's published operator times
@@ -55,6 +57,10 @@ class GPUSpec:
     # where vLLM runs its custom all-reduce, and with which size limit (costs.allreduce)
     fully_connected: bool = False
     architecture: str = ""
+    # the total memory CUDA reports (torch.cuda.mem_get_info), which vLLM multiplies by
+    # --gpu-memory-utilization (vllm/v1/worker/utils.py: request_memory); None: `memory_bytes`
+    reported_memory_bytes: int | None = None
+    fp8_flops: float | None = None  # dense FP8 tensor FLOP/s where the part has FP8 tensor cores
 
     def __post_init__(self) -> None:
         for f in ("peak_flops", "mem_bandwidth", "memory_bytes", "interconnect_bandwidth", "tile"):
@@ -81,15 +87,41 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in [
     # 3.35 TB/s HBM3, 80 GB; NVLink 900 GB/s (bidirectional)
     # measured (as the A100): mfu 0.717, mbu 0.994 (weight streaming at the datasheet's bandwidth once each
     # GEMM's 7.6 us are apart), all-reduce per TP degree (DGX H100)
+    # FP8 3,958 TFLOPS with sparsity (1,979 dense). CUDA reports 81,082-81,090 MiB of it
+    # (torch.cuda.get_device_properties on "NVIDIA H100 80GB HBM3" in public environment dumps, by driver)
     GPUSpec("h100", 989e12, 3350e9, 80 * GiB, 450e9, mfu=0.717, mbu=0.994, gemm_latency_s=7.57e-6,
             allreduce=(AllReduceFit(2, 0.726, 26.1e-6), AllReduceFit(4, 0.863, 33.0e-6),
                        AllReduceFit(8, 0.759, 29.7e-6)),
-            fully_connected=True, architecture="hopper",
+            fully_connected=True, architecture="hopper", reported_memory_bytes=81089 * 2**20,
+            fp8_flops=1979e12,
             description="NVIDIA H100 SXM 80GB: 989 TFLOP/s bf16, 3350 GB/s HBM3, NVLink 900 GB/s"),
     # source: NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: BF16 1,979 TFLOPS with sparsity (989 dense);
     # 4.8 TB/s HBM3e, 141 GB; NVLink 900 GB/s (bidirectional)
+    # FP8 3,958 TFLOPS with sparsity (1,979 dense); CUDA reports 143,156 MiB (a public environment dump)
     GPUSpec("h200", 989e12, 4800e9, 141 * GiB, 450e9, fully_connected=True, architecture="hopper",
+            reported_memory_bytes=143156 * 2**20, fp8_flops=1979e12,
             description="NVIDIA H200 SXM 141GB: 989 TFLOP/s bf16, 4800 GB/s HBM3e, NVLink 900 GB/s"),
+    # UNVALIDATED (datasheet numbers only, no measurement yet), the next three:
+    # source: NVIDIA DGX B200 / HGX B200 datasheet, per GPU (the 8-GPU figures / 8): FP8 72 PFLOPS and
+    # FP16/BF16 36 PFLOPS with sparsity (4.5 and 2.25 PFLOPS dense), HBM3e 1,440 GB (180 GB) at 64 TB/s
+    # (8 TB/s); fifth-generation NVLink 1.8 TB/s (bidirectional, 900 GB/s each way) through NVSwitch
+    GPUSpec("b200", 2250e12, 8000e9, 180 * GiB, 900e9, fully_connected=True, architecture="blackwell",
+            fp8_flops=4500e12,
+            description="NVIDIA B200 (HGX) 180GB: 2250 TFLOP/s bf16, 4500 fp8, 8000 GB/s HBM3e, NVLink "
+                        "1.8 TB/s; UNVALIDATED"),
+    # source: AMD Instinct MI300X datasheet: FP16/BF16 1,307.4 TFLOPS dense (2,614.9 with sparsity), FP8
+    # 2,614.9 dense; 192 GB HBM3 at 5.3 TB/s; Infinity Fabric 896 GB/s aggregate per GPU (7 links to the
+    # other GPUs of an 8-GPU platform: 448 GB/s each way over all of them)
+    GPUSpec("mi300x", 1307.4e12, 5300e9, 192 * GiB, 448e9, fully_connected=True, architecture="cdna3",
+            fp8_flops=2614.9e12,
+            description="AMD Instinct MI300X 192GB: 1307 TFLOP/s bf16, 2615 fp8, 5300 GB/s HBM3; "
+                        "UNVALIDATED"),
+    # source: AMD Instinct MI325X datasheet: compute as the MI300X (FP16/BF16 1,307.4, FP8 2,614.9 TFLOPS
+    # dense); 256 GB HBM3E at 6 TB/s; Infinity Fabric 896 GB/s aggregate
+    GPUSpec("mi325x", 1307.4e12, 6000e9, 256 * GiB, 448e9, fully_connected=True, architecture="cdna3",
+            fp8_flops=2614.9e12,
+            description="AMD Instinct MI325X 256GB: 1307 TFLOP/s bf16, 2615 fp8, 6000 GB/s HBM3E; "
+                        "UNVALIDATED"),
     # source: NVIDIA RTX A6000 datasheet: tensor performance 309.7 TFLOPS with sparsity (154.8 dense);
     # 768 GB/s GDDR6, 48 GB; PCIe Gen 4 x16 (a 2-GPU NVLink bridge is optional; not assumed)
     GPUSpec("a6000", 154.8e12, 768e9, 48 * GiB, PCIE4_X16_PER_DIRECTION,
@@ -120,7 +152,7 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in [
 # The word by which each catalogue GPU shows in its device name (torch.cuda.get_device_name, e.g. "NVIDIA H100
 # 80GB HBM3"): how a profile's device is matched to the catalogue entry whose specs describe it.
 DEVICE_NAME_MARKERS = {"a100-80gb": "A100", "h100": "H100", "h200": "H200", "a6000": "A6000", "a40": "A40",
-                       "l4": "L4", "rtx-4090": "4090"}
+                       "l4": "L4", "rtx-4090": "4090", "b200": "B200", "mi300x": "MI300X", "mi325x": "MI325X"}
 
 
 def catalogue_gpu_of(device: str, device_name: str) -> str | None:

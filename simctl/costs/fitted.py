@@ -6,11 +6,9 @@ Along a decode stretch every row gains one KV token: the mean KV length grows by
 decode_pad_kv stays the same, so `stretch_times` is a vectorised closed form (the decode curve evaluated at k
 points); a stretch of a prompt's chunks (a few repeats) is priced repeat by repeat.
 
-KV capacity: the model carries the model shape and dtype it was fitted for, hence `kv_bytes_per_token` and
+The model carries the model shape and dtype it was fitted for, hence `kv_bytes_per_token` and
 `weight_bytes`, and the device memory when the profile recorded it (`memory_bytes`, null otherwise, e.g. on
-a CPU whose meta.json did not say). `kv_capacity_tokens(memory_bytes=None, ...)` sizes the cache as the
-roofline does: memory x utilization - weights - activation reserve, over KV bytes per token; a caller with no
-recorded memory passes it (a CLI option), or keeps using the Roofline/catalogue for capacity.
+a CPU whose meta.json did not say): the deployment sizes its KV cache from them (`costs/kv_capacity.py`).
 """
 
 from __future__ import annotations
@@ -23,17 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from simctl.catalogue.gpus import GiB
 from simctl.catalogue.models import ModelSpec
 from simctl.catalogue.recorded_model import dtype_bytes_of, model_spec_from_shape
-from simctl.common.errors import DoesNotFit, InputError
+from simctl.common.errors import InputError
 from simctl.costs.base import CostModel, tiled
 from simctl.costs.curves import Curve, CurveTables, check_knots, is_finite_number, pwl_array
 from simctl.costs.features import decode_pad_kv
 from simctl.costs.fitted_form import COEFFICIENTS, CURVES, FORM, OPTIONAL_COEFFICIENTS
 from simctl.costs.graph_buckets import GraphShapes
 from simctl.costs.overheads import StepOverheads
-from simctl.costs.roofline import DEFAULT_ACTIVATION_RESERVE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION
 from simctl.policies.plan import BatchPlan
 
 FORMAT = "simctl.fitted-cost-model"
@@ -243,29 +239,6 @@ class Fitted(CurveTables, CostModel):
         if self.spec is None or self.dtype_bytes is None:
             return None
         return self.spec.weight_bytes(self.dtype_bytes)
-
-    def kv_capacity_tokens(self, memory_bytes: float | None = None,
-                           gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-                           activation_reserve_bytes: float = DEFAULT_ACTIVATION_RESERVE_BYTES) -> int:
-        """KV tokens the profiled device can cache: (memory x utilization - weights - activation reserve) /
-        KV bytes per token, as `Roofline.kv_capacity_tokens`. `memory_bytes` defaults to the memory the
-        profile recorded; InputError if there is none (pass it) or the model does not fit."""
-        mem = self.memory_bytes if memory_bytes is None else memory_bytes
-        if mem is None:
-            raise InputError("the cost model does not record the device memory (the profile's meta.json had "
-                             "no memory_bytes); give the device memory to size the KV cache")
-        kvb, wb = self.kv_bytes_per_token, self.weight_bytes
-        if kvb is None or wb is None:
-            raise InputError("the cost model does not record the model shape and dtype needed to size the "
-                             "KV cache")
-        free = mem * gpu_memory_utilization - wb - activation_reserve_bytes
-        tokens = int(free // kvb) if free > 0 else 0
-        if tokens <= 0:
-            raise DoesNotFit(f"{self.model} does not fit: weights {wb / GiB:.2f} GiB + activation reserve "
-                             f"{activation_reserve_bytes / GiB:.2f} GiB exceed "
-                             f"{gpu_memory_utilization:.0%} of "
-                             f"{mem / GiB:.2f} GiB")
-        return tokens
 
     # ---- file ----------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

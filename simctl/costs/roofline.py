@@ -51,10 +51,8 @@ Terms are added (no overlap between them is assumed). Defaults and where they co
 - allreduce_latency_s = 10 us and the link at its peak: an ASSUMPTION (the order of a small-message NCCL
   all-reduce within a node), replaced by the catalogue's measured values, per TP degree, where it has them
   (A100, H100: `GPUSpec.allreduce`; the nearest measured degree for another).
-- gpu_memory_utilization = 0.9: vLLM's default share of GPU memory it manages.
-- activation_reserve_bytes = 2 GiB per GPU: an ASSUMPTION covering the CUDA context, NCCL buffers and the peak
-  activations of a few-thousand-token batch of a 7-70B model, which serving engines subtract before sizing
-  the KV cache.
+
+The KV cache's size is the deployment's, not the roofline's (`costs/kv_capacity.py`).
 """
 
 from __future__ import annotations
@@ -64,10 +62,10 @@ from typing import Any
 
 import numpy as np
 
-from simctl.catalogue.gpus import GiB, GPUSpec, get_gpu
+from simctl.catalogue.gpus import GPUSpec, get_gpu
 from simctl.catalogue.models import ModelSpec, get_model
 from simctl.catalogue.moe import busiest_gpu, check_routing_skew, expected_distinct_experts
-from simctl.common.errors import DoesNotFit, InputError
+from simctl.common.errors import InputError
 from simctl.costs.allreduce import VLLMAllReduce, check_allreduce, ring_terms, uses_custom
 from simctl.costs.base import CostModel, tiled
 from simctl.costs.gpu_share import GPUShare, check_expert_parallel, check_split, gpu_share
@@ -78,8 +76,6 @@ DEFAULT_MFU = 0.70
 DEFAULT_MBU = 0.75
 DEFAULT_ATTN_MFU = 0.50
 DEFAULT_OVERHEAD_S = DEFAULT_ITERATION_S
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
-DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GiB
 
 
 def _fraction(name: str, v: float) -> float:
@@ -101,8 +97,6 @@ class Roofline(CostModel):
         attn_mfu: float = DEFAULT_ATTN_MFU,
         attn_mbu: float | None = None,
         tile: int | None = None,
-        gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-        activation_reserve_bytes: float = DEFAULT_ACTIVATION_RESERVE_BYTES,
         allreduce_latency_s: float | None = None,
         allreduce_efficiency: float | None = None,
         request_s: float = 0.0,
@@ -112,6 +106,8 @@ class Roofline(CostModel):
         routing_skew: float = 0.0,
         ep: int = 1,
         allreduce: str = "nccl",
+        weight_dtype_bytes: int | None = None,
+        kv_dtype_bytes: int | None = None,
     ) -> None:
         m = get_model(model) if isinstance(model, str) else model
         g = get_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -120,10 +116,13 @@ class Roofline(CostModel):
         self.allreduce_latency_s, self.allreduce_efficiency = ring_terms(g, tp, allreduce_latency_s,
                                                                          allreduce_efficiency)
         self.allreduce = check_allreduce(allreduce)
-        if not overhead_s >= 0 or not activation_reserve_bytes >= 0:
-            raise InputError("overhead_s and activation_reserve_bytes must be >= 0")
+        if not overhead_s >= 0:
+            raise InputError(f"overhead_s must be >= 0, got {overhead_s!r}")
         self.model, self.gpu, self.tp = m, g, tp
-        self.dtype_bytes = dtype_bytes
+        self.dtype_bytes = dtype_bytes  # activations, the embedding and LM head, all-reduces
+        # the linear layers' weights and the KV cache: 1 byte in FP8 (costs/kv_capacity.py), else dtype_bytes
+        self.weight_dtype_bytes = dtype_bytes if weight_dtype_bytes is None else weight_dtype_bytes
+        self.kv_dtype_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
         # the GPU's measured efficiencies where the catalogue has them, else the defaults
         self.mfu = _fraction("mfu", mfu if mfu is not None else g.mfu or DEFAULT_MFU)
         self.mbu = _fraction("mbu", mbu if mbu is not None else g.mbu or DEFAULT_MBU)
@@ -139,8 +138,6 @@ class Roofline(CostModel):
                                    == (DEFAULT_OVERHEAD_S, 0.0, 0.0) else "given")
         self._floor, self._host_const = floor, self.steps.per_step_only
         self.tile = tile
-        self.gpu_memory_utilization = _fraction("gpu_memory_utilization", gpu_memory_utilization)
-        self.activation_reserve_bytes = float(activation_reserve_bytes)
         self.routing_skew = check_routing_skew(routing_skew)
         self.ep = check_expert_parallel(ep, m, tp)
         share = gpu_share(m, tp)
@@ -151,18 +148,17 @@ class Roofline(CostModel):
 
     def _hold(self, m: ModelSpec, g: GPUSpec, share: GPUShare) -> None:
         """What one GPU of the group holds (`costs.gpu_share`), in bytes where the pricing reads bytes."""
-        dtype_bytes = self.dtype_bytes
+        dtype_bytes = self.weight_dtype_bytes
         self.kv_heads_per_gpu = share.kv_heads
         self.linear_params_per_gpu = share.linear_params
         self.lm_head_params_per_gpu = share.lm_head_params
-        self.kv_bytes_per_token_per_gpu = 2 * m.num_layers * share.kv_heads * m.head_dim * dtype_bytes
-        self.weight_bytes_per_gpu = (share.linear_params + share.embedding_params) * dtype_bytes
+        self.kv_bytes_per_token_per_gpu = 2 * m.num_layers * share.kv_heads * m.head_dim * self.kv_dtype_bytes
         # MoE: the weights of one routed expert in every sparse layer, read per distinct expert routed to
         # (under EP whole experts: this GPU's share times tp, and their FLOPs per token-expert pass)
         self._expert_m = share.expert_params * dtype_bytes / (g.mem_bandwidth * self.mbu) if m.moe else 0.0
         if self.ep > 1:
             self._expert_m *= self.tp
-            self._expert_c = 2.0 * share.expert_params * self.tp / (g.peak_flops * self.mfu)
+            self._expert_c = 2.0 * share.expert_params * self.tp / (self._linear_peak(g) * self.mfu)
         self._experts_cm: dict[int, tuple[float, float]] = {}
 
     def _rates(self, m: ModelSpec, g: GPUSpec, tp: int, active: float, read: float, gemms: int) -> None:
@@ -170,12 +166,14 @@ class Roofline(CostModel):
         L, h, d = m.num_layers, m.hidden_size, m.head_dim
         heads_gpu = m.num_heads // tp
         dtype_bytes = self.dtype_bytes
-        self._flops = flops = g.peak_flops * self.mfu
+        flops = g.peak_flops * self.mfu
         self._bw = bw = g.mem_bandwidth * self.mbu
         # linears: t_c = _lin_c x T_eff, t_m = _lin_m (+ the routed experts' `_experts`, MoE)
-        self._lin_c = 2.0 * active / flops
-        self._lin_m = read * dtype_bytes / bw
-        # LM head: t_c = _lm_c x rows_eff, t_m = _lm_m
+        self._lin_flops = self._linear_peak(g) * self.mfu
+        self._lin_c = 2.0 * active / self._lin_flops
+        self._lin_m = read * self.weight_dtype_bytes / bw
+        # LM head (16-bit under FP8 too: vLLM's Fp8Config quantizes LinearBase layers only): t_c = _lm_c x
+        # rows_eff, t_m = _lm_m
         self._lm_c = 2.0 * self.lm_head_params_per_gpu / flops
         self._lm_m = self.lm_head_params_per_gpu * dtype_bytes / bw
         self._lin_lat = gemms * self.gemm_latency_s  # each GEMM's fixed time, every layer
@@ -193,6 +191,12 @@ class Roofline(CostModel):
                                       self._ar_tok, self._ar_fixed)
                         if self.allreduce == "vllm" and uses_custom(tp, g.fully_connected) else None)
 
+    def _linear_peak(self, g: GPUSpec) -> float:
+        """FLOP/s of the linear layers' GEMMs: FP8 tensor cores for FP8 weights where the GPU has them (vLLM's
+        W8A8 on Hopper and later; the 16-bit GEMMs' measured efficiency is assumed to carry over), else the
+        16-bit peak (an A100 dequantizes FP8 weights into 16-bit math)."""
+        return g.fp8_flops if self.weight_dtype_bytes == 1 and g.fp8_flops else g.peak_flops
+
     def __repr__(self) -> str:
         return (f"Roofline({self.model.name}, {self.gpu.name}, tp={self.tp}, mfu={self.mfu}, mbu={self.mbu}, "
                 f"attn_mfu={self.attn_mfu}, overhead_s={self.overhead_s}, tile={self.tile}, "
@@ -203,6 +207,8 @@ class Roofline(CostModel):
                 "gemm_latency_s": self.gemm_latency_s,
                 **({"routing_skew": self.routing_skew, "ep": self.ep} if self.model.moe else {}),
                 **({"allreduce": self.allreduce} if self.allreduce != "nccl" else {}),
+                **({"weight_dtype_bytes": self.weight_dtype_bytes, "kv_dtype_bytes": self.kv_dtype_bytes}
+                   if (self.weight_dtype_bytes, self.kv_dtype_bytes) != (self.dtype_bytes,) * 2 else {}),
                 "attn_mfu": self.attn_mfu, "attn_mbu": self.attn_mbu, "tile": self.tile,
                 "step_overheads": self.steps.to_json()}
 
@@ -215,8 +221,8 @@ class Roofline(CostModel):
         """Seconds of a linear layer of `params` weights (this GPU's share) over `rows` token rows: the blend
         of its compute and weight-read times (the linears and LM head are priced so, from constants cached in
         the same order of operations)."""
-        c = 2.0 * params / self._flops * tiled(rows, self.tile)
-        m = params * self.dtype_bytes / self._bw
+        c = 2.0 * params / self._lin_flops * tiled(rows, self.tile)
+        m = params * self.weight_dtype_bytes / self._bw
         return math.sqrt(c * c + m * m) + self.gemm_latency_s
 
     def _experts(self, tokens: int) -> tuple[float, float]:
@@ -372,19 +378,3 @@ class Roofline(CostModel):
         gpu = sum(terms.values()) - terms["overhead"]
         terms["launch_floor"] = max(self._floor - gpu, 0.0)  # what the floor adds above the GPU terms
         return terms
-
-    def kv_capacity_tokens(self) -> int:
-        """KV tokens one replica (a TP group) can cache: per GPU, memory x utilization - its weights - the
-        activation reserve, over its share of a token's KV (KV heads sharded over tp)."""
-        free = (self.gpu.memory_bytes * self.gpu_memory_utilization - self.weight_bytes_per_gpu
-                - self.activation_reserve_bytes)
-        tokens = int(free // self.kv_bytes_per_token_per_gpu) if free > 0 else 0
-        if tokens <= 0:
-            need = (self.weight_bytes_per_gpu + self.activation_reserve_bytes) / GiB
-            have = self.gpu.memory_bytes * self.gpu_memory_utilization / GiB
-            raise DoesNotFit(
-                f"{self.model.name} does not fit on {self.gpu.name} with tp={self.tp}: each GPU needs "
-                f"{need:.1f} GiB for weights and activations but has {have:.1f} GiB "
-                f"({self.gpu_memory_utilization:.0%} of {self.gpu.memory_bytes / GiB:.0f} GiB); "
-                f"raise tp or use a larger GPU")
-        return tokens

@@ -125,6 +125,12 @@ class Policy(ABC):
         return cls(cls.kv_manager(kv_capacity_tokens, max_seq_len), **given)
 
     @classmethod
+    def memory_profile(cls, options: Mapping[str, Any], gpu: str) -> tuple[int, int] | None:
+        """(tokens per step, KV block size) of vLLM's memory profile, for a policy that is vLLM's twin: its KV
+        cache is then sized as vLLM sizes it (`costs.kv_capacity`); None: simctl's reserve."""
+        return None
+
+    @classmethod
     def max_admissible_tokens(cls, kv_capacity_tokens: int, max_seq_len: int,
                               options: Mapping[str, Any] | None = None) -> int:
         """The longest request (prompt + output) this policy, with the settings `options` given (None: its

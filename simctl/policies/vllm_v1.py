@@ -35,7 +35,9 @@ from simctl.policies.seq import Phase, Seq
 # device:
 # (max_num_batched_tokens, max_num_seqs, block_size). Other GPUs (the A100 included: vLLM excludes it from the
 # larger defaults) take the Settings' defaults: 2048, 256, 16. (vLLM's offline `LLM` class gets larger ones.)
-DEVICE_DEFAULTS = {"h100": (8192, 1024, 16), "h200": (8192, 1024, 16), "cpu": (2048, 128, 128)}
+DEVICE_DEFAULTS = {"h100": (8192, 1024, 16), "h200": (8192, 1024, 16), "cpu": (2048, 128, 128),
+                   # GPUs of >= 160 GiB (get_batch_defaults)
+                   "b200": (16384, 1024, 16), "mi300x": (16384, 1024, 16), "mi325x": (16384, 1024, 16)}
 DEVICE_SETTINGS = ("max_num_batched_tokens", "max_batch_size", "block_size")
 
 
@@ -74,12 +76,24 @@ class VLLMV1(Policy):
     @classmethod
     def build(cls, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any],
               gpu: str | None = None) -> Policy:
+        settings = cls.settings_for(options, gpu)
+        kv = PrefixCachingKV(kv_capacity_tokens, settings.block_size, bool(settings.enable_prefix_caching))
+        return cls(kv, **settings.as_dict())
+
+    @classmethod
+    def memory_profile(cls, options: Mapping[str, Any], gpu: str) -> tuple[int, int] | None:
+        # vLLM profiles a forward of max_num_batched_tokens (gpu_model_runner.py: profile_run)
+        s = cls.settings_for(options, gpu)
+        return s.max_num_batched_tokens, s.block_size
+
+    @classmethod
+    def settings_for(cls, options: Mapping[str, Any], gpu: str | None) -> Settings:
+        """The settings given, the device's defaults (DEVICE_DEFAULTS) for the others, checked."""
         given = {k: v for k, v in options.items() if v is not None}
         device = dict(zip(DEVICE_SETTINGS, DEVICE_DEFAULTS.get(gpu or "", ())))
         settings = cls.Settings(**{**device, **given})
         settings.validate()  # before the KV manager divides by the block size
-        kv = PrefixCachingKV(kv_capacity_tokens, settings.block_size, bool(settings.enable_prefix_caching))
-        return cls(kv, **settings.as_dict())
+        return settings
 
     @classmethod
     def max_admissible_tokens(cls, kv_capacity_tokens: int, max_seq_len: int,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
-from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,11 +19,9 @@ from simctl.common.errors import DoesNotFit, InputError
 from simctl.common.files import in_working_folder
 from simctl.costs.allreduce import check_allreduce
 from simctl.costs.base import CostModel
-from simctl.costs.calibration import is_roofline_calibration, load_roofline_calibration
-from simctl.costs.fitted import Fitted
+from simctl.costs.kv_capacity import KVSizing, VLLMProfile, kv_capacity_tokens
+from simctl.costs.loader import RooflineOptions, load_cost
 from simctl.costs.overheads import EXECUTION_MODES
-from simctl.costs.provenance import calibration_warnings, check_fitted_device
-from simctl.costs.roofline import DEFAULT_OVERHEAD_S, Roofline
 from simctl.policies.base import Policy, run_stats
 from simctl.policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
 from simctl.results.cluster_summary import (
@@ -76,6 +73,7 @@ class RunConfig:
     # the roofline's defaults, or a given cost model's own)
     execution: str | None = None
     step_overhead_ms: float | None = None
+    kv_sizing: KVSizing = field(default_factory=KVSizing)  # memory share, dtypes, a capacity given
 
     def __post_init__(self) -> None:
         # the user's paths, absolute before a child process (a capacity worker, a Ray task) reads them
@@ -101,6 +99,15 @@ class RunConfig:
         check_step_overheads(self.cost, self.execution, self.step_overhead_ms)
 
     @property
+    def roofline_options(self) -> RooflineOptions:
+        s = self.kv_sizing  # the roofline's 16-bit model with FP8 weights or KV where given
+        ms = self.step_overhead_ms
+        return RooflineOptions(self.routing_skew, self.ep, self.allreduce,
+                               None if s.dtype == "auto" else s.weight_bytes(2),
+                               None if s.kv_cache_dtype == "auto" else s.kv_bytes(2),
+                               self.execution, None if ms is None else ms / 1e3)
+
+    @property
     def front_end(self) -> FrontEnd:
         return FrontEnd(self.front_end_request_s, self.front_end_prompt_token_s)
 
@@ -119,8 +126,8 @@ class RunConfig:
         head = {"policy": self.policy, "trace": workload.pop("trace"), "model": self.model, "gpu": self.gpu,
                 "tp": self.tp, **workload}
         return {**head, **{k: v for k, v in asdict(self).items()
-                           if k not in ("workload", "fast", "options", *head)
-                           and (k not in defaults or v != defaults[k])}}
+                           if k not in ("workload", "fast", "options", "kv_sizing", *head)
+                           and (k not in defaults or v != defaults[k])}, **self.kv_sizing.recorded()}
 
 
 @dataclass
@@ -146,12 +153,6 @@ class Run:
         return pd.DataFrame(self.summary["replica_metrics"])
 
 
-def default_cost_path(gpu: GPUSpec) -> Path | None:
-    """The fitted cost model shipped for a device kind, if any: `cpu` has one, profiled on a 2-core CPU."""
-    path = Path(str(files("simctl.profiler") / "profiles" / gpu.name / "cost_model.json"))
-    return path if path.is_file() else None
-
-
 def check_step_overheads(cost: str | Path | None, execution: str | None,
                          step_overhead_ms: float | None) -> None:
     """--execution and --step-overhead-ms set the roofline's step overheads: a valid mode, a finite time >= 0,
@@ -168,54 +169,10 @@ def check_step_overheads(cost: str | Path | None, execution: str | None,
         raise InputError(f"--step-overhead-ms must be a finite number >= 0, got {step_overhead_ms}")
 
 
-def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp: int,
-               routing_skew: float = 0.0, ep: int = 1, allreduce: str = "nccl", execution: str | None = None,
-               step_overhead_ms: float | None = None) -> tuple[CostModel, int, str, list[str]]:
-    """The cost model, KV capacity, a label and the warnings for a run: a fitted model when one is given (or
-    shipped for this device), else the roofline from published specs, calibrated when a calibration is given.
-    `routing_skew`, `ep`: an MoE's routing imbalance and expert parallelism, and `allreduce` the all-reduce's
-    algorithms (costs.allreduce), for the roofline (a fit has its profiled router's, on one device);
-    `execution`, `step_overhead_ms`: the roofline's step overheads, which make it the model even where a fit
-    is shipped."""
-    if routing_skew and model.moe is None:
-        raise InputError(f"--routing-skew {routing_skew:g}: {model.name} is dense (no experts to route to)")
-    check_step_overheads(cost_path, execution, step_overhead_ms)
-    if execution is not None or step_overhead_ms is not None:
-        overhead = DEFAULT_OVERHEAD_S if step_overhead_ms is None else step_overhead_ms / 1e3
-        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep, allreduce=allreduce,
-                            overhead_s=overhead, execution=execution or "cuda-graph")
-        return roofline, roofline.kv_capacity_tokens(), f"roofline ({roofline.steps.describe()})", []
-    path = cost_path if cost_path is not None else default_cost_path(gpu)
-    if path is None:
-        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep, allreduce=allreduce)
-        return roofline, roofline.kv_capacity_tokens(), "roofline", []
-    if is_roofline_calibration(path):  # efficiencies calibrated on one device, applied to this GPU's specs
-        params = load_roofline_calibration(path)
-        warnings = calibration_warnings(path, model.name, gpu.name)
-        roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep, allreduce=allreduce,
-                            **params)
-        return roofline, roofline.kv_capacity_tokens(), f"roofline calibrated by {path}", warnings
-    if routing_skew:
-        raise InputError(f"--routing-skew {routing_skew:g} sets the roofline's routing; the fit {path} "
-                         "prices the routing its profiled router did")
-    if ep != 1 or allreduce != "nccl":
-        what = f"--ep {ep} spreads experts over GPUs" if ep != 1 else f"--allreduce {allreduce} prices TP"
-        raise InputError(f"{what} in the roofline; the fit {path} prices what it profiled")
-    fitted = Fitted.load(path)
-    fitted.check_model(model)
-    check_fitted_device(fitted.meta, gpu.name)
-    if tp != fitted.tp:
-        raise InputError(f"--tp {tp}: the cost model was fitted for tp={fitted.tp} (its times are per GPU of "
-                         f"that group, all-reduces included); run with --tp {fitted.tp} or fit that degree")
-    if tp > 1:  # a group's KV: each GPU holds its share of the weights and KV heads, as the roofline sizes it
-        return fitted, Roofline(model, gpu, tp=tp).kv_capacity_tokens(), f"fitted {path}", []
-    memory = None if fitted.memory_bytes is not None else gpu.memory_bytes
-    return fitted, fitted.kv_capacity_tokens(memory_bytes=memory), f"fitted {path}", []
-
-
 @dataclass(frozen=True)
 class Deployment:
-    """One replica's hardware for a run: the model on its GPU(s), its cost model and KV capacity."""
+    """One replica's hardware for a run: the model on its GPU(s), its cost model and KV capacity (sized from
+the deployment's memory, weights and TP degree by `costs.kv_capacity`, whatever prices its steps)."""
 
     model: ModelSpec
     gpu: GPUSpec
@@ -254,14 +211,13 @@ class Deployment:
 def deploy(config: RunConfig, gpu_name: str, tp: int) -> Deployment:
     """A replica of `tp` GPUs named `gpu_name` for `config`'s model and cost model."""
     model, gpu = get_model(config.model), get_gpu(gpu_name)
-    return Deployment(model, gpu, tp, *config_cost_model(config, model, gpu, tp))
-
-
-def config_cost_model(config: RunConfig, model: ModelSpec, gpu: GPUSpec, tp: int
-                      ) -> tuple[CostModel, int, str, list[str]]:
-    """`cost_model` with what `config` says of pricing."""
-    return cost_model(config.cost, model, gpu, tp, config.routing_skew, config.ep, config.allreduce,
-                      config.execution, config.step_overhead_ms)
+    loaded = load_cost(config.cost, model, gpu, tp, config.roofline_options)
+    # on a GPU, vllm-v1's cache as vLLM sizes it (vLLM's CPU backend takes a KV size given instead)
+    policy = policy_class(config.policy)
+    profiled = None if gpu.name == "cpu" else policy.memory_profile(config.options, gpu.name)
+    kv = kv_capacity_tokens(model, gpu, tp, loaded.dtype_bytes, loaded.memory_bytes, config.kv_sizing,
+                            VLLMProfile(*profiled) if profiled else None)
+    return Deployment(model, gpu, tp, loaded.cost, kv, loaded.label, loaded.warnings)
 
 
 def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> Deployment:

@@ -22,6 +22,7 @@ from simctl.catalogue.models import get_model
 from simctl.common.checks import is_int, is_number
 from simctl.common.children import stop_pool
 from simctl.common.errors import InputError
+from simctl.costs.loader import load_cost
 from simctl.results.slo import (  # SLO: callers import it from here too
     DEFAULT_SCHED_DELAY_P50_S,
     SLO,
@@ -29,7 +30,7 @@ from simctl.results.slo import (  # SLO: callers import it from here too
     table3_slos,
 )
 from simctl.serving.cluster_config import ClusterConfig
-from simctl.sim.run import MAX_CLOCK_S, RunConfig, config_cost_model, run
+from simctl.sim.run import MAX_CLOCK_S, RunConfig, run
 
 MAX_QPS = 1e9  # the search stops doubling here: no replica serves a billion requests a second
 MIN_QPS = 1e-4  # ... and stops halving here (one request every 3 hours)
@@ -372,5 +373,6 @@ def table3_slos_for(config: RunConfig, sched_delay_p50_s: float = DEFAULT_SCHED_
                     ) -> tuple[dict[str, SLO], float]:
     """Sarathi-Serve's strict and relaxed SLOs for `config`'s model, GPU, TP and cost model, with the decode
     iteration time they scale (`simctl.results.slo.table3_decode_time`)."""
-    cost = config_cost_model(config, get_model(config.model), get_gpu(config.gpu), config.tp)[0]
+    cost = load_cost(config.cost, get_model(config.model), get_gpu(config.gpu), config.tp,
+                     config.roofline_options).cost
     return table3_slos(cost, sched_delay_p50_s), table3_decode_time(cost)

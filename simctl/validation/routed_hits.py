@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from simctl.catalogue.gpus import get_gpu
+from simctl.costs.loader import load_cost
 from simctl.engine.real import twin_policy
-from simctl.sim.run import cost_model
 from simctl.sim.simulate import simulate_routed
 from simctl.traces.request import Request
 from simctl.validation.prefix_hits import serial_hits
@@ -59,7 +59,7 @@ def check_routed(requests: list[Request], server: VLLMServer, router: str, repli
                             "max_seq_len": settings["max_model_len"]})
 
     routed = [twin() for _ in range(replicas)]
-    cost = cost_model(None, server.spec, get_gpu("cpu"), 1)[0]
+    cost = load_cost(None, server.spec, get_gpu("cpu")).cost
     shares = simulate_routed(requests, routed, cost, router)
     by_id = {r.id: r for r in requests}
     checks = []

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from simctl.common.errors import InputError
 from simctl.executor.config import DEFAULT_CONFIG, ExecutorConfig, check_same
 from simctl.serving.loop import overload_limit
 from simctl.traces.workload import Workload
@@ -113,26 +112,6 @@ def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], A
     result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)),
                       concurrency=summary.get("concurrency"), think_s=summary.get("think_time", 0.0))
     return {**head, **summarize(result)}, result
-
-
-
-def load_cost(cost: Any, model: str) -> Any:
-    """The cost model to validate: a fitted cost_model.json (checked against `model`), or a `CostModel`
-    object as is (programmatic use, tests)."""
-    from simctl.catalogue.models import get_model
-    from simctl.costs.base import CostModel
-    from simctl.costs.fitted import Fitted
-
-    if isinstance(cost, CostModel):
-        fitted = cost
-    else:
-        if cost is None or not str(cost).strip():
-            raise InputError("--cost: give the fitted cost model (cost_model.json) of this machine")
-        fitted = Fitted.load(cost)
-    if hasattr(fitted, "check_model"):
-        fitted.check_model(get_model(model))
-    return fitted
-
 
 
 def cost_name(cost: Any) -> str:

@@ -65,7 +65,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
+from simctl.costs.loader import load_cost
 from simctl.costs.provenance import check_fitted_run, fitted_dtype
 from simctl.results.validation_report import (
     VALIDATION_FILES,
@@ -89,7 +91,6 @@ from simctl.validation.twin import (
     cost_meta,
     cost_name,
     fitted_executor,
-    load_cost,
 )
 
 DEFAULT_LOADS = (0.5, 0.7)
@@ -155,7 +156,7 @@ def validate_main(policies: list[str], workload: Workload = DEFAULT_WORKLOAD,
     if not (is_number(quiet_wait_s) and 0 <= quiet_wait_s < math.inf):
         raise InputError(f"--quiet-wait must be a number of seconds >= 0, got {quiet_wait_s!r}")
     check_repeats(repeats)
-    fitted = load_cost(cost, model)
+    fitted = load_cost(cost, get_model(model), None).cost
     fit = cost_meta(fitted)
     threads = fit["threads"] if threads is None and isinstance(fit["threads"], int) else threads
     setup = Setup(workload=workload, model=model, threads=threads,
@@ -213,7 +214,7 @@ def rescore(validation: str | Path, cost: str | Path, out: str | Path,
     src = Path(validation)
     old = load_report(src)
     c = old.config
-    fitted = load_cost(cost, c["model"])
+    fitted = load_cost(cost, get_model(c["model"]), None).cost
     out = Path(out)
     if out.resolve() == src.resolve():
         raise InputError(f"--out {out}: write the rescored report to another folder than the validation's")

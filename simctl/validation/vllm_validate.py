@@ -112,14 +112,15 @@ def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: C
 
 def check(v: VLLMValidation) -> tuple[CostModel, list[float]]:
     """Every check that needs no engine: (the cost model, the loads); InputError in one line."""
+    from simctl.catalogue.models import get_model
+    from simctl.costs.loader import load_cost
     from simctl.results.output import check_out_dir
-    from simctl.validation.twin import load_cost
 
     loads = check_loads(v.loads)
     check_repeats(v.repeats)
     v.workload.at(1.0).validate()
     check_probe_requests(v.workload.num_requests)
-    cost = load_cost(v.cost, v.model)
+    cost = load_cost(v.cost, get_model(v.model), None).cost
     engine = (getattr(cost, "meta", None) or {}).get("engine")
     if not isinstance(v.cost, CostModel) and engine != "vllm":
         raise InputError(f"--cost {v.cost}: a fit of simctl's own engine, not of vLLM's steps; profile with "
