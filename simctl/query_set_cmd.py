@@ -23,6 +23,8 @@ from simctl.options import batch_sizes, policy_list
 if TYPE_CHECKING:
     import pandas as pd
 
+    from simctl.catalogue.gpus import GPUSpec
+    from simctl.catalogue.models import ModelSpec
     from simctl.costs.base import CostModel
 
 FILES = ("query_set.parquet", "summary.json")
@@ -106,10 +108,7 @@ def query_set_cmd(
     """
     from simctl.catalogue.gpus import get_gpu
     from simctl.catalogue.models import get_model
-    from simctl.costs.kv_capacity import kv_capacity_tokens
-    from simctl.costs.loader import RooflineOptions, load_cost
     from simctl.results.output import json_text, write_files
-    from simctl.sim.run import check_step_overheads
     from simctl.studies.query_set import query_set
     from simctl.usage_errors import warn_all
 
@@ -118,12 +117,7 @@ def query_set_cmd(
     requests = query_set(name, seed, scale)
     spec, g = get_model(model), get_gpu(gpu)
     spec.check_context(requests, scale)
-    ms = execution.step_overhead_ms
-    check_step_overheads(cost, execution.execution, ms)
-    loaded = load_cost(cost, spec, g, 1, RooflineOptions(execution=execution.execution,
-                                                         overhead_s=None if ms is None else ms / 1e3))
-    price, label, warnings = loaded.cost, loaded.label, loaded.warnings
-    kv = kv_capacity_tokens(spec, g, 1, loaded.dtype_bytes, loaded.memory_bytes)
+    price, kv, label, warnings = _priced(cost, execution, spec, g)
     warn_all(warnings)
     with progress_bar("query-set points" + (" (served for real)" if serving.real else "")) as report:
         frame = _completions(name, requests, policies, sizes, price, kv, overlap, serving, seed,
@@ -140,6 +134,22 @@ def query_set_cmd(
         sys.stdout.write(json.dumps(summary, indent=1) + "\n")
         return
     _print(frame, summary, serving.real)
+
+
+def _priced(cost: str | None, execution: Execution, spec: ModelSpec, gpu: GPUSpec
+            ) -> tuple[CostModel, int, str, list[str]]:
+    """The set's cost model (`costs.loader`; the roofline with the step overheads given), its deployment's KV
+    capacity, label and warnings."""
+    from simctl.costs.kv_capacity import kv_capacity_tokens
+    from simctl.costs.loader import RooflineOptions, load_cost
+    from simctl.sim.run import check_step_overheads
+
+    ms = execution.step_overhead_ms
+    check_step_overheads(cost, execution.execution, ms)
+    loaded = load_cost(cost, spec, gpu, 1, RooflineOptions(execution=execution.execution,
+                                                           overhead_s=None if ms is None else ms / 1e3))
+    return loaded.cost, kv_capacity_tokens(spec, gpu, 1, loaded.dtype_bytes, loaded.memory_bytes), \
+        loaded.label, loaded.warnings
 
 
 def _check(scale: float, serving: RealQuerySet, out: Path | None) -> None:
