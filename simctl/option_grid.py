@@ -55,7 +55,7 @@ def base_config(workload: Workload, deployment: Deployment) -> RunConfig:
                      max_model_len=deployment.max_model_len, on_too_long=deployment.on_too_long,
                      front_end_request_s=deployment.front_end_request_s,
                      front_end_prompt_token_s=deployment.front_end_prompt_token_s,
-                     allreduce=deployment.allreduce)
+                     allreduce=deployment.allreduce, pp=deployment.pp, pp_link_gbps=deployment.pp_link_gbps)
 
 
 def grid(base: RunConfig, policy: str, deployment: Deployment,

@@ -190,7 +190,7 @@ def candidates(base: Any, policy: str, deployment: Deployment, options: dict[str
                                                         _with_key_settings(options, policy, KEY_SETTINGS))]
     split_policies = ",".join(p for p in dict.fromkeys(t.strip() for t in policy.split(","))
                               if not policy_class(p).padded_batches)
-    if not splits or not split_policies:
+    if not splits or not split_policies or base.pp > 1:  # pipeline stages serve colocated only
         return found
     given = {k: v for k, v in options.items() if v is not None}
     for c in grid(base, split_policies, deployment, given):

@@ -22,6 +22,7 @@ from simctl.costs.allreduce import check_allreduce
 from simctl.costs.base import CostModel
 from simctl.costs.calibration import is_roofline_calibration, load_roofline_calibration
 from simctl.costs.fitted import Fitted
+from simctl.costs.pipeline import StagedCost, boundary_link, check_link, check_pp, pipeline_kv_tokens, staged
 from simctl.costs.provenance import calibration_warnings, check_fitted_device
 from simctl.costs.roofline import Roofline
 from simctl.policies.base import Policy, run_stats
@@ -38,7 +39,7 @@ from simctl.serving.front_end import NO_FRONT_END, FrontEnd
 from simctl.serving.kv_link import KVLink
 from simctl.serving.loop import overload_limit
 from simctl.sim.cluster import Cluster, Pool, Progress
-from simctl.sim.cluster_run import make_pool, pool_records
+from simctl.sim.cluster_run import check_pipelined, make_pool, pipeline_summary, pool_records, stage_backends
 from simctl.sim.replica import CostBackend
 from simctl.sim.timeline import TimelineBackend, check_timeline
 from simctl.traces import has_arrival_times, trace_max_total_tokens
@@ -71,6 +72,8 @@ class RunConfig:
     front_end_request_s: float = 0.0
     front_end_prompt_token_s: float = 0.0
     allreduce: str = "nccl"  # the roofline's all-reduces: NCCL's ring, or as vLLM runs them (costs.allreduce)
+    pp: int = 1  # pipeline stages per replica, each on its own TP group (costs.pipeline, serving.pipeline)
+    pp_link_gbps: float | None = None  # the stage boundaries' link (None: the GPUs' own interconnect)
 
     def __post_init__(self) -> None:
         # the user's paths, absolute before a child process (a capacity worker, a Ray task) reads them
@@ -93,6 +96,8 @@ class RunConfig:
             raise InputError(f"--max-model-len must be an integer >= 2, got {self.max_model_len!r}")
         FrontEnd(self.front_end_request_s, self.front_end_prompt_token_s)  # checks its terms
         check_allreduce(self.allreduce)
+        check_pp(self.pp)
+        check_link(self.pp_link_gbps)
 
     @property
     def front_end(self) -> FrontEnd:
@@ -107,7 +112,8 @@ class RunConfig:
         workload's fields among them, and the routing skew, max model length and what happens to a longer
         request only when given (a run without them keeps the summary it had before them)."""
         defaults = {"routing_skew": 0.0, "ep": 1, "max_model_len": None, "on_too_long": REFUSE,
-                    "front_end_request_s": 0.0, "front_end_prompt_token_s": 0.0, "allreduce": "nccl"}
+                    "front_end_request_s": 0.0, "front_end_prompt_token_s": 0.0, "allreduce": "nccl",
+                    "pp": 1, "pp_link_gbps": None}
         workload = self.workload.recorded()
         head = {"policy": self.policy, "trace": workload.pop("trace"), "model": self.model, "gpu": self.gpu,
                 "tp": self.tp, **workload}
@@ -146,24 +152,25 @@ def default_cost_path(gpu: GPUSpec) -> Path | None:
 
 
 def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp: int,
-               routing_skew: float = 0.0, ep: int = 1, allreduce: str = "nccl"
+               routing_skew: float = 0.0, ep: int = 1, allreduce: str = "nccl", pp: int = 1
                ) -> tuple[CostModel, int, str, list[str]]:
     """The cost model, KV capacity, a label and the warnings for a run: a fitted model when one is given (or
     shipped for this device), else the roofline from published specs, calibrated when a calibration is given.
     `routing_skew`, `ep`: an MoE's routing imbalance and expert parallelism, and `allreduce` the all-reduce's
-    algorithms (costs.allreduce), for the roofline (a fit has its profiled router's, on one device)."""
+    algorithms (costs.allreduce), for the roofline (a fit has its profiled router's, on one device). The KV
+    capacity is a replica's of `pp` stages (`costs.pipeline.pipeline_kv_tokens`)."""
     if routing_skew and model.moe is None:
         raise InputError(f"--routing-skew {routing_skew:g}: {model.name} is dense (no experts to route to)")
     path = cost_path if cost_path is not None else default_cost_path(gpu)
     if path is None:
         roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep, allreduce=allreduce)
-        return roofline, roofline.kv_capacity_tokens(), "roofline", []
+        return roofline, pipeline_kv_tokens(roofline, pp), "roofline", []
     if is_roofline_calibration(path):  # efficiencies calibrated on one device, applied to this GPU's specs
         params = load_roofline_calibration(path)
         warnings = calibration_warnings(path, model.name, gpu.name)
         roofline = Roofline(model, gpu, tp=tp, routing_skew=routing_skew, ep=ep, allreduce=allreduce,
                             **params)
-        return roofline, roofline.kv_capacity_tokens(), f"roofline calibrated by {path}", warnings
+        return roofline, pipeline_kv_tokens(roofline, pp), f"roofline calibrated by {path}", warnings
     if routing_skew:
         raise InputError(f"--routing-skew {routing_skew:g} sets the roofline's routing; the fit {path} "
                          "prices the routing its profiled router did")
@@ -176,8 +183,8 @@ def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp:
     if tp != fitted.tp:
         raise InputError(f"--tp {tp}: the cost model was fitted for tp={fitted.tp} (its times are per GPU of "
                          f"that group, all-reduces included); run with --tp {fitted.tp} or fit that degree")
-    if tp > 1:  # a group's KV: each GPU holds its share of the weights and KV heads, as the roofline sizes it
-        return fitted, Roofline(model, gpu, tp=tp).kv_capacity_tokens(), f"fitted {path}", []
+    if tp > 1 or pp > 1:  # each GPU holds its share of the weights and KV, as the roofline sizes it
+        return fitted, pipeline_kv_tokens(Roofline(model, gpu, tp=tp), pp), f"fitted {path}", []
     memory = None if fitted.memory_bytes is not None else gpu.memory_bytes
     return fitted, fitted.kv_capacity_tokens(memory_bytes=memory), f"fitted {path}", []
 
@@ -190,9 +197,11 @@ class Deployment:
     gpu: GPUSpec
     tp: int
     cost: CostModel
-    kv_capacity: int
+    kv_capacity: int  # one policy's: a pipeline-parallel replica's virtual engine holds 1/pp of it
     cost_label: str
     warnings: list[str]
+    pp: int = 1
+    staged: StagedCost | None = None  # the cost split into stages (pp > 1)
 
     def check_fits(self, config: RunConfig, requests: list[Request], prefill_only: bool = False) -> int:
         """The max model length (the trace's cap, within the model's context), once every request is checked
@@ -223,8 +232,14 @@ class Deployment:
 def deploy(config: RunConfig, gpu_name: str, tp: int) -> Deployment:
     """A replica of `tp` GPUs named `gpu_name` for `config`'s model and cost model."""
     model, gpu = get_model(config.model), get_gpu(gpu_name)
-    return Deployment(model, gpu, tp, *cost_model(config.cost, model, gpu, tp, config.routing_skew,
-                                                        config.ep, config.allreduce))
+    pp = check_pp(config.pp, model)
+    cost, kv, label, warnings = cost_model(config.cost, model, gpu, tp, config.routing_skew, config.ep,
+                                           config.allreduce, pp)
+    if pp == 1:
+        return Deployment(model, gpu, tp, cost, kv, label, warnings)
+    link = boundary_link(cost if isinstance(cost, Roofline) else Roofline(model, gpu, tp=tp),
+                         config.pp_link_gbps)
+    return Deployment(model, gpu, tp, cost, kv // pp, label, warnings, pp, staged(cost, model, link, pp))
 
 
 def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> Deployment:
@@ -289,6 +304,7 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
     check_timeline(timeline)
     if timeline and cc.is_cluster:
         raise InputError("--timeline records one replica; it is not available with a cluster")
+    check_pipelined(config.pp, cc, timeline)
     entry = _deploy_pool(config, cc, "prefill") if cc.disaggregated else None
     serving = _deploy_pool(config, cc, "decode" if cc.disaggregated else "replicas")
     screened = trace_for(config)
@@ -325,6 +341,8 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
         summary.update(closed_loop_summary(result.request_columns, summary["makespan_s"]))
     summary.update(policies[0].settings.as_dict())  # every setting of the policy, given or default
     summary.update(run_stats(policies))  # what the policies counted (vllm-v1: prefix-cache hits), if anything
+    if serving.pp > 1:
+        summary["pipeline"] = pipeline_summary(built.entry, summary["makespan_s"])
     return Run(config, result, summary, members, built, recorder.frame() if recorder else None)
 
 
@@ -346,10 +364,12 @@ def _pool(name: str, count: int, d: Deployment, max_seq_len: int, config: RunCon
     def new_policy() -> Policy:
         return make_policy(config.policy, d.kv_capacity, max_seq_len, config.options, d.gpu.name)
 
-    return make_pool(name, count, d.gpu.name, lambda: recorder or CostBackend(d.cost, config.fast),
-                     new_policy, cc.router, cluster, overload_limit(config.workload.num_requests), d.tp,
-                     cc.router_settings(), cc.router_lag or 0.0,
-                     config.front_end if name in ("replicas", "prefill") else NO_FRONT_END)
+    new_backend = (stage_backends(d.cost, d.staged) if d.staged is not None
+                   else lambda: recorder or CostBackend(d.cost, config.fast))
+    front_end = config.front_end if name in ("replicas", "prefill") else NO_FRONT_END
+    return make_pool(name, count, d.gpu.name, new_backend, new_policy, cc.router, cluster,
+                     overload_limit(config.workload.num_requests), d.tp, cc.router_settings(),
+                     cc.router_lag or 0.0, front_end, d.pp)
 
 
 def _pools(cluster: Cluster) -> list[Pool]:
