@@ -289,4 +289,6 @@ def serve_flags(s: dict[str, Any], config: Any) -> tuple[str, str]:
              "--enable-prefix-caching" if s["enable_prefix_caching"] else "--no-enable-prefix-caching"]
     if s.get("long_prefill_token_threshold"):
         flags.append(f"--long-prefill-token-threshold {s['long_prefill_token_threshold']}")
+    if config.pp > 1:
+        flags.insert(1, f"--pipeline-parallel-size {config.pp}")
     return " ".join(flags), model.name

@@ -4,9 +4,11 @@ one replica loop, and invariants of whole runs at pp 2 and 4."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import simpy
-from conftest import AffineCost
+from conftest import AffineCost, simctl_here
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -243,3 +245,25 @@ def test_what_pipelines_are_not_built_with_is_refused(cluster: ClusterConfig, wo
                        pp=2)
     with pytest.raises(InputError, match=words):
         run(config, cluster)
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("--pp", "0"), "--pp must be an integer"),
+    (("--pp", "99"), "--pp must be an integer"),
+    (("--model", "tiny-2l", "--gpu", "cpu", "--pp", "3"), "has only 2 layers"),
+    (("--pp", "2", "--router", "prefix", "--replicas", "2"), "routers"),
+])
+def test_the_command_line_refuses_a_bad_pipeline_in_one_line(args: tuple[str, ...], words: str) -> None:
+    r = simctl_here("run", "--trace", "sharegpt", "--num-requests", "8", "--model", "llama-2-13b", *args)
+    assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_command_line_runs_stages_and_plan_counts_their_gpus() -> None:
+    r = simctl_here("run", "--trace", "sharegpt", "--num-requests", "16", "--qps", "2", "--model", "llama-2-13b",
+                    "--tp", "2", "--pp", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["pp"] == 2 and summary["gpus"] == 4 and summary["pipeline"]["stages"] == 2
+    from simctl.studies.plan import Candidate
+
+    assert Candidate(RunConfig(tp=4, pp=2), "x").gpus == 8

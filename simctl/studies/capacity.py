@@ -373,5 +373,5 @@ def table3_slos_for(config: RunConfig, sched_delay_p50_s: float = DEFAULT_SCHED_
     """Sarathi-Serve's strict and relaxed SLOs for `config`'s model, GPU, TP and cost model, with the decode
     iteration time they scale (`simctl.results.slo.table3_decode_time`)."""
     cost = cost_model(config.cost, get_model(config.model), get_gpu(config.gpu), config.tp,
-                      config.routing_skew, config.ep, config.allreduce)[0]
+                      config.routing_skew, config.ep, config.allreduce, config.pp)[0]
     return table3_slos(cost, sched_delay_p50_s), table3_decode_time(cost)
