@@ -259,8 +259,8 @@ def test_the_command_line_refuses_a_bad_pipeline_in_one_line(args: tuple[str, ..
 
 
 def test_the_command_line_runs_stages_and_plan_counts_their_gpus() -> None:
-    r = simctl_here("run", "--trace", "sharegpt", "--num-requests", "16", "--qps", "2", "--model", "llama-2-13b",
-                    "--tp", "2", "--pp", "2", "--json")
+    r = simctl_here("run", "--trace", "sharegpt", "--num-requests", "16", "--qps", "2", "--model",
+                    "llama-2-13b", "--tp", "2", "--pp", "2", "--json")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["pp"] == 2 and summary["gpus"] == 4 and summary["pipeline"]["stages"] == 2

@@ -1,5 +1,5 @@
-"""Pipeline parallelism in the seed papers, simulated with `--pp` (issue 38, item 4): SARATHI's pipeline-bubble
-reduction on GPT-3 and Sarathi-Serve's Falcon-180B capacity (PP2 x TP4 on 8 A100s), the published numbers
+"""Pipeline parallelism in the seed papers, simulated with `--pp` (issue 38, item 4): SARATHI's pipeline
+bubbles on GPT-3 and Sarathi-Serve's Falcon-180B capacity (PP2 x TP4 on 8 A100s), the published numbers
 beside the predictions. Writes bench/results/papers/pipeline.md.
 
     python bench/papers/pipeline.py [--part sarathi|falcon|both] [--requests N] [--workers K]
@@ -19,10 +19,10 @@ Sarathi-Serve (Agrawal et al., OSDI 2024; seeds/002): Falcon-180B in TP4-PP2 on 
 A100-80GB each, joined by 100 Gbit/s Ethernet), Table 3's SLOs (P99 TBT 1 s strict, 5 s relaxed; median
 scheduling delay 2 s), token budget 512 strict and 2048 relaxed, the sharegpt and arxiv traces (Table 2) with
 Poisson arrivals; the abstract's "up to 6.9x" higher capacity than Orca and vLLM (Figure 10's bars are not in
-the text). The catalogue's Falcon-180B keeps its published 2048 positions, which the paper's traces (requests up
-to 8192 and 16384 tokens) exceed: the study writes its shape (80 layers, d 14848, 232 heads of 64, 8 KV heads,
-GELU MLP 4 x d as SwiGLU 39595, a tied 65024 vocabulary) as a config.json with 16384 positions, as the paper's
-runs must have served them.
+the text). The catalogue's Falcon-180B keeps its published 2048 positions, which the paper's traces (requests
+up to 8192 and 16384 tokens) exceed: the study writes its shape (80 layers, d 14848, 232 heads of 64, 8 KV
+heads, GELU MLP 4 x d as SwiGLU 39595, a tied 65024 vocabulary) as a config.json with 16384 positions, as the
+paper's runs must have served them.
 """
 
 from __future__ import annotations
@@ -100,21 +100,21 @@ def sarathi_part(folder: Path, n: int) -> list[str]:
                         p["micro_batches"], s["makespan_s"]))
     base = rows[0]
     lines = ["## SARATHI: pipeline bubbles on GPT-3 (TP8 x PP8, 64 A100s)", "",
-             f"{n} requests ready at t = 0 (prompts 256-1792, outputs 128-256 tokens), the roofline; bubbles: "
-             "time a stage sat idle while its next micro-batch was in an earlier stage or crossing a boundary, "
-             "summed over the 8 stages.", "",
-             "| system | tokens/s (prompt + output) | bubble time (s) | bubble share of stage time | "
-             "micro-batches | makespan (s) |", "|---|---|---|---|---|---|"]
+             (f"{n} requests ready at t = 0 (prompts 256-1792, outputs 128-256 tokens), the roofline; "
+              "bubbles: time a stage sat idle while its next micro-batch was in an earlier stage or crossing "
+              "a boundary, summed over the 8 stages."), "",
+             ("| system | tokens/s (prompt + output) | bubble time (s) | bubble share of stage time | "
+             "micro-batches | makespan (s) |"), "|---|---|---|---|---|---|"]
     lines += [f"| {r.system} | {r.tokens_per_s:,.0f} | {r.bubble_s:.2f} | {r.bubble_share:.1%} | "
               f"{r.micro_batches} | {r.makespan_s:.1f} |" for r in rows]
     lines += ["", "| claim | paper | simctl | ratio (simctl / paper) |", "|---|---|---|---|"]
     for r in rows[1:]:
         fewer = base.bubble_s / r.bubble_s if r.bubble_s else float("inf")
         faster = r.tokens_per_s / base.tokens_per_s
-        lines += [f"| bubbles fewer, {r.system} vs Orca | {SARATHI_BUBBLES}x | {fewer:.2f}x | "
-                  f"{fewer / SARATHI_BUBBLES:.2f} |",
-                  f"| end-to-end throughput, {r.system} vs Orca | {SARATHI_THROUGHPUT}x | {faster:.2f}x | "
-                  f"{faster / SARATHI_THROUGHPUT:.2f} |"]
+        lines += [(f"| bubbles fewer, {r.system} vs Orca | {SARATHI_BUBBLES}x | {fewer:.2f}x | "
+                  f"{fewer / SARATHI_BUBBLES:.2f} |"),
+                  (f"| end-to-end throughput, {r.system} vs Orca | {SARATHI_THROUGHPUT}x | {faster:.2f}x | "
+                  f"{faster / SARATHI_THROUGHPUT:.2f} |")]
     return lines
 
 
@@ -122,8 +122,8 @@ def falcon_part(folder: Path, n: int, workers: int | None) -> list[str]:
     model = write_config(folder, "falcon-180b-16k", FALCON)
     slos = {"strict": parse_slo(["p99_tbt=1"]), "relaxed": parse_slo(["p99_tbt=5"])}
     lines = ["## Sarathi-Serve: Falcon-180B capacity (TP4 x PP2, 8 A100s, 100 Gbit/s between the stages)", "",
-             f"Capacity (QPS) by bisection, {n} requests a probe, Poisson arrivals, the roofline; sarathi's "
-             "token budget 512 under the strict SLO and 2048 under the relaxed one (the paper's).", "",
+             (f"Capacity (QPS) by bisection, {n} requests a probe, Poisson arrivals, the roofline; sarathi's "
+             "token budget 512 under the strict SLO and 2048 under the relaxed one (the paper's)."), "",
              "| trace | SLO | orca | vllm | sarathi | sarathi / orca | sarathi / vllm |",
              "|---|---|---|---|---|---|---|"]
     best = 0.0
@@ -144,8 +144,8 @@ def falcon_part(folder: Path, n: int, workers: int | None) -> list[str]:
             lines.append(f"| {trace} | {slo_name} | {o:.3f} | {v:.3f} | {s:.3f} | {ratios[0]:.2f}x | "
                          f"{ratios[1]:.2f}x |")
     lines += ["", "| claim | paper | simctl | ratio (simctl / paper) |", "|---|---|---|---|",
-              f"| sarathi's capacity over Orca and vLLM, up to | {FALCON_UP_TO}x | {best:.2f}x | "
-              f"{best / FALCON_UP_TO:.2f} |"]
+              (f"| sarathi's capacity over Orca and vLLM, up to | {FALCON_UP_TO}x | {best:.2f}x | "
+              f"{best / FALCON_UP_TO:.2f} |")]
     return lines
 
 
