@@ -5,6 +5,7 @@ one replica loop, and invariants of whole runs at pp 2 and 4."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -270,7 +271,7 @@ def test_the_command_line_runs_stages_and_plan_counts_their_gpus() -> None:
     assert Candidate(RunConfig(tp=4, pp=2), "x").gpus == 8
 
 
-def test_sarathi_s_chunks_leave_fewer_bubbles_and_serve_more_than_orca(tmp_path) -> None:  # noqa: ANN001
+def test_sarathi_s_chunks_leave_fewer_bubbles_and_serve_more_than_orca(tmp_path: Path) -> None:
     # SARATHI's pipeline claim on a small version of its setting: 4 stages, 256 requests waiting at t = 0
     # with prompts of unequal lengths, the same batch size: Orca's whole prompts make unequal micro-batches
     rng = np.random.default_rng(0)
