@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 
 from simctl.results.output import atomic_write
-from simctl.results.slo import parse_slo
+from simctl.results.slo import SLO, parse_slo
 from simctl.sim.run import RunConfig, run
-from simctl.studies.capacity import Capacity, CapacityConfig, search_capacities
+from simctl.studies.capacity import Capacity, CapacityConfig, search_capacities, table3_slos_for
 from simctl.traces.workload import Workload
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "papers" / "pipeline.md"
@@ -56,6 +56,7 @@ FALCON = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_
 SARATHI_BUBBLES, SARATHI_THROUGHPUT = 6.29, 1.91
 FALCON_UP_TO = 6.9
 POLICIES = ("orca", "vllm", "sarathi")
+TRACES = ("sharegpt", "arxiv")
 SARATHI_MISS = (
     "Where they miss, the cause is the setting: the stored seed holds SARATHI's abstract only, not its "
     "request count, batch size or chunk, and the ratios move with all three (the rows above), so the paper's "
@@ -125,42 +126,50 @@ def sarathi_part(folder: Path) -> list[str]:
                     + (", ".join(within) or "none") + ". " + SARATHI_MISS]
 
 
+def falcon_slos(model: str) -> dict[str, tuple[SLO, int]]:
+    """SLO name -> (the SLO, sarathi's token budget): Table 3's published limits, and Table 3's rule (5x and
+    25x a decode iteration of 32 requests with 4k contexts) applied to simctl's own decode iteration."""
+    rule, decode = table3_slos_for(RunConfig(model=model, gpu="a100-80gb", tp=4, pp=2))
+    return {"strict 1 s": (parse_slo(["p99_tbt=1"]), 512), "relaxed 5 s": (parse_slo(["p99_tbt=5"]), 2048),
+            f"strict {5 * decode:.2f} s (rule)": (rule["strict"], 512),
+            f"relaxed {25 * decode:.2f} s (rule)": (rule["relaxed"], 2048)}
+
+
 def falcon_part(folder: Path, n: int, workers: int | None) -> list[str]:
     model = write_config(folder, "falcon-180b-16k", FALCON)
-    slos = {"strict": parse_slo(["p99_tbt=1"]), "relaxed": parse_slo(["p99_tbt=5"])}
-    configs, names = [], []
-    for trace in ("sharegpt", "arxiv"):
-        for slo_name, budget in (("strict", 512), ("relaxed", 2048)):
+    slos = falcon_slos(model)
+    caps = {}  # each configuration searched under its own SLO, six searches side by side
+    for slo_name, (slo, budget) in slos.items():
+        configs, names = [], []
+        for trace in TRACES:
             for p in POLICIES:
                 configs.append(RunConfig(policy=p, workload=Workload(trace=trace, qps=0.5, num_requests=n),
                                          model=model, gpu="a100-80gb", tp=4, pp=2, pp_link_gbps=100.0,
                                          options={"token_budget": budget} if p == "sarathi" else {}))
-                names.append(f"{trace} {slo_name} {p}")
-    caps = {}  # each configuration searched under its own SLO, six searches side by side
-    for slo_name, slo in slos.items():
-        picked = [k for k, name in enumerate(names) if f" {slo_name} " in name]
-        spec = CapacityConfig([configs[k] for k in picked], {slo_name: slo}, start_qps=0.5,
-                              workers=workers, labels=[names[k] for k in picked])
+                names.append(f"{trace}|{slo_name}|{p}")
+        spec = CapacityConfig(configs, {slo_name: slo}, start_qps=0.5, workers=workers, labels=names)
         caps |= {c.name: c for c in search_capacities(spec)}
     lines = ["## Sarathi-Serve: Falcon-180B capacity (TP4 x PP2, 8 A100s, 100 Gbit/s between the stages)", "",
              (f"Capacity (QPS) by bisection, {n} requests a probe, Poisson arrivals, the roofline; sarathi's "
-              "token budget 512 under the strict SLO and 2048 under the relaxed one (the paper's). Each "
-              "cell: capacity, what the next rate probed above it missed, and the stages' bubble share at "
-              "capacity."), "",
-             "| trace | SLO | orca | vllm | sarathi | sarathi / orca | sarathi / vllm |",
+              "token budget 512 under a strict SLO and 2048 under a relaxed one (the paper's); a median "
+              "scheduling delay within 2 s always. Each cell: capacity (what the next rate probed above it "
+              "missed; the stages' bubble share at capacity)."), "",
+             "| trace | P99 TBT SLO | orca | vllm | sarathi | sarathi / orca | sarathi / vllm |",
              "|---|---|---|---|---|---|---|"]
-    best = 0.0
-    for trace in ("sharegpt", "arxiv"):
+    best = {True: 0.0, False: 0.0}  # the published limits' rows, the rule's rows
+    for trace in TRACES:
         for slo_name in slos:
-            cells = [caps[f"{trace} {slo_name} {p}"] for p in POLICIES]
+            cells = [caps[f"{trace}|{slo_name}|{p}"] for p in POLICIES]
             o, v, s = (c.qps for c in cells)
             ratios = [s / o if o else float("inf"), s / v if v else float("inf")]
-            best = max(best, *ratios)
+            published = "rule" not in slo_name
+            best[published] = max(best[published], *ratios)
             lines.append(f"| {trace} | {slo_name} | " + " | ".join(_cell(c) for c in cells)
                          + f" | {ratios[0]:.2f}x | {ratios[1]:.2f}x |")
-    lines += ["", "| claim | paper | simctl | ratio (simctl / paper) |", "|---|---|---|---|",
-              (f"| sarathi's capacity over Orca and vLLM, up to | {FALCON_UP_TO}x | {best:.2f}x | "
-               f"{best / FALCON_UP_TO:.2f} |")]
+    lines += ["", "| claim | paper | simctl | ratio (simctl / paper) |", "|---|---|---|---|"]
+    lines += [(f"| sarathi's capacity over Orca and vLLM, up to ({what}) | {FALCON_UP_TO}x | "
+               f"{best[key]:.2f}x | {best[key] / FALCON_UP_TO:.2f} |")
+              for key, what in ((True, "Table 3's limits"), (False, "Table 3's rule"))]
     return lines
 
 
