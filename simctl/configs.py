@@ -27,6 +27,12 @@ class Deployment:
     gpu: str = option_field("a100-80gb", "GPU from the catalogue; a comma list compares them.")
     tp: str = option_field("1", "Tensor-parallel degree (GPUs per replica); a comma list compares them.",
                            metavar="INTEGER[,...]")
+    pp: int = option_field(1, (
+        "Pipeline-parallel stages per replica, each on its own --tp GPUs: the layers split as vLLM splits "
+        "them, one micro-batch per stage in flight (a virtual engine each, with 1/pp of the KV)."))
+    pp_link_gbps: float | None = option_field(None, (
+        "The link activations cross between pipeline stages, Gbit/s, when the stages sit on different nodes "
+        "[default: each GPU's own interconnect]."))
     routing_skew: float = option_field(0.0, (
         "Mixture-of-experts models, roofline: how unevenly tokens route to experts. Expert i (by popularity) "
         "takes a share of tokens proportional to (i+1)^-skew (Zipf), so a batch reads fewer distinct "

@@ -60,7 +60,8 @@ def base_config(workload: Workload, deployment: Deployment, execution: Execution
                      allreduce=deployment.allreduce, execution=execution.execution,
                      step_overhead_ms=execution.step_overhead_ms, kv_sizing=KVSizing(
                          deployment.gpu_memory_utilization, deployment.dtype, deployment.kv_cache_dtype,
-                         deployment.kv_cache_tokens, deployment.num_gpu_blocks_override))
+                         deployment.kv_cache_tokens, deployment.num_gpu_blocks_override),
+                     pp=deployment.pp, pp_link_gbps=deployment.pp_link_gbps)
 
 
 def grid(base: RunConfig, policy: str, deployment: Deployment,

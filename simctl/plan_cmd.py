@@ -191,7 +191,7 @@ def candidates(base: Any, policy: str, deployment: Deployment, options: dict[str
                                                         _with_key_settings(options, policy, KEY_SETTINGS))]
     split_policies = ",".join(p for p in dict.fromkeys(t.strip() for t in policy.split(","))
                               if not policy_class(p).padded_batches)
-    if not splits or not split_policies:
+    if not splits or not split_policies or base.pp > 1:  # pipeline stages serve colocated only
         return found
     given = {k: v for k, v in options.items() if v is not None}
     for c in grid(base, split_policies, deployment, given):
@@ -292,4 +292,6 @@ def serve_flags(s: dict[str, Any], config: Any) -> tuple[str, str]:
                                        ("--kv-cache-dtype fp8", sizing.kv_cache_dtype == "fp8")) if given]
     if s.get("long_prefill_token_threshold"):
         flags.append(f"--long-prefill-token-threshold {s['long_prefill_token_threshold']}")
+    if config.pp > 1:
+        flags.insert(1, f"--pipeline-parallel-size {config.pp}")
     return " ".join(flags), model.name

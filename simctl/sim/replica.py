@@ -12,8 +12,10 @@ from collections.abc import Callable
 import numpy as np
 
 from simctl.costs.base import CostModel
+from simctl.costs.pipeline import StagedCost
 from simctl.policies.plan import BatchPlan
 from simctl.policies.seq import Seq
+from simctl.serving.pipeline import Pipeline
 
 
 class SimulatedTime:
@@ -45,3 +47,17 @@ class CostBackend:
         # a priced iteration holds nothing beyond the policy's KV accounting; the cluster learns who left
         if self.on_release is not None:
             self.on_release(finished)
+
+
+class StageBackend(CostBackend):
+    """A virtual engine of a pipeline-parallel replica (`serving.pipeline`): its micro-batch ends when it
+    leaves the last of the stages it shares with the replica's other virtual engines. Priced an iteration at
+    a time: a stretch's repeats interleave with the other engines' micro-batches."""
+
+    def __init__(self, cost: CostModel, staged: StagedCost, pipeline: Pipeline) -> None:
+        super().__init__(cost, fast=False)
+        self.staged, self.pipeline = staged, pipeline
+
+    def run(self, plan: BatchPlan, start: float) -> float:
+        staged = self.staged
+        return self.pipeline.submit(start, *staged.stage_times(plan), staged.boundary_time(plan))

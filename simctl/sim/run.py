@@ -22,6 +22,15 @@ from simctl.costs.base import CostModel
 from simctl.costs.kv_capacity import KVSizing, VLLMProfile, kv_capacity_tokens
 from simctl.costs.loader import RooflineOptions, load_cost
 from simctl.costs.overheads import EXECUTION_MODES
+from simctl.costs.pipeline import (
+    StagedCost,
+    boundary_link,
+    check_link,
+    check_pp,
+    pipeline_kv_tokens,
+    staged,
+)
+from simctl.costs.roofline import Roofline
 from simctl.policies.base import Policy, run_stats
 from simctl.policies.registry import check_options, make_policy, max_admissible_tokens, policy_class
 from simctl.results.cluster_summary import (
@@ -36,7 +45,7 @@ from simctl.serving.front_end import NO_FRONT_END, FrontEnd
 from simctl.serving.kv_link import KVLink
 from simctl.serving.loop import overload_limit
 from simctl.sim.cluster import Cluster, Pool, Progress
-from simctl.sim.cluster_run import make_pool, pool_records
+from simctl.sim.cluster_run import check_pipelined, make_pool, pipeline_summary, pool_records, stage_backends
 from simctl.sim.replica import CostBackend
 from simctl.sim.timeline import TimelineBackend, check_timeline
 from simctl.traces import has_arrival_times, trace_max_total_tokens
@@ -74,6 +83,8 @@ class RunConfig:
     execution: str | None = None
     step_overhead_ms: float | None = None
     kv_sizing: KVSizing = field(default_factory=KVSizing)  # memory share, dtypes, a capacity given
+    pp: int = 1  # pipeline stages per replica, each on its own TP group (costs.pipeline, serving.pipeline)
+    pp_link_gbps: float | None = None  # the stage boundaries' link (None: the GPUs' own interconnect)
 
     def __post_init__(self) -> None:
         # the user's paths, absolute before a child process (a capacity worker, a Ray task) reads them
@@ -97,6 +108,8 @@ class RunConfig:
         FrontEnd(self.front_end_request_s, self.front_end_prompt_token_s)  # checks its terms
         check_allreduce(self.allreduce)
         check_step_overheads(self.cost, self.execution, self.step_overhead_ms)
+        check_pp(self.pp)
+        check_link(self.pp_link_gbps)
 
     @property
     def roofline_options(self) -> RooflineOptions:
@@ -121,7 +134,7 @@ class RunConfig:
         request only when given (a run without them keeps the summary it had before them)."""
         defaults = {"routing_skew": 0.0, "ep": 1, "max_model_len": None, "on_too_long": REFUSE,
                     "front_end_request_s": 0.0, "front_end_prompt_token_s": 0.0, "allreduce": "nccl",
-                    "execution": None, "step_overhead_ms": None}
+                    "execution": None, "step_overhead_ms": None, "pp": 1, "pp_link_gbps": None}
         workload = self.workload.recorded()
         head = {"policy": self.policy, "trace": workload.pop("trace"), "model": self.model, "gpu": self.gpu,
                 "tp": self.tp, **workload}
@@ -178,9 +191,11 @@ the deployment's memory, weights and TP degree by `costs.kv_capacity`, whatever 
     gpu: GPUSpec
     tp: int
     cost: CostModel
-    kv_capacity: int
+    kv_capacity: int  # one policy's: a pipeline-parallel replica's virtual engine holds 1/pp of it
     cost_label: str
     warnings: list[str]
+    pp: int = 1
+    staged: StagedCost | None = None  # the cost split into stages (pp > 1)
 
     def check_fits(self, config: RunConfig, requests: list[Request], prefill_only: bool = False) -> int:
         """The max model length (the trace's cap, within the model's context), once every request is checked
@@ -211,13 +226,21 @@ the deployment's memory, weights and TP degree by `costs.kv_capacity`, whatever 
 def deploy(config: RunConfig, gpu_name: str, tp: int) -> Deployment:
     """A replica of `tp` GPUs named `gpu_name` for `config`'s model and cost model."""
     model, gpu = get_model(config.model), get_gpu(gpu_name)
+    pp = check_pp(config.pp, model)
     loaded = load_cost(config.cost, model, gpu, tp, config.roofline_options)
+    cost = loaded.cost
+    if pp > 1:
+        kv = pipeline_kv_tokens(model, gpu, tp, pp, loaded.dtype_bytes, loaded.memory_bytes, config.kv_sizing)
+        link = boundary_link(cost if isinstance(cost, Roofline) else Roofline(model, gpu, tp=tp),
+                             config.pp_link_gbps)
+        return Deployment(model, gpu, tp, cost, kv // pp, loaded.label, loaded.warnings, pp,
+                          staged(cost, model, link, pp))
     # on a GPU, vllm-v1's cache as vLLM sizes it (vLLM's CPU backend takes a KV size given instead)
     policy = policy_class(config.policy)
     profiled = None if gpu.name == "cpu" else policy.memory_profile(config.options, gpu.name)
     kv = kv_capacity_tokens(model, gpu, tp, loaded.dtype_bytes, loaded.memory_bytes, config.kv_sizing,
                             VLLMProfile(*profiled) if profiled else None)
-    return Deployment(model, gpu, tp, loaded.cost, kv, loaded.label, loaded.warnings)
+    return Deployment(model, gpu, tp, cost, kv, loaded.label, loaded.warnings)
 
 
 def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> Deployment:
@@ -282,6 +305,7 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
     check_timeline(timeline)
     if timeline and cc.is_cluster:
         raise InputError("--timeline records one replica; it is not available with a cluster")
+    check_pipelined(config.pp, cc, timeline)
     entry = _deploy_pool(config, cc, "prefill") if cc.disaggregated else None
     serving = _deploy_pool(config, cc, "decode" if cc.disaggregated else "replicas")
     screened = trace_for(config)
@@ -318,6 +342,8 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
         summary.update(closed_loop_summary(result.request_columns, summary["makespan_s"]))
     summary.update(policies[0].settings.as_dict())  # every setting of the policy, given or default
     summary.update(run_stats(policies))  # what the policies counted (vllm-v1: prefix-cache hits), if anything
+    if serving.pp > 1:
+        summary["pipeline"] = pipeline_summary(built.entry, summary["makespan_s"])
     return Run(config, result, summary, members, built, recorder.frame() if recorder else None)
 
 
@@ -339,10 +365,12 @@ def _pool(name: str, count: int, d: Deployment, max_seq_len: int, config: RunCon
     def new_policy() -> Policy:
         return make_policy(config.policy, d.kv_capacity, max_seq_len, config.options, d.gpu.name)
 
-    return make_pool(name, count, d.gpu.name, lambda: recorder or CostBackend(d.cost, config.fast),
-                     new_policy, cc.router, cluster, overload_limit(config.workload.num_requests), d.tp,
-                     cc.router_settings(), cc.router_lag or 0.0,
-                     config.front_end if name in ("replicas", "prefill") else NO_FRONT_END)
+    new_backend = (stage_backends(d.cost, d.staged) if d.staged is not None
+                   else lambda: recorder or CostBackend(d.cost, config.fast))
+    front_end = config.front_end if name in ("replicas", "prefill") else NO_FRONT_END
+    return make_pool(name, count, d.gpu.name, new_backend, new_policy, cc.router, cluster,
+                     overload_limit(config.workload.num_requests), d.tp, cc.router_settings(),
+                     cc.router_lag or 0.0, front_end, d.pp)
 
 
 def _pools(cluster: Cluster) -> list[Pool]:

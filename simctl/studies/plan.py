@@ -52,7 +52,7 @@ class Candidate:
     @property
     def gpus(self) -> int:
         """GPUs of one unit."""
-        return self.config.tp * (sum(self.split) if self.split else 1)
+        return self.config.tp * self.config.pp * (sum(self.split) if self.split else 1)
 
     def cluster(self, units: int, router: str = CHECK_ROUTER) -> ClusterConfig:
         if self.split is None:
