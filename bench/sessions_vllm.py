@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from simctl.engine.real import twin_policy
+from simctl.validation.twin import twin_policy
 from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, deployment_for
 from simctl.traces.request import Request
 from simctl.traces.workload import Workload

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from simctl.engine.replay import _kind
+from simctl.validation.replay import _kind
 from simctl.engine.serve import prompt_ids, warm_up
 from simctl.executor.config import ExecutorConfig
 from simctl.executor.model import build_model
@@ -132,7 +132,7 @@ class Executing(LoggedRun):
 def execute_run(run: Path, cost: Any, gaps: bool, repeats: int = 0, variants: tuple[int, int] = (0, 0),
                 nogc: bool = False) -> pd.DataFrame:
     from simctl.catalogue.models import get_model
-    from simctl.engine.real import twin_inputs
+    from simctl.validation.twin import twin_inputs
     from simctl.serving.inbox import Inbox
     from simctl.serving.loop import Replica
 

@@ -13,7 +13,7 @@ from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
 from simctl.costs.roofline import Roofline
 from simctl.engine.real import run_real, write_real
-from simctl.engine.replay import replay_real
+from simctl.validation.replay import replay_real
 from simctl.engine.serve import Engine, prompt_ids
 from simctl.engine.setup import RealConfig, size_run, sized_policy
 from simctl.executor.ragged import RaggedExecutor

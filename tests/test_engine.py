@@ -18,7 +18,8 @@ from conftest import ENGINE_MODEL, ENGINE_SEED
 
 from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
-from simctl.engine.real import real_main, run_real, twin_inputs, write_real
+from simctl.engine.real import real_main, run_real, write_real
+from simctl.validation.twin import twin_inputs
 from simctl.engine.serve import Engine, prompt_ids
 from simctl.engine.setup import RealConfig, size_run, sized_policy
 from simctl.executor.plans import SlotPool

@@ -18,7 +18,7 @@ from simctl.traces.workload import Workload
 pytest.importorskip("vllm")
 
 from simctl.cli import main
-from simctl.engine.real import twin_policy
+from simctl.validation.twin import twin_policy
 from simctl.engine.setup import RealConfig
 from simctl.engine.vllm_real import VLLMServer, deployment_for, run_summary
 from simctl.executor.vllm_runtime import INSTALL_HINT, VLLMDeployment, engine_args

@@ -13,10 +13,6 @@ record what was in effect.
 
 The configuration, the sizing of the slab and the engine's construction are `engine.setup`'s; serving the
 deployment (one engine, or a prefill and a decode instance) is `simctl.engine.deployment`'s.
-
-`twin_inputs(summary)` rebuilds, from a real run's summary, the same Request list and the same policy
-(capacity, max_seq_len, every setting) for `simctl.sim.simulate.simulate`, to put prediction and
-measurement side by side.
 """
 
 from __future__ import annotations
@@ -43,8 +39,6 @@ from simctl.engine.setup import (
 )
 from simctl.executor.config import eager_on
 from simctl.executor.runtime import default_threads
-from simctl.policies.base import Policy
-from simctl.policies.registry import make_policy, policy_class
 from simctl.traces.build import has_arrival_times
 from simctl.traces.request import Request
 from simctl.traces.workload import Workload
@@ -253,19 +247,3 @@ def real_main(*, policy: str = "sarathi", workload: Workload = REAL_WORKLOAD, mo
     if out is not None:
         out_path = check_out_dir(Path(out), CLUSTER_RUN_FILES)
     return _run_worker(config, out_path)["summary"]
-
-
-# ---- the simulator's twin of a real run --------------------------------------------------------------------
-
-
-def twin_inputs(summary: dict[str, Any]) -> tuple[list[Request], Policy]:
-    """The Request list a real run served and a fresh policy configured as it was (`twin_policy`), from the
-    run's summary: `simctl.sim.simulate.simulate(requests, policy, cost)` then predicts the same run."""
-    return Workload.of_record(summary).requests(), twin_policy(summary)
-
-
-def twin_policy(summary: dict[str, Any]) -> Policy:
-    """A fresh policy configured as the real run's was (KV capacity, max_seq_len, every policy setting)."""
-    settings = policy_class(summary["policy"]).Settings.__dataclass_fields__
-    return make_policy(summary["policy"], summary["kv_capacity_tokens"], summary["max_seq_len"],
-                       {k: summary[k] for k in settings if k in summary})

@@ -1,5 +1,5 @@
 """One validation point: finished real runs (repeats of one run) against the simulator on identical requests,
-their iterations replayed and re-priced (`engine.replay`), as a report row, its per-iteration evidence and
+their iterations replayed and re-priced (`validation.replay`), as a report row, its per-iteration evidence and
 the CDF data (`simctl.results.validation_report.RunPair`)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from simctl.costs.base import ScaledCost
-from simctl.engine.replay import iteration_evidence, merge_replays, replay_real
+from simctl.validation.replay import iteration_evidence, merge_replays, replay_real
 from simctl.results.output import atomic_write, write_run
 from simctl.results.validation_report import METRICS, RunPair, pct_error
 from simctl.studies.capacity import SLO

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from simctl.catalogue.gpus import get_gpu
-from simctl.engine.real import twin_policy
+from simctl.validation.twin import twin_policy
 from simctl.sim.run import cost_model
 from simctl.sim.simulate import simulate_routed
 from simctl.traces.request import Request

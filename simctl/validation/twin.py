@@ -1,6 +1,6 @@
 """The simulator's twin of a real run: the setup every run of a validation shares, the summary a real run at a
-rate would record (its requests and KV sizing) without running it, its simulation, and the cost model it is
-priced with."""
+rate would record (its requests and KV sizing) without running it, the same requests and policy rebuilt from
+a run's summary (`twin_inputs`), its simulation, and the cost model it is priced with."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from typing import Any
 
 from simctl.common.errors import InputError
 from simctl.executor.config import DEFAULT_CONFIG, ExecutorConfig, check_same
+from simctl.policies.base import Policy
+from simctl.policies.registry import make_policy, policy_class
 from simctl.serving.loop import overload_limit
+from simctl.traces.request import Request
 from simctl.traces.workload import Workload
 
 DEFAULT_LINK_GBPS = 1.0  # this VM's shared-memory hand-over, measured: 0.7-2.7 Gbit/s effective per transfer
@@ -51,7 +54,7 @@ class Setup:
 
 
 def twin_summary(setup: Setup, policy: str, qps: float | None) -> dict[str, Any]:
-    """The summary fields `engine.real.twin_inputs` reads, as a real run of `policy` at `qps` would record
+    """The summary fields `twin_inputs` reads, as a real run of `policy` at `qps` would record
     them (its requests and its KV sizing on the setup's budget), without running it."""
     from simctl.catalogue.models import get_model
     from simctl.catalogue.recorded_model import dtype_bytes_of
@@ -73,6 +76,19 @@ def twin_summary(setup: Setup, policy: str, qps: float | None) -> dict[str, Any]
 
 
 
+def twin_inputs(summary: dict[str, Any]) -> tuple[list[Request], Policy]:
+    """The Request list a real run served and a fresh policy configured as it was (`twin_policy`), from the
+    run's summary: `simctl.sim.simulate.simulate(requests, policy, cost)` then predicts the same run."""
+    return Workload.of_record(summary).requests(), twin_policy(summary)
+
+
+def twin_policy(summary: dict[str, Any]) -> Policy:
+    """A fresh policy configured as the real run's was (KV capacity, max_seq_len, every policy setting)."""
+    settings = policy_class(summary["policy"]).Settings.__dataclass_fields__
+    return make_policy(summary["policy"], summary["kv_capacity_tokens"], summary["max_seq_len"],
+                       {k: summary[k] for k in settings if k in summary})
+
+
 def fitted_executor(cost: Any) -> ExecutorConfig:
     """The executor configuration a fitted `cost` was profiled with (the default for a cost model without a
     profile)."""
@@ -92,7 +108,6 @@ def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], A
     """The simulator's prediction of the run `summary` describes (a real run's, or `twin_summary`'s):
     (its summary, its SimResult)."""
     from simctl.catalogue.recorded_model import dtype_bytes_of
-    from simctl.engine.real import twin_inputs, twin_policy
     from simctl.results.metrics import summarize
     from simctl.sim.simulate import simulate
 

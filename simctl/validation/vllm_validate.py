@@ -96,7 +96,7 @@ def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: C
                       concurrency: int | None = None, think_s: float = 0.0) -> tuple[dict[str, Any], Any]:
     """The twin's prediction of serving `requests` on the engine `settings` describe (`VLLMServer.settings`:
     vllm-v1 with the engine's settings, on its KV blocks): (summary, SimResult)."""
-    from simctl.engine.real import twin_policy
+    from simctl.validation.twin import twin_policy
     from simctl.policies.base import run_stats
     from simctl.results.metrics import summarize
     from simctl.serving.loop import overload_limit
