@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from simctl.validation.twin import twin_policy
 from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, deployment_for
 from simctl.traces.request import Request
 from simctl.traces.workload import Workload
 from simctl.validation.prefix_hits import serial_hits
+from simctl.validation.twin import twin_policy
 
 SECTION = "## vLLM prefix cache vs the twin"
 GENERATED_SECTION = "## vLLM prefix cache vs the twin, generated sessions (`--trace sessions`)"

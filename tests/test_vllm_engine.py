@@ -18,7 +18,6 @@ from simctl.traces.workload import Workload
 pytest.importorskip("vllm")
 
 from simctl.cli import main
-from simctl.validation.twin import twin_policy
 from simctl.engine.setup import RealConfig
 from simctl.engine.vllm_real import VLLMServer, deployment_for, run_summary
 from simctl.executor.vllm_runtime import INSTALL_HINT, VLLMDeployment, engine_args
@@ -26,6 +25,7 @@ from simctl.traces.request import Request
 from simctl.traces.tokens import prompt_token_ids
 from simctl.validation.prefix_hits import serial_hits
 from simctl.validation.routed_hits import check_routed
+from simctl.validation.twin import twin_policy
 
 pytestmark = pytest.mark.vllm
 

@@ -197,8 +197,8 @@ class _DecodeDriver:
         arrive_with_kv(seq, item.copy, item.received_s)
         self.engine.executor.arrive_with_kv(seq.id, item.token, item.kv)
         # due when the loop can see it (now), not when its KV arrived: the loop reads the clock after this
-        # push, so the replay of its log (`validation.replay`, from `kv_taken_s`) hands it over exactly when it
-        # did
+        # push, so the replay of its log (`validation.replay`, from `kv_taken_s`) hands it over exactly
+        # when it did
         taken = self.engine.time.read()
         self.inbox.push_due(seq, taken)
         self.taken[seq.id] = taken

@@ -18,9 +18,9 @@ recorded by a stat logger (`simctl.engine.vllm_steps`).
 
 vLLM's settings are those of the `vllm-v1` policy, its simulated twin (VLLM_SETTINGS). The summary holds what
 the twin needs: the trace's parameters as `simctl real` records them, `policy: vllm-v1` and its settings as
-vLLM resolved them, the KV cache as `kv_capacity_tokens` (so `validation.twin.twin_policy(summary)` builds it),
-and vLLM's own names and numbers (KV blocks, block size, version), with `not_recorded` saying what vLLM does
-not expose."""
+vLLM resolved them, the KV cache as `kv_capacity_tokens` (so `validation.twin.twin_policy(summary)` builds
+it), and vLLM's own names and numbers (KV blocks, block size, version), with `not_recorded` saying what vLLM
+does not expose."""
 
 from __future__ import annotations
 
@@ -201,8 +201,8 @@ class VLLMServer:
             "long_prefill_token_threshold": sched.long_prefill_token_threshold,
             "enable_prefix_caching": int(cache.enable_prefix_caching),  # 0 or 1, as vllm-v1's setting
             "max_model_len": config.model_config.max_model_len,
-            # the simulated twin: `validation.twin.twin_policy(summary)` builds vllm-v1 on kv_capacity_tokens with
-            # these settings (its max_batch_size is vLLM's max_num_seqs; the others have vLLM's names)
+            # the simulated twin: `validation.twin.twin_policy(summary)` builds vllm-v1 on kv_capacity_tokens
+            # with these settings (its max_batch_size is vLLM's max_num_seqs; the others have vLLM's names)
             "policy": TWIN_POLICY,
             "max_batch_size": sched.max_num_seqs,
             "dtype": str(config.model_config.dtype).removeprefix("torch."),

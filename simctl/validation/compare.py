@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 
 from simctl.costs.base import ScaledCost
-from simctl.validation.replay import iteration_evidence, merge_replays, replay_real
 from simctl.results.output import atomic_write, write_run
 from simctl.results.validation_report import METRICS, RunPair, pct_error
 from simctl.studies.capacity import SLO
+from simctl.validation.replay import iteration_evidence, merge_replays, replay_real
 from simctl.validation.twin import simulate_twin
 
 

@@ -40,8 +40,8 @@ def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any,
     disaggregated run (`requests` again) is replayed pool by pool: the prefill instance's copies
     at their arrivals, then the decode instance's requests when its loop took them (`kv_taken_s`), with their
     prompts cached and their first token at their KV's arrival; its frame gets a `pool` column."""
-    from simctl.validation.twin import twin_inputs, twin_policy
     from simctl.serving.handoff import arrivals, arrive_with_kv
+    from simctl.validation.twin import twin_inputs, twin_policy
 
     reqs, policy = twin_inputs(summary)
     disaggregated = bool(summary.get("prefill_instances"))

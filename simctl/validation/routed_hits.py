@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from simctl.catalogue.gpus import get_gpu
-from simctl.validation.twin import twin_policy
 from simctl.sim.run import cost_model
 from simctl.sim.simulate import simulate_routed
 from simctl.traces.request import Request
 from simctl.validation.prefix_hits import serial_hits
+from simctl.validation.twin import twin_policy
 
 if TYPE_CHECKING:
     from simctl.engine.vllm_real import VLLMServer

@@ -96,11 +96,11 @@ def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: C
                       concurrency: int | None = None, think_s: float = 0.0) -> tuple[dict[str, Any], Any]:
     """The twin's prediction of serving `requests` on the engine `settings` describe (`VLLMServer.settings`:
     vllm-v1 with the engine's settings, on its KV blocks): (summary, SimResult)."""
-    from simctl.validation.twin import twin_policy
     from simctl.policies.base import run_stats
     from simctl.results.metrics import summarize
     from simctl.serving.loop import overload_limit
     from simctl.sim.simulate import simulate
+    from simctl.validation.twin import twin_policy
 
     policy = twin_policy({**settings, "kv_capacity_tokens": settings["kv_cache_tokens"],
                           "max_seq_len": settings["max_model_len"]})
