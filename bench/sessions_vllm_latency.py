@@ -91,7 +91,7 @@ def measure(server: Any, settings: dict[str, Any], cost: Any, args: argparse.Nam
 def sweep(server: Any, settings: dict[str, Any], cost: Any, args: argparse.Namespace,
           concurrencies: list[int]) -> list[dict[str, Any]]:
     """--sweep: after one discarded run, one real run per concurrency beside the raw twin's prediction."""
-    from simctl.results.metrics import summarize
+    from simctl.results.metrics import summarise_result
 
     v = VLLMValidation(cost=cost, workload=workload(args, concurrencies[-1]))
     server.serve(v.requests_at(args.qps), args.seed, **v.clients)
@@ -100,7 +100,7 @@ def sweep(server: Any, settings: dict[str, Any], cost: Any, args: argparse.Names
         v = VLLMValidation(cost=cost, workload=workload(args, n))
         requests, before = v.requests_at(args.qps), load_averages()
         run = server.serve(requests, args.seed, **v.clients)
-        real = {**summarize(run.result), **run.fields}
+        real = {**summarise_result(run.result), **run.fields}
         sim, _ = simulate_requests(requests, settings, cost, **v.clients)
         rows.append({"concurrency": n, "load_before": before, "load_after": load_averages(),
                      **{f"real_{m}": real.get(m) for m in METRICS},

@@ -73,7 +73,7 @@ def measure(cost_path: str, seed: int = 0) -> dict:
         STREAM_SCALE,
         STREAM_TRACE,
     )
-    from simctl.results.metrics import summarize
+    from simctl.results.metrics import summarise_result
     from simctl.traces.build import build_trace
     from simctl.validation.twin import load_cost
 
@@ -86,7 +86,7 @@ def measure(cost_path: str, seed: int = 0) -> dict:
     with VLLMServer("tiny", deployment_for("tiny", seed, {})) as server:
         pinned = server.settings()["pinned"]
         closed = [replace(r, arrival_s=0.0) for r in requests(1.0)[:CLOSED_BATCH]]
-        rps = CLOSED_BATCH / summarize(server.serve(closed, seed).result)["makespan_s"]
+        rps = CLOSED_BATCH / summarise_result(server.serve(closed, seed).result)["makespan_s"]
         for load in STREAM_LOADS:
             for _ in range(STREAM_REPEATS):
                 reqs = requests(load * rps)

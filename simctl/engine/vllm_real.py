@@ -1,7 +1,7 @@
 """`simctl real --engine vllm`: a simctl trace served by the installed vLLM (`AsyncLLM` in this process; its
 engine core and model worker are processes of their own), written as simctl's own real runs are
-(`results.output.write_run`, the summary of `results.metrics.summarize`), so TTFT, TBT, TPOT and E2E are
-computed by the same code.
+(`results.output.write_run`, the summary of `results.metrics.summarise_result`), so TTFT, TBT, TPOT and E2E
+are computed by the same code.
 
     with VLLMServer("tiny", deployment_for("tiny", seed=0, settings={})) as server:   # 20-35 s on a CPU
         for requests in runs:
@@ -278,13 +278,13 @@ def _check(requests: list[Request], tokens: list[int], log: StepLog) -> None:
 
 def run_summary(config: RealConfig, server: VLLMServer, run: VLLMRun, wall_s: float) -> dict[str, Any]:
     """summary.json of a vLLM run: the trace's parameters as `simctl real` records them, the metrics of
-    `simctl.results.metrics.summarize`, the engine's settings, and what could not be recorded."""
+    `simctl.results.metrics.summarise_result`, the engine's settings, and what could not be recorded."""
     from simctl.executor.runtime import cpu_name
     from simctl.results.cluster_summary import replica_row
-    from simctl.results.metrics import summarize
+    from simctl.results.metrics import summarise_result
     from simctl.traces.build import has_arrival_times
 
-    metrics = summarize(run.result)
+    metrics = summarise_result(run.result)
     # one replica, as simctl's own real runs record theirs (replicas.parquet)
     replica = replica_row("replicas", 0, "cpu", metrics, run.result.iterations, run.result.queue_at_arrival,
                           metrics["makespan_s"])

@@ -67,7 +67,7 @@ def time_fn(fn: Callable[..., Any], warmup: int, reps: int, device: Any = "cpu",
     return times
 
 
-def summarize(times: list[float]) -> dict[str, float]:
+def summarise_times(times: list[float]) -> dict[str, float]:
     """The median of `times` (`time_s`, the estimate), their mean and 10th / 90th percentiles (linear
     interpolation)."""
     a = np.asarray(times, dtype=float)

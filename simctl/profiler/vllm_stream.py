@@ -112,14 +112,14 @@ def time_stream(server: Any, seed: int) -> tuple[list[StreamStep], dict[str, Any
     and what was run."""
     from dataclasses import replace
 
-    from simctl.results.metrics import summarize
+    from simctl.results.metrics import summarise_result
     from simctl.traces.build import build_trace
 
     def requests(qps: float) -> list:
         return build_trace(STREAM_TRACE, STREAM_REQUESTS, qps, seed + SEED_OFFSET, scale=STREAM_SCALE)
 
     closed = [replace(r, arrival_s=0.0) for r in requests(1.0)[:CLOSED_BATCH]]
-    throughput = CLOSED_BATCH / summarize(server.serve(closed, seed).result)["makespan_s"]
+    throughput = CLOSED_BATCH / summarise_result(server.serve(closed, seed).result)["makespan_s"]
     steps: list[StreamStep] = []
     dropped = 0
     for load in STREAM_LOADS:

@@ -23,10 +23,10 @@ simulator would build (`policies.plan.packed`); a timed step whose shape is not 
 row's features are `simctl.costs.features.plan_features` of the middle timed step of the first visit (contexts
 move by a token a step around it, so the median step is that one).
 
-Timing reuses the profiler's machinery: each visit of a probe is a `profiler.worker.Block` (its timed steps
+Timing reuses the profiler's machinery: each visit of a probe is a `profiler.sweeps.Block` (its timed steps
 and the CPU the rest of the machine used meanwhile, `profiler.timing.CpuMonitor`), visits are spread over
 sweeps in seeded random orders, and a row's time is the median of the steps of its quiet blocks
-(`simctl.profiler.worker.summarize_blocks`). Protocol on the original stdout: as `profiler/worker.py`'s.
+(`simctl.profiler.sweeps.summarise_blocks`). Protocol on the original stdout: as `profiler/worker.py`'s.
 """
 
 from __future__ import annotations
@@ -57,9 +57,10 @@ from simctl.executor.vllm_runtime import (
 )
 from simctl.policies.plan import BatchPlan, packed
 from simctl.policies.seq import Seq
+from simctl.profiler.sweeps import QUIET_SHARE, Block, summarise_blocks
 from simctl.profiler.vllm_grid import VLLM_GRIDS, StepProbe, VLLMGrid, vllm_grid
 from simctl.profiler.vllm_served import served_stage
-from simctl.profiler.worker import QUIET_SHARE, Block, run_child, summarize_blocks
+from simctl.profiler.worker import run_child
 
 # the engine settings recorded in meta.json: the vLLM config field each is read from
 _SETTINGS = {"max_model_len": ("model_config", "max_model_len"),
@@ -258,7 +259,7 @@ class VLLMWorker:
             executor = engine.engine_core.engine_core.model_executor
             monitor = CpuMonitor(own=tuple(w.proc.pid for w in executor.workers))  # its model worker's CPU
             blocks, plans = self._time_grid(d, monitor)
-            timings, timing = summarize_blocks(blocks, self.grid, monitor)
+            timings, timing = summarise_blocks(blocks, self.grid, monitor)
             monitor.close()
             threads = engine.engine_core.engine_core.collective_rpc(_torch_threads)[0]  # the model worker's
             engine.engine_core.shutdown()

@@ -79,10 +79,7 @@ from simctl.costs.graph_buckets import GraphShapes
 from simctl.executor.runtime import cpu_name
 from simctl.profiler.shape_protocol import PROTOCOLS, ShapeProtocol
 from simctl.profiler.shapes import Shape
-from simctl.profiler.sweeps import QUIET_SHARE, Block, Sweeps, summarize_blocks
-
-# profiler/vllm_worker.py (which other work is changing) imports the blocks' names from here
-__all__ = ["QUIET_SHARE", "Block", "Worker", "main", "summarize_blocks"]
+from simctl.profiler.sweeps import Block, Sweeps, summarise_blocks
 
 DEFAULT_CPU_KV_BYTES = 512 * 2 ** 20  # KV slab cap per shape on the CPU (a shared machine)
 KEEP_CPU_BYTES = 2 * 2 ** 30  # KV slabs kept allocated between visits of their shapes (CPU; see measure)
@@ -213,7 +210,7 @@ class Worker:
             torch.cuda.reset_peak_memory_stats(self.device)
         monitor = CpuMonitor()
         blocks = self.measure(grid, model, executor_cls, monitor, t_start + grid.max_wall_s, kv_bpt)
-        rows, timing = summarize_blocks(blocks, grid, monitor)
+        rows, timing = summarise_blocks(blocks, grid, monitor)
         for i, shape in enumerate(grid.shapes):
             self.emit(event="row", index=i, label=shape.label(), row={**shape.features(graphs), **rows[i]})
 

@@ -108,7 +108,7 @@ def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], A
     """The simulator's prediction of the run `summary` describes (a real run's, or `twin_summary`'s):
     (its summary, its SimResult)."""
     from simctl.catalogue.recorded_model import dtype_bytes_of
-    from simctl.results.metrics import summarize
+    from simctl.results.metrics import summarise_result
     from simctl.sim.simulate import simulate
 
     check_executor(cost, summary)
@@ -127,7 +127,7 @@ def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], A
         return s, result
     result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)),
                       concurrency=summary.get("concurrency"), think_s=summary.get("think_time", 0.0))
-    return {**head, **summarize(result)}, result
+    return {**head, **summarise_result(result)}, result
 
 
 

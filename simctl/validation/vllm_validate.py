@@ -97,7 +97,7 @@ def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: C
     """The twin's prediction of serving `requests` on the engine `settings` describe (`VLLMServer.settings`:
     vllm-v1 with the engine's settings, on its KV blocks): (summary, SimResult)."""
     from simctl.policies.base import run_stats
-    from simctl.results.metrics import summarize
+    from simctl.results.metrics import summarise_result
     from simctl.serving.loop import overload_limit
     from simctl.sim.simulate import simulate
     from simctl.validation.twin import twin_policy
@@ -106,7 +106,7 @@ def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: C
                           "max_seq_len": settings["max_model_len"]})
     result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)),
                       concurrency=concurrency, think_s=think_s)
-    return {"mode": "sim", "policy": policy.name, **policy.settings.as_dict(), **summarize(result),
+    return {"mode": "sim", "policy": policy.name, **policy.settings.as_dict(), **summarise_result(result),
             **run_stats([policy])}, result
 
 
