@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, deployment_for
+from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, vllm_args_for
 from simctl.traces.request import Request
 from simctl.traces.workload import Workload
 from simctl.validation.prefix_hits import serial_hits
@@ -88,7 +88,7 @@ def compare(requests: list[Request], kv_blocks: int, seed: int,
     """One vLLM engine with `kv_blocks` blocks of `block` tokens for requests serves `requests` at
     concurrency 1; the twin's hits on the same requests in vLLM's order."""
     t0 = time.perf_counter()
-    deployment = deployment_for("tiny", seed, {"block_size": block}, kv_capacity=kv_blocks * block)
+    deployment = vllm_args_for("tiny", seed, {"block_size": block}, kv_capacity=kv_blocks * block)
     with VLLMServer("tiny", deployment) as server:
         settings = server.settings()
         run = server.serve(requests, seed, concurrency=1)

@@ -32,7 +32,7 @@ from typing import Any
 from sessions_vllm import load_averages, write_section
 
 from simctl.costs.base import ScaledCost
-from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, deployment_for
+from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, vllm_args_for
 from simctl.results.validation_report import pct_error
 from simctl.traces.workload import Workload
 from simctl.validation.pipeline import Point, serve_rounds
@@ -185,7 +185,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, help="markdown file to write the section into")
     args = p.parse_args()
     cost = load_cost(args.cost, "tiny")
-    deployment = deployment_for("tiny", args.seed, {"block_size": CPU_BLOCK_SIZE},
+    deployment = vllm_args_for("tiny", args.seed, {"block_size": CPU_BLOCK_SIZE},
                                 kv_capacity=args.kv_blocks * CPU_BLOCK_SIZE)
     t0, rows = time.perf_counter(), []
     with VLLMServer("tiny", deployment) as server:

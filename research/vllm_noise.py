@@ -50,7 +50,7 @@ def rank_corr(a: list[float], b: list[float]) -> float | None:
 
 
 def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
-    from simctl.engine.vllm_real import VLLMServer, deployment_for
+    from simctl.engine.vllm_real import VLLMServer, vllm_args_for
     from simctl.executor.vllm_pinning import descendants
     from simctl.profiler.timing import CpuMonitor
     from simctl.results.metrics import summarise_result
@@ -61,7 +61,7 @@ def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
     v = VLLMValidation(cost=cost, out=out / "unused", repeats=rounds)
     fit, loads = check(v)
     report: dict = {"cost": cost, "rounds": rounds, "loads": {}, "probes": [], "capacities": []}
-    with VLLMServer(v.model, deployment_for(v.model, v.workload.seed, v.settings)) as server:
+    with VLLMServer(v.model, vllm_args_for(v.model, v.workload.seed, v.settings)) as server:
         settings = server.settings()
         report["pinned"] = settings["pinned"]
         # the CPU of every process but vLLM's and this one, while each run is served

@@ -3,7 +3,7 @@ engine core and model worker are processes of their own), written as simctl's ow
 (`results.output.write_run`, the summary of `results.metrics.summarise_result`), so TTFT, TBT, TPOT and E2E
 are computed by the same code.
 
-    with VLLMServer("tiny", deployment_for("tiny", seed=0, settings={})) as server:   # 20-35 s on a CPU
+    with VLLMServer("tiny", vllm_args_for("tiny", seed=0, settings={})) as server:   # 20-35 s on a CPU
         for requests in runs:
             run = server.serve(requests)                     # prefix cache reset before each run
 
@@ -46,7 +46,7 @@ from simctl.engine.vllm_output import EngineOutput
 from simctl.engine.vllm_steps import StepLog, step_recorder
 from simctl.executor.vllm_pinning import pinned
 from simctl.executor.vllm_runtime import (
-    VLLMDeployment,
+    VLLMEngineArgs,
     engine_args,
     require_vllm,
     set_vllm_env,
@@ -100,9 +100,9 @@ class VLLMServer:
     in a row: `serve(requests)` resets the prefix cache, then serves in real time. A context manager: the
     engine's processes end on leaving it."""
 
-    def __init__(self, model: str, deployment: VLLMDeployment, device: str = "cpu") -> None:
+    def __init__(self, model: str, args: VLLMEngineArgs, device: str = "cpu") -> None:
         self.spec = get_model(model)
-        self.deployment = deployment
+        self.args = args
         self.device = device
         set_vllm_env(device)  # before vLLM is first imported: its logging is set up then
         self.output = EngineOutput()  # vLLM's warnings, shown only if it fails
@@ -136,9 +136,9 @@ class VLLMServer:
     def _start_and_warm_up(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        model_dir = self._stack.enter_context(vllm_model_dir(self.spec, self.deployment.dtype))
+        model_dir = self._stack.enter_context(vllm_model_dir(self.spec, self.args.dtype))
         t0 = time.perf_counter()
-        self.llm = self._start(AsyncEngineArgs(**engine_args(model_dir, self.deployment),
+        self.llm = self._start(AsyncEngineArgs(**engine_args(model_dir, self.args),
                                                disable_log_stats=True, enable_logging_iteration_details=True))
         self._stack.callback(self._shutdown)
         self.pinned = self._stack.enter_context(pinned(os.getpid()))  # SIMCTL_VLLM_PIN
@@ -301,7 +301,7 @@ def vllm_real_main(*, workload: Workload = REAL_WORKLOAD, model: str = "tiny", o
     """What `simctl real --engine vllm` does: check the options and the trace, start vLLM, serve, write `out`
     (summary.json, requests.parquet, iterations.parquet, replicas.parquet) if given, and return the summary.
     `settings`: vLLM's own, by vLLM's names (`engine_settings` makes them from vllm-v1's; None keeps vLLM's
-    default). `kv_capacity`: the tokens vLLM's KV cache holds for requests (`deployment_for`; None: vLLM sizes
+    default). `kv_capacity`: the tokens vLLM's KV cache holds for requests (`vllm_args_for`; None: vLLM sizes
     it). InputError in one line for what cannot run."""
     from simctl.engine.setup import DEFAULT_NUM_REQUESTS, DEFAULT_QPS
     from simctl.results.output import CLUSTER_RUN_FILES, check_out_dir, write_cluster_files
@@ -312,11 +312,11 @@ def vllm_real_main(*, workload: Workload = REAL_WORKLOAD, model: str = "tiny", o
                         model=model, dtype=dtype)
     config.validate()
     seed = config.workload.seed
-    deployment = deployment_for(config.model, seed, settings or {}, config.dtype, kv_capacity)
+    args = vllm_args_for(config.model, seed, settings or {}, config.dtype, kv_capacity)
     requests = config.workload.requests()
     get_model(config.model).check_context(requests, config.workload.scale)
     out_path = check_out_dir(Path(out), CLUSTER_RUN_FILES) if out is not None else None
-    with VLLMServer(config.model, deployment) as server:
+    with VLLMServer(config.model, args) as server:
         run = server.serve(requests, seed, concurrency=config.workload.concurrency,
                            think_s=config.workload.think_time)
         summary = run_summary(config, server, run, time.perf_counter() - t0)
@@ -336,8 +336,8 @@ def engine_settings(options: Mapping[str, Any]) -> dict[str, int]:
     return {VLLM_SETTINGS[k]: int(v) for k, v in given.items()}
 
 
-def deployment_for(model: str, seed: int, settings: Mapping[str, int | None], dtype: str = "float32",
-                   kv_capacity: int | None = None) -> VLLMDeployment:
+def vllm_args_for(model: str, seed: int, settings: Mapping[str, int | None], dtype: str = "float32",
+                   kv_capacity: int | None = None) -> VLLMEngineArgs:
     """The engine of `model` (max_model_len: its context) with vLLM's `settings` (vLLM's names; None or
     missing: vLLM's default), checked as vllm-v1 checks its own. `kv_capacity` (tokens): a KV cache of its
     whole blocks for requests plus vLLM's null block (None: vLLM sizes it from the memory); smaller than the
@@ -358,4 +358,4 @@ def deployment_for(model: str, seed: int, settings: Mapping[str, int | None], dt
                              f"got {kv_capacity!r}")
         given["num_gpu_blocks"] = kv_capacity // block + 1
         max_model_len = min(max_model_len, kv_capacity // block * block)
-    return VLLMDeployment(max_model_len=max_model_len, dtype=dtype, seed=seed, **given)
+    return VLLMEngineArgs(max_model_len=max_model_len, dtype=dtype, seed=seed, **given)

@@ -111,7 +111,7 @@ def served_stage(model: str, dtype: str, grid: str, seed: int, out: TextIO) -> N
     """The served stage of `grid` as a profiling child (the worker's protocol on `out`): a start event, then
     done with meta holding `served_steps`, the request stream's steps (`served_stream`, and what was run,
     `served_stream_info`; `simctl.profiler.vllm_stream`) and `served_s`."""
-    from simctl.engine.vllm_real import VLLMServer, deployment_for
+    from simctl.engine.vllm_real import VLLMServer, vllm_args_for
     from simctl.profiler.vllm_grid import vllm_grid
     from simctl.profiler.vllm_stream import time_stream
 
@@ -119,7 +119,7 @@ def served_stage(model: str, dtype: str, grid: str, seed: int, out: TextIO) -> N
     t0 = time.perf_counter()
     out.write(json.dumps({"event": "start", "shapes": len(g.served), "total": len(g.served), "skipped": []})
               + "\n")
-    with VLLMServer(model, deployment_for(model, seed, {}, dtype)) as server:
+    with VLLMServer(model, vllm_args_for(model, seed, {}, dtype)) as server:
         steps = time_served(server, g.served, g.served_repeats)
         admissions = time_admission(server)
         stream, info = time_stream(server, seed) if g.stream else ([], {})

@@ -49,7 +49,7 @@ from simctl.executor.runtime import cpu_name
 from simctl.executor.vllm_pinning import PIN_ENV, pinned
 from simctl.executor.vllm_runtime import (
     CPU_KV_CACHE_GIB,
-    VLLMDeployment,
+    VLLMEngineArgs,
     engine_args,
     require_vllm,
     sampling_params,
@@ -290,11 +290,10 @@ class VLLMWorker:
         with vllm_model_dir(self.spec, self.dtype) as model_dir:
             # the largest steps the grid makes (vLLM's `LLM` defaults on a CPU); a step's cost does not depend
             # on these caps, only the shapes they allow
-            deployment = VLLMDeployment(max_model_len=self.spec.max_position, dtype=self.dtype,
-                                        max_num_seqs=MAX_NUM_SEQS,
-                                        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                                        enable_prefix_caching=False, seed=self.seed)
-            engine = LLMEngine.from_engine_args(EngineArgs(**engine_args(model_dir, deployment),
+            given = VLLMEngineArgs(max_model_len=self.spec.max_position, dtype=self.dtype,
+                                   max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+                                   enable_prefix_caching=False, seed=self.seed)
+            engine = LLMEngine.from_engine_args(EngineArgs(**engine_args(model_dir, given),
                                                            distributed_executor_backend="mp",
                                                            disable_log_stats=True))
         config = engine.vllm_config

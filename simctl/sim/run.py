@@ -183,7 +183,7 @@ def cost_model(cost_path: str | Path | None, model: ModelSpec, gpu: GPUSpec, tp:
 
 
 @dataclass(frozen=True)
-class Deployment:
+class ReplicaHardware:
     """One replica's hardware for a run: the model on its GPU(s), its cost model and KV capacity."""
 
     model: ModelSpec
@@ -220,14 +220,14 @@ class Deployment:
         return max_seq_len
 
 
-def deploy(config: RunConfig, gpu_name: str, tp: int) -> Deployment:
+def deploy(config: RunConfig, gpu_name: str, tp: int) -> ReplicaHardware:
     """A replica of `tp` GPUs named `gpu_name` for `config`'s model and cost model."""
     model, gpu = get_model(config.model), get_gpu(gpu_name)
-    return Deployment(model, gpu, tp, *cost_model(config.cost, model, gpu, tp, config.routing_skew,
+    return ReplicaHardware(model, gpu, tp, *cost_model(config.cost, model, gpu, tp, config.routing_skew,
                                                         config.ep, config.allreduce))
 
 
-def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> Deployment:
+def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> ReplicaHardware:
     """A pool's replica: its own GPU and TP degree where given (--prefill-gpu/-tp, --decode-gpu/-tp), else the
     run's; a TP degree the model or cost model refuses is named by the option that gave it."""
     gpu = {"prefill": cc.prefill_gpu, "decode": cc.decode_gpu}.get(pool) or config.gpu
@@ -341,7 +341,7 @@ def _note_too_long(summary: dict[str, Any], screened: Screened, limit: int) -> N
     summary["warnings"].append(note)
 
 
-def _pool(name: str, count: int, d: Deployment, max_seq_len: int, config: RunConfig, cc: ClusterConfig,
+def _pool(name: str, count: int, d: ReplicaHardware, max_seq_len: int, config: RunConfig, cc: ClusterConfig,
           cluster: Cluster, recorder: TimelineBackend | None = None) -> Pool:
     def new_policy() -> Policy:
         return make_policy(config.policy, d.kv_capacity, max_seq_len, config.options, d.gpu.name)

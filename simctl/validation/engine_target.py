@@ -12,7 +12,7 @@ from typing import Any, Self
 from simctl.costs.provenance import check_fitted_run
 from simctl.traces.workload import Workload
 from simctl.validation.machine_load import LoadMeter, wait_quiet
-from simctl.validation.target import Served
+from simctl.validation.target import ServedRun
 from simctl.validation.twin import Setup, simulate_twin, twin_summary
 
 BUSY_SHARE = 0.15  # other processes' share of the machine above which a real run is said to run on a busy one
@@ -61,7 +61,7 @@ class SimctlEngine:
         return simulate_twin(twin_summary(replace(self.setup, workload=workload), policy, workload.qps),
                              self.fitted)[0]
 
-    def serve(self, policy: str, workload: Workload, out: Path | None) -> Served:
+    def serve(self, policy: str, workload: Workload, out: Path | None) -> ServedRun:
         """A real run (a child process) and the share of the machine other processes used meanwhile; its
         speed is measured when compared, from its replayed iterations (`validation.compare`)."""
         from simctl.engine.real import real_main
@@ -77,4 +77,4 @@ class SimctlEngine:
                       threads=setup.threads, device=setup.device, kv_budget_bytes=setup.kv_budget_bytes,
                       attention=setup.attention, eager=setup.eager, prefill_instances=setup.prefill_instances,
                       decode_instances=setup.decode_instances, policy=policy, out=out)
-        return Served(s, None, self.meter.stop())
+        return ServedRun(s, None, self.meter.stop())

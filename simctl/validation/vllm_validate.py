@@ -48,7 +48,7 @@ from simctl.traces.request import Request
 from simctl.traces.workload import Workload
 from simctl.validation import pipeline
 from simctl.validation.pipeline import FIT_SPEED_TOL, Point, at_fit_speed, check_loads, check_repeats
-from simctl.validation.target import Served
+from simctl.validation.target import ServedRun
 
 # scheduling delay (arrival to first scheduled step) splits TTFT into queueing and the prefill steps
 METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "sched_delay_p50", "sched_delay_p90", "tpot_p50", "tpot_p90",
@@ -75,7 +75,7 @@ class VLLMValidation:
     repeats: int = 1
     capacity: bool = False
     slo: SLO = field(default_factory=SLO)
-    settings: dict[str, int | None] = field(default_factory=dict)  # vLLM's, by vLLM's names (deployment_for)
+    settings: dict[str, int | None] = field(default_factory=dict)  # vLLM's, by vLLM's names (vllm_args_for)
 
     def requests_at(self, qps: float) -> list[Request]:
         """The requests of a run at `qps`, as `simctl real` builds them."""
@@ -188,12 +188,12 @@ class VLLMTarget:
     warm_up: bool = True  # the first runs after the engine's start came slower
 
     def __enter__(self) -> Self:
-        from simctl.engine.vllm_real import VLLMServer, deployment_for
+        from simctl.engine.vllm_real import VLLMServer, vllm_args_for
 
         v = self.v
         with ExitStack() as starting:
             self.server = starting.enter_context(
-                VLLMServer(v.model, deployment_for(v.model, v.workload.seed, v.settings)))
+                VLLMServer(v.model, vllm_args_for(v.model, v.workload.seed, v.settings)))
             self.resolved = self.server.settings()
             self.server.check(v.requests_at(1.0))
             self.stack = starting.pop_all()  # started: stopped by __exit__
@@ -216,13 +216,13 @@ class VLLMTarget:
         price = self.cost if cost is None else cost
         return simulate_requests(workload.requests(), self.resolved, price, **clients_of(workload))[0]
 
-    def serve(self, policy: str, workload: Workload, out: Path | None) -> Served:
+    def serve(self, policy: str, workload: Workload, out: Path | None) -> ServedRun:
         """A real run of `workload`, written to `out` as `simctl real --engine vllm` writes it, and the
         machine's speed during it (`run_speed`)."""
         w = workload
         if out is None:
             self.server.serve(w.requests(), w.seed, **clients_of(w))
-            return Served({})
+            return ServedRun({})
         t0 = time.perf_counter()
         run = self.server.serve(w.requests(), w.seed, members=True, **clients_of(w))
         summary = _write_real(self.v, w, self.server, run, time.perf_counter() - t0, out)
@@ -231,7 +231,7 @@ class VLLMTarget:
         self.say(f"  {at}: P50 TTFT {summary['ttft_p50']:.3f} s, P50 ITL "
                  f"{summary['tbt_p50'] * 1e3:.1f} ms, machine speed factor "
                  f"{'-' if speed is None else f'{speed:.2f}'}")
-        return Served(summary, speed)
+        return ServedRun(summary, speed)
 
 
 def run_speed(run: Any, cost: CostModel) -> float | None:
@@ -245,7 +245,7 @@ def run_speed(run: Any, cost: CostModel) -> float | None:
     return sum(s.period_s for s in steps) / price if price > 0 else None
 
 
-def _row(point: Point, runs: list[Served], target: VLLMTarget, out: Path) -> dict[str, Any]:
+def _row(point: Point, runs: list[ServedRun], target: VLLMTarget, out: Path) -> dict[str, Any]:
     """One load's row of the report: the medians of its real runs, the twin raw and at each run's machine
     speed, and their errors; the twin's run written to `out`."""
     load, w = point.load, point.workload
