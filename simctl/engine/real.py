@@ -25,7 +25,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simctl.catalogue.models import is_moe
 from simctl.common.errors import InputError
@@ -43,11 +43,14 @@ from simctl.traces.build import has_arrival_times
 from simctl.traces.request import Request
 from simctl.traces.workload import Workload
 
+if TYPE_CHECKING:
+    import torch
+
 CPU_KV_BYTES = 1 << 30  # slab budget on the CPU
 GPU_KV_SHARE = 0.5  # share of the free device memory (after the weights) the slab may take
 
 
-def _device_name(device: Any) -> str:
+def _device_name(device: torch.device) -> str:
     import torch
 
     from simctl.executor.runtime import cpu_name
@@ -55,7 +58,7 @@ def _device_name(device: Any) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
-def device_kv_budget(device: Any) -> int:
+def device_kv_budget(device: torch.device) -> int:
     """The KV slab's memory budget on a torch `device` whose model is built: CPU_KV_BYTES on the CPU, on cuda
     GPU_KV_SHARE of the free memory."""
     import torch

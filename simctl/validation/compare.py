@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simctl.costs.base import ScaledCost
+from simctl.costs.base import CostModel, ScaledCost
 from simctl.results.output import atomic_write, write_run
 from simctl.results.validation_report import METRICS, RunPair, pct_error
 from simctl.studies.capacity import SLO
@@ -21,7 +21,7 @@ from simctl.validation.twin import simulate_twin
 
 
 def compare_run(policy: str, load: float, value: float, sim_capacity: float, reals: list[Path], run_dir: Path,
-                cost: Any, slo: SLO, foreign: float | None = None,
+                cost: CostModel, slo: SLO, foreign: float | None = None,
                 variable: str = "qps") -> tuple[dict[str, Any], dict[str, Any], RunPair]:
     """Finished real runs (their folders `reals`: repeats of one run at `value` of `variable`, a rate or a
     concurrency) against the simulator on identical requests: writes `run_dir/sim/` and

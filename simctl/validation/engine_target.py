@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Self
 
+from simctl.costs.base import CostModel
 from simctl.costs.provenance import check_fitted_run
 from simctl.traces.workload import Workload
 from simctl.validation.machine_load import LoadMeter, wait_quiet
@@ -25,7 +26,7 @@ class SimctlEngine:
     machine."""
 
     setup: Setup
-    fitted: Any
+    fitted: CostModel
     policies: list[str]
     say: Callable[[str], None] = lambda _msg: None
     quiet_wait_s: float = 0.0

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simctl.costs.base import CostModel
 from simctl.results.validation_report import RunPair, fmt_err, fmt_ratio, pct_error, unavailable
 from simctl.studies.capacity import SLO, CapacityResult
 from simctl.validation.compare import compare_run
@@ -43,7 +44,7 @@ class Comparisons:
     priced by `fitted`."""
 
     target: Target
-    fitted: Any
+    fitted: CostModel
     slo: SLO
     out: Path
     repeats: int

@@ -5,7 +5,7 @@ a run's summary (`twin_inputs`), its simulation, and the cost model it is priced
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simctl.common.errors import InputError
 from simctl.executor.config import DEFAULT_CONFIG, ExecutorConfig, check_same
@@ -14,6 +14,11 @@ from simctl.policies.registry import make_policy, policy_class
 from simctl.serving.loop import overload_limit
 from simctl.traces.request import Request
 from simctl.traces.workload import Workload
+
+if TYPE_CHECKING:
+    from simctl.costs.base import CostModel
+    from simctl.engine.setup import RealConfig
+    from simctl.results.run_result import SimResult
 
 DEFAULT_LINK_GBPS = 1.0  # this VM's shared-memory hand-over, measured: 0.7-2.7 Gbit/s effective per transfer
 DEFAULT_NUM_REQUESTS = 300  # fewer, and the default SLO never binds (`simctl.validation.validate`)
@@ -41,7 +46,7 @@ class Setup:
         """Its fields for validation.json's `config`, the workload's among them (as a run's summary)."""
         return {**self.workload.recorded(), **{k: v for k, v in asdict(self).items() if k != "workload"}}
 
-    def real_config(self, policy: str, qps: float | None) -> Any:
+    def real_config(self, policy: str, qps: float | None) -> RealConfig:
         """The real run of `policy` at `qps` (None: closed-loop clients without a rate)."""
         from simctl.engine.real import RealConfig
 
@@ -89,14 +94,14 @@ def twin_policy(summary: dict[str, Any]) -> Policy:
                        {k: summary[k] for k in settings if k in summary})
 
 
-def fitted_executor(cost: Any) -> ExecutorConfig:
+def fitted_executor(cost: CostModel) -> ExecutorConfig:
     """The executor configuration a fitted `cost` was profiled with (the default for a cost model without a
     profile)."""
     meta = getattr(cost, "meta", None)
     return ExecutorConfig.of_record(meta) if meta else DEFAULT_CONFIG
 
 
-def check_executor(cost: Any, run: dict[str, Any]) -> None:
+def check_executor(cost: CostModel, run: dict[str, Any]) -> None:
     """InputError when `run` (a real run's summary, or `twin_summary`'s) was made with another executor
     configuration than the fitted `cost` was profiled with: its times are another executor's."""
     meta = getattr(cost, "meta", None)
@@ -104,7 +109,7 @@ def check_executor(cost: Any, run: dict[str, Any]) -> None:
         check_same(meta, run)
 
 
-def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], Any]:
+def simulate_twin(summary: dict[str, Any], cost: CostModel) -> tuple[dict[str, Any], SimResult]:
     """The simulator's prediction of the run `summary` describes (a real run's, or `twin_summary`'s):
     (its summary, its SimResult)."""
     from simctl.catalogue.recorded_model import dtype_bytes_of

@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from simctl.common.errors import InputError
+from simctl.costs.base import CostModel
 from simctl.costs.provenance import check_fitted_run, fitted_dtype
 from simctl.results.validation_report import (
     VALIDATION_FILES,
@@ -100,7 +101,7 @@ VALIDATION_DIRS = ("runs", "capacity")  # beside VALIDATION_FILES in `out`
 # ---- validation ------------------------------------------------------------------------------------------
 
 
-def _check_inputs(policies: list[str], loads: list[float], fitted: Any, out: str | Path,
+def _check_inputs(policies: list[str], loads: list[float], fitted: CostModel, out: str | Path,
                   setup: Setup) -> tuple[list[str], list[float]]:
     """Every check that needs neither the device nor torch; the policies and loads, normalised."""
     from simctl.policies.registry import POLICIES
@@ -127,7 +128,7 @@ def _check_inputs(policies: list[str], loads: list[float], fitted: Any, out: str
 
 
 def validate_main(policies: list[str], workload: Workload = DEFAULT_WORKLOAD,
-                  loads: list[float] = DEFAULT_LOADS, cost: str | Path | Any = None,
+                  loads: list[float] = DEFAULT_LOADS, cost: str | Path | CostModel | None = None,
                   out: str | Path = "out/validate", model: str = "tiny", threads: int | None = None,
                   slo: SLO = DEFAULT_SLO, capacity: bool = False,
                   quiet_wait_s: float = 0.0, repeats: int = 1, device: str = "cpu", dtype: str | None = None,
@@ -184,7 +185,7 @@ def validate_main(policies: list[str], workload: Workload = DEFAULT_WORKLOAD,
     return report
 
 
-def _ready(setup: Setup, fitted: Any, policies: list[str], loads: list[float], out: str | Path
+def _ready(setup: Setup, fitted: CostModel, policies: list[str], loads: list[float], out: str | Path
            ) -> tuple[list[str], list[float]]:
     """Every check before the device is probed; the policies and loads normalised."""
     from simctl.executor.runtime import default_threads

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import pandas as pd
 
@@ -49,6 +49,10 @@ from simctl.traces.workload import Workload
 from simctl.validation import pipeline
 from simctl.validation.pipeline import FIT_SPEED_TOL, Point, at_fit_speed, check_loads, check_repeats
 from simctl.validation.target import ServedRun
+
+if TYPE_CHECKING:
+    from simctl.engine.vllm_real import VLLMRun, VLLMServer
+    from simctl.results.run_result import SimResult
 
 # scheduling delay (arrival to first scheduled step) splits TTFT into queueing and the prefill steps
 METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "sched_delay_p50", "sched_delay_p90", "tpot_p50", "tpot_p90",
@@ -182,7 +186,7 @@ class VLLMTarget:
     v: VLLMValidation
     cost: CostModel
     say: Callable[[str], None]
-    server: Any = None  # the started simctl.engine.vllm_real.VLLMServer
+    server: VLLMServer | None = None  # started on entering
     resolved: dict[str, Any] = field(default_factory=dict)
     stack: ExitStack = field(default_factory=ExitStack)
     warm_up: bool = True  # the first runs after the engine's start came slower
@@ -234,7 +238,7 @@ class VLLMTarget:
         return ServedRun(summary, speed)
 
 
-def run_speed(run: Any, cost: CostModel) -> float | None:
+def run_speed(run: VLLMRun, cost: CostModel) -> float | None:
     """The machine's speed during a served `run` (recorded with its members) against the one `cost` was
     fitted on: the periods of its steps that continue a busy engine over `cost`'s price of their shapes
     (`simctl.profiler.vllm_stream.stream_steps`); None if no step counts."""
@@ -271,8 +275,8 @@ def _hit_rates(real: float | None, sim: float | None) -> dict[str, float | None]
             "prefix_cache_hit_rate_err_pts": err}
 
 
-def _write_real(v: VLLMValidation, workload: Workload, server: Any, run: Any, wall_s: float, where: Path
-                ) -> dict[str, Any]:
+def _write_real(v: VLLMValidation, workload: Workload, server: VLLMServer, run: VLLMRun, wall_s: float,
+                where: Path) -> dict[str, Any]:
     """A real run's files, as `simctl real --engine vllm` writes them; its summary."""
     from simctl.engine.setup import RealConfig
     from simctl.engine.vllm_real import run_summary
@@ -284,7 +288,7 @@ def _write_real(v: VLLMValidation, workload: Workload, server: Any, run: Any, wa
     return summary
 
 
-def _write_sim(where: Path, summary: dict[str, Any], result: Any) -> None:
+def _write_sim(where: Path, summary: dict[str, Any], result: SimResult) -> None:
     from simctl.results.output import write_run
 
     write_run(where, summary, result.requests, result.iterations.frame())
