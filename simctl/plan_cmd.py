@@ -280,7 +280,7 @@ def vllm_flags(choices: list[Choice]) -> str | None:
     return f"vllm serve <{model}'s weights> {flags} {where}"
 
 
-def serve_flags(s: dict[str, Any], config: Any) -> tuple[str, str]:
+def serve_flags(s: dict[str, Any], config: RunConfig) -> tuple[str, str]:
     """A vllm-v1 run's settings (`s`: its summary) as `vllm serve` flags, and the model's name."""
     from simctl.catalogue.models import get_model
     from simctl.costs.roofline import DEFAULT_GPU_MEMORY_UTILIZATION

@@ -13,9 +13,9 @@ The two ablations of the paper's Table 4:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from simctl.policies.base import option
+from simctl.policies.kv import KVManager
 from simctl.policies.plan import BatchPlan, hybrid
 from simctl.policies.prefix_caching import CachesPrefixes, CachingSettings
 from simctl.policies.seq import Seq
@@ -31,7 +31,7 @@ class SarathiServe(CachesPrefixes):
     class Settings(CachingSettings):
         token_budget: int = option(512, "tokens per iteration (tau; 512 is the paper's strict-SLO setting)")
 
-    def __init__(self, kv: Any, **options: int) -> None:
+    def __init__(self, kv: KVManager, **options: int) -> None:
         super().__init__(kv, **options)
         self.token_budget = self.settings.token_budget
 
