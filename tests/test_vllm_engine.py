@@ -25,7 +25,7 @@ from simctl.traces.request import Request
 from simctl.traces.tokens import prompt_token_ids
 from simctl.validation.prefix_hits import serial_hits
 from simctl.validation.routed_hits import check_routed
-from simctl.validation.twin import twin_policy
+from simctl.validation.twin import twin_policy, vllm_twin
 
 pytestmark = pytest.mark.vllm
 
@@ -138,8 +138,7 @@ def test_session_turns_resend_their_context_and_vllm_reuses_what_the_twin_does(s
     sent, done = req["arrival_s"].to_numpy(), req["completion_s"].to_numpy()
     assert (sent[1:] >= done[:-1]).all() and sent[5] >= done[3] + 0.05
     settings = server.settings()
-    twin = twin_policy({**settings, "kv_capacity_tokens": settings["kv_cache_tokens"],
-                        "max_seq_len": settings["max_model_len"]})
+    twin = vllm_twin(settings)
     assert serial_hits(SESSIONS, twin) == SESSION_HITS
 
 
@@ -148,8 +147,7 @@ def test_mooncake_rows_share_the_blocks_of_their_equal_hash_ids_in_vllm_as_in_th
     assert run.result.requests["prefix_cached_tokens"].tolist() == MOONCAKE_HITS
     assert run.fields["prefix_cache_hits"] == sum(MOONCAKE_HITS)
     settings = server.settings()
-    twin = twin_policy({**settings, "kv_capacity_tokens": settings["kv_cache_tokens"],
-                        "max_seq_len": settings["max_model_len"]})
+    twin = vllm_twin(settings)
     assert serial_hits(MOONCAKE, twin) == MOONCAKE_HITS
 
 

@@ -94,6 +94,13 @@ def twin_policy(summary: dict[str, Any]) -> Policy:
                        {k: summary[k] for k in settings if k in summary})
 
 
+def vllm_twin(settings: dict[str, Any], kv_capacity: int | None = None) -> Policy:
+    """`vllm-v1` configured as a started vLLM resolved its settings (`engine.vllm_real.VLLMServer.settings`),
+    on the KV blocks its requests can hold (`kv_cache_tokens`; or `kv_capacity` tokens)."""
+    kv = settings["kv_cache_tokens"] if kv_capacity is None else kv_capacity
+    return twin_policy({**settings, "kv_capacity_tokens": kv, "max_seq_len": settings["max_model_len"]})
+
+
 def fitted_executor(cost: CostModel) -> ExecutorConfig:
     """The executor configuration a fitted `cost` was profiled with (the default for a cost model without a
     profile)."""

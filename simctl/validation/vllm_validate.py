@@ -104,10 +104,9 @@ def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: C
     from simctl.results.metrics import summarise_result
     from simctl.serving.loop import overload_limit
     from simctl.sim.simulate import simulate
-    from simctl.validation.twin import twin_policy
+    from simctl.validation.twin import vllm_twin
 
-    policy = twin_policy({**settings, "kv_capacity_tokens": settings["kv_cache_tokens"],
-                          "max_seq_len": settings["max_model_len"]})
+    policy = vllm_twin(settings)
     result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)),
                       concurrency=concurrency, think_s=think_s)
     return {"mode": "sim", "policy": policy.name, **policy.settings.as_dict(), **summarise_result(result),
