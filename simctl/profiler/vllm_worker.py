@@ -60,7 +60,7 @@ from simctl.policies.seq import Seq
 from simctl.profiler.sweeps import QUIET_SHARE, Block, summarise_blocks
 from simctl.profiler.vllm_grid import VLLM_GRIDS, StepProbe, VLLMGrid, vllm_grid
 from simctl.profiler.vllm_served import served_stage
-from simctl.profiler.worker import run_child
+from simctl.profiler.worker import child_protocol
 
 # the engine settings recorded in meta.json: the vLLM config field each is read from
 _SETTINGS = {"max_model_len": ("model_config", "max_model_len"),
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             VLLMWorker(args.model, args.dtype, args.grid, args.seed, out).run()
 
-    return run_child(body)
+    return child_protocol(body)
 
 
 if __name__ == "__main__":

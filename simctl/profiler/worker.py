@@ -291,12 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cuda-graphs", action="store_true", help="decode steps replay CUDA graphs")
     args = p.parse_args(argv)
 
-    return run_child(lambda out: Worker(args.model, args.device, args.dtype, args.threads, args.grid,
+    return child_protocol(lambda out: Worker(args.model, args.device, args.dtype, args.threads, args.grid,
                                         args.seed, out, args.protocol, args.attention,
                                         not args.cuda_graphs).run())
 
 
-def run_child(body: Callable[[TextIO], None]) -> int:
+def child_protocol(body: Callable[[TextIO], None]) -> int:
     """A profiling child's protocol around `body(out)`: the original stdout becomes `out`, the event stream,
     and anything else printed goes to stderr; an error ends the stream as an `error` event (`input`: the
     user's mistake, exit 2; else a bug or a device failure, its traceback on stderr, exit 1)."""
