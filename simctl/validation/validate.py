@@ -10,7 +10,7 @@ The stages and their constants are `validation.pipeline`'s, over simctl's engine
    sustainable and median scheduling delay <= 2 s; optionally P99 TBT), by bisection over QPS (closed-loop
    clients without a rate: over the concurrency, the rows and capacities in clients). Every probe
    is the run a real run at that rate would be: the same request generator (`traces.build_trace`:
-   trace, count, seed, scaled lengths), the same KV sizing (`engine.real.size_run` on the real runs' slab
+   trace, count, seed, scaled lengths), the same KV sizing (`engine.setup.size_run` on the real runs' slab
    budget), the policy rebuilt by `validation.twin.twin_inputs`, priced by the fitted cost model.
 2. **Loads.** For each load (a fraction of that capacity) `repeats` real runs (`engine.real.real_main`, a
    child process each) and the simulator on the identical requests (`twin_inputs(summary)`): signed errors
