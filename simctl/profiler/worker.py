@@ -72,7 +72,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from simctl.common.errors import InputError
 from simctl.costs.graph_buckets import GraphShapes
@@ -80,6 +80,12 @@ from simctl.executor.runtime import cpu_name
 from simctl.profiler.shape_protocol import PROTOCOLS, ShapeProtocol
 from simctl.profiler.shapes import Shape
 from simctl.profiler.sweeps import Block, Sweeps, summarise_blocks
+
+if TYPE_CHECKING:
+    import torch
+
+    from simctl.profiler.timing import CpuMonitor
+    from simctl.profiler.workloads import Grid
 
 DEFAULT_CPU_KV_BYTES = 512 * 2 ** 20  # KV slab cap per shape on the CPU (a shared machine)
 KEEP_CPU_BYTES = 2 * 2 ** 30  # KV slabs kept allocated between visits of their shapes (CPU; see measure)
@@ -163,8 +169,8 @@ class Worker:
             return executor.run_padded(segs, length=shape.length, kv_len=shape.kv_len, dense=dense)
         return executor.run(segs)
 
-    def measure(self, grid: Any, model: Any, executor_cls: Any, monitor: Any, deadline: float,
-                kv_bytes_per_token: int) -> list[list[Block]]:
+    def measure(self, grid: Grid, model: torch.nn.Module, executor_cls: Any, monitor: CpuMonitor,
+                deadline: float, kv_bytes_per_token: int) -> list[list[Block]]:
         """Blocks of timed repetitions of every shape of `grid` (`profiler.sweeps.Sweeps`), each shape's KV
         slab sized at `kv_bytes_per_token`: the profile's own timing loop, which bench/profile_protocols.py
         also runs to compare the shape protocols."""
@@ -222,7 +228,7 @@ class Worker:
                 "wall_s": round(time.perf_counter() - t_start, 3)}
         self.emit(event="done", meta=meta)
 
-    def _warm_up(self, model: Any, executor_cls: Any, seconds: float) -> None:
+    def _warm_up(self, model: torch.nn.Module, executor_cls: Any, seconds: float) -> None:
         """Warm up the whole stack (thread pool start, allocator, first-call dispatch) before any shape."""
         from simctl.profiler.shapes import prefill
 
@@ -235,7 +241,7 @@ class Worker:
             if time.perf_counter() - t0 > seconds:
                 break
 
-    def _setting_meta(self, grid: Any) -> dict[str, Any]:
+    def _setting_meta(self, grid: Grid) -> dict[str, Any]:
         """What meta.json records of the profile's settings, software and machine."""
         import torch
         import transformers
