@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 import pandas as pd
@@ -61,6 +61,10 @@ from simctl.serving.records import request_columns
 from simctl.traces.request import Request
 from simctl.traces.tokens import SessionPrompts
 from simctl.traces.workload import Workload
+
+if TYPE_CHECKING:  # imported only where vLLM runs
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
 
 TWIN_POLICY = "vllm-v1"  # the simulator's model of vLLM's scheduler: its settings are the engine's
 # vLLM's settings simctl passes through: vLLM's name by the name of the vllm-v1 setting that models it
@@ -115,7 +119,7 @@ class VLLMServer:
         self._logs: list[StepLog] = []  # the run in progress, fed by the engine's stat logger
         self._stack = ExitStack()
         self._stack.callback(self.output.close)
-        self.llm: Any = None
+        self.llm: AsyncLLM | None = None
         self.engine_start_s = 0.0
         self.warmup_s = 0.0
         self.pinned: dict[int, str] = {}  # the processes `executor.vllm_pinning` pinned, by pid: their role
@@ -147,12 +151,12 @@ class VLLMServer:
         self.serve(WARM_UP)  # as simctl's own engine warms up before its clock starts
         self.warmup_s = time.perf_counter() - t0
 
-    def _start(self, args: Any) -> Any:
+    def _start(self, args: AsyncEngineArgs) -> AsyncLLM:
         """The started AsyncLLM; InputError, in one line, for settings vLLM refuses or an engine that
         failed."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        async def start() -> Any:  # AsyncLLM starts its output handler on the running loop
+        async def start() -> AsyncLLM:  # AsyncLLM starts its output handler on the running loop
             return AsyncLLM.from_engine_args(args, stat_loggers=[step_recorder(self._logs)])
 
         try:
