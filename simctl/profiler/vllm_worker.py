@@ -39,7 +39,7 @@ import platform
 import sys
 import time
 from dataclasses import asdict
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
@@ -61,6 +61,12 @@ from simctl.profiler.sweeps import QUIET_SHARE, Block, summarise_blocks
 from simctl.profiler.vllm_grid import VLLM_GRIDS, StepProbe, VLLMGrid, vllm_grid
 from simctl.profiler.vllm_served import served_stage
 from simctl.profiler.worker import child_protocol
+
+if TYPE_CHECKING:  # vLLM's own types, imported where vLLM runs
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    from simctl.profiler.timing import CpuMonitor
 
 # the engine settings recorded in meta.json: the vLLM config field each is read from
 _SETTINGS = {"max_model_len": ("model_config", "max_model_len"),
@@ -86,7 +92,7 @@ def kind_of(plan: BatchPlan) -> str:
 class StepDriver:
     """One in-process vLLM engine, stepped one step at a time; `last` is the plan of the last step run."""
 
-    def __init__(self, engine: Any, vocab_size: int, seed: int) -> None:
+    def __init__(self, engine: LLMEngine, vocab_size: int, seed: int) -> None:
         self.engine = engine
         self.scheduler = engine.engine_core.engine_core.scheduler
         self.full_budget = self.scheduler.max_num_scheduled_tokens
@@ -103,7 +109,7 @@ class StepDriver:
 
         self.scheduler.schedule = observed
 
-    def plan_of(self, out: Any) -> BatchPlan:
+    def plan_of(self, out: SchedulerOutput) -> BatchPlan:
         """The plan of a `SchedulerOutput`: each scheduled request's tokens on its context before the step."""
         computed = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
         cached = out.scheduled_cached_reqs
@@ -302,7 +308,7 @@ class VLLMWorker:
             raise RuntimeError(f"the engine runs with {settings}: steps could not be timed one by one")
         return engine, settings
 
-    def _time_grid(self, d: StepDriver, monitor: Any) -> tuple[list[list[Block]], list[BatchPlan]]:
+    def _time_grid(self, d: StepDriver, monitor: CpuMonitor) -> tuple[list[list[Block]], list[BatchPlan]]:
         """Every probe visited once a sweep, in a seeded random order each sweep: each visit's block (its
         steps' times and the foreign CPU meanwhile), and each probe's plan (its first visit's middle step)."""
         grid, n = self.grid, len(self.grid.probes)
