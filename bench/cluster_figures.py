@@ -56,7 +56,7 @@ LOAD_ROUTERS = ("round-robin", "least-outstanding", "least-kv", "shortest-queue"
 
 
 @dataclass(frozen=True)
-class Deployment:
+class Placement:
     label: str
     tp: int = 1
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -68,8 +68,8 @@ def pd_(p: int, d: int, ptp: int = 1, dtp: int = 1) -> ClusterConfig:
                          decode_tp=dtp)
 
 
-def named(cc: ClusterConfig, tp: int = 1) -> Deployment:
-    return Deployment(f"{deployment_name(cc, tp)} vllm" if cc.disaggregated else f"vllm TP{tp}", tp, cc)
+def named(cc: ClusterConfig, tp: int = 1) -> Placement:
+    return Placement(f"{deployment_name(cc, tp)} vllm" if cc.disaggregated else f"vllm TP{tp}", tp, cc)
 
 
 DISTSERVE = pd_(1, 1, 2, 1)  # the paper's placement for OPT-13B, chatbot
@@ -95,15 +95,15 @@ def calibration(folder: Path, overhead_s: float) -> str:
     return str(path)
 
 
-def config_of(base: RunConfig, d: Deployment, **changes: Any) -> RunConfig:
+def config_of(base: RunConfig, d: Placement, **changes: Any) -> RunConfig:
     return replace(base, tp=d.tp, options={**base.options, **d.options}, **changes)
 
 
-def goodput(base: RunConfig, d: Deployment, slo: Any) -> Any:
+def goodput(base: RunConfig, d: Placement, slo: Any) -> Any:
     return find_goodput(config_of(base, d), d.cluster, slo, start_qps=1.0)
 
 
-def pools_at(base: RunConfig, d: Deployment, per_gpu: float, gpus: int, slo: Any) -> dict[str, Any]:
+def pools_at(base: RunConfig, d: Placement, per_gpu: float, gpus: int, slo: Any) -> dict[str, Any]:
     """One run at `per_gpu` requests/s per GPU: attainment, latencies and each pool's occupancy."""
     r = run(config_of(base, d, qps=per_gpu * gpus), d.cluster)
     s = with_attainment(r.summary, r.result.requests, slo)
@@ -182,7 +182,7 @@ def _distserve(n: int, tmp: Path) -> str:
 def _variants(base: RunConfig, slo: Any, tmp: Path) -> dict[str, list[float]]:
     """Goodput per GPU of vllm TP1, TP2 and DistServe's placement under each change, found by search."""
     three = DEPLOYMENTS[:3]
-    changes: dict[str, tuple[RunConfig, list[Deployment]]] = {
+    changes: dict[str, tuple[RunConfig, list[Placement]]] = {
         "none (roofline defaults: 2 ms per step)": (base, three),
         "no step overhead": (replace(base, cost=calibration(tmp, 0.0)), three),
         "10 ms per step": (replace(base, cost=calibration(tmp, 0.010)), three),

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from sessions_vllm import markdown_section, session_requests, write_section
 
-from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, deployment_for
+from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, vllm_args_for
 from simctl.traces.request import Request
 from simctl.validation.routed_hits import as_row, check_routed
 
@@ -62,7 +62,7 @@ def cases(args: argparse.Namespace) -> dict[str, tuple[Callable[[], list[Request
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for blocks in args.kv_blocks:
-        deployment = deployment_for("tiny", args.seed, {"block_size": CPU_BLOCK_SIZE},
+        deployment = vllm_args_for("tiny", args.seed, {"block_size": CPU_BLOCK_SIZE},
                                     kv_capacity=blocks * CPU_BLOCK_SIZE)
         with VLLMServer("tiny", deployment) as server:
             for trace, (make, routers) in cases(args).items():

@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from simctl.engine.real import twin_policy
-from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, deployment_for
+from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, vllm_args_for
 from simctl.traces.request import Request
 from simctl.traces.workload import Workload
 from simctl.validation.prefix_hits import serial_hits
+from simctl.validation.twin import vllm_twin
 
 SECTION = "## vLLM prefix cache vs the twin"
 GENERATED_SECTION = "## vLLM prefix cache vs the twin, generated sessions (`--trace sessions`)"
@@ -88,7 +88,7 @@ def compare(requests: list[Request], kv_blocks: int, seed: int,
     """One vLLM engine with `kv_blocks` blocks of `block` tokens for requests serves `requests` at
     concurrency 1; the twin's hits on the same requests in vLLM's order."""
     t0 = time.perf_counter()
-    deployment = deployment_for("tiny", seed, {"block_size": block}, kv_capacity=kv_blocks * block)
+    deployment = vllm_args_for("tiny", seed, {"block_size": block}, kv_capacity=kv_blocks * block)
     with VLLMServer("tiny", deployment) as server:
         settings = server.settings()
         run = server.serve(requests, seed, concurrency=1)
@@ -98,16 +98,13 @@ def compare(requests: list[Request], kv_blocks: int, seed: int,
     served = [by_id[int(i)] for i in req["request_id"].to_numpy()[order]]
     real = req["prefix_cached_tokens"].to_numpy()[order]
 
-    def twin(capacity: int) -> Any:
-        return twin_policy({**settings, "kv_capacity_tokens": capacity,
-                            "max_seq_len": settings["max_model_len"]})
-
-    twin_run = twin(settings["kv_cache_tokens"])  # the blocks requests can hold (the null block left out)
+    twin_run = vllm_twin(settings)  # the blocks requests can hold (the null block left out)
     predicted = np.asarray(serial_hits(served, twin_run))
     # what eviction costs (the same order on a cache that holds everything), and the twin given vLLM's null
     # block as one more block for requests
-    unbounded = sum(serial_hits(served, twin(10**8)))
-    with_null = sum(serial_hits(served, twin(settings["num_gpu_blocks"] * settings["block_size"])))
+    unbounded = sum(serial_hits(served, vllm_twin(settings, 10**8)))
+    with_null = sum(serial_hits(served, vllm_twin(settings,
+                                                  settings["num_gpu_blocks"] * settings["block_size"])))
     queries = sum(r.prompt_tokens for r in requests)
     differ = [(r.id, int(a), int(b)) for r, a, b in zip(served, real, predicted) if a != b]
     return {"seed": seed, "kv_blocks": kv_blocks, "num_gpu_blocks": settings["num_gpu_blocks"],

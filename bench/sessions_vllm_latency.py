@@ -34,7 +34,7 @@ from sessions_vllm import load_averages, write_section
 from simctl.catalogue.models import get_model
 from simctl.costs.base import ScaledCost
 from simctl.costs.loader import load_cost
-from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, deployment_for
+from simctl.engine.vllm_real import CPU_BLOCK_SIZE, VLLMServer, vllm_args_for
 from simctl.results.validation_report import pct_error
 from simctl.traces.workload import Workload
 from simctl.validation.pipeline import Point, serve_rounds
@@ -92,7 +92,7 @@ def measure(server: Any, settings: dict[str, Any], cost: Any, args: argparse.Nam
 def sweep(server: Any, settings: dict[str, Any], cost: Any, args: argparse.Namespace,
           concurrencies: list[int]) -> list[dict[str, Any]]:
     """--sweep: after one discarded run, one real run per concurrency beside the raw twin's prediction."""
-    from simctl.results.metrics import summarize
+    from simctl.results.metrics import summarise_result
 
     v = VLLMValidation(cost=cost, workload=workload(args, concurrencies[-1]))
     server.serve(v.requests_at(args.qps), args.seed, **v.clients)
@@ -101,7 +101,7 @@ def sweep(server: Any, settings: dict[str, Any], cost: Any, args: argparse.Names
         v = VLLMValidation(cost=cost, workload=workload(args, n))
         requests, before = v.requests_at(args.qps), load_averages()
         run = server.serve(requests, args.seed, **v.clients)
-        real = {**summarize(run.result), **run.fields}
+        real = {**summarise_result(run.result), **run.fields}
         sim, _ = simulate_requests(requests, settings, cost, **v.clients)
         rows.append({"concurrency": n, "load_before": before, "load_after": load_averages(),
                      **{f"real_{m}": real.get(m) for m in METRICS},
@@ -186,7 +186,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, help="markdown file to write the section into")
     args = p.parse_args()
     cost = load_cost(args.cost, get_model("tiny"), None).cost
-    deployment = deployment_for("tiny", args.seed, {"block_size": CPU_BLOCK_SIZE},
+    deployment = vllm_args_for("tiny", args.seed, {"block_size": CPU_BLOCK_SIZE},
                                 kv_capacity=args.kv_blocks * CPU_BLOCK_SIZE)
     t0, rows = time.perf_counter(), []
     with VLLMServer("tiny", deployment) as server:

@@ -36,13 +36,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from simctl.engine.replay import _kind
 from simctl.engine.serve import prompt_ids, warm_up
 from simctl.executor.config import ExecutorConfig
 from simctl.executor.model import build_model
 from simctl.executor.plans import PlanExecutor
 from simctl.executor.ragged import RaggedExecutor
 from simctl.serving.replay import LoggedRun
+from simctl.validation.replay import _kind
 
 BUCKETS = [0, 1, 2, 4, 8, 16, 32, 64, 256]
 VARIANTS = ("served", "small_slab", "uniform_ctx", "random_tokens", "profile_like")
@@ -132,9 +132,9 @@ class Executing(LoggedRun):
 def execute_run(run: Path, cost: Any, gaps: bool, repeats: int = 0, variants: tuple[int, int] = (0, 0),
                 nogc: bool = False) -> pd.DataFrame:
     from simctl.catalogue.models import get_model
-    from simctl.engine.real import twin_inputs
     from simctl.serving.inbox import Inbox
     from simctl.serving.loop import Replica
+    from simctl.validation.twin import twin_inputs
 
     summary = json.loads((run / "summary.json").read_text())
     iterations = pd.read_parquet(run / "iterations.parquet")

@@ -65,7 +65,7 @@ def measure(cost_path: str, seed: int = 0) -> dict:
 
     from simctl.catalogue.models import get_model
     from simctl.costs.loader import load_cost
-    from simctl.engine.vllm_real import VLLMServer, deployment_for
+    from simctl.engine.vllm_real import VLLMServer, vllm_args_for
     from simctl.profiler.vllm_stream import (
         CLOSED_BATCH,
         SEED_OFFSET,
@@ -75,7 +75,7 @@ def measure(cost_path: str, seed: int = 0) -> dict:
         STREAM_SCALE,
         STREAM_TRACE,
     )
-    from simctl.results.metrics import summarize
+    from simctl.results.metrics import summarise_result
     from simctl.traces.build import build_trace
 
     cost = load_cost(cost_path, get_model("tiny"), None).cost
@@ -84,10 +84,10 @@ def measure(cost_path: str, seed: int = 0) -> dict:
         return build_trace(STREAM_TRACE, STREAM_REQUESTS, qps, seed + SEED_OFFSET, scale=STREAM_SCALE)
 
     rows: list[dict] = []
-    with VLLMServer("tiny", deployment_for("tiny", seed, {})) as server:
+    with VLLMServer("tiny", vllm_args_for("tiny", seed, {})) as server:
         pinned = server.settings()["pinned"]
         closed = [replace(r, arrival_s=0.0) for r in requests(1.0)[:CLOSED_BATCH]]
-        rps = CLOSED_BATCH / summarize(server.serve(closed, seed).result)["makespan_s"]
+        rps = CLOSED_BATCH / summarise_result(server.serve(closed, seed).result)["makespan_s"]
         for load in STREAM_LOADS:
             for _ in range(STREAM_REPEATS):
                 reqs = requests(load * rps)
@@ -112,7 +112,7 @@ def validation_steps(cost_path: str, fractions: list[float], seed: int = 0) -> d
     capacity: per load, the counting steps' served periods against the fit's price of the same shapes."""
     import tempfile
 
-    from simctl.engine.vllm_real import VLLMServer, deployment_for
+    from simctl.engine.vllm_real import VLLMServer, vllm_args_for
     from simctl.studies.capacity import search_qps
     from simctl.validation.pipeline import SIM_REL_TOL
     from simctl.validation.vllm_validate import VLLMValidation, check, simulate_requests
@@ -120,7 +120,7 @@ def validation_steps(cost_path: str, fractions: list[float], seed: int = 0) -> d
     v = VLLMValidation(cost=cost_path, out=Path(tempfile.mkdtemp()) / "unused", repeats=1)
     fit, _ = check(v)
     out = {}
-    with VLLMServer(v.model, deployment_for(v.model, v.workload.seed, v.settings)) as server:
+    with VLLMServer(v.model, vllm_args_for(v.model, v.workload.seed, v.settings)) as server:
         settings = server.settings()
         cap = search_qps(lambda q: simulate_requests(v.requests_at(q), settings, fit)[0], v.slo,
                          rel_tol=SIM_REL_TOL, max_probes=40).qps

@@ -31,7 +31,7 @@ def batches(n: int) -> dict[str, list[tuple[int, int]]]:
 
 def main() -> None:
     from simctl.costs.fitted import Fitted
-    from simctl.engine.vllm_real import VLLMServer, deployment_for
+    from simctl.engine.vllm_real import VLLMServer, vllm_args_for
     from simctl.profiler.vllm_stream import stream_steps
     from simctl.traces.request import Request
 
@@ -43,7 +43,7 @@ def main() -> None:
     cost = Fitted.load(a.cost)
     print(f"| case (batch {a.batch}) | steps | decode rows mean | served / priced | served ms per step "
           "(median) |\n|---|---|---|---|---|")
-    with VLLMServer("tiny", deployment_for("tiny", 0, {})) as server:
+    with VLLMServer("tiny", vllm_args_for("tiny", 0, {})) as server:
         server.serve([Request(i, 0.0, PROMPT, OUTPUT) for i in range(a.batch)])  # warm-up, discarded
         for case, shapes in batches(a.batch).items():
             requests = [Request(i, 0.0, p, o) for i, (p, o) in enumerate(shapes)]

@@ -50,10 +50,10 @@ def rank_corr(a: list[float], b: list[float]) -> float | None:
 
 
 def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
-    from simctl.engine.vllm_real import VLLMServer, deployment_for
+    from simctl.engine.vllm_real import VLLMServer, vllm_args_for
     from simctl.executor.vllm_pinning import descendants
     from simctl.profiler.timing import CpuMonitor
-    from simctl.results.metrics import summarize
+    from simctl.results.metrics import summarise_result
     from simctl.studies.capacity import search_qps
     from simctl.validation.pipeline import REAL_REL_TOL, REAL_STEP, SIM_REL_TOL
     from simctl.validation.vllm_validate import VLLMValidation, check, simulate_requests
@@ -61,7 +61,7 @@ def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
     v = VLLMValidation(cost=cost, out=out / "unused", repeats=rounds)
     fit, loads = check(v)
     report: dict = {"cost": cost, "rounds": rounds, "loads": {}, "probes": [], "capacities": []}
-    with VLLMServer(v.model, deployment_for(v.model, v.workload.seed, v.settings)) as server:
+    with VLLMServer(v.model, vllm_args_for(v.model, v.workload.seed, v.settings)) as server:
         settings = server.settings()
         report["pinned"] = settings["pinned"]
         # the CPU of every process but vLLM's and this one, while each run is served
@@ -73,7 +73,7 @@ def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
         probe = [replace(r, arrival_s=0.0) for r in v.requests_at(1.0)[:PROBE_REQUESTS]]
 
         def speed() -> float:
-            return summarize(server.serve(probe, v.workload.seed).result)["makespan_s"]
+            return summarise_result(server.serve(probe, v.workload.seed).result)["makespan_s"]
 
         for x in loads:  # warm-up, discarded
             server.serve(v.requests_at(x * cap.qps), v.workload.seed)
@@ -81,7 +81,7 @@ def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
             for x in loads:
                 before = speed()
                 c0, t0 = monitor.read(), time.perf_counter()
-                s = summarize(server.serve(v.requests_at(x * cap.qps), v.workload.seed).result)
+                s = summarise_result(server.serve(v.requests_at(x * cap.qps), v.workload.seed).result)
                 foreign = monitor.foreign_share(c0, monitor.read(), time.perf_counter() - t0)
                 after = speed()
                 runs[x].append({m: s[m] for m in SHOWN} | {"probe_before_s": before, "probe_after_s": after,
@@ -91,7 +91,8 @@ def measure(cost: str, rounds: int, capacities: int, out: Path) -> dict:
                       file=sys.stderr)
         for _ in range(capacities):
             t0 = time.perf_counter()
-            real = search_qps(lambda q: summarize(server.serve(v.requests_at(q), v.workload.seed).result),
+            real = search_qps(lambda q: summarise_result(server.serve(v.requests_at(q),
+                                                                      v.workload.seed).result),
                               v.slo, start_qps=cap.qps, rel_tol=REAL_REL_TOL, max_probes=6, step=REAL_STEP)
             report["capacities"].append({"qps": real.qps, "problem": real.problem,
                                          "probes": [(p["qps"], p["slo_met"]) for p in real.probes],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -22,6 +22,10 @@ from simctl.usage_errors import note_replaced, warn_all
 
 if TYPE_CHECKING:
     from rich.table import Table
+
+    from simctl.results.slo import SLO
+    from simctl.sim.run import RunConfig
+    from simctl.studies.capacity import Capacity, CapacityConfig
 
 SLO_HELP = ("SLO limits, key=seconds (or with a unit: p99_tbt=100ms), comma-separated or repeated: "
             "p50/p90/p99 of ttft, tbt, tpot or e2e (e.g. p99_tbt=0.1,p50_ttft=2: that percentile of the run "
@@ -94,8 +98,8 @@ def capacity(
             capacity_definition, out)
 
 
-def _slos(slo_given: bool, given: Any, configs: list[Any], deployment: Deployment, max_sched_delay_p50: float,
-          definition: str) -> tuple[dict[str, Any], str]:
+def _slos(slo_given: bool, given: SLO, configs: list[RunConfig], deployment: Deployment,
+          max_sched_delay_p50: float, definition: str) -> tuple[dict[str, SLO], str]:
     """The SLOs searched and where they come from: the one given, else Sarathi-Serve's Table 3 pair."""
     if slo_given:
         return {"given": given}, "given (--slo)"
@@ -115,7 +119,7 @@ def probe_requests(trace: str) -> int:
     return rows
 
 
-def _search(spec: Any, origin: str, trace: str, definition: str, out: Path | None) -> None:
+def _search(spec: CapacityConfig, origin: str, trace: str, definition: str, out: Path | None) -> None:
     """The searches of `spec`: its SLOs and table printed, its problems warned of, its files in `out`."""
     from rich.markup import escape
 
@@ -145,8 +149,8 @@ def _search(spec: Any, origin: str, trace: str, definition: str, out: Path | Non
         console.print(escape(f"wrote {out}/capacity.json, probes.parquet, capacity.png"))
 
 
-def _table3(configs: list[Any], deployment: Deployment, max_sched_delay_p50: float,
-            definition: str) -> tuple[dict[str, Any], str]:
+def _table3(configs: list[RunConfig], deployment: Deployment, max_sched_delay_p50: float,
+            definition: str) -> tuple[dict[str, SLO], str]:
     """Sarathi-Serve's strict and relaxed SLOs for the one deployment compared, and where they come from."""
     from dataclasses import replace
 
@@ -163,7 +167,7 @@ def _table3(configs: list[Any], deployment: Deployment, max_sched_delay_p50: flo
     return {name: replace(s, definition=definition) for name, s in slos.items()}, origin
 
 
-def capacity_table(results: list[Any], trace: str, seeds: int, definition: str) -> Table:
+def capacity_table(results: list[Capacity], trace: str, seeds: int, definition: str) -> Table:
     """One row per configuration and SLO; the title says the capacity's definition, and the refused column
     the share of requests at capacity longer than the max model length."""
     from rich.markup import escape

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from simctl.common.errors import InputError
+
+if TYPE_CHECKING:
+    from simctl.results.slo import SLO
+    from simctl.serving.cluster_config import ClusterConfig
+    from simctl.sim.run import RunConfig
 
 GOODPUT_FILES = ("goodput.json",)
 
 
-def goodput_command(configs: list[Any], cluster: Any, slo: Any, slo_given: bool, start_qps: float, seeds: int,
-                    out: Path | None) -> None:
+def goodput_command(configs: list[RunConfig], cluster: ClusterConfig, slo: SLO, slo_given: bool,
+                    start_qps: float, seeds: int, out: Path | None) -> None:
     from rich.markup import escape
     from rich.table import Table
 

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
+    from simctl.sim.run import RunConfig
+    from simctl.studies.capacity import Capacity
+    from simctl.studies.plan import Candidate, Choice, PlanSpec
+
 PLAN_FILES = ("plan.json", "probes.parquet", "pareto.png")
 VLLM_POLICY = "vllm-v1"  # the policy that models `vllm serve`'s scheduler: its choice is printed as flags
 # vLLM's disaggregated serving joins a prefill and a decode instance by a KV connector (NIXL in its examples)
@@ -131,7 +135,7 @@ def plan_cmd(
         _save(console, out, spec, choices, capacities, top)
 
 
-def _announce(console: Console, unfit: dict[str, list[Any]], spec: Any, trace: str) -> None:
+def _announce(console: Console, unfit: dict[str, list[Candidate]], spec: PlanSpec, trace: str) -> None:
     """The configurations skipped (the reason names the model, GPU and TP; a few are named too) and what the
     plan searches."""
     from rich.markup import escape
@@ -144,8 +148,8 @@ def _announce(console: Console, unfit: dict[str, list[Any]], spec: Any, trace: s
                          f"within {spec.slo.describe()}"))
 
 
-def _save(console: Console, out: Path, spec: Any, choices: list[Any], capacities: list[Any], top: int
-          ) -> None:
+def _save(console: Console, out: Path, spec: PlanSpec, choices: list[Choice], capacities: list[Capacity],
+          top: int) -> None:
     from rich.markup import escape
 
     from simctl.plan_files import write_plan
@@ -179,8 +183,8 @@ def plan_progress() -> Iterator[Callable[[str, int, int], None] | None]:
                                                    total=total)
 
 
-def candidates(base: Any, policy: str, deployment: Deployment, options: dict[str, Any],
-               splits: list[tuple[int, int]], kv_link_gbps: float | None) -> list[Any]:
+def candidates(base: RunConfig, policy: str, deployment: Deployment, options: dict[str, Any],
+               splits: list[tuple[int, int]], kv_link_gbps: float | None) -> list[Candidate]:
     """Every colocated combination (key settings searched by default), then each P/D split of the policies
     that can serve disaggregated, with the settings given only (their defaults otherwise)."""
     from simctl.option_grid import grid
@@ -211,7 +215,7 @@ def _with_key_settings(options: dict[str, Any], policy: str, key: dict[str, tupl
             **{k: v for k, v in options.items() if v is not None}}
 
 
-def show(console: Console, choices: list[Any], spec: Any) -> None:
+def show(console: Console, choices: list[Choice], spec: PlanSpec) -> None:
     """The table, what every column means, the requests refused, the answer and its `vllm serve` flags."""
     from rich.markup import escape
 
@@ -234,7 +238,7 @@ def show(console: Console, choices: list[Any], spec: Any) -> None:
         console.print(escape(f"{VLLM_POLICY}'s best choice deploys as: {flags}"))
 
 
-def plan_table(choices: list[Any], spec: Any) -> Table:
+def plan_table(choices: list[Choice], spec: PlanSpec) -> Table:
     from rich.markup import escape
     from rich.table import Table
 
@@ -263,7 +267,7 @@ def plan_table(choices: list[Any], spec: Any) -> Table:
     return table
 
 
-def vllm_flags(choices: list[Any]) -> str | None:
+def vllm_flags(choices: list[Choice]) -> str | None:
     """The `vllm serve` command line of the best vllm-v1 choice (its settings as the run resolved them; every
     flag one of vLLM 0.32's, `tests/test_plan_vllm_flags.py` parses them with vLLM's own parser)."""
     best = next((c for c in choices if c.config.policy == VLLM_POLICY), None)
@@ -277,7 +281,7 @@ def vllm_flags(choices: list[Any]) -> str | None:
     return f"vllm serve <{model}'s weights> {flags} {where}"
 
 
-def serve_flags(s: dict[str, Any], config: Any) -> tuple[str, str]:
+def serve_flags(s: dict[str, Any], config: RunConfig) -> tuple[str, str]:
     """A vllm-v1 run's settings (`s`: its summary) as `vllm serve` flags, and the model's name."""
     from simctl.catalogue.models import get_model
 

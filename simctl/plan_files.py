@@ -6,12 +6,16 @@ meeting the SLO and the choices shown: `simctl.plots.across_runs.pareto_figure`)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simctl.results.output import json_text, write_files
 
+if TYPE_CHECKING:
+    from simctl.studies.capacity import Capacity
+    from simctl.studies.plan import Choice, PlanSpec
 
-def _choice_row(c: Any) -> dict[str, Any]:
+
+def _choice_row(c: Choice) -> dict[str, Any]:
     return {"configuration": c.label, "policy": c.config.policy, "gpu": c.config.gpu, "tp": c.config.tp,
             "options": c.config.options, "pd_split": c.candidate.split,
             "kv_link_gbps": c.candidate.kv_link_gbps, "gpus_per_replica": c.candidate.gpus,
@@ -22,7 +26,8 @@ def _choice_row(c: Any) -> dict[str, Any]:
             "cost_per_million_output_tokens": c.cost_per_million_tokens, "checked": c.checked}
 
 
-def write_plan(out: Path, spec: Any, choices: list[Any], capacities: list[Any], top: int) -> None:
+def write_plan(out: Path, spec: PlanSpec, choices: list[Choice], capacities: list[Capacity], top: int
+               ) -> None:
     import matplotlib.pyplot as plt
 
     from simctl.plots.across_runs import pareto_figure

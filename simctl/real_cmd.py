@@ -83,7 +83,7 @@ def _show(summary: dict[str, Any], as_json: bool) -> None:
         print_cluster(summary)
 
 
-def _on_vllm(ctx: typer.Context, policies: Any, common: dict[str, Any], kv_capacity: int | None
+def _on_vllm(ctx: typer.Context, policies: PolicyChoice, common: dict[str, Any], kv_capacity: int | None
              ) -> dict[str, Any]:
     """`simctl real --engine vllm`: InputError for an option only simctl's own engine takes; else the run."""
     from simctl.engine.vllm_real import TWIN_POLICY, engine_settings, vllm_real_main

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -15,6 +15,11 @@ from simctl.configs import Deployment, Execution, Workload
 from simctl.options import Attainment
 from simctl.policy_options import PolicyLists
 from simctl.serving.cluster_config import ClusterConfig
+
+if TYPE_CHECKING:
+    from simctl.results.slo import SLO
+    from simctl.results.vllm_bench import GoodputLimits
+    from simctl.sim.run import RunConfig
 
 DEFAULT_NUM_REQUESTS = 1000
 DEFAULT_QPS = 0.5
@@ -69,8 +74,9 @@ def run(
                 judged)
 
 
-def run_command(config: Any, cluster: Any, out: Path | None, as_json: bool, timeline: int,
-                trace_events: Path | None, goodput: Any = None, slo: Any = None) -> None:
+def run_command(config: RunConfig, cluster: ClusterConfig, out: Path | None, as_json: bool, timeline: int,
+                trace_events: Path | None, goodput: GoodputLimits | None = None, slo: SLO | None = None
+                ) -> None:
     """`simctl run` once its options are read: summary.json, requests.parquet, iterations.parquet (with pool
     and replica columns), replicas.parquet and, with --timeline, timeline.parquet in --out."""
     from simctl.display import print_cluster, print_summary, progress_bar

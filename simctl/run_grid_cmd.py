@@ -3,13 +3,18 @@ per combination (`simctl.option_grid`), one row each."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.table import Table
 
 from simctl.common.errors import InputError
 from simctl.display import fmt, fmt_rate, out_console
+
+if TYPE_CHECKING:
+    from simctl.option_grid import Combination
+    from simctl.results.slo import SLO
+    from simctl.serving.cluster_config import ClusterConfig
 
 COLUMNS = (  # (summary key, caption)
     ("ttft_p50", "P50 TTFT s"), ("ttft_p99", "P99 TTFT s"), ("tbt_p99", "P99 TBT s"),
@@ -26,7 +31,7 @@ def check_single_outputs(**given: Any) -> None:
                              "row per combination (use `simctl sweep` to keep every run's files)")
 
 
-def run_grid(combos: list[Any], cluster: Any, slo: Any) -> None:
+def run_grid(combos: list[Combination], cluster: ClusterConfig, slo: SLO | None) -> None:
     from simctl.sim.run import run
     from simctl.studies.goodput import with_attainment
     from simctl.usage_errors import warn_all

@@ -13,13 +13,13 @@ from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
 from simctl.costs.roofline import Roofline
 from simctl.engine.real import run_real, write_real
-from simctl.engine.replay import replay_real
 from simctl.engine.serve import Engine, prompt_ids
 from simctl.engine.setup import RealConfig, size_run, sized_policy
 from simctl.executor.ragged import RaggedExecutor
 from simctl.serving.clients import Clients
 from simctl.traces.request import Request
 from simctl.traces.workload import Workload
+from simctl.validation.replay import replay_real
 
 SPEC = get_model(ENGINE_MODEL)
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]

@@ -35,7 +35,7 @@ from simctl.costs.roofline import Roofline
 from simctl.policies.base import Policy
 from simctl.policies.kv import ReservedKV
 from simctl.policies.registry import POLICIES
-from simctl.results.metrics import summarize
+from simctl.results.metrics import summarise_result
 from simctl.results.run_result import SimResult
 from simctl.sim.simulate import simulate
 from simctl.traces.request import Request
@@ -270,7 +270,7 @@ def test_simulator_runs_conform(name: str, data: st.DataObject) -> None:
 
     # deterministic: the same inputs give the same summary (wall time aside)
     again = _run(sc, fast=True)
-    a, b = summarize(fast.result), summarize(again.result)
+    a, b = summarise_result(fast.result), summarise_result(again.result)
     a.pop("sim_wall_s")
     b.pop("sim_wall_s")
     assert a == b

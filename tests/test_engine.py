@@ -18,7 +18,7 @@ from conftest import ENGINE_MODEL, ENGINE_SEED
 
 from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
-from simctl.engine.real import real_main, run_real, twin_inputs, write_real
+from simctl.engine.real import real_main, run_real, write_real
 from simctl.engine.serve import Engine, prompt_ids
 from simctl.engine.setup import RealConfig, size_run, sized_policy
 from simctl.executor.plans import SlotPool
@@ -28,6 +28,7 @@ from simctl.results.output import write_cluster_files
 from simctl.sim.run import RunConfig, run
 from simctl.traces import build_trace
 from simctl.traces.request import Request
+from simctl.validation.twin import twin_inputs
 
 MODEL, SEED = ENGINE_MODEL, ENGINE_SEED
 SPEC = get_model(MODEL)

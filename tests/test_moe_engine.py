@@ -60,10 +60,10 @@ def test_vllm_builds_the_moe_as_mixtral() -> None:
 def test_vllm_serves_the_tiny_moe() -> None:
     pytest.importorskip("vllm")
     from simctl.engine.vllm_real import VLLMServer
-    from simctl.executor.vllm_runtime import VLLMDeployment
+    from simctl.executor.vllm_runtime import VLLMEngineArgs
     from simctl.traces.request import Request
 
     requests = [Request(i, 0.02 * i, 5 + (i * 37) % 300, 1 + i % 6) for i in range(8)]
-    with VLLMServer("tiny-moe", VLLMDeployment(max_model_len=2048)) as server:
+    with VLLMServer("tiny-moe", VLLMEngineArgs(max_model_len=2048)) as server:
         req = server.serve(requests).result.requests
     assert (req["generated_tokens"] == req["output_tokens"]).all() and (req["completion_s"] > 0).all()

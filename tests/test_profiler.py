@@ -36,8 +36,8 @@ from simctl.profiler.shapes import (
     padded_decode,
     padded_insertion,
 )
-from simctl.profiler.sweeps import Block, select_blocks, summarize_blocks
-from simctl.profiler.timing import CpuMonitor, summarize, time_fn
+from simctl.profiler.sweeps import Block, select_blocks, summarise_blocks
+from simctl.profiler.timing import CpuMonitor, summarise_times, time_fn
 from simctl.profiler.workloads import build_grid
 
 pytestmark = pytest.mark.torch
@@ -208,10 +208,10 @@ def test_time_fn_and_summary():
     calls = []
     times = time_fn(lambda: calls.append(1), warmup=2, reps=5, device="cpu")
     assert len(calls) == 7 and len(times) == 5 and all(t >= 0 for t in times)
-    s = summarize([3.0, 1.0, 2.0])
+    s = summarise_times([3.0, 1.0, 2.0])
     assert s["time_s"] == 2.0 and s["time_mean_s"] == 2.0 and s["time_p10_s"] <= 2.0 <= s["time_p90_s"]
     # skewed to the slow side, as a busy machine's calls are: the estimate is the median, the mean beside it
-    s = summarize([1.0, 1.0, 1.0, 5.0])
+    s = summarise_times([1.0, 1.0, 1.0, 5.0])
     assert s["time_s"] == 1.0 and s["time_mean_s"] == 2.0
 
 
@@ -219,7 +219,7 @@ def test_summarize_blocks_takes_the_quiet_blocks():
     quiet = [Block([1.0, 1.0, 4.0], 0.0, True), Block([1.0, 3.0], 0.01, True)]
     busy = Block([50.0, 60.0], 0.5, False)  # contended: left out
     grid = SimpleNamespace(shapes=[decode(2, 8)], quiet_blocks=1)
-    rows, timing = summarize_blocks([quiet + [busy]], grid, SimpleNamespace(available=True))
+    rows, timing = summarise_blocks([quiet + [busy]], grid, SimpleNamespace(available=True))
     assert rows[0]["reps"] == 5 and rows[0]["time_s"] == 1.0 and rows[0]["time_mean_s"] == 2.0
     assert timing["estimator"].startswith("median") and timing["quiet_blocks"] == 2
 
@@ -289,7 +289,7 @@ def test_grids_fit_memory_and_positions():
     ts = {s.segs[0].q for s in full.shapes if s.kind == "prefill" and len(s.segs) == 1 and s.segs[0].c == 0}
     for k in range(4, 12):  # tile boundaries
         assert {2 ** k - 1, 2 ** k} <= ts and (2 ** k + 1 in ts or 2 ** k + 1 > 2048)
-    s = summarize([1.0, 2.0, 10.0])  # the estimate is the median; the mean beside it
+    s = summarise_times([1.0, 2.0, 10.0])  # the estimate is the median; the mean beside it
     assert math.isclose(s["time_s"], 2.0) and math.isclose(s["time_mean_s"], 13.0 / 3)
 
 

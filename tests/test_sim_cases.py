@@ -4,8 +4,8 @@ Every iteration costs  A + B x linear_tokens + C x sum(q x (c + q/2)) + D x deco
 of q new tokens attends to c cached ones and a decode row reads its cached tokens plus the one it adds.
 Each test writes the arithmetic out; the simulator must reproduce it (both the decode-stretch fast path and
 one iteration at a time), including the per-token times, read by hooking the policy (see `TokenClock`).
-Then: overload and light load through `sim.run.run`, and `summarize`'s TBT percentiles against a brute-force
-computation over every token.
+Then: overload and light load through `sim.run.run`, and `summarise_result`'s TBT percentiles against a
+brute-force computation over every token.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from conftest import AffineCost, random_requests
 
 from simctl.policies.base import Policy
 from simctl.policies.registry import make_policy
-from simctl.results.metrics import summarize
+from simctl.results.metrics import summarise_result
 from simctl.results.run_result import SimResult
 from simctl.sim.run import RunConfig, run
 from simctl.sim.simulate import simulate
@@ -103,7 +103,7 @@ def test_vllm_single_request() -> None:
     assert r["first_token_s"] == pytest.approx(t1, rel=REL)  # TTFT (arrival at 0)
     assert r["completion_s"] == pytest.approx(t1 + t2 + t3, rel=REL)  # E2E
     assert clock.gaps(0) == pytest.approx([t2, t3], rel=REL)  # TBT
-    s = summarize(res)
+    s = summarise_result(res)
     assert s["ttft_p50"] == pytest.approx(t1, rel=REL)
     assert s["e2e_p50"] == pytest.approx(t1 + t2 + t3, rel=REL)
     assert s["tpot_p50"] == pytest.approx((t2 + t3) / 2, rel=REL)
@@ -203,7 +203,7 @@ def test_vllm_generation_stall() -> None:
     assert list(its["prefill_tokens"]) == [8, 0, 6, 0, 0, 0]
     assert list(its["decode_tokens"]) == [0, 1, 0, 2, 1, 1]
     # pooled gaps {t2 .0119, t5 .0121, t6 .0122, t4 .0137 (B), stall .02988}: P50 is the 3rd, P99 the stall
-    s = summarize(res)
+    s = summarise_result(res)
     assert s["tbt_p50"] == pytest.approx(t6, rel=TBT_REL)
     assert s["tbt_p99"] == pytest.approx(stall, rel=TBT_REL)
 
@@ -277,7 +277,7 @@ def test_tbt_percentiles_match_brute_force(name: str) -> None:
         assert len(clock.times[r.id]) == r.output_tokens
     gaps = np.concatenate([np.diff(clock.times[r.id]) for r in reqs])
     assert len(gaps) == sum(r.output_tokens - 1 for r in reqs)
-    s = summarize(res)
+    s = summarise_result(res)
     for p in (50, 90, 99):
         exact = float(np.percentile(gaps, p, method="inverted_cdf"))
         assert s[f"tbt_p{p}"] == pytest.approx(exact, rel=TBT_REL), p

@@ -7,7 +7,7 @@ import pytest
 from conftest import AffineCost, random_requests
 
 from simctl.policies.registry import POLICIES, make_policy
-from simctl.results.metrics import summarize
+from simctl.results.metrics import summarise_result
 from simctl.sim.simulate import simulate
 
 
@@ -25,7 +25,7 @@ def test_fast_path_matches_step_by_step(policy: str, qps: float) -> None:
         np.testing.assert_allclose(fast.requests[col], step.requests[col], rtol=1e-9, atol=1e-9)
     assert (fast.requests["preemptions"] == step.requests["preemptions"]).all()
     assert fast.iterations.iterations == step.iterations.iterations
-    sf, ss = summarize(fast), summarize(step)
+    sf, ss = summarise_result(fast), summarise_result(step)
     for key, value in ss.items():
         if key == "sim_wall_s":
             continue
@@ -48,8 +48,8 @@ def test_every_request_finishes_once_with_its_tokens(policy: str) -> None:
 
 
 def test_same_seed_same_summary() -> None:
-    a = summarize(_run("vllm", random_requests(100, 2.0, seed=1), True))
-    b = summarize(_run("vllm", random_requests(100, 2.0, seed=1), True))
+    a = summarise_result(_run("vllm", random_requests(100, 2.0, seed=1), True))
+    b = summarise_result(_run("vllm", random_requests(100, 2.0, seed=1), True))
     a.pop("sim_wall_s")
     b.pop("sim_wall_s")
     assert a == b

@@ -15,7 +15,7 @@ from simctl.studies.capacity import SLO
 from simctl.traces.workload import Workload
 from simctl.validation import pipeline
 from simctl.validation.pipeline import Plan, Point, real_start
-from simctl.validation.target import Served
+from simctl.validation.target import ServedRun
 
 OPEN = Workload(trace="sharegpt", qps=None, num_requests=100)
 CLOSED = Workload(trace="sharegpt", qps=None, num_requests=100, concurrency=4)
@@ -62,10 +62,10 @@ class Engine:
     def twin(self, policy: str, workload: Workload) -> dict[str, Any]:
         return _summary(_value(workload), self.twin_limit)
 
-    def serve(self, policy: str, workload: Workload, out: Path | None) -> Served:
+    def serve(self, policy: str, workload: Workload, out: Path | None) -> ServedRun:
         self.served.append((policy, _value(workload), out))
         self.workloads.append(workload)
-        return Served(_summary(_value(workload), self.real_limit), 1 + len(self.served) / 10)
+        return ServedRun(_summary(_value(workload), self.real_limit), 1 + len(self.served) / 10)
 
 
 def _plan(tmp_path: Path, **kw: Any) -> Plan:
@@ -98,7 +98,7 @@ def test_an_engine_started_once_serves_a_discarded_run_at_the_last_load_first(tm
 
 
 def test_the_real_capacity_starts_where_the_loads_left_it() -> None:
-    slo, met, missed = SLO(), Served(_summary(1, 2)), Served(_summary(3, 2))
+    slo, met, missed = SLO(), ServedRun(_summary(1, 2)), ServedRun(_summary(3, 2))
     at = {x: Point("a", x, 10.0, OPEN.at(10 * x)) for x in (0.5, 0.7, 0.9)}
     # every load met the SLO: from the twin's capacity
     assert real_start(10.0, {at[0.5]: [met], at[0.9]: [met, missed, met]}, slo) == 10.0
@@ -139,7 +139,7 @@ def test_bad_loads(loads: list[Any], words: str) -> None:
 
 
 def test_runs_at_the_fit_speed_are_those_within_its_tolerance() -> None:
-    runs = [Served({}, s) for s in (0.96, 1.04, 1.06, None, 0.94)]
+    runs = [ServedRun({}, s) for s in (0.96, 1.04, 1.06, None, 0.94)]
     assert [r.speed for r in pipeline.at_fit_speed(runs)] == [0.96, 1.04]
 
 

@@ -18,7 +18,7 @@ from simctl.cli import main
 from simctl.common.errors import InputError
 from simctl.costs.base import CostModel
 from simctl.policies.registry import make_policy
-from simctl.results.metrics import summarize
+from simctl.results.metrics import summarise_result
 from simctl.results.vllm_bench import parse_goodput
 from simctl.sim.simulate import simulate
 from simctl.traces import build_trace
@@ -216,7 +216,7 @@ def _tiny_run() -> dict[str, Any]:
     # two requests alone on the replica: A (prompt 4, 3 tokens) at t=0.5, B (prompt 6, 1 token) at t=2
     requests = [Request(0, 0.5, 4, 3), Request(1, 2.0, 6, 1)]
     result = simulate(requests, make_policy("vllm", 10_000, 64, {}), Flat())
-    return {"summary": summarize(result), "requests": result.requests}
+    return {"summary": summarise_result(result), "requests": result.requests}
 
 
 def test_summary_block_by_hand() -> None:

@@ -18,14 +18,14 @@ from simctl.traces.workload import Workload
 pytest.importorskip("vllm")
 
 from simctl.cli import main
-from simctl.engine.real import twin_policy
 from simctl.engine.setup import RealConfig
-from simctl.engine.vllm_real import VLLMServer, deployment_for, run_summary
-from simctl.executor.vllm_runtime import INSTALL_HINT, VLLMDeployment, engine_args
+from simctl.engine.vllm_real import VLLMServer, run_summary, vllm_args_for
+from simctl.executor.vllm_runtime import INSTALL_HINT, VLLMEngineArgs, engine_args
 from simctl.traces.request import Request
 from simctl.traces.tokens import prompt_token_ids
 from simctl.validation.prefix_hits import serial_hits
 from simctl.validation.routed_hits import check_routed
+from simctl.validation.twin import twin_policy, vllm_twin
 
 pytestmark = pytest.mark.vllm
 
@@ -84,7 +84,7 @@ GROUPED = [Request(i, 0.1 * i, SHARED + 20 + i, 4, prefix_group=i % 2, prefix_to
 
 @pytest.fixture(scope="module")
 def server():
-    with VLLMServer("tiny", VLLMDeployment(max_model_len=2048)) as s:
+    with VLLMServer("tiny", VLLMEngineArgs(max_model_len=2048)) as s:
         yield s
 
 
@@ -138,8 +138,7 @@ def test_session_turns_resend_their_context_and_vllm_reuses_what_the_twin_does(s
     sent, done = req["arrival_s"].to_numpy(), req["completion_s"].to_numpy()
     assert (sent[1:] >= done[:-1]).all() and sent[5] >= done[3] + 0.05
     settings = server.settings()
-    twin = twin_policy({**settings, "kv_capacity_tokens": settings["kv_cache_tokens"],
-                        "max_seq_len": settings["max_model_len"]})
+    twin = vllm_twin(settings)
     assert serial_hits(SESSIONS, twin) == SESSION_HITS
 
 
@@ -148,8 +147,7 @@ def test_mooncake_rows_share_the_blocks_of_their_equal_hash_ids_in_vllm_as_in_th
     assert run.result.requests["prefix_cached_tokens"].tolist() == MOONCAKE_HITS
     assert run.fields["prefix_cache_hits"] == sum(MOONCAKE_HITS)
     settings = server.settings()
-    twin = twin_policy({**settings, "kv_capacity_tokens": settings["kv_cache_tokens"],
-                        "max_seq_len": settings["max_model_len"]})
+    twin = vllm_twin(settings)
     assert serial_hits(MOONCAKE, twin) == MOONCAKE_HITS
 
 
@@ -187,12 +185,12 @@ def test_prompt_ids_share_only_a_group_prefix() -> None:
 
 
 def test_a_kv_capacity_is_its_whole_blocks_plus_vllms_null_block() -> None:
-    d = deployment_for("tiny", 0, {}, kv_capacity=1000)  # blocks of 128 on the CPU
+    d = vllm_args_for("tiny", 0, {}, kv_capacity=1000)  # blocks of 128 on the CPU
     assert d.num_gpu_blocks == 8 and engine_args(Path("m"), d)["num_gpu_blocks_override"] == 8
     assert d.max_model_len == 7 * 128  # vLLM refuses a cache that cannot hold one request of max_model_len
-    assert deployment_for("tiny", 0, {}, kv_capacity=10**6).max_model_len == 2048
-    assert deployment_for("tiny", 0, {"block_size": 16}, kv_capacity=1000).num_gpu_blocks == 63
-    assert "num_gpu_blocks_override" not in engine_args(Path("m"), deployment_for("tiny", 0, {}))
+    assert vllm_args_for("tiny", 0, {}, kv_capacity=10**6).max_model_len == 2048
+    assert vllm_args_for("tiny", 0, {"block_size": 16}, kv_capacity=1000).num_gpu_blocks == 63
+    assert "num_gpu_blocks_override" not in engine_args(Path("m"), vllm_args_for("tiny", 0, {}))
 
 
 def test_a_request_longer_than_the_engine_takes_is_refused_in_one_line(server) -> None:

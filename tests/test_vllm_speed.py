@@ -56,7 +56,7 @@ def test_runs_at_the_fit_speed_are_compared_with_the_raw_twin(tmp_path) -> None:
     fit's speed are the first and the third; their medians are compared with the unscaled twin."""
     from simctl.traces.workload import Workload
     from simctl.validation.pipeline import Point
-    from simctl.validation.target import Served
+    from simctl.validation.target import ServedRun
     from simctl.validation.vllm_validate import METRICS, VLLMTarget, VLLMValidation, _row, simulate_requests
 
     settings = {"policy": "vllm-v1", "kv_cache_tokens": 64 * 16, "block_size": 16, "max_batch_size": 8,
@@ -65,7 +65,7 @@ def test_runs_at_the_fit_speed_are_compared_with_the_raw_twin(tmp_path) -> None:
     v = VLLMValidation(workload=Workload(trace="sharegpt", qps=None, num_requests=12, scale=0.01))
     sim = simulate_requests(v.requests_at(5.0), settings, COST)[0]
     real = [{m: (k + 1) * sim[m] for m in METRICS} for k in range(4)]  # errors: (k + 1) x the twin
-    runs = [Served(r, speed) for r, speed in zip(real, [0.97, 1.2, 1.04, None], strict=True)]
+    runs = [ServedRun(r, speed) for r, speed in zip(real, [0.97, 1.2, 1.04, None], strict=True)]
     target = VLLMTarget(v, COST, print, resolved=settings)  # not started: the twin is all the row needs
     row = _row(Point("vllm-v1", 0.5, 10.0, v.workload.at(5.0)), runs, target, tmp_path)
     assert row["qps"] == 5.0 and row["runs_at_fit_speed"] == 2

@@ -32,10 +32,10 @@ def vllm_config(block: int, tokens: int, seqs: int, caching: int, threshold: int
     from vllm.usage.usage_lib import UsageContext
 
     from simctl.catalogue.models import get_model
-    from simctl.executor.vllm_runtime import VLLMDeployment, engine_args, vllm_model_dir
+    from simctl.executor.vllm_runtime import VLLMEngineArgs, engine_args, vllm_model_dir
 
     with vllm_model_dir(get_model("tiny")) as d:
-        kw = engine_args(d, VLLMDeployment(max_model_len=2048, block_size=block,
+        kw = engine_args(d, VLLMEngineArgs(max_model_len=2048, block_size=block,
                                            max_num_batched_tokens=tokens, max_num_seqs=seqs,
                                            enable_prefix_caching=bool(caching)))
         return EngineArgs(**kw, long_prefill_token_threshold=threshold,

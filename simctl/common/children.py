@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import subprocess
+    from multiprocessing.pool import Pool
+    from multiprocessing.process import BaseProcess
 
 STOP_GRACE_S = 2.0  # per step: after SIGTERM, then after SIGKILL
 TAIL_CHARS = 300  # the most of a child's own error message shown
 
 
-def _ended(child: Any, timeout: float) -> bool:
+def _ended(child: subprocess.Popen | BaseProcess, timeout: float) -> bool:
     """Wait up to `timeout` s for a `subprocess.Popen` or a `multiprocessing.Process`; whether it ended."""
     if hasattr(child, "poll"):
         try:
@@ -27,7 +32,7 @@ def _ended(child: Any, timeout: float) -> bool:
     return child.exitcode is not None
 
 
-def stop(child: Any, grace_s: float = STOP_GRACE_S) -> bool:
+def stop(child: subprocess.Popen | BaseProcess, grace_s: float = STOP_GRACE_S) -> bool:
     """Terminate `child` (a `subprocess.Popen` or `multiprocessing.Process`), wait up to `grace_s`, kill it,
     wait up to `grace_s` again; whether it ended. Never waits longer."""
     if _ended(child, 0):
@@ -39,7 +44,7 @@ def stop(child: Any, grace_s: float = STOP_GRACE_S) -> bool:
     return _ended(child, grace_s)
 
 
-def stop_pool(pool: Any, grace_s: float = STOP_GRACE_S) -> None:
+def stop_pool(pool: Pool, grace_s: float = STOP_GRACE_S) -> None:
     """`pool.terminate()` (a `multiprocessing.Pool`: SIGTERM to its workers, then joined), bounded: a worker
     still there after `grace_s` is killed, and after `grace_s` more the pool is left to the kernel."""
     import multiprocessing

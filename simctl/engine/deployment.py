@@ -6,7 +6,7 @@ as the simulated cluster's (`results.cluster_summary.summarise_cluster`), so `si
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -23,8 +23,11 @@ from simctl.serving.clients import Clients
 from simctl.serving.loop import overload_limit
 from simctl.traces.request import Request
 
+if TYPE_CHECKING:
+    import torch
 
-def serve_deployment(config: RealConfig, size: Sizing, requests: list[Request], model: Any
+
+def serve_deployment(config: RealConfig, size: Sizing, requests: list[Request], model: torch.nn.Module
                      ) -> tuple[RealRun, Served]:
     """Serve `requests` on `config`'s deployment, this process's engine on `model`: its records and summary
     in the cluster's form, and what was served."""
@@ -37,7 +40,7 @@ def serve_deployment(config: RealConfig, size: Sizing, requests: list[Request], 
     return _summarised(config, requests, served), served
 
 
-def _serve_one(config: RealConfig, size: Sizing, requests: list[Request], model: Any) -> Served:
+def _serve_one(config: RealConfig, size: Sizing, requests: list[Request], model: torch.nn.Module) -> Served:
     engine, warm_s = build_engine(config, requests, size, model)
     clients = Clients(requests, config.workload.concurrency, config.workload.think_time)
     if clients.closed_loop:

@@ -37,8 +37,9 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -53,6 +54,10 @@ from simctl.serving.kv_link import KVLink
 from simctl.serving.loop import overload_limit
 from simctl.serving.routed import HELD, RoutedInbox
 from simctl.traces.request import Request
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
 
 HANDOFF_SLOTS = 8  # requests whose KV may sit in the hand-over buffer at once
 START_TIMEOUT_S = 300.0  # the prefill instance's start-up (spawn, torch import, model, warm-up)
@@ -77,7 +82,7 @@ class _Sender:
     """The prefill instance's side of the hand-over: KV of finished copies into the buffer, announced on the
     pipe; freed buffer slots read back from it."""
 
-    def __init__(self, conn: Any, handoff: torch.Tensor, engine: Engine, needs: set[int]) -> None:
+    def __init__(self, conn: Connection, handoff: torch.Tensor, engine: Engine, needs: set[int]) -> None:
         self.conn, self.handoff, self.engine, self.needs = conn, handoff, engine, needs
         self.free = list(range(handoff.shape[0]))
         self.wait_s = 0.0  # waiting for a free hand-over slot
@@ -116,7 +121,7 @@ class _Sender:
 
 
 def prefill_instance(config: RealConfig, size: Sizing, requests: list[Request], handoff: torch.Tensor,
-                     conn: Any) -> None:
+                     conn: Connection) -> None:
     """The prefill instance's process: build, warm up, report ready, start at the shared instant, serve every
     request's prefill copy, send its records."""
     try:
@@ -153,7 +158,7 @@ class _Receiver(threading.Thread):
     """Takes the prefill instance's announcements as they come: copies the KV out of the hand-over slot,
     frees it, stamps the arrival, and queues it for the decode loop."""
 
-    def __init__(self, conn: Any, handoff: torch.Tensor, engine: Engine) -> None:
+    def __init__(self, conn: Connection, handoff: torch.Tensor, engine: Engine) -> None:
         super().__init__(name="kv-receiver", daemon=True)
         self.conn, self.handoff, self.engine = conn, handoff, engine
         self.arrivals: queue.SimpleQueue[_Arrival | tuple[str, Any]] = queue.SimpleQueue()
@@ -197,8 +202,8 @@ class _DecodeDriver:
         arrive_with_kv(seq, item.copy, item.received_s)
         self.engine.executor.arrive_with_kv(seq.id, item.token, item.kv)
         # due when the loop can see it (now), not when its KV arrived: the loop reads the clock after this
-        # push, so the replay of its log (`engine.replay`, from `kv_taken_s`) hands it over exactly when it
-        # did
+        # push, so the replay of its log (`validation.replay`, from `kv_taken_s`) hands it over exactly
+        # when it did
         taken = self.engine.time.read()
         self.inbox.push_due(seq, taken)
         self.taken[seq.id] = taken
@@ -213,7 +218,7 @@ class _DecodeDriver:
                 return
             self._take(item)
 
-    def drive(self, loop: Any) -> None:
+    def drive(self, loop: Generator[float, None, None]) -> None:
         """The loop yields an iteration's end, which has passed when the backend returns it, or `HELD` when
         idle (a routed inbox never knows the next arrival ahead): then wait for one, or end once the prefill
         instance is done."""
@@ -240,7 +245,7 @@ def _start_prefill_instance(config: RealConfig, size: Sizing, requests: list[Req
     return child, conn
 
 
-def _await_ready(child: Any, conn: Any) -> None:
+def _await_ready(child: BaseProcess, conn: Connection) -> None:
     if not conn.poll(START_TIMEOUT_S):
         raise RuntimeError(f"the prefill instance did not start within {START_TIMEOUT_S:.0f} s")
     try:
@@ -253,7 +258,7 @@ def _await_ready(child: Any, conn: Any) -> None:
         raise RuntimeError(f"prefill instance failed: {msg[1]}")
 
 
-def serve_pair(config: RealConfig, size: Sizing, requests: list[Request], model: Any) -> Served:
+def serve_pair(config: RealConfig, size: Sizing, requests: list[Request], model: torch.nn.Module) -> Served:
     """Serve `requests` on a prefill instance (a child process) and a decode instance (this process, on
     `model`)."""
     from simctl.catalogue.models import get_model

@@ -13,10 +13,6 @@ record what was in effect.
 
 The configuration, the sizing of the slab and the engine's construction are `engine.setup`'s; serving the
 deployment (one engine, or a prefill and a decode instance) is `simctl.engine.deployment`'s.
-
-`twin_inputs(summary)` rebuilds, from a real run's summary, the same Request list and the same policy
-(capacity, max_seq_len, every setting) for `simctl.sim.simulate.simulate`, to put prediction and
-measurement side by side.
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simctl.catalogue.models import is_moe
 from simctl.common.errors import InputError
@@ -43,17 +39,18 @@ from simctl.engine.setup import (
 )
 from simctl.executor.config import eager_on
 from simctl.executor.runtime import default_threads
-from simctl.policies.base import Policy
-from simctl.policies.registry import make_policy, policy_class
 from simctl.traces.build import has_arrival_times
 from simctl.traces.request import Request
 from simctl.traces.workload import Workload
+
+if TYPE_CHECKING:
+    import torch
 
 CPU_KV_BYTES = 1 << 30  # slab budget on the CPU
 GPU_KV_SHARE = 0.5  # share of the free device memory (after the weights) the slab may take
 
 
-def _device_name(device: Any) -> str:
+def _device_name(device: torch.device) -> str:
     import torch
 
     from simctl.executor.runtime import cpu_name
@@ -61,7 +58,7 @@ def _device_name(device: Any) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
-def device_kv_budget(device: Any) -> int:
+def device_kv_budget(device: torch.device) -> int:
     """The KV slab's memory budget on a torch `device` whose model is built: CPU_KV_BYTES on the CPU, on cuda
     GPU_KV_SHARE of the free memory."""
     import torch
@@ -253,19 +250,3 @@ def real_main(*, policy: str = "sarathi", workload: Workload = REAL_WORKLOAD, mo
     if out is not None:
         out_path = check_out_dir(Path(out), CLUSTER_RUN_FILES)
     return _run_worker(config, out_path)["summary"]
-
-
-# ---- the simulator's twin of a real run --------------------------------------------------------------------
-
-
-def twin_inputs(summary: dict[str, Any]) -> tuple[list[Request], Policy]:
-    """The Request list a real run served and a fresh policy configured as it was (`twin_policy`), from the
-    run's summary: `simctl.sim.simulate.simulate(requests, policy, cost)` then predicts the same run."""
-    return Workload.of_record(summary).requests(), twin_policy(summary)
-
-
-def twin_policy(summary: dict[str, Any]) -> Policy:
-    """A fresh policy configured as the real run's was (KV capacity, max_seq_len, every policy setting)."""
-    settings = policy_class(summary["policy"]).Settings.__dataclass_fields__
-    return make_policy(summary["policy"], summary["kv_capacity_tokens"], summary["max_seq_len"],
-                       {k: summary[k] for k in settings if k in summary})

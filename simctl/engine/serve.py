@@ -60,7 +60,7 @@ class EngineResult:
     peak_slots: int  # most KV slots held at once
 
     def sim_result(self, kv_capacity: int) -> SimResult:
-        """The records in the simulator's form, for `simctl.results.metrics.summarize` and
+        """The records in the simulator's form, for `simctl.results.metrics.summarise_result` and
         `simctl.results.output.write_run`."""
         return SimResult(request_columns=request_columns(self.seqs), iterations=self.iterations,
                          gaps=self.gaps, queue_at_arrival=self.queue_at_arrival, aborted=self.aborted,

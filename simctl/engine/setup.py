@@ -34,6 +34,10 @@ from simctl.traces.request import Request
 from simctl.traces.workload import Workload
 
 if TYPE_CHECKING:
+    import pandas as pd
+    import torch
+
+    from simctl.engine.serve import Engine, EngineResult
     from simctl.results.run_result import SimResult
 
 DEFAULT_NUM_REQUESTS = 100  # for a length profile when none is given (a trace file: every row)
@@ -207,12 +211,13 @@ class RealRun:
     requests: list[Request]  # exactly what was served (scaled lengths, arrivals in seconds from the start)
     summary: dict[str, Any]
     result: SimResult  # the records in the simulator's form
-    engine: Any  # simctl.engine.serve.EngineResult: tokens, per-iteration forward times
-    iterations: Any  # pandas: iteration rows with pool and replica columns
-    replicas: Any  # pandas: one row per instance
+    engine: EngineResult  # tokens, per-iteration forward times
+    iterations: pd.DataFrame  # iteration rows with pool and replica columns
+    replicas: pd.DataFrame  # one row per instance
 
 
-def build_engine(config: RealConfig, requests: list[Request], size: Sizing, model: Any) -> tuple[Any, float]:
+def build_engine(config: RealConfig, requests: list[Request], size: Sizing, model: torch.nn.Module
+                 ) -> tuple[Engine, float]:
     """The engine of a run on a built `model`: its slab, policy and prompts, warmed up (and the seconds that
     took)."""
     from simctl.catalogue.models import get_model

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from simctl.engine.vllm_steps import StepLog
 from simctl.executor.vllm_runtime import sampling_params
@@ -24,6 +24,9 @@ from simctl.serving.clients import Clients
 from simctl.traces.request import Request
 from simctl.traces.tokens import SessionPrompts
 
+if TYPE_CHECKING:  # imported only where vLLM runs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
 # per request: its records, the tokens it got, the prompt tokens vLLM found cached (`num_cached_tokens`)
 Done = tuple[Seq, int, int]
 
@@ -31,7 +34,7 @@ Done = tuple[Seq, int, int]
 class VLLMClients:
     """One run's sends to `llm` (an AsyncLLM) and what came back, by request id."""
 
-    def __init__(self, llm: Any, log: StepLog, prompts: SessionPrompts, clients: Clients) -> None:
+    def __init__(self, llm: AsyncLLM, log: StepLog, prompts: SessionPrompts, clients: Clients) -> None:
         self.llm, self.log, self.prompts, self.clients = llm, log, prompts, clients
         self.done: dict[int, Done] = {}
         self.lag = 0.0

@@ -1,9 +1,9 @@
 """`simctl real --engine vllm`: a simctl trace served by the installed vLLM (`AsyncLLM` in this process; its
 engine core and model worker are processes of their own), written as simctl's own real runs are
-(`results.output.write_run`, the summary of `results.metrics.summarize`), so TTFT, TBT, TPOT and E2E are
-computed by the same code.
+(`results.output.write_run`, the summary of `results.metrics.summarise_result`), so TTFT, TBT, TPOT and E2E
+are computed by the same code.
 
-    with VLLMServer("tiny", deployment_for("tiny", seed=0, settings={})) as server:   # 20-35 s on a CPU
+    with VLLMServer("tiny", vllm_args_for("tiny", seed=0, settings={})) as server:   # 20-35 s on a CPU
         for requests in runs:
             run = server.serve(requests)                     # prefix cache reset before each run
 
@@ -18,9 +18,9 @@ recorded by a stat logger (`simctl.engine.vllm_steps`).
 
 vLLM's settings are those of the `vllm-v1` policy, its simulated twin (VLLM_SETTINGS). The summary holds what
 the twin needs: the trace's parameters as `simctl real` records them, `policy: vllm-v1` and its settings as
-vLLM resolved them, the KV cache as `kv_capacity_tokens` (so `engine.real.twin_policy(summary)` builds it),
-and vLLM's own names and numbers (KV blocks, block size, version), with `not_recorded` saying what vLLM does
-not expose."""
+vLLM resolved them, the KV cache as `kv_capacity_tokens` (so `validation.twin.twin_policy(summary)` builds
+it), and vLLM's own names and numbers (KV blocks, block size, version), with `not_recorded` saying what vLLM
+does not expose."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 import pandas as pd
@@ -46,7 +46,7 @@ from simctl.engine.vllm_output import EngineOutput
 from simctl.engine.vllm_steps import StepLog, step_recorder
 from simctl.executor.vllm_pinning import pinned
 from simctl.executor.vllm_runtime import (
-    VLLMDeployment,
+    VLLMEngineArgs,
     engine_args,
     require_vllm,
     set_vllm_env,
@@ -61,6 +61,10 @@ from simctl.serving.records import request_columns
 from simctl.traces.request import Request
 from simctl.traces.tokens import SessionPrompts
 from simctl.traces.workload import Workload
+
+if TYPE_CHECKING:  # imported only where vLLM runs
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
 
 TWIN_POLICY = "vllm-v1"  # the simulator's model of vLLM's scheduler: its settings are the engine's
 # vLLM's settings simctl passes through: vLLM's name by the name of the vllm-v1 setting that models it
@@ -100,9 +104,9 @@ class VLLMServer:
     in a row: `serve(requests)` resets the prefix cache, then serves in real time. A context manager: the
     engine's processes end on leaving it."""
 
-    def __init__(self, model: str, deployment: VLLMDeployment, device: str = "cpu") -> None:
+    def __init__(self, model: str, args: VLLMEngineArgs, device: str = "cpu") -> None:
         self.spec = get_model(model)
-        self.deployment = deployment
+        self.args = args
         self.device = device
         set_vllm_env(device)  # before vLLM is first imported: its logging is set up then
         self.output = EngineOutput()  # vLLM's warnings, shown only if it fails
@@ -115,7 +119,7 @@ class VLLMServer:
         self._logs: list[StepLog] = []  # the run in progress, fed by the engine's stat logger
         self._stack = ExitStack()
         self._stack.callback(self.output.close)
-        self.llm: Any = None
+        self.llm: AsyncLLM | None = None
         self.engine_start_s = 0.0
         self.warmup_s = 0.0
         self.pinned: dict[int, str] = {}  # the processes `executor.vllm_pinning` pinned, by pid: their role
@@ -136,9 +140,9 @@ class VLLMServer:
     def _start_and_warm_up(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        model_dir = self._stack.enter_context(vllm_model_dir(self.spec, self.deployment.dtype))
+        model_dir = self._stack.enter_context(vllm_model_dir(self.spec, self.args.dtype))
         t0 = time.perf_counter()
-        self.llm = self._start(AsyncEngineArgs(**engine_args(model_dir, self.deployment),
+        self.llm = self._start(AsyncEngineArgs(**engine_args(model_dir, self.args),
                                                disable_log_stats=True, enable_logging_iteration_details=True))
         self._stack.callback(self._shutdown)
         self.pinned = self._stack.enter_context(pinned(os.getpid()))  # SIMCTL_VLLM_PIN
@@ -147,12 +151,12 @@ class VLLMServer:
         self.serve(WARM_UP)  # as simctl's own engine warms up before its clock starts
         self.warmup_s = time.perf_counter() - t0
 
-    def _start(self, args: Any) -> Any:
+    def _start(self, args: AsyncEngineArgs) -> AsyncLLM:
         """The started AsyncLLM; InputError, in one line, for settings vLLM refuses or an engine that
         failed."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        async def start() -> Any:  # AsyncLLM starts its output handler on the running loop
+        async def start() -> AsyncLLM:  # AsyncLLM starts its output handler on the running loop
             return AsyncLLM.from_engine_args(args, stat_loggers=[step_recorder(self._logs)])
 
         try:
@@ -201,8 +205,8 @@ class VLLMServer:
             "long_prefill_token_threshold": sched.long_prefill_token_threshold,
             "enable_prefix_caching": int(cache.enable_prefix_caching),  # 0 or 1, as vllm-v1's setting
             "max_model_len": config.model_config.max_model_len,
-            # the simulated twin: `engine.real.twin_policy(summary)` builds vllm-v1 on kv_capacity_tokens with
-            # these settings (its max_batch_size is vLLM's max_num_seqs; the others have vLLM's names)
+            # the simulated twin: `validation.twin.twin_policy(summary)` builds vllm-v1 on kv_capacity_tokens
+            # with these settings (its max_batch_size is vLLM's max_num_seqs; the others have vLLM's names)
             "policy": TWIN_POLICY,
             "max_batch_size": sched.max_num_seqs,
             "dtype": str(config.model_config.dtype).removeprefix("torch."),
@@ -278,13 +282,13 @@ def _check(requests: list[Request], tokens: list[int], log: StepLog) -> None:
 
 def run_summary(config: RealConfig, server: VLLMServer, run: VLLMRun, wall_s: float) -> dict[str, Any]:
     """summary.json of a vLLM run: the trace's parameters as `simctl real` records them, the metrics of
-    `simctl.results.metrics.summarize`, the engine's settings, and what could not be recorded."""
+    `simctl.results.metrics.summarise_result`, the engine's settings, and what could not be recorded."""
     from simctl.executor.runtime import cpu_name
     from simctl.results.cluster_summary import replica_row
-    from simctl.results.metrics import summarize
+    from simctl.results.metrics import summarise_result
     from simctl.traces.build import has_arrival_times
 
-    metrics = summarize(run.result)
+    metrics = summarise_result(run.result)
     # one replica, as simctl's own real runs record theirs (replicas.parquet)
     replica = replica_row("replicas", 0, "cpu", metrics, run.result.iterations, run.result.queue_at_arrival,
                           metrics["makespan_s"])
@@ -301,7 +305,7 @@ def vllm_real_main(*, workload: Workload = REAL_WORKLOAD, model: str = "tiny", o
     """What `simctl real --engine vllm` does: check the options and the trace, start vLLM, serve, write `out`
     (summary.json, requests.parquet, iterations.parquet, replicas.parquet) if given, and return the summary.
     `settings`: vLLM's own, by vLLM's names (`engine_settings` makes them from vllm-v1's; None keeps vLLM's
-    default). `kv_capacity`: the tokens vLLM's KV cache holds for requests (`deployment_for`; None: vLLM sizes
+    default). `kv_capacity`: the tokens vLLM's KV cache holds for requests (`vllm_args_for`; None: vLLM sizes
     it). InputError in one line for what cannot run."""
     from simctl.engine.setup import DEFAULT_NUM_REQUESTS, DEFAULT_QPS
     from simctl.results.output import CLUSTER_RUN_FILES, check_out_dir, write_cluster_files
@@ -312,11 +316,11 @@ def vllm_real_main(*, workload: Workload = REAL_WORKLOAD, model: str = "tiny", o
                         model=model, dtype=dtype)
     config.validate()
     seed = config.workload.seed
-    deployment = deployment_for(config.model, seed, settings or {}, config.dtype, kv_capacity)
+    args = vllm_args_for(config.model, seed, settings or {}, config.dtype, kv_capacity)
     requests = config.workload.requests()
     get_model(config.model).check_context(requests, config.workload.scale)
     out_path = check_out_dir(Path(out), CLUSTER_RUN_FILES) if out is not None else None
-    with VLLMServer(config.model, deployment) as server:
+    with VLLMServer(config.model, args) as server:
         run = server.serve(requests, seed, concurrency=config.workload.concurrency,
                            think_s=config.workload.think_time)
         summary = run_summary(config, server, run, time.perf_counter() - t0)
@@ -336,8 +340,8 @@ def engine_settings(options: Mapping[str, Any]) -> dict[str, int]:
     return {VLLM_SETTINGS[k]: int(v) for k, v in given.items()}
 
 
-def deployment_for(model: str, seed: int, settings: Mapping[str, int | None], dtype: str = "float32",
-                   kv_capacity: int | None = None) -> VLLMDeployment:
+def vllm_args_for(model: str, seed: int, settings: Mapping[str, int | None], dtype: str = "float32",
+                   kv_capacity: int | None = None) -> VLLMEngineArgs:
     """The engine of `model` (max_model_len: its context) with vLLM's `settings` (vLLM's names; None or
     missing: vLLM's default), checked as vllm-v1 checks its own. `kv_capacity` (tokens): a KV cache of its
     whole blocks for requests plus vLLM's null block (None: vLLM sizes it from the memory); smaller than the
@@ -358,4 +362,4 @@ def deployment_for(model: str, seed: int, settings: Mapping[str, int | None], dt
                              f"got {kv_capacity!r}")
         given["num_gpu_blocks"] = kv_capacity // block + 1
         max_model_len = min(max_model_len, kv_capacity // block * block)
-    return VLLMDeployment(max_model_len=max_model_len, dtype=dtype, seed=seed, **given)
+    return VLLMEngineArgs(max_model_len=max_model_len, dtype=dtype, seed=seed, **given)

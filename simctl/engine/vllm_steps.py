@@ -24,16 +24,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simctl.policies.seq import Seq
 from simctl.serving.records import Records
+
+if TYPE_CHECKING:  # vLLM's own types, imported only where vLLM runs
+    from vllm.config import VllmConfig
+    from vllm.v1.metrics.loggers import StatLoggerBase
+    from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, RequestStateStats, SchedulerStats
 
 
 @dataclass
 class _Track:
     seq: Seq
-    stats: Any = None  # vllm's RequestStateStats, once the request is in vLLM's output processor
+    stats: RequestStateStats | None = None  # once the request is in vLLM's output processor
     seen: int = 0  # tokens recorded so far
 
 
@@ -65,7 +70,7 @@ class StepLog:
         waiting = sum(1 for t in self.tracks.values() if t.seq.first_scheduled_s < 0)
         self.records.queue_at_arrival.append(waiting)  # as far as this process knows; arrival included
 
-    def close(self, request_id: str, stats: Any) -> Seq:
+    def close(self, request_id: str, stats: RequestStateStats) -> Seq:
         """The request's final output arrived with `stats`: record what it did since the last step."""
         track = self.tracks.pop(request_id)
         track.stats = stats
@@ -73,7 +78,7 @@ class StepLog:
         track.seq.completion_s = track.seq.last_token_s
         return track.seq
 
-    def step(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+    def step(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
         arrived = time.monotonic()
         if iteration_stats is not None:
             self.generated += iteration_stats.num_generation_tokens
@@ -130,17 +135,17 @@ class StepLog:
         return stats.last_token_ts
 
 
-def step_recorder(log_holder: list[StepLog]) -> Any:
+def step_recorder(log_holder: list[StepLog]) -> type[StatLoggerBase]:
     """A vLLM stat logger factory whose loggers feed `log_holder[0]` (the run in progress, if any): one engine
     serves several runs, each with its own StepLog."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class StepRecorder(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        def __init__(self, vllm_config: VllmConfig, engine_index: int = 0) -> None:
             self.vllm_config = vllm_config
 
-        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-                   engine_idx: int = 0) -> None:
+        def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None,
+                   mm_cache_stats: MultiModalCacheStats | None = None, engine_idx: int = 0) -> None:
             if log_holder:
                 log_holder[0].step(scheduler_stats, iteration_stats)
 

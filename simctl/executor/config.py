@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simctl.common.errors import InputError
 from simctl.costs.graph_buckets import GraphShapes
+
+if TYPE_CHECKING:
+    import torch
 
 ATTENTION: dict[str, str] = {
     "auto": "CUDA: flash or memory-efficient, torch's pick per call, never cuDNN; CPU: flash or math",
@@ -41,12 +44,12 @@ _BACKENDS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
-def device_type(device: Any) -> str:
+def device_type(device: str | torch.device) -> str:
     """"cpu" or "cuda" of a device name ("cuda:1" -> "cuda")."""
     return "cuda" if str(device).lower().startswith("cuda") else "cpu"
 
 
-def eager_on(device: Any, eager: bool | None = None, moe: bool = False) -> bool:
+def eager_on(device: str | torch.device, eager: bool | None = None, moe: bool = False) -> bool:
     """`eager` as given, else the default: CUDA graphs on a GPU, eager on a CPU and for a mixture of experts
     (`moe`; its decode steps are not graphed, `simctl.executor.cuda_graphs`)."""
     return eager if eager is not None else device_type(device) == "cpu" or moe

@@ -14,16 +14,20 @@ against it.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simctl.catalogue.models import ModelSpec
 from simctl.common.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
 
 DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("cpu", "cuda")
 
 
-def torch_dtype(name: str) -> Any:
+def torch_dtype(name: str) -> torch.dtype:
     """`"float32"` -> `torch.float32`; InputError for anything else than DTYPES."""
     import torch
 
@@ -34,7 +38,7 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def resolve_device(device: str) -> Any:
+def resolve_device(device: str) -> torch.device:
     """`cpu`, or `cuda` when it is available (InputError otherwise: no silent fallback to the CPU)."""
     import torch
 
@@ -72,7 +76,7 @@ def _shape(spec: ModelSpec, attn_implementation: str | None) -> dict[str, Any]:
     }
 
 
-def llama_config(spec: ModelSpec, attn_implementation: str | None = None) -> Any:
+def llama_config(spec: ModelSpec, attn_implementation: str | None = None) -> PretrainedConfig:
     """A `LlamaConfig` with the shape of `spec` (a dense SwiGLU Llama-style shape)."""
     from transformers import LlamaConfig
 
@@ -81,7 +85,7 @@ def llama_config(spec: ModelSpec, attn_implementation: str | None = None) -> Any
     return LlamaConfig(intermediate_size=spec.intermediate_size, **_shape(spec, attn_implementation))
 
 
-def mixtral_config(spec: ModelSpec, attn_implementation: str | None = None) -> Any:
+def mixtral_config(spec: ModelSpec, attn_implementation: str | None = None) -> PretrainedConfig:
     """A `MixtralConfig` with the shape of `spec`: an MoE whose every layer is sparse, without shared experts
     (Mixtral's, and Qwen3-MoE's but for its QK norms)."""
     from transformers import MixtralConfig
@@ -95,7 +99,7 @@ def mixtral_config(spec: ModelSpec, attn_implementation: str | None = None) -> A
                          output_router_logits=False, sliding_window=None, **_shape(spec, attn_implementation))
 
 
-def hf_config(spec: ModelSpec, attn_implementation: str | None = None) -> Any:
+def hf_config(spec: ModelSpec, attn_implementation: str | None = None) -> PretrainedConfig:
     """The transformers config of `spec`: a `LlamaConfig`, or a `MixtralConfig` for a mixture of experts."""
     return (llama_config if spec.moe is None else mixtral_config)(spec, attn_implementation)
 
@@ -105,14 +109,14 @@ def architecture(spec: ModelSpec) -> str:
     return "LlamaForCausalLM" if spec.moe is None else "MixtralForCausalLM"
 
 
-def _model_class(spec: ModelSpec) -> Any:
+def _model_class(spec: ModelSpec) -> type[PreTrainedModel]:
     import transformers
 
     return getattr(transformers, architecture(spec))
 
 
-def build_model(spec: ModelSpec, device: Any = "cpu", dtype: Any = "float32", seed: int = 0, *,
-                attn_implementation: str | None = None) -> Any:
+def build_model(spec: ModelSpec, device: str | torch.device = "cpu", dtype: str = "float32", seed: int = 0, *,
+                attn_implementation: str | None = None) -> PreTrainedModel:
     """`LlamaForCausalLM` (an MoE: `MixtralForCausalLM`) of shape `spec` with random weights drawn from
     `seed`, on `device` in `dtype`, in eval mode with gradients off. Attention is the ragged executor's
     (`executor.ragged`) unless `attn_implementation` names another (e.g. "sdpa" for a reference model)."""
@@ -131,7 +135,7 @@ def build_model(spec: ModelSpec, device: Any = "cpu", dtype: Any = "float32", se
     return model
 
 
-def reference_model(model: Any, attn_implementation: str = "sdpa") -> Any:
+def reference_model(model: PreTrainedModel, attn_implementation: str = "sdpa") -> PreTrainedModel:
     """A copy of `model` (same weights) running transformers' own attention implementation."""
     config = copy.deepcopy(model.config)
     config._attn_implementation = attn_implementation

@@ -99,7 +99,8 @@ class RaggedExecutor:
     """Executes iterations of `model` (built by `simctl.executor.model.build_model`) over a KV slab of `slots`
     request rows of `max_len` positions each."""
 
-    def __init__(self, model: Any, slots: int, max_len: int, config: ExecutorConfig = DEFAULT_CONFIG) -> None:
+    def __init__(self, model: torch.nn.Module, slots: int, max_len: int,
+                 config: ExecutorConfig = DEFAULT_CONFIG) -> None:
         cfg = model.config
         if cfg._attn_implementation != ATTN_IMPLEMENTATION:
             raise ValueError(f"model must use attn_implementation={ATTN_IMPLEMENTATION!r} (got "
@@ -338,7 +339,7 @@ class RaggedExecutor:
             self.kv.zero_()
 
 
-def attention_kernels(model: Any, config: ExecutorConfig = DEFAULT_CONFIG) -> dict[str, str]:
+def attention_kernels(model: torch.nn.Module, config: ExecutorConfig = DEFAULT_CONFIG) -> dict[str, str]:
     """The SDPA kernel each kind of attention call runs under `config` on `model`'s device, dtype and heads,
     e.g. {"decode_masked": "efficient (folded)", ...}, for meta.json and summary.json: small iterations of
     every kind (prompts, decode rows of one and of mixed lengths, a chunk on cached context, padded and

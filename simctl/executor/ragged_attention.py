@@ -136,8 +136,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
                         for g in range(G)], 2).flatten(1, 2)
 
 
-def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: Any, scaling: float | None = None, dropout: float = 0.0,
+def ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                      **kwargs: Any) -> tuple[torch.Tensor, None]:
     """The attention function registered as ATTN_IMPLEMENTATION. query `[B, H, T, D]`, key/value
     `[B, KVH, T, D]` (rotary applied); returns `[B, T, H, D]`."""

@@ -5,7 +5,7 @@ Shared by the real vLLM run target (`engine/`) and the vLLM step profiler (`prof
 same engine. vLLM is optional: `require_vllm()` turns its absence into one line that says how to install it.
 
     with vllm_model_dir(get_model("tiny")) as model_dir:
-        args = engine_args(model_dir, VLLMDeployment(max_model_len=2048))
+        args = engine_args(model_dir, VLLMEngineArgs(max_model_len=2048))
 
 vLLM reads the shape from a `config.json` (`load_format="dummy"` gives random weights), takes prompts as token
 ids (no tokenizer) and samples `max_tokens` tokens with EOS ignored, so every request gets exactly its output
@@ -79,7 +79,7 @@ def vllm_model_dir(spec: ModelSpec, dtype: str = "float32") -> Iterator[Path]:
 
 
 @dataclass(frozen=True)
-class VLLMDeployment:
+class VLLMEngineArgs:
     """The engine settings simctl sets; None keeps vLLM's own default for the device."""
 
     max_model_len: int
@@ -96,18 +96,18 @@ class VLLMDeployment:
     seed: int = 0
 
 
-def engine_args(model_dir: Path, deployment: VLLMDeployment) -> dict[str, Any]:
-    """Keyword arguments of vLLM's `EngineArgs` / `AsyncEngineArgs` for `deployment`."""
+def engine_args(model_dir: Path, given: VLLMEngineArgs) -> dict[str, Any]:
+    """Keyword arguments of vLLM's `EngineArgs` / `AsyncEngineArgs` for `given`."""
     args: dict[str, Any] = {"model": str(model_dir), "load_format": "dummy", "skip_tokenizer_init": True,
-                            "enforce_eager": True, "max_model_len": deployment.max_model_len,
-                            "dtype": deployment.dtype, "seed": deployment.seed}
+                            "enforce_eager": True, "max_model_len": given.max_model_len,
+                            "dtype": given.dtype, "seed": given.seed}
     for key in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "block_size",
                 "long_prefill_token_threshold"):
-        value = getattr(deployment, key)
+        value = getattr(given, key)
         if value is not None:
             args[key] = value
-    if deployment.num_gpu_blocks is not None:
-        args["num_gpu_blocks_override"] = deployment.num_gpu_blocks
+    if given.num_gpu_blocks is not None:
+        args["num_gpu_blocks_override"] = given.num_gpu_blocks
     return args
 
 

@@ -4,7 +4,7 @@ prefill."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -13,6 +13,9 @@ from simctl.costs.fit_results import FitReport
 from simctl.costs.fitted import Fitted
 from simctl.costs.fitted_form import predict_arrays
 from simctl.plots.log_scale import log_axes
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 KIND_COLORS = {"prefill": "#1f77b4", "decode": "#d62728", "hybrid": "#2ca02c", "padded_prefill": "#9467bd",
                "padded_decode": "#ff7f0e"}
@@ -45,7 +48,7 @@ def fit_figure(path: Path, df: pd.DataFrame, pred: np.ndarray, held: np.ndarray,
     plt.close(fig)
 
 
-def _measured_vs_predicted(ax: Any, y: np.ndarray, pred: np.ndarray, kinds: np.ndarray, held: np.ndarray,
+def _measured_vs_predicted(ax: Axes, y: np.ndarray, pred: np.ndarray, kinds: np.ndarray, held: np.ndarray,
                            report: FitReport) -> None:
     """Every row, per kind, log-log around y = x and a ±10% band."""
     lo, hi = min(y.min(), pred.min()) / 1.3, max(y.max(), pred.max()) * 1.3
@@ -77,7 +80,7 @@ def _prompt_ms(fitted: Fitted, tokens: np.ndarray) -> np.ndarray:
                           tokens, ones, zeros, zeros) * 1e3
 
 
-def _prefill_curve(ax: Any, T: np.ndarray, y: np.ndarray, held: np.ndarray, fitted: Fitted) -> None:
+def _prefill_curve(ax: Axes, T: np.ndarray, y: np.ndarray, held: np.ndarray, fitted: Fitted) -> None:
     """One prompt's rows (T tokens, y ms) and the fitted curve with its linear-layer knots, log-log; a
     linear zoom on the tile steps where the tile is large enough to show them."""
     tile = fitted.tile
@@ -103,7 +106,7 @@ def _prefill_curve(ax: Any, T: np.ndarray, y: np.ndarray, held: np.ndarray, fitt
         _tile_zoom(ax, T, y, fitted)
 
 
-def _tile_zoom(ax: Any, T: np.ndarray, y: np.ndarray, fitted: Fitted) -> None:
+def _tile_zoom(ax: Axes, T: np.ndarray, y: np.ndarray, fitted: Fitted) -> None:
     """Inset: a linear zoom over a few tiles around the largest boundary with measured points."""
     tile = fitted.tile
     lo_t = tile * max(1, int(np.median(T[T > tile]) // tile) - 1) if (T > tile).any() else tile

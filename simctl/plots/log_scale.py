@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
-def log_axes(ax: Any, axes: str = "xy") -> None:
+def log_axes(ax: Axes, axes: str = "xy") -> None:
     """Log scale on `axes` ("x", "y" or both) with plain-number labels at 1, 2, 5 x 10^k (no overlapping minor
     labels). matplotlib is imported here, when a figure is drawn: importing the fit must not load it."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter

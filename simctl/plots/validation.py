@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from simctl.plots.log_scale import log_axes
 from simctl.results.validation_report import ValidationReport, fmt_err, load_unit
+from simctl.serving.records import GapHistogram
 
 
-def _hist_cdf(gaps: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(values, cumulative fraction) of a GapHistogram (bin centres)."""
+def _hist_cdf(gaps: GapHistogram) -> tuple[np.ndarray, np.ndarray]:
+    """(values, cumulative fraction) of the gaps (bin centres)."""
     idx = np.nonzero(gaps.counts)[0]
     if len(idx) == 0:
         return np.empty(0), np.empty(0)

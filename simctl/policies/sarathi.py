@@ -17,9 +17,9 @@ The two ablations of the paper's Table 4:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from simctl.policies.base import option
+from simctl.policies.kv import KVManager
 from simctl.policies.plan import BatchPlan, hybrid
 from simctl.policies.prefix_caching import CachesPrefixes, CachingSettings
 from simctl.policies.seq import Seq
@@ -34,7 +34,7 @@ class SarathiServe(CachesPrefixes):
     class Settings(CachingSettings):
         token_budget: int = option(512, "tokens per iteration (tau; 512 is the paper's strict-SLO setting)")
 
-    def __init__(self, kv: Any, **options: int) -> None:
+    def __init__(self, kv: KVManager, **options: int) -> None:
         super().__init__(kv, **options)
         self.token_budget = self.settings.token_budget
 
@@ -111,7 +111,7 @@ class ChunkedPrefillsOnly(SarathiServe):
     name = "sarathi-chunked-only"
     summary = "Sarathi-Serve ablation: chunked prefills in iterations of their own, taking turns with decodes"
 
-    def __init__(self, kv: Any, **options: int) -> None:
+    def __init__(self, kv: KVManager, **options: int) -> None:
         super().__init__(kv, **options)
         self.decode_turn = False  # the artifact's `whose_turn`: a prefill iteration hands the next to decodes
 

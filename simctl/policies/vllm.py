@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simctl.policies.base import Policy, option
+from simctl.policies.kv import KVManager
 from simctl.policies.plan import BatchPlan, hybrid
 from simctl.policies.prefix_caching import CachesPrefixes, CachingSettings
 
@@ -26,7 +27,7 @@ class VLLM(CachesPrefixes):
         max_tokens: int | None = option(None, "prompt tokens per prefill iteration (max_num_batched_tokens; "
                                               "default: the max sequence length)")
 
-    def __init__(self, kv: Any, **options: int) -> None:
+    def __init__(self, kv: KVManager, **options: int) -> None:
         super().__init__(kv, **options)
         if self.settings.max_tokens is None:
             raise ValueError("vLLM needs max_tokens: build() sets it to the deployment's max sequence length")

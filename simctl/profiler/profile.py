@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simctl.common.children import failure_line, stop
 from simctl.common.errors import InputError
@@ -29,6 +29,9 @@ from simctl.executor.runtime import default_threads, worker_env
 from simctl.profiler.shape_protocol import PROTOCOLS
 from simctl.profiler.shapes import COLUMNS
 from simctl.profiler.workloads import GRID_NAMES
+
+if TYPE_CHECKING:
+    from simctl.catalogue.models import ModelSpec
 
 PROFILE_FILES = ("profile.csv", "meta.json")
 
@@ -63,7 +66,7 @@ def _check_inputs(model_name: str, device: str, dtype: str, threads: int | None,
     return spec, dev, threads
 
 
-def _check_memory(spec: Any, device: str, dtype: str, grid: str) -> None:
+def _check_memory(spec: ModelSpec, device: str, dtype: str, grid: str) -> None:
     """The model, a shape's KV slab (on the CPU its cap; on cuda the slab takes a share of what the weights
     leave) and a prefill of the longest profiled shape against the device's memory, before the child
     builds anything (InputError)."""

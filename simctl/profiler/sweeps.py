@@ -8,12 +8,18 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from simctl.profiler.shapes import Shape
-from simctl.profiler.timing import adaptive_reps, summarize, time_fn
+from simctl.profiler.timing import CpuMonitor, adaptive_reps, summarise_times, time_fn
+
+if TYPE_CHECKING:
+    import torch
+
+    from simctl.profiler.vllm_grid import VLLMGrid
+    from simctl.profiler.workloads import Grid
 
 QUIET_SHARE = 0.05  # a block is quiet if other processes used at most this share of the machine's CPU
 WARM_ALWAYS_S = 0.02  # a call shorter than this gets a warm-up call before every block, even when kept
@@ -34,7 +40,7 @@ def select_blocks(bs: list[Block]) -> list[Block]:
     return [b for b in bs if b.quiet] or sorted(bs, key=lambda b: b.foreign)[:max(1, len(bs) // 3)]
 
 
-def summarize_blocks(blocks: list[list[Block]], grid: Any, monitor: Any
+def summarise_blocks(blocks: list[list[Block]], grid: Grid | VLLMGrid, monitor: CpuMonitor
                      ) -> tuple[list[dict[str, float]], dict[str, Any]]:
     """Per shape: reps, time_s, time_mean_s, time_p10_s, time_p90_s (median, mean and 10th/90th percentiles
     of the repetitions of `select_blocks`); and a summary of the timing for meta.json."""
@@ -43,7 +49,7 @@ def summarize_blocks(blocks: list[list[Block]], grid: Any, monitor: Any
         if not any(b.quiet for b in bs):
             no_quiet.append(grid.shapes[i].label())
         times = [t for b in select_blocks(bs) for t in b.times]
-        rows.append({"reps": len(times), **summarize(times)})
+        rows.append({"reps": len(times), **summarise_times(times)})
     every = [b for bs in blocks for b in bs]
     wall = np.array([sum(b.times) for b in every])
     spread = [r["time_p90_s"] / r["time_p10_s"] for r in rows]
@@ -74,8 +80,8 @@ class Sweeps:
     each, then re-timing of the shapes with fewer than `grid.quiet_blocks` quiet blocks, most needed first,
     until they have them or `deadline` (perf_counter seconds) passes."""
 
-    def __init__(self, worker: Any, grid: Any, model: Any, executor_cls: Any, monitor: Any,
-                 deadline: float) -> None:
+    def __init__(self, worker: Any, grid: Grid, model: torch.nn.Module, executor_cls: Any,
+                 monitor: CpuMonitor, deadline: float) -> None:
         self.worker, self.grid, self.model, self.executor_cls = worker, grid, model, executor_cls
         self.monitor, self.deadline = monitor, deadline
         n = self.n = len(grid.shapes)

@@ -24,16 +24,19 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+if TYPE_CHECKING:
+    import torch
 
-def _is_cuda(device: Any) -> bool:
+
+def _is_cuda(device: str | torch.device) -> bool:
     return str(getattr(device, "type", device)).startswith("cuda")
 
 
-def time_fn(fn: Callable[..., Any], warmup: int, reps: int, device: Any = "cpu",
+def time_fn(fn: Callable[..., Any], warmup: int, reps: int, device: str | torch.device = "cpu",
             setup: Callable[[], Any] | None = None) -> list[float]:
     """Seconds taken by each of `reps` calls of `fn`, after `warmup` untimed calls. With `setup`, each call
     (warm-ups too) is `fn(setup())`, `setup` untimed: the profiler's next repetition of a shape."""
@@ -67,7 +70,7 @@ def time_fn(fn: Callable[..., Any], warmup: int, reps: int, device: Any = "cpu",
     return times
 
 
-def summarize(times: list[float]) -> dict[str, float]:
+def summarise_times(times: list[float]) -> dict[str, float]:
     """The median of `times` (`time_s`, the estimate), their mean and 10th / 90th percentiles (linear
     interpolation)."""
     a = np.asarray(times, dtype=float)

@@ -63,7 +63,7 @@ class VLLMGrid:
     stream: bool = False  # the served stage also serves request streams (`profiler/vllm_stream.py`)
 
     @property
-    def shapes(self) -> tuple[StepProbe, ...]:  # as `simctl.profiler.worker.summarize_blocks` reads a grid
+    def shapes(self) -> tuple[StepProbe, ...]:  # as `simctl.profiler.sweeps.summarise_blocks` reads a grid
         return self.probes
 
     @property

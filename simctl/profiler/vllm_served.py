@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 from scipy.optimize import nnls
@@ -39,6 +39,10 @@ from simctl.common.errors import InputError
 from simctl.costs.base import CostModel
 from simctl.costs.fitted import Fitted
 from simctl.costs.overheads import StepOverheads
+
+if TYPE_CHECKING:
+    from simctl.engine.vllm_real import VLLMServer
+    from simctl.policies.plan import BatchPlan
 
 SERVED_PROMPT = 192  # prompt tokens of every request of a closed batch
 SERVED_OUTPUTS = 40  # output tokens: 39 decode steps a batch
@@ -75,7 +79,7 @@ def decode_periods(ends: np.ndarray, all_decode: np.ndarray) -> np.ndarray:
     return np.diff(ends)[ok]
 
 
-def time_served(server: Any, batches: tuple[int, ...], repeats: int) -> list[ServedStep]:
+def time_served(server: VLLMServer, batches: tuple[int, ...], repeats: int) -> list[ServedStep]:
     """Serve closed batches of each size in `batches`, `repeats` times, on `server` (a started
     `simctl.engine.vllm_real.VLLMServer`; see the module docstring); one `ServedStep` per size."""
     from simctl.traces.request import Request
@@ -96,7 +100,7 @@ def time_served(server: Any, batches: tuple[int, ...], repeats: int) -> list[Ser
     return out
 
 
-def time_admission(server: Any) -> list[float]:
+def time_admission(server: VLLMServer) -> list[float]:
     """The front end's admission latency on `server` (see `costs.overheads.StepOverheads.admission_s`): lone
     requests, each arriving at an idle engine, from arrival to their first scheduling as the engine core
     stamps it (on this clock; its scheduler takes a request in and schedules it within ~10 us, measured)."""
@@ -111,7 +115,7 @@ def served_stage(model: str, dtype: str, grid: str, seed: int, out: TextIO) -> N
     """The served stage of `grid` as a profiling child (the worker's protocol on `out`): a start event, then
     done with meta holding `served_steps`, the request stream's steps (`served_stream`, and what was run,
     `served_stream_info`; `simctl.profiler.vllm_stream`) and `served_s`."""
-    from simctl.engine.vllm_real import VLLMServer, deployment_for
+    from simctl.engine.vllm_real import VLLMServer, vllm_args_for
     from simctl.profiler.vllm_grid import vllm_grid
     from simctl.profiler.vllm_stream import time_stream
 
@@ -119,7 +123,7 @@ def served_stage(model: str, dtype: str, grid: str, seed: int, out: TextIO) -> N
     t0 = time.perf_counter()
     out.write(json.dumps({"event": "start", "shapes": len(g.served), "total": len(g.served), "skipped": []})
               + "\n")
-    with VLLMServer(model, deployment_for(model, seed, {}, dtype)) as server:
+    with VLLMServer(model, vllm_args_for(model, seed, {}, dtype)) as server:
         steps = time_served(server, g.served, g.served_repeats)
         admissions = time_admission(server)
         stream, info = time_stream(server, seed) if g.stream else ([], {})
@@ -130,7 +134,7 @@ def served_stage(model: str, dtype: str, grid: str, seed: int, out: TextIO) -> N
     out.flush()
 
 
-def decode_plan(batch: int, context: int) -> Any:
+def decode_plan(batch: int, context: int) -> BatchPlan:
     """The plan of a step decoding `batch` requests of `context` computed tokens each."""
     from simctl.policies.plan import packed
     from simctl.policies.seq import Seq

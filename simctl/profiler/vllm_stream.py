@@ -25,13 +25,16 @@ coefficient (`new_request_token_s`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from simctl.common.errors import InputError
 from simctl.costs.base import CostModel
 from simctl.policies.plan import BatchPlan
+
+if TYPE_CHECKING:
+    from simctl.engine.vllm_real import VLLMRun, VLLMServer
 
 STREAM_TRACE, STREAM_SCALE = "sharegpt", 0.05  # the lengths of the stream's requests
 STREAM_REQUESTS = 200  # requests per stream
@@ -87,7 +90,7 @@ class StreamStep:
         return packed(seqs, num_new)
 
 
-def stream_steps(run: Any, prompts: dict[int, int]) -> tuple[list[StreamStep], int]:
+def stream_steps(run: VLLMRun, prompts: dict[int, int]) -> tuple[list[StreamStep], int]:
     """The steps of a served run (`VLLMRun` recorded with members) that count (see the module docstring),
     and how many steps did not."""
     it = run.result.iterations.frame()
@@ -107,19 +110,19 @@ def stream_steps(run: Any, prompts: dict[int, int]) -> tuple[list[StreamStep], i
     return out, len(ends) - 1 - len(out)
 
 
-def time_stream(server: Any, seed: int) -> tuple[list[StreamStep], dict[str, Any]]:
+def time_stream(server: VLLMServer, seed: int) -> tuple[list[StreamStep], dict[str, Any]]:
     """Serve the request streams on `server` (a started `engine.vllm_real.VLLMServer`); their counting steps
     and what was run."""
     from dataclasses import replace
 
-    from simctl.results.metrics import summarize
+    from simctl.results.metrics import summarise_result
     from simctl.traces.build import build_trace
 
     def requests(qps: float) -> list:
         return build_trace(STREAM_TRACE, STREAM_REQUESTS, qps, seed + SEED_OFFSET, scale=STREAM_SCALE)
 
     closed = [replace(r, arrival_s=0.0) for r in requests(1.0)[:CLOSED_BATCH]]
-    throughput = CLOSED_BATCH / summarize(server.serve(closed, seed).result)["makespan_s"]
+    throughput = CLOSED_BATCH / summarise_result(server.serve(closed, seed).result)["makespan_s"]
     steps: list[StreamStep] = []
     dropped = 0
     for load in STREAM_LOADS:

@@ -23,10 +23,10 @@ simulator would build (`policies.plan.packed`); a timed step whose shape is not 
 row's features are `simctl.costs.features.plan_features` of the middle timed step of the first visit (contexts
 move by a token a step around it, so the median step is that one).
 
-Timing reuses the profiler's machinery: each visit of a probe is a `profiler.worker.Block` (its timed steps
+Timing reuses the profiler's machinery: each visit of a probe is a `profiler.sweeps.Block` (its timed steps
 and the CPU the rest of the machine used meanwhile, `profiler.timing.CpuMonitor`), visits are spread over
 sweeps in seeded random orders, and a row's time is the median of the steps of its quiet blocks
-(`simctl.profiler.worker.summarize_blocks`). Protocol on the original stdout: as `profiler/worker.py`'s.
+(`simctl.profiler.sweeps.summarise_blocks`). Protocol on the original stdout: as `profiler/worker.py`'s.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import platform
 import sys
 import time
 from dataclasses import asdict
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
@@ -49,7 +49,7 @@ from simctl.executor.runtime import cpu_name
 from simctl.executor.vllm_pinning import PIN_ENV, pinned
 from simctl.executor.vllm_runtime import (
     CPU_KV_CACHE_GIB,
-    VLLMDeployment,
+    VLLMEngineArgs,
     engine_args,
     require_vllm,
     sampling_params,
@@ -57,9 +57,16 @@ from simctl.executor.vllm_runtime import (
 )
 from simctl.policies.plan import BatchPlan, packed
 from simctl.policies.seq import Seq
+from simctl.profiler.sweeps import QUIET_SHARE, Block, summarise_blocks
 from simctl.profiler.vllm_grid import VLLM_GRIDS, StepProbe, VLLMGrid, vllm_grid
 from simctl.profiler.vllm_served import served_stage
-from simctl.profiler.worker import QUIET_SHARE, Block, run_child, summarize_blocks
+from simctl.profiler.worker import child_protocol
+
+if TYPE_CHECKING:  # vLLM's own types, imported where vLLM runs
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    from simctl.profiler.timing import CpuMonitor
 
 # the engine settings recorded in meta.json: the vLLM config field each is read from
 _SETTINGS = {"max_model_len": ("model_config", "max_model_len"),
@@ -85,7 +92,7 @@ def kind_of(plan: BatchPlan) -> str:
 class StepDriver:
     """One in-process vLLM engine, stepped one step at a time; `last` is the plan of the last step run."""
 
-    def __init__(self, engine: Any, vocab_size: int, seed: int) -> None:
+    def __init__(self, engine: LLMEngine, vocab_size: int, seed: int) -> None:
         self.engine = engine
         self.scheduler = engine.engine_core.engine_core.scheduler
         self.full_budget = self.scheduler.max_num_scheduled_tokens
@@ -102,7 +109,7 @@ class StepDriver:
 
         self.scheduler.schedule = observed
 
-    def plan_of(self, out: Any) -> BatchPlan:
+    def plan_of(self, out: SchedulerOutput) -> BatchPlan:
         """The plan of a `SchedulerOutput`: each scheduled request's tokens on its context before the step."""
         computed = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
         cached = out.scheduled_cached_reqs
@@ -258,7 +265,7 @@ class VLLMWorker:
             executor = engine.engine_core.engine_core.model_executor
             monitor = CpuMonitor(own=tuple(w.proc.pid for w in executor.workers))  # its model worker's CPU
             blocks, plans = self._time_grid(d, monitor)
-            timings, timing = summarize_blocks(blocks, self.grid, monitor)
+            timings, timing = summarise_blocks(blocks, self.grid, monitor)
             monitor.close()
             threads = engine.engine_core.engine_core.collective_rpc(_torch_threads)[0]  # the model worker's
             engine.engine_core.shutdown()
@@ -289,11 +296,10 @@ class VLLMWorker:
         with vllm_model_dir(self.spec, self.dtype) as model_dir:
             # the largest steps the grid makes (vLLM's `LLM` defaults on a CPU); a step's cost does not depend
             # on these caps, only the shapes they allow
-            deployment = VLLMDeployment(max_model_len=self.spec.max_position, dtype=self.dtype,
-                                        max_num_seqs=MAX_NUM_SEQS,
-                                        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                                        enable_prefix_caching=False, seed=self.seed)
-            engine = LLMEngine.from_engine_args(EngineArgs(**engine_args(model_dir, deployment),
+            given = VLLMEngineArgs(max_model_len=self.spec.max_position, dtype=self.dtype,
+                                   max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+                                   enable_prefix_caching=False, seed=self.seed)
+            engine = LLMEngine.from_engine_args(EngineArgs(**engine_args(model_dir, given),
                                                            distributed_executor_backend="mp",
                                                            disable_log_stats=True))
         config = engine.vllm_config
@@ -302,7 +308,7 @@ class VLLMWorker:
             raise RuntimeError(f"the engine runs with {settings}: steps could not be timed one by one")
         return engine, settings
 
-    def _time_grid(self, d: StepDriver, monitor: Any) -> tuple[list[list[Block]], list[BatchPlan]]:
+    def _time_grid(self, d: StepDriver, monitor: CpuMonitor) -> tuple[list[list[Block]], list[BatchPlan]]:
         """Every probe visited once a sweep, in a seeded random order each sweep: each visit's block (its
         steps' times and the foreign CPU meanwhile), and each probe's plan (its first visit's middle step)."""
         grid, n = self.grid, len(self.grid.probes)
@@ -377,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             VLLMWorker(args.model, args.dtype, args.grid, args.seed, out).run()
 
-    return run_child(body)
+    return child_protocol(body)
 
 
 if __name__ == "__main__":

@@ -72,17 +72,20 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from simctl.common.errors import InputError
 from simctl.costs.graph_buckets import GraphShapes
 from simctl.executor.runtime import cpu_name
 from simctl.profiler.shape_protocol import PROTOCOLS, ShapeProtocol
 from simctl.profiler.shapes import Shape
-from simctl.profiler.sweeps import QUIET_SHARE, Block, Sweeps, summarize_blocks
+from simctl.profiler.sweeps import Block, Sweeps, summarise_blocks
 
-# profiler/vllm_worker.py (which other work is changing) imports the blocks' names from here
-__all__ = ["QUIET_SHARE", "Block", "Worker", "main", "summarize_blocks"]
+if TYPE_CHECKING:
+    import torch
+
+    from simctl.profiler.timing import CpuMonitor
+    from simctl.profiler.workloads import Grid
 
 DEFAULT_CPU_KV_BYTES = 512 * 2 ** 20  # KV slab cap per shape on the CPU (a shared machine)
 KEEP_CPU_BYTES = 2 * 2 ** 30  # KV slabs kept allocated between visits of their shapes (CPU; see measure)
@@ -166,8 +169,8 @@ class Worker:
             return executor.run_padded(segs, length=shape.length, kv_len=shape.kv_len, dense=dense)
         return executor.run(segs)
 
-    def measure(self, grid: Any, model: Any, executor_cls: Any, monitor: Any, deadline: float,
-                kv_bytes_per_token: int) -> list[list[Block]]:
+    def measure(self, grid: Grid, model: torch.nn.Module, executor_cls: Any, monitor: CpuMonitor,
+                deadline: float, kv_bytes_per_token: int) -> list[list[Block]]:
         """Blocks of timed repetitions of every shape of `grid` (`profiler.sweeps.Sweeps`), each shape's KV
         slab sized at `kv_bytes_per_token`: the profile's own timing loop, which bench/profile_protocols.py
         also runs to compare the shape protocols."""
@@ -213,7 +216,7 @@ class Worker:
             torch.cuda.reset_peak_memory_stats(self.device)
         monitor = CpuMonitor()
         blocks = self.measure(grid, model, executor_cls, monitor, t_start + grid.max_wall_s, kv_bpt)
-        rows, timing = summarize_blocks(blocks, grid, monitor)
+        rows, timing = summarise_blocks(blocks, grid, monitor)
         for i, shape in enumerate(grid.shapes):
             self.emit(event="row", index=i, label=shape.label(), row={**shape.features(graphs), **rows[i]})
 
@@ -225,7 +228,7 @@ class Worker:
                 "wall_s": round(time.perf_counter() - t_start, 3)}
         self.emit(event="done", meta=meta)
 
-    def _warm_up(self, model: Any, executor_cls: Any, seconds: float) -> None:
+    def _warm_up(self, model: torch.nn.Module, executor_cls: Any, seconds: float) -> None:
         """Warm up the whole stack (thread pool start, allocator, first-call dispatch) before any shape."""
         from simctl.profiler.shapes import prefill
 
@@ -238,7 +241,7 @@ class Worker:
             if time.perf_counter() - t0 > seconds:
                 break
 
-    def _setting_meta(self, grid: Any) -> dict[str, Any]:
+    def _setting_meta(self, grid: Grid) -> dict[str, Any]:
         """What meta.json records of the profile's settings, software and machine."""
         import torch
         import transformers
@@ -294,12 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cuda-graphs", action="store_true", help="decode steps replay CUDA graphs")
     args = p.parse_args(argv)
 
-    return run_child(lambda out: Worker(args.model, args.device, args.dtype, args.threads, args.grid,
+    return child_protocol(lambda out: Worker(args.model, args.device, args.dtype, args.threads, args.grid,
                                         args.seed, out, args.protocol, args.attention,
                                         not args.cuda_graphs).run())
 
 
-def run_child(body: Callable[[TextIO], None]) -> int:
+def child_protocol(body: Callable[[TextIO], None]) -> int:
     """A profiling child's protocol around `body(out)`: the original stdout becomes `out`, the event stream,
     and anything else printed goes to stderr; an error ends the stream as an `error` event (`input`: the
     user's mistake, exit 2; else a bug or a device failure, its traceback on stderr, exit 1)."""

@@ -1,8 +1,9 @@
-"""What a deployment's run yields, simulated or real: its summary (`summarise_cluster`: the single-run metrics
-of `results.metrics.summarize` over every request, token gap and iteration of the cluster, plus per replica
-and per pool: requests served, utilisation (busy time / the run's span), the waiting queue each arrival met,
-KV peak; and the KV link's use), each replica's row of replicas.parquet, and the iterations table. The
-cluster is sustainable when every replica is, by the single-replica rules applied to the requests it served.
+"""What a deployment's run yields, simulated or real: its summary (`summarise_cluster`: the single-run
+metrics of `results.metrics.summarise_result` over every request, token gap and iteration of the cluster, plus
+per replica and per pool: requests served, utilisation (busy time / the run's span), the waiting queue each
+arrival met, KV peak; and the KV link's use), each replica's row of replicas.parquet, and the iterations
+table. The cluster is sustainable when every replica is, by the single-replica rules applied to the requests
+it served.
 
 `sim.cluster_run` and `engine.deployment` both hand their replicas' records here as `MemberRecords`, so
 `simctl real` writes what `simctl run` writes.
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from simctl.policies.seq import Seq
-from simctl.results.metrics import summarize
+from simctl.results.metrics import summarise_result
 from simctl.results.run_result import SimResult
 from simctl.serving.kv_link import KVLink
 from simctl.serving.records import GapHistogram, IterationLog, request_columns
@@ -60,7 +61,7 @@ class MemberRecords:
 def replica_row(pool: str, index: int, gpu: str, s: dict[str, Any], iterations: IterationLog,
                 queue: np.ndarray, span: float) -> dict[str, Any]:
     """One replica's row of replicas.parquet (and the summary's `replica_metrics`): `s` its metrics
-    (`summarize`), `iterations` its iteration records, `queue` the queue each of its arrivals found."""
+    (`summarise_result`), `iterations` its iteration records, `queue` the queue each of its arrivals found."""
     busy = float(np.frombuffer(iterations.duration, dtype=np.float64).sum())
     return {"pool": pool, "replica": index, "gpu": gpu, "requests": s["num_requests"],
             "completed": s["completed"], "busy_s": busy, "utilisation": busy / span if span > 0 else 0.0,
@@ -85,9 +86,9 @@ def summarise_cluster(head: dict[str, Any], members: list[MemberRecords], seqs: 
     result = SimResult(request_columns=columns, iterations=_merged([m.iterations for m in members]),
                        gaps=gaps, queue_at_arrival=np.concatenate([m.queue for m in entry]), aborted=aborted,
                        kv_capacity=kv_capacity, wall_s=wall_s)
-    summary = {**head, **summarize(result)}
+    summary = {**head, **summarise_result(result)}
     span = summary["makespan_s"]
-    rows = [replica_row(m.pool, m.index, m.gpu, summarize(m.result()) if len(members) > 1 else summary,
+    rows = [replica_row(m.pool, m.index, m.gpu, summarise_result(m.result()) if len(members) > 1 else summary,
                         m.iterations, m.queue, span)  # one replica: its metrics are the run's
             for m in members]
     if len(members) > 1:  # each replica's counts (its prefix-cache hit rate); one replica's are the run's

@@ -72,7 +72,7 @@ def _offered_rate(arrivals: np.ndarray) -> float | None:
     return (len(arrivals) - 1) / span if span > 0 else None
 
 
-def summarize(result: SimResult) -> dict[str, Any]:
+def summarise_result(result: SimResult) -> dict[str, Any]:
     req = result.request_columns
     all_arrivals = req["arrival_s"]
     done = req["completion_s"] >= 0

@@ -16,7 +16,7 @@ the run is no capacity, even while the median delay is still short); `paper` is 
 
 A summary carries percentiles but not per-request outcomes: `slo_attainment` is computed from the run's
 requests table (`SLO.attainment`), by whoever holds it (the capacity probe adds it to each probe's summary),
-so `simctl.results.metrics.summarize` stays independent of any SLO.
+so `simctl.results.metrics.summarise_result` stays independent of any SLO.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from simctl.common.errors import InputError
+from simctl.serving.records import GapHistogram
 
 METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "tbt_p50", "tbt_p90", "tbt_p99", "e2e_p50", "e2e_p90",
            "e2e_p99", "throughput_rps", "throughput_tokens_per_s")
@@ -44,8 +45,8 @@ class RunPair:
     load: float
     real_ttft: np.ndarray
     sim_ttft: np.ndarray
-    real_gaps: Any  # GapHistogram (replayed from the real times)
-    sim_gaps: Any
+    real_gaps: GapHistogram  # replayed from the real times
+    sim_gaps: GapHistogram
     replay_complete: bool
 
 

@@ -100,7 +100,7 @@ def duration_of(end: np.ndarray) -> float:
 
 
 @dataclass(frozen=True)
-class Goodput:
+class GoodputLimits:
     """vLLM's --goodput limits, in ms, by vLLM's names (ttft, tpot, e2el)."""
 
     limits_ms: Mapping[str, float]
@@ -116,7 +116,7 @@ class Goodput:
         return self.slo().meeting(requests) / duration_s if duration_s > 0 else 0.0
 
 
-def parse_goodput(values: list[str] | None) -> Goodput | None:
+def parse_goodput(values: list[str] | None) -> GoodputLimits | None:
     """vLLM's `--goodput` items, KEY:MS (ttft, tpot, e2el), given as separate values or separated by commas
     or spaces within one, in milliseconds as vLLM's bench takes them, or with a unit (500ms, 0.5s); None
     when none is given."""
@@ -141,10 +141,10 @@ def parse_goodput(values: list[str] | None) -> Goodput | None:
         if key in limits:
             raise InputError(f"--goodput: {key} is given twice")
         limits[key] = ms
-    return Goodput(limits)
+    return GoodputLimits(limits)
 
 
-def with_goodput(summary: dict[str, object], requests: RequestTable, goodput: Goodput | None
+def with_goodput(summary: dict[str, object], requests: RequestTable, goodput: GoodputLimits | None
                  ) -> dict[str, object]:
     """The summary with `vllm_bench.request_goodput` (and the limits, `vllm_bench.goodput`), when given."""
     if goodput is None:

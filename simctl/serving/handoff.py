@@ -1,7 +1,8 @@
-"""A deployment's requests as run-time state, and disaggregated prefill and decode, as both the simulated
-cluster (`sim.cluster`) and the real engines (`engine.deployment`, `engine.disagg`, `engine.replay`) run them:
-a prefill instance serves a copy of each request that ends at its first token, and the request then reaches a
-decode instance with its KV cached. Written once here so the modes build and hand over the same state."""
+"""A deployment's requests as run-time state, and disaggregated prefill and decode, as the simulated cluster
+(`sim.cluster`), the real engines (`engine.deployment`, `engine.disagg`) and the replay of a real run
+(`validation.replay`) run them: a prefill instance serves a copy of each request that ends at its first token,
+and the request then reaches a decode instance with its KV cached. Written once here so the modes build and
+hand over the same state."""
 
 from __future__ import annotations
 

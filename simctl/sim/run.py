@@ -183,7 +183,7 @@ def check_step_overheads(cost: str | Path | None, execution: str | None,
 
 
 @dataclass(frozen=True)
-class Deployment:
+class ReplicaHardware:
     """One replica's hardware for a run: the model on its GPU(s), its cost model and KV capacity (sized from
 the deployment's memory, weights and TP degree by `costs.kv_capacity`, whatever prices its steps)."""
 
@@ -223,7 +223,7 @@ the deployment's memory, weights and TP degree by `costs.kv_capacity`, whatever 
         return max_seq_len
 
 
-def deploy(config: RunConfig, gpu_name: str, tp: int) -> Deployment:
+def deploy(config: RunConfig, gpu_name: str, tp: int) -> ReplicaHardware:
     """A replica of `tp` GPUs named `gpu_name` for `config`'s model and cost model."""
     model, gpu = get_model(config.model), get_gpu(gpu_name)
     pp = check_pp(config.pp, model)
@@ -233,17 +233,17 @@ def deploy(config: RunConfig, gpu_name: str, tp: int) -> Deployment:
         kv = pipeline_kv_tokens(model, gpu, tp, pp, loaded.dtype_bytes, loaded.memory_bytes, config.kv_sizing)
         link = boundary_link(cost if isinstance(cost, Roofline) else Roofline(model, gpu, tp=tp),
                              config.pp_link_gbps)
-        return Deployment(model, gpu, tp, cost, kv // pp, loaded.label, loaded.warnings, pp,
+        return ReplicaHardware(model, gpu, tp, cost, kv // pp, loaded.label, loaded.warnings, pp,
                           staged(cost, model, link, pp))
     # on a GPU, vllm-v1's cache as vLLM sizes it (vLLM's CPU backend takes a KV size given instead)
     policy = policy_class(config.policy)
     profiled = None if gpu.name == "cpu" else policy.memory_profile(config.options, gpu.name)
     kv = kv_capacity_tokens(model, gpu, tp, loaded.dtype_bytes, loaded.memory_bytes, config.kv_sizing,
                             VLLMProfile(*profiled) if profiled else None)
-    return Deployment(model, gpu, tp, cost, kv, loaded.label, loaded.warnings)
+    return ReplicaHardware(model, gpu, tp, cost, kv, loaded.label, loaded.warnings)
 
 
-def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> Deployment:
+def _deploy_pool(config: RunConfig, cc: ClusterConfig, pool: str) -> ReplicaHardware:
     """A pool's replica: its own GPU and TP degree where given (--prefill-gpu/-tp, --decode-gpu/-tp), else the
     run's; a TP degree the model or cost model refuses is named by the option that gave it."""
     gpu = {"prefill": cc.prefill_gpu, "decode": cc.decode_gpu}.get(pool) or config.gpu
@@ -360,7 +360,7 @@ def _note_too_long(summary: dict[str, Any], screened: Screened, limit: int) -> N
     summary["warnings"].append(note)
 
 
-def _pool(name: str, count: int, d: Deployment, max_seq_len: int, config: RunConfig, cc: ClusterConfig,
+def _pool(name: str, count: int, d: ReplicaHardware, max_seq_len: int, config: RunConfig, cc: ClusterConfig,
           cluster: Cluster, recorder: TimelineBackend | None = None) -> Pool:
     def new_policy() -> Policy:
         return make_policy(config.policy, d.kv_capacity, max_seq_len, config.options, d.gpu.name)

@@ -9,7 +9,7 @@ batch random samples, as the paper does; `length-ordered` sorts what waits, as i
 Length profiles: the paper's Table 2 gives each dataset's min / mean / max prompt length over a 1,000-prompt
 subsample. A shifted log-normal min + exp(mu + sigma Z), clipped to [min, max], stands in for each: its
 99.9th percentile (the expected maximum of 1,000 draws) is put at max and its mean at the table's mean,
-which fixes sigma in closed form (`LengthProfile.lognormal`). `simctl prefill-bench --json` reports the
+which fixes sigma in closed form (`LognormalLengths.lognormal`). `simctl prefill-bench --json` reports the
 sampled min / mean / max next to the table's.
 
 Peak memory during a prefill (an estimate, not a measurement): weights, the KV of every computed row
@@ -39,7 +39,7 @@ Z999 = 3.090232306167813  # standard normal 99.9th percentile
 
 
 @dataclass(frozen=True)
-class LengthProfile:
+class LognormalLengths:
     name: str
     min: int
     mean: float
@@ -60,12 +60,12 @@ class LengthProfile:
 
 # Prepacking, Appendix Table 2 (1,000-prompt subsamples): min / mean / max prompt length
 PROFILES = {p.name: p for p in [
-    LengthProfile("mmlu", 4, 64, 1102, "MMLU"),
-    LengthProfile("samsum", 21, 169, 942, "SamSum"),
-    LengthProfile("alpaca", 43, 126, 527, "Alpaca"),
-    LengthProfile("wikitext256", 1, 73, 256, "Wikitext, max length 256"),
-    LengthProfile("wikitext512", 6, 120, 512, "Wikitext, max length 512"),
-    LengthProfile("hh-rlhf", 22, 247, 1620, "Anthropic HH RLHF"),
+    LognormalLengths("mmlu", 4, 64, 1102, "MMLU"),
+    LognormalLengths("samsum", 21, 169, 942, "SamSum"),
+    LognormalLengths("alpaca", 43, 126, 527, "Alpaca"),
+    LognormalLengths("wikitext256", 1, 73, 256, "Wikitext, max length 256"),
+    LognormalLengths("wikitext512", 6, 120, 512, "Wikitext, max length 512"),
+    LognormalLengths("hh-rlhf", 22, 247, 1620, "Anthropic HH RLHF"),
 ]}
 
 

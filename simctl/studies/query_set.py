@@ -22,7 +22,7 @@ import numpy as np
 from simctl.common.errors import InputError
 from simctl.costs.base import CostModel
 from simctl.policies.registry import make_policy, max_admissible_tokens
-from simctl.results.metrics import summarize
+from simctl.results.metrics import summarise_result
 from simctl.sim.simulate import simulate
 from simctl.traces.build import aligned
 from simctl.traces.request import Request
@@ -71,6 +71,6 @@ def completion_time(policy: str, requests: list[Request], batch_size: int, cost:
     if need > max_admissible_tokens(policy, kv_capacity, max_seq_len):
         raise InputError(f"{policy}: a query of {need} tokens does not fit the {kv_capacity}-token KV cache")
     engine = make_policy(policy, kv_capacity, max_seq_len, {**(options or {}), "max_batch_size": batch_size})
-    s = summarize(simulate(requests, engine, cost))
+    s = summarise_result(simulate(requests, engine, cost))
     return {"completion_s": s["makespan_s"], "kv_peak_tokens": s["kv_peak_tokens"],
             "iterations": s["iterations"]}

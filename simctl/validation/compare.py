@@ -1,5 +1,5 @@
 """One validation point: finished real runs (repeats of one run) against the simulator on identical requests,
-their iterations replayed and re-priced (`engine.replay`), as a report row, its per-iteration evidence and
+their iterations replayed and re-priced (`validation.replay`), as a report row, its per-iteration evidence and
 the CDF data (`simctl.results.validation_report.RunPair`)."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simctl.costs.base import ScaledCost
-from simctl.engine.replay import iteration_evidence, merge_replays, replay_real
+from simctl.costs.base import CostModel, ScaledCost
 from simctl.results.output import atomic_write, write_run
 from simctl.results.validation_report import METRICS, RunPair, pct_error
 from simctl.studies.capacity import SLO
+from simctl.validation.replay import iteration_evidence, merge_replays, replay_real
 from simctl.validation.twin import simulate_twin
 
 
 def compare_run(policy: str, load: float, value: float, sim_capacity: float, reals: list[Path], run_dir: Path,
-                cost: Any, slo: SLO, foreign: float | None = None,
+                cost: CostModel, slo: SLO, foreign: float | None = None,
                 variable: str = "qps") -> tuple[dict[str, Any], dict[str, Any], RunPair]:
     """Finished real runs (their folders `reals`: repeats of one run at `value` of `variable`, a rate or a
     concurrency) against the simulator on identical requests: writes `run_dir/sim/` and

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Self
 
+from simctl.costs.base import CostModel
 from simctl.costs.provenance import check_fitted_run
 from simctl.traces.workload import Workload
 from simctl.validation.machine_load import LoadMeter, wait_quiet
-from simctl.validation.target import Served
+from simctl.validation.target import ServedRun
 from simctl.validation.twin import Setup, simulate_twin, twin_summary
 
 BUSY_SHARE = 0.15  # other processes' share of the machine above which a real run is said to run on a busy one
@@ -25,7 +26,7 @@ class SimctlEngine:
     machine."""
 
     setup: Setup
-    fitted: Any
+    fitted: CostModel
     policies: list[str]
     say: Callable[[str], None] = lambda _msg: None
     quiet_wait_s: float = 0.0
@@ -61,7 +62,7 @@ class SimctlEngine:
         return simulate_twin(twin_summary(replace(self.setup, workload=workload), policy, workload.qps),
                              self.fitted)[0]
 
-    def serve(self, policy: str, workload: Workload, out: Path | None) -> Served:
+    def serve(self, policy: str, workload: Workload, out: Path | None) -> ServedRun:
         """A real run (a child process) and the share of the machine other processes used meanwhile; its
         speed is measured when compared, from its replayed iterations (`validation.compare`)."""
         from simctl.engine.real import real_main
@@ -77,4 +78,4 @@ class SimctlEngine:
                       threads=setup.threads, device=setup.device, kv_budget_bytes=setup.kv_budget_bytes,
                       attention=setup.attention, eager=setup.eager, prefill_instances=setup.prefill_instances,
                       decode_instances=setup.decode_instances, policy=policy, out=out)
-        return Served(s, None, self.meter.stop())
+        return ServedRun(s, None, self.meter.stop())

@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simctl.costs.base import CostModel
 from simctl.results.validation_report import RunPair, fmt_err, fmt_ratio, pct_error, unavailable
 from simctl.studies.capacity import SLO, CapacityResult
 from simctl.validation.compare import compare_run
 from simctl.validation.pipeline import Outcome, Point, bracket, real_dirs, run_dir
-from simctl.validation.target import Served, Target
+from simctl.validation.target import ServedRun, Target
 
 # a capacity probe's keys that validation.json keeps, after the value probed (`probe_keys`)
 SIM_PROBE_KEYS = ("slo_met", "sched_delay_p50", "tbt_p99", "ttft_p50", "sustainable", "completed",
@@ -43,14 +44,14 @@ class Comparisons:
     priced by `fitted`."""
 
     target: Target
-    fitted: Any
+    fitted: CostModel
     slo: SLO
     out: Path
     repeats: int
     say: Callable[[str], None]
     found: Findings = field(default_factory=Findings)
 
-    def __call__(self, point: Point, runs: list[Served]) -> None:
+    def __call__(self, point: Point, runs: list[ServedRun]) -> None:
         shares = [r.foreign_share for r in runs if r.foreign_share is not None]
         where = run_dir(self.out, self.target, point)
         row, ev = self.found.add(compare_run(point.policy, point.load, point.value, point.capacity,

@@ -7,7 +7,7 @@
    project's 2-core VM the same run's decode steps took 2.1 ms in one run and 3.0 ms a minute later). An
    engine started once (`Target.warm_up`) first serves a discarded run at the last load.
 3. **Comparison**: each point's repeats against its twin, raw and at the machine's speed during the runs,
-   is the front end's (`Comparison`): simctl's engine replays its iterations (`validation.compare`), vLLM's
+   is the front end's (`ComparePoint`): simctl's engine replays its iterations (`validation.compare`), vLLM's
    reads its steps back (`validation.vllm_validate`); `at_fit_speed` picks the runs made at the fit's speed.
 4. **Real capacity** (optional): the SLO bisected over real runs with at most `MAX_REAL_PROBES`, bracketing
    by factors of `REAL_STEP` from the twin's capacity, or, if a point's runs already missed the SLO (by most
@@ -35,7 +35,7 @@ from simctl.common.errors import InputError
 from simctl.results.validation_report import fmt_err, pct_error
 from simctl.studies.capacity import SLO, CapacityResult, search_concurrency, search_qps
 from simctl.traces.workload import Workload
-from simctl.validation.target import Served, Target
+from simctl.validation.target import ServedRun, Target
 
 SIM_REL_TOL = 0.01
 SIM_MAX_PROBES = 40
@@ -105,8 +105,8 @@ def points_of(policy: str, loads: list[float], capacity: float, workload: Worklo
     return list(points.values()), left_out
 
 
-class Comparison(Protocol):
-    def __call__(self, point: Point, runs: list[Served]) -> None:
+class ComparePoint(Protocol):
+    def __call__(self, point: Point, runs: list[ServedRun]) -> None:
         """Step 3: a point's real runs (its repeats, in order) against its twin."""
 
 
@@ -116,7 +116,7 @@ class Outcome:
     policy's real capacity (when asked)."""
 
     twin: dict[str, CapacityResult] = field(default_factory=dict)
-    runs: dict[Point, list[Served]] = field(default_factory=dict)
+    runs: dict[Point, list[ServedRun]] = field(default_factory=dict)
     real: dict[str, CapacityResult] = field(default_factory=dict)
 
     def speeds(self) -> list[float | None]:
@@ -185,7 +185,7 @@ def checked_twin_capacity(target: Target, policy: str, slo: SLO, workload: Workl
     return found
 
 
-def at_fit_speed(runs: list[Served]) -> list[Served]:
+def at_fit_speed(runs: list[ServedRun]) -> list[ServedRun]:
     """The runs made at the speed the cost model was fitted at (within `FIT_SPEED_TOL`): they compare with the
     raw twin without scaling (near saturation a twin scaled by a run's factor extrapolates from prices a few
     percent off, where 5% of cost moves the P50s by 15-25 points)."""
@@ -215,11 +215,11 @@ def run_dir(out: Path, target: Target, point: Point) -> Path:
 
 
 def serve_rounds(target: Target, points: list[Point], repeats: int, out: Path,
-                 say: Callable[[str], None]) -> dict[Point, list[Served]]:
+                 say: Callable[[str], None]) -> dict[Point, list[ServedRun]]:
     """2. `repeats` rounds of real runs of every point (after a discarded one, for an engine started once)."""
     if target.warm_up and points:
         target.serve(points[-1].policy, points[-1].workload, None)
-    runs: dict[Point, list[Served]] = {p: [] for p in points}
+    runs: dict[Point, list[ServedRun]] = {p: [] for p in points}
     for k in range(repeats):
         for p in points:
             say(f"{p.policy}: real run at load {p.load:g} ({describe(p.variable, p.value)}, "
@@ -229,7 +229,7 @@ def serve_rounds(target: Target, points: list[Point], repeats: int, out: Path,
     return runs
 
 
-def real_start(sim_capacity: float, runs: dict[Point, list[Served]], slo: SLO) -> float:
+def real_start(sim_capacity: float, runs: dict[Point, list[ServedRun]], slo: SLO) -> float:
     """Where the real capacity's bisection starts: the twin's capacity, unless a point's runs missed the SLO
     (by most repeats): then the highest load value that met it (or the lowest one, one step down)."""
     met = {p.value: 2 * sum(slo.met(r.summary) for r in served) > len(served) for p, served in runs.items()}
@@ -273,7 +273,7 @@ class Plan:
     earlier: tuple[str, ...]
 
 
-def run(target: Target, plan: Plan, compare: Comparison, say: Callable[[str], None]) -> Outcome:
+def run(target: Target, plan: Plan, compare: ComparePoint, say: Callable[[str], None]) -> Outcome:
     """The stages on a started `target`; `compare` is called on each point once every round ran."""
     from simctl.results.output import prepare_out_dir
 

@@ -21,14 +21,13 @@ import numpy as np
 
 from simctl.catalogue.gpus import get_gpu
 from simctl.costs.loader import load_cost
-from simctl.engine.real import twin_policy
 from simctl.sim.simulate import simulate_routed
 from simctl.traces.request import Request
 from simctl.validation.prefix_hits import serial_hits
+from simctl.validation.twin import vllm_twin
 
 if TYPE_CHECKING:
     from simctl.engine.vllm_real import VLLMServer
-    from simctl.policies.vllm_v1 import VLLMV1
 
 
 @dataclass
@@ -53,12 +52,7 @@ def check_routed(requests: list[Request], server: VLLMServer, router: str, repli
     `server`'s model on the CPU: the times only order the cluster's events), then serve each replica's share
     on `server` at concurrency 1 (`seed`: the prompts' token ids)."""
     settings = server.settings()
-
-    def twin() -> VLLMV1:
-        return twin_policy({**settings, "kv_capacity_tokens": settings["kv_cache_tokens"],
-                            "max_seq_len": settings["max_model_len"]})
-
-    routed = [twin() for _ in range(replicas)]
+    routed = [vllm_twin(settings) for _ in range(replicas)]
     cost = load_cost(None, server.spec, get_gpu("cpu")).cost
     shares = simulate_routed(requests, routed, cost, router)
     by_id = {r.id: r for r in requests}
@@ -73,7 +67,7 @@ def check_routed(requests: list[Request], server: VLLMServer, router: str, repli
         req = run.result.requests
         order = np.argsort(req["arrival_s"].to_numpy(), kind="stable")  # one in flight: sent = served
         served = [int(j) for j in req["request_id"].to_numpy()[order]]
-        serial = twin()
+        serial = vllm_twin(settings)
         hits = serial_hits([by_id[j] for j in served], serial)
         checks.append(ReplicaCheck(i, served, [int(c) for c in req["prefix_cached_tokens"].to_numpy()[order]],
                                    hits, policy.hits, len(policy.kv.cached),

@@ -17,7 +17,7 @@ from simctl.traces.workload import Workload
 
 
 @dataclass(frozen=True)
-class Served:
+class ServedRun:
     """A real run: its summary; the machine's speed during it against the one the cost model was fitted on
     (its busy time over the fit's price of its steps; None where the target measures it when the runs are
     compared, as simctl's engine does from its replayed iterations, or no step counted); and the share of the
@@ -50,5 +50,5 @@ class Target(Protocol):
     def twin(self, policy: str, workload: Workload) -> dict[str, Any]:
         """The twin's summary of a run of `policy` serving `workload`, as the real run would be served."""
 
-    def serve(self, policy: str, workload: Workload, out: Path | None) -> Served:
+    def serve(self, policy: str, workload: Workload, out: Path | None) -> ServedRun:
         """A real run of `policy` serving `workload`, its files written to `out` (None: a run to discard)."""

@@ -1,15 +1,23 @@
 """The simulator's twin of a real run: the setup every run of a validation shares, the summary a real run at a
-rate would record (its requests and KV sizing) without running it, its simulation, and the cost model it is
-priced with."""
+rate would record (its requests and KV sizing) without running it, the same requests and policy rebuilt from
+a run's summary (`twin_inputs`), its simulation, and the cost model it is priced with."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simctl.executor.config import DEFAULT_CONFIG, ExecutorConfig, check_same
+from simctl.policies.base import Policy
+from simctl.policies.registry import make_policy, policy_class
 from simctl.serving.loop import overload_limit
+from simctl.traces.request import Request
 from simctl.traces.workload import Workload
+
+if TYPE_CHECKING:
+    from simctl.costs.base import CostModel
+    from simctl.engine.setup import RealConfig
+    from simctl.results.run_result import SimResult
 
 DEFAULT_LINK_GBPS = 1.0  # this VM's shared-memory hand-over, measured: 0.7-2.7 Gbit/s effective per transfer
 DEFAULT_NUM_REQUESTS = 300  # fewer, and the default SLO never binds (`simctl.validation.validate`)
@@ -37,7 +45,7 @@ class Setup:
         """Its fields for validation.json's `config`, the workload's among them (as a run's summary)."""
         return {**self.workload.recorded(), **{k: v for k, v in asdict(self).items() if k != "workload"}}
 
-    def real_config(self, policy: str, qps: float | None) -> Any:
+    def real_config(self, policy: str, qps: float | None) -> RealConfig:
         """The real run of `policy` at `qps` (None: closed-loop clients without a rate)."""
         from simctl.engine.real import RealConfig
 
@@ -50,7 +58,7 @@ class Setup:
 
 
 def twin_summary(setup: Setup, policy: str, qps: float | None) -> dict[str, Any]:
-    """The summary fields `engine.real.twin_inputs` reads, as a real run of `policy` at `qps` would record
+    """The summary fields `twin_inputs` reads, as a real run of `policy` at `qps` would record
     them (its requests and its KV sizing on the setup's budget), without running it."""
     from simctl.catalogue.models import get_model
     from simctl.catalogue.recorded_model import dtype_bytes_of
@@ -72,14 +80,34 @@ def twin_summary(setup: Setup, policy: str, qps: float | None) -> dict[str, Any]
 
 
 
-def fitted_executor(cost: Any) -> ExecutorConfig:
+def twin_inputs(summary: dict[str, Any]) -> tuple[list[Request], Policy]:
+    """The Request list a real run served and a fresh policy configured as it was (`twin_policy`), from the
+    run's summary: `simctl.sim.simulate.simulate(requests, policy, cost)` then predicts the same run."""
+    return Workload.of_record(summary).requests(), twin_policy(summary)
+
+
+def twin_policy(summary: dict[str, Any]) -> Policy:
+    """A fresh policy configured as the real run's was (KV capacity, max_seq_len, every policy setting)."""
+    settings = policy_class(summary["policy"]).Settings.__dataclass_fields__
+    return make_policy(summary["policy"], summary["kv_capacity_tokens"], summary["max_seq_len"],
+                       {k: summary[k] for k in settings if k in summary})
+
+
+def vllm_twin(settings: dict[str, Any], kv_capacity: int | None = None) -> Policy:
+    """`vllm-v1` configured as a started vLLM resolved its settings (`engine.vllm_real.VLLMServer.settings`),
+    on the KV blocks its requests can hold (`kv_cache_tokens`; or `kv_capacity` tokens)."""
+    kv = settings["kv_cache_tokens"] if kv_capacity is None else kv_capacity
+    return twin_policy({**settings, "kv_capacity_tokens": kv, "max_seq_len": settings["max_model_len"]})
+
+
+def fitted_executor(cost: CostModel) -> ExecutorConfig:
     """The executor configuration a fitted `cost` was profiled with (the default for a cost model without a
     profile)."""
     meta = getattr(cost, "meta", None)
     return ExecutorConfig.of_record(meta) if meta else DEFAULT_CONFIG
 
 
-def check_executor(cost: Any, run: dict[str, Any]) -> None:
+def check_executor(cost: CostModel, run: dict[str, Any]) -> None:
     """InputError when `run` (a real run's summary, or `twin_summary`'s) was made with another executor
     configuration than the fitted `cost` was profiled with: its times are another executor's."""
     meta = getattr(cost, "meta", None)
@@ -87,12 +115,11 @@ def check_executor(cost: Any, run: dict[str, Any]) -> None:
         check_same(meta, run)
 
 
-def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], Any]:
+def simulate_twin(summary: dict[str, Any], cost: CostModel) -> tuple[dict[str, Any], SimResult]:
     """The simulator's prediction of the run `summary` describes (a real run's, or `twin_summary`'s):
     (its summary, its SimResult)."""
     from simctl.catalogue.recorded_model import dtype_bytes_of
-    from simctl.engine.real import twin_inputs, twin_policy
-    from simctl.results.metrics import summarize
+    from simctl.results.metrics import summarise_result
     from simctl.sim.simulate import simulate
 
     check_executor(cost, summary)
@@ -111,7 +138,7 @@ def simulate_twin(summary: dict[str, Any], cost: Any) -> tuple[dict[str, Any], A
         return s, result
     result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)),
                       concurrency=summary.get("concurrency"), think_s=summary.get("think_time", 0.0))
-    return {**head, **summarize(result)}, result
+    return {**head, **summarise_result(result)}, result
 
 
 def cost_name(cost: Any) -> str:

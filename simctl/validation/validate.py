@@ -10,8 +10,8 @@ The stages and their constants are `validation.pipeline`'s, over simctl's engine
    sustainable and median scheduling delay <= 2 s; optionally P99 TBT), by bisection over QPS (closed-loop
    clients without a rate: over the concurrency, the rows and capacities in clients). Every probe
    is the run a real run at that rate would be: the same request generator (`traces.build_trace`:
-   trace, count, seed, scaled lengths), the same KV sizing (`engine.real.size_run` on the real runs' slab
-   budget), the policy rebuilt by `simctl.engine.real.twin_inputs`, priced by the fitted cost model.
+   trace, count, seed, scaled lengths), the same KV sizing (`engine.setup.size_run` on the real runs' slab
+   budget), the policy rebuilt by `validation.twin.twin_inputs`, priced by the fitted cost model.
 2. **Loads.** For each load (a fraction of that capacity) `repeats` real runs (`engine.real.real_main`, a
    child process each) and the simulator on the identical requests (`twin_inputs(summary)`): signed errors
    (sim - real) / real of P50/P90/P99 TTFT, TBT and E2E and of throughput (requests/s, output tokens/s), the
@@ -67,6 +67,7 @@ from typing import Any
 
 from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
+from simctl.costs.base import CostModel
 from simctl.costs.loader import load_cost
 from simctl.costs.provenance import check_fitted_run, fitted_dtype
 from simctl.results.validation_report import (
@@ -101,7 +102,7 @@ VALIDATION_DIRS = ("runs", "capacity")  # beside VALIDATION_FILES in `out`
 # ---- validation ------------------------------------------------------------------------------------------
 
 
-def _check_inputs(policies: list[str], loads: list[float], fitted: Any, out: str | Path,
+def _check_inputs(policies: list[str], loads: list[float], fitted: CostModel, out: str | Path,
                   setup: Setup) -> tuple[list[str], list[float]]:
     """Every check that needs neither the device nor torch; the policies and loads, normalised."""
     from simctl.policies.registry import POLICIES
@@ -128,7 +129,7 @@ def _check_inputs(policies: list[str], loads: list[float], fitted: Any, out: str
 
 
 def validate_main(policies: list[str], workload: Workload = DEFAULT_WORKLOAD,
-                  loads: list[float] = DEFAULT_LOADS, cost: str | Path | Any = None,
+                  loads: list[float] = DEFAULT_LOADS, cost: str | Path | CostModel | None = None,
                   out: str | Path = "out/validate", model: str = "tiny", threads: int | None = None,
                   slo: SLO = DEFAULT_SLO, capacity: bool = False,
                   quiet_wait_s: float = 0.0, repeats: int = 1, device: str = "cpu", dtype: str | None = None,
@@ -185,7 +186,7 @@ def validate_main(policies: list[str], workload: Workload = DEFAULT_WORKLOAD,
     return report
 
 
-def _ready(setup: Setup, fitted: Any, policies: list[str], loads: list[float], out: str | Path
+def _ready(setup: Setup, fitted: CostModel, policies: list[str], loads: list[float], out: str | Path
            ) -> tuple[list[str], list[float]]:
     """Every check before the device is probed; the policies and loads normalised."""
     from simctl.executor.runtime import default_threads

@@ -23,7 +23,7 @@ import pandas as pd
 from simctl.common.errors import InputError
 from simctl.results.output import json_text, write_files
 from simctl.results.validation_report import fmt_err, pct_error
-from simctl.results.vllm_bench import ITL_PERCENTILES, KEYS, Goodput, Stats, block, with_goodput
+from simctl.results.vllm_bench import ITL_PERCENTILES, KEYS, GoodputLimits, Stats, block, with_goodput
 from simctl.sim.run import RunConfig, run
 from simctl.traces.vllm_bench import VLLMBench, read_vllm_bench
 from simctl.traces.workload import Workload
@@ -39,7 +39,7 @@ class Comparison:
     rows: list[dict[str, Any]]  # metric, measured, predicted, error_pct
     assumptions: list[str]
     warnings: list[str]
-    goodput: Goodput | None
+    goodput: GoodputLimits | None
     prediction: dict[str, Any]  # the simulated run's summary
 
     def record(self) -> dict[str, Any]:
@@ -56,7 +56,7 @@ class Comparison:
         }
 
 
-def measured(bench: VLLMBench, goodput: Goodput | None) -> dict[str, float | None]:
+def measured(bench: VLLMBench, goodput: GoodputLimits | None) -> dict[str, float | None]:
     """vLLM's metrics of the file's successful requests, from its per-request lists."""
     out, tokens = bench.output_tokens, bench.prompt_tokens
     multi = out > 1
@@ -78,7 +78,7 @@ def _requests_table(bench: VLLMBench) -> pd.DataFrame:
 
 
 def compare(path: str | Path, model: str, gpu: str, policy: str = DEFAULT_POLICY, cost: str | None = None,
-            tp: int = 1, goodput: Goodput | None = None) -> Comparison:
+            tp: int = 1, goodput: GoodputLimits | None = None) -> Comparison:
     """The bench result at `path` beside its prediction by `policy` on `model` / `gpu` x `tp` priced by `cost`
     (simctl.sim.run.cost_model's choice when None), goodput with `goodput`'s limits."""
     if Path(path).suffix.lower() != ".json":  # it is simulated as a trace file, which its extension names
@@ -133,7 +133,8 @@ def _other_model(model_id: str | None, model: str) -> list[str]:
              f"{ours}'s shape, not necessarily the model the bench served")]
 
 
-def _disagreements(bench: VLLMBench, real: dict[str, float | None], goodput: Goodput | None) -> list[str]:
+def _disagreements(bench: VLLMBench, real: dict[str, float | None], goodput: GoodputLimits | None
+                   ) -> list[str]:
     """The file's own aggregates that its per-request lists do not reproduce."""
     out = []
     for key, value in bench.reported.items():

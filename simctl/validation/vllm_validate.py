@@ -36,7 +36,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import pandas as pd
 
@@ -48,7 +48,11 @@ from simctl.traces.request import Request
 from simctl.traces.workload import Workload
 from simctl.validation import pipeline
 from simctl.validation.pipeline import FIT_SPEED_TOL, Point, at_fit_speed, check_loads, check_repeats
-from simctl.validation.target import Served
+from simctl.validation.target import ServedRun
+
+if TYPE_CHECKING:
+    from simctl.engine.vllm_real import VLLMRun, VLLMServer
+    from simctl.results.run_result import SimResult
 
 # scheduling delay (arrival to first scheduled step) splits TTFT into queueing and the prefill steps
 METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "sched_delay_p50", "sched_delay_p90", "tpot_p50", "tpot_p90",
@@ -75,7 +79,7 @@ class VLLMValidation:
     repeats: int = 1
     capacity: bool = False
     slo: SLO = field(default_factory=SLO)
-    settings: dict[str, int | None] = field(default_factory=dict)  # vLLM's, by vLLM's names (deployment_for)
+    settings: dict[str, int | None] = field(default_factory=dict)  # vLLM's, by vLLM's names (vllm_args_for)
 
     def requests_at(self, qps: float) -> list[Request]:
         """The requests of a run at `qps`, as `simctl real` builds them."""
@@ -96,17 +100,16 @@ def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: C
                       concurrency: int | None = None, think_s: float = 0.0) -> tuple[dict[str, Any], Any]:
     """The twin's prediction of serving `requests` on the engine `settings` describe (`VLLMServer.settings`:
     vllm-v1 with the engine's settings, on its KV blocks): (summary, SimResult)."""
-    from simctl.engine.real import twin_policy
     from simctl.policies.base import run_stats
-    from simctl.results.metrics import summarize
+    from simctl.results.metrics import summarise_result
     from simctl.serving.loop import overload_limit
     from simctl.sim.simulate import simulate
+    from simctl.validation.twin import vllm_twin
 
-    policy = twin_policy({**settings, "kv_capacity_tokens": settings["kv_cache_tokens"],
-                          "max_seq_len": settings["max_model_len"]})
+    policy = vllm_twin(settings)
     result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)),
                       concurrency=concurrency, think_s=think_s)
-    return {"mode": "sim", "policy": policy.name, **policy.settings.as_dict(), **summarize(result),
+    return {"mode": "sim", "policy": policy.name, **policy.settings.as_dict(), **summarise_result(result),
             **run_stats([policy])}, result
 
 
@@ -183,18 +186,18 @@ class VLLMTarget:
     v: VLLMValidation
     cost: CostModel
     say: Callable[[str], None]
-    server: Any = None  # the started simctl.engine.vllm_real.VLLMServer
+    server: VLLMServer | None = None  # started on entering
     resolved: dict[str, Any] = field(default_factory=dict)
     stack: ExitStack = field(default_factory=ExitStack)
     warm_up: bool = True  # the first runs after the engine's start came slower
 
     def __enter__(self) -> Self:
-        from simctl.engine.vllm_real import VLLMServer, deployment_for
+        from simctl.engine.vllm_real import VLLMServer, vllm_args_for
 
         v = self.v
         with ExitStack() as starting:
             self.server = starting.enter_context(
-                VLLMServer(v.model, deployment_for(v.model, v.workload.seed, v.settings)))
+                VLLMServer(v.model, vllm_args_for(v.model, v.workload.seed, v.settings)))
             self.resolved = self.server.settings()
             self.server.check(v.requests_at(1.0))
             self.stack = starting.pop_all()  # started: stopped by __exit__
@@ -217,13 +220,13 @@ class VLLMTarget:
         price = self.cost if cost is None else cost
         return simulate_requests(workload.requests(), self.resolved, price, **clients_of(workload))[0]
 
-    def serve(self, policy: str, workload: Workload, out: Path | None) -> Served:
+    def serve(self, policy: str, workload: Workload, out: Path | None) -> ServedRun:
         """A real run of `workload`, written to `out` as `simctl real --engine vllm` writes it, and the
         machine's speed during it (`run_speed`)."""
         w = workload
         if out is None:
             self.server.serve(w.requests(), w.seed, **clients_of(w))
-            return Served({})
+            return ServedRun({})
         t0 = time.perf_counter()
         run = self.server.serve(w.requests(), w.seed, members=True, **clients_of(w))
         summary = _write_real(self.v, w, self.server, run, time.perf_counter() - t0, out)
@@ -232,10 +235,10 @@ class VLLMTarget:
         self.say(f"  {at}: P50 TTFT {summary['ttft_p50']:.3f} s, P50 ITL "
                  f"{summary['tbt_p50'] * 1e3:.1f} ms, machine speed factor "
                  f"{'-' if speed is None else f'{speed:.2f}'}")
-        return Served(summary, speed)
+        return ServedRun(summary, speed)
 
 
-def run_speed(run: Any, cost: CostModel) -> float | None:
+def run_speed(run: VLLMRun, cost: CostModel) -> float | None:
     """The machine's speed during a served `run` (recorded with its members) against the one `cost` was
     fitted on: the periods of its steps that continue a busy engine over `cost`'s price of their shapes
     (`simctl.profiler.vllm_stream.stream_steps`); None if no step counts."""
@@ -246,7 +249,7 @@ def run_speed(run: Any, cost: CostModel) -> float | None:
     return sum(s.period_s for s in steps) / price if price > 0 else None
 
 
-def _row(point: Point, runs: list[Served], target: VLLMTarget, out: Path) -> dict[str, Any]:
+def _row(point: Point, runs: list[ServedRun], target: VLLMTarget, out: Path) -> dict[str, Any]:
     """One load's row of the report: the medians of its real runs, the twin raw and at each run's machine
     speed, and their errors; the twin's run written to `out`."""
     load, w = point.load, point.workload
@@ -272,8 +275,8 @@ def _hit_rates(real: float | None, sim: float | None) -> dict[str, float | None]
             "prefix_cache_hit_rate_err_pts": err}
 
 
-def _write_real(v: VLLMValidation, workload: Workload, server: Any, run: Any, wall_s: float, where: Path
-                ) -> dict[str, Any]:
+def _write_real(v: VLLMValidation, workload: Workload, server: VLLMServer, run: VLLMRun, wall_s: float,
+                where: Path) -> dict[str, Any]:
     """A real run's files, as `simctl real --engine vllm` writes them; its summary."""
     from simctl.engine.setup import RealConfig
     from simctl.engine.vllm_real import run_summary
@@ -285,7 +288,7 @@ def _write_real(v: VLLMValidation, workload: Workload, server: Any, run: Any, wa
     return summary
 
 
-def _write_sim(where: Path, summary: dict[str, Any], result: Any) -> None:
+def _write_sim(where: Path, summary: dict[str, Any], result: SimResult) -> None:
     from simctl.results.output import write_run
 
     write_run(where, summary, result.requests, result.iterations.frame())

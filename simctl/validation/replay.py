@@ -10,11 +10,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from simctl.costs.base import CostModel
+from simctl.policies.base import Policy
+from simctl.policies.plan import BatchPlan, Layout
+from simctl.policies.seq import Seq
+from simctl.serving.records import GapHistogram
+from simctl.validation.twin import twin_inputs, twin_policy
+
 
 @dataclass
 class Replay:
     frame: pd.DataFrame  # one row per replayed iteration: measured and predicted duration, shape, terms
-    gaps: Any  # simctl.serving.records.GapHistogram of the real run's token gaps (from the real times)
+    gaps: GapHistogram  # the real run's token gaps (from the real times)
     matched: int  # iterations whose replayed plan matched the logged one
     total: int  # iterations logged
     between_s: float  # measured time between iterations while work was pending (sampling, bookkeeping)
@@ -22,9 +29,7 @@ class Replay:
 
 
 
-def _kind(plan: Any) -> str:
-    from simctl.policies.plan import Layout
-
+def _kind(plan: BatchPlan) -> str:
     if plan.layout is Layout.PADDED:
         return "padded_prefill" if plan.prefill_q else "padded_decode"
     if not plan.prefill_q:
@@ -33,14 +38,13 @@ def _kind(plan: Any) -> str:
 
 
 
-def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any,
+def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: CostModel,
                 requests: pd.DataFrame | None = None) -> Replay:
     """Re-plan the real run's iterations and price each plan (see the module docstring, point 4); a closed
     loop's requests arrive when they were sent (`requests`: its requests table). A
     disaggregated run (`requests` again) is replayed pool by pool: the prefill instance's copies
     at their arrivals, then the decode instance's requests when its loop took them (`kv_taken_s`), with their
     prompts cached and their first token at their KV's arrival; its frame gets a `pool` column."""
-    from simctl.engine.real import twin_inputs, twin_policy
     from simctl.serving.handoff import arrivals, arrive_with_kv
 
     reqs, policy = twin_inputs(summary)
@@ -72,15 +76,14 @@ def replay_real(summary: dict[str, Any], iterations: pd.DataFrame, cost: Any,
                   prefill.between_s + decode.between_s, prefill.between_n + decode.between_n)
 
 
-def _replay(seqs: list[Any], policy: Any, iterations: pd.DataFrame, cost: Any) -> Replay:
-    from simctl.policies.plan import Layout
+def _replay(seqs: list[Seq], policy: Policy, iterations: pd.DataFrame, cost: CostModel) -> Replay:
     from simctl.serving.inbox import Inbox
     from simctl.serving.loop import Replica
     from simctl.serving.replay import LoggedRun
 
     rows: list[dict[str, Any]] = []
 
-    def price(plan: Any, start: float, real_s: float) -> None:
+    def price(plan: BatchPlan, start: float, real_s: float) -> None:
         terms = cost.breakdown(plan) if hasattr(cost, "breakdown") else {}
         ctx = [q.computed + 1 for q in plan.seqs[:plan.decode_tokens]] if plan.layout is Layout.PACKED else []
         rows.append({"start_s": start, "real_s": real_s, "predicted_s": cost.iteration_time(plan),
@@ -104,8 +107,6 @@ def _replay(seqs: list[Any], policy: Any, iterations: pd.DataFrame, cost: Any) -
 def merge_replays(reps: list[Replay]) -> Replay:
     """The replays of several repeats of one run as one (frames stacked with a `repeat` column, gaps
     pooled)."""
-    from simctl.serving.records import GapHistogram
-
     gaps = GapHistogram()
     for r in reps:
         gaps.merge(r.gaps)
