@@ -6,6 +6,8 @@ up to the run's."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import simpy
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 from simctl.catalogue.gpus import get_gpu
 from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
+from simctl.policies.admission import ADMISSION_ORDERS, waiting_queue
 from simctl.policies.prefix_kv import PrefixCachingKV
 from simctl.policies.registry import make_policy
 from simctl.policies.seq import Seq
@@ -126,6 +129,67 @@ def test_a_replica_view_counts_prefill_tokens_left_only_for_a_router_that_reads_
     for router, reads in (("kv-cost", True), ("prefix", False), ("round-robin", False)):
         pool = Pool("replicas", [m], make_router(router, [m.policy.kv]))
         assert pool._snapshot()[0].prefill == (330 if reads else 0)
+
+
+def walked_prefill(m: Member) -> int:
+    """The prompt tokens left to prefill on `m`, walking every request queued or running there (what
+    `Member.view_with_prefill` keeps as counts)."""
+    p = m.policy
+    seqs = [*p.waiting, *p.arrived_with_kv, *(s for _, s in m.inbox.due_by(math.inf)), *p.running]
+    return sum(s.prefill_end - s.computed for s in seqs if s.in_prefill)
+
+
+class CheckedKVCost:
+    """kv-cost, checking at every arrival that each replica's counted pending prefill is the walked one."""
+
+    reads_prefill = True
+
+    def __init__(self, members: list[Member]) -> None:
+        self.members = members
+        self.route = make_router("kv-cost", [m.policy.kv for m in members])
+        self.checked = 0
+
+    def __call__(self, views: list[ReplicaView], seq: Seq | None = None) -> int:
+        assert [v.prefill for v in views] == [walked_prefill(m) for m in self.members]
+        self.checked += 1
+        return self.route(views, seq)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.tuples(st.floats(0, 1), st.integers(1, 300), st.integers(1, 40), st.integers(-1, 2)),
+                     min_size=1, max_size=30),
+       replicas=st.integers(2, 3), kv=st.integers(300, 1200))
+def test_counted_pending_prefill_is_the_walked_one_at_every_arrival(rows, replicas, kv) -> None:
+    # small pools preempt: a preempted request goes back to the queue with its prompt and outputs to prefill
+    cluster = Cluster(simpy.Environment())
+    members = [Member(i, make_policy("vllm-v1", kv, 512, {"block_size": 16}),
+                      CostBackend(COST), None, cluster.on_release) for i in range(replicas)]
+    router = CheckedKVCost(members)
+    cluster.entry = Pool("replicas", members, router)
+    reqs = [Request(i, t, p, o, prefix_group=g, prefix_tokens=min(p, 64) if g >= 0 else 0)
+            for i, (t, p, o, g) in enumerate(sorted(rows))]
+    cluster.run(reqs)
+    assert router.checked == len(reqs)
+
+
+@pytest.mark.parametrize("order", ADMISSION_ORDERS)
+def test_a_waiting_queue_counts_the_tokens_its_requests_have_to_prefill(order: str) -> None:
+    queue = waiting_queue(order)
+    a, b, c = Seq(1, 0.0, 100, 4), Seq(2, 0.1, 30, 4), Seq(3, 0.2, 7, 4)
+    c.computed, c.generated = 7, 1  # arrived with its KV: nothing to prefill
+    for s in (a, b, c):
+        queue.add(s)
+    assert queue.prefill == 130
+    queue.take(b)
+    queue.remove(c)
+    assert queue.prefill == 100
+    b.generated = 5
+    b.reset_for_recompute()  # preempted after 5 outputs: 35 tokens to prefill again
+    queue.requeue(b)
+    assert queue.prefill == 135
+    queue.take(queue.head())
+    queue.take(queue.head())
+    assert queue.prefill == 0 and not queue
 
 
 def test_load_router_is_the_kv_and_queue_scorers() -> None:
