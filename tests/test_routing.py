@@ -131,12 +131,38 @@ def test_a_replica_view_counts_prefill_tokens_left_only_for_a_router_that_reads_
         assert pool._snapshot()[0].prefill == (330 if reads else 0)
 
 
+def test_kv_cost_counts_a_queued_request_less_the_overlap_it_found_as_dynamo() -> None:
+    # replica 0 caches 3 blocks of 4 tokens of the group (a 13-token prompt served); each request has 17 tokens,
+    # 4 blocks a hit may cover, so 17 - 12 = 5 tokens to prefill on replica 0 and 17 on replica 1
+    cluster = Cluster(simpy.Environment())
+    members = [Member(i, make_policy("vllm-v1", 64, 512, {"block_size": 4}), CostBackend(COST), None,
+                      cluster.on_release) for i in range(2)]
+    served = Seq(100, 0.0, 13, 1, prefix_group=7, prefix_tokens=13)
+    kv = members[0].policy.kv
+    kv.admit(served)
+    assert kv.allocate(served, 13)
+    kv.free(served)
+    pool = Pool("replicas", members, make_router("kv-cost", [m.policy.kv for m in members]))
+    placed = []
+    for i in range(4):
+        seq = request(17, id=i)
+        pool.route(seq, 0.0)
+        placed.append(next(m.index for m in members if seq in m.seqs))
+    # cost = pending prefill / 4 + 4 new blocks. Replica 1: 17/4 + 4 = 8.25 while empty. Replica 0: its queued
+    # requests count 5 each (Dynamo's prompt less overlap), so 5/4 + 4, 10/4 + 4, 15/4 + 4 (< 8.25), then
+    # 20/4 + 4 = 9 (> 8.25). Counting each queued prompt whole would send the second there: 22/4 + 4 = 9.5.
+    assert placed == [0, 0, 0, 1]
+    assert [m.view_with_prefill().prefill for m in members] == [15, 17]
+    assert [s.routed_overlap for s in members[0].seqs] == [12, 12, 12]
+
+
 def walked_prefill(m: Member) -> int:
-    """The prompt tokens left to prefill on `m`, walking every request queued or running there (what
-    `Member.view_with_prefill` keeps as counts)."""
+    """The prompt tokens left to prefill on `m`, walking every request queued (less the overlap kv-cost found
+    when it routed it) or running there: what `Member.view_with_prefill` keeps as counts."""
     p = m.policy
-    seqs = [*p.waiting, *p.arrived_with_kv, *(s for _, s in m.inbox.due_by(math.inf)), *p.running]
-    return sum(s.prefill_end - s.computed for s in seqs if s.in_prefill)
+    queued = [*p.waiting, *p.arrived_with_kv, *(s for _, s in m.inbox.due_by(math.inf))]
+    return (sum(s.prefill_end - s.routed_overlap for s in queued if s.in_prefill)
+            + sum(s.prefill_end - s.computed for s in p.running if s.in_prefill))
 
 
 class CheckedKVCost:

@@ -24,10 +24,8 @@ ADMISSION_ORDERS = (FCFS, "shortest", "priority")
 class WaitingQueue(ABC):
     """What a policy does with its waiting sequences; iterating yields them in admission order.
 
-    `prefill`: the prompt tokens its sequences in prefill have to compute, kept as they enter and leave so
-    that a router reading a replica's pending prefill (`kv-cost`) need not walk a backlog. A waiting sequence
-    has nothing computed (a preemption drops its KV, a prefix hit counts from admission), so each counts its
-    `prefill_end`; one that arrived with its KV (not in prefill) counts nothing."""
+    `prefill`: the prompt tokens its sequences have to compute (`Seq.queued_prefill`), kept as they enter and
+    leave so that a router reading a replica's pending prefill (`kv-cost`) need not walk a backlog."""
 
     prefill: int = 0
 
@@ -70,13 +68,11 @@ class ArrivalOrder(deque[Seq], WaitingQueue):
 
     def add(self, seq: Seq) -> None:
         self.append(seq)
-        if seq.in_prefill:
-            self.prefill += seq.prefill_end
+        self.prefill += seq.queued_prefill
 
     def requeue(self, seq: Seq) -> None:
         self.appendleft(seq)
-        if seq.in_prefill:
-            self.prefill += seq.prefill_end
+        self.prefill += seq.queued_prefill
 
     def head(self) -> Seq:
         return self[0]
@@ -86,13 +82,11 @@ class ArrivalOrder(deque[Seq], WaitingQueue):
             self.popleft()
         else:
             deque.remove(self, seq)
-        if seq.in_prefill:
-            self.prefill -= seq.prefill_end
+        self.prefill -= seq.queued_prefill
 
     def remove(self, seq: Seq) -> None:
         deque.remove(self, seq)
-        if seq.in_prefill:
-            self.prefill -= seq.prefill_end
+        self.prefill -= seq.queued_prefill
 
     def last_ranked(self, running: list[Seq]) -> Seq:
         return running[-1]
@@ -111,8 +105,7 @@ class KeyOrder(WaitingQueue):
 
     def add(self, seq: Seq) -> None:
         bisect.insort(self.seqs, seq, key=self.key)
-        if seq.in_prefill:
-            self.prefill += seq.prefill_end
+        self.prefill += seq.queued_prefill
 
     def requeue(self, seq: Seq) -> None:
         self.add(seq)
@@ -125,8 +118,7 @@ class KeyOrder(WaitingQueue):
 
     def remove(self, seq: Seq) -> None:
         self.seqs.remove(seq)  # by identity: Seq has no __eq__
-        if seq.in_prefill:
-            self.prefill -= seq.prefill_end
+        self.prefill -= seq.queued_prefill
 
     def __iter__(self) -> Iterator[Seq]:
         return iter(self.seqs)

@@ -36,7 +36,7 @@ class RoutedInbox(Inbox):
             raise ValueError(f"request {seq.id} pushed out of order")
         self._due.append((due, seq))
         self.pushed += 1
-        self.prefill += max(seq.prefill_end - seq.computed, 0)
+        self.prefill += seq.queued_prefill
 
     def push(self, seq: Seq, due: float | None = None) -> None:
         self.push_due(seq, seq.arrival_s if due is None else due)
@@ -61,7 +61,7 @@ class RoutedInbox(Inbox):
         while due and due[0][0] <= now:
             out.append(due.popleft()[1])
         for seq in out:
-            self.prefill -= max(seq.prefill_end - seq.computed, 0)
+            self.prefill -= seq.queued_prefill
         return out
 
 

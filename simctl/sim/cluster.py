@@ -96,8 +96,9 @@ class Member:
 
     def view_with_prefill(self) -> ReplicaView:
         """`view` with the prompt tokens still to prefill of every request routed here and not yet
-        prefilled: queued ones (their hits, found at admission, not yet subtracted), counted by the inbox and
-        the waiting queue as requests enter and leave them, and running ones (a batch, not a backlog)."""
+        prefilled: queued ones (less the overlap a kv-cost router found for them, `Seq.queued_prefill`),
+        counted by the inbox and the waiting queue as requests enter and leave them, and running ones (a
+        batch, not a backlog)."""
         v, p = self.view(), self.policy
         v.prefill = self.inbox.prefill + p.waiting.prefill + sum(
             s.prefill_end - s.computed for s in p.running if s.computed < s.prefill_end)
