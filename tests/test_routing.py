@@ -184,7 +184,7 @@ class CheckedKVCost:
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=st.lists(st.tuples(st.floats(0, 1), st.integers(1, 300), st.integers(1, 40), st.integers(-1, 2)),
                      min_size=1, max_size=30),
-       replicas=st.integers(2, 3), kv=st.integers(300, 1200))
+       replicas=st.integers(2, 3), kv=st.integers(400, 1200))  # every request fits alone
 def test_counted_pending_prefill_is_the_walked_one_at_every_arrival(rows, replicas, kv) -> None:
     # small pools preempt: a preempted request goes back to the queue with its prompt and outputs to prefill
     cluster = Cluster(simpy.Environment())
