@@ -6,6 +6,8 @@ up to the run's."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import simpy
 from hypothesis import HealthCheck, given, settings
@@ -15,6 +17,7 @@ from simctl.catalogue.gpus import get_gpu
 from simctl.catalogue.models import get_model
 from simctl.common.errors import InputError
 from simctl.costs.loader import load_cost
+from simctl.policies.admission import ADMISSION_ORDERS, waiting_queue
 from simctl.policies.prefix_kv import PrefixCachingKV
 from simctl.policies.registry import make_policy
 from simctl.policies.seq import Seq
@@ -127,6 +130,93 @@ def test_a_replica_view_counts_prefill_tokens_left_only_for_a_router_that_reads_
     for router, reads in (("kv-cost", True), ("prefix", False), ("round-robin", False)):
         pool = Pool("replicas", [m], make_router(router, [m.policy.kv]))
         assert pool._snapshot()[0].prefill == (330 if reads else 0)
+
+
+def test_kv_cost_counts_a_queued_request_less_the_overlap_it_found_as_dynamo() -> None:
+    # replica 0 caches 3 blocks of 4 tokens of the group (a 13-token prompt served); each request has 17
+    # tokens, 4 blocks a hit may cover, so 17 - 12 = 5 tokens to prefill on replica 0 and 17 on replica 1
+    cluster = Cluster(simpy.Environment())
+    members = [Member(i, make_policy("vllm-v1", 64, 512, {"block_size": 4}), CostBackend(COST), None,
+                      cluster.on_release) for i in range(2)]
+    served = Seq(100, 0.0, 13, 1, prefix_group=7, prefix_tokens=13)
+    kv = members[0].policy.kv
+    kv.admit(served)
+    assert kv.allocate(served, 13)
+    kv.free(served)
+    pool = Pool("replicas", members, make_router("kv-cost", [m.policy.kv for m in members]))
+    placed = []
+    for i in range(4):
+        seq = request(17, id=i)
+        pool.route(seq, 0.0)
+        placed.append(next(m.index for m in members if seq in m.seqs))
+    # cost = pending prefill / 4 + 4 new blocks. Replica 1: 17/4 + 4 = 8.25 while empty. Replica 0: its queued
+    # requests count 5 each (Dynamo's prompt less overlap), so 5/4 + 4, 10/4 + 4, 15/4 + 4 (< 8.25), then
+    # 20/4 + 4 = 9 (> 8.25). Counting each queued prompt whole would send the second there: 22/4 + 4 = 9.5.
+    assert placed == [0, 0, 0, 1]
+    assert [m.view_with_prefill().prefill for m in members] == [15, 17]
+    assert [s.routed_overlap for s in members[0].seqs] == [12, 12, 12]
+
+
+def walked_prefill(m: Member) -> int:
+    """The prompt tokens left to prefill on `m`, walking every request queued (less the overlap kv-cost found
+    when it routed it) or running there: what `Member.view_with_prefill` keeps as counts."""
+    p = m.policy
+    queued = [*p.waiting, *p.arrived_with_kv, *(s for _, s in m.inbox.due_by(math.inf))]
+    return (sum(s.prefill_end - s.routed_overlap for s in queued if s.in_prefill)
+            + sum(s.prefill_end - s.computed for s in p.running if s.in_prefill))
+
+
+class CheckedKVCost:
+    """kv-cost, checking at every arrival that each replica's counted pending prefill is the walked one."""
+
+    reads_prefill = True
+
+    def __init__(self, members: list[Member]) -> None:
+        self.members = members
+        self.route = make_router("kv-cost", [m.policy.kv for m in members])
+        self.checked = 0
+
+    def __call__(self, views: list[ReplicaView], seq: Seq | None = None) -> int:
+        assert [v.prefill for v in views] == [walked_prefill(m) for m in self.members]
+        self.checked += 1
+        return self.route(views, seq)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.tuples(st.floats(0, 1), st.integers(1, 300), st.integers(1, 40), st.integers(-1, 2)),
+                     min_size=1, max_size=30),
+       replicas=st.integers(2, 3), kv=st.integers(400, 1200))  # every request fits alone
+def test_counted_pending_prefill_is_the_walked_one_at_every_arrival(rows, replicas, kv) -> None:
+    # small pools preempt: a preempted request goes back to the queue with its prompt and outputs to prefill
+    cluster = Cluster(simpy.Environment())
+    members = [Member(i, make_policy("vllm-v1", kv, 512, {"block_size": 16}),
+                      CostBackend(COST), None, cluster.on_release) for i in range(replicas)]
+    router = CheckedKVCost(members)
+    cluster.entry = Pool("replicas", members, router)
+    reqs = [Request(i, t, p, o, prefix_group=g, prefix_tokens=min(p, 64) if g >= 0 else 0)
+            for i, (t, p, o, g) in enumerate(sorted(rows))]
+    cluster.run(reqs)
+    assert router.checked == len(reqs)
+
+
+@pytest.mark.parametrize("order", ADMISSION_ORDERS)
+def test_a_waiting_queue_counts_the_tokens_its_requests_have_to_prefill(order: str) -> None:
+    queue = waiting_queue(order)
+    a, b, c = Seq(1, 0.0, 100, 4), Seq(2, 0.1, 30, 4), Seq(3, 0.2, 7, 4)
+    c.computed, c.generated = 7, 1  # arrived with its KV: nothing to prefill
+    for s in (a, b, c):
+        queue.add(s)
+    assert queue.prefill == 130
+    queue.take(b)
+    queue.remove(c)
+    assert queue.prefill == 100
+    b.generated = 5
+    b.reset_for_recompute()  # preempted after 5 outputs: 35 tokens to prefill again
+    queue.requeue(b)
+    assert queue.prefill == 135
+    queue.take(queue.head())
+    queue.take(queue.head())
+    assert queue.prefill == 0 and not queue
 
 
 def test_load_router_is_the_kv_and_queue_scorers() -> None:

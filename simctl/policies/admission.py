@@ -22,7 +22,12 @@ ADMISSION_ORDERS = (FCFS, "shortest", "priority")
 
 
 class WaitingQueue(ABC):
-    """What a policy does with its waiting sequences; iterating yields them in admission order."""
+    """What a policy does with its waiting sequences; iterating yields them in admission order.
+
+    `prefill`: the prompt tokens its sequences have to compute (`Seq.queued_prefill`), kept as they enter and
+    leave so that a router reading a replica's pending prefill (`kv-cost`) need not walk a backlog."""
+
+    prefill: int = 0
 
     @abstractmethod
     def add(self, seq: Seq) -> None:
@@ -58,11 +63,16 @@ class WaitingQueue(ABC):
 
 
 class ArrivalOrder(deque[Seq], WaitingQueue):
-    """FCFS: a deque (its `remove`, `len` and iteration): the default costs what the policies' deque did."""
+    """FCFS: a deque (its `len` and iteration). A queue of sequences that arrived with their KV uses the
+    deque's own `append` and `popleft` too: they count nothing to prefill."""
 
-    # the deque's own methods, not a Python call wrapping each: every arrival and admission goes through them
-    add = deque.append
-    requeue = deque.appendleft
+    def add(self, seq: Seq) -> None:
+        self.append(seq)
+        self.prefill += seq.queued_prefill
+
+    def requeue(self, seq: Seq) -> None:
+        self.appendleft(seq)
+        self.prefill += seq.queued_prefill
 
     def head(self) -> Seq:
         return self[0]
@@ -71,7 +81,12 @@ class ArrivalOrder(deque[Seq], WaitingQueue):
         if self[0] is seq:
             self.popleft()
         else:
-            self.remove(seq)
+            deque.remove(self, seq)
+        self.prefill -= seq.queued_prefill
+
+    def remove(self, seq: Seq) -> None:
+        deque.remove(self, seq)
+        self.prefill -= seq.queued_prefill
 
     def last_ranked(self, running: list[Seq]) -> Seq:
         return running[-1]
@@ -90,6 +105,7 @@ class KeyOrder(WaitingQueue):
 
     def add(self, seq: Seq) -> None:
         bisect.insort(self.seqs, seq, key=self.key)
+        self.prefill += seq.queued_prefill
 
     def requeue(self, seq: Seq) -> None:
         self.add(seq)
@@ -102,6 +118,7 @@ class KeyOrder(WaitingQueue):
 
     def remove(self, seq: Seq) -> None:
         self.seqs.remove(seq)  # by identity: Seq has no __eq__
+        self.prefill -= seq.queued_prefill
 
     def __iter__(self) -> Iterator[Seq]:
         return iter(self.seqs)

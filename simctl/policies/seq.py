@@ -26,7 +26,8 @@ class Seq:
     __slots__ = (
         "arrival_s", "completion_s", "computed", "first_scheduled_s", "first_token_s", "generated",
         "hash_block", "hash_ids", "id", "last_token_s", "max_gap_s", "output_tokens", "phase", "preemptions",
-        "prefill_end", "prefix_group", "prefix_tokens", "priority", "prompt_tokens", "session",
+        "prefill_end", "prefix_group", "prefix_tokens", "priority", "prompt_tokens", "routed_overlap",
+        "session",
     )
 
     def __init__(self, id: int, arrival_s: float, prompt_tokens: int, output_tokens: int, priority: int = 0,
@@ -46,6 +47,9 @@ class Seq:
         self.computed = 0  # tokens whose KV is cached
         self.generated = 0  # output tokens sampled so far
         self.prefill_end = prompt_tokens  # cache this many tokens before the next sample is a decode
+        # the prompt tokens the router found cached on the replica it sent this request to (kv-cost, as
+        # Dynamo's router): counted off its pending prefill there until it is admitted
+        self.routed_overlap = 0
         self.phase = Phase.WAITING
         self.first_scheduled_s = -1.0
         self.first_token_s = -1.0
@@ -75,6 +79,13 @@ class Seq:
         return self.prefill_end - self.computed
 
     @property
+    def queued_prefill(self) -> int:
+        """The prompt tokens a queue counts for it: none if it arrived with its KV; else its prefill less the
+        router's overlap (nothing is computed while it waits: a preemption drops its KV, a prefix hit
+        counts from admission)."""
+        return self.prefill_end - self.routed_overlap if self.computed < self.prefill_end else 0
+
+    @property
     def remaining_outputs(self) -> int:
         return self.output_tokens - self.generated
 
@@ -93,7 +104,7 @@ class Seq:
 
     def reset_for_recompute(self) -> None:
         """Preemption by recompute: the cache is dropped; prompt and outputs so far are prefilled again."""
-        self.computed = 0
+        self.computed = self.routed_overlap = 0  # prefilled again whole, as far as a router can tell
         self.prefill_end = self.known_tokens
         self.phase = Phase.WAITING
         self.preemptions += 1

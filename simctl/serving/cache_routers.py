@@ -26,9 +26,11 @@ lowest cost wins, in blocks, cost = w * prefill tokens / block size + decode blo
 `overlap_score_weight`, 1 by default. Prefill tokens: the replica's not yet prefilled plus the request's
 prompt less its overlap (its blocks cached there, as `prefix` reads them) times the block size, at least 0.
 Decode blocks: the blocks the replica's requests hold plus the request's blocks not held there. Dynamo's
-router tracks the first term itself (each routed request's prompt less its overlap at routing, until its
-first token); the twin reads the replica (`ReplicaView.prefill`), where a queued request counts its whole
-prompt until admission finds its hits.
+router tracks the first term itself: each routed request's prompt less its overlap at routing, until its
+first token (lib/llm/src/kv_router/sequence.rs, `add_request`, `mark_prefill_completed`). The twin reads
+the replica (`ReplicaView.prefill`): a queued request counts its prompt less the overlap this router found
+when it sent it there (it leaves it on the request, `Seq.routed_overlap`), a running one what its prefill
+has left (after its actual hits and the chunks computed), a preempted one its whole recompute.
 
 `load` is llm-d's load-aware profile (the KV-utilisation and queue scorers, 1:1), `random` its random picker
 (seeded).
@@ -177,14 +179,15 @@ class KVCost(Prefix):
         assert seq is not None, "kv-cost needs the request"
         keys = self.keys(seq)
         prompt, bs = seq.prefill_end - seq.computed, self.caches[0].block_size
-        best, best_key = 0, (0.0, 0)
+        best, best_key, best_overlap = 0, (0.0, 0), 0
         for i, (v, kv) in enumerate(zip(views, self.caches)):
             overlap, held = kv.cached_run_held(keys)
             prefill = v.prefill + max(prompt - overlap * bs, 0)
             cost = self.OVERLAP_WEIGHT * prefill / bs + v.kv_used // bs + len(keys) - held
             key = (cost, v.outstanding)
             if i == 0 or key < best_key:
-                best, best_key = i, key
+                best, best_key, best_overlap = i, key, overlap
+        seq.routed_overlap = min(best_overlap * bs, prompt)  # what that replica's queue counts off it
         return best
 
 

@@ -22,19 +22,22 @@ class RoutedInbox(Inbox):
     """Requests pushed at the instant they are due, in due order (which need not be arrival order: a decode
     instance receives requests in the order their KV transfers end)."""
 
-    __slots__ = ("_due", "pushed")
+    __slots__ = ("_due", "prefill", "pushed")
     pushed_while_serving = True
 
     def __init__(self) -> None:
         super().__init__()
         self._due: deque[tuple[float, Seq]] = deque()
         self.pushed = 0
+        # the prompt tokens its pending requests have to prefill (`Member.view_with_prefill`)
+        self.prefill = 0
 
     def push_due(self, seq: Seq, due: float) -> None:
         if self._due and due < self._due[-1][0]:
             raise ValueError(f"request {seq.id} pushed out of order")
         self._due.append((due, seq))
         self.pushed += 1
+        self.prefill += seq.queued_prefill
 
     def push(self, seq: Seq, due: float | None = None) -> None:
         self.push_due(seq, seq.arrival_s if due is None else due)
@@ -58,6 +61,8 @@ class RoutedInbox(Inbox):
         out = []
         while due and due[0][0] <= now:
             out.append(due.popleft()[1])
+        for seq in out:
+            self.prefill -= seq.queued_prefill
         return out
 
 

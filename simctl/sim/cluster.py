@@ -33,7 +33,6 @@ replica's next decision at that instant sees it, as it would see an open-loop ar
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -97,11 +96,12 @@ class Member:
 
     def view_with_prefill(self) -> ReplicaView:
         """`view` with the prompt tokens still to prefill of every request routed here and not yet
-        prefilled: queued ones (their hits, found at admission, not yet subtracted) and running ones."""
+        prefilled: queued ones (less the overlap a kv-cost router found for them, `Seq.queued_prefill`),
+        counted by the inbox and the waiting queue as requests enter and leave them, and running ones (a
+        batch, not a backlog)."""
         v, p = self.view(), self.policy
-        queued = itertools.chain(p.waiting, p.arrived_with_kv, (s for _, s in self.inbox.due_by(math.inf)))
-        v.prefill = sum(s.prefill_end - s.computed for s in itertools.chain(queued, p.running)
-                        if s.computed < s.prefill_end)
+        v.prefill = self.inbox.prefill + p.waiting.prefill + sum(
+            s.prefill_end - s.computed for s in p.running if s.computed < s.prefill_end)
         return v
 
     def push(self, seq: Seq, due: float) -> None:
