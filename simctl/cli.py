@@ -15,6 +15,7 @@ from simctl.capacity_cmd import capacity
 from simctl.common.errors import InputError
 from simctl.config_options import with_config_options
 from simctl.display import out_console
+from simctl.option_values import PlainValuesCommand, PlainValuesGroup
 from simctl.options import Attention, Eager
 from simctl.plan_cmd import plan_cmd
 from simctl.plot_cmd import plot
@@ -31,6 +32,7 @@ app = typer.Typer(
     help="Simulate LLM inference serving: pick a scheduler, trace, model and GPU; get TTFT, TBT, E2E, "
          "throughput and capacity before spending GPU hours.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
+    cls=PlainValuesGroup,
 )
 
 
@@ -189,7 +191,7 @@ COMMANDS = {"run": run, "capacity": capacity, "plan": plan_cmd, "real": real, "v
             "profile": profile, "fit": fit, "prefill-bench": prefill_bench, "query-set": query_set_cmd,
             "plot": plot, "sweep": sweep, "list": list_catalogue}
 for _name, _command in COMMANDS.items():
-    app.command(_name)(with_config_options(_command))
+    app.command(_name, cls=PlainValuesCommand)(with_config_options(_command))
 
 
 class Interrupted(BaseException):
