@@ -141,6 +141,20 @@ def test_other_policies_refuse_prefix_caching_in_one_line() -> None:
         check_options("orca", {"enable_prefix_caching": 1})
 
 
+def test_a_freed_request_releases_only_the_blocks_no_other_holds() -> None:
+    kv = PrefixCachingKV(10 * 4, 4, caching=True)  # 10 blocks of 4
+    a, b = (Seq(i, 0.0, 16, 2, prefix_group=0, prefix_tokens=8) for i in (0, 1))
+    kv.admit(a)
+    kv.allocate(a, 16)  # its 4 prompt blocks hashed: 2 of the shared prefix, 2 its own
+    kv.admit(b)  # b holds the 2 shared ones too (a lookup never covers a prompt's last token: 2 hits)
+    shared, own = kv.tables[0][:2], kv.tables[0][2:]
+    assert kv.tables[1][:2] == shared and [kv.refs[x] for x in shared] == [2, 2]
+    kv.free(a)  # its own hashed blocks stay cached and become evictable, tail first; the shared stay held
+    assert list(kv.evictable) == own[::-1] and [kv.refs[x] for x in shared] == [1, 1]
+    kv.free(b)
+    assert list(kv.evictable) == [*own[::-1], *shared[::-1]] and kv.free_blocks == 10
+
+
 def test_decodes_grow_together_or_not_at_all() -> None:
     kv = PrefixCachingKV(3 * 4, 4, caching=True)  # 3 blocks of 4
     a, b = Seq(0, 0.0, 4, 5), Seq(1, 0.0, 4, 5)
