@@ -5,7 +5,7 @@ a run paid ~0.15 s of CPU to import pydantic and build 60 adapters, more than it
 values a command line holds: a str, a plain decimal integer or number, a path, a list of them, a default
 already of its type; for any other value (a malformed number, `inf`, `1_000`, spaces) it builds typer's own
 adapter and defers to it, so what is accepted and every error message stay typer's. Where typer has no such
-adapters (typer < 0.29: click's types, no pydantic) the command is typer's own."""
+adapters (earlier typers coerce through click's types) the command is typer's own."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def plain_value(annotation: Any, value: Any) -> Any:
     return OTHER
 
 
-try:  # typer >= 0.29 (pydantic adapters); earlier typers coerce through click's types
+try:  # typer with pydantic adapters (0.29 here); earlier typers coerce through click's types
     from typer._coercion import RuntimeParam, build_runtime_param, resolve_type_descriptor
     from typer._param_types import coerce_cli_path
 except ImportError:  # pragma: no cover - depends on the installed typer
@@ -84,18 +84,18 @@ if RuntimeParam is not None:
                 param._runtime_param = PlainRuntimeParam(annotation=descriptor.annotation,
                                                          parameter_info=descriptor.parameter_info)
 
-    class PlainValuesCommand(TyperCommand):
+    class _ReadsPlainly:
+        """Before a command or group parses its arguments, its options (its own --help included) get a
+        `PlainRuntimeParam`."""
+
+        def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+            read_plainly(self.get_params(ctx))  # type: ignore[attr-defined]
+            return super().parse_args(ctx, args)  # type: ignore[misc]
+
+    class PlainValuesCommand(_ReadsPlainly, TyperCommand):
         """A typer command whose options are read by `PlainRuntimeParam`."""
 
-        def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-            read_plainly(self.get_params(ctx))
-            return super().parse_args(ctx, args)
-
-    class PlainValuesGroup(TyperGroup):
+    class PlainValuesGroup(_ReadsPlainly, TyperGroup):
         """A typer group whose own options (--help) are read by `PlainRuntimeParam`."""
-
-        def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-            read_plainly(self.get_params(ctx))
-            return super().parse_args(ctx, args)
 else:  # pragma: no cover
     PlainValuesCommand, PlainValuesGroup = TyperCommand, TyperGroup
