@@ -26,17 +26,20 @@ QPS = {  # 70% of each policy's sharegpt capacity (bench/results/sim_speed.json)
     "faster-transformer": 0.1326, "orca": 1.1375, "vllm": 2.1875, "sarathi": 2.1875,
     "sarathi-hybrid-only": 2.2312, "sarathi-chunked-only": 2.1219,
 }
-CHILD = ("import json, sys; from simctl.sim.run import RunConfig, run; "
-         "from simctl.traces.workload import Workload; "
+CHILD = ("import json, sys, time; from simctl.sim.run import RunConfig, run; "
+         "from simctl.traces.workload import Workload; t = time.process_time(); "
          "r = run(RunConfig(policy=sys.argv[1], workload=Workload(trace='sharegpt', qps=float(sys.argv[2]), "
-         "num_requests=int(sys.argv[3]), seed=0))); print(json.dumps(r.summary['sim_wall_s']))")
+         "num_requests=int(sys.argv[3]), seed=0))); "
+         "print(json.dumps([r.summary['sim_wall_s'], time.process_time() - t]))")
 
 
-def time_once(tree: Path, policy: str, n: int, qps: float) -> float:
+def time_once(tree: Path, policy: str, n: int, qps: float) -> tuple[float, float]:
+    """The loop's wall seconds and the whole run's CPU seconds (trace, loop, summary) of one process."""
     out = subprocess.run([sys.executable, "-c", CHILD, policy, str(qps), str(n)], cwd=tree, check=True,
                          capture_output=True, text=True,
                          env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
-    return float(json.loads(out.stdout.strip().splitlines()[-1]))
+    wall, cpu = json.loads(out.stdout.strip().splitlines()[-1])
+    return float(wall), float(cpu)
 
 
 def main() -> None:
@@ -54,14 +57,18 @@ def main() -> None:
                        capture_output=True)
         try:
             for policy, qps in rates.items():
-                times: dict[str, list[float]] = {"base": [], "this": []}
+                times: dict[str, list[tuple[float, float]]] = {"base": [], "this": []}
                 for i in range(args.repeats):  # which tree goes first alternates: no order bias
                     for name in (("base", "this") if i % 2 == 0 else ("this", "base")):
                         times[name].append(time_once(base if name == "base" else ROOT, policy, args.requests,
                                                      qps))
-                b, t = statistics.median(times["base"]), statistics.median(times["this"])
-                rows.append((policy, b, t))
-                print(f"{policy:22s} {args.rev}: {b:.3f} s  this: {t:.3f} s  ratio {t / b:.3f}", flush=True)
+                b, t = (statistics.median(w for w, _ in times["base"]),
+                        statistics.median(w for w, _ in times["this"]))
+                bc, tc = (statistics.median(c for _, c in times["base"]),
+                          statistics.median(c for _, c in times["this"]))
+                rows.append((policy, b, t, bc, tc))
+                print(f"{policy:22s} {args.rev}: {b:.3f} s  this: {t:.3f} s  ratio {t / b:.3f}  "
+                      f"CPU {bc:.3f} / {tc:.3f} s  ratio {tc / bc:.3f}", flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
     lines = [f"# Simulator speed: this tree vs {args.rev}", "",
@@ -69,12 +76,15 @@ def main() -> None:
               f"{''.join(f' --policy {p}' for p in args.policy)}`: sharegpt, "
               "Mistral-7B / A100-80GB roofline, "
               + ("the rates given" if args.policy else "70% of each policy's capacity")
-              + ("; median simulation-loop seconds over the repeats, the two trees alternating in fresh "
-                 "processes.")),
+              + ("; median simulation-loop wall seconds and whole-run CPU seconds (trace, loop, summary: "
+                 "the steadier figure on a shared machine) over the repeats, the two trees alternating in "
+                 "fresh processes.")),
              "",
-             f"| policy | {args.rev} s | this s | this / {args.rev} | req/s (this) |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {p} | {b:.3f} | {t:.3f} | {t / b:.3f} | {args.requests / t:,.0f} |" for p, b, t in rows]
+             (f"| policy | {args.rev} s | this s | this / {args.rev} | {args.rev} CPU s | this CPU s | "
+              f"CPU this / {args.rev} | req/s (this) |"),
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {p} | {b:.3f} | {t:.3f} | {t / b:.3f} | {bc:.3f} | {tc:.3f} | {tc / bc:.3f} | "
+              f"{args.requests / t:,.0f} |" for p, b, t, bc, tc in rows]
     out = ROOT / "bench" / "results" / f"speed_vs_{args.rev[:12]}{'_more' if args.policy else ''}.md"
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {out}")

@@ -3,35 +3,21 @@
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import signal
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from simctl.capacity_cmd import capacity
 from simctl.common.errors import InputError
 from simctl.config_options import with_config_options
-from simctl.display import out_console
+from simctl.option_values import PlainValuesCommand, PlainValuesGroup
 from simctl.options import Attention, Eager
-from simctl.plan_cmd import plan_cmd
-from simctl.plot_cmd import plot
-from simctl.policies.registry import POLICIES
-from simctl.prefill_bench_cmd import prefill_bench
-from simctl.query_set_cmd import query_set_cmd
-from simctl.real_cmd import real
-from simctl.run_cmd import run
-from simctl.sweep_cmd import sweep
 from simctl.usage_errors import error_types, fail, given_value, usage_message
-from simctl.validate_cmd import validate
-
-app = typer.Typer(
-    help="Simulate LLM inference serving: pick a scheduler, trace, model and GPU; get TTFT, TBT, E2E, "
-         "throughput and capacity before spending GPU hours.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
-)
 
 
 def profile(
@@ -148,6 +134,8 @@ def list_catalogue() -> None:
     from simctl.catalogue.models import MODELS
     from simctl.costs.overheads import EXECUTION_MODES, StepOverheads
     from simctl.costs.roofline import DEFAULT_ATTN_MFU, DEFAULT_MBU, DEFAULT_MFU
+    from simctl.display import out_console
+    from simctl.policies.registry import POLICIES
     from simctl.traces import PROFILES
     from simctl.traces.session_defaults import SESSION_TRACE
     from simctl.traces.sessions import DESCRIPTION as SESSIONS_DESCRIPTION
@@ -184,12 +172,45 @@ def list_catalogue() -> None:
         console.print(table)
 
 
-# every command, in the order `simctl --help` lists them; a command's sections become its options
-COMMANDS = {"run": run, "capacity": capacity, "plan": plan_cmd, "real": real, "validate": validate,
-            "profile": profile, "fit": fit, "prefill-bench": prefill_bench, "query-set": query_set_cmd,
-            "plot": plot, "sweep": sweep, "list": list_catalogue}
-for _name, _command in COMMANDS.items():
-    app.command(_name)(with_config_options(_command))
+# every command, in the order `simctl --help` lists them, as module:function; a command's sections become its
+# options. A command line imports and builds only the command it names (its help lists no other).
+COMMANDS = {"run": "simctl.run_cmd:run", "capacity": "simctl.capacity_cmd:capacity",
+            "plan": "simctl.plan_cmd:plan_cmd", "real": "simctl.real_cmd:real",
+            "validate": "simctl.validate_cmd:validate", "profile": "simctl.cli:profile",
+            "fit": "simctl.cli:fit",
+            "prefill-bench": "simctl.prefill_bench_cmd:prefill_bench",
+            "query-set": "simctl.query_set_cmd:query_set_cmd", "plot": "simctl.plot_cmd:plot",
+            "sweep": "simctl.sweep_cmd:sweep", "list": "simctl.cli:list_catalogue"}
+
+
+def make_app(names: Iterable[str] = COMMANDS) -> typer.Typer:
+    """The app with these commands; a group even with one (typer would make a lone command the app itself),
+    so that `simctl run ...` parses, helps and fails as with all of them."""
+    app = typer.Typer(
+        help="Simulate LLM inference serving: pick a scheduler, trace, model and GPU; get TTFT, TBT, E2E, "
+             "throughput and capacity before spending GPU hours.",
+        no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
+        cls=PlainValuesGroup,
+    )
+    names = list(names)
+    for name in names:
+        module, _, function = COMMANDS[name].partition(":")
+        command = getattr(importlib.import_module(module), function)
+        app.command(name, cls=PlainValuesCommand)(with_config_options(command))
+    if len(names) == 1:
+        app.callback()(_group)
+    return app
+
+
+def _group() -> None:
+    """A lone command's group (see make_app)."""
+
+
+def __getattr__(name: str) -> Any:
+    """`simctl.cli.app`: the app with every command (typer's test runner, tests that list the options)."""
+    if name == "app":
+        return make_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Interrupted(BaseException):
@@ -217,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if given_value(args, ["--out"]) == "":
             raise InputError("--out is empty; give a folder")
+        app = make_app([args[0]] if args[0] in COMMANDS else COMMANDS)
         rv = app(args=args, prog_name="simctl", standalone_mode=False)
         sys.stdout.flush()  # a full disk or closed pipe fails here, not at exit
     except InputError as e:

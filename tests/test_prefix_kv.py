@@ -9,11 +9,13 @@ tests/test_vllm_v1_vs_vllm.py."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from policy_cases import run_plan, shape
 
 from simctl.common.errors import InputError
 from simctl.costs.features import plan_features
-from simctl.policies.prefix_kv import PrefixCachingKV
+from simctl.policies.prefix_kv import GROUP, HASH_ID, OWN, SESSION, PrefixCachingKV, content_key
 from simctl.policies.registry import check_options, make_policy
 from simctl.policies.seq import Phase, Seq
 from simctl.policies.vllm_v1 import VLLMV1
@@ -75,10 +77,18 @@ def test_keys_run_from_shared_prefix_to_ids_to_the_request_s_own() -> None:
     kv = PrefixCachingKV(400, 4, caching=True)
     s = Seq(7, 0.0, 30, 5, prefix_group=2, prefix_tokens=8, hash_ids=(5, 6), hash_block=10)
     # blocks 0-1 in the shared prefix; 2-4 end within the ids' 20 tokens (block 4 ends at 20); the rest own
-    assert kv._keys(s, 7)[:7] == [(2, 0), (2, 1), ("h", 6, 2), ("h", 6, 3), ("h", 6, 4), (-8, 5), (-8, 6)]
+    group, ids, own = content_key(GROUP, 2), content_key(HASH_ID, 6), content_key(OWN, 7)
+    assert kv._keys(s, 7)[:7] == [group, group + 1, ids + 2, ids + 3, ids + 4, own + 5, own + 6]
     assert len(kv._keys(s, 7)) == (30 + 5 - 1) // 4  # made at once: every block it can fill
     turn = Seq(8, 0.0, 12, 5, session=1)
-    assert kv._keys(turn, 2)[:2] == [("s", 1, 0), ("s", 1, 1)]
+    assert kv._keys(turn, 2)[:2] == [content_key(SESSION, 1), content_key(SESSION, 1) + 1]
+
+
+@given(st.lists(st.tuples(st.sampled_from((GROUP, HASH_ID, SESSION, OWN)), st.integers(0, 2 ** 40),
+                          st.integers(0, 2 ** 32)), min_size=2, max_size=50, unique=True))
+def test_a_key_names_one_kind_identity_and_place(blocks: list[tuple[int, int, int]]) -> None:
+    # a block's key is content_key(kind, identity) + its place: distinct blocks, distinct keys
+    assert len({content_key(kind, identity) + place for kind, identity, place in blocks}) == len(blocks)
 
 
 def test_a_chunk_on_cached_context_pays_attention_over_it() -> None:
@@ -129,6 +139,20 @@ def test_other_policies_refuse_prefix_caching_in_one_line() -> None:
     with pytest.raises(InputError, match="--enable-prefix-caching applies only to the policies vllm, "
                                          "vllm-v1, sarathi, .*; not to 'orca'"):
         check_options("orca", {"enable_prefix_caching": 1})
+
+
+def test_a_freed_request_releases_only_the_blocks_no_other_holds() -> None:
+    kv = PrefixCachingKV(10 * 4, 4, caching=True)  # 10 blocks of 4
+    a, b = (Seq(i, 0.0, 16, 2, prefix_group=0, prefix_tokens=8) for i in (0, 1))
+    kv.admit(a)
+    kv.allocate(a, 16)  # its 4 prompt blocks hashed: 2 of the shared prefix, 2 its own
+    kv.admit(b)  # b holds the 2 shared ones too (a lookup never covers a prompt's last token: 2 hits)
+    shared, own = kv.tables[0][:2], kv.tables[0][2:]
+    assert kv.tables[1][:2] == shared and [kv.refs[x] for x in shared] == [2, 2]
+    kv.free(a)  # its own hashed blocks stay cached and become evictable, tail first; the shared stay held
+    assert list(kv.evictable) == own[::-1] and [kv.refs[x] for x in shared] == [1, 1]
+    kv.free(b)
+    assert list(kv.evictable) == [*own[::-1], *shared[::-1]] and kv.free_blocks == 10
 
 
 def test_decodes_grow_together_or_not_at_all() -> None:

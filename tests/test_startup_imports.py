@@ -51,11 +51,13 @@ def test_a_simulation_loads_no_plotting_and_no_torch() -> None:
 def test_a_summary_alone_loads_no_pandas() -> None:
     # the request and iteration tables are built only when asked for (--out, plots, studies): a run that
     # prints its summary, JSON or a table, with an SLO and vLLM's goodput, reads numpy columns (issue 42);
-    # its JSON needs no rich either, and its length profile no scipy (traces.lengths: math.erfc)
-    for tail, unwanted in ((["--json"], ("pandas", "rich", "scipy")),
-                           (["--slo", "ttft=1,tpot=0.1", "--goodput", "ttft:1000"], ("pandas", "scipy"))):
+    # its JSON needs no rich either, its length profile no scipy (traces.lengths: math.erfc), and its options
+    # no pydantic (simctl.option_values)
+    for tail, unwanted in ((["--json"], ("pandas", "rich", "scipy", "pydantic")),
+                           (["--slo", "ttft=1,tpot=0.1", "--goodput", "ttft:1000"],
+                            ("pandas", "scipy", "pydantic"))):
         loaded = _numerical_loaded(["run", "--policy", "vllm", "--trace", "sharegpt", "--num-requests", "20",
-                                    *tail], (*NUMERICAL, "rich"))
+                                    *tail], (*NUMERICAL, "rich", "pydantic"))
         assert "simpy" in loaded  # the probe saw the run happen
         assert not [m for m in loaded if m.split(".")[0] in unwanted], tail
 

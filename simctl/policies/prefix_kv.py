@@ -12,8 +12,8 @@ takes an unhashed one if there is any, else evicts the least recently freed hash
 hold the same hash (the pool does not deduplicate); a lookup takes the first cached.
 
 Speed: a long-context trace moves millions of blocks (Mooncake's conversation trace: 9 million), so blocks
-move in bulk (`_take`, `free`), a request's block keys are made once per request (`_keys`), and a hash maps
-to its first holder, later holders of the same hash kept apart (`more`).
+move in bulk (`_take`, `free`), a request's block keys are ints made once per request (`_keys`), and a hash
+maps to its first holder, later holders of the same hash kept apart (`more`).
 
 Cached-free blocks count as free: `used` is the blocks requests hold. No watermark (vLLM's default 0.0).
 Unlike vLLM, no block is set aside as the null block: the capacity is `capacity // block_size` blocks.
@@ -28,7 +28,16 @@ from itertools import repeat
 from simctl.policies.kv import KVManager, PagedKV
 from simctl.policies.seq import Seq
 
-Key = tuple[int | str, ...]
+Key = int  # a block's content and place (`PrefixCachingKV._make_keys`)
+GROUP, HASH_ID, SESSION, OWN = range(4)  # what names a block's content: a key's kinds
+# odd and above any block's place (index in its request), so that identity * _PLACES + place is one-to-one
+# and distinct identities spread over a dict's low bits (which a power of two would leave to the place alone)
+_PLACES = 2 ** 32 + 40_503
+
+
+def content_key(kind: int, identity: int) -> int:
+    """The key of the first block (place 0) of a content's kind and identity; place j's is this + j."""
+    return (identity * 4 + kind) * _PLACES
 
 
 class PrefixCachingKV(PagedKV):
@@ -64,23 +73,25 @@ class PrefixCachingKV(PagedKV):
         chains each block's hash on its parent's, so equal keys must mean equal tokens up to the block's end:
         a shared prefix's group, a Mooncake block id (itself chained: equal ids, equal prefixes), a
         session's stream (every turn's tokens, answers included, are a prefix of it), else the request's
-        own. Each kind covers a run of blocks, in that order."""
+        own. Each kind covers a run of blocks, in that order. A key is one int, `content_key(kind,
+        identity)` plus the block's place: an int hashes and compares at a fraction of a tuple's cost, and a
+        long-context trace makes, stores, looks up and forgets millions of them."""
         keys: list[Key] = []
         bs = self.block_size
         if seq.prefix_group >= 0:
-            stop, group = min(n, seq.prefix_tokens // bs), seq.prefix_group
-            keys += [(group, j) for j in range(i, stop)]
+            stop = min(n, seq.prefix_tokens // bs)
+            base = content_key(GROUP, seq.prefix_group)
+            keys += range(base + i, base + stop)
             i = max(i, stop)
         if seq.hash_ids:  # blocks within the prompt and the ids' reach: keyed by the id of their last token
             ids, hb = seq.hash_ids, seq.hash_block
             stop = min(n, min(seq.prompt_tokens, len(ids) * hb) // bs)
-            keys += [("h", ids[((j + 1) * bs - 1) // hb], j) for j in range(i, stop)]
+            if i < stop:
+                base = [content_key(HASH_ID, h) for h in ids]
+                keys += [base[((j + 1) * bs - 1) // hb] + j for j in range(i, stop)]
             i = max(i, stop)
-        if seq.session >= 0:
-            keys += [("s", seq.session, j) for j in range(i, n)]
-        else:
-            own = -1 - seq.id
-            keys += [(own, j) for j in range(i, n)]
+        base = content_key(SESSION, seq.session) if seq.session >= 0 else content_key(OWN, seq.id)
+        keys += range(base + i, base + n)
         return keys
 
     # --- prefix lookup and admission (kv_cache_manager.get_computed_blocks, allocate_slots) ---
