@@ -157,10 +157,24 @@ def measure(port: int, folder: Path, rounds: int, per_case: int) -> dict[str, di
             server[name][0] += after[0] - before[0]
             server[name][1] += after[1] - before[1]
     return {name: {"prompt_tokens": counted[name], "requests": len(samples[name]),
+                   "tokenizer_ms_median": _tokenizer_ms(tok, cases[name]),
                    "client_ttft_ms_median": 1e3 * statistics.median(samples[name]),
                    "client_ttft_ms_mean": 1e3 * statistics.fmean(samples[name]),
                    "server_ttft_ms_mean": 1e3 * server[name][0] / max(server[name][1], 1)}
             for name in cases}
+
+
+def _tokenizer_ms(tok: object, prompt: str | list[int], calls: int = 50) -> float:
+    """The same tokenizer in this process, timed alone: a check on the served difference, which the engine's
+    step noise can hide (0 for a prompt of ids, which the server does not tokenize)."""
+    if not isinstance(prompt, str):
+        return 0.0
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        tok(prompt, add_special_tokens=False)  # type: ignore[operator]
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
 
 
 def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
