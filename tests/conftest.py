@@ -6,6 +6,8 @@ import io
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -78,6 +80,36 @@ def simctl_here(*args: str | Path, cwd: Path | None = None) -> subprocess.Comple
     finally:
         os.chdir(before)
     return subprocess.CompletedProcess(["simctl", *map(str, args)], code, out.getvalue(), err.getvalue())
+
+
+# ---- other processes' states, read from /proc: a test waits on one, never for a fixed time ---------------
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first); None once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds the process has used (utime + stime), 0 once it is gone."""
+    stat = _stat(pid)
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK") if stat else 0.0
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Poll `condition` until it holds (a state of another process, not a time: no fixed sleep); the timeout
+    only turns a hang into a failure."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)
 
 
 # ---- the real engine's tests (test_engine, test_disagg): the tiny-2l model, one thread ---------------------
