@@ -556,7 +556,8 @@ def test_a_run_shows_a_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     args = [str(SIMCTL), "run", "--trace", "sharegpt", "--qps", "2", "--num-requests", "3000", "--json"]
     master, slave = pty.openpty()
     try:
-        proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=slave, timeout=120, check=False)
+        # read the terminal while simctl writes to it: a full terminal buffer would block the bar
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=slave)
         os.close(slave)
         seen = b""
         while True:
@@ -567,10 +568,11 @@ def test_a_run_shows_a_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
             if not chunk:
                 break
             seen += chunk
+        stdout, _ = proc.communicate(timeout=120)
     finally:
         os.close(master)
     assert proc.returncode == 0
     assert b"requests arrived" in seen
-    assert json.loads(proc.stdout)["num_requests"] == 3000  # the bar went to stderr, stdout is the JSON
+    assert json.loads(stdout)["num_requests"] == 3000  # the bar went to stderr, stdout is the JSON
     piped = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
     assert piped.returncode == 0 and "requests arrived" not in piped.stderr
