@@ -158,6 +158,40 @@ def alone(model):
     return tokens
 
 
+# ---- one vLLM engine for the tests that serve on vLLM's defaults (test_vllm_engine, test_vllm_validate) ----
+
+VLLM_MODEL = "tiny"
+
+
+@pytest.fixture(scope="session")
+def vllm_server():
+    """The installed vLLM serving `tiny` with its default settings (max_model_len 2048, seed 0), started once
+    for the session: a start costs 30-40 s here, and `serve` resets the prefix cache between runs."""
+    pytest.importorskip("vllm")
+    from simctl.engine.vllm_real import VLLMServer
+    from simctl.executor.vllm_runtime import VLLMDeployment
+
+    with VLLMServer(VLLM_MODEL, VLLMDeployment(max_model_len=2048)) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def sharing(server):
+    """Within it, product code that starts `simctl.engine.vllm_real.VLLMServer` on the shared engine's model
+    and deployment gets the running `server` (left running on exit); any other engine fails the test."""
+    from simctl.engine import vllm_real
+
+    @contextlib.contextmanager
+    def borrowed(model: str, deployment, device: str = "cpu"):
+        assert (model, deployment, device) == (VLLM_MODEL, server.deployment, server.device), \
+            "not the shared engine: start one of its own"
+        yield server
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vllm_real, "VLLMServer", borrowed)
+        yield
+
+
 # Test tiers. A module that runs a torch model, the installed vLLM or simctl as a child process says so with
 # `pytestmark`; every other test is `unit`, and a hypothesis test is also `property`. `make test-fast` runs
 # what needs none of the three.
