@@ -209,7 +209,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, text in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     config.addinivalue_line("markers",
-                            "vllm_profile: a real vLLM step profile (about two minutes; needs vLLM)")
+                            "vllm_profile: a real vLLM step profile and its fit (about 100 s here; needs vLLM)")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
