@@ -4,6 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 VLLM   := $(VENV)/.vllm-installed
 PYTHON ?= python3
+LIGHT  := not cli and not torch and not vllm
 
 .PHONY: run test test-fast vllm bench bench-speed bench-gpu-serving bench-validate bench-validate-vllm lint notebooks clean
 
@@ -23,12 +24,15 @@ vllm: $(VLLM)
 run: $(STAMP)
 	$(VENV)/bin/simctl run --policy sarathi --trace arxiv
 
+# the light tiers spread over the cores (pytest-xdist), then the heavy ones alone: a real engine's test serves
+# in real time and wants the cores to itself
 test: $(STAMP) $(VLLM)
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto -m "$(LIGHT)"
+	$(PY) -m pytest -m "not ($(LIGHT))"
 
 # the unit and property tiers (no torch model, no vLLM, no child simctl: tests/conftest.py's TIERS)
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not cli and not torch and not vllm"
+	$(PY) -m pytest -n auto -m "$(LIGHT)"
 
 # the benchmarks: simulator speed (about a minute), GPU serving predicted (seconds; skipped without
 # ../shared/reference/gpu_serving), then accuracy against real runs (about 15 minutes)

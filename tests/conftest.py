@@ -6,6 +6,8 @@ import io
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -80,6 +82,36 @@ def simctl_here(*args: str | Path, cwd: Path | None = None) -> subprocess.Comple
     return subprocess.CompletedProcess(["simctl", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
+# ---- other processes' states, read from /proc: a test waits on one, never for a fixed time ---------------
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first); None once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds the process has used (utime + stime), 0 once it is gone."""
+    stat = _stat(pid)
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK") if stat else 0.0
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Poll `condition` until it holds (a state of another process, not a time: no fixed sleep); the timeout
+    only turns a hang into a failure."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)
+
+
 # ---- the real engine's tests (test_engine, test_disagg): the tiny-2l model, one thread ---------------------
 
 ENGINE_MODEL = "tiny-2l"
@@ -126,6 +158,40 @@ def alone(model):
     return tokens
 
 
+# ---- one vLLM engine for the tests that serve on vLLM's defaults (test_vllm_engine, test_vllm_validate) ----
+
+VLLM_MODEL = "tiny"
+
+
+@pytest.fixture(scope="session")
+def vllm_server():
+    """The installed vLLM serving `tiny` with its default settings (max_model_len 2048, seed 0), started once
+    for the session: a start costs 30-40 s here, and `serve` resets the prefix cache between runs."""
+    pytest.importorskip("vllm")
+    from simctl.engine.vllm_real import VLLMServer
+    from simctl.executor.vllm_runtime import VLLMEngineArgs
+
+    with VLLMServer(VLLM_MODEL, VLLMEngineArgs(max_model_len=2048)) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def sharing(server):
+    """Within it, product code that starts `simctl.engine.vllm_real.VLLMServer` on the shared engine's model
+    and deployment gets the running `server` (left running on exit); any other engine fails the test."""
+    from simctl.engine import vllm_real
+
+    @contextlib.contextmanager
+    def borrowed(model: str, deployment, device: str = "cpu"):
+        assert (model, deployment, device) == (VLLM_MODEL, server.deployment, server.device), \
+            "not the shared engine: start one of its own"
+        yield server
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vllm_real, "VLLMServer", borrowed)
+        yield
+
+
 # Test tiers. A module that runs a torch model, the installed vLLM or simctl as a child process says so with
 # `pytestmark`; every other test is `unit`, and a hypothesis test is also `property`. `make test-fast` runs
 # what needs none of the three.
@@ -143,7 +209,8 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, text in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     config.addinivalue_line("markers",
-                            "vllm_profile: a real vLLM step profile (about two minutes; needs vLLM)")
+                            "vllm_profile: a real vLLM step profile and its fit (about 100 s here; needs "
+                            "vLLM)")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

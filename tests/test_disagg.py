@@ -6,8 +6,6 @@ line, exit 2."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -25,7 +23,6 @@ from simctl.engine.deployment import serve_deployment
 from simctl.engine.setup import RealConfig, size_run
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
-SIMCTL = Path(sys.executable).parent / "simctl"
 # test_engine's ten requests: a burst of six (they batch on the prefill instance and reach the decode instance
 # together), then four a few milliseconds apart; one of a single output token never leaves its prefill
 # instance
@@ -77,23 +74,6 @@ def test_each_request_gets_its_tokens_alone_once_and_kv_returns(
         assert preempted > 0, "the small KV capacity was meant to force preemptions"
 
 
-def simctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SIMCTL), *args], check=False, capture_output=True, text=True, timeout=300)
-
-
-def test_simctl_real_pd_writes_the_clusters_files(tmp_path: Path) -> None:
-    out = tmp_path / "pd"
-    res = simctl("real", "--policy", "vllm", "--model", MODEL, "--qps", "20", "--num-requests", "12",
-                 "--prefill-instances", "1", "--decode-instances", "1", "--out", str(out), "--json")
-    assert res.returncode == 0, res.stderr
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["mode"] == "real" and summary["completed"] == 12 and summary["threads"] == 1
-    assert set(summary["pools"]) == {"prefill", "decode"} and summary["kv_link"]["transfers"] > 0
-    replicas = pd.read_parquet(out / "replicas.parquet")
-    assert list(replicas["pool"]) == ["prefill", "decode"]
-    assert set(pd.read_parquet(out / "iterations.parquet")["pool"]) == {"prefill", "decode"}
-
-
 PD = ("--prefill-instances", "1", "--decode-instances", "1")
 
 
@@ -127,9 +107,13 @@ def test_validate_compares_a_real_pd_run_with_the_simulated_cluster(tmp_path: Pa
     matched, total = (int(v) for v in row["replay_matched"].split("/"))
     assert matched == total > 0, "every iteration of both instances re-planned as the engines ran it"
     assert report.evidence[0]["replay_tbt_matches"], "the replayed token gaps are the real run's"
-    real = json.loads((out / "runs/vllm/load_0.5/real/summary.json").read_text())
+    where = out / "runs/vllm/load_0.5/real"  # the real run's files, as `simctl real` writes a P/D pair's
+    real = json.loads((where / "summary.json").read_text())
     sim = json.loads((out / "runs/vllm/load_0.5/sim/summary.json").read_text())
     assert set(real["pools"]) == set(sim["pools"]) == {"prefill", "decode"}
+    assert real["mode"] == "real" and real["threads"] == 1 and real["kv_link"]["transfers"] > 0
+    assert list(pd.read_parquet(where / "replicas.parquet")["pool"]) == ["prefill", "decode"]
+    assert set(pd.read_parquet(where / "iterations.parquet")["pool"]) == {"prefill", "decode"}
     # the twin's link is the one the real run measured
     assert sim["kv_link"]["gbps"] == real["kv_link"]["gbps"]
     replay = pd.read_parquet(out / "runs/vllm/load_0.5/replay.parquet")

@@ -13,10 +13,13 @@ import math
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from conftest import cpu_seconds, wait_until
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -310,18 +313,33 @@ def test_full_grid_separates_what_the_fit_needs():
     assert build_grid("test", 2048).quiet_blocks == 0  # the test grid never waits for an idle machine
 
 
-def test_cpu_monitor_sees_another_process():
-    mon = CpuMonitor()
-    if not mon.available:
+@pytest.fixture
+def spinning() -> Iterator[int]:
+    """A child process spinning on a core (its pid), started and killed around the test."""
+    if not Path("/proc/self/stat").exists():
         pytest.skip("no /proc")
-    spin = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 0.6: pass\n"
-    child = subprocess.Popen([sys.executable, "-c", spin])
-    time.sleep(0.1)  # the child is spinning
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass\n"])
+    try:
+        wait_until(lambda: cpu_seconds(child.pid) >= 0.05, "the child is spinning")
+        yield child.pid
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _spin(pid: int, cpu_s: float) -> None:
+    """Wait until the spinning child has used `cpu_s` more CPU seconds (its state, not a fixed time)."""
+    start = cpu_seconds(pid)
+    wait_until(lambda: cpu_seconds(pid) >= start + cpu_s, f"the child spun {cpu_s} CPU seconds")
+
+
+def test_cpu_monitor_sees_another_process(spinning: int):
+    mon = CpuMonitor()
     r0, w0 = mon.read(), time.perf_counter()
-    time.sleep(0.4)
+    _spin(spinning, 0.4)
     wall, r1 = time.perf_counter() - w0, mon.read()
-    child.wait()
-    # a whole core busy for 0.4 s: at least 1 / cpus of the capacity (less a tick or two of sampling)
+    # a whole core busy for the block: at least 1 / cpus of the capacity (less a tick or two of sampling); on
+    # a loaded machine the block lasts longer, and the rest of the machine fills it
     assert mon.foreign_share(r0, r1, wall) > 0.6 / mon.cpus
     assert not mon.quiet(r0, r1, wall, 0.05)
     assert mon.foreign_ticks(r1, r1) == 0 and mon.quiet(r1, r1, 0.1, 0.05)
@@ -329,19 +347,13 @@ def test_cpu_monitor_sees_another_process():
     assert mon.foreign_share((0, 0), (2, 0), 0.5 / mon.hz) == 1.0
 
 
-def test_cpu_monitor_counts_the_processes_it_owns_as_its_own():
-    """The same 0.4 s of a spinning child: foreign to a monitor of this process, its own to one that owns it
+def test_cpu_monitor_counts_the_processes_it_owns_as_its_own(spinning: int):
+    """0.4 CPU seconds of a spinning child: foreign to a monitor of this process, its own to one that owns it
     (a vLLM profile's model worker): their foreign ticks differ by the child's ticks."""
-    spin = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 0.6: pass\n"
-    child = subprocess.Popen([sys.executable, "-c", spin])
-    mon, owner = CpuMonitor(), CpuMonitor(own=(child.pid,))
-    if not mon.available:
-        pytest.skip("no /proc")
-    time.sleep(0.1)
+    mon, owner = CpuMonitor(), CpuMonitor(own=(spinning,))
     a0, b0 = mon.read(), owner.read()
-    time.sleep(0.4)
+    _spin(spinning, 0.4)
     a1, b1 = mon.read(), owner.read()
-    child.wait()
     owner.close()
     assert mon.foreign_ticks(a0, a1) - owner.foreign_ticks(b0, b1) >= 0.3 * mon.hz
 

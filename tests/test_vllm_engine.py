@@ -1,6 +1,6 @@
 """`simctl real --engine vllm`: a simctl trace served by the installed vLLM gives every request exactly its
 output tokens and records, step by step, what simctl's own real mode records (one engine serves every run
-here)."""
+here: conftest's vllm_server, started once for the session)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ pytest.importorskip("vllm")
 
 from simctl.cli import main
 from simctl.engine.setup import RealConfig
-from simctl.engine.vllm_real import VLLMServer, run_summary, vllm_args_for
-from simctl.executor.vllm_runtime import INSTALL_HINT, VLLMEngineArgs, engine_args
+from simctl.engine.vllm_real import run_summary, vllm_args_for
+from simctl.executor.vllm_runtime import INSTALL_HINT, engine_args
 from simctl.traces.request import Request
 from simctl.traces.tokens import prompt_token_ids
 from simctl.validation.prefix_hits import serial_hits
@@ -83,9 +83,8 @@ GROUPED = [Request(i, 0.1 * i, SHARED + 20 + i, 4, prefix_group=i % 2, prefix_to
 
 
 @pytest.fixture(scope="module")
-def server():
-    with VLLMServer("tiny", VLLMEngineArgs(max_model_len=2048)) as s:
-        yield s
+def server(vllm_server):
+    return vllm_server  # conftest's: one engine for the session
 
 
 def test_every_request_gets_exactly_its_tokens_and_the_records_add_up(server) -> None:

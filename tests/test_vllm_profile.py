@@ -113,25 +113,25 @@ def test_without_vllm_the_cli_says_how_to_install_it(monkeypatch, capsys, tmp_pa
 
 @pytest.mark.vllm_profile
 def test_a_quick_vllm_profile_fits_unchanged(tmp_path, capsys) -> None:
-    """The quick grid on the installed vLLM, then `simctl fit`: every row has the features of the step vLLM
-    actually scheduled (the probe's shape), the fit reports its held-out error and reproduces its rows,
-    and the served stage's steps give the fit its host terms."""
+    """A profile of the installed vLLM (the test grid: every kind of probe and a served stage), then `simctl
+    fit`: every row has the features of the step vLLM actually scheduled (the probe's shape), the fit reports
+    its held-out error and reproduces its rows, and the served stage's steps give the fit its host terms."""
     pytest.importorskip("vllm")
     from simctl.costs.fitted import Fitted
     from simctl.profiler.fit import fit_profile
+    from simctl.profiler.vllm_profile import profile_vllm
 
     out = tmp_path / "vllm-tiny"
-    with pytest.raises(SystemExit) as exit_:
-        main(["profile", "--engine", "vllm", "--model", "tiny", "--device", "cpu", "--quick", "--out",
-              str(out)])
-    assert exit_.value.code == 0
+    # the test grid: the quick one's kinds of probe and served stage, fewer of each (the CLI's --quick picks
+    # the quick grid; its options' errors are test_misuse_is_one_line_exit_2's)
+    profile_vllm("tiny", "float32", False, out, progress=False, grid="test")
     meta = json.loads((out / "meta.json").read_text())
     assert meta["engine"] == "vllm" and meta["vllm_version"].startswith("vllm")
     assert meta["device"] == "cpu" and meta["dtype"] == "float32"
     assert meta["engine_settings"]["enable_prefix_caching"] is False
     assert meta["engine_settings"]["max_num_batched_tokens"] == 4096
     df = pd.read_csv(out / "profile.csv")
-    grid = vllm_grid("quick")
+    grid = vllm_grid("test")
     assert len(df) == len(grid.probes) and (df["time_s"] > 0).all() and (df["reps"] > 0).all()
     for probe, row in zip(grid.probes, df.itertuples()):
         assert row.kind == probe.kind

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import TinyCost, simctl_here
+from conftest import TinyCost, sharing, simctl_here
 
 from simctl.costs.base import ScaledCost
 from simctl.results.validation_report import pct_error
@@ -56,12 +56,12 @@ VALIDATION = {"loads": (0.5,), "slo": SLO({"p50_ttft": 0.01}),
 
 
 @pytest.fixture(scope="module")
-def validated(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    pytest.importorskip("vllm")
+def validated(tmp_path_factory: pytest.TempPathFactory, vllm_server) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("vv") / "val"
     # a tight TTFT limit keeps the twin's capacity, and so the real run, short
     v = VLLMValidation(cost=TinyCost(), out=out, **VALIDATION)
-    return validate_vllm(v), out
+    with sharing(vllm_server):  # the session's engine: the validation's deployment is vLLM's defaults too
+        return validate_vllm(v), out
 
 
 def test_the_twin_is_configured_as_vllm_resolved_its_settings(validated: tuple[dict, Path]) -> None:

@@ -54,19 +54,6 @@ def left_in_checkout(name: str) -> bool:
     return (REPO / name).exists()
 
 
-def test_real_writes_a_relative_out_in_the_working_folder(tmp_path: Path) -> None:
-    work = user_folder(tmp_path)
-    res = subprocess.run([str(SIMCTL), "real", "--policy", "vllm", "--trace", "trace.csv", "--model",
-                          "cfg/config.json", "--threads", "1", "--out", "relreal"],
-                         cwd=work, capture_output=True, text=True, timeout=300, check=False)
-    assert res.returncode == 0, res.stderr[-2000:]
-    summary = json.loads((work / "relreal" / "summary.json").read_text(encoding="utf-8"))
-    assert summary["completed"] == 12
-    assert summary["trace"] == str(work / "trace.csv")  # recorded as the file it read
-    assert (work / "relreal" / "requests.parquet").is_file()
-    assert not left_in_checkout("relreal")
-
-
 def test_profile_writes_a_relative_out_in_the_working_folder(tmp_path: Path, monkeypatch) -> None:
     work = user_folder(tmp_path)
     monkeypatch.chdir(work)
@@ -114,7 +101,8 @@ def test_configs_hold_absolute_paths_for_children_started_elsewhere(tmp_path: Pa
 def test_a_non_editable_install_serves_from_any_folder(tmp_path: Path) -> None:
     """simctl's files installed apart from the checkout (as `pip install .` puts them in site-packages): the
     shipped CPU fit is found through the package, a real run's child imports the installed simctl, and the
-    outputs go to the working folder, never into the install folder."""
+    outputs go to the working folder, never into the install folder or the checkout (this run is also the
+    test that `simctl real` reads a relative trace and model config and writes a relative --out)."""
     site = tmp_path / "site"
     build = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
                             "--no-build-isolation", "--target", str(site), str(REPO)], capture_output=True,
@@ -130,10 +118,15 @@ def test_a_non_editable_install_serves_from_any_folder(tmp_path: Path) -> None:
                           "out-sim"], cwd=work, env=env, capture_output=True, text=True, timeout=120,
                          check=False)
     assert sim.returncode == 0, sim.stderr[-2000:]
-    real = subprocess.run([*run, "real", "--policy", "sarathi", "--trace", "trace.csv", "--model", "tiny-2l",
-                           "--threads", "1", "--out", "out-real"], cwd=work, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+    # a real run (its engine in a child process) of a relative trace and model config into a relative --out
+    real = subprocess.run([*run, "real", "--policy", "vllm", "--trace", "trace.csv", "--model",
+                           "cfg/config.json", "--threads", "1", "--out", "out-real"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
     assert real.returncode == 0, real.stderr[-2000:]
+    summary = json.loads((work / "out-real" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["completed"] == 12
+    assert summary["trace"] == str(work / "trace.csv")  # recorded as the file it read
+    assert (work / "out-real" / "requests.parquet").is_file()
     for name in ("out-sim", "out-real"):
         assert (work / name / "summary.json").is_file()
-        assert not (site / name).exists()
+        assert not (site / name).exists() and not left_in_checkout(name)

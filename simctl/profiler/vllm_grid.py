@@ -119,7 +119,8 @@ def _quick() -> VLLMGrid:
 def _test() -> VLLMGrid:
     probes = [StepProbe("decode", 4, 64), StepProbe("decode", 16, 128), *_prefills((8, 64, 256)),
               StepProbe("prefill", chunk=64, cached=128, sample=False), StepProbe("hybrid", 3, 64, 32, 32)]
-    return VLLMGrid("test", tuple(probes), blocks=2, timed=4)
+    # a served stage as the others have, at two batch sizes: the tests check the whole pipeline on it
+    return VLLMGrid("test", tuple(probes), blocks=2, timed=4, served=(1, 4), served_repeats=1)
 
 
 VLLM_GRIDS = {"full": _full, "quick": _quick, "test": _test}
