@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_cluster import CONTINUOUS, check_invariants, deployment
 
@@ -126,6 +126,10 @@ def test_a_lone_request_is_scheduled_once_the_front_end_has_passed_it() -> None:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=traces, policy=st.sampled_from(list(POLICIES)), delay=st.floats(0, 0.01),
        work=st.tuples(st.floats(0, 0.01), st.floats(0, 1e-4)))
+# found by hypothesis: three pushes during one decode stretch; the second resumed the loop while it waited for
+# the first's cut, and it ran on past the third's due time (serving.loop.Replica._cut now cuts again)
+@example(reqs=[(0.0, 1, 1)] * 7 + [(0.0, 1, 3), (0.0, 231, 1), (0.0078125, 1, 1), (0.0078125, 1, 1)],
+         policy="orca", delay=0.0, work=(0.0, 3.3688606586994806e-05))
 def test_a_front_end_gives_a_lone_replica_and_a_routed_one_the_same_results(reqs, policy, delay, work):
     """The lone replica knows every due time ahead; clients that never wait (as many as requests) send each
     request routed at its arrival: the same front end, the same results, each request scheduled no earlier
