@@ -178,12 +178,12 @@ def vllm_server():
 @contextlib.contextmanager
 def sharing(server):
     """Within it, product code that starts `simctl.engine.vllm_real.VLLMServer` on the shared engine's model
-    and deployment gets the running `server` (left running on exit); any other engine fails the test."""
+    and engine arguments gets the running `server` (left running on exit); any other engine fails the test."""
     from simctl.engine import vllm_real
 
     @contextlib.contextmanager
-    def borrowed(model: str, deployment, device: str = "cpu"):
-        assert (model, deployment, device) == (VLLM_MODEL, server.deployment, server.device), \
+    def borrowed(model: str, args, device: str = "cpu"):
+        assert (model, args, device) == (VLLM_MODEL, server.args, server.device), \
             "not the shared engine: start one of its own"
         yield server
 
