@@ -79,8 +79,10 @@ def time_trees(trees: dict[str, Path], sizes: list[int], repeats: int) -> dict[t
         order = names if rep % 2 == 0 else names[::-1]
         for case, args in cases(sizes).items():
             for tree in order:
-                # in the tree's folder: `python -c` puts the working folder first on sys.path
+                # in the tree's folder: `python -c` puts the working folder first on sys.path; bytecode
+                # cached, as an installation has it (with PYTHONDONTWRITEBYTECODE every start compiles)
                 env = {**os.environ, "PYTHONPATH": str(trees[tree])}
+                env.pop("PYTHONDONTWRITEBYTECODE", None)
                 wall, cpu, rss, out = measure([sys.executable, *args], trees[tree], env)
                 s = samples.setdefault((tree, case), Sample())
                 s.add(wall, cpu, rss)
