@@ -22,6 +22,7 @@ from math import log10, nan
 
 import numpy as np
 
+from simctl.costs.kv_capacity import KVSizing
 from simctl.results.slo import parse_slo
 from simctl.serving.records import GapHistogram
 from simctl.sim.run import RunConfig, run
@@ -102,10 +103,21 @@ KNOBS = [("orca", {"max_batch_size": 4}), ("orca", {"max_batch_size": 6}), ("orc
          ("vllm", {"max_tokens": 2048})]
 
 
+# Orca held to k max-length reservations by its KV cache (the trace's 8,192-token cap each) with the
+# artifact's batch limit of 128: the memory route to a small batch, as an activation reserve for batch x max
+# length would leave the artifact's Orca
+KV_BOUND = (6, 8, 14)
+RESERVATION = 8192
+
+
 def knobs(requests: int, execution: str, workers: int | None, seeds: int) -> list[str]:
     slo = replace(parse_slo([f"p99_tbt={SLO_TBT}"]), definition="paper")
     configs = [base(p, 1.0, requests, execution, **o) for p, o in KNOBS]
     labels = [p + "".join(f" {k}={v}" for k, v in o.items()) for p, o in KNOBS]
+    for k in KV_BOUND:
+        configs.append(replace(base("orca", 1.0, requests, execution, max_batch_size=128),
+                               kv_sizing=KVSizing(kv_cache_tokens=k * RESERVATION)))
+        labels.append(f"orca max_batch_size=128 kv_cache_tokens={k}x{RESERVATION}")
     found = search_capacities(CapacityConfig(configs, {"strict": slo}, workers=workers, labels=labels,
                                                  seeds=seeds))
     lines = [f"### capacity by knob ({execution}, {requests} requests a probe, median of {seeds} seeds)", "",
