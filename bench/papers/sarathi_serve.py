@@ -113,11 +113,12 @@ MISSES = [
     ),
     (
         "**Capacity: vLLM equals Orca here, where the paper has vLLM about 1.56x Orca (2.8 / 1.8).** Both"
-        " are bound by the P99 TBT of prefill stalls, which simctl prices alike whether the prompts join "
-        "the decodes (Orca, batch 16, KV reserved for the longest request) or stall them in iterations of"
-        " their own (vLLM); the paper's reasons (Orca's prompt batches up to batch x max length, its "
-        "smaller batch) are both modelled, so the gap is not explained by this study: not measured "
-        "further."
+        " are bound by the P99 TBT of prefill stalls, one prompt per prefill iteration in both (1.01-1.09),"
+        " so the stalled share of token gaps is prefill over decode iterations per second whatever the "
+        "batch; Orca held to about 6 requests at once (by its batch or its KV) gives vLLM / Orca 1.53-1.58,"
+        " as the artifact's Orca sizing (max_num_batched_tokens = max_num_seqs x max_model_len, an "
+        "activation reserve that would shrink its KV; not checked in its code) plausibly did "
+        "(research/results/sarathi_vllm_orca.md)."
     ),
     (
         "**Table 4, P99 TBT 0.69-0.74x for the chunked systems.** A 1024-token iteration of Yi-34B on two "
