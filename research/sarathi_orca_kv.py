@@ -50,8 +50,9 @@ def artifact_kv_tokens(profiled_tokens: int) -> int:
 def sizing_table() -> list[str]:
     model = get_model(MODEL)
     lines = ["### KV cache as the artifact sizes it (Mistral-7B, A100-80GB, utilization 0.85, block 16)", "",
-             "| scheduler | max_num_seqs | tokens profiled | activation peak GiB | KV tokens | "
-             "max-length (8,192) reservations | batch Orca can run |", "|---|---:|---:|---:|---:|---:|---:|"]
+             ("| scheduler | max_num_seqs | tokens profiled | activation peak GiB | KV tokens | "
+              "max-length (8,192) reservations | batch Orca can run |"),
+             "|---|---:|---:|---:|---:|---:|---:|"]
     rows = [("vllm", VLLM_BATCH, MAX_LEN), ("sarathi chunk 512", VLLM_BATCH, 512)]
     rows += [("orca", b, b * MAX_LEN) for b in (8, 16, 24, 28, 32, 48, 64, 128)]
     for name, seqs, tokens in rows:
@@ -81,8 +82,8 @@ def capacities(requests: int, workers: int, seeds: int) -> list[str]:
     found = search_capacities(CapacityConfig(list(configs.values()), {"strict": slo}, workers=workers,
                                              labels=list(configs), seeds=seeds))
     lines = [f"### capacity (cuda-graph, {requests} requests a probe, median of {seeds} seeds)", "",
-             "| configuration | capacity QPS | bound by | P99 TBT at capacity | median sched delay at capacity | "
-             "KV capacity |", "|---|---:|---|---:|---:|---:|"]
+             ("| configuration | capacity QPS | bound by | P99 TBT at capacity | median sched delay at "
+              "capacity | KV capacity |"), "|---|---:|---|---:|---:|---:|"]
     for c in found:
         m = c.median_search
         at = m.at_capacity or {}
