@@ -4,8 +4,8 @@ ones, and why does the precise/random ratio grow with 430-token answers?
 Two measurements:
 1. `steps`: the roofline's Qwen3-32B TP2 H100 step times for this workload's shapes (a cold 7,200-token
    prompt in 8,192-token chunks, a cached prefix's 1,200-token question, decode steps at the batch sizes the
-   KV allows), beside the published run's own ITL means (73-capacity report: 0.011-0.012 s at 3 QPS, 0.024-0.029
-   s once saturated).
+   KV allows), beside the published run's own ITL means (73-capacity report: 0.011-0.012 s at 3 QPS,
+   0.024-0.029 s once saturated).
 2. `drained`: the ladder as inference-perf runs it. Its load generator sends a stage's requests, then waits
    until every one of them has finished ("Wait until all requests are finished processing",
    inference_perf/loadgen/load_generator.py, run_stage, in the 2025-09 version 5b1da4d and now), sleeps
@@ -172,7 +172,8 @@ def main() -> None:
             print(f"\n{output} tokens, {router}: inference-perf tok/s {r['tok_s']:,.0f} (timeouts excluded "
                   f"{r['tok_s_ok']:,.0f}), P90 TTFT {r['p90']:.3g} s, within 300 s {r['ok']:.1%}, "
                   f"ends at {r['wall_end']:.0f} s, {r['cpu']:.0f} CPU s")
-            print("QPS | requests | span s | tok/s | tok/s (ok) | P90 TTFT s | ok | achieved req/s | tok/s / req/s")
+            print("QPS | requests | span s | tok/s | tok/s (ok) | P90 TTFT s | ok | achieved req/s | "
+                  "tok/s / req/s")
             for q, n, span, a, b, t, ok, rate in r["rows"]:
                 print(f"{q:g} | {n} | {span:.1f} | {a:,.0f} | {b:,.0f} | {t:.3g} | {ok:.0%} | {rate:.2f} | "
                       f"{a / rate:.0f}")
