@@ -29,6 +29,10 @@ completion (a colocated replica's release; disaggregated, the decode instance's,
 for a request of one output token) tells Clients when the session's next turn is ready and when the client
 is free: what is due at the completion instant itself (no think time) is sent from the release, so that the
 replica's next decision at that instant sees it, as it would see an open-loop arrival at that instant.
+
+Staged (`Staged`, `run(stages=...)`): open-loop arrivals sent as a load generator sends a ladder of stages
+that it drains (inference-perf's `run_stage`): a stage's requests are sent, their gaps kept, only once every
+request of the stages before it has completed, plus a pause; routed as sent, a lone replica too.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import simpy
 from simpy.events import URGENT
@@ -202,21 +207,28 @@ class Cluster:
         self.aborted = False
         self.originals: dict[int, Seq] = {}
         self.closed: ClosedLoop | None = None  # the sends, when they depend on completions
+        self.staged: Staged | None = None  # the sends, stage after drained stage
 
     @property
     def members(self) -> list[Member]:
         return self.entry.members + (self.decode.members if self.decode else [])
 
     def run(self, requests: list[Request], progress: Progress | None = None, concurrency: int | None = None,
-            think_s: float = 0.0) -> list[Seq]:
+            think_s: float = 0.0, stages: Sequence[int] | None = None, pause_s: float = 0.0) -> list[Seq]:
         """Serve `requests` (in arrival order) sent by `serving.clients.Clients(requests, concurrency,
-        think_s)`; `progress(arrived, total)` every few thousand events, if given. Returns each request's
-        `Seq`, filled in (a closed loop's `arrival_s`: when it was sent)."""
+        think_s)`, or, given each request's stage (non-decreasing; open loop only), stage after drained stage
+        with `pause_s` between (`Staged`); `progress(arrived, total)` every few thousand events, if given.
+        Returns each request's `Seq`, filled in (a closed loop's or a stage's `arrival_s`: when it was
+        sent)."""
         env = self.env
         served = arrivals(requests, disaggregated=self.decode is not None)
         seqs, entering, self.originals = served.seqs, served.entering, served.crossing
         clients = Clients(requests, concurrency, think_s)
-        if clients.closed_loop:  # routed as sent, a lone replica too: nobody knows the arrivals ahead
+        if stages is not None:
+            if clients.closed_loop:
+                raise ValueError("stages are sent open loop: no client bound, no session turns")
+            self.staged = Staged(self, seqs, entering, stages, pause_s)
+        elif clients.closed_loop:  # routed as sent, a lone replica too: nobody knows the arrivals ahead
             self.closed = ClosedLoop(self, clients, seqs, entering)
         elif len(self.entry.members) == 1:
             self.entry.members[0].take_ahead(entering, [self.entry.due(s.arrival_s, s) for s in entering])
@@ -224,6 +236,8 @@ class Cluster:
             m.process = env.process(drive(env, m, self))
         if self.closed is not None:
             self.closed.start()
+        elif self.staged is not None:
+            self.staged.send_next()
         elif len(self.entry.members) > 1:
             self._arrivals = iter(entering)
             self._next_arrival()
@@ -258,20 +272,23 @@ class Cluster:
         """A replica's sequences sampled their last token; a prefill instance's copies go on to the link; a
         closed loop learns of each completion."""
         if self.decode is None:
-            if self.closed is not None:
-                for seq in finished:
-                    self.closed.completed(seq)
+            for seq in finished:
+                self._completed(seq)
             return
         for copy in finished:
             seq = self.originals.pop(copy.id, None)
             if seq is None:  # it completed: on a decode instance, or (one output token) on its prefill one
-                if self.closed is not None:
-                    self.closed.completed(copy)
+                self._completed(copy)
                 continue
             ready = copy.completion_s
             end = self.link.transfer(ready, kv_transfer_bytes(self.kv_bytes_per_token, seq.prompt_tokens))
             arrive_with_kv(seq, copy, end)
             at(self.env, end, lambda _, seq=seq, end=end: self.decode.route(seq, end))
+
+    def _completed(self, seq: Seq) -> None:
+        sender = self.closed or self.staged
+        if sender is not None:
+            sender.completed(seq)
 
 
 class ClosedLoop:
@@ -307,3 +324,55 @@ class ClosedLoop:
         seq.arrival_s = self._seqs[request.id].arrival_s = now
         due = cluster.entry.due(now, seq)
         self._when(now, due, lambda: cluster.entry.route(seq, due))
+
+
+class Staged:
+    """Open-loop arrivals sent stage by stage (see the module's docstring), as inference-perf's load
+    generator sends its stages (`inference_perf/loadgen/load_generator.py`, `run_stage`: a stage's requests,
+    then a wait until all have finished, then `interval` seconds). A stage whose first arrival comes before
+    the earlier stages' last completion plus `pause_s` is sent that much later, every arrival of it shifted
+    by the wait; the cluster calls `completed` for each request that completes."""
+
+    def __init__(self, cluster: Cluster, seqs: list[Seq], entering: list[Seq], stages: Sequence[int],
+                 pause_s: float) -> None:
+        if len(stages) != len(entering) or any(a > b for a, b in pairwise(stages)):
+            raise ValueError("one stage per request, non-decreasing in arrival order")
+        self.cluster, self.pause_s = cluster, pause_s
+        self._sends = list(zip(seqs, entering, stages))  # (the record, what the entry pool serves, its stage)
+        self._next = 0  # the next to send
+        self._in_flight = 0  # sent and not completed
+        self._last_s = 0.0  # the latest completion
+
+    def _opens_stage(self) -> bool:
+        """Whether the next request to send is the first of a later stage than the last one sent."""
+        n = self._next
+        return 0 < n < len(self._sends) and self._sends[n][2] != self._sends[n - 1][2]
+
+    def send_next(self) -> None:
+        """Send the next request at its arrival, unless it opens a stage while requests are in flight."""
+        cluster = self.cluster
+        if self._next == len(self._sends) or cluster.aborted or self._in_flight and self._opens_stage():
+            return  # all sent, or `completed` opens the stage
+        seq = self._sends[self._next][1]
+        self._next += 1
+        self._in_flight += 1
+        due = cluster.entry.due(seq.arrival_s, seq)
+        at(cluster.env, due, lambda _: self._arrive(seq, due))
+
+    def _arrive(self, seq: Seq, due: float) -> None:
+        self.cluster.entry.route(seq, due)
+        self.send_next()
+
+    def completed(self, seq: Seq) -> None:
+        self._in_flight -= 1
+        self._last_s = max(self._last_s, seq.completion_s)
+        if self._in_flight or not self._opens_stage():
+            return  # requests in flight, or the stage still sends
+        _, first, stage = self._sends[self._next]
+        wait = self._last_s + self.pause_s - first.arrival_s
+        for record, entering, k in self._sends[self._next:]:
+            if k != stage or wait <= 0.0:
+                break
+            entering.arrival_s += wait
+            record.arrival_s = entering.arrival_s  # behind a prefill pool, the record keeps the send too
+        self.send_next()
