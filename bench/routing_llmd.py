@@ -5,25 +5,26 @@ Setting, as published: Qwen3-32B, 8 vLLM replicas of 2 H100s (TP2), 307,328 KV t
 inference-perf's shared_prefix data: 150 groups, a 6,000-token system prompt each, 5 prompts per group with
 a 1,200-token question each (so 750 distinct prompts of 7,200 tokens, shuffled once and sent in that order,
 cycling), 1,000 output tokens (ignore_eos); Poisson arrivals in stages: a warm-up of 15 QPS for 50 s, then
-3 -> 60 QPS (STAGES). Routers: `random`, `load` (queue and KV scorers 1:1), `prefix-approx` (prefix, KV
-and queue scorers 1:1:1, an index of 31,250 blocks of 64 tokens per replica), `prefix` (precise, 3:2:2, the
-report's weights); and `kv-cost` (Dynamo's KV router, which the report did not run).
+3 -> 60 QPS (STAGES), int(rate x seconds) requests each. As inference-perf sends them (its load generator's
+`run_stage`, inference_perf/loadgen/load_generator.py): a stage's requests are sent only once every request
+of the stages before it has completed, then a 1 s pause (`sim.cluster.Staged`); `--open-loop` sends the
+stages back to back instead, so a saturated router's backlog grows through the ladder. Routers: `random`,
+`load` (queue and KV scorers 1:1), `prefix-approx` (prefix, KV and queue scorers 1:1:1, an index of 31,250
+blocks of 64 tokens per replica), `prefix` (precise, 3:2:2, the report's weights); and `kv-cost` (Dynamo's
+KV router, which the report did not run).
 
 The twin: vllm-v1 with vLLM's H100 serving defaults but 64-token blocks (the report's indexer block size,
 which must match vLLM's); a prompt's blocks are keyed by content with Mooncake-style block ids of 1,200
 tokens (five for its group's system prompt, one for its question), so requests share exactly what the
 published prompts share. Each stage's output throughput is inference-perf's: the output tokens of the
-requests sent during the stage over the time from the stage's start to the last of them completing (its
-per-stage reports divide by that span); the summary is the mean over the ladder's stages (the report's
+stage's requests over the time from its first send to the last of them completing (its per-stage reports
+divide by that span: reportgen/base.py); the summary is the mean over the ladder's stages (the report's
 summary row is the mean of its per-stage rows: 8,730.0 for precise) and P90 TTFT is over every request sent
-during the ladder. Beside it, what the GPUs generated: output tokens produced during the ladder per second
-(a request's tokens spread evenly from its first token to its completion).
-
-`--output` sets the output length: 1,000 as configured (ignore_eos); the report's own figures imply fewer
-(its output tokens/s over its requests/s is 370-465 tokens per request in the stages precise scheduling
-keeps up with, and it notes ~200-230 live tokens per running request, half of that).
+during the ladder. Beside it, what the GPUs generated: output tokens produced per second from the ladder's
+first send to its last completion (a request's tokens spread evenly from its first token to its completion).
 
 Usage: python bench/routing_llmd.py [--routers random,load,prefix-approx,prefix] [--stages N] [--output T]
+       [--open-loop]
 Writes bench/results/routing.md, routing.json and routing.png.
 """
 
@@ -58,6 +59,7 @@ MODEL, GPU, TP, REPLICAS = "qwen3-32b", "h100", 2, 8
 KV_TOKENS = 307_328  # per replica, as published (the roofline gives 323,490 at vLLM's 0.9 memory share)
 BLOCK = 64
 GROUPS, USERS, SYSTEM, QUESTION, OUTPUT = 150, 5, 6000, 1200, 1000  # OUTPUT: as configured
+PAUSE_S = 1.0  # inference-perf's pause between stages (its `interval` default)
 WARMUP = (15.0, 50.0)
 STAGES = [(3, 20), (10, 20), (15, 20), (20, 38), (22, 34), (25, 30), (30, 25), (35, 21), (40, 38), (43, 36),
           (46, 33), (49, 30), (52, 29), (55, 27), (57, 26), (60, 25)]  # (QPS, seconds)
@@ -74,20 +76,19 @@ ROUTERS: dict[str, tuple[str, tuple[float, float, float], float, float]] = {
 
 def requests(stages: list[tuple[float, float]], output: int = OUTPUT, seed: int = 0
              ) -> tuple[list[Request], list[int]]:
-    """The published workload's requests and the stage each was sent in (0: the warm-up)."""
+    """The published workload's requests and the stage each was sent in (0: the warm-up): int(rate x seconds)
+    per stage, their Poisson gaps scaled to fill the stage (as inference-perf's Poisson timer does)."""
     rng = np.random.default_rng(seed)
     order = rng.permutation(GROUPS * USERS)  # inference-perf shuffles its prompts once, then cycles
     out, stage_of, t0 = [], [], 0.0
     for k, (qps, seconds) in enumerate([WARMUP, *stages]):
-        t = t0
-        while True:
-            t += rng.exponential(1.0 / qps)
-            if t >= t0 + seconds:
-                break
+        gaps = rng.exponential(1.0 / qps, int(qps * seconds))
+        for t in t0 + np.cumsum(gaps * seconds / gaps.sum()):
             prompt = int(order[len(out) % len(order)])
             group = prompt // USERS  # the group's system prompt: 5 block ids of its own, the question 1
             ids = tuple(group * 5 + j for j in range(SYSTEM // QUESTION)) + (GROUPS * USERS + prompt,)
-            out.append(Request(len(out), t, SYSTEM + QUESTION, output, hash_ids=ids, hash_block=QUESTION))
+            out.append(Request(len(out), float(t), SYSTEM + QUESTION, output, hash_ids=ids,
+                               hash_block=QUESTION))
             stage_of.append(k)
         t0 += seconds
     return out, stage_of
@@ -146,24 +147,26 @@ def speed(n: int, qps: float = 12.0, reps: int = 3) -> str:
             + f" (ratio {a / b:.2f}).\n")
 
 
-def serve(router: str, reqs: list[Request], stage_of: list[int], stages: list[tuple[float, float]]) -> Result:
+def serve(router: str, reqs: list[Request], stage_of: list[int], stages: list[tuple[float, float]],
+          drained: bool = True) -> Result:
     cluster = cluster_of(router)
     t0 = time.process_time()  # the machine is shared: its wall time is mostly the other processes' load
-    seqs = cluster.run(reqs)
+    seqs = cluster.run(reqs, stages=stage_of if drained else None, pause_s=PAUSE_S)
     cpu = time.process_time() - t0
+    sent = np.array([s.arrival_s for s in seqs])
     first = np.array([s.first_token_s for s in seqs])
-    ttft = first - np.array([s.arrival_s for s in seqs])
+    ttft = first - sent
     done = np.array([s.completion_s for s in seqs])
     out = np.array([s.output_tokens for s in seqs])
     stage = np.array(stage_of)
-    ends = np.cumsum([WARMUP[1], *(sec for _, sec in stages)])
     tok_s, p90 = [], []
     for k in range(1, len(stages) + 1):
         mine = stage == k  # inference-perf: the stage's requests' tokens over their first send to last end
-        tok_s.append(float(out[mine].sum() / (done[mine].max() - ends[k - 1])))
-        p90.append(float(np.percentile(ttft[stage == k], 90)))
-    made = generated(first, done, out, ends[0], ends[-1]) / (ends[-1] - ends[0])
+        tok_s.append(float(out[mine].sum() / (done[mine].max() - sent[mine].min())))
+        p90.append(float(np.percentile(ttft[mine], 90)))
     ladder = stage > 0
+    a, b = sent[ladder].min(), done[ladder].max()
+    made = generated(first, done, out, a, b) / (b - a)
     stats = run_stats([m.policy for m in cluster.entry.members])
     return Result(router, int(out[0]), [q for q, _ in stages], tok_s, p90, float(np.mean(tok_s)), made,
                   float(np.percentile(ttft[ladder], 90)), float(ttft[ladder].mean()),
@@ -180,12 +183,15 @@ def generated(first: np.ndarray, done: np.ndarray, out: np.ndarray, a: float, b:
 
 def report(results: list[Result]) -> str:
     lines = ["# llm-d's precise prefix-cache scheduling experiment, simulated", "",
-             (f"Run {datetime.date.today()}: `python bench/routing_llmd.py --output 1000,430 --speed 3000 "
-              "--speed-reps 5` (the setting: its docstring). "
+             (f"Run {datetime.date.today()}: `python bench/routing_llmd.py --speed 3000 --speed-reps 5` (the "
+              "setting: its docstring). "
               "Qwen3-32B, 8 replicas of 2 H100 (roofline), 307,328 KV tokens each, 150 groups x 5 prompts "
-              "of 6,000 + 1,200 tokens, Poisson stages 3 -> 60 QPS after a 15-QPS warm-up. Output tok/s: "
+              "of 6,000 + 1,200 tokens, Poisson stages 3 -> 60 QPS after a 15-QPS warm-up, each stage sent "
+              "once the stages before it have completed, plus 1 s (as inference-perf sends them). Output "
+              "tok/s: "
               "inference-perf's per-stage throughput, averaged over the ladder's stages; P90 TTFT over the "
-              "ladder's requests; generated tok/s: output tokens produced during the ladder per second.")]
+              "ladder's requests; generated tok/s: output tokens produced per second from the ladder's first "
+              "send to its last completion.")]
     for output in dict.fromkeys(r.output for r in results):
         rs = [r for r in results if r.output == output]
         lines += ["", f"## {output} output tokens per request", "",
@@ -242,13 +248,15 @@ def main() -> None:
     parser.add_argument("--output", default=str(OUTPUT), help="output tokens per request, comma-separated")
     parser.add_argument("--speed", type=int, default=0, help="also time N requests (prefix vs round-robin)")
     parser.add_argument("--speed-reps", type=int, default=3, help="runs of each for --speed (medians)")
+    parser.add_argument("--open-loop", action="store_true",
+                        help="send the stages back to back, not each after the previous one completed")
     args = parser.parse_args()
     stages = STAGES[:args.stages]
     results = []
     for output in (int(o) for o in args.output.split(",")):
         reqs, stage_of = requests(stages, output)
         for router in args.routers.split(","):
-            results.append(serve(router, reqs, stage_of, stages))
+            results.append(serve(router, reqs, stage_of, stages, drained=not args.open_loop))
             r = results[-1]
             print(f"{output} {router}: {r.tok_s:,.0f} tok/s, P90 TTFT {r.ttft_p90:.3g} s, "
                   f"hits {r.hit_rate:.1%}, {r.cpu_s:.0f} CPU s", flush=True)
