@@ -341,7 +341,6 @@ class Staged:
         self._sends = list(zip(seqs, entering, stages))  # (the record, what the entry pool serves, its stage)
         self._next = 0  # the next to send
         self._in_flight = 0  # sent and not completed
-        self._last_s = 0.0  # the latest completion
 
     def _opens_stage(self) -> bool:
         """Whether the next request to send is the first of a later stage than the last one sent."""
@@ -364,12 +363,11 @@ class Staged:
         self.send_next()
 
     def completed(self, seq: Seq) -> None:
-        self._in_flight -= 1
-        self._last_s = max(self._last_s, seq.completion_s)
+        self._in_flight -= 1  # completions come in time order: the last one is the stage's latest
         if self._in_flight or not self._opens_stage():
             return  # requests in flight, or the stage still sends
         _, first, stage = self._sends[self._next]
-        wait = self._last_s + self.pause_s - first.arrival_s
+        wait = seq.completion_s + self.pause_s - first.arrival_s
         for record, entering, k in self._sends[self._next:]:
             if k != stage or wait <= 0.0:
                 break
