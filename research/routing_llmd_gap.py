@@ -23,7 +23,6 @@ Usage: python research/routing_llmd_gap.py [--routers random,prefix] [--output 1
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -34,17 +33,13 @@ from simctl.policies.plan import BatchPlan, Layout
 from simctl.sim.cluster import at
 from simctl.sim.run import RunConfig, deploy
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from routing_load_random import bench_module  # the bench loaded as a module, as that study does
+
 INTERVAL_S = 1.0  # inference-perf's default pause between stages
 CLIENT_TIMEOUT_S = 300.0  # aiohttp's default ClientTimeout(total=300)
 
 
-def bench_module():
-    spec = importlib.util.spec_from_file_location("routing_llmd", ROOT / "bench" / "routing_llmd.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["routing_llmd"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def plan(prefill: tuple[int, int] | None = None, decodes: int = 0, context: int = 0) -> BatchPlan:
