@@ -142,10 +142,8 @@ def _priced(cost: str | None, execution: Execution, spec: ModelSpec, gpu: GPUSpe
     capacity, label and warnings."""
     from simctl.costs.kv_capacity import kv_capacity_tokens
     from simctl.costs.loader import RooflineOptions, load_cost
-    from simctl.sim.run import check_step_overheads
 
     ms = execution.step_overhead_ms
-    check_step_overheads(cost, execution.execution, ms)
     loaded = load_cost(cost, spec, gpu, 1, RooflineOptions(execution=execution.execution,
                                                            overhead_s=None if ms is None else ms / 1e3))
     return loaded.cost, kv_capacity_tokens(spec, gpu, 1, loaded.dtype_bytes, loaded.memory_bytes), \

@@ -14,10 +14,12 @@ from pathlib import Path
 
 from simctl.catalogue.gpus import GPUSpec
 from simctl.catalogue.models import ModelSpec
+from simctl.common.checks import is_number
 from simctl.common.errors import InputError
 from simctl.costs.base import CostModel
 from simctl.costs.calibration import is_roofline_calibration, load_roofline_calibration
 from simctl.costs.fitted import Fitted
+from simctl.costs.overheads import EXECUTION_MODES
 from simctl.costs.provenance import calibration_warnings, check_fitted_device
 from simctl.costs.roofline import DEFAULT_OVERHEAD_S, Roofline
 
@@ -71,9 +73,8 @@ def load_cost(source: str | Path | CostModel | None, model: ModelSpec, gpu: GPUS
         return _fitted(Fitted.load(source), source, model)
     path = source if source is not None else default_cost_path(gpu)
     if options.execution is not None or options.overhead_s is not None:
-        if source is not None:
-            raise InputError("--execution and --step-overhead-ms set the roofline's step overheads; a --cost "
-                             "model has its own")
+        check_step_overheads(source, options.execution, None if options.overhead_s is None
+                             else options.overhead_s * 1e3)
         return _roofline(model, gpu, tp, options, {}, None)
     if path is None:
         return _roofline(model, gpu, tp, options, {}, "roofline")
@@ -81,6 +82,22 @@ def load_cost(source: str | Path | CostModel | None, model: ModelSpec, gpu: GPUS
         return _roofline(model, gpu, tp, options, load_roofline_calibration(path),
                          f"roofline calibrated by {path}", calibration_warnings(path, model.name, gpu.name))
     return _checked_fit(Fitted.load(path), path, model, gpu, tp, options)
+
+
+def check_step_overheads(cost: str | Path | None, execution: str | None,
+                         step_overhead_ms: float | None) -> None:
+    """--execution and --step-overhead-ms set the roofline's step overheads: a valid mode, a finite time >= 0,
+    and no --cost (a fit carries what its profile measured)."""
+    if execution is None and step_overhead_ms is None:
+        return
+    if cost is not None:
+        raise InputError("--execution and --step-overhead-ms set the roofline's step overheads; a --cost "
+                         "model has its own")
+    if execution is not None and execution not in EXECUTION_MODES:
+        raise InputError(f"--execution must be one of {', '.join(EXECUTION_MODES)}, got {execution!r}")
+    if step_overhead_ms is not None and not (is_number(step_overhead_ms)
+                                             and 0 <= step_overhead_ms < float("inf")):
+        raise InputError(f"--step-overhead-ms must be a finite number >= 0, got {step_overhead_ms}")
 
 
 def _roofline(model: ModelSpec, gpu: GPUSpec, tp: int, o: RooflineOptions, params: dict[str, float],

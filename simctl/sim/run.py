@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import simpy
@@ -14,14 +13,13 @@ import simpy
 from simctl.catalogue.gpus import GPUSpec, get_gpu
 from simctl.catalogue.models import ModelSpec, get_model, model_in_working_folder
 from simctl.catalogue.moe import check_routing_skew
-from simctl.common.checks import is_int, is_number
+from simctl.common.checks import is_int
 from simctl.common.errors import DoesNotFit, InputError
 from simctl.common.files import in_working_folder
 from simctl.costs.allreduce import check_allreduce
 from simctl.costs.base import CostModel
 from simctl.costs.kv_capacity import KVSizing, VLLMProfile, kv_capacity_tokens
-from simctl.costs.loader import RooflineOptions, load_cost
-from simctl.costs.overheads import EXECUTION_MODES
+from simctl.costs.loader import RooflineOptions, check_step_overheads, load_cost
 from simctl.costs.pipeline import (
     StagedCost,
     boundary_link,
@@ -166,20 +164,6 @@ class Run:
         return pd.DataFrame(self.summary["replica_metrics"])
 
 
-def check_step_overheads(cost: str | Path | None, execution: str | None,
-                         step_overhead_ms: float | None) -> None:
-    """--execution and --step-overhead-ms set the roofline's step overheads: a valid mode, a finite time >= 0,
-    and no --cost (a fit carries what its profile measured)."""
-    if execution is None and step_overhead_ms is None:
-        return
-    if cost is not None:
-        raise InputError("--execution and --step-overhead-ms set the roofline's step overheads; a --cost "
-                         "model has its own")
-    if execution is not None and execution not in EXECUTION_MODES:
-        raise InputError(f"--execution must be one of {', '.join(EXECUTION_MODES)}, got {execution!r}")
-    if step_overhead_ms is not None and not (is_number(step_overhead_ms)
-                                             and 0 <= step_overhead_ms < float("inf")):
-        raise InputError(f"--step-overhead-ms must be a finite number >= 0, got {step_overhead_ms}")
 
 
 @dataclass(frozen=True)
