@@ -207,8 +207,7 @@ class Replica:
         """A request was pushed while a stretch ran (the driver resumed the loop at the push): stop at the
         iteration that ends at or after it, as a stretch priced with that request in the inbox would have, and
         wait for that iteration."""
-        while True:  # a later push resumes it again: cut again (pushes come in due order, so never later)
-            ends = ends[:int(np.searchsorted(ends, self.inbox.next_time, side="left")) + 1]
-            self.stretch = ends  # what a router's push is checked against from here on
-            if not (yield float(ends[-1])):
-                return ends
+        ends = ends[:int(np.searchsorted(ends, self.inbox.next_time, side="left")) + 1]
+        self.stretch = ends  # what a later push is checked against: it cannot cut this one shorter
+        yield float(ends[-1])
+        return ends

@@ -115,9 +115,16 @@ class Member:
         if self.wake is not None:
             if not self.wake.triggered:
                 self.wake.succeed()
-        elif not self.cutting and self.replica.stretch is not None and due < self.replica.stretch[-1]:
+        elif not self.cutting and self._shortens(due):
             self.cutting = True
             self.process.interrupt()
+
+    def _shortens(self, due: float) -> bool:
+        """Whether a request due at `due` cuts the running stretch short: an iteration before its last ends at
+        or after `due` (`serving.loop.Replica._cut` stops there; a cut stretch is the one checked, so a
+        later push into its last iteration resumes nothing)."""
+        ends = self.replica.stretch
+        return ends is not None and len(ends) > 1 and due <= ends[-2]
 
 
 @dataclass
