@@ -1,15 +1,13 @@
 """Baton's query-set experiment (Cong et al., 2024, Section 5.1, Tables 1-2): every query of a fixed set is
 there at time 0, and a method's result is the time to complete them all, per batch size.
 
-The paper describes its two sets by word ranges only; here they are token lengths drawn uniformly within
-each range (seeded), in a random order:
+The paper gives its two sets in words; here they are token lengths drawn uniformly within each word range
+times TOKENS_PER_WORD (seeded), in a random order (the paper does not give its order):
 - `mixed` (Target-1, Table 1; Llama-2-7B on an A6000): 120 queries, long input-short output, short
-  input-long output and short input-short output in a 1:1:2 ratio. "Long" is about 4,000 words in the paper;
-  here 3,000-3,600 tokens, so that prompt + output fit Llama-2's 4,096-token context. "Short" is a few dozen
-  to 400 words: 32-400 tokens. (The paper's batch-4 row doubles every sequence, beyond that context: not
-  reproduced.)
-- `short` (Target-2, Table 2; an RTX 4090): 30 queries, input and output each a few dozen to 200 words:
-  32-260 tokens.
+  input-long output and short input-short output in a 1:1:2 ratio. "Long" ranges around 4,000 words: here
+  3,600-4,400; "short" from a few dozen to 400 words: 32-400. Long queries pass Llama-2's 4,096 positions, as
+  the paper's did (its batch-4 row doubles every sequence: `scale=2`).
+- `short` (Target-2, Table 2; an RTX 4090): 30 queries, input and output each a few dozen to 200 words.
 """
 
 from __future__ import annotations
@@ -47,11 +45,20 @@ class QuerySet:
                 for i, k in enumerate(order)]
 
 
-LONG, SHORT = (3000, 3600), (32, 400)
+# Llama-2's tokenizer on plain English prose: 1.49-1.54 tokens a word (GPL-3, GFDL-1.3 and a plain-words
+# summary of Sarathi-Serve; research/baton_tokens_per_word.md), the ratio the paper's word counts are taken at
+TOKENS_PER_WORD = 1.5
+
+
+def _words(low: int, high: int) -> tuple[int, int]:
+    return round(low * TOKENS_PER_WORD), round(high * TOKENS_PER_WORD)
+
+
+LONG, SHORT = _words(3600, 4400), _words(32, 400)
 QUERY_SETS: dict[str, QuerySet] = {
     "mixed": QuerySet(120, ((LONG, SHORT, 0.25), (SHORT, LONG, 0.25), (SHORT, SHORT, 0.5)),
                       "llama-2-7b on an a6000"),
-    "short": QuerySet(30, (((32, 260), (32, 260), 1.0),), "llama-2-7b on an rtx-4090"),
+    "short": QuerySet(30, ((_words(32, 200), _words(32, 200), 1.0),), "llama-2-7b on an rtx-4090"),
 }
 
 
