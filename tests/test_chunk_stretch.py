@@ -51,7 +51,9 @@ def decoding(i: int, context: int, outputs: int = 50) -> Seq:
 
 
 def sarathi_with_decodes(name: str, n: int, budget: int = 512):
-    policy = make_policy(name, 1_000_000, 16_384, {"token_budget": budget})
+    """`name` with `n` running decodes; hybrid-only's budget is the max model length (16,384 here)."""
+    options = {} if name == "sarathi-hybrid-only" else {"token_budget": budget}
+    policy = make_policy(name, 1_000_000, 16_384, options)
     for i in range(n):
         s = decoding(i, 10 + 7 * i)
         policy.kv.admit(s)

@@ -24,12 +24,16 @@ def _summary(policy: str, trace: str, qps: float, n: int, **options: int) -> dic
 def test_sarathi_serve_table4_order(trace: str, qps: float, n: int) -> None:
     """Table 4 on both traces: chunked-prefills-only has a higher P50 TTFT than the two combined (its chunks
     take turns with the decodes), hybrid-batching-only the worst P99 TBT (whole prompts stall the decodes),
-    and the two combined the best P99 TBT."""
-    s = {p: _summary(p, trace, qps, n, token_budget=512)
+    and the two combined the best P99 TBT; on sharegpt, hybrid-batching-only the lowest P50 TTFT (whole
+    prompts, none of the chunks' re-reads; the paper's arxiv row has it above the combined system, which
+    bench/results/papers/sarathi_serve.md does not reproduce)."""
+    s = {p: _summary(p, trace, qps, n, **({} if p == "sarathi-hybrid-only" else {"token_budget": 512}))
          for p in ("sarathi", "sarathi-hybrid-only", "sarathi-chunked-only")}
     assert s["sarathi-chunked-only"]["ttft_p50"] > s["sarathi"]["ttft_p50"]
     assert (s["sarathi"]["tbt_p99"] < s["sarathi-chunked-only"]["tbt_p99"]
             < s["sarathi-hybrid-only"]["tbt_p99"])
+    if trace == "sharegpt":
+        assert s["sarathi-hybrid-only"]["ttft_p50"] < s["sarathi"]["ttft_p50"]
 
 
 def test_sarathi_serve_meets_the_strict_slo_where_orca_and_vllm_miss_it() -> None:

@@ -395,19 +395,6 @@ def test_sarathi_full_budget_of_decodes_admits_nothing() -> None:
     assert shape(policy.schedule()) == [(1, 1), (2, 1)]
 
 
-def test_hybrid_only_never_chunks() -> None:
-    policy = HybridBatchingOnly(big_paged(), token_budget=8)
-    a, b, c = make_seqs([(4, 10), (20, 10), (5, 10)])
-    policy.add(a)
-    run_plan(policy, policy.schedule())
-    add(policy, b, c)
-    plan = policy.schedule()
-    assert shape(plan) == [(0, 1), (1, 20)]  # the whole prompt with the decode; c does not fit after it
-    run_plan(policy, plan)
-    plan = policy.schedule()
-    assert shape(plan) == [(0, 1), (1, 1), (2, 5)]  # 2 decodes + 5 fit in 8
-
-
 def test_chunked_only_takes_turns_with_the_decodes() -> None:
     # Table 4's chunked-prefills-only as the artifact's SimpleChunkingScheduler runs it: a prefill iteration
     # (the prompt mid-way first, new requests only when none is), then one of every running decode, and so on
@@ -448,24 +435,6 @@ def test_chunked_only_runs_chunks_back_to_back_only_without_decodes() -> None:
     run_plan(policy, plan)
     plan = policy.schedule()
     assert shape(plan) == [(1, 1)] and policy.extend(plan, 5) == 0  # and a's next chunk the one after
-
-
-def check_hybrid_only(policy: HybridBatchingOnly, steps: list[Step]) -> None:
-    budget = policy.token_budget
-    for st_ in steps:
-        assert len(st_.running_after) <= policy.max_batch_size
-        decodes, ongoing, new = split_rows(st_)
-        assert not ongoing and st_.rows == decodes + new
-        victims = check_preempted(policy, st_)
-        assert [r.seq for r in decodes] == [s for s in st_.running_before if s not in victims]
-        # never chunked (from its prefix-cache hits, with --enable-prefix-caching)
-        assert all((r.computed == 0 or policy.shares_prefixes) and r.q == r.remaining for r in new)
-        # the first prompt goes whole; later ones only within the budget
-        total = sum(r.q for r in st_.rows)
-        assert len(new) <= 1 or total <= budget
-        assert not (victims and new)  # a step that preempted admits nobody (vLLM v1's rule)
-        if st_.admittable_after and not victims:  # greedy: admission stopped only at a prompt too long
-            assert new and total + st_.head_after_remaining > budget
 
 
 def check_chunked_only(policy: ChunkedPrefillsOnly, steps: list[Step]) -> None:
@@ -543,7 +512,7 @@ ALGORITHMS: dict[type[Policy], Callable] = {
     FasterTransformer: check_faster_transformer, HFPadded: check_faster_transformer,
     LengthOrdered: check_faster_transformer, Prepack: check_faster_transformer, Orca: check_orca,
     VLLM: check_vllm, VLLMV1: check_vllm_v1, SarathiServe: check_sarathi,
-    HybridBatchingOnly: check_hybrid_only, ChunkedPrefillsOnly: check_chunked_only,
+    HybridBatchingOnly: check_sarathi, ChunkedPrefillsOnly: check_chunked_only,  # hybrid: budget = max length
 }
 
 

@@ -14,13 +14,18 @@ Execution mode: eager for every system. The paper ran Orca, vLLM and Sarathi-Ser
 (microsoft/sarathi-serve: sarathi/core/scheduler/ holds all of them), whose model runner calls the model
 directly each step with no CUDA-graph capture (sarathi/model_executor/model_runner.py: `run`).
 
-Table 4 gives no arrival rate: the study takes, on a grid, the rate at which the combined system's P50 TTFT
-is nearest the paper's (one free parameter, fitted on one number) and compares both ablations at that rate.
+Table 4 as the paper's artifact ran it (microsoft/sarathi-serve, branch osdi-sarathi-serve,
+osdi-experiments/table-6/scheduling_ablation.sh): Poisson arrivals at 1 QPS (sharegpt) and 0.5 QPS
+(arxiv), max model length 8,192 and 16,384, batch up to 128; the combined system and chunked-prefills-only
+at chunk size 512 (the caption says a token budget of 1024: both are shown), hybrid-batching-only at a chunk
+size of the max model length. A 128-request run near the arxiv systems' capacity varies much with the
+arrivals' draw: the median over seeds 0-4 is compared, and the P50 TTFT's range shown.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -41,8 +46,10 @@ TABLE4 = {"sharegpt": {"sarathi-hybrid-only": (0.56, 1.08), "sarathi-chunked-onl
                        "sarathi": (0.85, 0.29)},
           "arxiv": {"sarathi-hybrid-only": (4.18, 1.76), "sarathi-chunked-only": (4.86, 0.38),
                     "sarathi": (3.03, 0.35)}}
-RATES = {"sharegpt": [round(0.25 * i, 2) for i in range(4, 17)],
-         "arxiv": [round(0.05 * i, 2) for i in range(6, 15)]}
+RATES = {"sharegpt": 1.0, "arxiv": 0.5}  # the artifact's scheduling_ablation.sh
+MAX_LEN = {"sharegpt": 8192, "arxiv": 16384}
+BUDGETS = (512, 1024)  # the artifact's chunk size; the caption's token budget
+SEEDS = range(5)
 
 
 def capacities(probe_requests: int, workers: int | None, execution: str) -> dict[str, float]:
@@ -56,19 +63,31 @@ def capacities(probe_requests: int, workers: int | None, execution: str) -> dict
     return {c.policy: c.qps for c in found}
 
 
-def table4_run(policy: str, trace: str, qps: float, execution: str = "eager") -> tuple[float, float]:
-    """P50 TTFT and P99 TBT of 128 requests on Yi-34B(-200K), TP2 on A100s, token budget 1024."""
-    s = run(RunConfig(policy=policy, model=YI, gpu="a100-80gb", tp=2, options={"token_budget": 1024},
-                      max_model_len=16384, execution=execution,
-                      workload=Workload(trace=trace, qps=qps, num_requests=128))).summary
+def table4_run(policy: str, trace: str, budget: int, seed: int, execution: str = "eager"
+               ) -> tuple[float, float]:
+    """P50 TTFT and P99 TBT of 128 requests on Yi-34B(-200K), TP2 on A100s, as the artifact ran them
+    (hybrid-only's budget is the max model length, whatever `budget`)."""
+    options = {} if policy == "sarathi-hybrid-only" else {"token_budget": budget}
+    s = run(RunConfig(policy=policy, model=YI, gpu="a100-80gb", tp=2, options=options,
+                      max_model_len=MAX_LEN[trace], execution=execution,
+                      workload=Workload(trace=trace, qps=RATES[trace], num_requests=128, seed=seed))).summary
     return s["ttft_p50"], s["tbt_p99"]
 
 
-def table4(trace: str) -> tuple[float, dict[str, tuple[float, float]]]:
-    """The rate whose combined P50 TTFT is nearest the paper's, and every system's numbers there."""
-    want = TABLE4[trace]["sarathi"][0]
-    qps = min(RATES[trace], key=lambda q: abs(table4_run("sarathi", trace, q)[0] - want))
-    return qps, {p: table4_run(p, trace, qps) for p in TABLE4[trace]}
+def table4_rows(trace: str, budget: int) -> list[str]:
+    """One row a system (hybrid-only only with the first budget: it has none of its own): P50 TTFT and P99
+    TBT, the medians over SEEDS, beside the paper's, and the P50 TTFT's range over SEEDS."""
+    rows = []
+    for p, (pt, pb) in TABLE4[trace].items():
+        if p == "sarathi-hybrid-only" and budget != BUDGETS[0]:
+            continue
+        runs = [table4_run(p, trace, budget, seed) for seed in SEEDS]
+        ttfts = [r[0] for r in runs]
+        ttft, tbt = statistics.median(ttfts), statistics.median(r[1] for r in runs)
+        b = MAX_LEN[trace] if p == "sarathi-hybrid-only" else budget
+        rows.append(f"| {trace} | {RATES[trace]:g} | {p} | {b} | {ttft:.2f} ({pt}) | {ratio(ttft, pt)} | "
+                    f"{min(ttfts):.2f}-{max(ttfts):.2f} | {tbt:.3f} ({pb}) | {ratio(tbt, pb)} |")
+    return rows
 
 
 def capacity_section(probe_requests: int, workers: int | None) -> list[str]:
@@ -87,16 +106,14 @@ def capacity_section(probe_requests: int, workers: int | None) -> list[str]:
 
 
 def table4_section() -> list[str]:
-    lines = ["## Table 4: ablation, Yi-34B(-200K) TP2 on A100s, 128 requests, token budget 1024, eager", "",
-             ("| trace | rate (QPS, fitted) | system | P50 TTFT s (paper) | ratio | P99 TBT s (paper) | "
-             "ratio |"),
-             "|---|---:|---|---:|---:|---:|---:|"]
+    lines = [("## Table 4: ablation, Yi-34B(-200K) TP2 on A100s, 128 requests, eager, the artifact's "
+              "settings"), "", "Medians over five seeds of the arrivals and lengths.", "",
+             ("| trace | QPS | system | budget | P50 TTFT s (paper) | ratio | P50 TTFT, seeds 0-4 | "
+              "P99 TBT s (paper) | ratio |"),
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for trace in TABLE4:
-        qps, got = table4(trace)
-        for p, (ttft, tbt) in got.items():
-            pt, pb = TABLE4[trace][p]
-            lines.append(f"| {trace} | {qps:g} | {p} | {ttft:.2f} ({pt}) | {ratio(ttft, pt)} | {tbt:.3f} "
-                         f"({pb}) | {ratio(tbt, pb)} |")
+        for budget in BUDGETS:
+            lines += table4_rows(trace, budget)
     return lines
 
 
@@ -121,23 +138,35 @@ MISSES = [
         "(research/results/sarathi_vllm_orca.md)."
     ),
     (
-        "**Table 4, P99 TBT 0.69-0.74x for the chunked systems.** A 1024-token iteration of Yi-34B on two "
-        "A100s costs the roofline ~0.2-0.24 s, the paper ~0.29-0.35 s (the combined system's P99 TBT is "
-        "one such iteration): the roofline's efficiencies for that shape, not the scheduling (chunked-only "
-        "over combined is 1.18x and 1.16x here, 1.17x and 1.09x in the paper). Hybrid-only's TBT, one "
-        "whole prompt's prefill, is 0.80x (sharegpt) and 1.31x (arxiv, its 7K-token prompts)."
+        "**Table 4, P99 TBT of the chunked systems 0.68-0.74x (budget 1024), 0.38-0.45x (512).** A "
+        "1024-token iteration of Yi-34B on two A100s costs the roofline ~0.2-0.28 s, the paper ~0.29-0.38 "
+        "s: the roofline's efficiencies for that shape, not the scheduling (chunked-only over combined: "
+        "1.15-1.18x here, 1.17x and 1.09x in the paper). Hybrid-only's P99 TBT, a whole-prompt iteration "
+        "(several prompts, as the artifact's budget of the max model length admits them), is 0.71x "
+        "(sharegpt) and 1.66x (arxiv, 2.93 s against 1.76 s: the roofline prices a 10-16K-token prefill "
+        "slower than the paper's engine ran it)."
     ),
     (
-        "**Table 4, arxiv: hybrid-only's P50 TTFT is below the combined system's (the paper: above).** "
-        "simctl's hybrid-only prefills each arxiv prompt whole in one iteration at full-prompt "
-        "efficiency, the combined system in 1024-token chunks that each re-read the prompt's KV; what "
-        "made the paper's hybrid-only slower to the first token (its artifact's configuration of that "
-        "ablation is not in the material) is not measured here."
+        "**Table 4, arxiv: hybrid-only's P50 TTFT 0.57x, below the combined system's (the paper: above).**"
+        " The policy is now the artifact's (Sarathi's scheduler with a chunk size of the max model length;"
+        " it was: one whole prompt per iteration beyond the budget), which moved it from 2.24 s to 2.39 s."
+        " Its prefills take less busy time than the combined system's for the same 891K prompt tokens (160"
+        " s of prefill iterations against 174 s at budget 1024 and 189 s at 512, seed 0): a whole prompt "
+        "in one iteration against 1024-token chunks that each carry the decodes and re-read the prompt's "
+        "KV, so at every rate from 0.2 to 0.7 QPS its median P50 TTFT is the lower (1.46 against 1.59 s at"
+        " 0.2; 8.15 against 8.41 s at 0.7). The artifact's memory share (0.85: 296,864 KV tokens) leaves "
+        "it at 2.39 s (0.8: 2.51 s). The paper's order needs whole prompts to cost more per token than "
+        "chunks, the reverse of its own Figure 11; its hybrid P50 TTFT (4.18 s) above its P99 TBT (1.76 s,"
+        " one whole-prompt iteration) says its run queued for a reason not in the material."
     ),
     (
-        "**Table 4, arxiv: chunked-only's P50 TTFT 1.6x the paper's.** At the rate fitted to the combined"
-        " system, chunked-only (a prefill chunk, then a decode iteration, each paying the weights' read) "
-        "is past its own capacity (its run is backlogged), where TTFT grows steeply with the rate."
+        "**Table 4: chunked-only at the artifact's chunk size 512 is past its capacity (2.61x arxiv, 1.47x"
+        " sharegpt); at the caption's 1024 it is within 25% (0.85x, 0.80x).** The policy schedules as the "
+        "artifact's SimpleChunkingScheduler (tests/test_sarathi_ablations.py). Every 512-token chunk "
+        "iteration (0.100 s) hands the next to a decode iteration (43 ms, the weights read again), so the "
+        "128 arxiv prompts take 180 s of chunks and ~77 s of decode turns for 256 s of arrivals (load ~1: "
+        "backlogged, its P50 TTFT 7.8-51 s over seeds); a 1024-token chunk halves the turns. The paper's "
+        "numbers fit the budget of its caption, not the 512 of its script."
     ),
 ]
 

@@ -5,8 +5,11 @@ ongoing partial prefills take chunks of what budget is left (lines 9-12), and on
 admitted, each with the largest chunk that still fits (lines 13-20). Decodes are never stalled by a prefill,
 and an iteration never processes more than tau tokens (unless its decodes alone exceed it).
 
-The two ablations of the paper's Table 4:
-- hybrid-batching-only: decodes and prefills share iterations, but prefills are not chunked;
+The two ablations of the paper's Table 4, as its artifact ran them (microsoft/sarathi-serve, branch
+osdi-sarathi-serve, osdi-experiments/table-6/scheduling_ablation.sh):
+- hybrid-batching-only: decodes and whole prefills share iterations: Sarathi's own scheduler with its chunk
+  size set to the max model length (8,192 for sharegpt, 16,384 for arxiv), so as many whole prompts join the
+  decodes as that budget holds, the last one split where it ends;
 - chunked-prefills-only: prefills are chunked to the budget, but run in iterations of their own, taking turns
   with the decodes: a prefill iteration, then one of every running decode, and so on (the artifact's
   SimpleChunkingScheduler, microsoft/sarathi-serve, sarathi/core/scheduler/simple_chunking_scheduler.py:
@@ -16,9 +19,11 @@ The two ablations of the paper's Table 4:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from simctl.policies.base import option
+from simctl.policies.base import Policy, option
 from simctl.policies.kv import KVManager
 from simctl.policies.plan import BatchPlan, hybrid
 from simctl.policies.prefix_caching import CachesPrefixes, CachingSettings
@@ -28,7 +33,6 @@ from simctl.policies.seq import Seq
 class SarathiServe(CachesPrefixes):
     name = "sarathi"
     summary = "stall-free batching: decodes first, then prefill chunks within a token budget"
-    chunked = True  # split prefills to the leftover budget
 
     @dataclass(frozen=True)
     class Settings(CachingSettings):
@@ -38,14 +42,8 @@ class SarathiServe(CachesPrefixes):
         super().__init__(kv, **options)
         self.token_budget = self.settings.token_budget
 
-    def _chunk(self, s: Seq, used: int, first: bool) -> int:
-        """get_next_chunk_size: the largest piece of the pending prefill that fits the leftover budget.
-
-        Unchunked (the hybrid-only ablation), a prompt goes whole: the first prefill of an iteration always,
-        later ones only if they fit the budget.
-        """
-        if not self.chunked:
-            return s.prefill_remaining if first or used + s.prefill_remaining <= self.token_budget else 0
+    def _chunk(self, s: Seq, used: int) -> int:
+        """get_next_chunk_size: the largest piece of the pending prefill that fits the leftover budget."""
         return min(s.prefill_remaining, self.token_budget - used)
 
     def _prefill_chunks(self, used: int, ongoing: bool = True,
@@ -58,18 +56,17 @@ class SarathiServe(CachesPrefixes):
         chunks: list[int] = []
         for s in self.running if ongoing else ():  # lines 9-12: ongoing prefills
             if s.computed < s.prefill_end:
-                c = self._chunk(s, used, not seqs)
+                c = self._chunk(s, used)
                 if c > 0:
                     seqs.append(s)
                     chunks.append(c)
                     used += c
                     self._scheduled(s, s.computed + c)
-        while (admit and self.waiting  # lines 13-20
-               and (used < self.token_budget or not seqs and not self.chunked)
+        while (admit and self.waiting and used < self.token_budget  # lines 13-20
                and len(self.running) < self.max_batch_size and self.kv.can_admit(self.waiting.head())):
             s = self.waiting.head()
             self._hit(s)
-            c = self._chunk(s, used, not seqs)
+            c = self._chunk(s, used)
             if c == 0:
                 self._unhit(s)
                 break
@@ -103,8 +100,17 @@ class SarathiServe(CachesPrefixes):
 
 class HybridBatchingOnly(SarathiServe):
     name = "sarathi-hybrid-only"
-    summary = "Sarathi-Serve ablation: hybrid batches of decodes and whole (unchunked) prefills"
-    chunked = False
+    summary = "Sarathi-Serve ablation: decodes and whole prompts, budget the max model length"
+    Settings: ClassVar[type[CachingSettings]] = CachingSettings  # no token budget of its own
+
+    def __init__(self, kv: KVManager, max_seq_len: int, **options: int) -> None:
+        CachesPrefixes.__init__(self, kv, **options)
+        self.token_budget = max_seq_len
+
+    @classmethod
+    def build(cls, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any],
+              gpu: str | None = None) -> Policy:
+        return super().build(kv_capacity_tokens, max_seq_len, {**options, "max_seq_len": max_seq_len}, gpu)
 
 
 class ChunkedPrefillsOnly(SarathiServe):
