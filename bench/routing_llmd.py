@@ -11,7 +11,8 @@ of the stages before it has completed, then a 1 s pause (`sim.cluster.Staged`); 
 stages back to back instead, so a saturated router's backlog grows through the ladder. Routers: `random`,
 `load` (queue and KV scorers 1:1), `prefix-approx` (prefix, KV and queue scorers 1:1:1, an index of 31,250
 blocks of 64 tokens per replica), `prefix` (precise, 3:2:2, the report's weights); and `kv-cost` (Dynamo's
-KV router, which the report did not run).
+KV router, which the report did not run). llm-d's scorers of queues and KV use read the replicas' metrics as
+its endpoint picker scrapes them, every 50 ms by default (`SCRAPE_S`; `--router-lag`, 0: as they are).
 
 The twin: vllm-v1 with vLLM's H100 serving defaults but 64-token blocks (the report's indexer block size,
 which must match vLLM's); a prompt's blocks are keyed by content with Mooncake-style block ids of 1,200
@@ -24,7 +25,7 @@ during the ladder. Beside it, what the GPUs generated: output tokens produced pe
 first send to its last completion (a request's tokens spread evenly from its first token to its completion).
 
 Usage: python bench/routing_llmd.py [--routers random,load,prefix-approx,prefix] [--stages N] [--output T]
-       [--open-loop]
+       [--router-lag S] [--open-loop]
 Writes bench/results/routing.md, routing.json and routing.png.
 """
 
@@ -46,6 +47,7 @@ import simpy
 
 from simctl.policies.base import run_stats
 from simctl.policies.registry import make_policy
+from simctl.serving.cache_routers import Random
 from simctl.serving.routers import RouterSettings
 from simctl.sim.cluster import Cluster
 from simctl.sim.cluster_run import make_pool
@@ -72,6 +74,13 @@ ROUTERS: dict[str, tuple[str, tuple[float, float, float], float, float]] = {
     "prefix": ("precise-scheduling", (3.0, 2.0, 2.0), 8730.0, 0.542),
     "kv-cost": ("Dynamo's KV router, not in llm-d's report", (0.0, 0.0, 0.0), float("nan"), float("nan")),
 }
+# llm-d's endpoint picker scrapes every vLLM's /metrics (its waiting-queue and KV-usage gauges, which vLLM
+# updates once per engine step) every 50 ms: gateway-api-inference-extension's --refresh-metrics-interval
+# default (pkg/epp/server/runserver.go, DefaultRefreshMetricsInterval); the report sets no other. Its queue
+# and KV scorers read that copy; the precise prefix scorer reads KV events and the approximate one its own
+# index, which the twin gives them as they are. Dynamo's router (kv-cost) counts the requests it sent.
+SCRAPE_S = 0.05
+SCRAPED = ("load", "prefix-approx", "prefix")
 
 
 def requests(stages: list[tuple[float, float]], output: int = OUTPUT, seed: int = 0
@@ -109,9 +118,10 @@ class Result:
     cpu_s: float  # the simulation's CPU seconds
 
 
-def cluster_of(router: str, caching: bool = True) -> Cluster:
+def cluster_of(router: str, caching: bool = True, lag: float = SCRAPE_S, seed: int = 0) -> Cluster:
     """The published deployment behind `router` (vllm-v1 replicas, prefix caching on unless `caching` is
-    False), its KV forced to the published size."""
+    False), its KV forced to the published size; an llm-d router that reads scraped metrics (`SCRAPED`) sees
+    the replicas' queues and KV use as snapshots `lag` seconds apart, `random` draws from `seed`."""
     d = deploy(RunConfig(policy="vllm-v1", model=MODEL, gpu=GPU, tp=TP), GPU, TP)
     cluster = Cluster(simpy.Environment(), None, d.model.kv_bytes_per_token())
     options = {"block_size": BLOCK, "enable_prefix_caching": int(caching)}
@@ -122,7 +132,9 @@ def cluster_of(router: str, caching: bool = True) -> Cluster:
     weights = ROUTERS[router][1] if router in ROUTERS else RouterSettings().weights
     settings = RouterSettings(weights=weights, index_tokens=31_250 * 64)
     cluster.entry = make_pool("replicas", REPLICAS, GPU, lambda: CostBackend(d.cost), policy, router, cluster,
-                              None, TP, settings)
+                              None, TP, settings, lag if router in SCRAPED else 0.0)
+    if router == "random":
+        cluster.entry.router = Random(seed)
     return cluster
 
 
@@ -148,8 +160,8 @@ def speed(n: int, qps: float = 12.0, reps: int = 3) -> str:
 
 
 def serve(router: str, reqs: list[Request], stage_of: list[int], stages: list[tuple[float, float]],
-          drained: bool = True) -> Result:
-    cluster = cluster_of(router)
+          drained: bool = True, lag: float = SCRAPE_S, seed: int = 0) -> Result:
+    cluster = cluster_of(router, lag=lag, seed=seed)
     t0 = time.process_time()  # the machine is shared: its wall time is mostly the other processes' load
     seqs = cluster.run(reqs, stages=stage_of if drained else None, pause_s=PAUSE_S)
     cpu = time.process_time() - t0
@@ -187,8 +199,8 @@ def report(results: list[Result]) -> str:
               "setting: its docstring). "
               "Qwen3-32B, 8 replicas of 2 H100 (roofline), 307,328 KV tokens each, 150 groups x 5 prompts "
               "of 6,000 + 1,200 tokens, Poisson stages 3 -> 60 QPS after a 15-QPS warm-up, each stage sent "
-              "once the stages before it have completed, plus 1 s (as inference-perf sends them). Output "
-              "tok/s: "
+              "once the stages before it have completed, plus 1 s (as inference-perf sends them); llm-d's "
+              "routers read the replicas' queues and KV use as scraped every 50 ms. Output tok/s: "
               "inference-perf's per-stage throughput, averaged over the ladder's stages; P90 TTFT over the "
               "ladder's requests; generated tok/s: output tokens produced per second from the ladder's first "
               "send to its last completion.")]
@@ -248,6 +260,9 @@ def main() -> None:
     parser.add_argument("--output", default=str(OUTPUT), help="output tokens per request, comma-separated")
     parser.add_argument("--speed", type=int, default=0, help="also time N requests (prefix vs round-robin)")
     parser.add_argument("--speed-reps", type=int, default=3, help="runs of each for --speed (medians)")
+    parser.add_argument("--router-lag", type=float, default=SCRAPE_S,
+                        help=f"seconds between the snapshots of the replicas' load that {', '.join(SCRAPED)} "
+                             f"read (llm-d's metrics scrape) [default: {SCRAPE_S}, llm-d's; 0: exact]")
     parser.add_argument("--open-loop", action="store_true",
                         help="send the stages back to back, not each after the previous one completed")
     args = parser.parse_args()
@@ -256,7 +271,7 @@ def main() -> None:
     for output in (int(o) for o in args.output.split(",")):
         reqs, stage_of = requests(stages, output)
         for router in args.routers.split(","):
-            results.append(serve(router, reqs, stage_of, stages, drained=not args.open_loop))
+            results.append(serve(router, reqs, stage_of, stages, not args.open_loop, args.router_lag))
             r = results[-1]
             print(f"{output} {router}: {r.tok_s:,.0f} tok/s, P90 TTFT {r.ttft_p90:.3g} s, "
                   f"hits {r.hit_rate:.1%}, {r.cpu_s:.0f} CPU s", flush=True)

@@ -7,6 +7,7 @@ picker refreshes its metrics every 50 ms by default, vLLM's gauges move once per
 each run's inference-perf output tokens/s, generated tokens/s and P90 TTFT.
 
 Usage: python research/routing_load_random.py [--output 430] [--seeds 0,1,2,3] [--lags 0,0.05,0.5,2]
+       [--open-loop]
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
-from simctl.serving.cache_routers import Random
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,21 +36,17 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2,3", help="random's router seeds")
     parser.add_argument("--lags", default="0,0.05,0.5,2", help="load's scrape intervals, seconds")
     parser.add_argument("--workload-seed", type=int, default=0)
+    parser.add_argument("--open-loop", action="store_true", help="stages back to back (its first run)")
     args = parser.parse_args()
     bench = bench_module()
-    build = bench.cluster_of
     reqs, stage_of = bench.requests(bench.STAGES, args.output, args.workload_seed)
     runs = [("random", f"seed {s}", {"seed": int(s)}) for s in args.seeds.split(",")]
     runs += [("load", f"lag {lag} s", {"lag": float(lag)}) for lag in args.lags.split(",")]
     print("| router | variant | output tok/s | generated tok/s | P90 TTFT s | mean TTFT s | hit rate |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for router, label, how in runs:
-        cluster = build(router)
-        if "seed" in how:
-            cluster.entry.router = Random(how["seed"])
-        cluster.entry.lag = how.get("lag", 0.0)
-        bench.cluster_of = lambda _router, _c=cluster: _c  # serve() builds its cluster with this
-        r = bench.serve(router, reqs, stage_of, bench.STAGES)
+        r = bench.serve(router, reqs, stage_of, bench.STAGES, not args.open_loop, how.get("lag", 0.0),
+                        how.get("seed", 0))
         print(f"| {router} | {label} | {r.tok_s:,.0f} | {r.made_tok_s:,.0f} | {r.ttft_p90:.4g} | "
               f"{r.ttft_mean:.4g} | {r.hit_rate:.1%} |", flush=True)
         print(f"<!-- {router} {label} stages: {np.round(r.stage_tok_s).astype(int).tolist()} -->", flush=True)

@@ -302,6 +302,20 @@ def test_router_lag_routes_on_the_last_snapshot() -> None:
     assert placed[10.0] == [[0, 1, 2], []]  # all three see the snapshot taken at the first: all idle
 
 
+def test_scraped_metrics_show_a_step_once_it_has_ended() -> None:
+    """A scraping router (lag > 0) reads what each engine's last step left, as vLLM makes its stats once a
+    step: request 1 goes to the idle replica 1 and its prefill step (27.5 ms) is running at 0.201 s, so the
+    exact view shows replica 1 holding its 400-token prompt (more than request 0's 100 and the tokens it has
+    decoded on replica 0), while the scraped one still shows it empty: request 2 follows request 1 there."""
+    reqs = [Request(0, 0.0, 100, 300), Request(1, 0.2, 400, 4), Request(2, 0.201, 400, 4)]
+    placed = {}
+    for lag in (0.0, 1e-9):  # 1e-9: a fresh scrape at every arrival, so only the step's staleness is left
+        cluster, _ = serve(reqs, 2, "least-kv", 4000, lag)
+        placed[lag] = [[s.id for s in m.seqs] for m in cluster.entry.members]
+    assert placed[0.0] == [[0, 2], [1]]
+    assert placed[1e-9] == [[0], [1, 2]]
+
+
 traces = st.lists(st.tuples(st.floats(0, 2), st.integers(1, 200), st.integers(1, 30), st.integers(-1, 2),
                             st.integers(-1, 3)), min_size=1, max_size=25)
 

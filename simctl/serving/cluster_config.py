@@ -34,8 +34,9 @@ class ClusterConfig:
         "prefix-approx: tokens its LRU index remembers per replica [default: 2000000, llm-d's 31,250 "
         "blocks of 64]."))
     router_lag: float | None = option_field(None, (
-        "Seconds between the router's snapshots of the replicas' queues and KV use (a gateway scraping its "
-        "engines' metrics) [default: none, it sees them as they are]."))
+        "Seconds between the router's scrapes of the replicas' metrics: their queues and KV use as each "
+        "engine's last step left them (kv-cost: its own count, snapshotted) [default: none, it sees them as "
+        "they are]."))
     # both set: disaggregated prefill and decode
     prefill_instances: int | None = option_field(None, (
         "Disaggregated serving: instances that only prefill (with --decode-instances and --kv-link-gbps)."))

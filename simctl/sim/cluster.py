@@ -79,6 +79,8 @@ class Member:
         self.cutting = False  # a push has resumed it early to cut its stretch
         self.process: simpy.Process | None = None
         self.seqs: list[Seq] = []  # every request pushed here (a prefill instance's copies)
+        self.shown: tuple[int, int] | None = None  # (queued, KV used) as its last step left them, if scraped
+        self._latest = (0, 0)  # as the step now running will leave them
         self._on_release = on_release
         backend.on_release = self._released
 
@@ -98,6 +100,15 @@ class Member:
         p, inbox = self.policy, self.inbox
         return ReplicaView(len(p.waiting) + len(p.arrived_with_kv) + inbox.pending,
                            inbox.pushed - self.released, p.kv.used)
+
+    def step_planned(self) -> None:  # vLLM makes its stats once a step, as it ends (`update_from_output`)
+        p = self.policy
+        self.shown, self._latest = self._latest, (len(p.waiting) + len(p.arrived_with_kv), p.kv.used)
+
+    def scraped_view(self) -> ReplicaView:
+        """`view` as its engine's metrics show it: as its last step left it (outstanding: the router's)."""
+        queued, kv_used = self.shown or (0, 0)
+        return ReplicaView(queued, self.inbox.pushed - self.released, kv_used)
 
     def view_with_prefill(self) -> ReplicaView:
         """`view` with the prompt tokens still to prefill of every request routed here and not yet
@@ -134,15 +145,18 @@ class Pool:
     router: Router
     gpu: str = ""
     tp: int = 1  # GPUs per replica (its tensor-parallel group)
-    # > 0: the router sees the replicas' queues and KV as scraped at most this long ago (a snapshot taken
-    # every `lag` seconds, as a gateway scrapes its engines' metrics); their caches it still reads as they are
+    # > 0: the router sees the replicas' queues and KV as scraped every `lag` s from their engines' metrics
+    # (`Member.scraped_view`; kv-cost, a snapshot of its own count); their caches it reads as they are
     lag: float = 0.0
     front_end: FrontEnd = NO_FRONT_END  # the server's work in front of it (serving.front_end)
     _seen: tuple[float, Sequence[ReplicaView]] = (-math.inf, ())  # the last snapshot and its time
 
     def __post_init__(self) -> None:  # its replicas share a cost model, hence the engine's intake latency
         self._front = FrontEndQueue(self.front_end, self.members[0].admission_s)
-        self._view = Member.view_with_prefill if getattr(self.router, "reads_prefill", False) else Member.view
+        prefill = getattr(self.router, "reads_prefill", False)
+        self._view = Member.view_with_prefill if prefill else Member.scraped_view if self.lag else Member.view
+        for m in self.members if self._view is Member.scraped_view else ():
+            m.shown = (0, 0)
 
     def due(self, sent_s: float, seq: Seq) -> float:
         """When a request sent to it at `sent_s` (in sending order) has passed its front end."""
@@ -169,8 +183,10 @@ def drive(env: simpy.Environment, member: Member, cluster: Cluster) -> Generator
     lone replica makes a SimPy event only every `YIELD_EVERY` waits. Its own clock is exact either way; a tie
     with another event still goes through SimPy, which orders it."""
     gen = member.replica.serve(env.now)
+    planned = member.step_planned if member.shown is not None else lambda: None
     ran, now = 0, env.now  # SimPy's time moves only while this process yields to it
     for until in gen:
+        planned()
         while True:
             if until < now - 1e-9 * now:  # beyond the two clocks' rounding: a push was missed
                 raise RuntimeError(f"replica {member.index} fell behind the cluster's clock")
@@ -187,6 +203,7 @@ def drive(env: simpy.Environment, member: Member, cluster: Cluster) -> Generator
                 except simpy.Interrupt:
                     member.cutting, now = False, env.now
                     until = gen.send(True)  # the stretch's cut end, where the loop waits next
+                    planned()
                     continue
                 now = env.now
             break
