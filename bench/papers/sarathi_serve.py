@@ -58,7 +58,9 @@ def capacities(probe_requests: int, workers: int | None, execution: str) -> dict
 
 def table4_run(policy: str, trace: str, qps: float, execution: str = "eager") -> tuple[float, float]:
     """P50 TTFT and P99 TBT of 128 requests on Yi-34B(-200K), TP2 on A100s, token budget 1024."""
+    # allreduce "nccl": the paper's 2023 engines had no custom all-reduce (vLLM's came in 2024)
     s = run(RunConfig(policy=policy, model=YI, gpu="a100-80gb", tp=2, options={"token_budget": 1024},
+                      allreduce="nccl",
                       max_model_len=16384, execution=execution,
                       workload=Workload(trace=trace, qps=qps, num_requests=128))).summary
     return s["ttft_p50"], s["tbt_p99"]
