@@ -134,14 +134,12 @@ class Roofline(CostModel):
         self.attn_mfu = _fraction("attn_mfu", attn_mfu)
         self.attn_mbu = self.mbu if attn_mbu is None else _fraction("attn_mbu", attn_mbu)
         d = StepOverheads.defaults(execution, m.num_layers)  # what a term not given takes
-        given = (overhead_s, request_s, sampled_token_s)
+        src = "roofline defaults" if (overhead_s, request_s, sampled_token_s) == (None, None, 0) else "given"
         self.overhead_s = float(d.iteration_s if overhead_s is None else overhead_s)
-        request_s = d.request_s if request_s is None else request_s
-        self.steps = StepOverheads(execution, self.overhead_s, request_s, sampled_token_s, d.launch_floor_s,
-                                   "roofline defaults" if given == (None, None, 0.0) else "given")
+        rs = d.request_s if request_s is None else request_s
+        self.steps = StepOverheads(execution, self.overhead_s, rs, sampled_token_s, d.launch_floor_s, src)
         self._floor, self._host_const = d.launch_floor_s, self.steps.per_request_only
-        self.tile = tile
-        self.routing_skew = check_routing_skew(routing_skew)
+        self.tile, self.routing_skew = tile, check_routing_skew(routing_skew)
         self.ep = check_expert_parallel(ep, m, tp)
         share = gpu_share(m, tp)
         self._hold(m, g, share)
