@@ -89,7 +89,7 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in [
     # measured (as the A100): mfu 0.717, 7.57 us per GEMM, all-reduce per TP degree (DGX H100); mbu 0.856:
     # fitted to vLLM served (Llama-2-7B, CodeLlama-34B) and vLLM's CI Llama-3.1-8B case on H100s together with
     # the host's step terms (research/results/gpu_step_forms.md, split A; Vidur's kernel times alone give
-    # 0.994, which with the host's time leaves served decode 10% fast)
+    # 0.994, which with 2 ms a step left served decode 10% fast on CodeLlama-34B, 8% slow on Llama-2-7B)
     # FP8 3,958 TFLOPS with sparsity (1,979 dense). CUDA reports 81,082-81,090 MiB of it
     # (torch.cuda.get_device_properties on "NVIDIA H100 80GB HBM3" in public environment dumps, by driver)
     GPUSpec("h100", 989e12, 3350e9, 80 * GiB, 450e9, mfu=0.717, mbu=0.856, gemm_latency_s=7.57e-6,
