@@ -183,7 +183,7 @@ def _variants(base: RunConfig, slo: Any, tmp: Path) -> dict[str, list[float]]:
     """Goodput per GPU of vllm TP1, TP2 and DistServe's placement under each change, found by search."""
     three = DEPLOYMENTS[:3]
     changes: dict[str, tuple[RunConfig, list[Placement]]] = {
-        "none (roofline defaults: 2 ms per step)": (base, three),
+        "none (roofline defaults)": (base, three),
         "no step overhead": (replace(base, cost=calibration(tmp, 0.0)), three),
         "10 ms per step": (replace(base, cost=calibration(tmp, 0.010)), three),
         "decode batches up to 256 (vLLM's max_num_seqs) instead of 128": (

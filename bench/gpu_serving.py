@@ -18,8 +18,8 @@ error (predicted / measured - 1). A phase is *saturated* when its requests queue
 `throughput` (all sent at once), or a measured P50 TTFT over `SATURATED_TTFT` times the file's synchronous
 one. MAPE per metric over the phases that are not saturated (target 8%) and over those that are (20%).
 vLLM's CI latency cases (8 requests of 32 prompt and 128 output tokens sent at once to an offline `LLM`; the
-batch's latency: the last completion) are predicted the same way (target 8%), also with the all-reduces as
-vLLM runs them (`--allreduce vllm`, costs/allreduce.py).
+batch's latency: the last completion) are predicted the same way (target 8%), with the roofline's all-reduces
+(vLLM's, costs/allreduce.py) and also with NCCL's ring throughout (`--allreduce nccl`).
 
 Writes OUT.md and OUT.json (the rows, for comparing two versions of the model).
 """
@@ -93,9 +93,9 @@ CASES = (
 )
 
 
-def cost_model(model: ModelSpec | str, gpu: str, tp: int, allreduce: str = "nccl") -> Roofline:
+def cost_model(model: ModelSpec | str, gpu: str, tp: int, allreduce: str = "vllm") -> Roofline:
     """What every case is priced with: the roofline of its GPU, model and TP degree, as simctl defaults it
-    (its all-reduces NCCL's ring unless `allreduce` is "vllm": costs/allreduce.py)."""
+    (its all-reduces as vLLM runs them unless `allreduce` is "nccl": costs/allreduce.py)."""
     return Roofline(model, gpu, tp, allreduce=allreduce)
 
 
@@ -186,9 +186,9 @@ def ci_batch_s(model: str, gpu: str, tp: int, allreduce: str) -> float:
 
 
 def ci_row(model: str, gpu: str, tp: int, latency_s: float) -> dict:
-    """A CI case predicted with the roofline's default all-reduces and with vLLM's (`_vllm_ar`)."""
+    """A CI case predicted with the roofline's default all-reduces (vLLM's) and with NCCL's ring (`_nccl`)."""
     row = {"model": model, "gpu": gpu, "tp": tp, "measured_s": latency_s}
-    for suffix, mode in (("", "nccl"), ("_vllm_ar", "vllm")):
+    for suffix, mode in (("", "vllm"), ("_nccl", "nccl")):
         batch = ci_batch_s(model, gpu, tp, mode)
         row[f"predicted{suffix}_s"], row[f"error{suffix}_pct"] = batch, 100.0 * (batch / latency_s - 1.0)
     return row
@@ -196,7 +196,7 @@ def ci_row(model: str, gpu: str, tp: int, latency_s: float) -> dict:
 
 PHASE_HEADER = ("| file | phase | n | TTFT P50 ms meas / pred | err | TPOT P50 ms meas / pred | err | "
                 "E2E P50 s meas / pred | err |")
-CI_HEADER = ("| model | GPU | TP | measured s | predicted s | err | predicted s, vLLM's all-reduce | err |")
+CI_HEADER = ("| model | GPU | TP | measured s | predicted s | err | predicted s, NCCL's ring | err |")
 
 
 def markdown(rows: list[dict], ci: list[dict], kv: list[dict]) -> str:
@@ -222,11 +222,11 @@ def markdown(rows: list[dict], ci: list[dict], kv: list[dict]) -> str:
                  "at once; batch latency):")
         lines += ["", title, "", CI_HEADER, "|---|---|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {c['model']} | {c['gpu']} | {c['tp']} | {c['measured_s']:.3f} | "
-                  f"{c['predicted_s']:.3f} | {c['error_pct']:+.1f}% | {c['predicted_vllm_ar_s']:.3f} | "
-                  f"{c['error_vllm_ar_pct']:+.1f}% |" for c in ci]
-        nccl, vllm = (np.mean([abs(c[f"error{k}_pct"]) for c in ci]) for k in ("", "_vllm_ar"))
-        lines.append(f"\nMAPE {nccl:.1f}% (target {CI_TARGET:.0f}%); with vLLM's all-reduce "
-                     f"(`--allreduce vllm`) {vllm:.1f}%")
+                  f"{c['predicted_s']:.3f} | {c['error_pct']:+.1f}% | {c['predicted_nccl_s']:.3f} | "
+                  f"{c['error_nccl_pct']:+.1f}% |" for c in ci]
+        vllm, nccl = (np.mean([abs(c[f"error{k}_pct"]) for c in ci]) for k in ("", "_nccl"))
+        lines.append(f"\nMAPE {vllm:.1f}% (target {CI_TARGET:.0f}%); with NCCL's ring (`--allreduce nccl`) "
+                     f"{nccl:.1f}%")
     if kv:
         title = ("KV cache vLLM reports (blocks x 16 tokens), predicted by `costs/kv_capacity.py` against "
                  "the README's nearest for the model:")

@@ -7,10 +7,10 @@ prices them: one blend over their sum, norms, all-reduce, attention where measur
 at 1..4096 tokens: the roofline's time against the measured median, as signed errors (roofline / measured -
 1).
 
-The efficiencies the catalogue now holds per GPU (`catalogue.gpus`: mfu, mbu, gemm_latency_s) are fitted here
-on the TRAIN models only (least squares of log(roofline / measured) of the layer's linears), and the errors
-are reported apart on the models they were not fitted on. Writes bench/results/roofline_vs_measured.md
-and .png.
+The efficiencies the catalogue now holds per GPU (`catalogue.gpus`: mfu, mbu, gemm_latency_s; not the H100's
+mbu since issue 39: 0.994 here, 0.856 fitted to served decode) are fitted here on the TRAIN models only
+(least squares of log(roofline / measured) of the layer's linears), and the errors are reported apart on the
+models they were not fitted on. Writes bench/results/roofline_vs_measured.md and .png.
 """
 
 from __future__ import annotations

@@ -39,9 +39,12 @@ def bench_module():
 
 def priced_with(bench, mbu: float, overhead_s: float) -> None:
     """The bench's cost model with these H100 terms (every other GPU as the catalogue has it)."""
-    def cost_model(model, gpu, tp, allreduce="nccl"):
-        terms = {"mbu": mbu, "overhead_s": overhead_s} if gpu == "h100" else {}
-        return Roofline(model, gpu, tp, allreduce=allreduce, **terms)
+    def cost_model(model, gpu, tp, allreduce="vllm"):
+        # as simctl priced the other GPUs when this was run (before 2026-11-28's adoption of
+        # gpu_step_forms.md's terms): 2 ms a step, nothing per request, the H200 at the default mbu 0.75
+        terms = ({"mbu": mbu, "overhead_s": overhead_s} if gpu == "h100"
+                 else {"overhead_s": 2e-3, **({"mbu": 0.75} if gpu == "h200" else {})})
+        return Roofline(model, gpu, tp, allreduce=allreduce, request_s=0.0, **terms)
 
     bench.cost_model = cost_model
 

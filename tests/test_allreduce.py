@@ -50,7 +50,9 @@ def test_nccl_prices_from_the_size_limit_and_wherever_vllm_does_not_take_its_own
 def test_the_custom_path_is_cheaper_where_it_runs_and_the_mode_is_recorded():
     assert priced("a100-80gb", 8, 8, "vllm") < priced("a100-80gb", 8, 8, "nccl")  # no Hopper cap at 8 on A100
     assert Roofline("llama-2-70b", "h100", tp=4, allreduce="vllm").assumptions()["allreduce"] == "vllm"
-    assert "allreduce" not in Roofline("llama-2-70b", "h100", tp=4).assumptions()
+    # vLLM's is the default, recorded wherever TP prices all-reduces
+    assert Roofline("llama-2-70b", "h100", tp=4).assumptions()["allreduce"] == "vllm"
+    assert "allreduce" not in Roofline("llama-2-70b", "h100").assumptions()
     with pytest.raises(InputError, match="--allreduce must be one of nccl, vllm"):
         Roofline("llama-2-70b", "h100", tp=4, allreduce="ring")
 

@@ -326,7 +326,8 @@ def test_concurrent_streams_add_their_demands_in_one_roofline() -> None:
     pa_c, pa_m, dkv = roof.attention_rates()
     attention = math.hypot(pa_c * 512 * 256, pa_m * 512 + dkv * 4 * 301)
     gemms = 4 * roof.model.num_layers * roof.gemm_latency_s + roof.gemm_latency_s
-    expected = linear + lm_head + attention + gemms + 2 * roof.overhead_s
+    host = 2 * roof.overhead_s + 5 * roof.steps.request_s  # a step each stream, 5 requests
+    expected = linear + lm_head + attention + gemms + host
     assert roof.iteration_time(plan) == pytest.approx(expected, rel=1e-12)
     alone = [roof.iteration_time(decode), roof.iteration_time(chunk)]
     assert max(alone) < roof.iteration_time(plan) < sum(alone)
@@ -339,4 +340,5 @@ def test_eager_streams_pay_both_launch_floors() -> None:
     s, newcomer = Seq(0, 0.0, 4, 5), Seq(1, 0.0, 4, 5)
     s.advance(4)
     plan = concurrent(padded_decode([s], rows=1, kv_len=5), hybrid([], [newcomer], [4]))
-    assert roof.iteration_time(plan) == pytest.approx(2 * roof.steps.launch_floor_s + 2 * roof.overhead_s)
+    host = 2 * roof.overhead_s + 2 * roof.steps.request_s  # a step and a request each stream
+    assert roof.iteration_time(plan) == pytest.approx(2 * roof.steps.launch_floor_s + host)

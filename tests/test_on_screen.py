@@ -45,11 +45,12 @@ def test_cluster_headers_count_every_gpu(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_capacity_says_what_bound_it_and_which_median(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = simctl(capsys, "capacity", "--policy", "sarathi", "--trace", "sharegpt", "--num-requests",
-                          "300", "--seeds", "2", "--workers", "1")
+                          "200", "--seeds", "2", "--workers", "1")
     assert code == 0
     assert "lower median of 2 seeds" in out and "bound by" in out
-    # both SLOs' capacities (3.438) were bound by a probe too short to tell a backlog: more requests needed
-    assert out.count("3.438") >= 2 and "too short" in out
+    # both SLOs' capacities (3.000) were bound by a probe too short to tell a backlog: more requests needed
+    # (300 requests a probe tell it since issue 39's step terms: a backlog at 3.062)
+    assert out.count("3.000") >= 2 and "too short" in out
 
 
 def test_capacity_of_a_short_trace_file_probes_its_rows(capsys: pytest.CaptureFixture[str],

@@ -17,10 +17,15 @@ from simctl.policies.seq import Seq
 
 # Spec numbers written out by hand (A100-80GB SXM datasheet; Mistral-7B-v0.1 config.json) and the defaults.
 PEAK, BW = 312e12, 2039e9
-MFU, MBU, ATTN_MFU, OVERHEAD = 0.70, 0.75, 0.50, 2e-3
+MFU, MBU, ATTN_MFU = 0.70, 0.75, 0.50
+STEP_S_PER_LAYER, REQUEST_S = 18.1e-6, 0.118e-3  # the host's cuda-graph defaults (costs/overheads.py)
 L, H, HEADS, KV_HEADS, D, FF, V = 32, 4096, 32, 8, 128, 14336, 32000
 P_LIN = L * (H * (HEADS + 2 * KV_HEADS) * D + HEADS * D * H + 3 * H * FF)  # 6,979,321,856
 KV_TOK = 2 * L * KV_HEADS * D * 2  # 131,072 bytes
+
+
+def host(plan):
+    return L * STEP_S_PER_LAYER + REQUEST_S * len(plan.seqs)
 
 
 def blend(c, m):
@@ -76,19 +81,19 @@ def fresh(prompt, pid=0):
 def test_decode_batch1_every_term(rf):
     plan = decode_plan(1, 1024)
     b = rf.breakdown(plan)
-    assert b["overhead"] == OVERHEAD
+    assert b["overhead"] == pytest.approx(32 * 18.1e-6, rel=1e-12) == host(plan)  # no Seq: no request term
     assert b["linear"] == pytest.approx(hand_linear(1), rel=1e-9)
     assert b["lm_head"] == pytest.approx(hand_lm_head(1), rel=1e-9)
     assert b["decode_attention"] == pytest.approx(hand_decode_attn(1024), rel=1e-9)
     assert b["prefill_attention"] == 0.0 and b["allreduce"] == 0.0
-    expected = OVERHEAD + hand_linear(1) + hand_lm_head(1) + hand_decode_attn(1024)
+    expected = host(plan) + hand_linear(1) + hand_lm_head(1) + hand_decode_attn(1024)
     assert rf.iteration_time(plan) == pytest.approx(expected, rel=1e-9)
     assert rf.iteration_time(plan) == pytest.approx(sum(b.values()), rel=1e-12)
 
 
 def test_decode_batch32(rf):
     plan = decode_plan(32, 1024)
-    expected = OVERHEAD + hand_linear(32) + hand_lm_head(32) + hand_decode_attn(32 * 1024)
+    expected = host(plan) + hand_linear(32) + hand_lm_head(32) + hand_decode_attn(32 * 1024)
     assert rf.iteration_time(plan) == pytest.approx(expected, rel=1e-9)
 
 
@@ -100,14 +105,14 @@ def test_prefill_chunk_on_cache_every_term(rf):
     assert b["lm_head"] == pytest.approx(hand_lm_head(5), rel=1e-9)
     assert b["prefill_attention"] == pytest.approx(hand_prefill_attn(300, 700), rel=1e-9)
     assert b["decode_attention"] == pytest.approx(hand_decode_attn(10000), rel=1e-9)
-    expected = (OVERHEAD + hand_linear(384) + hand_lm_head(5) + hand_prefill_attn(300, 700)
+    expected = (host(plan) + hand_linear(384) + hand_lm_head(5) + hand_prefill_attn(300, 700)
                 + hand_decode_attn(10000))
     assert rf.iteration_time(plan) == pytest.approx(expected, rel=1e-9)
 
 
 def test_several_segments_are_summed(rf):
     plan = prefill_plan([100, 200], [0, 50])
-    expected = (OVERHEAD + hand_linear(300 + 84) + hand_lm_head(2) + hand_prefill_attn(100, 0)
+    expected = (host(plan) + hand_linear(300 + 84) + hand_lm_head(2) + hand_prefill_attn(100, 0)
                 + hand_prefill_attn(200, 50))
     assert rf.iteration_time(plan) == pytest.approx(expected, rel=1e-9)
 
@@ -242,7 +247,7 @@ def test_bad_configs_raise():
 
 
 def test_empty_plan_is_overhead(rf):
-    assert rf.iteration_time(BatchPlan([], [], Layout.PACKED, 0, 0)) == OVERHEAD
+    assert rf.iteration_time(BatchPlan([], [], Layout.PACKED, 0, 0)) == pytest.approx(L * STEP_S_PER_LAYER)
 
 
 def test_predicted_times_are_plausible(rf):

@@ -116,21 +116,23 @@ def test_dict_round_trip_and_older_validations() -> None:
 
 def test_table3_defaults_priced_by_hand_on_the_roofline() -> None:
     """Mistral-7B on an A100 (312 TFLOP/s, 2039 GB/s) at the catalogue's measured efficiencies (mfu 0.757, mbu
-    0.819, 6.9 us per GEMM) and the roofline's 2 ms step: 32 decode rows (under one tile) each reading 4,097
-    tokens of KV."""
+    0.819, 6.9 us per GEMM) and the host's cuda-graph defaults (18.1 us for each of 32 layers, 0.118 ms for
+    each of 32 requests): 32 decode rows (under one tile) each reading 4,097 tokens of KV."""
     layer = 4096 * (32 + 2 * 8) * 128 + 32 * 128 * 4096 + 3 * 4096 * 14336  # QKV + O + SwiGLU
     linear, head = 32 * layer, 32000 * 4096
     flops, bw, gemm = 312e12 * 0.757, 2039e9 * 0.819, 6.9e-6
     kv_per_token = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 KV heads of 128, 2 bytes
-    want = (0.002 + math.hypot(2 * linear * 32 / flops, 2 * linear / bw) + 4 * 32 * gemm
+    want = (32 * 18.1e-6 + 32 * 0.118e-3
+            + math.hypot(2 * linear * 32 / flops, 2 * linear / bw) + 4 * 32 * gemm
             + math.hypot(2 * head * 32 / flops, 2 * head / bw) + gemm + 32 * 4097 * kv_per_token / bw)
     roofline = Roofline("mistral-7b", "a100-80gb")
     assert table3_decode_time(roofline) == pytest.approx(want, rel=1e-12)
     slos = table3_slos(roofline)
     assert slos["strict"] == SLO({"p99_tbt": 5 * table3_decode_time(roofline)})
     assert slos["relaxed"] == SLO({"p99_tbt": 25 * table3_decode_time(roofline)})
-    # the paper's Mistral-7B / A100 limits are 0.1 s and 0.5 s; the roofline's decode is within 15% of theirs
-    assert slos["strict"].percentiles["p99_tbt"] == pytest.approx(0.1, rel=0.15)
+    # the paper's Mistral-7B / A100 limits are 0.1 s and 0.5 s; the roofline's decode is 21% above theirs
+    # since its host terms were fitted to vLLM 0.11 (issue 39: 4.4 ms for this step; within 15% at 2 ms)
+    assert slos["strict"].percentiles["p99_tbt"] == pytest.approx(0.1, rel=0.25)
 
 
 def test_capacity_over_seeds_is_the_lower_median() -> None:

@@ -13,8 +13,9 @@ NVLink; vLLM colocated at TP1. The paper's vLLM baseline reaches ~1.1 req/s/GPU 
 
 Execution modes, each system's own: vLLM as of the paper (v0.2, late 2023) ran eager; DistServe runs on
 SwiftTransformer, a C++ engine whose steps launch no Python per kernel, priced here as CUDA graphs (the
-roofline's 2 ms a step). Both modes are shown for both systems. Not a seed paper: the paper's text is not
-in the material, so its setting is taken as issue 23's study read it.
+roofline's default host terms, costs/overheads.py). Both modes are shown for both systems. Both systems'
+all-reduces are NCCL's ring, as 2023's engines ran them. Not a seed paper: the paper's text is not in the
+material, so its setting is taken as issue 23's study read it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ DISTSERVE = ClusterConfig(prefill_instances=1, decode_instances=1, kv_link_gbps=
 
 
 def per_gpu_goodput(trace: str, cluster: ClusterConfig, execution: str, requests: int) -> float:
+    # allreduce "nccl": the TP2 prefill instance's all-reduces as the paper's 2023 engines ran them (vLLM's
+    # custom all-reduce came in 2024)
     base = RunConfig(policy="vllm", model="llama-2-13b", gpu="a100-80gb", execution=execution,
+                     allreduce="nccl",
                      workload=Workload(trace=trace, num_requests=requests, seed=0))
     return find_goodput(base, cluster, parse_slo([SLO], 0.9)).per_gpu
 

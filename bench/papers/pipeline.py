@@ -55,6 +55,9 @@ FALCON = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_
 
 SARATHI_BUBBLES, SARATHI_THROUGHPUT = 6.29, 1.91
 FALCON_UP_TO = 6.9
+# the paper's A100s, their all-reduces NCCL's ring as its 2023 engines ran them (vLLM's custom all-reduce came
+# in 2024)
+A100 = {"gpu": "a100-80gb", "allreduce": "nccl"}
 POLICIES = ("orca", "vllm", "sarathi")
 TRACES = ("sharegpt", "arxiv")
 SARATHI_MISS = (
@@ -107,7 +110,7 @@ def sarathi_part(folder: Path) -> list[str]:
         base = None
         for system, policy, options in SYSTEMS:
             config = RunConfig(policy=policy, workload=Workload(trace=trace, qps=None, num_requests=n),
-                               model=model, gpu="a100-80gb", tp=8, pp=8, pp_link_gbps=1600.0,
+                               model=model, **A100, tp=8, pp=8, pp_link_gbps=1600.0,
                                options=options)
             s = run(config).summary
             tokens, bubbles = s["total_tokens_per_s"], sum(s["pipeline"]["bubble_s"])
@@ -129,7 +132,7 @@ def sarathi_part(folder: Path) -> list[str]:
 def falcon_slos(model: str) -> dict[str, tuple[SLO, int]]:
     """SLO name -> (the SLO, sarathi's token budget): Table 3's published limits, and Table 3's rule (5x and
     25x a decode iteration of 32 requests with 4k contexts) applied to simctl's own decode iteration."""
-    rule, decode = table3_slos_for(RunConfig(model=model, gpu="a100-80gb", tp=4, pp=2))
+    rule, decode = table3_slos_for(RunConfig(model=model, **A100, tp=4, pp=2))
     return {"strict 1 s": (parse_slo(["p99_tbt=1"]), 512), "relaxed 5 s": (parse_slo(["p99_tbt=5"]), 2048),
             f"strict {5 * decode:.2f} s (rule)": (rule["strict"], 512),
             f"relaxed {25 * decode:.2f} s (rule)": (rule["relaxed"], 2048)}
@@ -144,7 +147,7 @@ def falcon_part(folder: Path, n: int, workers: int | None) -> list[str]:
         for trace in TRACES:
             for p in POLICIES:
                 configs.append(RunConfig(policy=p, workload=Workload(trace=trace, qps=0.5, num_requests=n),
-                                         model=model, gpu="a100-80gb", tp=4, pp=2, pp_link_gbps=100.0,
+                                         model=model, **A100, tp=4, pp=2, pp_link_gbps=100.0,
                                          options={"token_budget": budget} if p == "sarathi" else {}))
                 names.append(f"{trace}|{slo_name}|{p}")
         spec = CapacityConfig(configs, {slo_name: slo}, start_qps=0.5, workers=workers, labels=names)
@@ -170,7 +173,7 @@ def falcon_part(folder: Path, n: int, workers: int | None) -> list[str]:
     lines += [(f"| sarathi's capacity over Orca and vLLM, up to ({what}) | {FALCON_UP_TO}x | "
                f"{best[key]:.2f}x | {best[key] / FALCON_UP_TO:.2f} |")
               for key, what in ((True, "Table 3's limits"), (False, "Table 3's rule"))]
-    decode = table3_slos_for(RunConfig(model=model, gpu="a100-80gb", tp=4, pp=2))[1]
+    decode = table3_slos_for(RunConfig(model=model, **A100, tp=4, pp=2))[1]
     return lines + ["", (
         f"Table 3's rule gives 5x a decode iteration of 32 requests with 4k contexts; simctl prices that "
         f"iteration at {decode * 1e3:.0f} ms, so the published strict limit of 1 s is {1 / decode:.0f}x it, "

@@ -68,7 +68,8 @@ def table4_run(policy: str, trace: str, budget: int, seed: int, execution: str =
     """P50 TTFT and P99 TBT of 128 requests on Yi-34B(-200K), TP2 on A100s, as the artifact ran them
     (hybrid-only's budget is the max model length, whatever `budget`)."""
     options = {} if policy == "sarathi-hybrid-only" else {"token_budget": budget}
-    s = run(RunConfig(policy=policy, model=YI, gpu="a100-80gb", tp=2, options=options,
+    # allreduce "nccl": the paper's 2023 engines had no custom all-reduce (vLLM's came in 2024)
+    s = run(RunConfig(policy=policy, model=YI, gpu="a100-80gb", tp=2, options=options, allreduce="nccl",
                       max_model_len=MAX_LEN[trace], execution=execution,
                       workload=Workload(trace=trace, qps=RATES[trace], num_requests=128, seed=seed))).summary
     return s["ttft_p50"], s["tbt_p99"]

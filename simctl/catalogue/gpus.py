@@ -15,7 +15,8 @@ Conventions:
 - `mfu`, `mbu`, `gemm_latency_s`: the roofline's GEMM efficiencies and per-GEMM fixed time where measured
   (None: the roofline's defaults). Fitted by bench/roofline_vs_measured.py to Vidur's published operator times
   (A100, H100, A40; fitted on Llama-2-7B, Llama-2-70B and InternLM-20B, checked on the other models:
-  bench/results/roofline_vs_measured.md).
+  bench/results/roofline_vs_measured.md), except the H100's and H200's mbu: fitted to vLLM served and
+  benchmarked with the step's host terms (costs/overheads.py; research/results/gpu_step_forms.md).
 """
 
 from __future__ import annotations
@@ -85,11 +86,13 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in [
             description="NVIDIA A100 80GB SXM: 312 TFLOP/s bf16, 2039 GB/s HBM2e, NVLink 600 GB/s"),
     # source: NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 1,979 TFLOPS with sparsity (989 dense);
     # 3.35 TB/s HBM3, 80 GB; NVLink 900 GB/s (bidirectional)
-    # measured (as the A100): mfu 0.717, mbu 0.994 (weight streaming at the datasheet's bandwidth once each
-    # GEMM's 7.6 us are apart), all-reduce per TP degree (DGX H100)
+    # measured (as the A100): mfu 0.717, 7.57 us per GEMM, all-reduce per TP degree (DGX H100); mbu 0.856:
+    # fitted to vLLM served (Llama-2-7B, CodeLlama-34B) and vLLM's CI Llama-3.1-8B case on H100s together with
+    # the host's step terms (research/results/gpu_step_forms.md, split A; Vidur's kernel times alone give
+    # 0.994, which with 2 ms a step left served decode 10% fast on CodeLlama-34B, 8% slow on Llama-2-7B)
     # FP8 3,958 TFLOPS with sparsity (1,979 dense). CUDA reports 81,082-81,090 MiB of it
     # (torch.cuda.get_device_properties on "NVIDIA H100 80GB HBM3" in public environment dumps, by driver)
-    GPUSpec("h100", 989e12, 3350e9, 80 * GiB, 450e9, mfu=0.717, mbu=0.994, gemm_latency_s=7.57e-6,
+    GPUSpec("h100", 989e12, 3350e9, 80 * GiB, 450e9, mfu=0.717, mbu=0.856, gemm_latency_s=7.57e-6,
             allreduce=(AllReduceFit(2, 0.726, 26.1e-6), AllReduceFit(4, 0.863, 33.0e-6),
                        AllReduceFit(8, 0.759, 29.7e-6)),
             fully_connected=True, architecture="hopper", reported_memory_bytes=81089 * 2**20,
@@ -98,7 +101,9 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in [
     # source: NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: BF16 1,979 TFLOPS with sparsity (989 dense);
     # 4.8 TB/s HBM3e, 141 GB; NVLink 900 GB/s (bidirectional)
     # FP8 3,958 TFLOPS with sparsity (1,979 dense); CUDA reports 143,156 MiB (a public environment dump)
-    GPUSpec("h200", 989e12, 4800e9, 141 * GiB, 450e9, fully_connected=True, architecture="hopper",
+    # mbu 0.633: fitted to ONE measurement, vLLM's CI Llama-3.1-8B case on an H200, with the host's step terms
+    # (research/results/gpu_step_forms.md, split A; its 70B and Mixtral H200 cases held out: -7.5%, +5.3%)
+    GPUSpec("h200", 989e12, 4800e9, 141 * GiB, 450e9, mbu=0.633, fully_connected=True, architecture="hopper",
             reported_memory_bytes=143156 * 2**20, fp8_flops=1979e12,
             description="NVIDIA H200 SXM 141GB: 989 TFLOP/s bf16, 4800 GB/s HBM3e, NVLink 900 GB/s"),
     # UNVALIDATED (datasheet numbers only, no measurement yet), the next three:

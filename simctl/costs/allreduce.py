@@ -1,5 +1,5 @@
 """What a tensor-parallel group's all-reduces of one iteration cost (two per layer, T tokens x hidden each):
-NCCL's ring (`ring_terms`, the roofline's default `allreduce="nccl"`), or as vLLM runs them (`"vllm"`).
+NCCL's ring (`ring_terms`, `allreduce="nccl"`), or as vLLM runs them (`"vllm"`, the roofline's default).
 
 vLLM on CUDA takes an input under its custom all-reduce's size limit when the group is 2 GPUs or all connected
 by NVLink (vllm/distributed/device_communicators/custom_all_reduce.py: `should_custom_ar`; `max_size` 8 MiB

@@ -51,7 +51,7 @@ class Fitted(CurveTables, CostModel):
         self.tile = tile
         self.tp = tp
         self.step_overheads = step_overheads
-        steps = step_overheads or StepOverheads(iteration_s=0.0)
+        steps = step_overheads or StepOverheads()
         self._steps, self._floor = steps, steps.launch_floor_s
         self.model = model
         self.model_shape = dict(model_shape) if model_shape is not None else None
@@ -66,8 +66,7 @@ class Fitted(CurveTables, CostModel):
 
         c = self.coefficients
         self._ovh = c["overhead_s"]
-        per_step = self._steps.per_step_only
-        self._host_const = None if per_step is None else self._ovh + per_step
+        self._host_const = self._steps.per_request_only
         self._lin = Curve(self.curves["linear"])
         self._lm = Curve(self.curves["lm_head"])
         self._dec = Curve(self.curves["decode_kv"])
@@ -133,8 +132,10 @@ class Fitted(CurveTables, CostModel):
 
     def _host(self, plan: BatchPlan, repeat: int = 0) -> float:
         """overhead_s and the step overheads (terms that are 0 add nothing, so older fits price as before)."""
-        const = self._host_const
-        return const if const is not None else self._ovh + self._steps.of(plan, repeat)
+        if self._host_const is not None:
+            step, request = self._host_const
+            return self._ovh + (step + request * len(plan.seqs))  # as `of` sums them
+        return self._ovh + self._steps.of(plan, repeat)
 
     def _floored(self, plan: BatchPlan, t: float | np.ndarray) -> float | np.ndarray:
         """Eager execution: the GPU terms (all but the host's step overheads) take at least the launch

@@ -21,19 +21,19 @@ from simctl.costs.calibration import is_roofline_calibration, load_roofline_cali
 from simctl.costs.fitted import Fitted
 from simctl.costs.overheads import EXECUTION_MODES
 from simctl.costs.provenance import calibration_warnings, check_fitted_device
-from simctl.costs.roofline import DEFAULT_OVERHEAD_S, Roofline
+from simctl.costs.roofline import Roofline
 
 
 @dataclass(frozen=True)
 class RooflineOptions:
     """The roofline's own options: an MoE's routing skew and expert parallelism, the all-reduce's
-    algorithms (costs.allreduce), FP8 weights or KV (1 byte; None: 16-bit) and, where a command sets them,
-    the step overheads' execution mode and per step time (a fit carries what its profile measured, so none
-    of these applies to one)."""
+    algorithms (costs.allreduce; None: the roofline's, vLLM's), FP8 weights or KV (1 byte; None: 16-bit)
+    and, where a command sets them, the step overheads' execution mode and per step time (a fit carries what
+    its profile measured, so none of these applies to one)."""
 
     routing_skew: float = 0.0
     ep: int = 1
-    allreduce: str = "nccl"
+    allreduce: str | None = None
     weight_dtype_bytes: int | None = None
     kv_dtype_bytes: int | None = None
     execution: str | None = None
@@ -102,12 +102,13 @@ def check_step_overheads(cost: str | Path | None, execution: str | None,
 
 def _roofline(model: ModelSpec, gpu: GPUSpec, tp: int, o: RooflineOptions, params: dict[str, float],
               label: str | None, warnings: list[str] | None = None) -> LoadedCost:
-    steps = {} if o.execution is None and o.overhead_s is None else {
-        "execution": o.execution or "cuda-graph",
-        "overhead_s": DEFAULT_OVERHEAD_S if o.overhead_s is None else o.overhead_s}
-    roofline = Roofline(model, gpu, tp=tp, routing_skew=o.routing_skew, ep=o.ep, allreduce=o.allreduce,
+    given = {} if o.execution is None and o.overhead_s is None else {  # else the roofline's defaults
+        "execution": o.execution or "cuda-graph", "overhead_s": o.overhead_s}
+    if o.allreduce is not None:
+        given["allreduce"] = o.allreduce
+    roofline = Roofline(model, gpu, tp=tp, routing_skew=o.routing_skew, ep=o.ep,
                         weight_dtype_bytes=o.weight_dtype_bytes, kv_dtype_bytes=o.kv_dtype_bytes,
-                        **params, **steps)
+                        **params, **given)
     return LoadedCost(roofline, label or f"roofline ({roofline.steps.describe()})", warnings or [])
 
 
@@ -117,7 +118,7 @@ def _checked_fit(fitted: Fitted, path: str | Path, model: ModelSpec, gpu: GPUSpe
     if o.routing_skew:
         raise InputError(f"--routing-skew {o.routing_skew:g} sets the roofline's routing; the fit {path} "
                          "prices the routing its profiled router did")
-    if o.ep != 1 or o.allreduce != "nccl":
+    if o.ep != 1 or o.allreduce is not None:
         what = (f"--ep {o.ep} spreads experts over GPUs" if o.ep != 1
                 else f"--allreduce {o.allreduce} prices TP")
         raise InputError(f"{what} in the roofline; the fit {path} prices what it profiled")

@@ -22,12 +22,19 @@ model adds to an iteration.
   (floor 0).
 
 Execution modes (`EXECUTION_MODES`) give the roofline's defaults:
-- `cuda-graph` (the default): 2 ms per step, as the roofline has always assumed (an ASSUMPTION kept so that
-  results stand: no published per-step measurement of a CUDA-graph engine is cited here); 0 per request and
-  per token: their cost is inside those 2 ms for the batches measured so far.
+- `cuda-graph` (the default): 18.1 us per layer per step and 0.118 ms per scheduled request on the host
+  (0.58 ms a step for 32 layers, 1.45 ms for 80), 0 per sampled token: fitted with the H100's mbu (0.856,
+  catalogue/gpus.py) to vLLM served on H100s (the P50 TPOT of four synchronous phases, Llama-2-7B and
+  CodeLlama-34B, batch 1) and vLLM's CI latency case Llama-3.1-8B on an H100 (batch 8: it separates the
+  per-request term from the per-step one), research/results/gpu_step_forms.md (split A, `layer+request`).
+  Held out there: 25 other unsaturated phases (TPOT 1.4%, E2E 1.6% MAPE), 5 saturated ones (4.9%, 5.2%),
+  and the CI's A100 8B, Mixtral TP2 and Llama-3-70B TP4 cases (5.3% with vLLM's all-reduce, worst -7.5%).
+  Per layer, not per step: CUDA-graph replay's per-kernel gaps grow with the layers, and a constant fitted
+  on 7B-34B leaves the 80-layer model 9-12% fast. Host terms are the engine's, so every GPU takes them.
 - `eager`: a launch floor of 22 ms per iteration measured by this project for a 7B model (32 layers) on an
   H100 in eager mode (simctl issue 22), taken per layer (0.6875 ms: launches grow with the kernels, i.e. the
-  layers), plus the same 2 ms per step.
+  layers), plus the same host terms: scheduling, input preparation and output processing are the engine's
+  Python whatever launches the kernels, while the launches overlap the kernels (the floor).
 A fitted model fits what its profile measures (a simctl profile times whole steps: its `overhead_s`); an
 operator profile times kernels only, so its fit takes the execution mode's defaults (its summary says so).
 """
@@ -42,7 +49,9 @@ from simctl.common.errors import InputError
 from simctl.policies.plan import BatchPlan
 
 EAGER_LAUNCH_S_PER_LAYER = 22e-3 / 32  # this project's H100 measurement: ~22 ms floor, 7B model, 32 layers
-DEFAULT_ITERATION_S = 2e-3  # ASSUMPTION (see the module docstring)
+# fitted (the module docstring): the host's time per layer of a step, and per scheduled request
+HOST_S_PER_LAYER = 18.1e-6
+HOST_S_PER_REQUEST = 0.118e-3
 EXECUTION_MODES = ("cuda-graph", "eager")
 
 
@@ -56,7 +65,7 @@ class StepOverheads:
     """A cost model's host terms per step (seconds); see the module docstring."""
 
     execution: str = "cuda-graph"
-    iteration_s: float = DEFAULT_ITERATION_S
+    iteration_s: float = 0.0
     request_s: float = 0.0
     sampled_token_s: float = 0.0
     launch_floor_s: float = 0.0
@@ -78,14 +87,15 @@ class StepOverheads:
         """The roofline's defaults for an execution mode and a model of `num_layers` layers."""
         _check_execution(execution)
         floor = EAGER_LAUNCH_S_PER_LAYER * num_layers if execution == "eager" else 0.0
-        return cls(execution, DEFAULT_ITERATION_S, 0.0, 0.0, floor, f"{execution} defaults")
+        return cls(execution, HOST_S_PER_LAYER * num_layers, HOST_S_PER_REQUEST, 0.0, floor,
+                   f"{execution} defaults")
 
     @property
-    def per_step_only(self) -> float | None:
-        """The host terms when they do not depend on the batch (no per-request, per-token or new-request
-        term), else None: the hot paths then add a constant instead of calling `of`."""
-        batch = self.request_s or self.sampled_token_s or self.new_request_s or self.new_request_token_s
-        return None if batch else self.iteration_s
+    def per_request_only(self) -> tuple[float, float] | None:
+        """(per step, per scheduled request) when no other term is set (per sampled token, per new request),
+        else None: the hot paths then add `step + request x len(plan.seqs)` instead of calling `of`."""
+        other = self.sampled_token_s or self.new_request_s or self.new_request_token_s
+        return None if other else (self.iteration_s, self.request_s)
 
     def host(self, requests: int, sampled: int) -> float:
         """The additive per-step host terms of a step of `requests` scheduled requests sampling `sampled`

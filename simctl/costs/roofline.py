@@ -46,11 +46,14 @@ Terms are added (no overlap between them is assumed). Defaults and where they co
 - attn_mfu = 0.50: FlashAttention-2 (Dao, 2023) reports its forward pass at 50-73% of A100 peak; serving
   chunks are short and causal, so the low end is taken.
 - attn_mbu = mbu: decode attention streams KV like the linears stream weights (an assumption).
-- overhead_s = 2 ms per step, request_s = sampled_token_s = 0, and eager's launch floor: the execution mode's
-  defaults, whose sources `costs/overheads.py` gives (the 2 ms is an ASSUMPTION; a fit replaces it).
+- overhead_s = 18.1 us per layer per step, request_s = 0.118 ms per scheduled request, sampled_token_s = 0,
+  and eager's launch floor: the execution mode's defaults, fitted to vLLM served on H100s
+  (`costs/overheads.py` gives the fit and what it was checked on).
 - allreduce_latency_s = 10 us and the link at its peak: an ASSUMPTION (the order of a small-message NCCL
   all-reduce within a node), replaced by the catalogue's measured values, per TP degree, where it has them
   (A100, H100: `GPUSpec.allreduce`; the nearest measured degree for another).
+- allreduce = "vllm": the all-reduces as vLLM (since 2024) runs them; "nccl" prices NCCL's ring throughout,
+  as the 2023 engines the papers ran (no custom all-reduce) did.
 
 The KV cache's size is the deployment's, not the roofline's (`costs/kv_capacity.py`).
 """
@@ -69,13 +72,12 @@ from simctl.common.errors import InputError
 from simctl.costs.allreduce import VLLMAllReduce, check_allreduce, ring_terms, uses_custom
 from simctl.costs.base import CostModel, tiled
 from simctl.costs.gpu_share import GPUShare, check_expert_parallel, check_split, gpu_share
-from simctl.costs.overheads import DEFAULT_ITERATION_S, StepOverheads
+from simctl.costs.overheads import StepOverheads
 from simctl.policies.plan import BatchPlan
 
 DEFAULT_MFU = 0.70
 DEFAULT_MBU = 0.75
 DEFAULT_ATTN_MFU = 0.50
-DEFAULT_OVERHEAD_S = DEFAULT_ITERATION_S
 
 
 def _fraction(name: str, v: float) -> float:
@@ -93,19 +95,19 @@ class Roofline(CostModel):
         dtype_bytes: int = 2,
         mfu: float | None = None,
         mbu: float | None = None,
-        overhead_s: float = DEFAULT_OVERHEAD_S,
+        overhead_s: float | None = None,
         attn_mfu: float = DEFAULT_ATTN_MFU,
         attn_mbu: float | None = None,
         tile: int | None = None,
         allreduce_latency_s: float | None = None,
         allreduce_efficiency: float | None = None,
-        request_s: float = 0.0,
+        request_s: float | None = None,
         sampled_token_s: float = 0.0,
         execution: str = "cuda-graph",
         gemm_latency_s: float | None = None,
         routing_skew: float = 0.0,
         ep: int = 1,
-        allreduce: str = "nccl",
+        allreduce: str = "vllm",
         weight_dtype_bytes: int | None = None,
         kv_dtype_bytes: int | None = None,
     ) -> None:
@@ -116,7 +118,7 @@ class Roofline(CostModel):
         self.allreduce_latency_s, self.allreduce_efficiency = ring_terms(g, tp, allreduce_latency_s,
                                                                          allreduce_efficiency)
         self.allreduce = check_allreduce(allreduce)
-        if not overhead_s >= 0:
+        if overhead_s is not None and not overhead_s >= 0:
             raise InputError(f"overhead_s must be >= 0, got {overhead_s!r}")
         self.model, self.gpu, self.tp = m, g, tp
         self.dtype_bytes = dtype_bytes  # activations, the embedding and LM head, all-reduces
@@ -131,14 +133,13 @@ class Roofline(CostModel):
             raise InputError(f"gemm_latency_s must be >= 0, got {gemm_latency_s!r}")
         self.attn_mfu = _fraction("attn_mfu", attn_mfu)
         self.attn_mbu = self.mbu if attn_mbu is None else _fraction("attn_mbu", attn_mbu)
-        self.overhead_s = float(overhead_s)
-        floor = StepOverheads.defaults(execution, m.num_layers).launch_floor_s
-        self.steps = StepOverheads(execution, self.overhead_s, request_s, sampled_token_s, floor,
-                                   "roofline defaults" if (overhead_s, request_s, sampled_token_s)
-                                   == (DEFAULT_OVERHEAD_S, 0.0, 0.0) else "given")
-        self._floor, self._host_const = floor, self.steps.per_step_only
-        self.tile = tile
-        self.routing_skew = check_routing_skew(routing_skew)
+        d = StepOverheads.defaults(execution, m.num_layers)  # what a term not given takes
+        src = "roofline defaults" if (overhead_s, request_s, sampled_token_s) == (None, None, 0) else "given"
+        self.overhead_s = float(d.iteration_s if overhead_s is None else overhead_s)
+        rs = d.request_s if request_s is None else request_s
+        self.steps = StepOverheads(execution, self.overhead_s, rs, sampled_token_s, d.launch_floor_s, src)
+        self._floor, self._host_const = d.launch_floor_s, self.steps.per_request_only
+        self.tile, self.routing_skew = tile, check_routing_skew(routing_skew)
         self.ep = check_expert_parallel(ep, m, tp)
         share = gpu_share(m, tp)
         self._hold(m, g, share)
@@ -206,7 +207,7 @@ class Roofline(CostModel):
         return {"kind": "roofline", "gpu": self.gpu.name, "tp": self.tp, "mfu": self.mfu, "mbu": self.mbu,
                 "gemm_latency_s": self.gemm_latency_s,
                 **({"routing_skew": self.routing_skew, "ep": self.ep} if self.model.moe else {}),
-                **({"allreduce": self.allreduce} if self.allreduce != "nccl" else {}),
+                **({"allreduce": self.allreduce} if self.tp > 1 else {}),
                 **({"weight_dtype_bytes": self.weight_dtype_bytes, "kv_dtype_bytes": self.kv_dtype_bytes}
                    if (self.weight_dtype_bytes, self.kv_dtype_bytes) != (self.dtype_bytes,) * 2 else {}),
                 "attn_mfu": self.attn_mfu, "attn_mbu": self.attn_mbu, "tile": self.tile,
@@ -267,12 +268,15 @@ class Roofline(CostModel):
 
     def _host(self, plan: BatchPlan) -> float:
         """The host's additive step overheads (`overhead_s` is their per-step term)."""
-        const = self._host_const
-        return const if const is not None else self.steps.of(plan)
+        if self._host_const is not None:
+            step, request = self._host_const
+            return step + request * len(plan.seqs)
+        return self.steps.of(plan)
 
     def _dense(self, plan: BatchPlan, terms: dict[str, float] | None = None) -> float:
         """The host overheads, the linear layers (and their all-reduces) and the LM head, in that order."""
-        t = host = self._host_const if self._host_const is not None else self.steps.of(plan)  # _host, inline
+        hc = self._host_const
+        t = host = hc[0] + hc[1] * len(plan.seqs) if hc is not None else self.steps.of(plan)  # _host, inline
         linear = allreduce = lm_head = 0.0
         T, r = plan.linear_tokens, plan.sampled_tokens
         if T > 0:

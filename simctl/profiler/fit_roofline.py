@@ -64,7 +64,7 @@ def calibrate_roofline(df: pd.DataFrame, train: np.ndarray, meta: dict[str, Any]
 
     def model(x: np.ndarray) -> Roofline:
         return Roofline(spec, g, dtype_bytes=dtype_bytes, mfu=float(x[0]), mbu=float(x[1]),
-                        attn_mfu=float(x[2]), overhead_s=float(x[3]) * ymed, tile=tile)
+                        attn_mfu=float(x[2]), overhead_s=float(x[3]) * ymed, request_s=0.0, tile=tile)
 
     def fun(x: np.ndarray) -> np.ndarray:
         rf = model(x)

@@ -75,7 +75,9 @@ class RunConfig:
     # the server's work per request and per prompt token in front of the engines (serving.front_end)
     front_end_request_s: float = 0.0
     front_end_prompt_token_s: float = 0.0
-    allreduce: str = "nccl"  # the roofline's all-reduces: NCCL's ring, or as vLLM runs them (costs.allreduce)
+    # the roofline's all-reduces: NCCL's ring or as vLLM runs them (costs.allreduce); None: the roofline's
+    # default (vLLM's), and a fit's own
+    allreduce: str | None = None
     # the roofline's step overheads (costs.overheads): its execution mode and host time per step, ms (None:
     # the roofline's defaults, or a given cost model's own)
     execution: str | None = None
@@ -104,7 +106,8 @@ class RunConfig:
         if self.max_model_len is not None and (not is_int(self.max_model_len) or self.max_model_len < 2):
             raise InputError(f"--max-model-len must be an integer >= 2, got {self.max_model_len!r}")
         FrontEnd(self.front_end_request_s, self.front_end_prompt_token_s)  # checks its terms
-        check_allreduce(self.allreduce)
+        if self.allreduce is not None:
+            check_allreduce(self.allreduce)
         check_step_overheads(self.cost, self.execution, self.step_overhead_ms)
         check_pp(self.pp)
         check_link(self.pp_link_gbps)
@@ -131,7 +134,7 @@ class RunConfig:
         workload's fields among them, and the routing skew, max model length and what happens to a longer
         request only when given (a run without them keeps the summary it had before them)."""
         defaults = {"routing_skew": 0.0, "ep": 1, "max_model_len": None, "on_too_long": REFUSE,
-                    "front_end_request_s": 0.0, "front_end_prompt_token_s": 0.0, "allreduce": "nccl",
+                    "front_end_request_s": 0.0, "front_end_prompt_token_s": 0.0, "allreduce": None,
                     "execution": None, "step_overhead_ms": None, "pp": 1, "pp_link_gbps": None}
         workload = self.workload.recorded()
         head = {"policy": self.policy, "trace": workload.pop("trace"), "model": self.model, "gpu": self.gpu,

@@ -55,7 +55,9 @@ TOP_FIELDS = {"mode": str, "num_requests": int, "seeds": list, "start_qps": (int
               "on_too_long": str}
 DEFAULTS = RunConfig()
 WORKLOAD_FIELDS = {f.name for f in fields(Workload)}
-POINT_FORMAT = 1  # part of every key: a change to what a point computes must not reuse older results
+# part of every key: a change to what a point computes must not reuse older results (2: the roofline's
+# defaults of issue 39, its host terms, the H100's and H200's mbu and vLLM's all-reduce)
+POINT_FORMAT = 2
 
 
 @dataclass(frozen=True)
