@@ -168,6 +168,21 @@ def test_chunk_stretches_are_bit_identical_to_stepping(data, name, budget, cost,
     assert stretched.aborted or (policy.kv.used == 0 and policy.idle)
 
 
+def test_no_chunk_stretch_while_caching_prefixes() -> None:
+    # found by hypothesis (test_conformance): sarathi's own chunk_repeats shadowed the caching mixin's, so a
+    # chunk stretch ran request 3's first 16 prompt tokens without scheduling them, its block was never
+    # hashed, and after its preemption its re-admission missed the 16 tokens that stepping finds cached
+    spec = [(1, 1), (40, 10), (1, 1), (29, 36), (1, 1), (1, 1), (1, 1), (1, 1), (1, 1)]
+    requests = [Request(i, 0.0, p, o) for i, (p, o) in enumerate(spec)]
+    runs = []
+    for fast in (True, False):
+        policy = make_policy("sarathi", 80, 65, {"enable_prefix_caching": 1, "token_budget": 3})
+        runs.append((simulate(requests, policy, AffineCost(), fast=fast), policy.stats()))
+    (fast_run, fast_stats), (stepped, stepped_stats) = runs
+    pd.testing.assert_frame_equal(fast_run.requests, stepped.requests, check_exact=True)
+    assert fast_stats == stepped_stats and stepped_stats["prefix_cache_preempted_hits"] == 16
+
+
 def _serve_with_kv_arrivals(chunks: bool) -> tuple[list[Seq], pd.DataFrame]:
     """Fresh and prefilled requests (arriving with their KV, as on a disaggregated decode instance) on one
     replica: a prefilled arrival may join the decodes, so it stops a chunk stretch."""

@@ -7,8 +7,8 @@ What the policy keeps: its order, its batches and its token budget. What changes
 is admitted when its whole known sequence fits next to its hits (vLLM v1's gate), its `computed` starts at
 its hits (full blocks, never the last token), the blocks of its whole pending prefill are set aside at
 admission (as the paged KV did) and each block gets its hash when the step that computes it is scheduled
-(`_scheduled`), so a request admitted later in the same step already finds it, as in vLLM v1. A plan with a
-prefill chunk is then never repeated without a schedule (`chunk_repeats` 0), so that every chunk is
+(`_scheduled`), so a request admitted later in the same step already finds it, as in vLLM v1. A policy that
+repeats chunks without a schedule (sarathi's `chunk_repeats`) does not while caching, so that every chunk is
 scheduled, hashes and all. Off (the default), nothing differs from the policy without this class.
 """
 
@@ -20,7 +20,6 @@ from typing import Any
 
 from simctl.policies.base import Policy, Settings, option
 from simctl.policies.kv import KVManager
-from simctl.policies.plan import BatchPlan
 from simctl.policies.prefix_kv import PrefixCachingKV
 from simctl.policies.seq import Seq
 from simctl.policies.vllm_v1 import VLLMV1
@@ -92,5 +91,3 @@ class CachesPrefixes(Policy):
         if self.cache is not None:
             self.cache.allocate(seq, tokens)
 
-    def chunk_repeats(self, plan: BatchPlan) -> int:
-        return 0 if self.cache is not None else super().chunk_repeats(plan)

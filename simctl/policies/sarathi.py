@@ -82,9 +82,10 @@ class SarathiServe(CachesPrefixes):
         left (a chunk short of it is the prompt's last), so the next iteration has the same decodes (lines
         6-8), gives the same ongoing prompt, the first running sequence in prefill, the same chunk (lines
         9-12) and has no budget left to admit anyone (lines 13-20: a fresh arrival waits), up to the
-        prompt's last chunk, which samples a token."""
+        prompt's last chunk, which samples a token. Never with prefix caching on: each chunk's full blocks
+        get their hash as it is scheduled (`simctl.policies.prefix_caching`)."""
         nd = plan.decode_tokens
-        if len(plan.seqs) != nd + 1:
+        if len(plan.seqs) != nd + 1 or self.cache is not None:
             return 0
         # chunks j = 0, 1, ... of c tokens stay mid-prompt while (j + 1) c < the prompt's remaining tokens
         return max((plan.seqs[nd].prefill_remaining - 1) // plan.num_new[nd] - 1, 0)
