@@ -13,6 +13,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from simctl.costs.base import CostModel
 from simctl.policies.plan import BatchPlan
@@ -219,6 +220,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.property)
         if not any(item.get_closest_marker(tier) for tier in HEAVY):
             item.add_marker(pytest.mark.unit)
+
+
+# Hypothesis profiles: the default one runs the costliest property tests (several whole simulations an
+# example) with fewer examples, so that `make test` keeps to its minutes; `thorough` runs them with their full
+# count (`pytest --hypothesis-profile thorough`).
+settings.register_profile("thorough")
+
+
+def examples(default: int, thorough: int) -> int:
+    """A property test's examples under the hypothesis profile loaded: `thorough`'s count, else `default`."""
+    return thorough if settings.get_current_profile_name() == "thorough" else default
 
 
 def bench_module(name: str) -> ModuleType:
