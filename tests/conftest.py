@@ -159,6 +159,16 @@ def alone(model):
     return tokens
 
 
+@pytest.fixture(scope="session")
+def tiny_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test grid's profile of tiny-2l on one thread (`simctl.profiler.profile.profile`): profiled once for
+    the tests that read it (a profiling child costs 10-30 s here)."""
+    from simctl.profiler.profile import profile
+
+    return profile("tiny-2l", "cpu", "float32", 1, True, tmp_path_factory.mktemp("profile") / "prof",
+                   progress=False, grid="test")
+
+
 # ---- one vLLM engine for the tests that serve on vLLM's defaults (test_vllm_engine, test_vllm_validate) ----
 
 VLLM_MODEL = "tiny"
