@@ -169,6 +169,27 @@ def tiny_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    progress=False, grid="test")
 
 
+@pytest.fixture(scope="session")
+def validated(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny validation (`simctl.validation.validate.validate_main`: sarathi on tiny-2l at half the simulated
+    capacity, two real runs, priced by TinyCost), run once from a working folder of its own with a relative
+    out, as a user runs it: (its report, the out folder). test_validate checks its files and values,
+    test_working_folder that its real runs were read back from that folder."""
+    from simctl.studies.capacity import SLO
+    from simctl.traces.workload import Workload
+    from simctl.validation.validate import validate_main
+
+    work = tmp_path_factory.mktemp("work")
+    # 100 requests (the fewest a capacity search takes); a tight TTFT limit keeps the simulated capacity, and
+    # so the real runs, short
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(work)
+        workload = Workload(trace="sharegpt", qps=None, num_requests=100, scale=0.02)
+        report = validate_main(["sarathi"], workload, [0.5], cost=TinyCost(), out="val", model="tiny-2l",
+                               threads=1, slo=SLO({"p50_ttft": 0.004}), repeats=2)
+    return report, work / "val"
+
+
 # ---- one vLLM engine for the tests that serve on vLLM's defaults (test_vllm_engine, test_vllm_validate) ----
 
 VLLM_MODEL = "tiny"
