@@ -25,7 +25,8 @@ run: $(STAMP)
 	$(VENV)/bin/simctl run --policy sarathi --trace arxiv
 
 # the light tiers spread over the cores (pytest-xdist), then the heavy ones alone: a real engine's test serves
-# in real time and wants the cores to itself
+# in real time and wants the cores to itself; `pytest --hypothesis-profile thorough` runs the costliest
+# property tests with their full examples (tests/conftest.py)
 test: $(STAMP) $(VLLM)
 	$(PY) -m pytest -n auto -m "$(LIGHT)"
 	$(PY) -m pytest -m "not ($(LIGHT))"

@@ -13,6 +13,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from simctl.costs.base import CostModel
 from simctl.policies.plan import BatchPlan
@@ -158,6 +159,37 @@ def alone(model):
     return tokens
 
 
+@pytest.fixture(scope="session")
+def tiny_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test grid's profile of tiny-2l on one thread (`simctl.profiler.profile.profile`): profiled once for
+    the tests that read it (a profiling child costs 10-30 s here)."""
+    from simctl.profiler.profile import profile
+
+    return profile("tiny-2l", "cpu", "float32", 1, True, tmp_path_factory.mktemp("profile") / "prof",
+                   progress=False, grid="test")
+
+
+@pytest.fixture(scope="session")
+def validated(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny validation (`simctl.validation.validate.validate_main`: sarathi on tiny-2l at half the simulated
+    capacity, two real runs, priced by TinyCost), run once from a working folder of its own with a relative
+    out, as a user runs it: (its report, the out folder). test_validate checks its files and values,
+    test_working_folder that its real runs were read back from that folder."""
+    from simctl.studies.capacity import SLO
+    from simctl.traces.workload import Workload
+    from simctl.validation.validate import validate_main
+
+    work = tmp_path_factory.mktemp("work")
+    # 100 requests (the fewest a capacity search takes); a tight TTFT limit keeps the simulated capacity, and
+    # so the real runs, short
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(work)
+        workload = Workload(trace="sharegpt", qps=None, num_requests=100, scale=0.02)
+        report = validate_main(["sarathi"], workload, [0.5], cost=TinyCost(), out="val", model="tiny-2l",
+                               threads=1, slo=SLO({"p50_ttft": 0.004}), repeats=2)
+    return report, work / "val"
+
+
 # ---- one vLLM engine for the tests that serve on vLLM's defaults (test_vllm_engine, test_vllm_validate) ----
 
 VLLM_MODEL = "tiny"
@@ -219,6 +251,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.property)
         if not any(item.get_closest_marker(tier) for tier in HEAVY):
             item.add_marker(pytest.mark.unit)
+
+
+# Hypothesis profiles: the default one runs the costliest property tests (several whole simulations an
+# example) with fewer examples, so that `make test` keeps to its minutes; `thorough` runs them with their full
+# count (`pytest --hypothesis-profile thorough`).
+settings.register_profile("thorough")
+
+
+def examples(default: int, thorough: int) -> int:
+    """A property test's examples under the hypothesis profile loaded: `thorough`'s count, else `default`."""
+    return thorough if settings.get_current_profile_name() == "thorough" else default
 
 
 def bench_module(name: str) -> ModuleType:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from conftest import AffineCost
+from conftest import AffineCost, examples
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from policy_cases import Step, build, cases, drive
@@ -246,7 +246,7 @@ TIME_COLUMNS = ("first_scheduled_s", "first_token_s", "completion_s", "max_tbt_s
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
-@settings(max_examples=100, deadline=None,
+@settings(max_examples=examples(40, 100), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_simulator_runs_conform(name: str, data: st.DataObject) -> None:

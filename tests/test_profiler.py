@@ -227,8 +227,8 @@ def test_summarize_blocks_takes_the_quiet_blocks():
     assert timing["estimator"].startswith("median") and timing["quiet_blocks"] == 2
 
 
-def test_profile_writes_a_well_formed_profile(tmp_path):
-    out = profile("tiny-2l", "cpu", "float32", 1, True, tmp_path / "prof", progress=False, grid="test")
+def test_profile_writes_a_well_formed_profile(tiny_profile):
+    out = tiny_profile
     frame = pd.read_csv(out / "profile.csv")
     assert list(frame.columns) == list(COLUMNS)
     assert set(frame["kind"]) == set(KINDS)

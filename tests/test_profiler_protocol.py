@@ -191,10 +191,10 @@ def test_worker_fixed_protocol_repeats_every_call():
         assert len(set(calls)) == 1 and [s[0] for s in calls[0][0]] == list(range(shape.slots))
 
 
-def test_profile_records_the_protocol_and_nominal_features(tmp_path):
+def test_profile_records_the_protocol_and_nominal_features(tiny_profile, tmp_path):
     from simctl.profiler.profile import profile
 
-    out = profile("tiny-2l", "cpu", "float32", 1, True, tmp_path / "p", progress=False, grid="test")
+    out = tiny_profile
     frame = pd.read_csv(out / "profile.csv")
     nominal = pd.DataFrame([s.features() for s in build_grid("test", 2048).shapes])
     pd.testing.assert_frame_equal(frame[list(FEATURES)], nominal[list(FEATURES)], check_dtype=False)

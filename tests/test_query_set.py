@@ -121,11 +121,29 @@ def test_bad_input_is_one_line(args, needle) -> None:
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_real_run_of_a_set_next_to_its_twin() -> None:
+def test_real_run_of_a_set_next_to_its_twin(monkeypatch: pytest.MonkeyPatch) -> None:
+    from simctl.engine import real
     from simctl.query_set_cmd import _real_point
 
     requests = query_set("short", seed=0, scale=0.1)[:6]
-    point = _real_point("baton", requests, 2, "tiny", "cpu", 0, repeats=2)
-    assert 0 < point["real_min_s"] <= point["real_completion_s"] <= point["real_max_s"]
+    runs, serve = [], real.real_main
+
+    def recorded(**kwargs):
+        runs.append(serve(**kwargs))
+        return runs[-1]
+
+    monkeypatch.setattr(real, "real_main", recorded)
+    point = _real_point("baton", requests, 2, "tiny", "cpu", 0)
+    (run,) = runs
+    assert point["real_min_s"] == point["real_completion_s"] == point["real_max_s"] == run["makespan_s"] > 0
     assert point["twin_completion_s"] > 0 and point["real_batch_size"] == 2
     assert point["twin_error"] == pytest.approx(point["twin_completion_s"] / point["real_completion_s"] - 1)
+    # repeats (a real run costs a child each, so here the one run's summary, its makespan changed and its
+    # trace this call's file): the median completion time and the range, next to the twin of the first
+    makespans = iter([3.0, 1.0, 2.0])
+    monkeypatch.setattr(real, "real_main", lambda **kwargs: {**run, "trace": kwargs["workload"].trace,
+                                                             "makespan_s": next(makespans)})
+    again = _real_point("baton", requests, 2, "tiny", "cpu", 0, repeats=3)
+    assert (again["real_min_s"], again["real_completion_s"], again["real_max_s"]) == (1.0, 2.0, 3.0)
+    assert again["twin_completion_s"] == point["twin_completion_s"]
+    assert again["twin_error"] == pytest.approx(point["twin_completion_s"] / 2.0 - 1)

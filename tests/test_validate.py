@@ -1,5 +1,6 @@
 """`validation.validate`: a tiny end-to-end validation (one policy, one load, two real runs against their
-simulated twin) writes its files with sane values; bad input fails before anything runs."""
+simulated twin: conftest's `validated`) writes its files with sane values; bad input fails before anything
+runs."""
 
 from __future__ import annotations
 
@@ -28,17 +29,6 @@ MODEL = "tiny-2l"
 @pytest.fixture(scope="module")
 def cost():
     return TinyCost()
-
-
-@pytest.fixture(scope="module")
-def validated(cost, tmp_path_factory):
-    out = tmp_path_factory.mktemp("validate") / "val"
-    # 100 requests (the fewest a capacity search takes); a tight TTFT limit keeps the simulated capacity, and
-    # so the real runs, short
-    slo = SLO({"p50_ttft": 0.004})
-    report = validate_main(["sarathi"], Workload(trace="sharegpt", qps=None, num_requests=100, scale=0.02),
-                           [0.5], cost=cost, out=out, model=MODEL, threads=1, slo=slo, repeats=2)
-    return report, out
 
 
 def test_validate_end_to_end(validated):

@@ -304,6 +304,7 @@ def test_a_file_not_named_json_is_one_line(tmp_path: Path, capsys: pytest.Captur
     assert code == 2 and len(err.splitlines()) == 1 and "expected a .json file" in err, err
 
 
+@pytest.mark.vllm  # imports the installed vLLM (about 10 s): the vllm tier, whose process has it loaded
 def test_the_measured_side_is_what_vllm_itself_computes(tmp_path: Path) -> None:
     """The bench file's requests through the installed vLLM's own `calculate_metrics`."""
     serve = pytest.importorskip("vllm.benchmarks.serve")
@@ -336,6 +337,7 @@ def test_run_goodput_of_a_cluster_counts_the_whole_deployment(capsys: pytest.Cap
     assert v["request_goodput"] == pytest.approx(v["request_throughput"])  # every request meets a loose limit
 
 
+@pytest.mark.vllm
 def test_a_file_written_by_vllms_own_benchmark(tmp_path: Path) -> None:
     """The installed vLLM's `benchmark()` run against a fake endpoint (answers in 4 ms, then a chunk per token
     every 2 ms; prompts of 7 tokens fail), its result saved as `main_async` saves it with --save-detailed."""

@@ -21,13 +21,10 @@ from simctl.traces.workload import Workload
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from conftest import TinyCost
 
 from simctl.profiler.profile import profile
 from simctl.sim.run import RunConfig
-from simctl.studies.capacity import SLO
 from simctl.studies.sweep_spec import read_sweep, sweep_points
-from simctl.validation.validate import validate_main
 
 pytestmark = pytest.mark.torch
 
@@ -65,17 +62,14 @@ def test_profile_writes_a_relative_out_in_the_working_folder(tmp_path: Path, mon
     assert not left_in_checkout("prof")
 
 
-def test_validate_with_a_relative_out_reads_back_its_real_runs(tmp_path: Path, monkeypatch) -> None:
+def test_validate_with_a_relative_out_reads_back_its_real_runs(validated) -> None:
     """The bug this guards: the real runs' child resolved --out in the checkout, and validate then could not
-    find their summaries (a traceback after every real run had run)."""
-    work = user_folder(tmp_path)
-    monkeypatch.chdir(work)
-    report = validate_main(["vllm"], Workload(trace="sharegpt", qps=None, num_requests=100, scale=0.02),
-                           [0.5], cost=TinyCost(), out="val", model="tiny-2l", threads=1,
-                           slo=SLO({"p50_ttft": 0.004}))
+    find their summaries (a traceback after every real run had run). conftest's `validated` ran from a working
+    folder of its own with --out val."""
+    report, out = validated
     assert report.rows
-    assert list((work / "val" / "runs").rglob("summary.json"))
-    assert (work / "val" / "validation.md").is_file()
+    assert list((out / "runs").rglob("summary.json"))
+    assert (out / "validation.md").is_file()
     assert not left_in_checkout("val")
 
 
