@@ -25,15 +25,16 @@ run: $(STAMP)
 	$(VENV)/bin/simctl run --policy sarathi --trace arxiv
 
 # the light tiers spread over the cores (pytest-xdist), then the heavy ones alone: a real engine's test serves
-# in real time and wants the cores to itself; `pytest --hypothesis-profile thorough` runs the costliest
-# property tests with their full examples (tests/conftest.py)
+# in real time and wants the cores to itself. PYTEST_ARGS="--hypothesis-profile thorough" runs the costliest
+# property tests with their full examples (tests/conftest.py), as CI does (.ci/run)
+PYTEST_ARGS ?=
 test: $(STAMP) $(VLLM)
-	$(PY) -m pytest -n auto -m "$(LIGHT)"
-	$(PY) -m pytest -m "not ($(LIGHT))"
+	$(PY) -m pytest -n auto -m "$(LIGHT)" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not ($(LIGHT))" $(PYTEST_ARGS)
 
 # the unit and property tiers (no torch model, no vLLM, no child simctl: tests/conftest.py's TIERS)
 test-fast: $(STAMP)
-	$(PY) -m pytest -n auto -m "$(LIGHT)"
+	$(PY) -m pytest -n auto -m "$(LIGHT)" $(PYTEST_ARGS)
 
 # the benchmarks: simulator speed (about a minute), GPU serving predicted (seconds; skipped without
 # ../shared/reference/gpu_serving), then accuracy against real runs (about 15 minutes)
