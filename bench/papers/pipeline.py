@@ -64,7 +64,11 @@ SARATHI_MISS = (
     "Where they miss, the cause is the setting: the stored seed holds SARATHI's abstract only, not its "
     "request count, batch size or chunk, and the ratios move with all three (the rows above), so the paper's "
     "numbers pin the setting rather than test the model; the direction, fewer bubbles and more throughput "
-    "with chunked decode-maximal batches, holds in every row.")
+    "with chunked decode-maximal batches, holds in every row. The reduction at 1,024 requests fell from "
+    "5.49x (2 ms a step) to 4.68x with the roofline's fitted host terms through their 0.118 ms per scheduled "
+    "request (3.8 ms a 32-request micro-batch): it adds ~20 s of bubbles to both systems, 4% of Orca's and "
+    "24% of SARATHI 256's; the per-layer term alone gives 5.60x (measured at 17a8f34: "
+    "research/results/sarathi_pipeline_host.md).")
 
 
 def write_config(folder: Path, name: str, shape: dict) -> str:
