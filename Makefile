@@ -25,8 +25,8 @@ run: $(STAMP)
 	$(VENV)/bin/simctl run --policy sarathi --trace arxiv
 
 # the light tiers spread over the cores (pytest-xdist), then the heavy ones alone: a real engine's test serves
-# in real time and wants the cores to itself. PYTEST_ARGS="--hypothesis-profile thorough" runs the costliest
-# property tests with their full examples (tests/conftest.py), as CI does (.ci/run)
+# in real time and wants the cores to itself. PYTEST_ARGS=--thorough adds the slow real-engine checks and runs
+# the costliest property tests with their full examples (tests/conftest.py), as CI does (.ci/run)
 PYTEST_ARGS ?=
 test: $(STAMP) $(VLLM)
 	$(PY) -m pytest -n auto -m "$(LIGHT)" $(PYTEST_ARGS)

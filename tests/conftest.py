@@ -240,13 +240,23 @@ HEAVY = ("cli", "torch", "vllm")
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    config.addinivalue_line("markers",
-                            "vllm_profile: a real vLLM step profile and its fit (about 100 s here; needs "
-                            "vLLM)")
+    config.addinivalue_line("markers", "slow: a real engine's check of a minute or more here (a vLLM step "
+                            "profile, vLLM started by a child simctl); runs with --thorough, as CI runs it")
+    if config.getoption("thorough"):
+        settings.load_profile("thorough")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--thorough", action="store_true",
+                     help="the costliest property tests with their full examples and the slow real-engine "
+                     "checks (CI: `make test PYTEST_ARGS=--thorough`)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow = None if config.getoption("thorough") else pytest.mark.skip(reason="slow: runs with --thorough (CI)")
     for item in items:
+        if slow and item.get_closest_marker("slow"):
+            item.add_marker(slow)
         if getattr(getattr(item, "function", None), "hypothesis", None) is not None:
             item.add_marker(pytest.mark.property)
         if not any(item.get_closest_marker(tier) for tier in HEAVY):
@@ -254,8 +264,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # Hypothesis profiles: the default one runs the costliest property tests (several whole simulations an
-# example) with fewer examples, so that `make test` keeps to its minutes; `thorough` runs them with their full
-# count (`pytest --hypothesis-profile thorough`).
+# example) with fewer examples, so that `make test` keeps to its minutes; `thorough` (`--thorough`) runs them
+# with their full count.
 settings.register_profile("thorough")
 
 

@@ -199,6 +199,7 @@ def test_a_request_longer_than_the_engine_takes_is_refused_in_one_line(server) -
         server.check([Request(0, 0.0, 2000, 100)])
 
 
+@pytest.mark.slow
 def test_the_cli_writes_the_run_files_to_a_relative_out(tmp_path: Path) -> None:
     res = subprocess.run([str(SIMCTL), "real", "--engine", "vllm", "--trace", "sharegpt", "--scale", "0.02",
                           "--qps", "20", "--num-requests", "12", "--max-batch-size", "8", "--out", "out/vllm",

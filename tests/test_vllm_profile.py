@@ -111,7 +111,7 @@ def test_without_vllm_the_cli_says_how_to_install_it(monkeypatch, capsys, tmp_pa
     assert not (tmp_path / "p").exists()
 
 
-@pytest.mark.vllm_profile
+@pytest.mark.slow
 def test_a_quick_vllm_profile_fits_unchanged(tmp_path, capsys) -> None:
     """A profile of the installed vLLM (the test grid: every kind of probe and a served stage), then `simctl
     fit`: every row has the features of the step vLLM actually scheduled (the probe's shape), the fit reports
