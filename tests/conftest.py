@@ -253,7 +253,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    slow = None if config.getoption("thorough") else pytest.mark.skip(reason="slow: runs with --thorough (CI)")
+    thorough = config.getoption("thorough")
+    slow = None if thorough else pytest.mark.skip(reason="slow: runs with --thorough, as in CI")
     for item in items:
         if slow and item.get_closest_marker("slow"):
             item.add_marker(slow)
