@@ -95,8 +95,9 @@ def calibration(folder: Path, overhead_s: float) -> str:
     return str(path)
 
 
-def config_of(base: RunConfig, d: Placement, **changes: Any) -> RunConfig:
-    return replace(base, tp=d.tp, options={**base.options, **d.options}, **changes)
+def config_of(base: RunConfig, d: Placement, **workload: Any) -> RunConfig:
+    config = replace(base, tp=d.tp, options={**base.options, **d.options})
+    return config.with_workload(**workload) if workload else config
 
 
 def goodput(base: RunConfig, d: Placement, slo: Any) -> Any:
