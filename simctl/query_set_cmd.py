@@ -117,7 +117,7 @@ def query_set_cmd(
     requests = query_set(name, seed, scale)
     spec, g = get_model(model), get_gpu(gpu)
     price, kv, label, warnings = _priced(cost, execution, spec, g)
-    warnings = [*warnings, *_past_context(spec, requests, scale)]
+    warnings = [*warnings, *_past_context(spec, requests)]
     warn_all(warnings)
     with progress_bar("query-set points" + (" (served for real)" if serving.real else "")) as report:
         frame = _completions(name, requests, policies, sizes, price, kv, overlap, serving, seed,
@@ -150,15 +150,12 @@ def _priced(cost: str | None, execution: Execution, spec: ModelSpec, gpu: GPUSpe
         loaded.label, loaded.warnings
 
 
-def _past_context(spec: ModelSpec, requests: list, scale: float) -> list[str]:
+def _past_context(spec: ModelSpec, requests: list) -> list[str]:
     """A warning, not a refusal, for queries longer than the model's context: Baton's methods ran on Hugging
     Face, which applies RoPE at any position (the mixed set's long queries, ~6,000 tokens, pass Llama-2's
     4,096, and the paper's batch-4 row doubled them), and the simulator prices any length."""
-    try:
-        spec.check_context(requests, scale)
-    except InputError as e:
-        return [f"past the context, simulated as Hugging Face runs it: {e}"]
-    return []
+    overrun = spec.context_overrun(requests)
+    return [] if overrun is None else [f"past the context, simulated as Hugging Face runs it: {overrun}"]
 
 
 def _check(scale: float, serving: RealQuerySet, out: Path | None) -> None:

@@ -57,15 +57,21 @@ class ModelSpec:
             raise InputError(f"model {self.name!r}: {self.moe.dense_layers} dense layers leave none of its "
                              f"{self.num_layers} layers sparse")
 
-    def check_context(self, requests: Sequence[Request], scale: float = 1.0) -> None:
-        """InputError unless every request's prompt and output fit in the model's context (its positions)."""
+    def context_overrun(self, requests: Sequence[Request]) -> str | None:
+        """What the longest request needs beyond the model's context (its positions); None if all fit."""
         longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
         need = longest.prompt_tokens + longest.output_tokens
-        if need > self.max_position:
-            raise InputError(f"request {longest.id} needs {need} positions ({longest.prompt_tokens} prompt + "
-                             f"{longest.output_tokens} output) but {self.name} has a context of "
-                             f"{self.max_position}; lower --scale (now {scale:g}), or use a shorter trace or "
-                             "a model with a longer context")
+        if need <= self.max_position:
+            return None
+        return (f"request {longest.id} needs {need} positions ({longest.prompt_tokens} prompt + "
+                f"{longest.output_tokens} output) but {self.name} has a context of {self.max_position}")
+
+    def check_context(self, requests: Sequence[Request], scale: float = 1.0) -> None:
+        """InputError unless every request's prompt and output fit in the model's context (its positions)."""
+        overrun = self.context_overrun(requests)
+        if overrun is not None:
+            raise InputError(f"{overrun}; lower --scale (now {scale:g}), or use a shorter trace or a model "
+                             "with a longer context")
 
     # ---- parameters of the linear layers, per layer -------------------------------------------------------
     @property
