@@ -44,7 +44,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import simpy
+from scipy import stats
 
+from simctl.costs.base import CostModel
 from simctl.policies.base import run_stats
 from simctl.policies.registry import make_policy
 from simctl.serving.cache_routers import Random
@@ -73,6 +75,25 @@ ROUTERS: dict[str, tuple[str, tuple[float, float, float], float, float]] = {
     "prefix-approx": ("estimated-scheduling", (1.0, 1.0, 1.0), 6944.4, 31.083),
     "prefix": ("precise-scheduling", (3.0, 2.0, 2.0), 8730.0, 0.542),
     "kv-cost": ("Dynamo's KV router, not in llm-d's report", (0.0, 0.0, 0.0), float("nan"), float("nan")),
+}
+# The report's per-stage rows (its "Per-QPS Results", in STAGES order): output tok/s and P90 TTFT s per
+# router. Its summary row is their mean (tok/s) and the P90 over every request (TTFT).
+PUBLISHED_STAGES: dict[str, tuple[list[float], list[float]]] = {
+    "random": ([1314.0, 3568.5, 3791.1, 4933.1, 4765.4, 4781.3, 4636.3, 4332.6, 4773.8, 4844.6, 4969.5,
+                4783.2, 4845.1, 4921.7, 4764.2, 4835.2],
+               [0.82, 1.398, 2.299, 70.273, 78.42, 82.943, 86.182, 91.519, 101.272, 101.142, 101.265,
+                103.514, 105.004, 104.321, 106.816, 105.988]),
+    "load": ([1274.8, 3607.0, 3348.4, 4902.5, 4785.5, 4872.8, 4888.7, 4660.7, 4946.4, 4973.3, 4723.6, 4004.8,
+              3991.0, 4671.9, 3866.5, 4745.1],
+             [1.609, 4.124, 7.002, 77.707, 72.972, 85.979, 83.806, 88.086, 100.911, 101.524, 105.884, 105.015,
+              108.572, 110.681, 113.278, 110.184]),
+    "prefix-approx": ([1310.9, 3842.4, 5152.9, 8082.6, 8415.7, 8445.1, 8435.9, 7443.5, 8045.9, 7969.6, 7695.2,
+                       7455.9, 7452.3, 7100.7, 7013.8, 7247.9],
+                      [0.497, 0.499, 0.4, 0.6, 0.7, 0.609, 0.708, 2.459, 43.018, 43.515, 44.93, 46.335,
+                       47.284, 50.108, 49.93, 50.226]),
+    "prefix": ([1219.1, 3902.1, 5761.1, 9184.5, 9382.0, 9242.2, 9221.8, 9780.6, 10270.8, 10054.8, 10128.7,
+                10296.5, 10284.6, 10140.9, 10313.9, 10496.9],
+               [0.498, 0.6, 0.4, 0.6, 0.5, 0.583, 0.509, 0.5, 0.488, 0.5, 0.589, 0.6, 0.507, 0.6, 0.6, 0.5]),
 }
 # llm-d's endpoint picker scrapes every vLLM's /metrics (its waiting-queue and KV-usage gauges, which vLLM
 # updates once per engine step) every 50 ms: gateway-api-inference-extension's --refresh-metrics-interval
@@ -118,10 +139,12 @@ class Result:
     cpu_s: float  # the simulation's CPU seconds
 
 
-def cluster_of(router: str, caching: bool = True, lag: float = SCRAPE_S, seed: int = 0) -> Cluster:
+def cluster_of(router: str, caching: bool = True, lag: float = SCRAPE_S, seed: int = 0,
+               cost: CostModel | None = None) -> Cluster:
     """The published deployment behind `router` (vllm-v1 replicas, prefix caching on unless `caching` is
     False), its KV forced to the published size; an llm-d router that reads scraped metrics (`SCRAPED`) sees
-    the replicas' queues and KV use as snapshots `lag` seconds apart, `random` draws from `seed`."""
+    the replicas' queues and KV use as snapshots `lag` seconds apart, `random` draws from `seed`. `cost`
+    prices the steps in place of the roofline's defaults (research/routing_llmd_prefill.py)."""
     d = deploy(RunConfig(policy="vllm-v1", model=MODEL, gpu=GPU, tp=TP), GPU, TP)
     cluster = Cluster(simpy.Environment(), None, d.model.kv_bytes_per_token())
     options = {"block_size": BLOCK, "enable_prefix_caching": int(caching)}
@@ -131,8 +154,8 @@ def cluster_of(router: str, caching: bool = True, lag: float = SCRAPE_S, seed: i
 
     weights = ROUTERS[router][1] if router in ROUTERS else RouterSettings().weights
     settings = RouterSettings(weights=weights, index_tokens=31_250 * 64)
-    cluster.entry = make_pool("replicas", REPLICAS, GPU, lambda: CostBackend(d.cost), policy, router, cluster,
-                              None, TP, settings, lag if router in SCRAPED else 0.0)
+    cluster.entry = make_pool("replicas", REPLICAS, GPU, lambda: CostBackend(cost or d.cost), policy, router,
+                              cluster, None, TP, settings, lag if router in SCRAPED else 0.0)
     if router == "random":
         cluster.entry.router = Random(seed)
     return cluster
@@ -160,8 +183,9 @@ def speed(n: int, qps: float = 12.0, reps: int = 3) -> str:
 
 
 def serve(router: str, reqs: list[Request], stage_of: list[int], stages: list[tuple[float, float]],
-          drained: bool = True, lag: float = SCRAPE_S, seed: int = 0) -> Result:
-    cluster = cluster_of(router, lag=lag, seed=seed)
+          drained: bool = True, lag: float = SCRAPE_S, seed: int = 0, cost: CostModel | None = None
+          ) -> Result:
+    cluster = cluster_of(router, lag=lag, seed=seed, cost=cost)
     t0 = time.process_time()  # the machine is shared: its wall time is mostly the other processes' load
     seqs = cluster.run(reqs, stages=stage_of if drained else None, pause_s=PAUSE_S)
     cpu = time.process_time() - t0
@@ -220,7 +244,40 @@ def report(results: list[Result]) -> str:
             published = 8730.0 / 4428.7
             lines += ["", f"Precise / random output throughput: {ratio:.2f} (published {published:.2f})."]
         lines += order(rs)
+        if output == OUTPUT and len(rs[0].stage_qps) == len(STAGES):
+            lines += per_stage(rs)
     return "\n".join(lines) + "\n"
+
+
+def per_stage(rs: list[Result]) -> list[str]:
+    """Each stage's output tok/s beside the report's row for it, each router's mean absolute error over the
+    stages, and load against random stage by stage: how far the published order stands above the published
+    run's own stage-to-stage spread."""
+    rs = [r for r in rs if r.router in PUBLISHED_STAGES]
+    lines = ["", "### Per stage, output tok/s (published in brackets)", "",
+             "| QPS | " + " | ".join(r.router for r in rs) + " |", "|---:|" + "---:|" * len(rs)]
+    for k, qps in enumerate(rs[0].stage_qps):
+        lines.append(f"| {qps:g} | " + " | ".join(
+            f"{r.stage_tok_s[k]:,.0f} ({PUBLISHED_STAGES[r.router][0][k]:,.0f})" for r in rs) + " |")
+    errors = [f"{r.router} {np.mean(np.abs(np.array(r.stage_tok_s) / PUBLISHED_STAGES[r.router][0] - 1)):.0%}"
+              for r in rs]
+    lines += ["", "Mean absolute error per stage: " + ", ".join(errors) + "."]
+    by = {r.router: r for r in rs}
+    if "load" in by and "random" in by:
+        published = np.divide(PUBLISHED_STAGES["load"][0], PUBLISHED_STAGES["random"][0]) - 1
+        simulated = np.divide(by["load"].stage_tok_s, by["random"].stage_tok_s) - 1
+        # is the published order above its own stage-to-stage spread, and is simctl's spread the same?
+        t, w = stats.ttest_1samp(published, 0.0).pvalue, stats.wilcoxon(published).pvalue
+        welch = stats.ttest_ind(published, simulated, equal_var=False).pvalue
+        mw = stats.mannwhitneyu(published, simulated).pvalue
+        head = "Load against random, per stage (load's output tok/s over random's, less 1): "
+        lines += ["", head + "; ".join(
+            f"{what} mean {d.mean():+.1%}, median {np.median(d):+.1%}, sd {d.std(ddof=1):.1%}, load ahead in "
+            f"{(d > 0).sum()} of {len(d)} stages" for what, d in (("published", published),
+                                                                   ("simulated", simulated)))
+            + f". Published, load less random against 0: paired t-test p = {t:.2f}, Wilcoxon p = {w:.2f}; "
+            f"simulated against published: Welch p = {welch:.2f}, Mann-Whitney p = {mw:.2f}."]
+    return lines
 
 
 def order(rs: list[Result]) -> list[str]:
@@ -238,17 +295,23 @@ def order(rs: list[Result]) -> list[str]:
 
 def figure(results: list[Result], path: Path) -> None:
     outputs = list(dict.fromkeys(r.output for r in results))
-    fig, axes = plt.subplots(len(outputs), 2, figsize=(11, 4 * len(outputs)), squeeze=False)
+    fig, axes = plt.subplots(len(outputs), 2, figsize=(12, 5 * len(outputs)), squeeze=False)
     for (a, b), output in zip(axes, outputs):
         for r in (r for r in results if r.output == output):
-            a.plot(r.stage_qps, r.stage_tok_s, marker="o", label=r.router)
+            line, = a.plot(r.stage_qps, r.stage_tok_s, marker="o", label=r.router)
             b.plot(r.stage_qps, r.stage_ttft_p90, marker="o", label=r.router)
+            if output == OUTPUT and r.router in PUBLISHED_STAGES and len(r.stage_qps) == len(STAGES):
+                tok, ttft = PUBLISHED_STAGES[r.router]
+                style = {"color": line.get_color(), "ls": "--", "marker": "o", "mfc": "none", "alpha": 0.7}
+                a.plot(r.stage_qps, tok, label=f"{r.router}, published", **style)
+                b.plot(r.stage_qps, ttft, **style)
         a.set(xlabel="offered rate (QPS)", ylabel="output tokens/s",
               title=f"Output tokens/s per stage, inference-perf's ({output}-token answers)")
         b.set(xlabel="offered rate (QPS)", ylabel="P90 TTFT (s)", yscale="log",
               title=f"P90 TTFT of the stage's requests ({output}-token answers)")
-        a.legend()
-    fig.suptitle("llm-d's experiment simulated: Qwen3-32B, 8 x TP2 H100 (roofline)")
+        a.legend(fontsize=7, ncol=2)
+    fig.suptitle("llm-d's experiment simulated (solid) and published (dashed, hollow): Qwen3-32B, "
+                 "8 x TP2 H100")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 

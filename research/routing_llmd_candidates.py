@@ -67,8 +67,8 @@ def tie_random(cluster: Cluster, seed: int) -> None:
 def run(router: str, candidate: str, seed: int, output: int) -> dict:
     parts = candidate.split("+")
 
-    def cluster_of(router_name, caching=True, lag=BENCH.SCRAPE_S, seed=0):
-        cluster = CLUSTER_OF(router_name, caching, lag, seed)
+    def cluster_of(router_name, caching=True, lag=BENCH.SCRAPE_S, seed=0, cost=None):
+        cluster = CLUSTER_OF(router_name, caching, lag, seed, cost)
         for part in parts:
             if part == "front-end":
                 front_end_after_pick(cluster, VLLM_SERVE)
