@@ -171,9 +171,12 @@ class PrefixCachingKV(PagedKV):
         """Blocks for the running request's first `tokens` tokens, caching the full ones among those known;
         False (nothing changed) when the free blocks do not suffice."""
         # plain arithmetic, no helpers: this runs for every scheduled request at every step
-        if -(-tokens // self.block_size) - len(self.tables[seq.id]) > self.free_blocks:
+        bs, cache_tokens = self.block_size, min(tokens, seq.prompt_tokens + seq.generated)
+        if tokens <= self.held[seq.id] and (not self.caching or cache_tokens // bs <= self.hashed[seq.id]):
+            return True  # most decodes: within the last block, and no block newly full to hash
+        if -(-tokens // bs) - len(self.tables[seq.id]) > self.free_blocks:
             return False
-        self._extend(seq, tokens, min(tokens, seq.prompt_tokens + seq.generated))
+        self._extend(seq, tokens, cache_tokens)
         return True
 
     def grow(self, seq: Seq, steps: int = 1) -> None:
@@ -190,8 +193,11 @@ class PrefixCachingKV(PagedKV):
         return True
 
     def grow_all(self, seqs: list[Seq], steps: int) -> None:
+        held, hashed, bs, caching = self.held, self.hashed, self.block_size, self.caching
         for s in seqs:  # all of them: a block that fills up gets its hash even where none is added
-            self._extend(s, s.computed + steps, s.computed + steps)
+            tokens = s.computed + steps
+            if tokens > held[s.id] or (caching and tokens // bs > hashed[s.id]):
+                self._extend(s, tokens, tokens)
 
     grow_common = KVManager.grow_common  # through grow_all above, not PagedKV's block-counting shortcut
 
