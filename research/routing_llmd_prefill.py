@@ -3,12 +3,13 @@
 Per stage (bench/results/routing.md), random's and load's output tok/s run 21% and 29% above the published
 rows while the prefix routers' run within 8-10%: the cache-blind routers compute ~82% of their prompt
 tokens, the precise router ~4%, so a prefill priced too cheap would show as exactly this split. Issue 39's
-served-vLLM check points the same way on an H100 (bench/results/gpu_serving.md: Llama-2-7B's TTFT 8-15%
-low, the step form's remaining miss). This reruns the bench's workload with the roofline's compute
-efficiencies (`mfu`, `attn_mfu`) divided by k, which slows compute-bound work (prefill) by about k and
-leaves memory-bound decode steps nearly as they were, and prints each router's mean output tok/s, its mean
-absolute error per stage against the published rows, precise over random, and load against random.
-k = 1 is the bench's own run (the same numbers as bench/results/routing.md).
+served-vLLM data on an H100 bound how cheap (bench/results/gpu_serving.md): its long prompts alone on the
+GPU, compute-bound, have their TTFT 4.0% low (CodeLlama-34B) and 0.8% high (Llama-2-7B). This reruns the
+bench's workload with the roofline's compute efficiencies (`mfu`, `attn_mfu`) divided by k, which slows
+compute-bound work (prefill) by about k and leaves memory-bound decode steps nearly as they were, and prints
+each router's mean output tok/s, its mean absolute error per stage against the published rows, precise over
+random, and load against random. k = 1 is the bench's own run (the same numbers as
+bench/results/routing.md).
 
 Usage: python research/routing_llmd_prefill.py [--scales 1,1.15,1.3] [--routers random,load,prefix]
 Writes research/results/routing_llmd_prefill.md.
