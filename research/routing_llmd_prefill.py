@@ -19,24 +19,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
+from routing_load_random import bench_module
 
 from simctl.costs.roofline import DEFAULT_ATTN_MFU, Roofline
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "research" / "results" / "routing_llmd_prefill.md"
-
-
-def bench_module():
-    spec = importlib.util.spec_from_file_location("routing_llmd", ROOT / "bench" / "routing_llmd.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["routing_llmd"] = module
-    spec.loader.exec_module(module)
-    return module
+OUT = Path(__file__).resolve().parents[1] / "research" / "results" / "routing_llmd_prefill.md"
 
 
 def main() -> None:
