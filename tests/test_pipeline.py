@@ -59,6 +59,16 @@ def test_unequal_micro_batches_leave_a_bubble_that_uniform_ones_do_not() -> None
     assert uniform.bubble_s == [0.0, 1.5]
 
 
+def test_each_micro_batch_reports_the_bubbles_it_left() -> None:
+    p = Pipeline(3)
+    p.submit(0.0, 0.0, [1.0, 1.0, 1.0], 0.0)
+    assert p.last_bubble_s == 3.0  # the fill: stage 1 idle 0-1, stage 2 idle 0-2
+    p.submit(0.0, 0.0, [2.0, 2.0, 2.0], 0.0)
+    # it leaves stage 0 at 3: stage 1 (free at 2) waits until 3, stage 2 (free at 3) until 5
+    assert p.last_bubble_s == 3.0
+    assert sum(p.bubble_s) == 6.0
+
+
 def test_host_and_boundary_are_paid_in_line_and_the_host_is_shared() -> None:
     p = Pipeline(3)
     # host 0.5, stages 1, 2, 1, each boundary 0.25: 0.5 + 1 + 0.25 + 2 + 0.25 + 1
@@ -229,6 +239,15 @@ def test_two_stages_outserve_one_gpu_on_decodes() -> None:
     one = run(RunConfig(**kw)).summary["throughput_tokens_per_s"]
     two = run(RunConfig(**kw, pp=2)).summary["throughput_tokens_per_s"]
     assert one < two <= 2 * one
+
+
+def test_a_lone_request_is_in_every_micro_batch_so_its_bubbles_are_all_of_them() -> None:
+    # SARATHI's bubble time per request sums the bubbles of the micro-batches the request was in
+    s = run(RunConfig(policy="sarathi", workload=Workload(trace="sharegpt", qps=1.0, num_requests=1, seed=2),
+                      model="llama-2-13b", gpu="a100-80gb", pp=2)).summary["pipeline"]
+    total = sum(s["bubble_s"])
+    assert total > 0 and s["request_bubble_p50_s"] == pytest.approx(total, rel=1e-4)  # the bin's resolution
+    assert s["request_bubble_p90_s"] == s["request_bubble_p50_s"]
 
 
 def test_pp_one_is_the_run_without_it() -> None:

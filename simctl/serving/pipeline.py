@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from simctl.serving.records import GapHistogram
 from simctl.serving.router_base import ReplicaView, Router
 
 
@@ -37,21 +38,29 @@ class Pipeline:
         self.busy_s = [0.0] * stages  # each stage's compute
         self.bubble_s = [0.0] * stages  # each stage's idle time while its next micro-batch was upstream
         self.micro_batches = 0
+        self.last_bubble_s = 0.0  # the bubbles the last micro-batch submitted left, over the stages
+        # per finished request, the bubbles of every micro-batch it was in (SARATHI's "bubble time per
+        # request", Section 5.3), in constant memory
+        self.request_bubbles = GapHistogram()
 
     def submit(self, start: float, host_s: float, stage_times: Sequence[float], boundary_s: float) -> float:
         """A micro-batch ready at `start`, prepared by the host in `host_s`, each stage taking
         `stage_times`, each boundary `boundary_s`: the time it leaves the last stage."""
         free = self._free
         t = self._host = max(start, self._host) + host_s
+        bubbles = 0.0
         for k, d in enumerate(stage_times):
             r = 2 * k
             if k:  # the boundary into stage k; stage k idle meanwhile is a bubble
                 t = free[r - 1] = max(t, free[r - 1]) + boundary_s
                 if t > free[r]:
-                    self.bubble_s[k] += t - max(free[r], start)
+                    idle = t - max(free[r], start)
+                    self.bubble_s[k] += idle
+                    bubbles += idle
             t = free[r] = max(t, free[r]) + d
             self.busy_s[k] += d
         self.micro_batches += 1
+        self.last_bubble_s = bubbles
         return t
 
     def summary(self) -> dict[str, object]:

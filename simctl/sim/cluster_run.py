@@ -24,6 +24,7 @@ from simctl.serving.front_end import NO_FRONT_END, FrontEnd
 from simctl.serving.kv_link import KVLink
 from simctl.serving.loop import overload_limit
 from simctl.serving.pipeline import Pipeline, VirtualEngines
+from simctl.serving.records import GapHistogram
 from simctl.serving.routers import Router, RouterSettings, make_router
 from simctl.sim.cluster import Cluster, Member, Pool
 from simctl.sim.replica import CostBackend, StageBackend
@@ -82,9 +83,14 @@ def pipeline_summary(pool: Pool, makespan_s: float) -> dict[str, Any]:
     busy = [sum(p.busy_s[k] for p in pipelines) for k in range(pipelines[0].stages)]
     bubble = [sum(p.bubble_s[k] for p in pipelines) for k in range(pipelines[0].stages)]
     span = makespan_s * len(pipelines) * len(busy)
+    per_request = GapHistogram()
+    for p in pipelines:
+        per_request.merge(p.request_bubbles)
+    p50, p90 = per_request.percentiles((50, 90))
     return {"stages": len(busy), "micro_batches": sum(p.micro_batches for p in pipelines), "busy_s": busy,
             "bubble_s": bubble, "bubble_share": sum(bubble) / span if span > 0 else 0.0,
-            "busy_share": sum(busy) / span if span > 0 else 0.0}
+            "busy_share": sum(busy) / span if span > 0 else 0.0,
+            "request_bubble_p50_s": p50, "request_bubble_p90_s": p90}
 
 
 def pool_records(pool: Pool) -> list[MemberRecords]:

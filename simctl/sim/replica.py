@@ -57,7 +57,18 @@ class StageBackend(CostBackend):
     def __init__(self, cost: CostModel, staged: StagedCost, pipeline: Pipeline) -> None:
         super().__init__(cost, fast=False)
         self.staged, self.pipeline = staged, pipeline
+        self.bubbles: dict[int, float] = {}  # request id -> its micro-batches' bubbles, until it finishes
 
     def run(self, plan: BatchPlan, start: float) -> float:
-        staged = self.staged
-        return self.pipeline.submit(start, *staged.stage_times(plan), staged.boundary_time(plan))
+        staged, pipeline = self.staged, self.pipeline
+        end = pipeline.submit(start, *staged.stage_times(plan), staged.boundary_time(plan))
+        if b := pipeline.last_bubble_s:
+            bubbles = self.bubbles
+            for s in plan.seqs:
+                bubbles[s.id] = bubbles.get(s.id, 0.0) + b
+        return end
+
+    def release(self, finished: list[Seq]) -> None:
+        for s in finished:
+            self.pipeline.request_bubbles.add(self.bubbles.pop(s.id, 0.0), 1)
+        super().release(finished)
