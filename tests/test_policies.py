@@ -186,6 +186,20 @@ def test_orca_max_batch_size() -> None:
     assert max(len(st_.rows) for st_ in steps) == 2
 
 
+def test_orca_best_case_admits_one_whole_prompt_an_iteration() -> None:
+    # SARATHI's best-case Orca (its Section 5.2): one new request's full prefill beside the ongoing decodes
+    policy = Orca(ReservedKV(100_000, 100), max_batch_size=4, max_prefills=1)
+    a, b, c = make_seqs([(5, 3), (7, 3), (9, 3)])
+    add(policy, a, b, c)
+    plan = policy.schedule()
+    assert shape(plan) == [(0, 5)] and list(policy.waiting) == [b, c]
+    run_plan(policy, plan)
+    plan = policy.schedule()
+    assert shape(plan) == [(0, 1), (1, 7)]
+    run_plan(policy, plan)
+    assert shape(policy.schedule()) == [(0, 1), (1, 1), (2, 9)]
+
+
 # ----------------------------------------------------------------------------------------------------------
 # vLLM
 # ----------------------------------------------------------------------------------------------------------

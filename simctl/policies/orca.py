@@ -3,6 +3,8 @@
 Every iteration, admit waiting requests in arrival order while the batch has room and KV for the maximum
 sequence length can be reserved, and run their whole prefills together with one decode token of every running
 request. Prefills are never chunked, so a long prompt stalls the decodes sharing its iteration.
+`max_prefills` 1 is the SARATHI paper's "best-case" Orca (Section 5.2): one new request's full prefill beside
+the ongoing decodes each iteration.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ class Orca(Policy):
     @dataclass(frozen=True)
     class Settings(Settings):
         max_batch_size: int = option(16, "most requests in a batch")
+        max_prefills: int = option(0, "most whole prompts an iteration admits (0: as many as fit; 1: "
+                                   "SARATHI's best-case Orca)", minimum=0)
 
     def schedule(self) -> BatchPlan | None:
         if self.arrived_with_kv:
@@ -28,7 +32,8 @@ class Orca(Policy):
         decodes = list(self.running)
         self.kv.grow_all(decodes, 1)  # within their reservations: never fails
         new = []
-        while (self.waiting and len(self.running) < self.max_batch_size
+        cap = self.settings.max_prefills or self.max_batch_size
+        while (self.waiting and len(self.running) < self.max_batch_size and len(new) < cap
                and self.kv.can_admit(self.waiting.head())):
             new.append(self.waiting.head())
             self._admit(new[-1])
