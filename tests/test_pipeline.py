@@ -246,7 +246,7 @@ def test_a_lone_request_is_in_every_micro_batch_so_its_bubbles_are_all_of_them()
     s = run(RunConfig(policy="sarathi", workload=Workload(trace="sharegpt", qps=1.0, num_requests=1, seed=2),
                       model="llama-2-13b", gpu="a100-80gb", pp=2)).summary["pipeline"]
     total = sum(s["bubble_s"])
-    assert total > 0 and s["request_bubble_p50_s"] == pytest.approx(total, rel=1e-4)  # the bin's resolution
+    assert total > 0 and s["request_bubble_p50_s"] == pytest.approx(total, rel=2e-3)  # the bin's resolution
     assert s["request_bubble_p90_s"] == s["request_bubble_p50_s"]
 
 

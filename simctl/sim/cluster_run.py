@@ -23,8 +23,7 @@ from simctl.serving.cluster_config import ClusterConfig
 from simctl.serving.front_end import NO_FRONT_END, FrontEnd
 from simctl.serving.kv_link import KVLink
 from simctl.serving.loop import overload_limit
-from simctl.serving.pipeline import Pipeline, VirtualEngines
-from simctl.serving.records import GapHistogram
+from simctl.serving.pipeline import Pipeline, RequestBubbles, VirtualEngines
 from simctl.serving.routers import Router, RouterSettings, make_router
 from simctl.sim.cluster import Cluster, Member, Pool
 from simctl.sim.replica import CostBackend, StageBackend
@@ -83,7 +82,7 @@ def pipeline_summary(pool: Pool, makespan_s: float) -> dict[str, Any]:
     busy = [sum(p.busy_s[k] for p in pipelines) for k in range(pipelines[0].stages)]
     bubble = [sum(p.bubble_s[k] for p in pipelines) for k in range(pipelines[0].stages)]
     span = makespan_s * len(pipelines) * len(busy)
-    per_request = GapHistogram()
+    per_request = RequestBubbles()
     for p in pipelines:
         per_request.merge(p.request_bubbles)
     p50, p90 = per_request.percentiles((50, 90))
