@@ -161,7 +161,7 @@ def sarathi_misses(orca: dict, sarathi: dict, tp_only: dict, trace: str) -> str:
         "1.28x sooner: simctl's best-case Orca leaves more bubbles than the paper's simulator did, and "
         "SARATHI fewer. That simulator (its operator profiles, its network model and how it counted a "
         "micro-batch's bubbles) is not in the material, so which of its terms differ cannot be measured "
-        f"here; SARATHI over TP alone, which no Orca enters, is "
+        f"here; SARATHI over TP alone, which has no pipeline and so no bubbles, is "
         f"{tp_only['makespan_s'] / sarathi['makespan_s']:.2f}x against the paper's 1.48x.")
 
 
