@@ -393,6 +393,27 @@ def test_sarathi_hand_computed_chunks() -> None:
     assert (a.generated, b.generated, c.generated) == (6, 3, 2)
 
 
+def test_sarathi_decode_maximal_batches_take_one_chunk() -> None:
+    # SARATHI's decode-maximal batching (max_prefills 1): the same trace as the hand case above, but a
+    # prompt's last chunk is not topped up from the next prompt, and one prompt is chunked at a time
+    policy = SarathiServe(big_paged(), token_budget=8, max_prefills=1)
+    a, b, c = make_seqs([(4, 10), (20, 10), (5, 10)])
+    policy.add(a)
+    run_plan(policy, policy.schedule())
+    add(policy, b, c)
+    expected = [
+        [(0, 1), (1, 7)],
+        [(0, 1), (1, 7)],
+        [(0, 1), (1, 6)],  # b's last 6: c waits although a token of the budget is left
+        [(0, 1), (1, 1), (2, 5)],  # c's whole prompt, one chunk
+        [(0, 1), (1, 1), (2, 1)],
+    ]
+    for want in expected:
+        plan = policy.schedule()
+        assert shape(plan) == want
+        run_plan(policy, plan)
+
+
 def test_sarathi_full_budget_of_decodes_admits_nothing() -> None:
     policy = SarathiServe(big_paged(), token_budget=2)
     a, b, c = make_seqs([(1, 3), (1, 5), (3, 5)])

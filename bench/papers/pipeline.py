@@ -20,7 +20,7 @@ as a Llama-layout config.json whose SwiGLU width 8/3 x d_model = 32768 has the 4
 parameters and FLOPs, with 4096 positions (the paper's longest request). Each DGX A100 stage is joined to the
 next by its 8 x 200 Gbit/s InfiniBand. Every request is ready at t = 0 (the paper plots the time to complete
 them). SARATHI's decode-maximal batch is one 256-token chunk and the batch's other 26 slots decodes: a token
-budget of 256 + 26.
+budget of 256 + 26, one prompt's chunk an iteration (a prompt's last chunk is not topped up from the next).
 
 Sarathi-Serve (Agrawal et al., OSDI 2024; seeds/002): Falcon-180B in TP4-PP2 on two Azure NC96ads v4 VMs (4
 A100-80GB each, joined by 100 Gbit/s Ethernet), Table 3's SLOs (P99 TBT 1 s strict, 5 s relaxed; median
@@ -99,7 +99,7 @@ PP_BATCH, TP_BATCH, CHUNK = 27, 11, 256  # the largest batches that fit, as the 
 # Orca as the paper's best case: one new request's whole prefill beside the decodes an iteration
 SYSTEMS = (("TP8-PP8, Orca", "orca", {"max_batch_size": PP_BATCH, "max_prefills": 1}),
            ("TP8-PP8, SARATHI", "sarathi",
-            {"token_budget": CHUNK + PP_BATCH - 1, "max_batch_size": PP_BATCH}))
+            {"token_budget": CHUNK + PP_BATCH - 1, "max_batch_size": PP_BATCH, "max_prefills": 1}))
 
 
 def sarathi_part(folder: Path, n: int = REQUESTS) -> list[str]:

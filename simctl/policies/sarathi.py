@@ -3,7 +3,9 @@
 Each iteration has a token budget tau. First every running decode joins the batch (lines 6-8), then the
 ongoing partial prefills take chunks of what budget is left (lines 9-12), and only then are new requests
 admitted, each with the largest chunk that still fits (lines 13-20). Decodes are never stalled by a prefill,
-and an iteration never processes more than tau tokens (unless its decodes alone exceed it).
+and an iteration never processes more than tau tokens (unless its decodes alone exceed it). `max_prefills` 1
+is SARATHI's decode-maximal batching (Agrawal et al., 2023, Section 4.3): one prefill chunk beside the
+decodes, its prompt's last chunk not topped up from the next prompt.
 
 The two ablations of the paper's Table 4, as its artifact ran them (microsoft/sarathi-serve, branch
 osdi-sarathi-serve, osdi-experiments/table-6/scheduling_ablation.sh):
@@ -37,10 +39,13 @@ class SarathiServe(CachesPrefixes):
     @dataclass(frozen=True)
     class Settings(CachingSettings):
         token_budget: int = option(512, "tokens per iteration (tau; 512 is the paper's strict-SLO setting)")
+        max_prefills: int = option(0, "most prompts an iteration takes chunks of (0: as many as the budget "
+                                   "holds; 1: SARATHI's decode-maximal batching)", minimum=0)
 
     def __init__(self, kv: KVManager, **options: int) -> None:
         super().__init__(kv, **options)
         self.token_budget = self.settings.token_budget
+        self.max_prefills = self.settings.max_prefills or self.max_batch_size
 
     def _chunk(self, s: Seq, used: int) -> int:
         """get_next_chunk_size: the largest piece of the pending prefill that fits the leftover budget."""
@@ -55,7 +60,7 @@ class SarathiServe(CachesPrefixes):
         seqs: list[Seq] = []
         chunks: list[int] = []
         for s in self.running if ongoing else ():  # lines 9-12: ongoing prefills
-            if s.computed < s.prefill_end:
+            if s.computed < s.prefill_end and len(seqs) < self.max_prefills:
                 c = self._chunk(s, used)
                 if c > 0:
                     seqs.append(s)
@@ -63,7 +68,8 @@ class SarathiServe(CachesPrefixes):
                     used += c
                     self._scheduled(s, s.computed + c)
         while (admit and self.waiting and used < self.token_budget  # lines 13-20
-               and len(self.running) < self.max_batch_size and self.kv.can_admit(self.waiting.head())):
+               and len(seqs) < self.max_prefills and len(self.running) < self.max_batch_size
+               and self.kv.can_admit(self.waiting.head())):
             s = self.waiting.head()
             self._hit(s)
             c = self._chunk(s, used)
@@ -107,6 +113,7 @@ class HybridBatchingOnly(SarathiServe):
     def __init__(self, kv: KVManager, max_seq_len: int, **options: int) -> None:
         CachesPrefixes.__init__(self, kv, **options)
         self.token_budget = max_seq_len
+        self.max_prefills = self.max_batch_size  # as many prompts as that budget holds
 
     @classmethod
     def build(cls, kv_capacity_tokens: int, max_seq_len: int, options: Mapping[str, Any],
