@@ -1,13 +1,16 @@
-"""The saturation verdict: exact cases of each rule on constructed queues and rates, and simulated runs at a
-very low and a very high rate."""
+"""The saturation verdict: exact cases of each rule on constructed queues and rates, simulated runs at a very
+low and a very high rate, and an offline batch."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from simctl.results.saturation import (
     BACKLOGGED,
+    OFFLINE,
     OVERLOADED,
     STABLE,
     TOO_SHORT,
@@ -75,3 +78,17 @@ def test_simulated_runs(qps: float, want: str) -> None:
     assert s["saturation"] == want
     assert (s["saturation"] == OVERLOADED) == (not s["sustainable"])
     assert (s["saturation_reason"] is None) == (want == STABLE)
+
+
+def test_an_offline_batch_is_served_whole_and_judged_as_one(tmp_path: Path) -> None:
+    # 200 requests there at t = 0, far past the waiting queue an open-loop run gives up at (100): a throughput
+    # benchmark's workload, served to its last request; the same requests arriving at 50 QPS overload
+    trace = tmp_path / "offline.csv"
+    trace.write_text("num_prefill_tokens,num_decode_tokens,arrived_at\n" + "300,20,0\n" * 200)
+    s = run(RunConfig(policy="vllm", workload=Workload(trace=str(trace), qps=None, num_requests=200))).summary
+    assert s["completed"] == 200 and not s["gave_up"] and s["makespan_s"] > 0
+    assert s["saturation"] == OFFLINE and s["sustainable"] and s["offered_qps"] is None
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("num_prefill_tokens,num_decode_tokens\n" + "300,20\n" * 200)
+    paced = run(RunConfig(policy="vllm", workload=Workload(trace=str(lengths), qps=50.0, num_requests=200)))
+    assert paced.summary["saturation"] == OVERLOADED

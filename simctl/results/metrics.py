@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from simctl.results.run_result import SimResult
-from simctl.results.saturation import served_rate, too_short, verdict
+from simctl.results.saturation import OFFLINE, served_rate, too_short, verdict
 from simctl.results.sessions import session_summary
 from simctl.results.vllm_bench import summary_block
 
@@ -93,10 +93,14 @@ def summarise_result(result: SimResult) -> dict[str, Any]:
     its = result.iterations
     throughput = completed / makespan if makespan > 0 else 0.0
     offered = _offered_rate(all_arrivals)
-    reason = unsustainable_reason(result.queue_at_arrival, len(all_arrivals), result.aborted, offered,
-                                  throughput)
-    short = too_short(all_arrivals, end - sched[done])
-    saturation, saturation_reason = verdict(result.queue_at_arrival, offered, served_rate(end), reason, short)
+    if offered is None and len(all_arrivals) > 1 and not result.aborted:  # all at once: no rate offered
+        reason, saturation, saturation_reason = None, OFFLINE, "every request arrived at the same instant"
+    else:
+        reason = unsustainable_reason(result.queue_at_arrival, len(all_arrivals), result.aborted, offered,
+                                      throughput)
+        short = too_short(all_arrivals, end - sched[done])
+        saturation, saturation_reason = verdict(result.queue_at_arrival, offered, served_rate(end), reason,
+                                                short)
     summary = {
         "num_requests": len(all_arrivals),
         "completed": completed,
@@ -118,7 +122,7 @@ def summarise_result(result: SimResult) -> dict[str, Any]:
         "kv_peak_tokens": int(max(its.kv_used)) if len(its.kv_used) else 0,
         "sustainable": reason is None,
         "unsustainable_reason": reason,
-        "saturation": saturation,  # stable, backlogged or overloaded (results/saturation.py)
+        "saturation": saturation,  # stable, backlogged, overloaded or offline batch (results/saturation.py)
         "saturation_reason": saturation_reason,
         "gave_up": result.aborted,
         "sim_wall_s": result.wall_s,

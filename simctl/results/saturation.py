@@ -17,7 +17,9 @@ offered vs served rate. It refines `simctl.results.metrics.unsustainable_reason`
   an observed queue is a backlog however short the run, and a short run that shows nothing wrong stays
   stable, so every verdict the rule did not give (the goldens') is unchanged. A capacity search counts it as
   a miss, as it did the backlog (`simctl.results.slo`: the probe needs more requests);
-- stable: none of these.
+- stable: none of these;
+- offline batch: every request arrived at the same instant (a throughput benchmark's workload): no rate was
+  offered, so none was kept up with or outrun, and the run serves the whole batch (`serving.loop`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 STABLE, BACKLOGGED, OVERLOADED, TOO_SHORT = "stable", "backlogged", "overloaded", "too short to judge"
+OFFLINE = "offline batch"
 GROWTH, GROWTH_MARGIN = 1.5, 2.0
 STANDING_QUEUE = 8.0
 SERVED_SHARE = 0.8

@@ -300,14 +300,15 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
     recorder = TimelineBackend(serving.cost, config.fast, timeline) if timeline else None
     built = Cluster(simpy.Environment(), KVLink(cc.kv_link_gbps) if cc.disaggregated else None,
                     serving.model.kv_bytes_per_token())
+    limit = _overload_limit(config, requests)
     if entry is not None:
         built.entry = _pool("prefill", cc.prefill_instances, entry,
-                            entry.check_fits(config, requests, prefill_only=True), config, cc, built)
+                            entry.check_fits(config, requests, prefill_only=True), config, cc, built, limit)
         built.decode = _pool("decode", cc.decode_instances, serving, serving.check_fits(config, requests),
-                             config, cc, built)
+                             config, cc, built, limit)
     else:
         built.entry = _pool("replicas", cc.replicas, serving, serving.check_fits(config, requests), config,
-                            cc, built, recorder)
+                            cc, built, limit, recorder)
     t0 = time.perf_counter()
     seqs = built.run(requests, progress, config.workload.concurrency, config.workload.think_time)
     wall_s = time.perf_counter() - t0
@@ -348,16 +349,23 @@ def _note_too_long(summary: dict[str, Any], screened: Screened, limit: int) -> N
 
 
 def _pool(name: str, count: int, d: ReplicaHardware, max_seq_len: int, config: RunConfig, cc: ClusterConfig,
-          cluster: Cluster, recorder: TimelineBackend | None = None) -> Pool:
+          cluster: Cluster, limit: int, recorder: TimelineBackend | None = None) -> Pool:
     def new_policy() -> Policy:
         return make_policy(config.policy, d.kv_capacity, max_seq_len, config.options, d.gpu.name)
 
     new_backend = (stage_backends(d.cost, d.staged) if d.staged is not None
                    else lambda: recorder or CostBackend(d.cost, config.fast))
     front_end = config.front_end if name in ("replicas", "prefill") else NO_FRONT_END
-    return make_pool(name, count, d.gpu.name, new_backend, new_policy, cc.router, cluster,
-                     overload_limit(config.workload.num_requests), d.tp, cc.router_settings(),
-                     cc.router_lag or 0.0, front_end, d.pp)
+    return make_pool(name, count, d.gpu.name, new_backend, new_policy, cc.router, cluster, limit, d.tp,
+                     cc.router_settings(), cc.router_lag or 0.0, front_end, d.pp)
+
+
+def _overload_limit(config: RunConfig, requests: list[Request]) -> int:
+    """`serving.loop.overload_limit` for this run: none for an offline batch (every request of an open-loop
+    run there at the same instant)."""
+    arrivals = [r.arrival_s for r in requests]
+    offline = config.workload.concurrency is None and bool(arrivals) and min(arrivals) == max(arrivals)
+    return overload_limit(config.workload.num_requests, offline)
 
 
 def _pools(cluster: Cluster) -> list[Pool]:
