@@ -145,8 +145,11 @@ def check_orca(policy: Orca, steps: list[Step]) -> None:
         assert [r.seq for r in new] == st_.waiting_before[:len(new)]
         assert all(r.prefill and r.computed == 0 and r.q == r.seq.prompt_tokens for r in new)  # never chunked
         assert st_.running_after == st_.plan.seqs
-        # greedy: admission stopped only for lack of a waiting request, batch room or a KV reservation
-        assert not st_.admittable_after
+        # greedy: admission stopped only for lack of a waiting request, batch room or a KV reservation, or at
+        # the prefill cap
+        cap = policy.settings.max_prefills
+        assert not st_.admittable_after or (cap and len(new) == cap)
+        assert not cap or len(new) <= cap
         assert st_.kv_used == kv.reserve_tokens * len(st_.running_after)  # a reservation per admitted seq
         assert st_.kv_used_end == kv.reserve_tokens * (len(st_.running_after) - len(st_.finished))
 
@@ -360,12 +363,14 @@ def check_sarathi(policy: SarathiServe, steps: list[Step]) -> None:
             used += r.q
         if new:  # ongoing chunks go first: a newcomer only gets the budget they leave
             assert all(r.q == r.remaining for r in ongoing)
+        capped = len(ongoing) + len(new) >= policy.max_prefills  # as many prompts as max_prefills allows
         # every partial prefill still running was offered the budget before any newcomer
         for s in st_.prefilling_before:
             if s not in victims and s not in [r.seq for r in ongoing]:
-                assert used >= budget
-        # greedy admission: stopped for an empty queue, the budget, batch size or KV (or a preemption)
-        assert victims or not (used < budget and st_.admittable_after)
+                assert used >= budget or capped
+        # greedy admission: stopped for an empty queue, the budget, the prefill cap, batch size or KV (or a
+        # preemption)
+        assert victims or capped or not (used < budget and st_.admittable_after)
         # at most one partially prefilled request at a time
         assert len(st_.prefilling_before) <= 1
 

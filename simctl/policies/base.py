@@ -38,6 +38,11 @@ from simctl.policies.seq import Phase, Seq
 MAX_SETTING = 1 << 20
 
 
+# orca's and sarathi's shared option: one help text, as the command line shows one for both
+MAX_PREFILLS_HELP = ("most prompts an iteration prefills, whole or a chunk (0: as many as fit; 1: the "
+                     "SARATHI paper's settings, its decode-maximal batching and its best-case Orca)")
+
+
 def option(default: int | None, help: str, minimum: int = 1, maximum: int = MAX_SETTING) -> Any:
     """A policy setting: an integer option with its default, its `--help` text and its bounds."""
     return option_field(default, help, min=minimum, max=maximum)

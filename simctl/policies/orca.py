@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simctl.policies.base import Policy, Settings, option
+from simctl.policies.base import MAX_PREFILLS_HELP, Policy, Settings, option
 from simctl.policies.plan import BatchPlan, hybrid
 
 
@@ -23,8 +23,7 @@ class Orca(Policy):
     @dataclass(frozen=True)
     class Settings(Settings):
         max_batch_size: int = option(16, "most requests in a batch")
-        max_prefills: int = option(0, "most whole prompts an iteration admits (0: as many as fit; 1: "
-                                   "SARATHI's best-case Orca)", minimum=0)
+        max_prefills: int = option(0, MAX_PREFILLS_HELP, minimum=0)
 
     def schedule(self) -> BatchPlan | None:
         if self.arrived_with_kv:

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from simctl.policies.base import Policy, option
+from simctl.policies.base import MAX_PREFILLS_HELP, Policy, option
 from simctl.policies.kv import KVManager
 from simctl.policies.plan import BatchPlan, hybrid
 from simctl.policies.prefix_caching import CachesPrefixes, CachingSettings
@@ -39,8 +39,7 @@ class SarathiServe(CachesPrefixes):
     @dataclass(frozen=True)
     class Settings(CachingSettings):
         token_budget: int = option(512, "tokens per iteration (tau; 512 is the paper's strict-SLO setting)")
-        max_prefills: int = option(0, "most prompts an iteration takes chunks of (0: as many as the budget "
-                                   "holds; 1: SARATHI's decode-maximal batching)", minimum=0)
+        max_prefills: int = option(0, MAX_PREFILLS_HELP, minimum=0)
 
     def __init__(self, kv: KVManager, **options: int) -> None:
         super().__init__(kv, **options)
