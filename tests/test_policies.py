@@ -494,8 +494,8 @@ def check_chunked_only(policy: ChunkedPrefillsOnly, steps: list[Step]) -> None:
             for r in st_.rows:  # chunked to the budget, ongoing prefills first
                 assert r.q == min(r.remaining, budget - used)
                 used += r.q
-            assert used <= budget
-            assert not (new and used < budget and st_.admittable_after)
+            assert used <= budget and len(st_.rows) <= policy.max_prefills
+            assert not (new and used < budget and st_.admittable_after and len(new) < policy.max_prefills)
         else:
             # decodes: their turn after a prefill iteration, else only when no prefill could run
             assert after_prefill or not (st_.prefilling_before or st_.head_admittable)
