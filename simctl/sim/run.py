@@ -64,8 +64,9 @@ class RunConfig:
     tp: int = 1
     options: dict[str, Any] = field(default_factory=dict)  # the policy's settings given (its Settings fields)
     fast: bool = True  # advance decode-only stretches in one step (identical results)
-    # a fitted cost_model.json; None: the roofline (or, for --gpu cpu, the shipped fit)
-    cost: str | None = None
+    # a fitted cost_model.json, or a cost model built in code (the studies of bench/ and research/); None: the
+    # roofline (or, for --gpu cpu, the shipped fit)
+    cost: str | CostModel | None = None
     routing_skew: float = 0.0  # an MoE's imbalanced routing for the roofline (catalogue.moe); 0: uniform
     ep: int = 1  # an MoE's experts spread whole over the TP group (the roofline's `ep`); 1: split by TP
     # the server's limits, as vLLM's --max-model-len: positions a request may need (prompt + output; None:
@@ -139,9 +140,12 @@ class RunConfig:
         workload = self.workload.recorded()
         head = {"policy": self.policy, "trace": workload.pop("trace"), "model": self.model, "gpu": self.gpu,
                 "tp": self.tp, **workload}
-        return {**head, **{k: v for k, v in asdict(self).items()
-                           if k not in ("workload", "fast", "options", "kv_sizing", *head)
-                           and (k not in defaults or v != defaults[k])}, **self.kv_sizing.recorded()}
+        apart = ("workload", "fast", "options", "kv_sizing", *head)
+        given = {k: v for k, v in asdict(self).items()
+                 if k not in apart and (k not in defaults or v != defaults[k])}
+        if isinstance(self.cost, CostModel):  # a cost model built in code: its description
+            given["cost"] = repr(self.cost)
+        return {**head, **given, **self.kv_sizing.recorded()}
 
 
 @dataclass
