@@ -29,6 +29,7 @@ import argparse
 import json
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from paper_results import misses_section, publish, ratio
@@ -101,7 +102,7 @@ def throughput_gain(model: str, gpu: str, p: int, d: int, b: int, n: int, folder
     """The time to finish n requests of p + d tokens, the baseline's over SARATHI's."""
     base = RunConfig(model=model, gpu=gpu, execution=EXECUTION,
                      workload=Workload(trace=trace(folder, p, d, n), qps=None, num_requests=n))
-    times = [run(RunConfig(**{**base.__dict__, "policy": policy, "options": options})).summary["makespan_s"]
+    times = [run(replace(base, policy=policy, options=options)).summary["makespan_s"]
              for policy, options in (("faster-transformer", {"max_batch_size": b}),
                                      ("sarathi", {"token_budget": TILE_ALIGNED, "max_prefills": 1,
                                                   "max_batch_size": b}))]
