@@ -43,10 +43,11 @@ def serve_deployment(config: RealConfig, size: Sizing, requests: list[Request], 
 def _serve_one(config: RealConfig, size: Sizing, requests: list[Request], model: torch.nn.Module) -> Served:
     engine, warm_s = build_engine(config, requests, size, model)
     clients = Clients(requests, config.workload.concurrency, config.workload.think_time)
+    limit = overload_limit([r.arrival_s for r in requests])
     if clients.closed_loop:
-        out = engine.serve_clients(requests, clients, max_waiting=overload_limit(len(requests)))
+        out = engine.serve_clients(requests, clients, max_waiting=limit)
     else:
-        out = engine.serve(requests, max_waiting=overload_limit(len(requests)))
+        out = engine.serve(requests, max_waiting=limit)
     return Served(engine, warm_s, [Instance("replicas", out, out.seqs)], out.seqs, out.tokens)
 
 

@@ -133,7 +133,7 @@ def prefill_instance(config: RealConfig, size: Sizing, requests: list[Request], 
         conn.send(("ready", warm_s))
         _, t0 = conn.recv()  # ("start", the shared clock reading of time 0)
         engine.time.start(at=t0)
-        out = engine.serve_ahead(served.entering, overload_limit(len(requests)))
+        out = engine.serve_ahead(served.entering, overload_limit([r.arrival_s for r in requests]))
         conn.send(("done", {"result": out, "warmup_s": warm_s, "handoff_wait_s": sender.wait_s,
                             "kv_used_at_end": engine.policy.kv.used}))
     except (EOFError, BrokenPipeError):
@@ -277,7 +277,8 @@ def serve_pair(config: RealConfig, size: Sizing, requests: list[Request], model:
         receiver.start()
         served = arrivals(requests, disaggregated=True)
         driver = _DecodeDriver(receiver, engine, RoutedInbox(), served.crossing)
-        decoded = engine.run(served.seqs, driver.inbox, driver.drive, overload_limit(len(requests)))
+        limit = overload_limit([r.arrival_s for r in requests])
+        decoded = engine.run(served.seqs, driver.inbox, driver.drive, limit)
         while driver.done is None:  # the decode loop gave up: the prefill instance still reports
             driver._take(receiver.arrivals.get(timeout=START_TIMEOUT_S))
         receiver.join()

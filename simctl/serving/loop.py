@@ -30,7 +30,7 @@ is applied: tests/policy_cases.py checks every plan of every policy through this
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -46,13 +46,17 @@ from simctl.serving.records import Records
 MAX_STRETCH = 4096  # longest decode stretch priced at once; bounds the arrays, not the results
 
 
-def overload_limit(num_requests: int, offline: bool = False) -> int:
-    """Waiting requests past which a run gives up as overloaded: half the run (more than half waiting at once
-    is unsustainable by `results.metrics`' own verdict), at least 64 so that bursts of small runs finish, and
-    at most 2048 so that an overload is detected in bounded time and memory however long the run. An offline
-    batch (every request there at once, a throughput benchmark's workload) never gives up: its queue is the
-    workload, not a rate the replica fails to keep up with, and its run ends once the batch is served."""
-    return num_requests + 1 if offline else min(max(64, num_requests // 2), 2048)
+def overload_limit(arrivals: Sequence[float]) -> int:
+    """Waiting requests past which a run of requests arriving at `arrivals` gives up as overloaded: half the
+    run (more than half waiting at once is unsustainable by `results.metrics`' own verdict), at least 64 so
+    that bursts of small runs finish, and at most 2048 so that an overload is detected in bounded time and
+    memory however long the run. An offline batch (every request there at once, a throughput benchmark's
+    workload) never gives up: its queue is the workload, not a rate the replica fails to keep up with, and
+    its run ends once the batch is served."""
+    n = len(arrivals)
+    if n > 1 and min(arrivals) == max(arrivals):
+        return n + 1
+    return min(max(64, n // 2), 2048)
 
 
 class Clock(Protocol):

@@ -110,7 +110,7 @@ def simulate_disaggregated(requests: list[Request], new_policy: Callable[[], Pol
     crossing a link of `link_gbps`: the simulated twin of a real disaggregated run (`engine.disagg`)."""
     t0 = time.perf_counter()
     cluster = Cluster(simpy.Environment(), KVLink(link_gbps), kv_bytes_per_token)
-    limit = overload_limit(len(requests))
+    limit = overload_limit([r.arrival_s for r in requests])
     cluster.entry = make_pool("prefill", 1, "", lambda: CostBackend(cost), new_policy, "round-robin", cluster,
                               limit)
     cluster.decode = make_pool("decode", 1, "", lambda: CostBackend(cost), new_policy, "round-robin", cluster,

@@ -304,7 +304,7 @@ def run(config: RunConfig, cluster: ClusterConfig | None = None, progress: Progr
     recorder = TimelineBackend(serving.cost, config.fast, timeline) if timeline else None
     built = Cluster(simpy.Environment(), KVLink(cc.kv_link_gbps) if cc.disaggregated else None,
                     serving.model.kv_bytes_per_token())
-    limit = _overload_limit(config, requests)
+    limit = overload_limit([r.arrival_s for r in requests])
     if entry is not None:
         built.entry = _pool("prefill", cc.prefill_instances, entry,
                             entry.check_fits(config, requests, prefill_only=True), config, cc, built, limit)
@@ -362,14 +362,6 @@ def _pool(name: str, count: int, d: ReplicaHardware, max_seq_len: int, config: R
     front_end = config.front_end if name in ("replicas", "prefill") else NO_FRONT_END
     return make_pool(name, count, d.gpu.name, new_backend, new_policy, cc.router, cluster, limit, d.tp,
                      cc.router_settings(), cc.router_lag or 0.0, front_end, d.pp)
-
-
-def _overload_limit(config: RunConfig, requests: list[Request]) -> int:
-    """`serving.loop.overload_limit` for this run: none for an offline batch (every request of an open-loop
-    run there at the same instant)."""
-    arrivals = [r.arrival_s for r in requests]
-    offline = config.workload.concurrency is None and bool(arrivals) and min(arrivals) == max(arrivals)
-    return overload_limit(config.workload.num_requests, offline)
 
 
 def _pools(cluster: Cluster) -> list[Pool]:

@@ -136,7 +136,7 @@ def simulate_twin(summary: dict[str, Any], cost: CostModel) -> tuple[dict[str, A
                                            summary.get("kv_link", {}).get("gbps", DEFAULT_LINK_GBPS),
                                            spec.kv_bytes_per_token(dtype_bytes_of(summary["dtype"])), head)
         return s, result
-    result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)),
+    result = simulate(requests, policy, cost, max_waiting=overload_limit([r.arrival_s for r in requests]),
                       concurrency=summary.get("concurrency"), think_s=summary.get("think_time", 0.0))
     return {**head, **summarise_result(result)}, result
 

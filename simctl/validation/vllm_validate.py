@@ -107,7 +107,7 @@ def simulate_requests(requests: list[Request], settings: dict[str, Any], cost: C
     from simctl.validation.twin import vllm_twin
 
     policy = vllm_twin(settings)
-    result = simulate(requests, policy, cost, max_waiting=overload_limit(len(requests)),
+    result = simulate(requests, policy, cost, max_waiting=overload_limit([r.arrival_s for r in requests]),
                       concurrency=concurrency, think_s=think_s)
     return {"mode": "sim", "policy": policy.name, **policy.settings.as_dict(), **summarise_result(result),
             **run_stats([policy])}, result
