@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import argparse
 import random
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
 import numpy as np
-from routing_load_random import bench_module
+from routing_load_random import bench_module, rows_in_pool
 
 from simctl.serving.front_end import FrontEnd, FrontEndQueue
 from simctl.sim.cluster import Cluster, Member
@@ -120,16 +119,12 @@ def main() -> None:
     todo = [(router, cand, int(seed), args.output) for cand in args.candidates.split(",")
             for seed in args.seeds.split(",") for router in args.routers.split(",")
             if not (router == "random" and cand == "tie-random")]  # random has no scores to tie
-    print("| router | candidate | seed | output tok/s | P90 TTFT s | generated tok/s | "
-          "P90 TTFT s at 3, 10, 15 QPS | tied | CPU s |", "|---|---|---:|---:|---:|---:|---|---:|---:|",
-          sep="\n", flush=True)
-    rows = []
-    with ProcessPoolExecutor(args.jobs) as pool:
-        for r in pool.map(run, *zip(*todo)):
-            rows.append(r)
-            print(f"| {r['router']} | {r['candidate']} | {r['seed']} | {r['tok_s']:,.0f} | {r['p90']:.1f} | "
-                  f"{r['made']:,.0f} | {', '.join(f'{t:.2f}' for t in r['low_p90'])} | {r['tied']:.1%} | "
-                  f"{r['cpu_s']:.0f} |", flush=True)
+    header = ("| router | candidate | seed | output tok/s | P90 TTFT s | generated tok/s | "
+              "P90 TTFT s at 3, 10, 15 QPS | tied | CPU s |\n|---|---|---:|---:|---:|---:|---|---:|---:|")
+    rows = rows_in_pool(run, todo, args.jobs, header, lambda r: (
+        f"| {r['router']} | {r['candidate']} | {r['seed']} | {r['tok_s']:,.0f} | {r['p90']:.1f} | "
+        f"{r['made']:,.0f} | {', '.join(f'{t:.2f}' for t in r['low_p90'])} | {r['tied']:.1%} | "
+        f"{r['cpu_s']:.0f} |"))
     base_random = {r["seed"]: r for r in rows if r["router"] == "random" and r["candidate"] == "base"}
     for r in rows:  # tie-random leaves random as it is: its pair is the base run
         if r["candidate"] == "tie-random" and r["router"] == "load" and r["seed"] in base_random:

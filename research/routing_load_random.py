@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,19 @@ def bench_module():
     sys.modules["routing_llmd"] = module
     spec.loader.exec_module(module)
     return module
+
+
+def rows_in_pool(run: Callable[..., dict], todo: list[tuple], jobs: int, header: str,
+                 row: Callable[[dict], str]) -> list[dict]:
+    """`run(*args)` for each args of `todo` in `jobs` processes, printing `header` then each result's `row`
+    as it comes (the studies that import this module run many seeds of the bench's workload)."""
+    print(header, flush=True)
+    rows = []
+    with ProcessPoolExecutor(jobs) as pool:
+        for r in pool.map(run, *zip(*todo)):
+            rows.append(r)
+            print(row(r), flush=True)
+    return rows
 
 
 def main() -> None:

@@ -16,10 +16,9 @@ Usage: python research/routing_seeds.py [--seeds 0,1,2,3,4] [--routers random,lo
 from __future__ import annotations
 
 import argparse
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
-from routing_load_random import bench_module
+from routing_load_random import bench_module, rows_in_pool
 
 from simctl.serving.router_base import ReplicaView
 from simctl.sim.cluster import Member
@@ -94,16 +93,13 @@ def main() -> None:
     todo = [(router, lag if router in BENCH.SCRAPED else 0.0, seed, args.output, args.view)
             for router in args.routers.split(",") for lag in (lags if router in BENCH.SCRAPED else lags[:1])
             for seed in seeds]
-    print("| router | lag s | seed | output tok/s | P90 TTFT s | mean TTFT s | generated tok/s | hit rate | "
-          "P90 TTFT s at 3, 10, 15 QPS | CPU s |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
-          sep="\n", flush=True)
-    rows = []
-    with ProcessPoolExecutor(args.jobs) as pool:
-        for r in pool.map(run, *zip(*todo)):
-            rows.append(r)
-            print(f"| {r['router']} | {r['lag']:g} | {r['seed']} | {r['tok_s']:,.0f} | {r['ttft_p90']:.1f} | "
-                  f"{r['ttft_mean']:.1f} | {r['made']:,.0f} | {r['hits']:.1%} | "
-                  f"{', '.join(f'{t:.2f}' for t in r['low_p90'])} | {r['cpu_s']:.0f} |", flush=True)
+    header = ("| router | lag s | seed | output tok/s | P90 TTFT s | mean TTFT s | generated tok/s | "
+              "hit rate | P90 TTFT s at 3, 10, 15 QPS | CPU s |\n"
+              "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    rows = rows_in_pool(run, todo, args.jobs, header, lambda r: (
+        f"| {r['router']} | {r['lag']:g} | {r['seed']} | {r['tok_s']:,.0f} | {r['ttft_p90']:.1f} | "
+        f"{r['ttft_mean']:.1f} | {r['made']:,.0f} | {r['hits']:.1%} | "
+        f"{', '.join(f'{t:.2f}' for t in r['low_p90'])} | {r['cpu_s']:.0f} |"))
     print("\n".join(summary(rows)))
     for r in rows:
         print(f"<!-- {r['router']} lag {r['lag']:g} seed {r['seed']} stages: {r['stages']} -->")
